@@ -1,0 +1,101 @@
+/* emit.c — spec → CUDA source: a preamble of constants, then the embedded templates (see emit.h). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emit.h"
+#include "error.h"
+
+static const char *const gemm_names[] = {"flce_gemm", NULL};
+static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
+                                           NULL};
+
+const char *const *emit_kernel_names(spec_role role)
+{
+    return role == ROLE_ROWOPS ? rowops_names : gemm_names;
+}
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+static void sb_append(sbuf *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p, b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void sb_printf(sbuf *b, const char *fmt, ...) FLCE_PRINTF(2, 3);
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n > 0) sb_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+static void sb_text(sbuf *b, const char *s) { sb_append(b, s, strlen(s)); }
+
+static void emit_preamble(sbuf *b, const kernel_spec *s)
+{
+    char summary[256];
+    spec_summary(s, summary, sizeof summary);
+    sb_printf(b, "// flce %s generated kernel: %s\n", FLCE_VERSION_STRING, summary);
+    sb_printf(b, "// Compile it alone with: nvcc -std=c++17 -arch=%s -c <this file>\n",
+              spec_arch_name(s->sm));
+    sb_text(b, "#define FLCE_GENERATED 1\n");
+    sb_printf(b, "#define FLCE_SM %d\n", s->sm);
+    sb_printf(b, "#define FLCE_DTYPE %d\n", (int)s->dtype);
+    sb_printf(b, "#define FLCE_LABEL_BITS %d\n", s->label_bits);
+    sb_printf(b, "#define FLCE_REDUCTION %d\n", (int)s->reduction);
+    sb_printf(b, "#define ROLE_IS_LOGITS %d\n", s->role == ROLE_LOGITS);
+    sb_printf(b, "#define ROLE_IS_DH %d\n", s->role == ROLE_DH);
+    sb_printf(b, "#define ROLE_IS_DW %d\n", s->role == ROLE_DW);
+    sb_printf(b, "constexpr long long VOCAB = %lldLL;  // rows of this vocab shard\n",
+              (long long)s->vocab_shard);
+    sb_printf(b, "constexpr long long HIDDEN = %lldLL;\n", (long long)s->hidden);
+    if (s->role != ROLE_ROWOPS) {
+        const spec_tile *t = &s->tile;
+        sb_printf(b, "constexpr int BM = %d, BN = %d, BK = %d, STAGES = %d, WARPS_M = %d, WARPS_N = %d;\n",
+                  t->bm, t->bn, t->bk, t->stages, t->warps_m, t->warps_n);
+        sb_printf(b, "constexpr bool A_KMAJOR = %s, B_KMAJOR = %s;\n",
+                  s->role == ROLE_DW ? "false" : "true", s->role == ROLE_LOGITS ? "true" : "false");
+    }
+    sb_text(b, "\n");
+}
+
+flce_status emit_source(const kernel_spec *s, char **src)
+{
+    *src = NULL;
+    TRY(spec_validate(s));
+    sbuf b = {0};
+    emit_preamble(&b, s);
+    sb_text(&b, tmpl_params_h);
+    sb_text(&b, "\n");
+    sb_text(&b, tmpl_common_cuh);
+    sb_text(&b, "\n");
+    sb_text(&b, s->role == ROLE_ROWOPS ? tmpl_rowops_cu : tmpl_gemm_cu);
+    if (b.oom) {
+        free(b.p);
+        return err_set(FLCE_ERR_OUT_OF_MEMORY, "emitting kernel source: out of host memory");
+    }
+    *src = b.p;
+    return FLCE_OK;
+}

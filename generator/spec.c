@@ -1,0 +1,197 @@
+/* spec.c — kernel spec naming, resource arithmetic and validation (see spec.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "spec.h"
+
+static const int supported_sms[] = {80, 86, 87, 89, 90, 100, 120};
+
+int spec_arch_supported(int sm)
+{
+    for (size_t i = 0; i < sizeof supported_sms / sizeof supported_sms[0]; i++)
+        if (supported_sms[i] == sm) return 1;
+    return 0;
+}
+
+const char *spec_arch_name(int sm)
+{
+    switch (sm) {
+    case 80: return "sm_80";
+    case 86: return "sm_86";
+    case 87: return "sm_87";
+    case 89: return "sm_89";
+    /* The "a" targets unlock wgmma/setmaxnreg (Hopper) and tcgen05 (Blackwell) for later paths;
+     * a cubin for them runs only on that exact arch, which is what the JIT compiles for anyway. */
+    case 90: return "sm_90a";
+    case 100: return "sm_100a";
+    case 120: return "sm_120";
+    default: return "sm_unknown";
+    }
+}
+
+int spec_parse_arch(const char *s)
+{
+    if (!s) return 0;
+    if (!strncmp(s, "sm_", 3) || !strncmp(s, "SM_", 3)) s += 3;
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    if (end == s || (*end && strcmp(end, "a") && strcmp(end, "f"))) return 0;
+    return spec_arch_supported((int)v) ? (int)v : 0;
+}
+
+const char *spec_role_name(spec_role role)
+{
+    switch (role) {
+    case ROLE_LOGITS: return "logits";
+    case ROLE_DH: return "dh";
+    case ROLE_DW: return "dw";
+    case ROLE_ROWOPS: return "rowops";
+    }
+    return "unknown";
+}
+
+static const char *dtype_name(flce_dtype t)
+{
+    switch (t) {
+    case FLCE_DTYPE_F32: return "f32";
+    case FLCE_DTYPE_F16: return "f16";
+    case FLCE_DTYPE_BF16: return "bf16";
+    }
+    return "?";
+}
+
+static const char *reduction_name(flce_reduction r)
+{
+    switch (r) {
+    case FLCE_REDUCTION_MEAN: return "mean";
+    case FLCE_REDUCTION_SUM: return "sum";
+    case FLCE_REDUCTION_NONE: return "none";
+    }
+    return "?";
+}
+
+static int elem_bytes(flce_dtype t) { return t == FLCE_DTYPE_F32 ? 4 : 2; }
+
+void spec_summary(const kernel_spec *s, char *out, size_t cap)
+{
+    if (s->role == ROLE_ROWOPS) {
+        snprintf(out, cap, "%s %s V=%lld labels=i%d reduction=%s %s", spec_role_name(s->role),
+                 dtype_name(s->dtype), (long long)s->vocab_shard, s->label_bits,
+                 reduction_name(s->reduction), spec_arch_name(s->sm));
+        return;
+    }
+    const spec_tile *t = &s->tile;
+    snprintf(out, cap, "%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d",
+             spec_role_name(s->role), dtype_name(s->dtype), (long long)s->hidden,
+             (long long)s->vocab_shard, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk,
+             t->stages, t->warps_m, t->warps_n);
+}
+
+/* Operand layouts per role: logits reads H and W K-major; dH reads W as [k][n]; dW reads dZ as
+ * [k][m] and H as [k][n] (see templates/gemm.cu). */
+static int a_kmajor(spec_role r) { return r != ROLE_DW; }
+static int b_kmajor(spec_role r) { return r == ROLE_LOGITS; }
+
+size_t spec_smem_bytes(const kernel_spec *s)
+{
+    if (s->role == ROLE_ROWOPS) return 0;
+    const spec_tile *t = &s->tile;
+    size_t vec = (size_t)(16 / elem_bytes(s->dtype));
+    size_t a = a_kmajor(s->role) ? (size_t)t->bm * (t->bk + vec) : (size_t)t->bk * (t->bm + vec);
+    size_t b = b_kmajor(s->role) ? (size_t)t->bn * (t->bk + vec) : (size_t)t->bk * (t->bn + vec);
+    size_t pipeline = (size_t)t->stages * (a + b) * (size_t)elem_bytes(s->dtype);
+    size_t reduce = s->role == ROLE_LOGITS ? 2u * (size_t)t->warps_n * (size_t)t->bm * 4u : 0;
+    return pipeline > reduce ? pipeline : reduce;
+}
+
+int spec_threads(const kernel_spec *s)
+{
+    return s->role == ROLE_ROWOPS ? 256 : s->tile.warps_m * s->tile.warps_n * 32;
+}
+
+size_t spec_smem_limit(int sm)
+{
+    switch (sm) {
+    case 80: case 87: return 166912;
+    case 86: case 89: case 120: return 101376;
+    case 90: case 100: return 232448;
+    default: return 49152;
+    }
+}
+
+spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role)
+{
+    (void)role;
+    spec_tile t = {128, 128, 32, 3, 2, 4};
+    if (dtype == FLCE_DTYPE_F32) t.bk = 16; /* 4-byte elements: same bytes per stage */
+    if (spec_smem_limit(sm) >= 160000) t.stages = 4;
+    return t;
+}
+
+static flce_status validate_tile(const kernel_spec *s)
+{
+    const spec_tile *t = &s->tile;
+    int vec = 16 / elem_bytes(s->dtype);
+    if (t->warps_m < 1 || t->warps_n < 1 || t->warps_m * t->warps_n > 16)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile.warps=%dx%d: need 1 to 16 warps in all", t->warps_m, t->warps_n);
+    if (t->bm < 16 || t->bm % (16 * t->warps_m))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile.bm=%d: must be a positive multiple of 16 × warps_m (%d)", t->bm,
+                       16 * t->warps_m);
+    if (t->bn < 16 || t->bn % (16 * t->warps_n))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile.bn=%d: must be a positive multiple of 16 × warps_n (%d)", t->bn,
+                       16 * t->warps_n);
+    int bk_unit = s->dtype == FLCE_DTYPE_F32 ? vec : 16;
+    if (t->bk < bk_unit || t->bk % bk_unit || t->bk > 128)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile.bk=%d: must be a multiple of %d between %d and 128 for %s", t->bk,
+                       bk_unit, bk_unit, dtype_name(s->dtype));
+    if (t->stages < 2 || t->stages > 8)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.stages=%d: must be 2 to 8", t->stages);
+    int acc = (t->bm / t->warps_m) * (t->bn / t->warps_n) / 32;
+    if (acc > 128)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile %dx%d over %dx%d warps: %d accumulators per thread, more than the "
+                       "128 that fit in registers",
+                       t->bm, t->bn, t->warps_m, t->warps_n, acc);
+    size_t smem = spec_smem_bytes(s), limit = spec_smem_limit(s->sm);
+    if (smem > limit)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile %dx%dx%d with %d stages needs %zu bytes of shared memory; %s allows "
+                       "%zu",
+                       t->bm, t->bn, t->bk, t->stages, smem, spec_arch_name(s->sm), limit);
+    return FLCE_OK;
+}
+
+flce_status spec_validate(const kernel_spec *s)
+{
+    if (!s) return err_set(FLCE_ERR_INVALID_ARGUMENT, "spec: NULL");
+    if (!spec_arch_supported(s->sm))
+        return err_set(FLCE_ERR_UNSUPPORTED,
+                       "sm=%d: unsupported arch (flce supports sm_80, 86, 87, 89, 90, 100, 120)",
+                       s->sm);
+    if (s->dtype != FLCE_DTYPE_F32 && s->dtype != FLCE_DTYPE_F16 && s->dtype != FLCE_DTYPE_BF16)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "dtype=%d: not an flce_dtype", (int)s->dtype);
+    if (s->hidden < 8 || s->hidden % 8)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "hidden=%lld: must be a positive multiple of 8",
+                       (long long)s->hidden);
+    if (s->vocab_shard < 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "vocab_shard=%lld: must be at least 1",
+                       (long long)s->vocab_shard);
+    if (s->label_bits != 32 && s->label_bits != 64)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "label_bits=%d: must be 32 or 64", s->label_bits);
+    if (s->role == ROLE_ROWOPS) {
+        if (s->reduction != FLCE_REDUCTION_MEAN && s->reduction != FLCE_REDUCTION_SUM &&
+            s->reduction != FLCE_REDUCTION_NONE)
+            return err_set(FLCE_ERR_INVALID_ARGUMENT, "reduction=%d: not an flce_reduction",
+                           (int)s->reduction);
+        return FLCE_OK;
+    }
+    if (s->role != ROLE_LOGITS && s->role != ROLE_DH && s->role != ROLE_DW)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "role=%d: not a spec_role", (int)s->role);
+    return validate_tile(s);
+}

@@ -1,0 +1,60 @@
+/*
+ * spec.h — a kernel spec names everything one generated kernel module is specialized on
+ * (DESIGN.md §4). The dispatcher fills specs, spec_validate rejects impossible ones with a message
+ * naming the field, emit.c turns a valid spec into CUDA source, and the JIT caches by that source.
+ */
+#ifndef FLCE_SPEC_H
+#define FLCE_SPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flce.h"
+
+typedef enum spec_role {
+    ROLE_LOGITS = 0, /* Z = H·Wᵀ with the online-LSE epilogue (kernel flce_gemm) */
+    ROLE_DH = 1,     /* dH = dZ·W (kernel flce_gemm) */
+    ROLE_DW = 2,     /* dW = dZᵀ·H (kernel flce_gemm) */
+    ROLE_ROWOPS = 3  /* flce_prepare, flce_combine, flce_dz, flce_reduce */
+} spec_role;
+
+typedef struct spec_tile {
+    int bm, bn, bk;      /* CTA tile: rows, columns, depth of one pipeline stage */
+    int stages;          /* cp.async pipeline depth */
+    int warps_m, warps_n;
+} spec_tile;
+
+typedef struct kernel_spec {
+    int sm;              /* compute capability ×10: 80, 86, 89, 90, 100, 120 */
+    flce_dtype dtype;
+    int64_t hidden;      /* D */
+    int64_t vocab_shard; /* V_r */
+    spec_role role;
+    spec_tile tile;      /* GEMM roles only */
+    int label_bits;      /* 32 or 64 */
+    flce_reduction reduction; /* ROWOPS only */
+} kernel_spec;
+
+/* The NVRTC target for an arch: "sm_90a" for 90, "sm_100a" for 100, else "sm_<sm>". */
+const char *spec_arch_name(int sm);
+/* Parses "sm_90a", "sm_90", "90" …; 0 when unknown. */
+int spec_parse_arch(const char *s);
+int spec_arch_supported(int sm);
+
+const char *spec_role_name(spec_role role);
+/* One line that identifies the spec to a person ("logits bf16 D=4096 V=32768 sm_90a 128x128x32 s3 w2x4"). */
+void spec_summary(const kernel_spec *s, char *out, size_t cap);
+
+/* Dynamic shared memory bytes a GEMM spec needs (0 for ROWOPS). */
+size_t spec_smem_bytes(const kernel_spec *s);
+int spec_threads(const kernel_spec *s);
+/* Largest dynamic shared memory per block of an arch (opt-in limit). */
+size_t spec_smem_limit(int sm);
+
+/* FLCE_OK, or FLCE_ERR_INVALID_ARGUMENT / FLCE_ERR_UNSUPPORTED with a message naming the field. */
+flce_status spec_validate(const kernel_spec *s);
+
+/* The default tile of a role and dtype on an arch (the built-in heuristic). */
+spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role);
+
+#endif

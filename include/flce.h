@@ -1,0 +1,177 @@
+/*
+ * flce.h — the whole public C API of flce: a language model's output layer fused with its
+ * cross-entropy loss, computed on an NVIDIA GPU without materializing the tokens × vocab logits.
+ *
+ * Conventions
+ *  - Every call returns an flce_status. On failure, flce_last_error() gives a message in words
+ *    that names the argument, its value and what was expected. The message is per thread.
+ *  - Device pointers are plain addresses in the device's primary context (what PyTorch's
+ *    tensor.data_ptr() returns). They must be 16-byte aligned unless said otherwise.
+ *  - Streams are CUstream / cudaStream_t values passed as void*; NULL is the legacy stream.
+ *    Calls enqueue work and return without synchronizing the host (see flce_check).
+ *  - Structs that may grow carry struct_size; initialize them with the _init functions (or the
+ *    FLCE_*_INIT macros) so that fields added later get their defaults.
+ *
+ * The math (per token i, global vocab of size V; DESIGN.md §1):
+ *    z_ij   = h_i · w_j                      logits (never stored whole)
+ *    lse_i  = log Σ_j exp(z_ij)
+ *    loss_i = lse_i − z_iy                   0 where y_i == ignore_index
+ *    dz_ij  = g_i · (exp(z_ij − lse_i) − 1[j = y_i])
+ *    dH = dZ · W,  dW = dZᵀ · H
+ *    g_i = g / count_valid (mean), g (sum), g_i (none), 0 for ignored tokens.
+ */
+#ifndef FLCE_H
+#define FLCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FLCE_VERSION_MAJOR 0
+#define FLCE_VERSION_MINOR 1
+#define FLCE_VERSION_PATCH 0
+#define FLCE_VERSION_STRING "0.1.0"
+/* Bumped when a struct gains a field; struct_size tells the library which fields a caller has. */
+#define FLCE_API_VERSION 1
+
+#if defined(_WIN32)
+#define FLCE_API
+#else
+#define FLCE_API __attribute__((visibility("default")))
+#endif
+
+typedef enum flce_status {
+    FLCE_OK = 0,
+    FLCE_ERR_INVALID_ARGUMENT = 1, /* an argument is out of range; the message names it */
+    FLCE_ERR_UNSUPPORTED = 2,      /* valid request that this build or GPU does not implement */
+    FLCE_ERR_NO_DRIVER = 3,        /* libcuda.so.1 could not be loaded or is too old */
+    FLCE_ERR_NO_DEVICE = 4,        /* no CUDA device, or the ordinal does not exist */
+    FLCE_ERR_CUDA = 5,             /* a CUDA driver call failed; the message has the driver's words */
+    FLCE_ERR_COMPILE = 6,          /* NVRTC rejected generated source; the message has its log */
+    FLCE_ERR_OUT_OF_MEMORY = 7,    /* device or host allocation failed */
+    FLCE_ERR_BAD_LABEL = 8,        /* an earlier call saw a label outside [0, V) */
+    FLCE_ERR_IO = 9,               /* a file operation failed (tools and cache management only) */
+    FLCE_ERR_INTERNAL = 10         /* a bug in flce: please report the message */
+} flce_status;
+
+typedef enum flce_dtype {
+    FLCE_DTYPE_F32 = 0,
+    FLCE_DTYPE_F16 = 1,
+    FLCE_DTYPE_BF16 = 2
+} flce_dtype;
+
+typedef enum flce_reduction {
+    FLCE_REDUCTION_MEAN = 0, /* Σ loss_i / count of valid tokens; 0 when there are none */
+    FLCE_REDUCTION_SUM = 1,
+    FLCE_REDUCTION_NONE = 2  /* loss is a per-token vector */
+} flce_reduction;
+
+typedef enum flce_strategy {
+    FLCE_STRATEGY_AUTO = 0,     /* the dispatcher picks */
+    FLCE_STRATEGY_FORWARD = 1,  /* loss/lse only, O(N) memory */
+    FLCE_STRATEGY_CHUNKED = 2,  /* loss and grads in one pass over token chunks, 6NVD */
+    FLCE_STRATEGY_RECOMPUTE = 3 /* backward that recomputes the logits, 8NVD */
+} flce_strategy;
+
+typedef enum flce_op {
+    FLCE_OP_FORWARD = 0,
+    FLCE_OP_LOSS_AND_GRAD = 1,
+    FLCE_OP_BACKWARD = 2
+} flce_op;
+
+/* The problem: shapes, dtype and options. Everything the kernels are specialized on. */
+typedef struct flce_problem {
+    uint32_t struct_size;    /* sizeof(flce_problem) as the caller compiled it */
+    uint32_t api_version;    /* FLCE_API_VERSION as the caller compiled it */
+    int64_t tokens;          /* N >= 1 */
+    int64_t hidden;          /* D >= 8, a multiple of 8 */
+    int64_t vocab_shard;     /* V_r >= 1: rows of the weight held by this rank */
+    int64_t vocab_offset;    /* global id of the shard's first row (0 without TP) */
+    int64_t vocab_total;     /* V: global vocab size; 0 means vocab_offset + vocab_shard */
+    flce_dtype dtype;        /* of hidden, weight, bias and the gradients */
+    int32_t label_bits;      /* 32 or 64: labels are int32 or int64 */
+    flce_reduction reduction;
+    int64_t ignore_index;    /* labels equal to this contribute nothing; default -100 */
+    float label_smoothing;   /* ε in [0, 1); 0 = off (not yet implemented: must be 0) */
+    float z_loss;            /* λ >= 0; 0 = off (not yet implemented: must be 0) */
+    float softcap;           /* c > 0 caps logits as c·tanh(z/c); 0 = off (not yet implemented) */
+    float temperature;       /* T > 0 divides the logits; default 1 (not yet implemented: must be 1) */
+    int32_t has_bias;        /* logits get + b_j (not yet implemented: must be 0) */
+    int32_t tp_rank;         /* tensor-parallel rank and size (not yet implemented: size must be 1) */
+    int32_t tp_size;
+    int32_t allow_tf32;      /* fp32 inputs may use TF32 matrix units (today's fp32 path is exact) */
+    int32_t deterministic;   /* bitwise-identical results across runs (today's kernels always are) */
+    flce_strategy strategy;  /* FLCE_STRATEGY_AUTO unless forcing one */
+    uint64_t memory_budget;  /* bytes of workspace the chunked strategy may use; 0 = 512 MiB */
+} flce_problem;
+
+/* Device buffers of one call. Unused outputs may be NULL. */
+typedef struct flce_tensors {
+    uint32_t struct_size;       /* sizeof(flce_tensors) as the caller compiled it */
+    const void *hidden;         /* N × D, row-major, dtype */
+    const void *weight;         /* V_r × D, row-major, dtype */
+    const void *bias;           /* V_r, dtype (needs has_bias) */
+    const void *labels;         /* N, int32 or int64 per label_bits; 4- or 8-byte aligned */
+    const float *grad_output;   /* upstream gradient, fp32 on the device: 1 value (mean, sum)
+                                   or N values (none); NULL means 1. Read on the device. */
+    float *loss;                /* out: 1 value (mean, sum) or N values (none); 4-byte aligned */
+    float *lse;                 /* out of forward/loss-and-grad, in of backward: N values */
+    void *grad_hidden;          /* out: N × D, dtype */
+    void *grad_weight;          /* out: V_r × D, dtype */
+    void *workspace;            /* caller-owned scratch (flce_workspace_size bytes), or NULL to
+                                   let the context allocate and keep one (not during graph capture) */
+    uint64_t workspace_bytes;
+} flce_tensors;
+
+/* A context binds one device's primary context (the one PyTorch and the CUDA runtime use) and keeps
+ * loaded kernels and scratch memory. One context may be used from several threads; calls on it are
+ * serialized internally. */
+typedef struct flce_context flce_context;
+
+FLCE_API const char *flce_version(void);
+FLCE_API const char *flce_status_name(flce_status status);
+/* The message of the last failed call on this thread ("" if none). Owned by the library; valid
+ * until the next flce call on the same thread. */
+FLCE_API const char *flce_last_error(void);
+
+FLCE_API void flce_problem_init(flce_problem *problem);
+FLCE_API void flce_tensors_init(flce_tensors *tensors);
+
+/* Retains the primary context of `device` (a CUDA ordinal). *out is freed by flce_context_destroy. */
+FLCE_API flce_status flce_context_create(int device, flce_context **out);
+/* Releases everything the context holds. Accepts NULL. Waits for nothing: the caller must make sure
+ * no work that uses the context's workspace is still running. */
+FLCE_API flce_status flce_context_destroy(flce_context *ctx);
+/* Compute capability of the context's device as major*10+minor (90 for an H100). */
+FLCE_API flce_status flce_context_arch(const flce_context *ctx, int *sm);
+
+/* Checks a problem without touching a GPU: shapes, dtype, option ranges. */
+FLCE_API flce_status flce_problem_validate(const flce_problem *problem);
+
+/* Bytes of workspace an op needs for this problem on this context's device. */
+FLCE_API flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, flce_op op,
+                                         uint64_t *bytes);
+
+/* Loss and (optionally) lse. Needs hidden, weight, labels; writes loss and/or lse. */
+FLCE_API flce_status flce_forward(flce_context *ctx, const flce_problem *problem,
+                                  const flce_tensors *t, void *stream);
+/* Loss, lse and the gradients dH and dW of (g · loss) in one call. grad_hidden and grad_weight may
+ * each be NULL to skip it. */
+FLCE_API flce_status flce_loss_and_grad(flce_context *ctx, const flce_problem *problem,
+                                        const flce_tensors *t, void *stream);
+/* Gradients from the lse that an earlier forward saved (t->lse is read, not written). */
+FLCE_API flce_status flce_backward(flce_context *ctx, const flce_problem *problem,
+                                   const flce_tensors *t, void *stream);
+
+/* Synchronizes `stream` and reports device-side errors raised since the last check: a label
+ * outside [0, V) that is not ignore_index gives FLCE_ERR_BAD_LABEL (such tokens were treated as
+ * ignored). Every other call also reports a flag raised by work that has already finished. */
+FLCE_API flce_status flce_check(flce_context *ctx, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLCE_H */

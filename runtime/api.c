@@ -1,0 +1,303 @@
+/* api.c — the public entry points of flce.h: argument checks with messages, then plan and launch. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "context.h"
+#include "launch.h"
+#include "log.h"
+#include "plan.h"
+
+const char *flce_version(void) { return FLCE_VERSION_STRING; }
+
+const char *flce_last_error(void) { return err_message(); }
+
+const char *flce_status_name(flce_status s)
+{
+    switch (s) {
+    case FLCE_OK: return "FLCE_OK";
+    case FLCE_ERR_INVALID_ARGUMENT: return "FLCE_ERR_INVALID_ARGUMENT";
+    case FLCE_ERR_UNSUPPORTED: return "FLCE_ERR_UNSUPPORTED";
+    case FLCE_ERR_NO_DRIVER: return "FLCE_ERR_NO_DRIVER";
+    case FLCE_ERR_NO_DEVICE: return "FLCE_ERR_NO_DEVICE";
+    case FLCE_ERR_CUDA: return "FLCE_ERR_CUDA";
+    case FLCE_ERR_COMPILE: return "FLCE_ERR_COMPILE";
+    case FLCE_ERR_OUT_OF_MEMORY: return "FLCE_ERR_OUT_OF_MEMORY";
+    case FLCE_ERR_BAD_LABEL: return "FLCE_ERR_BAD_LABEL";
+    case FLCE_ERR_IO: return "FLCE_ERR_IO";
+    case FLCE_ERR_INTERNAL: return "FLCE_ERR_INTERNAL";
+    }
+    return "FLCE_ERR_UNKNOWN";
+}
+
+void flce_problem_init(flce_problem *p)
+{
+    if (!p) return;
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->api_version = FLCE_API_VERSION;
+    p->dtype = FLCE_DTYPE_BF16;
+    p->label_bits = 32;
+    p->reduction = FLCE_REDUCTION_MEAN;
+    p->ignore_index = -100;
+    p->temperature = 1.0f;
+    p->tp_size = 1;
+    p->strategy = FLCE_STRATEGY_AUTO;
+}
+
+void flce_tensors_init(flce_tensors *t)
+{
+    if (!t) return;
+    memset(t, 0, sizeof *t);
+    t->struct_size = sizeof *t;
+}
+
+/* Copies the caller's struct into a full-size one with defaults for fields it does not have. */
+static flce_status normalize_problem(const flce_problem *in, flce_problem *out)
+{
+    if (!in) return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem: NULL");
+    flce_problem_init(out);
+    if (in->struct_size < offsetof(flce_problem, memory_budget) + sizeof in->memory_budget)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.struct_size=%u: smaller than any flce_problem (%zu); initialize "
+                       "with flce_problem_init",
+                       in->struct_size, sizeof *in);
+    if (in->struct_size > sizeof *in)
+        return err_set(FLCE_ERR_UNSUPPORTED,
+                       "problem.struct_size=%u: the caller was built against a newer flce.h than "
+                       "this library (%s, %zu bytes)",
+                       in->struct_size, FLCE_VERSION_STRING, sizeof *in);
+    memcpy(out, in, in->struct_size);
+    if (out->vocab_total == 0) out->vocab_total = out->vocab_offset + out->vocab_shard;
+    return FLCE_OK;
+}
+
+static flce_status check_shapes(const flce_problem *p)
+{
+    if (p->tokens < 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.tokens=%lld: must be at least 1",
+                       (long long)p->tokens);
+    if (p->hidden < 8 || p->hidden % 8)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.hidden=%lld: must be a positive multiple of 8", (long long)p->hidden);
+    if (p->vocab_shard < 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.vocab_shard=%lld: must be at least 1",
+                       (long long)p->vocab_shard);
+    if (p->vocab_shard > 8000000)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.vocab_shard=%lld: at most 8000000 supported",
+                       (long long)p->vocab_shard);
+    if (p->vocab_offset < 0)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.vocab_offset=%lld: must not be negative",
+                       (long long)p->vocab_offset);
+    if (p->vocab_offset + p->vocab_shard > p->vocab_total)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.vocab_offset + vocab_shard = %lld + %lld exceeds vocab_total=%lld",
+                       (long long)p->vocab_offset, (long long)p->vocab_shard,
+                       (long long)p->vocab_total);
+    return FLCE_OK;
+}
+
+static flce_status check_enums(const flce_problem *p)
+{
+    if (p->dtype != FLCE_DTYPE_F32 && p->dtype != FLCE_DTYPE_F16 && p->dtype != FLCE_DTYPE_BF16)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.dtype=%d: not an flce_dtype", (int)p->dtype);
+    if (p->label_bits != 32 && p->label_bits != 64)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.label_bits=%d: must be 32 or 64",
+                       p->label_bits);
+    if (p->reduction != FLCE_REDUCTION_MEAN && p->reduction != FLCE_REDUCTION_SUM &&
+        p->reduction != FLCE_REDUCTION_NONE)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.reduction=%d: not an flce_reduction",
+                       (int)p->reduction);
+    if ((int)p->strategy < FLCE_STRATEGY_AUTO || (int)p->strategy > FLCE_STRATEGY_RECOMPUTE)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.strategy=%d: not an flce_strategy",
+                       (int)p->strategy);
+    if (p->tp_size < 1 || p->tp_rank < 0 || p->tp_rank >= p->tp_size)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.tp_rank=%d, tp_size=%d: need tp_size >= 1 and 0 <= tp_rank < tp_size",
+                       p->tp_rank, p->tp_size);
+    if (p->has_bias != 0 && p->has_bias != 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.has_bias=%d: must be 0 or 1", p->has_bias);
+    return FLCE_OK;
+}
+
+static flce_status check_options(const flce_problem *p)
+{
+    if (!isfinite(p->label_smoothing) || p->label_smoothing < 0 || p->label_smoothing >= 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.label_smoothing=%g: must be in [0, 1)",
+                       (double)p->label_smoothing);
+    if (!isfinite(p->z_loss) || p->z_loss < 0)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.z_loss=%g: must be finite and >= 0",
+                       (double)p->z_loss);
+    if (!isfinite(p->softcap) || p->softcap < 0)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.softcap=%g: must be 0 (off) or a finite value > 0", (double)p->softcap);
+    if (!isfinite(p->temperature) || p->temperature <= 0)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.temperature=%g: must be finite and > 0",
+                       (double)p->temperature);
+    /* Valid but not built yet: say so rather than compute something else. */
+    if (p->label_smoothing != 0)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.label_smoothing=%g: not implemented yet",
+                       (double)p->label_smoothing);
+    if (p->z_loss != 0)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.z_loss=%g: not implemented yet", (double)p->z_loss);
+    if (p->softcap != 0)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.softcap=%g: not implemented yet", (double)p->softcap);
+    if (p->temperature != 1)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.temperature=%g: not implemented yet (must be 1)",
+                       (double)p->temperature);
+    if (p->has_bias)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.has_bias=1: bias is not implemented yet");
+    if (p->tp_size > 1)
+        return err_set(FLCE_ERR_UNSUPPORTED,
+                       "problem.tp_size=%d: tensor parallelism is not implemented yet", p->tp_size);
+    if (p->strategy == FLCE_STRATEGY_RECOMPUTE)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.strategy=RECOMPUTE: not implemented yet");
+    return FLCE_OK;
+}
+
+flce_status flce_problem_validate(const flce_problem *problem)
+{
+    flce_problem p;
+    TRY(normalize_problem(problem, &p));
+    TRY(check_shapes(&p));
+    TRY(check_enums(&p));
+    return check_options(&p);
+}
+
+static flce_status check_ptr(const void *ptr, const char *name, uintptr_t align, int required)
+{
+    if (!ptr) {
+        if (required) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.%s: NULL (required)", name);
+        return FLCE_OK;
+    }
+    if ((uintptr_t)ptr % align)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.%s=%p: must be %u-byte aligned", name, ptr,
+                       (unsigned)align);
+    return FLCE_OK;
+}
+
+static flce_status check_tensors(const flce_problem *p, const flce_tensors *t, flce_op op)
+{
+    if (!t) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors: NULL");
+    if (t->struct_size != sizeof *t)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.struct_size=%u: expected %zu; initialize with flce_tensors_init",
+                       t->struct_size, sizeof *t);
+    TRY(check_ptr(t->hidden, "hidden", 16, 1));
+    TRY(check_ptr(t->weight, "weight", 16, 1));
+    TRY(check_ptr(t->labels, "labels", (uintptr_t)p->label_bits / 8, 1));
+    TRY(check_ptr(t->bias, "bias", 16, p->has_bias));
+    TRY(check_ptr(t->grad_output, "grad_output", 4, 0));
+    TRY(check_ptr(t->loss, "loss", 4, 0));
+    TRY(check_ptr(t->lse, "lse", 4, op == FLCE_OP_BACKWARD));
+    TRY(check_ptr(t->grad_hidden, "grad_hidden", 16, 0));
+    TRY(check_ptr(t->grad_weight, "grad_weight", 16, 0));
+    TRY(check_ptr(t->workspace, "workspace", 256, 0));
+    if (op == FLCE_OP_FORWARD && !t->loss && !t->lse)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.loss and tensors.lse: both NULL, nothing to compute");
+    if (op == FLCE_OP_BACKWARD && !t->grad_hidden && !t->grad_weight)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.grad_hidden and tensors.grad_weight: both NULL, nothing to compute");
+    return FLCE_OK;
+}
+
+static flce_status check_strategy(const flce_problem *p, flce_op op)
+{
+    if (p->strategy == FLCE_STRATEGY_FORWARD && op != FLCE_OP_FORWARD)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.strategy=FORWARD: computes no gradients; use AUTO or CHUNKED here");
+    if (p->strategy == FLCE_STRATEGY_CHUNKED && op == FLCE_OP_FORWARD)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.strategy=CHUNKED: a forward call uses FORWARD (or AUTO)");
+    return FLCE_OK;
+}
+
+flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, flce_op op,
+                                uint64_t *bytes)
+{
+    err_clear();
+    if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL");
+    if (!bytes) return err_set(FLCE_ERR_INVALID_ARGUMENT, "bytes: NULL");
+    if (op != FLCE_OP_FORWARD && op != FLCE_OP_LOSS_AND_GRAD && op != FLCE_OP_BACKWARD)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "op=%d: not an flce_op", (int)op);
+    flce_problem p;
+    TRY(normalize_problem(problem, &p));
+    TRY(flce_problem_validate(&p));
+    TRY(check_strategy(&p, op));
+    plan pl;
+    TRY(plan_make(&p, op, ctx->sm, ctx->num_sms, NULL, &pl));
+    *bytes = pl.workspace_bytes;
+    return FLCE_OK;
+}
+
+static flce_status run_op(flce_context *ctx, const flce_problem *problem, const flce_tensors *t,
+                          void *stream, flce_op op)
+{
+    err_clear();
+    if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
+    flce_problem p;
+    TRY(normalize_problem(problem, &p));
+    TRY(flce_problem_validate(&p));
+    TRY(check_strategy(&p, op));
+    TRY(check_tensors(&p, t, op));
+    plan pl;
+    TRY(plan_make(&p, op, ctx->sm, ctx->num_sms, t, &pl));
+    if (t->workspace && t->workspace_bytes < pl.workspace_bytes)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.workspace_bytes=%llu: this call needs %llu (flce_workspace_size)",
+                       (unsigned long long)t->workspace_bytes,
+                       (unsigned long long)pl.workspace_bytes);
+
+    pthread_mutex_lock(&ctx->lock);
+    CUcontext prev = NULL;
+    flce_status st = ctx_take_flag(ctx);
+    if (st == FLCE_OK) st = ctx_enter(ctx, &prev);
+    if (st == FLCE_OK) {
+        CUdeviceptr ws = (CUdeviceptr)(uintptr_t)t->workspace;
+        st = launch_prepare_kernels(ctx, &pl);
+        if (st == FLCE_OK && !ws) st = ctx_workspace(ctx, pl.workspace_bytes, (CUstream)stream, &ws);
+        if (st == FLCE_OK) {
+            log_msg(LOG_DEBUG, "op %d: N=%lld D=%lld V=%lld, %lld chunk(s) of %lld rows, %d splits, "
+                    "workspace %.1f MiB", (int)op, (long long)pl.n, (long long)pl.d, (long long)pl.v,
+                    (long long)pl.n_chunks, (long long)pl.chunk_rows, pl.splits,
+                    (double)pl.workspace_bytes / (1 << 20));
+            st = launch_run(ctx, &pl, &p, t, ws, (CUstream)stream);
+        }
+        ctx_leave(prev);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
+flce_status flce_forward(flce_context *ctx, const flce_problem *p, const flce_tensors *t, void *stream)
+{
+    return run_op(ctx, p, t, stream, FLCE_OP_FORWARD);
+}
+
+flce_status flce_loss_and_grad(flce_context *ctx, const flce_problem *p, const flce_tensors *t,
+                               void *stream)
+{
+    return run_op(ctx, p, t, stream, FLCE_OP_LOSS_AND_GRAD);
+}
+
+flce_status flce_backward(flce_context *ctx, const flce_problem *p, const flce_tensors *t, void *stream)
+{
+    return run_op(ctx, p, t, stream, FLCE_OP_BACKWARD);
+}
+
+flce_status flce_check(flce_context *ctx, void *stream)
+{
+    err_clear();
+    if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL");
+    pthread_mutex_lock(&ctx->lock);
+    CUcontext prev = NULL;
+    flce_status st = ctx_enter(ctx, &prev);
+    if (st == FLCE_OK) {
+        CUresult r = drv.StreamSynchronize((CUstream)stream);
+        st = r == CUDA_SUCCESS ? ctx_take_flag(ctx) : drv_error(r, "synchronizing the stream");
+        ctx_leave(prev);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}

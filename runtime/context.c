@@ -1,0 +1,194 @@
+/* context.c — flce_context: device binding, kernel loading, workspace, error flag (context.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "context.h"
+#include "emit.h"
+#include "jit.h"
+#include "log.h"
+
+flce_status ctx_enter(flce_context *ctx, CUcontext *prev)
+{
+    *prev = NULL;
+    DRV_TRY(drv.CtxGetCurrent(prev));
+    if (*prev != ctx->primary) DRV_TRY(drv.CtxSetCurrent(ctx->primary));
+    return FLCE_OK;
+}
+
+void ctx_leave(CUcontext prev)
+{
+    CUcontext cur = NULL;
+    if (drv.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != prev) drv.CtxSetCurrent(prev);
+}
+
+flce_status flce_context_create(int device, flce_context **out)
+{
+    if (!out) return err_set(FLCE_ERR_INVALID_ARGUMENT, "out: NULL (expected a place for the context)");
+    *out = NULL;
+    TRY(drv_load());
+    int count = 0;
+    DRV_TRY(drv.DeviceGetCount(&count));
+    if (device < 0 || device >= count)
+        return err_set(FLCE_ERR_NO_DEVICE, "device=%d: this machine has %d CUDA device(s)", device,
+                       count);
+    flce_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return err_set(FLCE_ERR_OUT_OF_MEMORY, "flce_context_create: out of host memory");
+    ctx->ordinal = device;
+    pthread_mutex_init(&ctx->lock, NULL);
+    flce_status st = FLCE_OK;
+    CUresult r = drv.DeviceGet(&ctx->dev, device);
+    if (r == CUDA_SUCCESS) r = drv.DevicePrimaryCtxRetain(&ctx->primary, ctx->dev);
+    if (r != CUDA_SUCCESS) {
+        st = drv_error(r, "retaining the device's primary context");
+        free(ctx);
+        return st;
+    }
+    int major = 0, minor = 0;
+    drv.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, ctx->dev);
+    drv.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, ctx->dev);
+    drv.DeviceGetAttribute(&ctx->num_sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ctx->dev);
+    drv.DeviceGetName(ctx->name, sizeof ctx->name, ctx->dev);
+    ctx->sm = major * 10 + minor;
+    if (ctx->sm < 80) {
+        st = err_set(FLCE_ERR_UNSUPPORTED, "device %d (%s) is sm_%d: flce needs sm_80 or newer",
+                     device, ctx->name, ctx->sm);
+        flce_context_destroy(ctx);
+        return st;
+    }
+    CUcontext prev;
+    st = ctx_enter(ctx, &prev);
+    if (st == FLCE_OK) {
+        void *host = NULL;
+        r = drv.MemHostAlloc(&host, sizeof(int), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+        if (r == CUDA_SUCCESS) {
+            ctx->flag_host = host;
+            *ctx->flag_host = 0;
+            r = drv.MemHostGetDevicePointer(&ctx->flag_dev, host, 0);
+        }
+        if (r != CUDA_SUCCESS) st = drv_error(r, "allocating the host-mapped error flag");
+        ctx_leave(prev);
+    }
+    if (st != FLCE_OK) {
+        flce_context_destroy(ctx);
+        return st;
+    }
+    log_msg(LOG_INFO, "context on device %d: %s, sm_%d, %d SMs", device, ctx->name, ctx->sm,
+            ctx->num_sms);
+    *out = ctx;
+    return FLCE_OK;
+}
+
+flce_status flce_context_destroy(flce_context *ctx)
+{
+    if (!ctx) return FLCE_OK;
+    CUcontext prev = NULL;
+    int entered = ctx->primary && ctx_enter(ctx, &prev) == FLCE_OK;
+    for (size_t i = 0; i < ctx->n_modules; i++) drv.ModuleUnload(ctx->modules[i].module);
+    free(ctx->modules);
+    if (ctx->workspace) drv.MemFree(ctx->workspace);
+    if (ctx->flag_host) drv.MemFreeHost((void *)ctx->flag_host);
+    if (entered) ctx_leave(prev);
+    if (ctx->primary) drv.DevicePrimaryCtxRelease(ctx->dev);
+    pthread_mutex_destroy(&ctx->lock);
+    free(ctx);
+    return FLCE_OK;
+}
+
+flce_status flce_context_arch(const flce_context *ctx, int *sm)
+{
+    if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL");
+    if (!sm) return err_set(FLCE_ERR_INVALID_ARGUMENT, "sm: NULL");
+    *sm = ctx->sm;
+    return FLCE_OK;
+}
+
+static flce_status ctx_load_module(flce_context *ctx, const kernel_spec *s, ctx_module *m)
+{
+    jit_result jr;
+    TRY(jit_build(s, &jr));
+    CUresult r = drv.ModuleLoadData(&m->module, jr.cubin);
+    free(jr.cubin);
+    if (r != CUDA_SUCCESS) return drv_error(r, "loading a compiled kernel module");
+    const char *const *names = emit_kernel_names(s->role);
+    size_t smem = spec_smem_bytes(s);
+    for (int i = 0; names[i]; i++) {
+        r = drv.ModuleGetFunction(&m->fn[i], m->module, names[i]);
+        if (r == CUDA_SUCCESS && smem > 48 * 1024)
+            r = drv.FuncSetAttribute(m->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                     (int)smem);
+        if (r != CUDA_SUCCESS) {
+            drv.ModuleUnload(m->module);
+            return drv_error(r, names[i]);
+        }
+    }
+    (void)ctx;
+    return FLCE_OK;
+}
+
+flce_status ctx_kernels(flce_context *ctx, const kernel_spec *s, CUfunction *fns)
+{
+    char summary[256];
+    spec_summary(s, summary, sizeof summary);
+    for (size_t i = 0; i < ctx->n_modules; i++)
+        if (!strcmp(ctx->modules[i].summary, summary)) {
+            memcpy(fns, ctx->modules[i].fn, sizeof ctx->modules[i].fn);
+            return FLCE_OK;
+        }
+    if (ctx->n_modules == ctx->cap_modules) {
+        size_t cap = ctx->cap_modules ? 2 * ctx->cap_modules : 16;
+        ctx_module *m = realloc(ctx->modules, cap * sizeof *m);
+        if (!m) return err_set(FLCE_ERR_OUT_OF_MEMORY, "kernel table: out of host memory");
+        ctx->modules = m, ctx->cap_modules = cap;
+    }
+    ctx_module *m = &ctx->modules[ctx->n_modules];
+    memset(m, 0, sizeof *m);
+    snprintf(m->summary, sizeof m->summary, "%s", summary);
+    TRY(ctx_load_module(ctx, s, m));
+    ctx->n_modules++;
+    memcpy(fns, m->fn, sizeof m->fn);
+    return FLCE_OK;
+}
+
+flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CUdeviceptr *out)
+{
+    if (bytes <= ctx->workspace_bytes && ctx->workspace) {
+        *out = ctx->workspace;
+        return FLCE_OK;
+    }
+    CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (drv.StreamIsCapturing(stream, &cap) == CUDA_SUCCESS && cap != CU_STREAM_CAPTURE_STATUS_NONE)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "workspace: NULL while the stream is being captured into a graph; pass "
+                       "flce_tensors.workspace (flce_workspace_size bytes) or run once before "
+                       "capturing");
+    if (ctx->workspace) {
+        /* The old buffer may still be in use by queued work on another stream: wait for the device. */
+        DRV_TRY(drv.CtxSynchronize());
+        drv.MemFree(ctx->workspace);
+        ctx->workspace = 0, ctx->workspace_bytes = 0;
+    }
+    CUresult r = drv.MemAlloc(&ctx->workspace, bytes);
+    if (r != CUDA_SUCCESS) {
+        ctx->workspace = 0;
+        return err_set(r == CUDA_ERROR_OUT_OF_MEMORY ? FLCE_ERR_OUT_OF_MEMORY : FLCE_ERR_CUDA,
+                       "allocating %llu bytes of workspace on device %d failed (lower "
+                       "memory_budget or pass a workspace)",
+                       (unsigned long long)bytes, ctx->ordinal);
+    }
+    ctx->workspace_bytes = bytes;
+    log_msg(LOG_INFO, "workspace grown to %.1f MiB", (double)bytes / (1 << 20));
+    *out = ctx->workspace;
+    return FLCE_OK;
+}
+
+flce_status ctx_take_flag(flce_context *ctx)
+{
+    if (ctx->flag_host && *ctx->flag_host) {
+        *ctx->flag_host = 0;
+        return err_set(FLCE_ERR_BAD_LABEL,
+                       "labels: an earlier call saw a label outside [0, vocab_total) that is not "
+                       "ignore_index; those tokens were treated as ignored");
+    }
+    return FLCE_OK;
+}

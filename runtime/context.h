@@ -1,0 +1,53 @@
+/*
+ * context.h — what an flce_context holds (internal): the device and its primary context, the
+ * kernels loaded so far (memory cache: spec summary → module), an owned workspace, and the
+ * host-mapped error flag that kernels raise and every call reads without synchronizing.
+ */
+#ifndef FLCE_CONTEXT_H
+#define FLCE_CONTEXT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "driver.h"
+#include "spec.h"
+
+enum { CTX_MAX_KERNELS = 4 };
+
+typedef struct ctx_module {
+    char summary[256];
+    CUmodule module;
+    CUfunction fn[CTX_MAX_KERNELS];
+} ctx_module;
+
+struct flce_context {
+    int ordinal;
+    CUdevice dev;
+    CUcontext primary;
+    int sm;
+    int num_sms;
+    char name[256];
+    pthread_mutex_t lock;
+    ctx_module *modules;
+    size_t n_modules, cap_modules;
+    CUdeviceptr workspace; /* owned scratch, grown on demand */
+    uint64_t workspace_bytes;
+    volatile int *flag_host; /* host-mapped: kernels write 1, the host reads it */
+    CUdeviceptr flag_dev;
+};
+
+/* Makes the context's primary context current on this thread; *prev receives the old one. */
+flce_status ctx_enter(flce_context *ctx, CUcontext *prev);
+void ctx_leave(CUcontext prev);
+
+/* The kernels of a spec's module, in emit_kernel_names(role) order, loading (JIT) on first use.
+ * Call with ctx->lock held. */
+flce_status ctx_kernels(flce_context *ctx, const kernel_spec *s, CUfunction *fns);
+
+/* Scratch of at least `bytes`, owned by the context (grown outside graph capture only). */
+flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CUdeviceptr *out);
+
+/* Reports (and clears) a raised device flag: FLCE_ERR_BAD_LABEL. */
+flce_status ctx_take_flag(flce_context *ctx);
+
+#endif

@@ -1,0 +1,73 @@
+/*
+ * driver.h — the CUDA driver API, loaded at run time with dlopen("libcuda.so.1") and
+ * cuGetProcAddress, so libflce and its tests load on machines without a driver and say so.
+ * drv_load() fills the table once (thread-safe); every other module calls through `drv`.
+ * DRV_TRY turns a CUresult into an flce_status with the driver's own words.
+ */
+#ifndef FLCE_DRIVER_H
+#define FLCE_DRIVER_H
+
+#include <cuda.h>
+
+#include "error.h"
+
+typedef struct drv_table {
+    CUresult (*Init)(unsigned int);
+    CUresult (*DriverGetVersion)(int *);
+    CUresult (*GetErrorString)(CUresult, const char **);
+    CUresult (*GetErrorName)(CUresult, const char **);
+    CUresult (*DeviceGetCount)(int *);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*DeviceGetName)(char *, int, CUdevice);
+    CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*DevicePrimaryCtxRelease)(CUdevice);
+    CUresult (*CtxGetCurrent)(CUcontext *);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxSynchronize)(void);
+    CUresult (*ModuleLoadData)(CUmodule *, const void *);
+    CUresult (*ModuleUnload)(CUmodule);
+    CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*FuncSetAttribute)(CUfunction, CUfunction_attribute, int);
+    CUresult (*FuncGetAttribute)(int *, CUfunction_attribute, CUfunction);
+    CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void **, void **);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*MemHostAlloc)(void **, size_t, unsigned int);
+    CUresult (*MemHostGetDevicePointer)(CUdeviceptr *, void *, unsigned int);
+    CUresult (*MemFreeHost)(void *);
+    CUresult (*MemGetInfo)(size_t *, size_t *);
+    CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
+    CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
+    CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+    CUresult (*MemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
+    CUresult (*MemsetD8)(CUdeviceptr, unsigned char, size_t);
+    CUresult (*StreamCreate)(CUstream *, unsigned int);
+    CUresult (*StreamDestroy)(CUstream);
+    CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*EventCreate)(CUevent *, unsigned int);
+    CUresult (*EventDestroy)(CUevent);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventSynchronize)(CUevent);
+    CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
+} drv_table;
+
+extern drv_table drv;
+
+/* Loads libcuda and calls cuInit(0) once. FLCE_ERR_NO_DRIVER with a message when it can't. */
+flce_status drv_load(void);
+/* Number of CUDA devices; 0 (and FLCE_OK) when the driver is absent or sees none. */
+int drv_device_count(void);
+/* Converts a failed CUresult into an flce_status (OUT_OF_MEMORY for CUDA_ERROR_OUT_OF_MEMORY,
+ * CUDA otherwise) with "<what>: <driver error name>: <driver's description>". */
+flce_status drv_error(CUresult r, const char *what);
+
+#define DRV_TRY(call)                                                                              \
+    do {                                                                                           \
+        CUresult drv_r_ = (call);                                                                  \
+        if (drv_r_ != CUDA_SUCCESS) return drv_error(drv_r_, #call);                               \
+    } while (0)
+
+#endif

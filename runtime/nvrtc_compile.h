@@ -1,0 +1,19 @@
+/*
+ * nvrtc_compile.h — compiles generated CUDA source to a cubin for one exact arch with NVRTC (never
+ * PTX-only: a cubin loads without the driver's JIT). Needs no GPU, so CI compiles every spec.
+ */
+#ifndef FLCE_NVRTC_H
+#define FLCE_NVRTC_H
+
+#include <stddef.h>
+
+#include "error.h"
+
+/* *cubin is malloc'd (caller frees). On failure FLCE_ERR_COMPILE with NVRTC's log in the message. */
+flce_status nvrtc_compile(const char *src, const char *name, int sm, void **cubin, size_t *len);
+/* The options nvrtc_compile passes for `sm`, joined by spaces (part of the cache key). */
+const char *nvrtc_options_text(int sm, char *out, size_t cap);
+/* "13.0" */
+const char *nvrtc_version_text(void);
+
+#endif

@@ -1,0 +1,122 @@
+// common.cuh — device helpers every flce template uses: the input element type, conversions,
+// and the few PTX instructions we need, each wrapped in a small named function. No toolkit
+// header is included (NVRTC on a user's machine may have no include path).
+#ifndef FLCE_COMMON_CUH
+#define FLCE_COMMON_CUH
+
+#ifndef FLCE_GENERATED
+#define FLCE_DTYPE 2 // 0 fp32, 1 fp16, 2 bf16 (the generator writes the real value)
+#endif
+
+#define DTYPE_F32 0
+#define DTYPE_F16 1
+#define DTYPE_BF16 2
+
+#if FLCE_DTYPE == DTYPE_F32
+typedef float elem_t;
+#else
+typedef unsigned short elem_t; // raw 16-bit pattern of an fp16 or bf16 value
+#endif
+
+constexpr int ELEM_BYTES = (int)sizeof(elem_t);
+constexpr int VEC = 16 / ELEM_BYTES; // elements per 16-byte vector
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float to_f32(elem_t x)
+{
+#if FLCE_DTYPE == DTYPE_F32
+    return x;
+#elif FLCE_DTYPE == DTYPE_BF16
+    return __uint_as_float((unsigned)x << 16);
+#else
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    return f;
+#endif
+}
+
+__device__ __forceinline__ elem_t from_f32(float x)
+{
+#if FLCE_DTYPE == DTYPE_F32
+    return x;
+#elif FLCE_DTYPE == DTYPE_BF16
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return r;
+#else
+    unsigned short r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return r;
+#endif
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void *p)
+{
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (unsigned)a;
+}
+
+// 16-byte global→shared copy that bypasses L1; when `valid` is false it writes zeros and reads
+// nothing (src-size 0), which is how tiles past the matrix edge are filled.
+__device__ __forceinline__ void cp_async_16(void *dst, const void *src, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// D = A·B + D on a 16×8×16 tile: A row-major 16×16, B column-major 16×8, fp32 accumulators.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1)
+{
+#if FLCE_DTYPE == DTYPE_BF16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#elif FLCE_DTYPE == DTYPE_F16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    (void)d; (void)a; (void)b0; (void)b1; // fp32 inputs take the exact FFMA path instead
+#endif
+}
+
+__device__ __forceinline__ long long load_label(unsigned long long base, long long i)
+{
+#if FLCE_LABEL_BITS == 64
+    return ((const long long *)base)[i];
+#else
+    return ((const int *)base)[i];
+#endif
+}
+
+// Merges two (max, Σexp(x − max)) pairs. Empty pairs carry max = −inf and sum = 0.
+__device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2)
+{
+    float mm = fmaxf(m, m2);
+    if (mm == NEG_INF) return;
+    s = s * expf(m - mm) + s2 * expf(m2 - mm);
+    m = mm;
+}
+
+#endif

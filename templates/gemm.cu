@@ -1,0 +1,304 @@
+// gemm.cu — the portable tiled GEMM of flce (mma.sync, every sm_80+ GPU), specialized by the
+// generator for one role:
+//
+//   LOGITS  Z = H·Wᵀ over one token chunk. The epilogue folds each row's logits into a running
+//           (max m, Σ exp(z − m)) over this CTA's vocab split, records z of the row's label, and
+//           stores Z in fp32 when the strategy needs it:  part_m, part_s [row][split], target[row].
+//   DH      dH = dZ·W   (A = dZ stored K-major, B = W stored [k = vocab][n = hidden])
+//   DW      dW = dZᵀ·H  (A = dZ stored [k = token][m = vocab], B = H stored [k = token][n = hidden])
+//           DH/DW store out = acc (+ addend), in fp32 or the input dtype.
+//
+// C[m × n] = A[m × k] · B[n × k]ᵀ with BM × BN tiles, BK-deep stages fed by cp.async, warps
+// arranged WARPS_M × WARPS_N, each owning a (BM/WARPS_M) × (BN/WARPS_N) block of 16×8 mma tiles.
+// 16-bit inputs use mma.sync.m16n8k16 (fp32 accumulate); fp32 inputs use exact FFMA on the same
+// fragment layout, so one epilogue serves both.
+#ifndef FLCE_GENERATED
+// Defaults so this file compiles alone: nvcc -arch=sm_80 -c gemm.cu -I. (the generator writes its own)
+#define FLCE_DTYPE 2
+#define FLCE_LABEL_BITS 32
+#define ROLE_IS_LOGITS 1
+#define ROLE_IS_DH 0
+#define ROLE_IS_DW 0
+constexpr int BM = 128, BN = 128, BK = 32, STAGES = 3, WARPS_M = 2, WARPS_N = 4;
+constexpr bool A_KMAJOR = true, B_KMAJOR = true;
+constexpr long long VOCAB = 32768; // rows of this shard
+#include "params.h"
+#include "common.cuh"
+#endif
+
+constexpr int THREADS = WARPS_M * WARPS_N * 32;
+constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N; // warp tile
+constexpr int MI = WTM / 16, NI = WTN / 8;             // mma tiles per warp
+constexpr int PAD = VEC;                               // one vector of padding: no bank conflicts
+// Shared tiles: K-major [rows][BK + PAD], transposed [BK][rows + PAD].
+constexpr int A_TILE = A_KMAJOR ? BM * (BK + PAD) : BK * (BM + PAD);
+constexpr int B_TILE = B_KMAJOR ? BN * (BK + PAD) : BK * (BN + PAD);
+constexpr int STAGE_ELEMS = A_TILE + B_TILE;
+static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile must be whole 16x16 blocks");
+static_assert(BK % 16 == 0 || FLCE_DTYPE == DTYPE_F32, "BK must be a multiple of 16");
+
+__device__ __forceinline__ elem_t *a_at(elem_t *As, int row, int k)
+{
+    return A_KMAJOR ? As + row * (BK + PAD) + k : As + k * (BM + PAD) + row;
+}
+__device__ __forceinline__ elem_t *b_at(elem_t *Bs, int col, int k)
+{
+    return B_KMAJOR ? Bs + col * (BK + PAD) + k : Bs + k * (BN + PAD) + col;
+}
+
+// Copies one stored tile (rows × cols of the stored matrix, cols contiguous) into shared memory.
+template <int ROWS, int COLS>
+__device__ __forceinline__ void load_tile(elem_t *dst, const elem_t *src, long long r0, long long c0,
+                                          long long n_rows, long long n_cols, long long ld)
+{
+    constexpr int VPR = COLS / VEC; // vectors per row
+    for (int i = threadIdx.x; i < ROWS * VPR; i += THREADS) {
+        int r = i / VPR, c = (i % VPR) * VEC;
+        long long gr = r0 + r, gc = c0 + c;
+        bool ok = gr < n_rows && gc < n_cols;
+        cp_async_16(dst + r * (COLS + PAD) + c, ok ? src + gr * ld + gc : src, ok);
+    }
+}
+
+__device__ __forceinline__ void load_stage(elem_t *stage, const flce_gemm_params &p, long long m0,
+                                           long long n0, long long k0)
+{
+    const elem_t *A = (const elem_t *)p.a, *B = (const elem_t *)p.b;
+    if (A_KMAJOR) load_tile<BM, BK>(stage, A, m0, k0, p.a_rows, p.a_cols, p.lda);
+    else load_tile<BK, BM>(stage, A, k0, m0, p.a_rows, p.a_cols, p.lda);
+    if (B_KMAJOR) load_tile<BN, BK>(stage + A_TILE, B, n0, k0, p.b_rows, p.b_cols, p.ldb);
+    else load_tile<BK, BN>(stage + A_TILE, B, k0, n0, p.b_rows, p.b_cols, p.ldb);
+}
+
+// One BK-deep stage of tensor-core work. Fragment addresses follow the m16n8k16 layouts:
+// ldmatrix (K-major tiles) or ldmatrix.trans (transposed tiles) hands each thread exactly the
+// A rows g, g+8 / B column g (g = lane/4) pairs it needs.
+__device__ __forceinline__ void compute_stage(float (&acc)[MI][NI][4], elem_t *As, elem_t *Bs,
+                                              int wm, int wn, int lane)
+{
+#if FLCE_DTYPE != DTYPE_F32
+    const int idx = lane / 8, r8 = lane % 8;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+        unsigned af[MI][4], bf[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+            int row = wm * WTM + mi * 16;
+            if (A_KMAJOR) ldmatrix_x4(af[mi], a_at(As, row + lane % 16, kk + (lane / 16) * 8));
+            else ldmatrix_x4_trans(af[mi], a_at(As, row + (idx % 2) * 8, kk + r8 + (idx / 2) * 8));
+        }
+#pragma unroll
+        for (int nj = 0; nj < NI / 2; nj++) {
+            int col = wn * WTN + nj * 16;
+            unsigned r[4];
+            if (B_KMAJOR) ldmatrix_x4(r, b_at(Bs, col + r8 + (idx / 2) * 8, kk + (idx % 2) * 8));
+            else ldmatrix_x4_trans(r, b_at(Bs, col + (idx / 2) * 8, kk + r8 + (idx % 2) * 8));
+            bf[2 * nj][0] = r[0], bf[2 * nj][1] = r[1];
+            bf[2 * nj + 1][0] = r[2], bf[2 * nj + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++) mma_16816(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+    }
+#else
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll 4
+    for (int kk = 0; kk < BK; kk++) {
+        float a[MI][2], b[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) a[mi][h] = *a_at(As, wm * WTM + mi * 16 + g + 8 * h, kk);
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) b[ni][c] = *b_at(Bs, wn * WTN + ni * 8 + 2 * t + c, kk);
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[mi][ni][e] = fmaf(a[mi][e / 2], b[ni][e % 2], acc[mi][ni][e]);
+    }
+#endif
+}
+
+// acc = A[m0.., :] · B[n0.., :]ᵀ over the whole k extent, STAGES-deep cp.async pipeline.
+// Ends with a barrier so the caller may reuse shared memory.
+__device__ void mainloop(float (&acc)[MI][NI][4], elem_t *smem, const flce_gemm_params &p,
+                         long long m0, long long n0, int wm, int wn, int lane)
+{
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.f;
+    const int ktiles = (int)((p.k + BK - 1) / BK);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < ktiles) load_stage(smem + s * STAGE_ELEMS, p, m0, n0, (long long)s * BK);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < ktiles; kt++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads(); // stage kt landed for everyone; stage kt-1 is free to refill
+        int next = kt + STAGES - 1;
+        if (next < ktiles) load_stage(smem + (next % STAGES) * STAGE_ELEMS, p, m0, n0, (long long)next * BK);
+        cp_async_commit();
+        elem_t *stage = smem + (kt % STAGES) * STAGE_ELEMS;
+        compute_stage(acc, stage, stage + A_TILE, wm, wn, lane);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+}
+
+#if ROLE_IS_LOGITS
+// Folds one vocab tile into each owned row's running (max, Σexp); records target logits and
+// stores Z. Element (mi, ni, e) of acc sits at row wm*WTM + mi*16 + g + 8*(e/2),
+// column wn*WTN + ni*8 + 2*t + e%2 of the tile.
+__device__ __forceinline__ void logits_epilogue(const float (&acc)[MI][NI][4], const flce_gemm_params &p,
+                                                long long m0, long long n0, int wm, int wn, int lane,
+                                                const long long (&lab)[MI][2], float (&run_m)[MI][2],
+                                                float (&run_s)[MI][2])
+{
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
+            float tile_max = NEG_INF;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    long long col = n0 + wn * WTN + ni * 8 + 2 * t + c;
+                    if (col < VOCAB) tile_max = fmaxf(tile_max, acc[mi][ni][2 * h + c]);
+                }
+            float sum = 0.f;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    long long col = n0 + wn * WTN + ni * 8 + 2 * t + c;
+                    float z = acc[mi][ni][2 * h + c];
+                    if (col < VOCAB) sum += expf(z - tile_max);
+                    if (col == lab[mi][h]) ((float *)p.target)[row] = z;
+                }
+            if (tile_max != NEG_INF) lse_merge(run_m[mi][h], run_s[mi][h], tile_max, sum);
+            if (p.out && row < p.m) {
+                float *z_row = (float *)p.out + row * p.ldo;
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) {
+                    long long col = n0 + wn * WTN + ni * 8 + 2 * t;
+                    if (col < p.ldo)
+                        *(float2 *)(z_row + col) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+                }
+            }
+        }
+}
+
+// grid: (row blocks, vocab splits). Each CTA walks tiles_per_split vocab tiles of its split.
+extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_params p)
+{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    elem_t *smem = (elem_t *)smem_raw;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const long long m0 = (long long)blockIdx.x * BM;
+    const int split = blockIdx.y;
+
+    // Local label column of each owned row; −1 when ignored, out of range or on another shard.
+    long long lab[MI][2];
+    float run_m[MI][2], run_s[MI][2];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
+            long long y = row < p.m ? load_label(p.labels, row) - p.vocab_offset : -1;
+            lab[mi][h] = (y >= 0 && y < VOCAB) ? y : -1;
+            run_m[mi][h] = NEG_INF;
+            run_s[mi][h] = 0.f;
+        }
+
+    const long long tiles = (VOCAB + BN - 1) / BN;
+    long long t_begin = (long long)split * p.tiles_per_split;
+    long long t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
+    float acc[MI][NI][4];
+    for (long long vt = t_begin; vt < t_end; vt++) {
+        mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
+        logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, run_m, run_s);
+    }
+
+    // Reduce each row's pairs: first over the 4 lanes that share it, then over the WARPS_N warps.
+    float *red_m = (float *)smem_raw, *red_s = red_m + WARPS_N * BM;
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int off = 1; off < 4; off <<= 1) {
+                float m2 = __shfl_xor_sync(0xffffffffu, run_m[mi][h], off);
+                float s2 = __shfl_xor_sync(0xffffffffu, run_s[mi][h], off);
+                lse_merge(run_m[mi][h], run_s[mi][h], m2, s2);
+            }
+            if (lane % 4 == 0) {
+                int r = wm * WTM + mi * 16 + lane / 4 + 8 * h;
+                red_m[wn * BM + r] = run_m[mi][h];
+                red_s[wn * BM + r] = run_s[mi][h];
+            }
+        }
+    __syncthreads();
+    for (int r = threadIdx.x; r < BM; r += THREADS) {
+        if (m0 + r >= p.m) continue;
+        float m = NEG_INF, s = 0.f;
+        for (int w = 0; w < WARPS_N; w++) lse_merge(m, s, red_m[w * BM + r], red_s[w * BM + r]);
+        ((float *)p.part_m)[(m0 + r) * p.splits + split] = m;
+        ((float *)p.part_s)[(m0 + r) * p.splits + split] = s;
+    }
+}
+
+#else // DH, DW
+
+// grid: (column tiles, row tiles).
+extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_params p)
+{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    elem_t *smem = (elem_t *)smem_raw;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const long long n0 = (long long)blockIdx.x * BN, m0 = (long long)blockIdx.y * BM;
+    float acc[MI][NI][4];
+    mainloop(acc, smem, p, m0, n0, wm, wn, lane);
+
+    const int g = lane / 4, t = lane % 4;
+    const float *addend = (const float *)p.addend;
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
+            if (row >= p.m) continue;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++) {
+                long long col = n0 + wn * WTN + ni * 8 + 2 * t; // even; n is a multiple of 8
+                if (col >= p.n) continue;
+                long long at = row * p.ldo + col;
+                float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+                if (addend) {
+                    float2 a = *(const float2 *)(addend + at);
+                    v0 += a.x, v1 += a.y;
+                }
+                if (p.out_f32 || FLCE_DTYPE == DTYPE_F32) {
+                    *(float2 *)((float *)p.out + at) = make_float2(v0, v1);
+                } else {
+                    unsigned packed = (unsigned)from_f32(v0) | ((unsigned)from_f32(v1) << 16);
+                    *(unsigned *)((elem_t *)p.out + at) = packed;
+                }
+            }
+        }
+}
+#endif

@@ -1,0 +1,51 @@
+/*
+ * params.h — the parameter blocks of our kernels, shared word for word by the host (C, runtime/)
+ * and the generated CUDA source (the generator pastes this file in). Plain C: fixed-size fields,
+ * addresses as unsigned long long, so both compilers lay the structs out identically.
+ */
+#ifndef FLCE_PARAMS_H
+#define FLCE_PARAMS_H
+
+/* flce_gemm: C[m × n] = A[m × k] · B[n × k]ᵀ, operands stored K-major or transposed (see
+ * A_KMAJOR/B_KMAJOR), followed by the role's epilogue. "Stored" extents bound the loads: a stored
+ * matrix has *_rows rows of *_cols elements, leading dimension ld*; *_cols is a multiple of the
+ * 16-byte vector so every vector load is wholly inside or wholly outside. */
+struct flce_gemm_params {
+    unsigned long long a, b;      /* operand base addresses */
+    unsigned long long out;       /* logits: fp32 Z (ld = ldo) or 0; dH/dW: the output */
+    unsigned long long addend;    /* dH/dW: fp32 values added before the store (may equal out), or 0 */
+    unsigned long long labels;    /* logits: labels of rows 0..m-1 */
+    unsigned long long part_m;    /* logits: per-(row, split) running max, [m][splits] */
+    unsigned long long part_s;    /* logits: per-(row, split) Σ exp(z − max) */
+    unsigned long long target;    /* logits: z of the row's label when it lies in this shard */
+    long long m, n, k;
+    long long a_rows, a_cols, lda;
+    long long b_rows, b_cols, ldb;
+    long long ldo;
+    long long vocab_offset;       /* logits: global id of the shard's first row */
+    int out_f32;                  /* dH/dW: out holds fp32 (else the input dtype) */
+    int splits;                   /* logits: vocab splits (gridDim.y) */
+    int tiles_per_split;          /* logits: BN-wide vocab tiles each split walks */
+    int pad_;
+};
+
+/* The row kernels of rowops.cu: prepare, combine, dz, reduce. Row-indexed arrays named "(all)"
+ * hold all N tokens and are indexed by row0 + i; the others belong to the current chunk. */
+struct flce_row_params {
+    unsigned long long labels;      /* (all) */
+    unsigned long long part_m, part_s, target;
+    unsigned long long z;           /* fp32 chunk logits [rows][ldz] */
+    unsigned long long dz;          /* dZ in the input dtype [rows][ldz] (may alias z for fp32) */
+    unsigned long long lse;         /* (all) */
+    unsigned long long loss_rows;   /* (all) per-token loss */
+    unsigned long long loss_out;    /* the reduced loss (1 value) or 0 */
+    unsigned long long grad_output; /* fp32 upstream gradient: 1 value, N values (none), or 0 */
+    unsigned long long count;       /* int: valid tokens of the whole batch */
+    unsigned long long flag;        /* int: raised (set to 1) when a label is out of range */
+    long long tokens, row0, rows, ldz;
+    long long vocab_offset, vocab_total, ignore_index;
+    int splits;
+    int pad_;
+};
+
+#endif

@@ -1,0 +1,734 @@
+/*
+ * test_cache.c — the on-disk kernel cache (runtime/cache.c, DESIGN.md §5): hits and misses,
+ * collisions, corrupt/truncated/garbage entries, racing writer processes, unusable directories,
+ * the directory's environment variables, and list/stat/clear. Every case works in its own
+ * mkdtemp directory under /tmp and removes it afterwards.
+ */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "check.h"
+#include "hash.h"
+
+#define TEST_PATH_MAX 4096
+/* Large enough that eight writers' write() calls overlap in time. */
+#define TEST_BIG_VALUE (1u << 20)
+#define TEST_WRITERS 8
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+static void make_tmpdir(char *out)
+{
+    snprintf(out, TEST_PATH_MAX, "/tmp/flce_test_cache.XXXXXX");
+    if (!mkdtemp(out)) {
+        fprintf(stderr, "mkdtemp: %s\n", strerror(errno));
+        exit(1);
+    }
+}
+
+static void join(char *out, const char *dir, const char *name)
+{
+    if (snprintf(out, TEST_PATH_MAX, "%s/%s", dir, name) >= TEST_PATH_MAX) {
+        fprintf(stderr, "path too long: %s/%s\n", dir, name);
+        exit(1);
+    }
+}
+
+/* rm -rf, restoring write permission on the way down (the read-only case chmods a directory). */
+static void remove_tree(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+        chmod(path, 0700);
+        DIR *d = opendir(path);
+        struct dirent *de;
+        while (d && (de = readdir(d)) != NULL) {
+            char child[TEST_PATH_MAX];
+            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+            join(child, path, de->d_name);
+            remove_tree(child);
+        }
+        if (d) closedir(d);
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+}
+
+/* The file name cache.h promises: 32 lowercase hex digits of hash128(key) + ".cubin". */
+static void entry_name(const char *key, char out[40])
+{
+    uint64_t h[2];
+    hash128(key, strlen(key), h);
+    hash128_hex(h, out);
+    strcat(out, ".cubin");
+}
+
+static void entry_path(const char *dir, const char *key, char *out)
+{
+    char name[40];
+    entry_name(key, name);
+    join(out, dir, name);
+}
+
+static int write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t put = n ? fwrite(data, 1, n, f) : 0;
+    return (fclose(f) == 0 && put == n) ? 0 : -1;
+}
+
+static long file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+static int file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+static void set_or_unset(const char *name, const char *value)
+{
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+}
+
+/* Counts directory entries other than . and ..; with `infix`, only names containing it. */
+static int count_files(const char *dir, const char *infix)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        if (!infix || strstr(de->d_name, infix)) n++;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+static flce_status store_str(const char *dir, const char *key, const char *value)
+{
+    return cache_store(dir, key, strlen(key), value, strlen(value));
+}
+
+/* 1 when `key` loads and equals `value` (n bytes), 0 on a miss, -1 on a wrong value or error. */
+static int load_equals(const char *dir, const char *key, const void *value, size_t n)
+{
+    void *blob = (void *)1;
+    size_t len = 99;
+    if (cache_load(dir, key, strlen(key), &blob, &len) != FLCE_OK) return -1;
+    if (!blob) return len == 0 ? 0 : -1;
+    int same = len == n && memcmp(blob, value, n) == 0;
+    free(blob);
+    return same ? 1 : -1;
+}
+
+static int load_str(const char *dir, const char *key, const char *value)
+{
+    return load_equals(dir, key, value, strlen(value));
+}
+
+static unsigned char *make_big_value(size_t n)
+{
+    unsigned char *v = malloc(n);
+    uint64_t x = 0x243f6a8885a308d3ull;
+    for (size_t i = 0; v && i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = (unsigned char)(x >> 56);
+    }
+    return v;
+}
+
+static const char *KEY_A = "kernel logits_fwd sm90 bf16\nsource: __global__ void k() {}\nopts: -O3";
+static const char *KEY_B = "kernel logits_bwd sm90 bf16\nsource: __global__ void k() {}\nopts: -O3";
+static const char *VALUE_A = "\x7f" "ELF cubin bytes of A";
+static const char *VALUE_B = "\x7f" "ELF cubin bytes of B, a little longer";
+
+/* ---- load and store --------------------------------------------------------------------- */
+
+static void store_then_load_hits(void)
+{
+    char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
+    make_tmpdir(dir);
+    CHECK(store_str(dir, KEY_A, VALUE_A) == FLCE_OK);
+    entry_path(dir, KEY_A, path);
+    CHECKF(file_exists(path), "expected %s", path);
+    CHECK(file_size(path) == (long)(32 + strlen(KEY_A) + strlen(VALUE_A)));
+    CHECK(load_str(dir, KEY_A, VALUE_A) == 1);
+    CHECK(count_files(dir, NULL) == 1);
+    remove_tree(dir);
+}
+
+static void empty_value_round_trips_as_a_hit(void)
+{
+    char dir[TEST_PATH_MAX];
+    void *blob = NULL;
+    size_t len = 7;
+    make_tmpdir(dir);
+    CHECK(cache_store(dir, KEY_A, strlen(KEY_A), NULL, 0) == FLCE_OK);
+    CHECK(cache_load(dir, KEY_A, strlen(KEY_A), &blob, &len) == FLCE_OK);
+    CHECK(blob != NULL && len == 0);
+    free(blob);
+    remove_tree(dir);
+}
+
+static void store_replaces_an_existing_entry(void)
+{
+    char dir[TEST_PATH_MAX];
+    make_tmpdir(dir);
+    CHECK(store_str(dir, KEY_A, VALUE_A) == FLCE_OK);
+    CHECK(store_str(dir, KEY_A, VALUE_B) == FLCE_OK);
+    CHECK(load_str(dir, KEY_A, VALUE_B) == 1);
+    CHECK(count_files(dir, NULL) == 1);
+    remove_tree(dir);
+}
+
+static void different_key_misses(void)
+{
+    char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
+    make_tmpdir(dir);
+    CHECK(store_str(dir, KEY_A, VALUE_A) == FLCE_OK);
+    CHECK(load_str(dir, KEY_B, VALUE_A) == 0);
+    entry_path(dir, KEY_A, path);
+    CHECK(file_exists(path));
+    CHECK(load_str(dir, KEY_A, VALUE_A) == 1);
+    remove_tree(dir);
+}
+
+/* An entry of key B sitting under key A's name is what a 128-bit collision would look like. Keys
+ * of the same length (full comparison), other lengths (header check), and keys that extend A or
+ * that A extends (a comparison over the shorter length would wrongly match) are tried. */
+static void hash_collision_is_a_miss(void)
+{
+    static const char *others[] = {
+        "kernel logits_fwd sm90 f16!\nsource: __global__ void k() {}\nopts: -O3", /* same length */
+        "kernel other", /* shorter */
+        /* A with more after it */
+        "kernel logits_fwd sm90 bf16\nsource: __global__ void k() {}\nopts: -O3 -lineinfo",
+        "kernel logits_fwd sm90 bf16\nsource: __global__ void k() {}", /* a prefix of A */
+    };
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        char dir[TEST_PATH_MAX], path_a[TEST_PATH_MAX], path_b[TEST_PATH_MAX];
+        make_tmpdir(dir);
+        CHECK(strlen(others[0]) == strlen(KEY_A));
+        CHECK(store_str(dir, others[i], VALUE_B) == FLCE_OK);
+        entry_path(dir, KEY_A, path_a);
+        entry_path(dir, others[i], path_b);
+        CHECK(rename(path_b, path_a) == 0);
+        CHECKF(load_str(dir, KEY_A, VALUE_B) == 0, "other key #%zu", i);
+        /* Another key's valid entry is not damage: it stays until a store of A replaces it. */
+        CHECK(file_exists(path_a));
+        CHECK(store_str(dir, KEY_A, VALUE_A) == FLCE_OK);
+        CHECK(load_str(dir, KEY_A, VALUE_A) == 1);
+        remove_tree(dir);
+    }
+}
+
+/* ---- damaged entries -------------------------------------------------------------------- */
+
+/* Flips one byte at `offset` (negative: from the end) of A's entry. */
+static void flip_byte(const char *path, long offset)
+{
+    long size = file_size(path);
+    long at = offset < 0 ? size + offset : offset;
+    int fd = open(path, O_RDWR);
+    unsigned char c = 0;
+    CHECK(fd >= 0);
+    CHECK(pread(fd, &c, 1, at) == 1);
+    c ^= 0x5a;
+    CHECK(pwrite(fd, &c, 1, at) == 1);
+    close(fd);
+}
+
+static void corrupt_entry_is_a_miss_and_is_replaced(void)
+{
+    /* magic, version, key length, value length, key, middle of the value, checksum */
+    static const struct {
+        const char *where;
+        long offset;
+    } cases[] = {{"magic", 0}, {"version", 4}, {"key length", 8}, {"value length", 16},
+                 {"key", 30}, {"value", -(long)(TEST_BIG_VALUE / 2)}, {"checksum", -3}};
+    unsigned char *value = make_big_value(TEST_BIG_VALUE);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
+        make_tmpdir(dir);
+        entry_path(dir, KEY_A, path);
+        CHECK(cache_store(dir, KEY_A, strlen(KEY_A), value, TEST_BIG_VALUE) == FLCE_OK);
+        flip_byte(path, cases[i].offset);
+        CHECKF(load_equals(dir, KEY_A, value, TEST_BIG_VALUE) == 0, "flipped %s", cases[i].where);
+        CHECKF(!file_exists(path), "corrupt entry (%s) should be removed", cases[i].where);
+        CHECK(cache_store(dir, KEY_A, strlen(KEY_A), value, TEST_BIG_VALUE) == FLCE_OK);
+        CHECK(load_equals(dir, KEY_A, value, TEST_BIG_VALUE) == 1);
+        remove_tree(dir);
+    }
+    free(value);
+}
+
+static void truncated_entry_is_a_miss(void)
+{
+    long full = (long)(32 + strlen(KEY_A) + strlen(VALUE_A));
+    /* Cut inside the header, after it, after the key, inside the checksum; and one byte added. */
+    long sizes[] = {1, 10, 24, 24 + (long)strlen(KEY_A), full - 8, full - 1, full + 1};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
+        make_tmpdir(dir);
+        entry_path(dir, KEY_A, path);
+        CHECK(store_str(dir, KEY_A, VALUE_A) == FLCE_OK);
+        CHECK(truncate(path, sizes[i]) == 0);
+        CHECKF(load_str(dir, KEY_A, VALUE_A) == 0, "size %ld of %ld", sizes[i], full);
+        CHECK(store_str(dir, KEY_A, VALUE_A) == FLCE_OK);
+        CHECK(load_str(dir, KEY_A, VALUE_A) == 1);
+        remove_tree(dir);
+    }
+}
+
+static void empty_and_garbage_files_are_misses(void)
+{
+    char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
+    unsigned char garbage[4096];
+    /* A plausible header whose lengths are near 2^64: must not wrap or allocate. */
+    unsigned char huge[40] = {'F', 'L', 'C', 'E', 1, 0, 0, 0, 0xf0, 0xff, 0xff, 0xff, 0xff,
+                              0xff, 0xff, 0xff, 0x20, 0, 0, 0, 0, 0, 0, 0x10};
+    for (size_t i = 0; i < sizeof garbage; i++) garbage[i] = (unsigned char)(i * 131 + 7);
+    make_tmpdir(dir);
+    entry_path(dir, KEY_A, path);
+
+    CHECK(write_file(path, "", 0) == 0);
+    CHECK(load_str(dir, KEY_A, VALUE_A) == 0);
+    CHECK(write_file(path, garbage, sizeof garbage) == 0);
+    CHECK(load_str(dir, KEY_A, VALUE_A) == 0);
+    CHECK(write_file(path, huge, sizeof huge) == 0);
+    CHECK(load_str(dir, KEY_A, VALUE_A) == 0);
+
+    /* A directory where the entry should be: a miss, and a store that cannot rename over it
+     * still succeeds and leaves no temporary file behind. */
+    unlink(path);
+    CHECK(mkdir(path, 0755) == 0);
+    CHECK(load_str(dir, KEY_A, VALUE_A) == 0);
+    CHECK(store_str(dir, KEY_A, VALUE_A) == FLCE_OK);
+    CHECK(count_files(dir, ".tmp.") == 0);
+    remove_tree(dir);
+}
+
+/* ---- concurrency ------------------------------------------------------------------------ */
+
+/* Forks n children that block on `gate` until the parent closes its end, then run fn. Returns
+ * the number of children that failed. */
+static int run_children(int n, int (*fn)(int index, void *arg), void *arg)
+{
+    int gate[2];
+    pid_t pids[32];
+    int failed = 0;
+    if (pipe(gate) != 0) return n;
+    for (int i = 0; i < n; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            char c;
+            close(gate[1]);
+            while (read(gate[0], &c, 1) < 0 && errno == EINTR) {
+            }
+            _exit(fn(i, arg));
+        }
+        if (pids[i] < 0) failed++;
+    }
+    close(gate[0]);
+    close(gate[1]); /* EOF on the pipe releases every child at once */
+    for (int i = 0; i < n; i++) {
+        int status = 0;
+        if (pids[i] <= 0) continue;
+        if (waitpid(pids[i], &status, 0) != pids[i] || !WIFEXITED(status) ||
+            WEXITSTATUS(status) != 0)
+            failed++;
+    }
+    return failed;
+}
+
+typedef struct race_arg {
+    const char *dir;
+    const unsigned char *value;
+} race_arg;
+
+static int race_store(int index, void *arg)
+{
+    const race_arg *a = arg;
+    (void)index;
+    return cache_store(a->dir, KEY_A, strlen(KEY_A), a->value, TEST_BIG_VALUE) == FLCE_OK ? 0 : 1;
+}
+
+static void eight_processes_writing_the_same_key_at_once(void)
+{
+    char dir[TEST_PATH_MAX];
+    unsigned char *value = make_big_value(TEST_BIG_VALUE);
+    make_tmpdir(dir);
+    race_arg arg = {dir, value};
+    CHECK(run_children(TEST_WRITERS, race_store, &arg) == 0);
+    CHECK(load_equals(dir, KEY_A, value, TEST_BIG_VALUE) == 1);
+    CHECK(count_files(dir, ".tmp.") == 0);
+    CHECK(count_files(dir, NULL) == 1);
+    remove_tree(dir);
+    free(value);
+}
+
+/* Sends this process's stderr to `path` with warnings on, so the parent can read what it saw. */
+static int capture_warnings(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || dup2(fd, 2) < 0) return -1;
+    close(fd);
+    return setenv("FLCE_LOG", "warn", 1);
+}
+
+static int count_lines_with(const char *path, const char *needle)
+{
+    char line[4096];
+    int count = 0;
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f))
+        if (strstr(line, needle)) count++;
+    if (f) fclose(f);
+    return count;
+}
+
+/* Next to the test directory, not in it: the directory must hold only cache files. */
+static void reader_log_path(char *out, const char *dir, int index)
+{
+    if (snprintf(out, TEST_PATH_MAX, "%s.reader%d.log", dir, index) >= TEST_PATH_MAX) out[0] = 0;
+}
+
+/* Half the children store repeatedly, half load repeatedly: a reader sees a miss or the whole
+ * value, never a partial entry. A partial one would only look like a miss to load_equals, so
+ * readers also log warnings to a file each, where a "corrupt" entry would show up. */
+static int race_store_or_load(int index, void *arg)
+{
+    const race_arg *a = arg;
+    char log_path[TEST_PATH_MAX];
+    reader_log_path(log_path, a->dir, index);
+    if (index % 2 == 1 && capture_warnings(log_path) != 0) return 1;
+    for (int round = 0; round < 10; round++) {
+        if (index % 2 == 0) {
+            if (race_store(index, arg) != 0) return 1;
+        } else if (load_equals(a->dir, KEY_A, a->value, TEST_BIG_VALUE) < 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void readers_racing_writers_see_a_miss_or_the_whole_value(void)
+{
+    char dir[TEST_PATH_MAX];
+    unsigned char *value = make_big_value(TEST_BIG_VALUE);
+    make_tmpdir(dir);
+    race_arg arg = {dir, value};
+    CHECK(run_children(TEST_WRITERS, race_store_or_load, &arg) == 0);
+    CHECK(load_equals(dir, KEY_A, value, TEST_BIG_VALUE) == 1);
+    CHECK(count_files(dir, ".tmp.") == 0);
+    for (int i = 1; i < TEST_WRITERS; i += 2) {
+        char log_path[TEST_PATH_MAX];
+        reader_log_path(log_path, dir, i);
+        CHECKF(count_lines_with(log_path, "corrupt") == 0, "reader %d saw a partial entry", i);
+        unlink(log_path);
+    }
+    remove_tree(dir);
+    free(value);
+}
+
+typedef struct thread_arg {
+    const char *dir;
+    int index;
+    int failures;
+} thread_arg;
+
+/* Each thread stores and reloads its own key and a key shared by all, through one directory
+ * that does not exist yet, so the threads also race on creating it. */
+static void *thread_store_and_load(void *p)
+{
+    thread_arg *a = p;
+    char key[64], value[64];
+    snprintf(key, sizeof key, "kernel thread %d", a->index);
+    snprintf(value, sizeof value, "cubin of thread %d", a->index);
+    for (int round = 0; round < 20; round++) {
+        a->failures += store_str(a->dir, key, value) != FLCE_OK;
+        a->failures += load_str(a->dir, key, value) != 1;
+        a->failures += store_str(a->dir, KEY_A, VALUE_A) != FLCE_OK;
+        a->failures += load_str(a->dir, KEY_A, VALUE_A) < 0;
+    }
+    return NULL;
+}
+
+static void threads_storing_and_loading_at_once(void)
+{
+    char root[TEST_PATH_MAX], dir[TEST_PATH_MAX];
+    pthread_t threads[TEST_WRITERS];
+    thread_arg args[TEST_WRITERS];
+    make_tmpdir(root);
+    join(dir, root, "made/by/threads");
+    for (int i = 0; i < TEST_WRITERS; i++) {
+        args[i] = (thread_arg){dir, i, 0};
+        CHECK(pthread_create(&threads[i], NULL, thread_store_and_load, &args[i]) == 0);
+    }
+    for (int i = 0; i < TEST_WRITERS; i++) {
+        pthread_join(threads[i], NULL);
+        CHECKF(args[i].failures == 0, "thread %d: %d failures", i, args[i].failures);
+    }
+    CHECK(count_files(dir, ".tmp.") == 0);
+    CHECK(count_files(dir, NULL) == TEST_WRITERS + 1);
+    remove_tree(root);
+}
+
+/* ---- directories ------------------------------------------------------------------------ */
+
+/* Stores into an unusable `dir` must succeed, write nothing, and later loads must miss. */
+static void check_memory_only(const char *dir, const char *root)
+{
+    int before = count_files(root, NULL);
+    CHECKF(store_str(dir, KEY_A, VALUE_A) == FLCE_OK, "%s", dir);
+    CHECKF(count_files(root, NULL) == before, "%s: files appeared", dir);
+    CHECKF(load_str(dir, KEY_A, VALUE_A) == 0, "%s", dir);
+}
+
+static void readonly_directory_degrades_to_memory_only(void)
+{
+    char root[TEST_PATH_MAX], ro[TEST_PATH_MAX], probe[TEST_PATH_MAX], afile[TEST_PATH_MAX],
+        below_file[TEST_PATH_MAX];
+    make_tmpdir(root);
+
+    /* chmod 0555 stops everyone but root (the CI container runs as root); probe to know. */
+    join(ro, root, "ro");
+    CHECK(mkdir(ro, 0755) == 0);
+    CHECK(chmod(ro, 0555) == 0);
+    join(probe, ro, "probe");
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd >= 0) {
+        close(fd);
+        unlink(probe);
+        printf("     (running as root: chmod 0555 does not stop writes; skipping that part)\n");
+    } else {
+        check_memory_only(ro, ro);
+    }
+
+    /* A directory below a regular file cannot be created by anyone, root included. */
+    join(afile, root, "afile");
+    CHECK(write_file(afile, "not a directory", 15) == 0);
+    join(below_file, afile, "cache");
+    check_memory_only(below_file, root);
+    CHECK(file_size(afile) == 15);
+    /* And a regular file given as the directory itself. */
+    check_memory_only(afile, root);
+    remove_tree(root);
+}
+
+/* Runs stores into dirs[0..n) with FLCE_LOG=warn and stderr sent to log_path; returns the number
+ * of warning lines they printed. */
+static int count_warnings(const char *const *dirs, int n, const char *log_path)
+{
+    const char *old = getenv("FLCE_LOG");
+    char *saved_log = old ? strdup(old) : NULL;
+    int saved_err = dup(2);
+    fflush(stderr);
+    if (saved_err >= 0 && capture_warnings(log_path) == 0)
+        for (int i = 0; i < n; i++) store_str(dirs[i], KEY_A, VALUE_A);
+    fflush(stderr);
+    if (saved_err >= 0) {
+        dup2(saved_err, 2);
+        close(saved_err);
+    }
+    set_or_unset("FLCE_LOG", saved_log);
+    free(saved_log);
+    return count_lines_with(log_path, "flce: warn:");
+}
+
+static void unusable_directory_warns_once_per_directory(void)
+{
+    char root[TEST_PATH_MAX], afile[TEST_PATH_MAX], d1[TEST_PATH_MAX], d2[TEST_PATH_MAX],
+        log_path[TEST_PATH_MAX];
+    make_tmpdir(root);
+    join(afile, root, "afile");
+    CHECK(write_file(afile, "x", 1) == 0);
+    join(d1, afile, "one");
+    join(d2, afile, "two");
+    join(log_path, root, "stderr.txt");
+    const char *dirs[] = {d1, d1, d2, d1, d2, d2};
+    CHECK(count_warnings(dirs, 6, log_path) == 2);
+    /* Already warned about: quiet from now on. */
+    CHECK(count_warnings(dirs, 2, log_path) == 0);
+    remove_tree(root);
+}
+
+static void missing_directory_is_created(void)
+{
+    char root[TEST_PATH_MAX], dir[TEST_PATH_MAX];
+    struct stat st;
+    make_tmpdir(root);
+    join(dir, root, "a/b/c");
+    CHECK(load_str(dir, KEY_A, VALUE_A) == 0);
+    CHECK(store_str(dir, KEY_A, VALUE_A) == FLCE_OK);
+    CHECK(stat(dir, &st) == 0 && S_ISDIR(st.st_mode));
+    CHECK(load_str(dir, KEY_A, VALUE_A) == 1);
+    /* A trailing slash names the same directory. */
+    join(dir, root, "a/b/c/");
+    CHECK(load_str(dir, KEY_A, VALUE_A) == 1);
+    remove_tree(root);
+}
+
+static void cache_dir_follows_environment(void)
+{
+    static const char *names[] = {"FLCE_CACHE_DIR", "XDG_CACHE_HOME", "HOME"};
+    static const struct {
+        const char *env[3]; /* values of names[], NULL = unset */
+        flce_status status;
+        const char *expect;
+    } cases[] = {
+        {{"/c/flce", "/x", "/h"}, FLCE_OK, "/c/flce"},
+        {{NULL, "/x", "/h"}, FLCE_OK, "/x/flce"},
+        {{"", "/x", "/h"}, FLCE_OK, "/x/flce"},           /* empty counts as unset */
+        {{NULL, NULL, "/h"}, FLCE_OK, "/h/.cache/flce"},
+        {{NULL, "relative", "/h"}, FLCE_OK, "/h/.cache/flce"}, /* XDG: relative is ignored */
+        {{NULL, NULL, NULL}, FLCE_ERR_IO, ""},
+    };
+    char *saved[3];
+    for (int v = 0; v < 3; v++) saved[v] = getenv(names[v]) ? strdup(getenv(names[v])) : NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[TEST_PATH_MAX];
+        for (int v = 0; v < 3; v++) set_or_unset(names[v], cases[i].env[v]);
+        flce_status s = cache_dir(out, sizeof out);
+        CHECKF(s == cases[i].status, "case %zu: status %d", i, (int)s);
+        CHECKF(s != FLCE_OK || !strcmp(out, cases[i].expect), "case %zu: got '%s', want '%s'", i,
+               out, cases[i].expect);
+    }
+    char tiny[8];
+    set_or_unset("FLCE_CACHE_DIR", "/a/long/cache/dir");
+    CHECK(cache_dir(tiny, sizeof tiny) == FLCE_ERR_INVALID_ARGUMENT);
+    for (int v = 0; v < 3; v++) {
+        set_or_unset(names[v], saved[v]);
+        free(saved[v]);
+    }
+}
+
+/* ---- list, stat, clear ------------------------------------------------------------------ */
+
+typedef struct seen {
+    int valid, invalid;
+    uint64_t valid_bytes;
+    int saw_head_one, saw_head_two;
+} seen;
+
+static void record(void *user, const char *file_name, uint64_t bytes, int valid,
+                   const char *key_head)
+{
+    seen *s = user;
+    (void)file_name;
+    if (!valid) {
+        s->invalid++;
+        return;
+    }
+    s->valid++;
+    s->valid_bytes += bytes;
+    s->saw_head_one |= !strcmp(key_head, "kernel one");
+    s->saw_head_two |= !strcmp(key_head, "kernel two");
+}
+
+static void list_stats_and_clear(void)
+{
+    static const char *keys[] = {"kernel one\nsource 1", "kernel two\nsource 2", "kernel three"};
+    static const char *unrelated[] = {"notes.txt", "0123456789ABCDEF0123456789ABCDEF.cubin",
+                                      "0123456789abcdef0123456789abcde.cubin",
+                                      "0123456789abcdef0123456789abcdef.cubin.bak",
+                                      "0123456789abcdef0123456789abcdef.cubin.tmp."};
+    char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
+    uint64_t expected_bytes = 0, removed = 0;
+    cache_stats st;
+    seen s = {0};
+    make_tmpdir(dir);
+    for (int i = 0; i < 3; i++) {
+        CHECK(store_str(dir, keys[i], VALUE_A) == FLCE_OK);
+        expected_bytes += 32 + strlen(keys[i]) + strlen(VALUE_A);
+    }
+    join(path, dir, "0123456789abcdef0123456789abcdef.cubin"); /* invalid entry */
+    CHECK(write_file(path, "garbage", 7) == 0);
+    join(path, dir, "0123456789abcdef0123456789abcdef.cubin.tmp.4242.1"); /* leftover temp */
+    CHECK(write_file(path, "partial", 7) == 0);
+    for (size_t i = 0; i < sizeof unrelated / sizeof unrelated[0]; i++) {
+        join(path, dir, unrelated[i]);
+        CHECK(write_file(path, "mine", 4) == 0);
+    }
+
+    CHECK(cache_list(dir, record, &s) == FLCE_OK);
+    CHECK(s.valid == 3 && s.invalid == 1 && s.valid_bytes == expected_bytes);
+    CHECK(s.saw_head_one && s.saw_head_two);
+    CHECK(cache_stat(dir, &st) == FLCE_OK);
+    CHECK(st.entries == 3 && st.bytes == expected_bytes && st.invalid == 1 && st.temp_files == 1);
+
+    CHECK(cache_clear(dir, &removed) == FLCE_OK);
+    CHECK(removed == 5);
+    CHECK(count_files(dir, NULL) == (int)(sizeof unrelated / sizeof unrelated[0]));
+    CHECK(cache_stat(dir, &st) == FLCE_OK);
+    CHECK(st.entries == 0 && st.bytes == 0 && st.invalid == 0 && st.temp_files == 0);
+    remove_tree(dir);
+}
+
+static void listing_a_missing_directory_is_empty(void)
+{
+    char root[TEST_PATH_MAX], dir[TEST_PATH_MAX];
+    cache_stats st;
+    uint64_t removed = 7;
+    seen s = {0};
+    make_tmpdir(root);
+    join(dir, root, "never-created");
+    CHECK(cache_list(dir, record, &s) == FLCE_OK && s.valid == 0 && s.invalid == 0);
+    CHECK(cache_stat(dir, &st) == FLCE_OK && st.entries == 0);
+    CHECK(cache_clear(dir, &removed) == FLCE_OK && removed == 0);
+    CHECK(!file_exists(dir));
+    remove_tree(root);
+}
+
+static void null_arguments_are_rejected(void)
+{
+    void *blob = NULL;
+    size_t len = 0;
+    CHECK(cache_load(NULL, "k", 1, &blob, &len) == FLCE_ERR_INVALID_ARGUMENT);
+    CHECK(cache_load("/tmp", "k", 1, NULL, &len) == FLCE_ERR_INVALID_ARGUMENT);
+    CHECK(cache_store("/tmp", NULL, 3, "v", 1) == FLCE_ERR_INVALID_ARGUMENT);
+    CHECK(cache_store("/tmp", "k", 1, NULL, 3) == FLCE_ERR_INVALID_ARGUMENT);
+    CHECK(cache_dir(NULL, 10) == FLCE_ERR_INVALID_ARGUMENT);
+}
+
+int main(void)
+{
+    RUN(store_then_load_hits);
+    RUN(empty_value_round_trips_as_a_hit);
+    RUN(store_replaces_an_existing_entry);
+    RUN(different_key_misses);
+    RUN(hash_collision_is_a_miss);
+    RUN(corrupt_entry_is_a_miss_and_is_replaced);
+    RUN(truncated_entry_is_a_miss);
+    RUN(empty_and_garbage_files_are_misses);
+    RUN(eight_processes_writing_the_same_key_at_once);
+    RUN(readers_racing_writers_see_a_miss_or_the_whole_value);
+    RUN(threads_storing_and_loading_at_once);
+    RUN(readonly_directory_degrades_to_memory_only);
+    RUN(unusable_directory_warns_once_per_directory);
+    RUN(missing_directory_is_created);
+    RUN(cache_dir_follows_environment);
+    RUN(list_stats_and_clear);
+    RUN(listing_a_missing_directory_is_empty);
+    RUN(null_arguments_are_rejected);
+    FINISH();
+}

@@ -1,0 +1,105 @@
+/* test_compile.c — every kernel spec the dispatcher can choose compiles with NVRTC for sm_80,
+ * sm_90a and sm_100a (no GPU needed). Compiles go through the disk cache (FLCE_CACHE_DIR is the
+ * build tree's), whose key holds the full source, so a hit means this exact source compiled. */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+#include "jit.h"
+#include "plan.h"
+
+enum { MAX_SPECS = 256 };
+static kernel_spec specs[MAX_SPECS];
+static int n_specs, next_spec, failures;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The dispatcher's choices: every role, dtype, label width and reduction on the arch. Shapes only
+ * change constants, so one awkward shape (odd vocab, small hidden) stands for all. */
+static void add_arch(int sm)
+{
+    for (int dt = 0; dt < 3; dt++)
+        for (int lb = 32; lb <= 64; lb += 32)
+            for (int red = 0; red < 3; red++) {
+                flce_problem p;
+                flce_problem_init(&p);
+                p.tokens = 300, p.hidden = 136, p.vocab_shard = 1001, p.dtype = (flce_dtype)dt;
+                p.label_bits = lb, p.reduction = (flce_reduction)red;
+                plan pl;
+                if (plan_make(&p, FLCE_OP_LOSS_AND_GRAD, sm, 100, NULL, &pl) != FLCE_OK) {
+                    failures++;
+                    continue;
+                }
+                specs[n_specs++] = pl.rowops;
+                if (red) continue; /* GEMMs do not depend on the reduction */
+                specs[n_specs++] = pl.logits;
+                if (lb == 64) continue; /* nor dH/dW on the label width */
+                specs[n_specs++] = pl.dh;
+                specs[n_specs++] = pl.dw;
+            }
+}
+
+static void *worker(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        int i = next_spec++;
+        pthread_mutex_unlock(&lock);
+        if (i >= n_specs) return NULL;
+        jit_result jr;
+        char summary[256];
+        spec_summary(&specs[i], summary, sizeof summary);
+        flce_status st = jit_build(&specs[i], &jr);
+        pthread_mutex_lock(&lock);
+        if (st != FLCE_OK) {
+            failures++;
+            fprintf(stderr, "  FAILED %s:\n%s\n", summary, flce_last_error());
+        } else {
+            printf("  %s %6zu bytes %7.0f ms  %s\n", jr.origin == JIT_DISK_HIT ? "hit " : "made", jr.len,
+                   jr.ms, summary);
+        }
+        pthread_mutex_unlock(&lock);
+        free(jr.cubin);
+    }
+}
+
+static void compile_all(void)
+{
+    pthread_t th[2];
+    next_spec = 0;
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, worker, NULL);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+}
+
+static void every_dispatchable_spec_compiles_for_sm_80(void)
+{
+    n_specs = failures = 0;
+    add_arch(80);
+    compile_all();
+    CHECKF(failures == 0, "%d of %d specs failed", failures, n_specs);
+}
+
+static void every_dispatchable_spec_compiles_for_sm_90a(void)
+{
+    n_specs = failures = 0;
+    add_arch(90);
+    compile_all();
+    CHECKF(failures == 0, "%d of %d specs failed", failures, n_specs);
+}
+
+static void every_dispatchable_spec_compiles_for_sm_100a(void)
+{
+    n_specs = failures = 0;
+    add_arch(100);
+    compile_all();
+    CHECKF(failures == 0, "%d of %d specs failed", failures, n_specs);
+}
+
+int main(void)
+{
+    RUN(every_dispatchable_spec_compiles_for_sm_80);
+    RUN(every_dispatchable_spec_compiles_for_sm_90a);
+    RUN(every_dispatchable_spec_compiles_for_sm_100a);
+    FINISH();
+}

@@ -1,0 +1,177 @@
+/* test_spec.c — the generator: spec validation messages, source emission, and the planner's
+ * chunking and workspace layout (all CPU-only). */
+#include <string.h>
+
+#include "check.h"
+#include "emit.h"
+#include "plan.h"
+
+static kernel_spec good_gemm(spec_role role, flce_dtype dtype)
+{
+    kernel_spec s;
+    memset(&s, 0, sizeof s);
+    s.sm = 90, s.dtype = dtype, s.hidden = 4096, s.vocab_shard = 32768, s.role = role, s.label_bits = 32;
+    s.tile = spec_default_tile(90, dtype, role);
+    return s;
+}
+
+static int msg_has(const char *needle) { return strstr(flce_last_error(), needle) != NULL; }
+
+static void default_specs_validate_for_every_arch_and_dtype(void)
+{
+    int sms[] = {80, 86, 89, 90, 100, 120};
+    for (size_t a = 0; a < sizeof sms / sizeof sms[0]; a++)
+        for (int t = 0; t < 3; t++)
+            for (int r = ROLE_LOGITS; r <= ROLE_ROWOPS; r++) {
+                kernel_spec s = good_gemm((spec_role)r, (flce_dtype)t);
+                s.sm = sms[a];
+                s.tile = spec_default_tile(sms[a], (flce_dtype)t, (spec_role)r);
+                CHECKF(spec_validate(&s) == FLCE_OK, "sm_%d dtype %d role %d: %s", sms[a], t, r,
+                       flce_last_error());
+            }
+}
+
+static void shared_memory_over_the_arch_limit_names_the_tile(void)
+{
+    kernel_spec s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16);
+    s.sm = 86;
+    s.tile.bk = 128, s.tile.stages = 8;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT);
+    CHECK(msg_has("shared memory") && msg_has("sm_86"));
+}
+
+static void bad_fields_are_named(void)
+{
+    kernel_spec s = good_gemm(ROLE_DH, FLCE_DTYPE_F16);
+    s.hidden = 1000 + 4;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("hidden=1004"));
+    s = good_gemm(ROLE_DH, FLCE_DTYPE_F16);
+    s.tile.bm = 100;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.bm=100"));
+    s = good_gemm(ROLE_DH, FLCE_DTYPE_F16);
+    s.tile.stages = 1;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.stages=1"));
+    s = good_gemm(ROLE_DH, FLCE_DTYPE_F16);
+    s.sm = 75;
+    CHECK(spec_validate(&s) == FLCE_ERR_UNSUPPORTED && msg_has("sm=75"));
+    s = good_gemm(ROLE_DW, FLCE_DTYPE_BF16);
+    s.label_bits = 16;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("label_bits=16"));
+    s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16);
+    s.tile.bm = 256, s.tile.bn = 256, s.tile.warps_m = 1, s.tile.warps_n = 2;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("accumulators"));
+}
+
+static void emitted_source_carries_the_spec_as_constants(void)
+{
+    kernel_spec s = good_gemm(ROLE_DW, FLCE_DTYPE_BF16);
+    s.vocab_shard = 128256;
+    char *src = NULL;
+    CHECK(emit_source(&s, &src) == FLCE_OK);
+    CHECK(src && strstr(src, "constexpr long long VOCAB = 128256LL"));
+    CHECK(src && strstr(src, "#define FLCE_DTYPE 2"));
+    CHECK(src && strstr(src, "A_KMAJOR = false, B_KMAJOR = false"));
+    CHECK(src && strstr(src, "#define ROLE_IS_DW 1"));
+    CHECK(src && strstr(src, "flce_gemm_params")); /* params.h is pasted in */
+    CHECK(src && !strstr(src, "#include")); /* nothing for NVRTC to find on disk */
+    free(src);
+    s.role = ROLE_ROWOPS;
+    CHECK(emit_source(&s, &src) == FLCE_OK && strstr(src, "flce_dz"));
+    free(src);
+}
+
+static void arch_names_parse_and_print(void)
+{
+    CHECK(spec_parse_arch("sm_90a") == 90);
+    CHECK(spec_parse_arch("sm_100a") == 100);
+    CHECK(spec_parse_arch("80") == 80);
+    CHECK(spec_parse_arch("sm_75") == 0);
+    CHECK(spec_parse_arch("banana") == 0);
+    CHECK(!strcmp(spec_arch_name(90), "sm_90a"));
+}
+
+static flce_problem problem(int64_t n, int64_t d, int64_t v, flce_dtype t)
+{
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = n, p.hidden = d, p.vocab_shard = v, p.dtype = t;
+    return p;
+}
+
+static void chunks_fit_the_memory_budget(void)
+{
+    uint64_t budgets[] = {64ull << 20, 128ull << 20, 512ull << 20};
+    for (size_t b = 0; b < 3; b++) {
+        flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+        p.memory_budget = budgets[b];
+        plan pl;
+        CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
+        uint64_t chunk_bytes = (uint64_t)pl.chunk_rows * (uint64_t)pl.ldz * 6;
+        CHECKF(chunk_bytes <= budgets[b], "chunk %lld rows = %llu bytes > budget %llu",
+               (long long)pl.chunk_rows, (unsigned long long)chunk_bytes,
+               (unsigned long long)budgets[b]);
+        CHECK(pl.chunk_rows * pl.n_chunks >= p.tokens);
+        CHECK((pl.chunk_rows - 1) * pl.n_chunks < p.tokens || pl.chunk_rows % 128 == 0);
+        CHECK(pl.need_dw_acc == (pl.n_chunks > 1));
+    }
+}
+
+static void small_problems_take_one_chunk_and_no_accumulator(void)
+{
+    flce_problem p = problem(1, 8, 1, FLCE_DTYPE_F16);
+    plan pl;
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 80, 108, NULL, &pl) == FLCE_OK);
+    CHECK(pl.n_chunks == 1 && pl.chunk_rows == 1 && pl.ldz == 8 && pl.splits == 1);
+    CHECK(!pl.need_dw_acc);
+}
+
+static void too_small_a_budget_is_an_error_naming_it(void)
+{
+    flce_problem p = problem(100, 64, 256000, FLCE_DTYPE_BF16);
+    p.memory_budget = 1000;
+    plan pl;
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_ERR_INVALID_ARGUMENT);
+    CHECK(msg_has("memory_budget=1000"));
+}
+
+static void workspace_regions_do_not_overlap(void)
+{
+    flce_problem p = problem(5000, 256, 3001, FLCE_DTYPE_BF16);
+    p.memory_budget = 8ull << 20;
+    plan pl;
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
+    uint64_t rows = (uint64_t)pl.chunk_rows;
+    struct {
+        uint64_t off, len;
+    } r[] = {{pl.off_count, 16},
+             {pl.off_target, rows * 4},
+             {pl.off_part_m, rows * pl.splits * 4},
+             {pl.off_part_s, rows * pl.splits * 4},
+             {pl.off_loss_rows, (uint64_t)pl.n * 4},
+             {pl.off_lse, (uint64_t)pl.n * 4},
+             {pl.off_z, rows * pl.ldz * 4},
+             {pl.off_dz, rows * pl.ldz * 2},
+             {pl.off_dw_acc, (uint64_t)pl.v * pl.d * 4}};
+    size_t n = sizeof r / sizeof r[0];
+    for (size_t i = 0; i < n; i++) {
+        CHECK(r[i].off % 256 == 0);
+        CHECK(r[i].off + r[i].len <= pl.workspace_bytes);
+        for (size_t j = i + 1; j < n; j++)
+            CHECKF(r[i].off + r[i].len <= r[j].off || r[j].off + r[j].len <= r[i].off,
+                   "regions %zu and %zu overlap", i, j);
+    }
+}
+
+int main(void)
+{
+    RUN(default_specs_validate_for_every_arch_and_dtype);
+    RUN(shared_memory_over_the_arch_limit_names_the_tile);
+    RUN(bad_fields_are_named);
+    RUN(emitted_source_carries_the_spec_as_constants);
+    RUN(arch_names_parse_and_print);
+    RUN(chunks_fit_the_memory_budget);
+    RUN(small_problems_take_one_chunk_and_no_accumulator);
+    RUN(too_small_a_budget_is_an_error_naming_it);
+    RUN(workspace_regions_do_not_overlap);
+    FINISH();
+}

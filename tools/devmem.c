@@ -1,0 +1,92 @@
+/* devmem.c — device buffers and timers for tools and tests (see devmem.h). */
+#include <stdlib.h>
+
+#include "devmem.h"
+#include "driver.h"
+
+int devmem_gpu_count(void) { return drv_device_count(); }
+
+flce_status devmem_use(int ordinal)
+{
+    TRY(drv_load());
+    CUdevice dev;
+    CUcontext ctx;
+    DRV_TRY(drv.DeviceGet(&dev, ordinal));
+    DRV_TRY(drv.DevicePrimaryCtxRetain(&ctx, dev));
+    DRV_TRY(drv.CtxSetCurrent(ctx));
+    return FLCE_OK;
+}
+
+flce_status devmem_alloc(void **ptr, size_t bytes)
+{
+    CUdeviceptr p = 0;
+    DRV_TRY(drv.MemAlloc(&p, bytes ? bytes : 16));
+    *ptr = (void *)(uintptr_t)p;
+    return FLCE_OK;
+}
+
+void devmem_free(void *ptr)
+{
+    if (ptr) drv.MemFree((CUdeviceptr)(uintptr_t)ptr);
+}
+
+flce_status devmem_upload(void *dst, const void *src, size_t bytes)
+{
+    DRV_TRY(drv.MemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes));
+    return FLCE_OK;
+}
+
+flce_status devmem_download(void *dst, const void *src, size_t bytes)
+{
+    DRV_TRY(drv.MemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes));
+    return FLCE_OK;
+}
+
+flce_status devmem_poison(void *ptr, size_t bytes)
+{
+    DRV_TRY(drv.MemsetD8((CUdeviceptr)(uintptr_t)ptr, 0xFF, bytes));
+    return FLCE_OK;
+}
+
+flce_status devmem_sync(void)
+{
+    DRV_TRY(drv.CtxSynchronize());
+    return FLCE_OK;
+}
+
+struct devmem_timer {
+    CUevent start, stop;
+};
+
+flce_status devmem_timer_start(devmem_timer **out)
+{
+    devmem_timer *t = calloc(1, sizeof *t);
+    if (!t) return err_set(FLCE_ERR_OUT_OF_MEMORY, "timer: out of host memory");
+    CUresult r = drv.EventCreate(&t->start, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) r = drv.EventCreate(&t->stop, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) r = drv.EventRecord(t->start, NULL);
+    if (r != CUDA_SUCCESS) {
+        free(t);
+        return drv_error(r, "creating timing events");
+    }
+    *out = t;
+    return FLCE_OK;
+}
+
+flce_status devmem_timer_stop(devmem_timer *t, float *ms)
+{
+    CUresult r = drv.EventRecord(t->stop, NULL);
+    if (r == CUDA_SUCCESS) r = drv.EventSynchronize(t->stop);
+    if (r == CUDA_SUCCESS) r = drv.EventElapsedTime(ms, t->start, t->stop);
+    drv.EventDestroy(t->start);
+    drv.EventDestroy(t->stop);
+    free(t);
+    if (r != CUDA_SUCCESS) return drv_error(r, "timing");
+    return FLCE_OK;
+}
+
+flce_status devmem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    DRV_TRY(drv.MemGetInfo(free_bytes, total_bytes));
+    return FLCE_OK;
+}

@@ -1,0 +1,66 @@
+/* flce.c — the `flce` command-line tool: demo (the main job), gen, cache, info. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cmd_cache.h"
+#include "cmd_gen.h"
+#include "comm.h"
+#include "devmem.h"
+#include "nvrtc_compile.h"
+
+int cmd_demo(int argc, char **argv);
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "flce %s — fused linear + cross-entropy on NVIDIA GPUs\n"
+            "usage: flce <command> [options]\n"
+            "  demo    loss and gradients on random data, checked and timed (compiles only, without a GPU)\n"
+            "  gen     print the generated CUDA source of a problem's kernels (--compile to build them)\n"
+            "  cache   ls | stats | clear the on-disk kernel cache\n"
+            "  info    versions, GPU and cache directory\n"
+            "Set FLCE_LOG=info to see each compile and cache hit.\n",
+            flce_version());
+}
+
+static int cmd_info(void)
+{
+    char nccl[64];
+    printf("flce %s\n", flce_version());
+    printf("NVRTC %s, %s\n", nvrtc_version_text(), comm_nccl_version(nccl, sizeof nccl));
+    int n = devmem_gpu_count();
+    if (n < 1) {
+        printf("GPU: none (%s)\n", flce_last_error()[0] ? flce_last_error() : "no CUDA device");
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        flce_context *ctx = NULL;
+        int sm = 0;
+        if (flce_context_create(i, &ctx) == FLCE_OK && flce_context_arch(ctx, &sm) == FLCE_OK)
+            printf("GPU %d: sm_%d\n", i, sm);
+        else
+            printf("GPU %d: %s\n", i, flce_last_error());
+        flce_context_destroy(ctx);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
+    if (!strcmp(cmd, "cache")) return cmd_cache(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info")) return cmd_info();
+    if (!strcmp(cmd, "--version")) {
+        printf("flce %s\n", flce_version());
+        return 0;
+    }
+    fprintf(stderr, "flce: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}
