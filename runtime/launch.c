@@ -112,11 +112,20 @@ static flce_status run_logits(run *r, int64_t row0, int64_t rows, int store_z)
                   "logits kernel");
 }
 
+static void set_scale(const run *r, struct flce_gemm_params *g)
+{
+    if (r->p->reduction == FLCE_REDUCTION_NONE) return; /* g_i already in dZ */
+    g->scale_mode = r->p->reduction == FLCE_REDUCTION_MEAN ? 2 : 1;
+    g->scale_grad = (unsigned long long)(uintptr_t)r->t->grad_output;
+    g->scale_count = r->ws + r->pl->off_count;
+}
+
 static flce_status run_dh(run *r, int64_t row0, int64_t rows)
 {
     const plan *pl = r->pl;
     struct flce_gemm_params g;
     memset(&g, 0, sizeof g);
+    set_scale(r, &g);
     g.a = r->ws + pl->off_dz;
     g.b = (unsigned long long)(uintptr_t)r->t->weight;
     g.out = (unsigned long long)(uintptr_t)r->t->grad_hidden + (unsigned long long)(row0 * pl->d) * esize(r->p->dtype);
@@ -135,6 +144,7 @@ static flce_status run_dw(run *r, int64_t chunk, int64_t row0, int64_t rows)
     const plan *pl = r->pl;
     struct flce_gemm_params g;
     memset(&g, 0, sizeof g);
+    set_scale(r, &g);
     unsigned long long dw = (unsigned long long)(uintptr_t)r->t->grad_weight;
     unsigned long long acc = pl->need_dw_acc ? r->ws + pl->off_dw_acc : dw;
     int first = chunk == 0, last = chunk == pl->n_chunks - 1;

@@ -276,6 +276,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_
 
     const int g = lane / 4, t = lane % 4;
     const float *addend = (const float *)p.addend;
+    // The scalar g of mean/sum is applied here rather than in dZ, so dZ keeps values in [-1, 1]
+    // (fp16 would flush g·p to zero for large batches).
+    float scale = 1.f;
+    if (p.scale_mode) {
+        scale = p.scale_grad ? *(const float *)p.scale_grad : 1.f;
+        int count = p.scale_mode == 2 ? *(const int *)p.scale_count : 1;
+        scale = count > 0 ? scale / (float)count : 0.f;
+    }
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -287,7 +295,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_
                 long long col = n0 + wn * WTN + ni * 8 + 2 * t; // even; n is a multiple of 8
                 if (col >= p.n) continue;
                 long long at = row * p.ldo + col;
-                float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+                float v0 = acc[mi][ni][2 * h] * scale, v1 = acc[mi][ni][2 * h + 1] * scale;
                 if (addend) {
                     float2 a = *(const float2 *)(addend + at);
                     v0 += a.x, v1 += a.y;

@@ -26,7 +26,9 @@ struct flce_gemm_params {
     int out_f32;                  /* dH/dW: out holds fp32 (else the input dtype) */
     int splits;                   /* logits: vocab splits (gridDim.y) */
     int tiles_per_split;          /* logits: BN-wide vocab tiles each split walks */
-    int pad_;
+    int scale_mode;               /* dH/dW: multiply acc by g = 1 (0), grad (1, sum) or grad/count (2, mean) */
+    unsigned long long scale_grad;  /* fp32 upstream gradient (1 value) or 0 for 1 */
+    unsigned long long scale_count; /* int: valid tokens (mean) */
 };
 
 /* The row kernels of rowops.cu: prepare, combine, dz, reduce. Row-indexed arrays named "(all)"

@@ -2,6 +2,7 @@
 //   flce_prepare  count valid labels of the whole batch; raise the flag for out-of-range labels
 //   flce_combine  per-(row, split) partials → lse_i and loss_i = lse_i − z_iy
 //   flce_dz       dz_ij = g_i · (exp(z_ij − lse_i) − 1[j = y_i]) in the input dtype, zero padding
+//                 (for mean/sum g_i here is 0 or 1; the GEMM epilogues apply grad / count)
 //   flce_reduce   loss = Σ_i loss_i (· 1/count for the mean), one CTA, fixed order: deterministic
 // A label is valid when it is not ignore_index and lies in [0, vocab_total). Invalid, non-ignored
 // labels raise the flag and are treated as ignored, so nothing reads out of bounds.
@@ -58,18 +59,18 @@ extern "C" __global__ void __launch_bounds__(256) flce_combine(const flce_row_pa
     if (p.loss_rows) ((float *)p.loss_rows)[p.row0 + i] = loss;
 }
 
-// g_i of the math: the upstream gradient spread over tokens; 0 for ignored tokens.
+// The per-token part of g_i: 0 for ignored tokens, grad_output[i] for reduction none. The scalar
+// part of mean and sum (grad / count) is applied by the dH/dW GEMM epilogues instead, so that dZ
+// stays within [-1, 1] where fp16 keeps full precision.
 __device__ __forceinline__ float token_scale(const flce_row_params &p, long long row, bool valid)
 {
     if (!valid) return 0.f;
-    const float *go = (const float *)p.grad_output;
 #if FLCE_REDUCTION == REDUCTION_NONE
+    const float *go = (const float *)p.grad_output;
     return go ? go[row] : 1.f;
-#elif FLCE_REDUCTION == REDUCTION_SUM
-    return go ? go[0] : 1.f;
 #else
-    int count = *(const int *)p.count;
-    return (go ? go[0] : 1.f) / (float)count; // count >= 1 here: this token is valid
+    (void)row;
+    return 1.f;
 #endif
 }
 

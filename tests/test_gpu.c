@@ -1,1 +1,298 @@
-int main(void){return 77;}
+/* test_gpu.c — loss, lse and both gradients on the GPU against the fp64 reference, for every
+ * dtype and reduction, on awkward shapes, with fresh random data each run and every output
+ * poisoned (NaN) before the call so an unwritten element shows. Exits 77 (skipped) without a GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "devmem.h"
+#include "error.h"
+#include "host.h"
+#include "ref.h"
+
+static flce_context *ctx;
+static host_rng rng;
+
+typedef struct gcase {
+    const char *name;
+    int64_t n, d, v;
+    flce_dtype dtype;
+    flce_reduction reduction;
+    double logit_sd;      /* standard deviation of the logits */
+    double ignore_frac;   /* share of tokens labelled ignore_index */
+    int label_bits;
+    uint64_t budget;      /* memory_budget (0 = default); small values force many chunks */
+    int edge_labels;      /* put labels 0 and V-1 in */
+    int with_grad_output; /* pass an upstream gradient */
+    int via_backward;     /* forward, then backward from the saved lse */
+} gcase;
+
+typedef struct bufs {
+    void *h, *w, *labels, *loss, *lse, *dh, *dw, *go;
+} bufs;
+
+static double tol_grad(flce_dtype t) { return t == FLCE_DTYPE_F32 ? 1e-4 : 4e-3; }
+
+static int all_finite(const double *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+static void fill(const gcase *c, double *h, double *w, int64_t *labels, double *go, int64_t n_go)
+{
+    /* logits sd ≈ sqrt(D)·sh·sw: unit hidden, weights scaled to the wanted spread */
+    double sw = c->logit_sd / sqrt((double)c->d);
+    for (int64_t i = 0; i < c->n * c->d; i++) h[i] = host_rng_normal(&rng);
+    for (int64_t i = 0; i < c->v * c->d; i++) w[i] = sw * host_rng_normal(&rng);
+    host_round_to_dtype(c->dtype, h, (size_t)(c->n * c->d));
+    host_round_to_dtype(c->dtype, w, (size_t)(c->v * c->d));
+    for (int64_t i = 0; i < c->n; i++)
+        labels[i] = host_rng_uniform(&rng) < c->ignore_frac ? -100 : host_rng_below(&rng, c->v);
+    if (c->edge_labels && c->n >= 2) labels[0] = 0, labels[c->n - 1] = c->v - 1;
+    for (int64_t i = 0; i < n_go; i++) go[i] = 0.5 + host_rng_uniform(&rng);
+}
+
+static flce_status upload_all(const gcase *c, bufs *b, const double *h, const double *w,
+                              const int64_t *labels, const double *go, int64_t n_go)
+{
+    size_t es = host_dtype_size(c->dtype), lb = (size_t)c->label_bits / 8;
+    size_t nh = (size_t)(c->n * c->d), nw = (size_t)(c->v * c->d);
+    void *th = malloc(nh * es), *tw = malloc(nw * es), *tl = malloc((size_t)c->n * lb);
+    float *tg = malloc(sizeof(float) * (size_t)(n_go ? n_go : 1));
+    host_to_dtype(c->dtype, h, th, nh);
+    host_to_dtype(c->dtype, w, tw, nw);
+    for (int64_t i = 0; i < c->n; i++) {
+        if (lb == 4) ((int32_t *)tl)[i] = (int32_t)labels[i];
+        else ((int64_t *)tl)[i] = labels[i];
+    }
+    for (int64_t i = 0; i < n_go; i++) tg[i] = (float)go[i];
+    flce_status st = FLCE_OK;
+    if (st == FLCE_OK) st = devmem_alloc(&b->h, nh * es);
+    if (st == FLCE_OK) st = devmem_alloc(&b->w, nw * es);
+    if (st == FLCE_OK) st = devmem_alloc(&b->labels, (size_t)c->n * lb);
+    if (st == FLCE_OK) st = devmem_alloc(&b->loss, (size_t)c->n * 4);
+    if (st == FLCE_OK) st = devmem_alloc(&b->lse, (size_t)c->n * 4);
+    if (st == FLCE_OK) st = devmem_alloc(&b->dh, nh * es);
+    if (st == FLCE_OK) st = devmem_alloc(&b->dw, nw * es);
+    if (st == FLCE_OK && n_go) st = devmem_alloc(&b->go, (size_t)n_go * 4);
+    if (st == FLCE_OK) st = devmem_upload(b->h, th, nh * es);
+    if (st == FLCE_OK) st = devmem_upload(b->w, tw, nw * es);
+    if (st == FLCE_OK) st = devmem_upload(b->labels, tl, (size_t)c->n * lb);
+    if (st == FLCE_OK && n_go) st = devmem_upload(b->go, tg, (size_t)n_go * 4);
+    /* Poison every output: NaN everywhere until the library writes it. */
+    if (st == FLCE_OK) st = devmem_poison(b->loss, (size_t)c->n * 4);
+    if (st == FLCE_OK) st = devmem_poison(b->lse, (size_t)c->n * 4);
+    if (st == FLCE_OK) st = devmem_poison(b->dh, nh * es);
+    if (st == FLCE_OK) st = devmem_poison(b->dw, nw * es);
+    free(th), free(tw), free(tl), free(tg);
+    return st;
+}
+
+static void free_all(bufs *b)
+{
+    devmem_free(b->h), devmem_free(b->w), devmem_free(b->labels), devmem_free(b->loss);
+    devmem_free(b->lse), devmem_free(b->dh), devmem_free(b->dw), devmem_free(b->go);
+}
+
+static flce_status run_case(const gcase *c, const flce_problem *p, bufs *b)
+{
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = b->h, t.weight = b->w, t.labels = b->labels;
+    t.loss = b->loss, t.lse = b->lse, t.grad_hidden = b->dh, t.grad_weight = b->dw;
+    t.grad_output = b->go;
+    if (!c->via_backward) return flce_loss_and_grad(ctx, p, &t, NULL);
+    TRY(flce_forward(ctx, p, &t, NULL));
+    return flce_backward(ctx, p, &t, NULL);
+}
+
+static void download_f64(flce_dtype t, const void *dev, double *out, size_t n)
+{
+    size_t es = host_dtype_size(t);
+    void *tmp = malloc(n * es);
+    devmem_download(tmp, dev, n * es);
+    host_from_dtype(t, tmp, out, n);
+    free(tmp);
+}
+
+static void check_case(const gcase *c)
+{
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = c->n, p.hidden = c->d, p.vocab_shard = c->v, p.dtype = c->dtype;
+    p.reduction = c->reduction, p.label_bits = c->label_bits ? c->label_bits : 32;
+    p.memory_budget = c->budget;
+    gcase cc = *c;
+    cc.label_bits = p.label_bits;
+    int64_t n_loss = c->reduction == FLCE_REDUCTION_NONE ? c->n : 1;
+    int64_t n_go = c->with_grad_output ? n_loss : 0;
+    size_t nh = (size_t)(c->n * c->d), nw = (size_t)(c->v * c->d);
+    double *h = malloc(sizeof(double) * nh), *w = malloc(sizeof(double) * nw);
+    double *go = malloc(sizeof(double) * (size_t)(n_go + 1));
+    int64_t *labels = malloc(sizeof(int64_t) * (size_t)c->n);
+    double *rl = malloc(sizeof(double) * (size_t)c->n), *rlse = malloc(sizeof(double) * (size_t)c->n);
+    double *rdh = malloc(sizeof(double) * nh), *rdw = malloc(sizeof(double) * nw);
+    double *gl = malloc(sizeof(double) * (size_t)c->n), *glse = malloc(sizeof(double) * (size_t)c->n);
+    double *gdh = malloc(sizeof(double) * nh), *gdw = malloc(sizeof(double) * nw);
+    fill(&cc, h, w, labels, go, n_go);
+    bufs b = {0};
+    flce_status st = upload_all(&cc, &b, h, w, labels, go, n_go);
+    if (st == FLCE_OK) st = run_case(&cc, &p, &b);
+    if (st == FLCE_OK) st = flce_check(ctx, NULL);
+    CHECKF(st == FLCE_OK, "%s: %s", c->name, flce_last_error());
+    if (st == FLCE_OK) {
+        ref_loss_and_grad(&p, NULL, c->n, c->d, c->v, h, w, NULL, labels, n_go ? go : NULL, rl, rlse,
+                          rdh, rdw, NULL);
+        float *fl = malloc(sizeof(float) * (size_t)c->n);
+        devmem_download(fl, b.loss, sizeof(float) * (size_t)n_loss);
+        for (int64_t i = 0; i < n_loss; i++) gl[i] = fl[i];
+        devmem_download(fl, b.lse, sizeof(float) * (size_t)c->n);
+        for (int64_t i = 0; i < c->n; i++) glse[i] = fl[i];
+        free(fl);
+        download_f64(c->dtype, b.dh, gdh, nh);
+        download_f64(c->dtype, b.dw, gdw, nw);
+        double e_loss = ref_rel_l2(rl, gl, (size_t)n_loss), e_lse = ref_rel_l2(rlse, glse, (size_t)c->n);
+        double e_dh = ref_rel_l2(rdh, gdh, nh), e_dw = ref_rel_l2(rdw, gdw, nw);
+        double tg = tol_grad(c->dtype);
+        printf("  %-44s loss %.1e lse %.1e dH %.1e dW %.1e\n", c->name, e_loss, e_lse, e_dh, e_dw);
+        CHECKF(c->via_backward || (all_finite(gl, (size_t)n_loss) && e_loss <= 1e-5), "%s: loss rel err %.3e (%g vs %g)", c->name, e_loss, gl[0], rl[0]);
+        CHECKF(all_finite(glse, (size_t)c->n) && e_lse <= 1e-5, "%s: lse rel err %.3e", c->name, e_lse);
+        CHECKF(all_finite(gdh, nh) && e_dh <= tg, "%s: dH rel err %.3e > %.0e", c->name, e_dh, tg);
+        CHECKF(all_finite(gdw, nw) && e_dw <= tg, "%s: dW rel err %.3e > %.0e", c->name, e_dw, tg);
+    }
+    free_all(&b);
+    free(h), free(w), free(go), free(labels), free(rl), free(rlse), free(rdh), free(rdw);
+    free(gl), free(glse), free(gdh), free(gdw);
+}
+
+static const char *dt_name[] = {"f32", "f16", "bf16"};
+static const char *red_name[] = {"mean", "sum", "none"};
+
+static void every_dtype_and_reduction_matches_the_reference(void)
+{
+    for (int dt = 0; dt < 3; dt++)
+        for (int red = 0; red < 3; red++)
+            for (int sd = 0; sd < 2; sd++) {
+                char name[96];
+                snprintf(name, sizeof name, "%s %s logit-sd %s", dt_name[dt], red_name[red], sd ? "4" : "0.5");
+                gcase c = {name, 133, 72, 1001, (flce_dtype)dt, (flce_reduction)red, sd ? 4.0 : 0.5, 0.1, 32, 0, 1, 0, 0};
+                check_case(&c);
+            }
+}
+
+static void awkward_shapes_match_the_reference(void)
+{
+    for (int dt = 0; dt < 3; dt++) {
+        gcase cases[] = {
+            {"N=1", 1, 64, 300, (flce_dtype)dt, FLCE_REDUCTION_MEAN, 2, 0, 32, 0, 0, 0, 0},
+            {"odd N=257, V=1001", 257, 40, 1001, (flce_dtype)dt, FLCE_REDUCTION_SUM, 2, 0.1, 32, 0, 1, 0, 0},
+            {"vocab shard 1", 19, 16, 1, (flce_dtype)dt, FLCE_REDUCTION_MEAN, 2, 0.2, 32, 0, 0, 0, 0},
+            {"vocab shard 129, labels 0 and V-1", 200, 8, 129, (flce_dtype)dt, FLCE_REDUCTION_NONE, 3, 0, 64, 0, 1, 0, 0},
+            {"many chunks (small budget)", 700, 96, 2050, (flce_dtype)dt, FLCE_REDUCTION_MEAN, 4, 0.1, 32, 1 << 20, 1, 0, 0},
+            {"many chunks, reduction none + grad", 700, 96, 2050, (flce_dtype)dt, FLCE_REDUCTION_NONE, 4, 0.1, 64, 1 << 20, 1, 1, 0},
+            {"backward from saved lse", 300, 64, 999, (flce_dtype)dt, FLCE_REDUCTION_MEAN, 4, 0.1, 32, 0, 1, 1, 1},
+            {"backward, many chunks, none", 300, 64, 999, (flce_dtype)dt, FLCE_REDUCTION_NONE, 2, 0.1, 32, 1 << 20, 1, 1, 1},
+            {"large hidden 1024, V 5000", 64, 1024, 5000, (flce_dtype)dt, FLCE_REDUCTION_MEAN, 4, 0.05, 32, 0, 1, 0, 0},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            char name[96];
+            snprintf(name, sizeof name, "%s %s", dt_name[dt], cases[i].name);
+            cases[i].name = name;
+            check_case(&cases[i]);
+        }
+    }
+}
+
+/* Every label ignored: mean is 0 with zero gradients, never NaN. */
+static void all_labels_ignored_mean_is_zero(void)
+{
+    for (int dt = 0; dt < 3; dt++) {
+        gcase c = {"all ignored", 50, 32, 300, (flce_dtype)dt, FLCE_REDUCTION_MEAN, 2, 1.0, 32, 0, 0, 0, 0};
+        check_case(&c);
+    }
+}
+
+static void forward_matches_loss_and_grad(void)
+{
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = 333, p.hidden = 48, p.vocab_shard = 777, p.dtype = FLCE_DTYPE_BF16;
+    gcase c = {"fwd", 333, 48, 777, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 3, 0.1, 32, 0, 0, 0, 0};
+    size_t nh = 333 * 48, nw = 777 * 48;
+    double *h = malloc(sizeof(double) * nh), *w = malloc(sizeof(double) * nw), go = 0;
+    int64_t *labels = malloc(sizeof(int64_t) * 333);
+    fill(&c, h, w, labels, &go, 0);
+    bufs b = {0};
+    CHECK(upload_all(&c, &b, h, w, labels, &go, 0) == FLCE_OK);
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = b.h, t.weight = b.w, t.labels = b.labels, t.loss = b.loss, t.lse = b.lse;
+    float fwd[2], both[2];
+    CHECK(flce_forward(ctx, &p, &t, NULL) == FLCE_OK && flce_check(ctx, NULL) == FLCE_OK);
+    devmem_download(&fwd[0], b.loss, 4);
+    devmem_download(&fwd[1], b.lse, 4);
+    t.grad_hidden = b.dh, t.grad_weight = b.dw;
+    CHECK(flce_loss_and_grad(ctx, &p, &t, NULL) == FLCE_OK && flce_check(ctx, NULL) == FLCE_OK);
+    devmem_download(&both[0], b.loss, 4);
+    devmem_download(&both[1], b.lse, 4);
+    CHECKF(fwd[0] == both[0] && fwd[1] == both[1], "forward %g/%g vs loss_and_grad %g/%g", fwd[0],
+           fwd[1], both[0], both[1]);
+    free_all(&b);
+    free(h), free(w), free(labels);
+}
+
+/* A label outside [0, V) is reported by flce_check, and treated as ignored meanwhile. */
+static void out_of_range_label_is_reported_not_read(void)
+{
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = 16, p.hidden = 16, p.vocab_shard = 100, p.dtype = FLCE_DTYPE_F32;
+    gcase c = {"bad", 16, 16, 100, FLCE_DTYPE_F32, FLCE_REDUCTION_SUM, 1, 0, 32, 0, 0, 0, 0};
+    double h[256], w[1600], go = 0;
+    int64_t labels[16];
+    fill(&c, h, w, labels, &go, 0);
+    labels[3] = 100, labels[7] = -5;
+    bufs b = {0};
+    CHECK(upload_all(&c, &b, h, w, labels, &go, 0) == FLCE_OK);
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = b.h, t.weight = b.w, t.labels = b.labels, t.loss = b.loss;
+    CHECK(flce_forward(ctx, &p, &t, NULL) == FLCE_OK);
+    flce_status st = flce_check(ctx, NULL);
+    CHECKF(st == FLCE_ERR_BAD_LABEL, "flce_check gave %s", flce_status_name(st));
+    CHECK(strstr(flce_last_error(), "label") != NULL);
+    CHECK(flce_check(ctx, NULL) == FLCE_OK); /* reported once */
+    float loss;
+    devmem_download(&loss, b.loss, 4);
+    labels[3] = -100, labels[7] = -100;
+    double ref;
+    ref_loss_and_grad(&p, NULL, 16, 16, 100, h, w, NULL, labels, NULL, &ref, NULL, NULL, NULL, NULL);
+    CHECKF(fabs(loss - ref) <= 1e-5 * fabs(ref), "loss %g, reference with bad labels ignored %g", loss, ref);
+    free_all(&b);
+}
+
+int main(void)
+{
+    if (devmem_gpu_count() < 1) {
+        printf("no GPU (%s): skipped\n", flce_last_error());
+        return SKIP_EXIT;
+    }
+    uint64_t seed = host_fresh_seed();
+    printf("seed %llu (FLCE_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
+    host_rng_seed(&rng, seed);
+    if (flce_context_create(0, &ctx) != FLCE_OK || devmem_use(0) != FLCE_OK) {
+        printf("FAIL: context: %s\n", flce_last_error());
+        return 1;
+    }
+    RUN(every_dtype_and_reduction_matches_the_reference);
+    RUN(awkward_shapes_match_the_reference);
+    RUN(all_labels_ignored_mean_is_zero);
+    RUN(forward_matches_loss_and_grad);
+    RUN(out_of_range_label_is_reported_not_read);
+    flce_context_destroy(ctx);
+    FINISH();
+}
