@@ -275,6 +275,43 @@ static void out_of_range_label_is_reported_not_read(void)
     free_all(&b);
 }
 
+/* Bad tensors: a status and a message naming the argument; nothing launched. */
+static void bad_tensors_are_named(void)
+{
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = 64, p.hidden = 32, p.vocab_shard = 100;
+    void *buf = NULL;
+    CHECK(devmem_alloc(&buf, 1 << 20) == FLCE_OK);
+    char *b = buf;
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = b, t.weight = b + 65536, t.labels = b + 131072, t.loss = (float *)(b + 196608);
+    t.grad_hidden = b + 262144, t.grad_weight = b + 327680;
+    flce_tensors bad = t;
+    bad.hidden = NULL;
+    CHECK(flce_loss_and_grad(ctx, &p, &bad, NULL) == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "hidden"));
+    bad = t, bad.weight = b + 65536 + 2;
+    CHECK(flce_loss_and_grad(ctx, &p, &bad, NULL) == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "weight") && strstr(flce_last_error(), "aligned"));
+    bad = t, bad.labels = b + 131072 + 1;
+    CHECK(flce_forward(ctx, &p, &bad, NULL) == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "labels"));
+    bad = t, bad.loss = NULL;
+    CHECK(flce_forward(ctx, &p, &bad, NULL) == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "nothing to compute"));
+    bad = t, bad.workspace = b + 512 * 1024, bad.workspace_bytes = 256;
+    CHECK(flce_loss_and_grad(ctx, &p, &bad, NULL) == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "workspace_bytes=256"));
+    bad = t, bad.struct_size = 12;
+    CHECK(flce_loss_and_grad(ctx, &p, &bad, NULL) == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "struct_size"));
+    flce_problem q = p;
+    q.strategy = FLCE_STRATEGY_FORWARD;
+    CHECK(flce_loss_and_grad(ctx, &q, &t, NULL) == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "strategy"));
+    bad = t, bad.lse = NULL;
+    CHECK(flce_backward(ctx, &p, &bad, NULL) == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "lse"));
+    uint64_t need = 0;
+    CHECK(flce_workspace_size(ctx, &p, FLCE_OP_LOSS_AND_GRAD, &need) == FLCE_OK && need > 0);
+    CHECK(flce_check(ctx, NULL) == FLCE_OK);
+    devmem_free(buf);
+}
+
 int main(void)
 {
     if (devmem_gpu_count() < 1) {
@@ -293,6 +330,7 @@ int main(void)
     RUN(all_labels_ignored_mean_is_zero);
     RUN(forward_matches_loss_and_grad);
     RUN(out_of_range_label_is_reported_not_read);
+    RUN(bad_tensors_are_named);
     flce_context_destroy(ctx);
     FINISH();
 }
