@@ -7,6 +7,7 @@
 
 #include "check.h"
 #include "jit.h"
+#include "nvrtc_compile.h"
 #include "plan.h"
 
 enum { MAX_SPECS = 256 };
@@ -96,8 +97,20 @@ static void every_dispatchable_spec_compiles_for_sm_100a(void)
     CHECKF(failures == 0, "%d of %d specs failed", failures, n_specs);
 }
 
+static void broken_source_reports_the_nvrtc_log(void)
+{
+    void *cubin = NULL;
+    size_t len = 0;
+    const char *src = "extern \"C\" __global__ void k(int *p) { *p = undeclared_name; }\n";
+    CHECK(nvrtc_compile(src, "broken", 90, &cubin, &len) == FLCE_ERR_COMPILE);
+    CHECK(cubin == NULL && len == 0);
+    CHECKF(strstr(flce_last_error(), "undeclared_name") && strstr(flce_last_error(), "sm_90a"),
+           "message: %s", flce_last_error());
+}
+
 int main(void)
 {
+    RUN(broken_source_reports_the_nvrtc_log);
     RUN(every_dispatchable_spec_compiles_for_sm_80);
     RUN(every_dispatchable_spec_compiles_for_sm_90a);
     RUN(every_dispatchable_spec_compiles_for_sm_100a);
