@@ -9,7 +9,7 @@
 
 static const char *const gemm_names[] = {"flce_gemm", NULL};
 static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
-                                           NULL};
+                                           "flce_dbias", NULL};
 
 const char *const *emit_kernel_names(spec_role role)
 {
@@ -68,6 +68,15 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     sb_printf(b, "#define ROLE_IS_LOGITS %d\n", s->role == ROLE_LOGITS);
     sb_printf(b, "#define ROLE_IS_DH %d\n", s->role == ROLE_DH);
     sb_printf(b, "#define ROLE_IS_DW %d\n", s->role == ROLE_DW);
+    sb_printf(b, "#define OPT_BIAS %d\n", !!(s->opts & SPEC_OPT_BIAS));
+    sb_printf(b, "#define OPT_WEIGHTS %d\n", !!(s->opts & SPEC_OPT_WEIGHTS));
+    sb_printf(b, "#define OPT_ZSUM %d\n", !!(s->opts & SPEC_OPT_ZSUM));
+    sb_printf(b, "#define OPT_ENTROPY %d\n", !!(s->opts & SPEC_OPT_ENTROPY));
+    sb_printf(b, "#define OPT_ARGMAX %d\n", !!(s->opts & SPEC_OPT_ARGMAX));
+    /* Hex float literals: the exact float the caller passed, no decimal round trip. */
+    sb_printf(b, "constexpr float SOFTCAP = %af, INV_TEMP = %af, SMOOTHING = %af, ZLOSS = %af;\n",
+              (double)s->softcap, (double)(s->temperature > 0 ? 1.0f / s->temperature : 1.0f), (double)s->smoothing,
+              (double)s->z_loss);
     sb_printf(b, "constexpr long long VOCAB = %lldLL;  // rows of this vocab shard\n",
               (long long)s->vocab_shard);
     sb_printf(b, "constexpr long long HIDDEN = %lldLL;\n", (long long)s->hidden);

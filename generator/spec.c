@@ -74,19 +74,35 @@ static const char *reduction_name(flce_reduction r)
 
 static int elem_bytes(flce_dtype t) { return t == FLCE_DTYPE_F32 ? 4 : 2; }
 
+/* The options part of a summary: empty when everything is off. */
+static void options_text(const kernel_spec *s, char *out, size_t cap)
+{
+    static const char *names[] = {"bias", "weights", "zsum", "entropy", "argmax"};
+    size_t n = 0;
+    out[0] = '\0';
+    for (int b = 0; b < 5; b++)
+        if (s->opts & (1u << b)) n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, " %s", names[b]);
+    if (s->softcap > 0 && n < cap) n += (size_t)snprintf(out + n, cap - n, " softcap=%.9g", (double)s->softcap);
+    if (s->temperature > 0 && n < cap) n += (size_t)snprintf(out + n, cap - n, " T=%.9g", (double)s->temperature);
+    if (s->smoothing > 0 && n < cap) n += (size_t)snprintf(out + n, cap - n, " eps=%.9g", (double)s->smoothing);
+    if (s->z_loss > 0 && n < cap) snprintf(out + n, cap - n, " zloss=%.9g", (double)s->z_loss);
+}
+
 void spec_summary(const kernel_spec *s, char *out, size_t cap)
 {
+    char opts[160];
+    options_text(s, opts, sizeof opts);
     if (s->role == ROLE_ROWOPS) {
-        snprintf(out, cap, "%s %s V=%lld labels=i%d reduction=%s %s", spec_role_name(s->role),
+        snprintf(out, cap, "%s %s V=%lld labels=i%d reduction=%s %s%s", spec_role_name(s->role),
                  dtype_name(s->dtype), (long long)s->vocab_shard, s->label_bits,
-                 reduction_name(s->reduction), spec_arch_name(s->sm));
+                 reduction_name(s->reduction), spec_arch_name(s->sm), opts);
         return;
     }
     const spec_tile *t = &s->tile;
-    snprintf(out, cap, "%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d",
+    snprintf(out, cap, "%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s",
              spec_role_name(s->role), dtype_name(s->dtype), (long long)s->hidden,
              (long long)s->vocab_shard, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk,
-             t->stages, t->warps_m, t->warps_n);
+             t->stages, t->warps_m, t->warps_n, opts);
 }
 
 /* Operand layouts per role: logits reads H and W K-major; dH reads W as [k][n]; dW reads dZ as
@@ -102,7 +118,8 @@ size_t spec_smem_bytes(const kernel_spec *s)
     size_t a = a_kmajor(s->role) ? (size_t)t->bm * (t->bk + vec) : (size_t)t->bk * (t->bm + vec);
     size_t b = b_kmajor(s->role) ? (size_t)t->bn * (t->bk + vec) : (size_t)t->bk * (t->bn + vec);
     size_t pipeline = (size_t)t->stages * (a + b) * (size_t)elem_bytes(s->dtype);
-    size_t reduce = s->role == ROLE_LOGITS ? 2u * (size_t)t->warps_n * (size_t)t->bm * 4u : 0;
+    /* the logits epilogue's cross-warp reduction: one 24-byte row_stats per (warp column, row) */
+    size_t reduce = s->role == ROLE_LOGITS ? 24u * (size_t)t->warps_n * (size_t)t->bm : 0;
     return pipeline > reduce ? pipeline : reduce;
 }
 
@@ -184,6 +201,14 @@ flce_status spec_validate(const kernel_spec *s)
                        (long long)s->vocab_shard);
     if (s->label_bits != 32 && s->label_bits != 64)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "label_bits=%d: must be 32 or 64", s->label_bits);
+    if (s->opts & ~31u)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "opts=0x%x: unknown option bits", s->opts);
+    if (!(s->softcap >= 0) || !(s->temperature >= 0) || !(s->smoothing >= 0 && s->smoothing < 1) ||
+        !(s->z_loss >= 0))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "options softcap=%g temperature=%g smoothing=%g z_loss=%g: out of range",
+                       (double)s->softcap, (double)s->temperature, (double)s->smoothing,
+                       (double)s->z_loss);
     if (s->role == ROLE_ROWOPS) {
         if (s->reduction != FLCE_REDUCTION_MEAN && s->reduction != FLCE_REDUCTION_SUM &&
             s->reduction != FLCE_REDUCTION_NONE)

@@ -33,7 +33,21 @@ typedef struct kernel_spec {
     spec_tile tile;      /* GEMM roles only */
     int label_bits;      /* 32 or 64 */
     flce_reduction reduction; /* ROWOPS only */
+    /* Options (DESIGN §1), all compile-time: zero/off in the GEMMs that do not use them. */
+    unsigned opts;       /* SPEC_OPT_* bits: LOGITS and ROWOPS */
+    float softcap;       /* c, 0 = off: LOGITS and ROWOPS */
+    float temperature;   /* T; 0 = off (T = 1): LOGITS and ROWOPS */
+    float smoothing;     /* ε: ROWOPS (LOGITS only needs SPEC_OPT_ZSUM) */
+    float z_loss;        /* λ: ROWOPS */
 } kernel_spec;
+
+enum {
+    SPEC_OPT_BIAS = 1u << 0,    /* logits add b_j; rowops computes db */
+    SPEC_OPT_WEIGHTS = 1u << 1, /* class weights */
+    SPEC_OPT_ZSUM = 1u << 2,    /* Σ_j w_j·z_j per row (label smoothing) */
+    SPEC_OPT_ENTROPY = 1u << 3, /* Σ_j p_j·z_j per row */
+    SPEC_OPT_ARGMAX = 1u << 4   /* argmax_j z_j per row */
+};
 
 /* The NVRTC target for an arch: "sm_90a" for 90, "sm_100a" for 100, else "sm_<sm>". */
 const char *spec_arch_name(int sm);

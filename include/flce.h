@@ -13,12 +13,15 @@
  *    FLCE_*_INIT macros) so that fields added later get their defaults.
  *
  * The math (per token i, global vocab of size V; DESIGN.md §1):
- *    z_ij   = h_i · w_j                      logits (never stored whole)
- *    lse_i  = log Σ_j exp(z_ij)
- *    loss_i = lse_i − z_iy                   0 where y_i == ignore_index
- *    dz_ij  = g_i · (exp(z_ij − lse_i) − 1[j = y_i])
- *    dH = dZ · W,  dW = dZᵀ · H
- *    g_i = g / count_valid (mean), g (sum), g_i (none), 0 for ignored tokens.
+ *    z_ij   = (h_i · w_j + b_j) / T           logits (never stored whole); bias b, temperature T
+ *    z_ij   = c · tanh(z_ij / c)              softcap c > 0
+ *    lse_i  = log Σ_j exp(z_ij),  p_ij = exp(z_ij − lse_i)
+ *    loss_i = (1−ε)·w_y·(lse_i − z_iy) + (ε/V)·Σ_j w_j·(lse_i − z_ij) + λ·w_y·lse_i²
+ *             label smoothing ε, z-loss λ, class weights w (all 1 without them); 0 when ignored
+ *    dz_ij  = g_i · [ a_i·p_ij − (1−ε)·w_y·1[j = y_i] − (ε/V)·w_j ] · (1/T) · (1 − (z_ij/c)²)
+ *             a_i = (1−ε)·w_y + (ε/V)·Σ_j w_j + 2λ·w_y·lse_i
+ *    dH = dZ · W,  dW = dZᵀ · H,  db = Σ_i dZ_i
+ *    g_i = g / Σ_valid w_y (mean), g (sum), g_i (none), 0 for ignored tokens.
  */
 #ifndef FLCE_H
 #define FLCE_H
@@ -95,17 +98,23 @@ typedef struct flce_problem {
     int32_t label_bits;      /* 32 or 64: labels are int32 or int64 */
     flce_reduction reduction;
     int64_t ignore_index;    /* labels equal to this contribute nothing; default -100 */
-    float label_smoothing;   /* ε in [0, 1); 0 = off (not yet implemented: must be 0) */
-    float z_loss;            /* λ >= 0; 0 = off (not yet implemented: must be 0) */
-    float softcap;           /* c > 0 caps logits as c·tanh(z/c); 0 = off (not yet implemented) */
-    float temperature;       /* T > 0 divides the logits; default 1 (not yet implemented: must be 1) */
-    int32_t has_bias;        /* logits get + b_j (not yet implemented: must be 0) */
+    float label_smoothing;   /* ε in [0, 1); 0 = off (PyTorch's label_smoothing) */
+    float z_loss;            /* λ >= 0 adds λ·lse²; 0 = off */
+    float softcap;           /* c > 0 caps logits as c·tanh(z/c); 0 = off */
+    float temperature;       /* T > 0 divides the logits; default 1 */
+    int32_t has_bias;        /* logits get + b_j (tensors.bias; tensors.grad_bias receives db) */
     int32_t tp_rank;         /* tensor-parallel rank and size (not yet implemented: size must be 1) */
     int32_t tp_size;
     int32_t allow_tf32;      /* fp32 inputs may use TF32 matrix units (today's fp32 path is exact) */
     int32_t deterministic;   /* bitwise-identical results across runs (today's kernels always are) */
     flce_strategy strategy;  /* FLCE_STRATEGY_AUTO unless forcing one */
     uint64_t memory_budget;  /* bytes of workspace the chunked strategy may use; 0 = 512 MiB */
+    /* --- fields below were added after the first layout; older callers get their defaults --- */
+    int32_t has_class_weights;      /* tensors.class_weights: vocab_total fp32 weights, as
+                                       torch cross_entropy(weight=); mean divides by Σ_valid w_y */
+    int32_t accumulate_grad_hidden; /* grad_hidden is fp32 and receives += dH (no dtype output) */
+    int32_t accumulate_grad_weight; /* grad_weight is fp32 and receives += dW ("main_grad") */
+    int32_t reserved0;
 } flce_problem;
 
 /* Device buffers of one call. Unused outputs may be NULL. */
@@ -124,6 +133,15 @@ typedef struct flce_tensors {
     void *workspace;            /* caller-owned scratch (flce_workspace_size bytes), or NULL to
                                    let the context allocate and keep one (not during graph capture) */
     uint64_t workspace_bytes;
+    /* --- fields below were added after the first layout; older callers get NULL --- */
+    const float *class_weights; /* vocab_total fp32 values (needs has_class_weights) */
+    void *grad_bias;            /* out: V_r, dtype: db = Σ_i dZ_i (needs has_bias) */
+    float *loss_per_token;      /* out: N values of loss_i (before the reduction; 0 when ignored) */
+    float *z_loss_out;          /* out: the λ·w_y·lse² part of the loss, reduced like the loss
+                                   (1 value for mean/sum, N for none) */
+    float *target_logprob;      /* out: N values of z_iy − lse_i (0 when ignored): log p of the label */
+    float *entropy;             /* out: N values of lse_i − Σ_j p_ij z_ij */
+    int64_t *argmax;            /* out: N global vocab ids of the largest z_ij (first on ties) */
 } flce_tensors;
 
 /* A context binds one device's primary context (the one PyTorch and the CUDA runtime use) and keeps
@@ -162,7 +180,8 @@ FLCE_API flce_status flce_forward(flce_context *ctx, const flce_problem *problem
  * each be NULL to skip it. */
 FLCE_API flce_status flce_loss_and_grad(flce_context *ctx, const flce_problem *problem,
                                         const flce_tensors *t, void *stream);
-/* Gradients from the lse that an earlier forward saved (t->lse is read, not written). */
+/* Gradients from the lse that an earlier forward saved (t->lse is read, not written). With
+ * strategy RECOMPUTE it walks the vocab in chunks and needs no workspace that grows with V. */
 FLCE_API flce_status flce_backward(flce_context *ctx, const flce_problem *problem,
                                    const flce_tensors *t, void *stream);
 

@@ -58,6 +58,7 @@ static flce_status normalize_problem(const flce_problem *in, flce_problem *out)
 {
     if (!in) return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem: NULL");
     flce_problem_init(out);
+    /* The first published layout ended at memory_budget; later fields default for such callers. */
     if (in->struct_size < offsetof(flce_problem, memory_budget) + sizeof in->memory_budget)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "problem.struct_size=%u: smaller than any flce_problem (%zu); initialize "
@@ -135,24 +136,17 @@ static flce_status check_options(const flce_problem *p)
     if (!isfinite(p->temperature) || p->temperature <= 0)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.temperature=%g: must be finite and > 0",
                        (double)p->temperature);
+    if (p->has_class_weights != 0 && p->has_class_weights != 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.has_class_weights=%d: must be 0 or 1",
+                       p->has_class_weights);
+    if ((p->accumulate_grad_hidden | p->accumulate_grad_weight) & ~1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.accumulate_grad_hidden=%d, accumulate_grad_weight=%d: must be 0 or 1",
+                       p->accumulate_grad_hidden, p->accumulate_grad_weight);
     /* Valid but not built yet: say so rather than compute something else. */
-    if (p->label_smoothing != 0)
-        return err_set(FLCE_ERR_UNSUPPORTED, "problem.label_smoothing=%g: not implemented yet",
-                       (double)p->label_smoothing);
-    if (p->z_loss != 0)
-        return err_set(FLCE_ERR_UNSUPPORTED, "problem.z_loss=%g: not implemented yet", (double)p->z_loss);
-    if (p->softcap != 0)
-        return err_set(FLCE_ERR_UNSUPPORTED, "problem.softcap=%g: not implemented yet", (double)p->softcap);
-    if (p->temperature != 1)
-        return err_set(FLCE_ERR_UNSUPPORTED, "problem.temperature=%g: not implemented yet (must be 1)",
-                       (double)p->temperature);
-    if (p->has_bias)
-        return err_set(FLCE_ERR_UNSUPPORTED, "problem.has_bias=1: bias is not implemented yet");
     if (p->tp_size > 1)
         return err_set(FLCE_ERR_UNSUPPORTED,
                        "problem.tp_size=%d: tensor parallelism is not implemented yet", p->tp_size);
-    if (p->strategy == FLCE_STRATEGY_RECOMPUTE)
-        return err_set(FLCE_ERR_UNSUPPORTED, "problem.strategy=RECOMPUTE: not implemented yet");
     return FLCE_OK;
 }
 
@@ -177,13 +171,23 @@ static flce_status check_ptr(const void *ptr, const char *name, uintptr_t align,
     return FLCE_OK;
 }
 
+/* Copies the caller's tensors into a full-size struct; fields it does not have are NULL. */
+static flce_status normalize_tensors(const flce_tensors *in, flce_tensors *out)
+{
+    if (!in) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors: NULL");
+    flce_tensors_init(out);
+    size_t first = offsetof(flce_tensors, workspace_bytes) + sizeof in->workspace_bytes;
+    if (in->struct_size < first || in->struct_size > sizeof *in)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.struct_size=%u: expected %zu to %zu; initialize with flce_tensors_init",
+                       in->struct_size, first, sizeof *in);
+    memcpy(out, in, in->struct_size);
+    out->struct_size = sizeof *out;
+    return FLCE_OK;
+}
+
 static flce_status check_tensors(const flce_problem *p, const flce_tensors *t, flce_op op)
 {
-    if (!t) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors: NULL");
-    if (t->struct_size != sizeof *t)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tensors.struct_size=%u: expected %zu; initialize with flce_tensors_init",
-                       t->struct_size, sizeof *t);
     TRY(check_ptr(t->hidden, "hidden", 16, 1));
     TRY(check_ptr(t->weight, "weight", 16, 1));
     TRY(check_ptr(t->labels, "labels", (uintptr_t)p->label_bits / 8, 1));
@@ -194,8 +198,26 @@ static flce_status check_tensors(const flce_problem *p, const flce_tensors *t, f
     TRY(check_ptr(t->grad_hidden, "grad_hidden", 16, 0));
     TRY(check_ptr(t->grad_weight, "grad_weight", 16, 0));
     TRY(check_ptr(t->workspace, "workspace", 256, 0));
-    if (op == FLCE_OP_FORWARD && !t->loss && !t->lse)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.loss and tensors.lse: both NULL, nothing to compute");
+    TRY(check_ptr(t->class_weights, "class_weights", 4, p->has_class_weights));
+    TRY(check_ptr(t->grad_bias, "grad_bias", 4, 0));
+    TRY(check_ptr(t->loss_per_token, "loss_per_token", 4, 0));
+    TRY(check_ptr(t->z_loss_out, "z_loss_out", 4, 0));
+    TRY(check_ptr(t->target_logprob, "target_logprob", 4, 0));
+    TRY(check_ptr(t->entropy, "entropy", 4, 0));
+    TRY(check_ptr(t->argmax, "argmax", 8, 0));
+    if (t->grad_bias && !p->has_bias)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.grad_bias: given, but problem.has_bias is 0");
+    if (t->class_weights && !p->has_class_weights)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.class_weights: given, but problem.has_class_weights is 0");
+    if (op == FLCE_OP_BACKWARD && (t->loss || t->loss_per_token || t->z_loss_out || t->target_logprob ||
+                                   t->entropy || t->argmax))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors: flce_backward computes gradients only; per-token outputs and the "
+                       "loss come from flce_forward or flce_loss_and_grad");
+    if (op == FLCE_OP_FORWARD && !t->loss && !t->lse && !t->loss_per_token && !t->z_loss_out &&
+        !t->target_logprob && !t->entropy && !t->argmax)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors: every output is NULL, nothing to compute");
     if (op == FLCE_OP_BACKWARD && !t->grad_hidden && !t->grad_weight)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tensors.grad_hidden and tensors.grad_weight: both NULL, nothing to compute");
@@ -207,9 +229,11 @@ static flce_status check_strategy(const flce_problem *p, flce_op op)
     if (p->strategy == FLCE_STRATEGY_FORWARD && op != FLCE_OP_FORWARD)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "problem.strategy=FORWARD: computes no gradients; use AUTO or CHUNKED here");
-    if (p->strategy == FLCE_STRATEGY_CHUNKED && op == FLCE_OP_FORWARD)
+    if ((p->strategy == FLCE_STRATEGY_CHUNKED || p->strategy == FLCE_STRATEGY_RECOMPUTE) &&
+        op == FLCE_OP_FORWARD)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "problem.strategy=CHUNKED: a forward call uses FORWARD (or AUTO)");
+                       "problem.strategy=%s: a forward call uses FORWARD (or AUTO)",
+                       p->strategy == FLCE_STRATEGY_CHUNKED ? "CHUNKED" : "RECOMPUTE");
     return FLCE_OK;
 }
 
@@ -231,15 +255,18 @@ flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, 
     return FLCE_OK;
 }
 
-static flce_status run_op(flce_context *ctx, const flce_problem *problem, const flce_tensors *t,
-                          void *stream, flce_op op)
+static flce_status run_op(flce_context *ctx, const flce_problem *problem,
+                          const flce_tensors *tensors, void *stream, flce_op op)
 {
     err_clear();
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
     flce_problem p;
+    flce_tensors tt;
+    const flce_tensors *t = &tt;
     TRY(normalize_problem(problem, &p));
     TRY(flce_problem_validate(&p));
     TRY(check_strategy(&p, op));
+    TRY(normalize_tensors(tensors, &tt));
     TRY(check_tensors(&p, t, op));
     plan pl;
     TRY(plan_make(&p, op, ctx->sm, ctx->num_sms, t, &pl));

@@ -12,7 +12,7 @@
 #include "driver.h"
 #include "spec.h"
 
-enum { CTX_MAX_KERNELS = 4 };
+enum { CTX_MAX_KERNELS = 5 };
 
 typedef struct ctx_module {
     char summary[256];

@@ -1,16 +1,21 @@
-/* launch.c — the kernel sequence of forward, loss-and-grad and backward (see launch.h). */
+/* launch.c — the kernel sequences of forward, loss-and-grad and backward (see launch.h):
+ *   forward:    prepare → logits (statistics) → combine → reduce
+ *   chunked:    prepare → per token chunk: logits (+Z) → [combine] → dz → dH → dW → db → [reduce]
+ *   recompute:  [forward] → per vocab chunk: logits (Z only) → dz → dH (accumulated) → dW → db
+ * No host synchronization anywhere. */
 #include <string.h>
 
 #include "launch.h"
 #include "params.h"
 
-enum { K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3 };
+enum { K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4 };
 
 typedef struct kernels {
-    CUfunction logits, dh, dw, row[4];
+    CUfunction logits, dh, dw, row[CTX_MAX_KERNELS];
 } kernels;
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static unsigned long long addr(const void *p) { return (unsigned long long)(uintptr_t)p; }
 
 static flce_status get_kernels(flce_context *ctx, const plan *pl, kernels *k)
 {
@@ -48,8 +53,6 @@ static flce_status launch(CUfunction fn, int64_t gx, int64_t gy, int threads, si
     return FLCE_OK;
 }
 
-static size_t esize(flce_dtype t) { return t == FLCE_DTYPE_F32 ? 4 : 2; }
-
 typedef struct run {
     const plan *pl;
     const flce_problem *p;
@@ -57,28 +60,48 @@ typedef struct run {
     flce_context *ctx;
     CUdeviceptr ws;
     CUstream stream;
+    size_t es; /* bytes of one input-dtype element */
     kernels k;
     struct flce_row_params rp; /* fields common to every row kernel */
 } run;
 
+static unsigned long long ws_at(const run *r, uint64_t off, int needed)
+{
+    return needed ? r->ws + off : 0;
+}
+
 static void init_row_params(run *r)
 {
     const plan *pl = r->pl;
+    const flce_tensors *t = r->t;
     struct flce_row_params *rp = &r->rp;
+    int reduced = r->p->reduction != FLCE_REDUCTION_NONE;
     memset(rp, 0, sizeof *rp);
-    rp->labels = (unsigned long long)(uintptr_t)r->t->labels;
-    rp->part_m = r->ws + pl->off_part_m;
-    rp->part_s = r->ws + pl->off_part_s;
-    rp->target = r->ws + pl->off_target;
-    rp->z = pl->off_z ? r->ws + pl->off_z : 0;
-    rp->dz = pl->off_dz ? r->ws + pl->off_dz : 0;
-    rp->lse = pl->need_lse ? r->ws + pl->off_lse : (unsigned long long)(uintptr_t)r->t->lse;
+    rp->labels = addr(t->labels);
+    rp->part_m = ws_at(r, pl->off_part_m, pl->off_part_m != 0);
+    rp->part_s = ws_at(r, pl->off_part_s, pl->off_part_s != 0);
+    rp->part_t = ws_at(r, pl->off_part_t, pl->off_part_t != 0);
+    rp->part_zs = ws_at(r, pl->off_part_zs, pl->off_part_zs != 0);
+    rp->part_arg = ws_at(r, pl->off_part_arg, pl->off_part_arg != 0);
+    rp->target = ws_at(r, pl->off_target, pl->off_target != 0);
+    rp->z = ws_at(r, pl->off_z, pl->off_z != 0);
+    rp->dz = ws_at(r, pl->off_dz, pl->off_dz != 0);
+    rp->lse = pl->need_lse ? r->ws + pl->off_lse : addr(t->lse);
     if (pl->need_loss_rows) rp->loss_rows = r->ws + pl->off_loss_rows;
-    else rp->loss_rows = (unsigned long long)(uintptr_t)r->t->loss; /* none: per-token output */
-    rp->loss_out = r->p->reduction != FLCE_REDUCTION_NONE ? (unsigned long long)(uintptr_t)r->t->loss : 0;
-    rp->grad_output = (unsigned long long)(uintptr_t)r->t->grad_output;
-    rp->count = r->ws + pl->off_count;
+    else rp->loss_rows = t->loss_per_token ? addr(t->loss_per_token) : addr(t->loss);
+    if (r->p->z_loss > 0)
+        rp->zloss_rows = pl->need_zloss_rows ? r->ws + pl->off_zloss_rows : (reduced ? 0 : addr(t->z_loss_out));
+    rp->loss_out = reduced ? addr(t->loss) : 0;
+    rp->zloss_out = reduced ? addr(t->z_loss_out) : 0;
+    rp->logprob = addr(t->target_logprob);
+    rp->entropy = addr(t->entropy);
+    rp->argmax = addr(t->argmax);
+    rp->grad_output = addr(t->grad_output);
+    rp->stats = r->ws + pl->off_stats;
+    rp->class_weights = r->p->has_class_weights ? addr(t->class_weights) : 0;
     rp->flag = r->ctx->flag_dev;
+    rp->dbias_acc = ws_at(r, pl->off_db_acc, pl->need_db_acc);
+    rp->grad_bias = addr(t->grad_bias);
     rp->tokens = pl->n;
     rp->ldz = pl->ldz;
     rp->vocab_offset = r->p->vocab_offset;
@@ -87,27 +110,38 @@ static void init_row_params(run *r)
     rp->splits = pl->splits;
 }
 
-static flce_status run_logits(run *r, int64_t row0, int64_t rows, int store_z)
+/* A block of logits: rows [row0, row0 + rows) × shard columns [col0, col0 + cols). */
+typedef struct block {
+    int64_t row0, rows, col0, cols;
+    int first, last; /* first and last step of an accumulation over blocks */
+} block;
+
+/* The statistics pass (stats = 1: partials and target for combine) and/or the Z store. */
+static flce_status run_logits(run *r, const block *b, int stats, int store_z)
 {
     const plan *pl = r->pl;
-    size_t es = esize(r->p->dtype);
     struct flce_gemm_params g;
     memset(&g, 0, sizeof g);
-    g.a = (unsigned long long)(uintptr_t)r->t->hidden + (unsigned long long)(row0 * pl->d) * es;
-    g.b = (unsigned long long)(uintptr_t)r->t->weight;
+    g.a = addr(r->t->hidden) + (unsigned long long)(b->row0 * pl->d) * r->es;
+    g.b = addr(r->t->weight) + (unsigned long long)(b->col0 * pl->d) * r->es;
     g.out = store_z ? r->ws + pl->off_z : 0;
-    g.labels = (unsigned long long)(uintptr_t)r->t->labels + (unsigned long long)row0 * (r->p->label_bits / 8);
-    g.part_m = r->ws + pl->off_part_m;
-    g.part_s = r->ws + pl->off_part_s;
-    g.target = r->ws + pl->off_target;
-    g.m = rows, g.n = pl->v, g.k = pl->d;
-    g.a_rows = rows, g.a_cols = pl->d, g.lda = pl->d;
-    g.b_rows = pl->v, g.b_cols = pl->d, g.ldb = pl->d;
+    g.labels = addr(r->t->labels) + (unsigned long long)b->row0 * (unsigned long long)(r->p->label_bits / 8);
+    if (stats) {
+        g.part_m = r->rp.part_m, g.part_s = r->rp.part_s, g.target = r->rp.target;
+        g.part_t = r->rp.part_t, g.part_zs = r->rp.part_zs, g.part_arg = r->rp.part_arg;
+    }
+    g.bias = r->p->has_bias ? addr(r->t->bias) + (unsigned long long)b->col0 * r->es : 0;
+    g.class_weights = r->rp.class_weights;
+    g.m = b->rows, g.n = b->cols, g.k = pl->d;
+    g.a_rows = b->rows, g.a_cols = pl->d, g.lda = pl->d;
+    g.b_rows = b->cols, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->ldz;
-    g.vocab_offset = r->p->vocab_offset;
-    g.splits = pl->splits;
-    g.tiles_per_split = pl->tiles_per_split;
-    return launch(r->k.logits, ceil_div(rows, pl->logits.tile.bm), pl->splits,
+    g.vocab_offset = r->p->vocab_offset + b->col0;
+    int splits = pl->splits, tps = pl->tiles_per_split;
+    if (!stats) plan_vocab_splits(pl, b->rows, b->cols, r->ctx->num_sms, &splits, &tps);
+    g.splits = splits;
+    g.tiles_per_split = tps;
+    return launch(r->k.logits, ceil_div(b->rows, pl->logits.tile.bm), splits,
                   spec_threads(&pl->logits), spec_smem_bytes(&pl->logits), r->stream, &g,
                   "logits kernel");
 }
@@ -116,94 +150,159 @@ static void set_scale(const run *r, struct flce_gemm_params *g)
 {
     if (r->p->reduction == FLCE_REDUCTION_NONE) return; /* g_i already in dZ */
     g->scale_mode = r->p->reduction == FLCE_REDUCTION_MEAN ? 2 : 1;
-    g->scale_grad = (unsigned long long)(uintptr_t)r->t->grad_output;
-    g->scale_count = r->ws + r->pl->off_count;
+    g->scale_grad = addr(r->t->grad_output);
+    g->scale_count = r->ws + r->pl->off_stats;
 }
 
-static flce_status run_dh(run *r, int64_t row0, int64_t rows)
+/* Where a gradient GEMM writes when its result builds up over several blocks: into the caller's
+ * fp32 buffer (accumulate mode), in place (fp32 dtype), or through an fp32 workspace accumulator
+ * whose last step writes the dtype — so 16-bit gradients are rounded once. `elem` is the element
+ * offset of this block's output. */
+static void set_output(const run *r, struct flce_gemm_params *g, unsigned long long final,
+                       int caller_f32, unsigned long long acc, uint64_t elem, const block *b)
+{
+    if (caller_f32) {
+        g->out = final + elem * 4, g->out_f32 = 1, g->addend = g->out;
+    } else if (r->es == 4) {
+        g->out = final + elem * 4, g->out_f32 = 1, g->addend = b->first ? 0 : g->out;
+    } else if (!acc || (b->first && b->last)) {
+        g->out = final + elem * r->es, g->out_f32 = 0, g->addend = 0;
+    } else {
+        unsigned long long a = acc + elem * 4;
+        g->out = b->last ? final + elem * r->es : a;
+        g->out_f32 = !b->last;
+        g->addend = b->first ? 0 : a;
+    }
+}
+
+/* dH[rows] (+)= dZ · W[cols]: A = dZ stored K-major, B = W stored [k = vocab][n = hidden]. */
+static flce_status run_dh(run *r, const block *b)
 {
     const plan *pl = r->pl;
     struct flce_gemm_params g;
     memset(&g, 0, sizeof g);
     set_scale(r, &g);
     g.a = r->ws + pl->off_dz;
-    g.b = (unsigned long long)(uintptr_t)r->t->weight;
-    g.out = (unsigned long long)(uintptr_t)r->t->grad_hidden + (unsigned long long)(row0 * pl->d) * esize(r->p->dtype);
-    g.m = rows, g.n = pl->d, g.k = pl->v;
-    g.a_rows = rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
-    g.b_rows = pl->v, g.b_cols = pl->d, g.ldb = pl->d;
+    g.b = addr(r->t->weight) + (unsigned long long)(b->col0 * pl->d) * r->es;
+    set_output(r, &g, addr(r->t->grad_hidden), r->p->accumulate_grad_hidden,
+               ws_at(r, pl->off_dh_acc, pl->need_dh_acc), (uint64_t)(b->row0 * pl->d), b);
+    g.m = b->rows, g.n = pl->d, g.k = b->cols;
+    g.a_rows = b->rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
+    g.b_rows = b->cols, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
-    return launch(r->k.dh, ceil_div(pl->d, pl->dh.tile.bn), ceil_div(rows, pl->dh.tile.bm),
+    return launch(r->k.dh, ceil_div(pl->d, pl->dh.tile.bn), ceil_div(b->rows, pl->dh.tile.bm),
                   spec_threads(&pl->dh), spec_smem_bytes(&pl->dh), r->stream, &g, "dH kernel");
 }
 
-/* dW accumulates over chunks: in fp32 (the caller's fp32 dW, or the workspace accumulator whose
- * last pass writes the input dtype), so rounding happens once. */
-static flce_status run_dw(run *r, int64_t chunk, int64_t row0, int64_t rows)
+/* dW[cols] (+)= dZᵀ · H[rows]: A = dZ stored [k = token][m = vocab], B = H stored [k][n]. */
+static flce_status run_dw(run *r, const block *b)
 {
     const plan *pl = r->pl;
     struct flce_gemm_params g;
     memset(&g, 0, sizeof g);
     set_scale(r, &g);
-    unsigned long long dw = (unsigned long long)(uintptr_t)r->t->grad_weight;
-    unsigned long long acc = pl->need_dw_acc ? r->ws + pl->off_dw_acc : dw;
-    int first = chunk == 0, last = chunk == pl->n_chunks - 1;
     g.a = r->ws + pl->off_dz;
-    g.b = (unsigned long long)(uintptr_t)r->t->hidden + (unsigned long long)(row0 * pl->d) * esize(r->p->dtype);
-    g.out = last ? dw : acc;
-    g.out_f32 = !last || r->p->dtype == FLCE_DTYPE_F32;
-    g.addend = first ? 0 : acc;
-    g.m = pl->v, g.n = pl->d, g.k = rows;
-    g.a_rows = rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
-    g.b_rows = rows, g.b_cols = pl->d, g.ldb = pl->d;
+    g.b = addr(r->t->hidden) + (unsigned long long)(b->row0 * pl->d) * r->es;
+    set_output(r, &g, addr(r->t->grad_weight), r->p->accumulate_grad_weight,
+               ws_at(r, pl->off_dw_acc, pl->need_dw_acc), (uint64_t)(b->col0 * pl->d), b);
+    g.m = b->cols, g.n = pl->d, g.k = b->rows;
+    g.a_rows = b->rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
+    g.b_rows = b->rows, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
-    return launch(r->k.dw, ceil_div(pl->d, pl->dw.tile.bn), ceil_div(pl->v, pl->dw.tile.bm),
+    return launch(r->k.dw, ceil_div(pl->d, pl->dw.tile.bn), ceil_div(b->cols, pl->dw.tile.bm),
                   spec_threads(&pl->dw), spec_smem_bytes(&pl->dw), r->stream, &g, "dW kernel");
 }
 
-static flce_status run_rows(run *r, int kernel, int64_t row0, int64_t rows)
+static flce_status run_rows(run *r, int kernel, const block *b)
 {
     struct flce_row_params rp = r->rp;
-    rp.row0 = row0;
-    rp.rows = rows;
-    rp.part_m = r->rp.part_m, rp.part_s = r->rp.part_s;
+    rp.row0 = b->row0, rp.rows = b->rows;
+    rp.col0 = b->col0, rp.cols = b->cols;
+    rp.chunk_offset = r->p->vocab_offset + b->col0;
+    rp.first = b->first, rp.last = b->last;
     switch (kernel) {
-    case K_PREPARE: {
-        int64_t blocks = ceil_div(r->pl->n, 256);
-        if (blocks > 4 * (int64_t)r->ctx->num_sms) blocks = 4 * (int64_t)r->ctx->num_sms;
-        return launch(r->k.row[K_PREPARE], blocks, 1, 256, 0, r->stream, &rp, "prepare kernel");
-    }
+    case K_PREPARE:
+        return launch(r->k.row[K_PREPARE], 1, 1, 1024, 0, r->stream, &rp, "prepare kernel");
     case K_COMBINE:
-        return launch(r->k.row[K_COMBINE], ceil_div(rows, 256), 1, 256, 0, r->stream, &rp,
+        return launch(r->k.row[K_COMBINE], ceil_div(b->rows, 256), 1, 256, 0, r->stream, &rp,
                       "combine kernel");
     case K_DZ:
-        return launch(r->k.row[K_DZ], rows, ceil_div(r->pl->ldz / 4, 256), 256, 0, r->stream, &rp,
+        return launch(r->k.row[K_DZ], b->rows, ceil_div(r->pl->ldz / 4, 256), 256, 0, r->stream, &rp,
                       "dz kernel");
+    case K_DBIAS:
+        return launch(r->k.row[K_DBIAS], ceil_div(b->cols, 256), 1, 256, 0, r->stream, &rp,
+                      "dbias kernel");
     default:
         return launch(r->k.row[K_REDUCE], 1, 1, 1024, 0, r->stream, &rp, "reduce kernel");
     }
 }
 
+/* dZ of one block and the gradient GEMMs that consume it. */
+static flce_status run_grads(run *r, const block *b)
+{
+    TRY(run_rows(r, K_DZ, b));
+    if (r->t->grad_hidden) TRY(run_dh(r, b));
+    if (r->t->grad_weight) TRY(run_dw(r, b));
+    if (r->p->has_bias && r->t->grad_bias) TRY(run_rows(r, K_DBIAS, b));
+    return FLCE_OK;
+}
+
+static flce_status run_forward(run *r)
+{
+    block all = {0, r->pl->n, 0, r->pl->v, 1, 1};
+    TRY(run_logits(r, &all, 1, 0));
+    return run_rows(r, K_COMBINE, &all);
+}
+
+static flce_status run_chunked(run *r)
+{
+    const plan *pl = r->pl;
+    int stats = pl->op == FLCE_OP_LOSS_AND_GRAD;
+    for (int64_t c = 0; c < pl->n_chunks; c++) {
+        block b = {c * pl->chunk_rows, 0, 0, pl->v, c == 0, c == pl->n_chunks - 1};
+        b.rows = pl->n - b.row0 < pl->chunk_rows ? pl->n - b.row0 : pl->chunk_rows;
+        TRY(run_logits(r, &b, stats, 1));
+        if (stats) TRY(run_rows(r, K_COMBINE, &b));
+        TRY(run_grads(r, &b));
+    }
+    return FLCE_OK;
+}
+
+static flce_status run_recompute(run *r)
+{
+    const plan *pl = r->pl;
+    if (pl->op == FLCE_OP_LOSS_AND_GRAD) TRY(run_forward(r));
+    for (int64_t c = 0; c < pl->n_vchunks; c++) {
+        block b = {0, pl->n, c * pl->chunk_cols, 0, c == 0, c == pl->n_vchunks - 1};
+        b.cols = pl->v - b.col0 < pl->chunk_cols ? pl->v - b.col0 : pl->chunk_cols;
+        TRY(run_logits(r, &b, 0, 1));
+        /* dW rows and db entries of a vocab chunk are complete in one step. */
+        block whole = b;
+        whole.first = whole.last = 1;
+        TRY(run_rows(r, K_DZ, &b));
+        if (r->t->grad_hidden) TRY(run_dh(r, &b));
+        if (r->t->grad_weight) TRY(run_dw(r, &whole));
+        if (r->p->has_bias && r->t->grad_bias) TRY(run_rows(r, K_DBIAS, &whole));
+    }
+    return FLCE_OK;
+}
+
 flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,
                        const flce_tensors *t, CUdeviceptr ws, CUstream stream)
 {
-    run r = {pl, p, t, ctx, ws, stream, {0}, {0}};
+    run r;
+    memset(&r, 0, sizeof r);
+    r.pl = pl, r.p = p, r.t = t, r.ctx = ctx, r.ws = ws, r.stream = stream;
+    r.es = p->dtype == FLCE_DTYPE_F32 ? 4 : 2;
     TRY(get_kernels(ctx, pl, &r.k));
     init_row_params(&r);
-    DRV_TRY(drv.MemsetD32Async(ws + pl->off_count, 0, 1, stream));
-    TRY(run_rows(&r, K_PREPARE, 0, pl->n));
-    int grads = pl->op != FLCE_OP_FORWARD;
-    for (int64_t c = 0; c < pl->n_chunks; c++) {
-        int64_t row0 = c * pl->chunk_rows;
-        int64_t rows = pl->n - row0 < pl->chunk_rows ? pl->n - row0 : pl->chunk_rows;
-        TRY(run_logits(&r, row0, rows, grads));
-        if (pl->op != FLCE_OP_BACKWARD) TRY(run_rows(&r, K_COMBINE, row0, rows));
-        if (!grads) continue;
-        TRY(run_rows(&r, K_DZ, row0, rows));
-        if (t->grad_hidden) TRY(run_dh(&r, row0, rows));
-        if (t->grad_weight) TRY(run_dw(&r, c, row0, rows));
-    }
-    if (pl->op != FLCE_OP_BACKWARD && p->reduction != FLCE_REDUCTION_NONE && t->loss)
-        TRY(run_rows(&r, K_REDUCE, 0, pl->n));
+    block all = {0, pl->n, 0, pl->v, 1, 1};
+    TRY(run_rows(&r, K_PREPARE, &all));
+    if (pl->op == FLCE_OP_FORWARD) TRY(run_forward(&r));
+    else if (pl->recompute) TRY(run_recompute(&r));
+    else TRY(run_chunked(&r));
+    int reduced = p->reduction != FLCE_REDUCTION_NONE;
+    if (pl->op != FLCE_OP_BACKWARD && reduced && (t->loss || t->z_loss_out))
+        TRY(run_rows(&r, K_REDUCE, &all));
     return FLCE_OK;
 }

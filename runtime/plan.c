@@ -1,4 +1,4 @@
-/* plan.c — chunking, vocab splits and workspace layout of a call (see plan.h, DESIGN.md §3). */
+/* plan.c — strategy, chunking, vocab splits and workspace layout of a call (plan.h, DESIGN §3). */
 #include <string.h>
 
 #include "error.h"
@@ -14,7 +14,10 @@ static uint64_t take(uint64_t *cursor, uint64_t bytes)
     return at;
 }
 
-static void plan_specs(const flce_problem *p, int sm, plan *pl)
+/* Which per-token outputs the kernels must produce: all of them when planning the worst case. */
+static int wants(const flce_tensors *t, const void *field) { return !t || field != NULL; }
+
+static void plan_specs(const flce_problem *p, const flce_tensors *t, int sm, plan *pl)
 {
     kernel_spec base;
     memset(&base, 0, sizeof base);
@@ -29,52 +32,125 @@ static void plan_specs(const flce_problem *p, int sm, plan *pl)
     pl->dh.role = ROLE_DH;
     pl->dw.role = ROLE_DW;
     pl->rowops.role = ROLE_ROWOPS;
-    pl->rowops.reduction = p->reduction;
     pl->logits.tile = spec_default_tile(sm, p->dtype, ROLE_LOGITS);
     pl->dh.tile = spec_default_tile(sm, p->dtype, ROLE_DH);
     pl->dw.tile = spec_default_tile(sm, p->dtype, ROLE_DW);
+
+    unsigned opts = 0;
+    if (p->has_bias) opts |= SPEC_OPT_BIAS;
+    if (p->has_class_weights) opts |= SPEC_OPT_WEIGHTS;
+    if (p->label_smoothing > 0) opts |= SPEC_OPT_ZSUM;
+    if (wants(t, t ? t->entropy : NULL)) opts |= SPEC_OPT_ENTROPY;
+    if (wants(t, t ? t->argmax : NULL)) opts |= SPEC_OPT_ARGMAX;
+    float temperature = p->temperature == 1.0f ? 0.0f : p->temperature; /* 0 = off */
+    /* The logits GEMM needs the weights only for the weighted Σ w·z of smoothing. */
+    pl->logits.opts = opts & ~(p->label_smoothing > 0 ? 0u : (unsigned)SPEC_OPT_WEIGHTS);
+    pl->logits.softcap = p->softcap;
+    pl->logits.temperature = temperature;
+    pl->rowops.opts = opts;
+    pl->rowops.reduction = p->reduction;
+    pl->rowops.softcap = p->softcap;
+    pl->rowops.temperature = temperature;
+    pl->rowops.smoothing = p->label_smoothing;
+    pl->rowops.z_loss = p->z_loss;
 }
 
-/* Enough CTAs for two waves: split the vocab when the token rows alone are too few. */
-static void plan_splits(plan *pl, int64_t rows, int num_sms)
+void plan_vocab_splits(const plan *pl, int64_t rows, int64_t cols, int num_sms, int *splits,
+                       int *tiles_per_split)
 {
-    int64_t tiles = ceil_div(pl->v, pl->logits.tile.bn);
+    int64_t tiles = ceil_div(cols, pl->logits.tile.bn);
     int64_t row_blocks = ceil_div(rows, pl->logits.tile.bm);
     int64_t want = ceil_div(2 * (int64_t)(num_sms > 0 ? num_sms : 1), row_blocks);
     if (want < 1) want = 1;
     if (want > tiles) want = tiles;
-    pl->tiles_per_split = (int)ceil_div(tiles, want);
-    pl->splits = (int)ceil_div(tiles, pl->tiles_per_split);
+    *tiles_per_split = (int)ceil_div(tiles, want);
+    *splits = (int)ceil_div(tiles, *tiles_per_split);
 }
 
-/* Largest chunk whose logits (fp32), dZ and partials fit the budget; balanced across chunks. */
-static flce_status plan_chunks(const flce_problem *p, plan *pl, int num_sms)
+/* Cuts `total` into chunks of at most `fit` (a multiple of `unit` when at least one unit fits),
+ * balanced so the last chunk is not a sliver. */
+static int64_t balanced_chunk(int64_t total, int64_t fit, int64_t unit)
+{
+    if (fit >= total) return total;
+    if (fit < unit) return fit;
+    fit -= fit % unit;
+    int64_t chunks = ceil_div(total, fit);
+    int64_t balanced = ceil_div(ceil_div(total, chunks), unit) * unit;
+    return balanced < fit ? balanced : fit;
+}
+
+static flce_status budget_error(uint64_t budget, uint64_t need, const char *what)
+{
+    return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                   "memory_budget=%llu bytes: too small for one %s of logits (%llu bytes needed)",
+                   (unsigned long long)budget, what, (unsigned long long)need);
+}
+
+static flce_status plan_chunks(const flce_problem *p, plan *pl)
 {
     uint64_t budget = p->memory_budget ? p->memory_budget : PLAN_DEFAULT_BUDGET;
-    int64_t tiles = ceil_div(pl->v, pl->logits.tile.bn);
-    int64_t max_splits = 2 * (int64_t)(num_sms > 0 ? num_sms : 1);
-    if (max_splits > tiles) max_splits = tiles;
-    uint64_t dz_bytes = p->dtype == FLCE_DTYPE_F32 ? 0 : (uint64_t)pl->ldz * 2;
-    uint64_t per_row = (uint64_t)pl->ldz * 4 + dz_bytes + 4 + 8 * (uint64_t)max_splits;
-    if (budget < per_row + 4096)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "memory_budget=%llu bytes: too small for one token's logits (%llu bytes "
-                       "needed at vocab_shard=%lld)",
-                       (unsigned long long)budget, (unsigned long long)(per_row + 4096),
-                       (long long)pl->v);
-    int64_t rows = (int64_t)((budget - 4096) / per_row);
-    int64_t bm = pl->logits.tile.bm;
-    if (rows >= pl->n) {
-        rows = pl->n;
-    } else if (rows >= bm) {
-        rows -= rows % bm;
-        int64_t chunks = ceil_div(pl->n, rows);
-        int64_t balanced = ceil_div(ceil_div(pl->n, chunks), bm) * bm;
-        if (balanced < rows) rows = balanced;
+    uint64_t per_elem = 4 + (p->dtype == FLCE_DTYPE_F32 ? 0 : 2); /* fp32 Z + dZ in the dtype */
+    if (pl->recompute) {
+        uint64_t per_col = (uint64_t)pl->n * per_elem;
+        if (budget < per_col * 8) return budget_error(budget, per_col * 8, "8-column vocab chunk");
+        int64_t cols = (int64_t)(budget / per_col);
+        pl->chunk_cols = balanced_chunk(pl->v, cols - cols % 8, pl->logits.tile.bn);
+        pl->n_vchunks = ceil_div(pl->v, pl->chunk_cols);
+        pl->chunk_rows = pl->n, pl->n_chunks = 1;
+    } else {
+        uint64_t per_row = (uint64_t)ceil_div(pl->v, 8) * 8 * per_elem;
+        if (budget < per_row) return budget_error(budget, per_row, "token's row");
+        pl->chunk_rows = balanced_chunk(pl->n, (int64_t)(budget / per_row), pl->logits.tile.bm);
+        pl->n_chunks = ceil_div(pl->n, pl->chunk_rows);
+        pl->chunk_cols = pl->v, pl->n_vchunks = 1;
     }
-    pl->chunk_rows = rows;
-    pl->n_chunks = ceil_div(pl->n, rows);
+    pl->ldz = ceil_div(pl->chunk_cols, 8) * 8;
     return FLCE_OK;
+}
+
+static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
+{
+    int grads = pl->op != FLCE_OP_FORWARD;
+    int stats = pl->op != FLCE_OP_BACKWARD; /* forward statistics (lse, loss) are computed */
+    int reduced = p->reduction != FLCE_REDUCTION_NONE;
+    pl->need_lse = stats && (!t || !t->lse);
+    pl->need_loss_rows = stats && (!t || (reduced ? !t->loss_per_token : (!t->loss && !t->loss_per_token)));
+    pl->need_zloss_rows = stats && p->z_loss > 0 && reduced && (!t || t->z_loss_out);
+    int caller_dw = p->accumulate_grad_weight, caller_dh = p->accumulate_grad_hidden;
+    int f32 = p->dtype == FLCE_DTYPE_F32;
+    pl->need_dw_acc = grads && !pl->recompute && pl->n_chunks > 1 && !f32 && !caller_dw &&
+                      (!t || t->grad_weight);
+    pl->need_dh_acc = grads && pl->recompute && pl->n_vchunks > 1 && !f32 && !caller_dh &&
+                      (!t || t->grad_hidden);
+    pl->need_db_acc = grads && p->has_bias && pl->n_chunks > 1 && (!t || t->grad_bias);
+    /* Statistics arrays hold the rows of one forward pass: all tokens (forward, recompute) or one
+     * token chunk (chunked loss-and-grad). */
+    pl->stat_rows = stats ? (pl->op == FLCE_OP_FORWARD || pl->recompute ? pl->n : pl->chunk_rows) : 0;
+
+    uint64_t cur = 0, rows = (uint64_t)pl->stat_rows, sp = (uint64_t)pl->splits;
+    unsigned o = pl->logits.opts;
+    pl->off_stats = take(&cur, 16);
+    if (stats) {
+        pl->off_target = take(&cur, rows * 4);
+        pl->off_part_m = take(&cur, rows * sp * 4);
+        pl->off_part_s = take(&cur, rows * sp * 4);
+        if (o & SPEC_OPT_ENTROPY) pl->off_part_t = take(&cur, rows * sp * 4);
+        if (o & SPEC_OPT_ZSUM) pl->off_part_zs = take(&cur, rows * sp * 4);
+        if (o & SPEC_OPT_ARGMAX) pl->off_part_arg = take(&cur, rows * sp * 8);
+    }
+    uint64_t n = (uint64_t)pl->n;
+    if (pl->need_loss_rows) pl->off_loss_rows = take(&cur, n * 4);
+    if (pl->need_zloss_rows) pl->off_zloss_rows = take(&cur, n * 4);
+    if (pl->need_lse) pl->off_lse = take(&cur, n * 4);
+    if (grads) {
+        uint64_t block = (uint64_t)pl->chunk_rows * (uint64_t)pl->ldz;
+        pl->off_z = take(&cur, block * 4);
+        pl->off_dz = f32 ? pl->off_z : take(&cur, block * 2);
+        if (pl->need_dw_acc) pl->off_dw_acc = take(&cur, (uint64_t)pl->v * (uint64_t)pl->d * 4);
+        if (pl->need_dh_acc) pl->off_dh_acc = take(&cur, n * (uint64_t)pl->d * 4);
+        if (pl->need_db_acc) pl->off_db_acc = take(&cur, (uint64_t)pl->v * 4);
+    }
+    pl->workspace_bytes = cur;
 }
 
 flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, const flce_tensors *t,
@@ -82,37 +158,20 @@ flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, co
 {
     memset(pl, 0, sizeof *pl);
     pl->op = op;
+    pl->recompute = op != FLCE_OP_FORWARD && p->strategy == FLCE_STRATEGY_RECOMPUTE;
     pl->n = p->tokens, pl->d = p->hidden, pl->v = p->vocab_shard;
-    pl->ldz = ceil_div(pl->v, 8) * 8;
-    plan_specs(p, sm, pl);
+    plan_specs(p, t, sm, pl);
     if (op == FLCE_OP_FORWARD) {
-        pl->chunk_rows = pl->n;
-        pl->n_chunks = 1;
+        pl->chunk_rows = pl->n, pl->n_chunks = 1;
+        pl->chunk_cols = pl->v, pl->n_vchunks = 1;
+        pl->ldz = ceil_div(pl->v, 8) * 8;
     } else {
-        TRY(plan_chunks(p, pl, num_sms));
+        TRY(plan_chunks(p, pl));
     }
-    plan_splits(pl, pl->chunk_rows, num_sms);
-
-    int grads = op != FLCE_OP_FORWARD;
-    pl->need_lse = !t || !t->lse;
-    if (op == FLCE_OP_BACKWARD) pl->need_lse = 0; /* read from the caller */
-    pl->need_loss_rows = op != FLCE_OP_BACKWARD &&
-                         (p->reduction != FLCE_REDUCTION_NONE || !t || !t->loss);
-    pl->need_dw_acc = grads && pl->n_chunks > 1 && p->dtype != FLCE_DTYPE_F32 &&
-                      (!t || t->grad_weight);
-
-    uint64_t cur = 0, rows = (uint64_t)pl->chunk_rows;
-    pl->off_count = take(&cur, 16);
-    pl->off_target = take(&cur, rows * 4);
-    pl->off_part_m = take(&cur, rows * (uint64_t)pl->splits * 4);
-    pl->off_part_s = take(&cur, rows * (uint64_t)pl->splits * 4);
-    pl->off_loss_rows = pl->need_loss_rows ? take(&cur, (uint64_t)pl->n * 4) : 0;
-    pl->off_lse = pl->need_lse ? take(&cur, (uint64_t)pl->n * 4) : 0;
-    if (grads) {
-        pl->off_z = take(&cur, rows * (uint64_t)pl->ldz * 4);
-        pl->off_dz = p->dtype == FLCE_DTYPE_F32 ? pl->off_z : take(&cur, rows * (uint64_t)pl->ldz * 2);
-        if (pl->need_dw_acc) pl->off_dw_acc = take(&cur, (uint64_t)pl->v * (uint64_t)pl->d * 4);
-    }
-    pl->workspace_bytes = cur;
+    /* The statistics pass sees all tokens (forward, and the forward half of recompute) or one
+     * token chunk, always over the whole shard. */
+    int64_t stat_rows = op == FLCE_OP_FORWARD || pl->recompute ? pl->n : pl->chunk_rows;
+    plan_vocab_splits(pl, stat_rows, pl->v, num_sms, &pl->splits, &pl->tiles_per_split);
+    plan_layout(p, t, pl);
     return FLCE_OK;
 }

@@ -1,7 +1,8 @@
 /*
- * plan.h — how one call will run: which kernel specs, how many token chunks of what size, how
- * the logits GEMM splits the vocab across CTAs, and where each scratch array sits in the
- * workspace. Pure arithmetic (no GPU), so the cpu tests check budgets and layouts.
+ * plan.h — how one call will run: which kernel specs, how the tokens (chunked strategy) or the
+ * vocab (recompute strategy) are cut into chunks that fit the memory budget, how the logits GEMM
+ * splits the vocab across CTAs, and where each scratch array sits in the workspace. Pure
+ * arithmetic (no GPU), so the cpu tests check budgets and layouts.
  */
 #ifndef FLCE_PLAN_H
 #define FLCE_PLAN_H
@@ -14,17 +15,21 @@
 
 typedef struct plan {
     flce_op op;
+    int recompute;        /* gradients walk vocab chunks with all tokens (RECOMPUTE strategy) */
     int64_t n, d, v;      /* tokens, hidden, vocab shard */
-    int64_t ldz;          /* row stride of the chunk's logits and dZ: v rounded up to 8 */
-    int64_t chunk_rows;   /* tokens per chunk (the last may be shorter) */
-    int64_t n_chunks;
-    int splits;           /* vocab splits of the logits GEMM */
+    /* Gradient passes work on a (rows × cols) block of logits at a time: token chunks × the whole
+     * shard (chunked), or all tokens × vocab chunks (recompute). */
+    int64_t chunk_rows, n_chunks;
+    int64_t chunk_cols, n_vchunks;
+    int64_t ldz;          /* row stride of the block's logits and dZ: chunk_cols rounded up to 8 */
+    int splits;           /* vocab splits of the forward statistics pass */
     int tiles_per_split;
     kernel_spec logits, dh, dw, rowops;
-    /* Workspace layout: byte offsets, each 256-aligned; 0-size regions are unused. */
-    uint64_t off_count, off_target, off_part_m, off_part_s, off_loss_rows, off_lse, off_z, off_dz,
-        off_dw_acc;
-    int need_loss_rows, need_lse, need_dw_acc;
+    /* Workspace layout: byte offsets, each 256-aligned; regions not needed are 0 and unused. */
+    uint64_t off_stats, off_target, off_part_m, off_part_s, off_part_t, off_part_zs, off_part_arg,
+        off_loss_rows, off_zloss_rows, off_lse, off_z, off_dz, off_dw_acc, off_dh_acc, off_db_acc;
+    int need_loss_rows, need_zloss_rows, need_lse, need_dw_acc, need_dh_acc, need_db_acc;
+    int64_t stat_rows;    /* rows the statistics arrays (target, partials) hold */
     uint64_t workspace_bytes;
 } plan;
 
@@ -32,5 +37,10 @@ typedef struct plan {
  * (NULL: plan the worst case, as flce_workspace_size reports). The problem must be valid. */
 flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, const flce_tensors *t,
                       plan *out);
+
+/* Enough CTAs for two waves: how many vocab splits (gridDim.y) a logits pass over rows × cols uses,
+ * and how many BN-wide tiles each walks. */
+void plan_vocab_splits(const plan *pl, int64_t rows, int64_t cols, int num_sms, int *splits,
+                       int *tiles_per_split);
 
 #endif

@@ -6,6 +6,9 @@
 
 #ifndef FLCE_GENERATED
 #define FLCE_DTYPE 2 // 0 fp32, 1 fp16, 2 bf16 (the generator writes the real value)
+#define OPT_ENTROPY 0
+#define OPT_ZSUM 0
+#define OPT_ARGMAX 0
 #endif
 
 #define DTYPE_F32 0
@@ -118,5 +121,27 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
     s = s * expf(m - mm) + s2 * expf(m2 - mm);
     m = mm;
 }
+
+// Per owned row, the running statistics of this CTA's vocab split (DESIGN.md §1):
+//   m = max z, s = Σ exp(z − m), t = Σ exp(z − m)·z (entropy), zs = Σ w_j·z (smoothing),
+//   arg = global id of the first maximum (argmax).
+struct row_stats {
+    float m, s, t, zs;
+    long long arg;
+};
+
+__device__ __forceinline__ void stats_merge(row_stats &a, const row_stats &b)
+{
+    float mm = fmaxf(a.m, b.m);
+    if (OPT_ARGMAX && (b.m > a.m || (b.m == a.m && b.arg < a.arg))) a.arg = b.arg;
+    if (a.s != a.s || b.s != b.s) { a.s = a.s + b.s; return; } // NaN inputs stay NaN
+    if (mm == NEG_INF) return;
+    float ea = expf(a.m - mm), eb = expf(b.m - mm);
+    a.s = a.s * ea + b.s * eb;
+    if (OPT_ENTROPY) a.t = a.t * ea + b.t * eb;
+    a.m = mm;
+    if (OPT_ZSUM) a.zs += b.zs;
+}
+
 
 #endif

@@ -19,6 +19,12 @@
 #define ROLE_IS_LOGITS 1
 #define ROLE_IS_DH 0
 #define ROLE_IS_DW 0
+#define OPT_BIAS 0
+#define OPT_WEIGHTS 0
+#define OPT_ZSUM 0
+#define OPT_ENTROPY 0
+#define OPT_ARGMAX 0
+constexpr float SOFTCAP = 0.f, INV_TEMP = 1.f;
 constexpr int BM = 128, BN = 128, BK = 32, STAGES = 3, WARPS_M = 2, WARPS_N = 4;
 constexpr bool A_KMAJOR = true, B_KMAJOR = true;
 constexpr long long VOCAB = 32768; // rows of this shard
@@ -155,13 +161,22 @@ __device__ void mainloop(float (&acc)[MI][NI][4], elem_t *smem, const flce_gemm_
 }
 
 #if ROLE_IS_LOGITS
-// Folds one vocab tile into each owned row's running (max, Σexp); records target logits and
-// stores Z. Element (mi, ni, e) of acc sits at row wm*WTM + mi*16 + g + 8*(e/2),
-// column wn*WTN + ni*8 + 2*t + e%2 of the tile.
-__device__ __forceinline__ void logits_epilogue(const float (&acc)[MI][NI][4], const flce_gemm_params &p,
+// The logit transform of the math: bias, temperature, softcap — all compile-time optional.
+__device__ __forceinline__ float transform_logit(float acc, long long col, const flce_gemm_params &p)
+{
+    float z = acc;
+    if (OPT_BIAS) z += to_f32(((const elem_t *)p.bias)[col]);
+    if (INV_TEMP != 1.f) z *= INV_TEMP;
+    if (SOFTCAP > 0.f) z = SOFTCAP * tanhf(z * (1.f / SOFTCAP));
+    return z;
+}
+
+// Folds one vocab tile into each owned row's running statistics; records target logits and stores
+// Z. Element (mi, ni, e) of acc sits at row wm*WTM + mi*16 + g + 8*(e/2), column
+// wn*WTN + ni*8 + 2*t + e%2 of the tile.
+__device__ __forceinline__ void logits_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p,
                                                 long long m0, long long n0, int wm, int wn, int lane,
-                                                const long long (&lab)[MI][2], float (&run_m)[MI][2],
-                                                float (&run_s)[MI][2])
+                                                const long long (&lab)[MI][2], row_stats (&run)[MI][2])
 {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -169,25 +184,33 @@ __device__ __forceinline__ void logits_epilogue(const float (&acc)[MI][NI][4], c
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
-            float tile_max = NEG_INF;
+            row_stats tile;
+            tile.m = NEG_INF, tile.s = 0.f, tile.t = 0.f, tile.zs = 0.f, tile.arg = 0x7fffffffffffffffLL;
 #pragma unroll
             for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
                     long long col = n0 + wn * WTN + ni * 8 + 2 * t + c;
-                    if (col < VOCAB) tile_max = fmaxf(tile_max, acc[mi][ni][2 * h + c]);
+                    float z = col < p.n ? transform_logit(acc[mi][ni][2 * h + c], col, p) : 0.f;
+                    acc[mi][ni][2 * h + c] = z;
+                    if (col < p.n && z > tile.m) tile.m = z, tile.arg = p.vocab_offset + col;
                 }
-            float sum = 0.f;
 #pragma unroll
             for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
                     long long col = n0 + wn * WTN + ni * 8 + 2 * t + c;
                     float z = acc[mi][ni][2 * h + c];
-                    if (col < VOCAB) sum += expf(z - tile_max);
-                    if (col == lab[mi][h]) ((float *)p.target)[row] = z;
+                    if (col < p.n) {
+                        float e = expf(z - tile.m);
+                        tile.s += e;
+                        if (OPT_ENTROPY) tile.t += e * z;
+                        if (OPT_ZSUM)
+                            tile.zs += OPT_WEIGHTS ? ((const float *)p.class_weights)[p.vocab_offset + col] * z : z;
+                    }
+                    if (col == lab[mi][h] && p.target) ((float *)p.target)[row] = z;
                 }
-            if (tile_max != NEG_INF) lse_merge(run_m[mi][h], run_s[mi][h], tile_max, sum);
+            if (tile.s != tile.s || tile.m != NEG_INF) stats_merge(run[mi][h], tile);
             if (p.out && row < p.m) {
                 float *z_row = (float *)p.out + row * p.ldo;
 #pragma unroll
@@ -200,6 +223,17 @@ __device__ __forceinline__ void logits_epilogue(const float (&acc)[MI][NI][4], c
         }
 }
 
+__device__ __forceinline__ row_stats shfl_stats(const row_stats &a, int off)
+{
+    row_stats b;
+    b.m = __shfl_xor_sync(0xffffffffu, a.m, off);
+    b.s = __shfl_xor_sync(0xffffffffu, a.s, off);
+    b.t = OPT_ENTROPY ? __shfl_xor_sync(0xffffffffu, a.t, off) : 0.f;
+    b.zs = OPT_ZSUM ? __shfl_xor_sync(0xffffffffu, a.zs, off) : 0.f;
+    b.arg = OPT_ARGMAX ? __shfl_xor_sync(0xffffffffu, a.arg, off) : 0;
+    return b;
+}
+
 // grid: (row blocks, vocab splits). Each CTA walks tiles_per_split vocab tiles of its split.
 extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_params p)
 {
@@ -210,54 +244,52 @@ extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_
     const long long m0 = (long long)blockIdx.x * BM;
     const int split = blockIdx.y;
 
-    // Local label column of each owned row; −1 when ignored, out of range or on another shard.
+    // Label column of each owned row within [0, n); −1 when ignored, out of range or elsewhere.
     long long lab[MI][2];
-    float run_m[MI][2], run_s[MI][2];
+    row_stats run[MI][2];
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
             long long y = row < p.m ? load_label(p.labels, row) - p.vocab_offset : -1;
-            lab[mi][h] = (y >= 0 && y < VOCAB) ? y : -1;
-            run_m[mi][h] = NEG_INF;
-            run_s[mi][h] = 0.f;
+            lab[mi][h] = (y >= 0 && y < p.n) ? y : -1;
+            run[mi][h].m = NEG_INF, run[mi][h].s = 0.f, run[mi][h].t = 0.f, run[mi][h].zs = 0.f;
+            run[mi][h].arg = 0x7fffffffffffffffLL;
         }
 
-    const long long tiles = (VOCAB + BN - 1) / BN;
+    const long long tiles = (p.n + BN - 1) / BN;
     long long t_begin = (long long)split * p.tiles_per_split;
     long long t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
     float acc[MI][NI][4];
     for (long long vt = t_begin; vt < t_end; vt++) {
         mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
-        logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, run_m, run_s);
+        logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, run);
     }
 
-    // Reduce each row's pairs: first over the 4 lanes that share it, then over the WARPS_N warps.
-    float *red_m = (float *)smem_raw, *red_s = red_m + WARPS_N * BM;
+    if (!p.part_m) return; // a gradient pass: only Z was wanted (uniform across the CTA)
+    // Reduce each row's stats: first over the 4 lanes that share it, then over the WARPS_N warps
+    // in a fixed order (deterministic).
+    row_stats *red = (row_stats *)smem_raw;
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
 #pragma unroll
-            for (int off = 1; off < 4; off <<= 1) {
-                float m2 = __shfl_xor_sync(0xffffffffu, run_m[mi][h], off);
-                float s2 = __shfl_xor_sync(0xffffffffu, run_s[mi][h], off);
-                lse_merge(run_m[mi][h], run_s[mi][h], m2, s2);
-            }
-            if (lane % 4 == 0) {
-                int r = wm * WTM + mi * 16 + lane / 4 + 8 * h;
-                red_m[wn * BM + r] = run_m[mi][h];
-                red_s[wn * BM + r] = run_s[mi][h];
-            }
+            for (int off = 1; off < 4; off <<= 1) stats_merge(run[mi][h], shfl_stats(run[mi][h], off));
+            if (lane % 4 == 0) red[wn * BM + wm * WTM + mi * 16 + lane / 4 + 8 * h] = run[mi][h];
         }
     __syncthreads();
     for (int r = threadIdx.x; r < BM; r += THREADS) {
         if (m0 + r >= p.m) continue;
-        float m = NEG_INF, s = 0.f;
-        for (int w = 0; w < WARPS_N; w++) lse_merge(m, s, red_m[w * BM + r], red_s[w * BM + r]);
-        ((float *)p.part_m)[(m0 + r) * p.splits + split] = m;
-        ((float *)p.part_s)[(m0 + r) * p.splits + split] = s;
+        row_stats a = red[r];
+        for (int w = 1; w < WARPS_N; w++) stats_merge(a, red[w * BM + r]);
+        long long at = (m0 + r) * p.splits + split;
+        ((float *)p.part_m)[at] = a.m;
+        ((float *)p.part_s)[at] = a.s;
+        if (OPT_ENTROPY) ((float *)p.part_t)[at] = a.t;
+        if (OPT_ZSUM) ((float *)p.part_zs)[at] = a.zs;
+        if (OPT_ARGMAX) ((long long *)p.part_arg)[at] = a.arg;
     }
 }
 
@@ -281,8 +313,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_
     float scale = 1.f;
     if (p.scale_mode) {
         scale = p.scale_grad ? *(const float *)p.scale_grad : 1.f;
-        int count = p.scale_mode == 2 ? *(const int *)p.scale_count : 1;
-        scale = count > 0 ? scale / (float)count : 0.f;
+        float denom = p.scale_mode == 2 ? *(const float *)p.scale_count : 1.f;
+        scale = denom != 0.f ? scale / denom : 0.f; // mean over no valid token: zero gradients
     }
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)

@@ -1,15 +1,29 @@
 // rowops.cu — the per-token kernels around the GEMMs (DESIGN.md §1, §3):
-//   flce_prepare  count valid labels of the whole batch; raise the flag for out-of-range labels
-//   flce_combine  per-(row, split) partials → lse_i and loss_i = lse_i − z_iy
-//   flce_dz       dz_ij = g_i · (exp(z_ij − lse_i) − 1[j = y_i]) in the input dtype, zero padding
-//                 (for mean/sum g_i here is 0 or 1; the GEMM epilogues apply grad / count)
-//   flce_reduce   loss = Σ_i loss_i (· 1/count for the mean), one CTA, fixed order: deterministic
+//   flce_prepare  Σ over valid tokens of w_y (the mean's denominator; the count without class
+//                 weights) and Σ_j w_j, in one CTA in a fixed order; raises the flag for labels
+//                 outside [0, vocab_total)
+//   flce_combine  per-(row, split) statistics → lse, loss_i and the per-token outputs
+//   flce_dz       dZ in the input dtype (gradient w.r.t. the raw logit h·w + b), zero padding
+//   flce_reduce   loss (and z-loss) = Σ_i (· 1/denominator for the mean), one CTA, fixed order
+//   flce_dbias    db = Σ_i dZ_i, accumulated in fp32 over chunks, rounded once
 // A label is valid when it is not ignore_index and lies in [0, vocab_total). Invalid, non-ignored
 // labels raise the flag and are treated as ignored, so nothing reads out of bounds.
+//
+//   loss_i = (1−ε)·w_y·(lse − z_y) + (ε/V)·Σ_j w_j·(lse − z_j) + λ·w_y·lse²
+//   dz_ij  = g_i·[a_i·p_ij − (1−ε)·w_y·1[j=y] − (ε/V)·w_j]·(1/T)·(1 − (z_ij/c)²),
+//   a_i    = (1−ε)·w_y + (ε/V)·Σ_j w_j + 2λ·w_y·lse
+// For mean and sum, g_i here is 0 or 1 (or grad_output_i for none); the scalar grad/denominator is
+// applied by the GEMM epilogues, so dZ stays in [-1, 1] where fp16 keeps full precision.
 #ifndef FLCE_GENERATED
 #define FLCE_DTYPE 2
 #define FLCE_LABEL_BITS 32
 #define FLCE_REDUCTION 0 // 0 mean, 1 sum, 2 none
+#define OPT_BIAS 0
+#define OPT_WEIGHTS 0
+#define OPT_ZSUM 0
+#define OPT_ENTROPY 0
+#define OPT_ARGMAX 0
+constexpr float SOFTCAP = 0.f, INV_TEMP = 1.f, SMOOTHING = 0.f, ZLOSS = 0.f;
 constexpr long long VOCAB = 32768;
 #include "params.h"
 #include "common.cuh"
@@ -24,23 +38,45 @@ __device__ __forceinline__ bool label_valid(long long y, const flce_row_params &
     return y != p.ignore_index && y >= 0 && y < p.vocab_total;
 }
 
-extern "C" __global__ void __launch_bounds__(256) flce_prepare(const flce_row_params p)
+__device__ __forceinline__ float class_weight(const flce_row_params &p, long long id)
 {
-    __shared__ int warp_counts[8];
-    int valid = 0;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.tokens;
-         i += (long long)gridDim.x * blockDim.x) {
+    return OPT_WEIGHTS ? ((const float *)p.class_weights)[id] : 1.f;
+}
+
+// Sums a value over a 1024-thread CTA in a fixed order; the result is valid in thread 0.
+__device__ float block_sum_1024(float v, float *scratch)
+{
+    scratch[threadIdx.x] = v;
+    __syncthreads();
+    for (int width = 512; width > 0; width >>= 1) {
+        if ((int)threadIdx.x < width) scratch[threadIdx.x] += scratch[threadIdx.x + width];
+        __syncthreads();
+    }
+    float total = scratch[0];
+    __syncthreads();
+    return total;
+}
+
+// One CTA of 1024 threads: deterministic sums.
+extern "C" __global__ void __launch_bounds__(1024) flce_prepare(const flce_row_params p)
+{
+    __shared__ float scratch[1024];
+    float denom = 0.f;
+    for (long long i = threadIdx.x; i < p.tokens; i += blockDim.x) {
         long long y = load_label(p.labels, i);
-        if (label_valid(y, p)) valid++;
+        if (label_valid(y, p)) denom += class_weight(p, y);
         else if (y != p.ignore_index) *(volatile int *)p.flag = 1; // same value from every writer
     }
-    for (int off = 16; off > 0; off >>= 1) valid += __shfl_xor_sync(0xffffffffu, valid, off);
-    if (threadIdx.x % 32 == 0) warp_counts[threadIdx.x / 32] = valid;
-    __syncthreads();
+    denom = block_sum_1024(denom, scratch);
+    float wsum = (float)p.vocab_total;
+    if (OPT_WEIGHTS) {
+        float s = 0.f;
+        for (long long j = threadIdx.x; j < p.vocab_total; j += blockDim.x) s += class_weight(p, j);
+        wsum = block_sum_1024(s, scratch);
+    }
     if (threadIdx.x == 0) {
-        int total = 0;
-        for (int w = 0; w < (int)(blockDim.x / 32); w++) total += warp_counts[w];
-        if (total) atomicAdd((int *)p.count, total); // integer: order does not matter
+        ((float *)p.stats)[0] = denom;
+        ((float *)p.stats)[1] = wsum;
     }
 }
 
@@ -49,19 +85,42 @@ extern "C" __global__ void __launch_bounds__(256) flce_combine(const flce_row_pa
 {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= p.rows) return;
-    const float *pm = (const float *)p.part_m + i * p.splits, *ps = (const float *)p.part_s + i * p.splits;
-    float m = NEG_INF, s = 0.f;
-    for (int k = 0; k < p.splits; k++) lse_merge(m, s, pm[k], ps[k]);
-    float lse = m + logf(s);
-    long long y = load_label(p.labels, p.row0 + i);
-    float loss = label_valid(y, p) ? lse - ((const float *)p.target)[i] : 0.f;
-    if (p.lse) ((float *)p.lse)[p.row0 + i] = lse;
-    if (p.loss_rows) ((float *)p.loss_rows)[p.row0 + i] = loss;
+    row_stats a;
+    a.m = NEG_INF, a.s = 0.f, a.t = 0.f, a.zs = 0.f, a.arg = 0x7fffffffffffffffLL;
+    for (int k = 0; k < p.splits; k++) {
+        long long at = i * p.splits + k;
+        row_stats b;
+        b.m = ((const float *)p.part_m)[at];
+        b.s = ((const float *)p.part_s)[at];
+        b.t = OPT_ENTROPY ? ((const float *)p.part_t)[at] : 0.f;
+        b.zs = OPT_ZSUM ? ((const float *)p.part_zs)[at] : 0.f;
+        b.arg = OPT_ARGMAX ? ((const long long *)p.part_arg)[at] : 0;
+        stats_merge(a, b);
+    }
+    const long long row = p.row0 + i;
+    float lse = a.m + logf(a.s);
+    long long y = load_label(p.labels, row);
+    bool valid = label_valid(y, p);
+    float loss = 0.f, zl = 0.f, logprob = 0.f;
+    if (valid) {
+        float wy = class_weight(p, y), zy = ((const float *)p.target)[i];
+        logprob = zy - lse;
+        loss = (1.f - SMOOTHING) * wy * (lse - zy);
+        if (OPT_ZSUM) {
+            float wsum = ((const float *)p.stats)[1];
+            loss += SMOOTHING * (wsum * lse - a.zs) / (float)p.vocab_total;
+        }
+        if (ZLOSS > 0.f) zl = ZLOSS * wy * lse * lse, loss += zl;
+    }
+    if (p.lse) ((float *)p.lse)[row] = lse;
+    if (p.loss_rows) ((float *)p.loss_rows)[row] = loss;
+    if (p.zloss_rows) ((float *)p.zloss_rows)[row] = zl;
+    if (p.logprob) ((float *)p.logprob)[row] = logprob;
+    if (OPT_ENTROPY && p.entropy) ((float *)p.entropy)[row] = lse - a.t / a.s;
+    if (OPT_ARGMAX && p.argmax) ((long long *)p.argmax)[row] = a.arg;
 }
 
-// The per-token part of g_i: 0 for ignored tokens, grad_output[i] for reduction none. The scalar
-// part of mean and sum (grad / count) is applied by the dH/dW GEMM epilogues instead, so that dZ
-// stays within [-1, 1] where fp16 keeps full precision.
+// The per-token part of g_i: 0 for ignored tokens, grad_output[i] for reduction none, else 1.
 __device__ __forceinline__ float token_scale(const flce_row_params &p, long long row, bool valid)
 {
     if (!valid) return 0.f;
@@ -84,13 +143,29 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
     bool valid = label_valid(y, p);
     float g = token_scale(p, p.row0 + i, valid);
     float lse = ((const float *)p.lse)[p.row0 + i];
-    long long local_y = valid ? y - p.vocab_offset : -1;
+    float wy = valid ? class_weight(p, y) : 0.f;
+    float a = (1.f - SMOOTHING) * wy;
+    if (OPT_ZSUM) a += SMOOTHING * ((const float *)p.stats)[1] / (float)p.vocab_total;
+    if (ZLOSS > 0.f) a += 2.f * ZLOSS * wy * lse;
+    long long local_y = valid ? y - p.chunk_offset : -1;
     float4 z = *(const float4 *)((const float *)p.z + i * p.ldz + j);
     float zs[4] = {z.x, z.y, z.z, z.w}, d[4];
 #pragma unroll
     for (int c = 0; c < 4; c++) {
         long long col = j + c;
-        d[c] = col < VOCAB ? g * (expf(zs[c] - lse) - (col == local_y ? 1.f : 0.f)) : 0.f;
+        float v = 0.f;
+        if (col < p.cols && valid) {
+            v = a * expf(zs[c] - lse);
+            if (col == local_y) v -= (1.f - SMOOTHING) * wy;
+            if (OPT_ZSUM) v -= SMOOTHING * class_weight(p, p.chunk_offset + col) / (float)p.vocab_total;
+            if (INV_TEMP != 1.f) v *= INV_TEMP;
+            if (SOFTCAP > 0.f) {
+                float r = zs[c] * (1.f / SOFTCAP);
+                v *= 1.f - r * r;
+            }
+            v *= g;
+        }
+        d[c] = v;
     }
 #if FLCE_DTYPE == DTYPE_F32
     *(float4 *)((float *)p.dz + i * p.ldz + j) = make_float4(d[0], d[1], d[2], d[3]);
@@ -102,24 +177,51 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
 #endif
 }
 
+__device__ __forceinline__ float mean_scale(const flce_row_params &p)
+{
+#if FLCE_REDUCTION == REDUCTION_MEAN
+    float denom = ((const float *)p.stats)[0];
+    return denom != 0.f ? 1.f / denom : 0.f;
+#else
+    (void)p;
+    return 1.f;
+#endif
+}
+
 // One CTA of 1024 threads: strided partial sums, then a fixed tree. Same order every run.
 extern "C" __global__ void __launch_bounds__(1024) flce_reduce(const flce_row_params p)
 {
-    __shared__ float partial[1024];
+    __shared__ float scratch[1024];
+    float s = 0.f, z = 0.f;
+    for (long long i = threadIdx.x; i < p.tokens; i += blockDim.x) {
+        s += ((const float *)p.loss_rows)[i];
+        if (p.zloss_rows) z += ((const float *)p.zloss_rows)[i];
+    }
+    s = block_sum_1024(s, scratch);
+    if (p.zloss_rows) z = block_sum_1024(z, scratch);
+    if (threadIdx.x == 0) {
+        float scale = mean_scale(p);
+        if (p.loss_out) *(float *)p.loss_out = s * scale;
+        if (p.zloss_out) *(float *)p.zloss_out = z * scale;
+    }
+}
+
+// db: one thread per column of the chunk, rows summed in order (deterministic), fp32 across chunks.
+extern "C" __global__ void __launch_bounds__(256) flce_dbias(const flce_row_params p)
+{
+    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= p.cols) return;
     float s = 0.f;
-    for (long long i = threadIdx.x; i < p.tokens; i += blockDim.x) s += ((const float *)p.loss_rows)[i];
-    partial[threadIdx.x] = s;
-    __syncthreads();
-    for (int width = blockDim.x / 2; width > 0; width >>= 1) {
-        if ((int)threadIdx.x < width) partial[threadIdx.x] += partial[threadIdx.x + width];
-        __syncthreads();
+    for (long long r = 0; r < p.rows; r++) s += to_f32(((const elem_t *)p.dz)[r * p.ldz + j]);
+    float *acc = (float *)p.dbias_acc + p.col0 + j;
+    if (!p.first) s += *acc;
+    if (!p.last) {
+        *acc = s;
+        return;
     }
-    if (threadIdx.x == 0 && p.loss_out) {
-        float total = partial[0];
-#if FLCE_REDUCTION == REDUCTION_MEAN
-        int count = *(const int *)p.count;
-        total = count > 0 ? total / (float)count : 0.f;
+#if FLCE_REDUCTION != REDUCTION_NONE
+    const float *go = (const float *)p.grad_output;
+    s *= (go ? go[0] : 1.f) * mean_scale(p);
 #endif
-        *(float *)p.loss_out = total;
-    }
+    ((elem_t *)p.grad_bias)[p.col0 + j] = from_f32(s);
 }

@@ -61,13 +61,10 @@ MUT(bias_two, p->has_bias = 2)
 MUT(bad_strategy, p->strategy = (flce_strategy)11)
 MUT(struct_too_small, p->struct_size = 8)
 MUT(struct_newer, p->struct_size = sizeof(flce_problem) + 64)
-MUT(smoothing_on, p->label_smoothing = 0.1f)
-MUT(zloss_on, p->z_loss = 1e-4f)
-MUT(softcap_on, p->softcap = 30.f)
-MUT(temperature_on, p->temperature = 0.7f)
-MUT(bias_on, p->has_bias = 1)
+MUT(weights_two, p->has_class_weights = 2)
+MUT(accumulate_three, p->accumulate_grad_weight = 3)
+MUT(softcap_inf, p->softcap = 1.0f / 0.0f)
 MUT(tp_on, (p->tp_size = 2, p->tp_rank = 1))
-MUT(recompute_on, p->strategy = FLCE_STRATEGY_RECOMPUTE)
 
 static void every_bad_field_is_named(void)
 {
@@ -92,14 +89,11 @@ static void every_bad_field_is_named(void)
         {"strategy=11", FLCE_ERR_INVALID_ARGUMENT, bad_strategy},
         {"struct_size=8", FLCE_ERR_INVALID_ARGUMENT, struct_too_small},
         {"newer flce.h", FLCE_ERR_UNSUPPORTED, struct_newer},
+        {"has_class_weights=2", FLCE_ERR_INVALID_ARGUMENT, weights_two},
+        {"accumulate_grad_weight=3", FLCE_ERR_INVALID_ARGUMENT, accumulate_three},
+        {"softcap=inf", FLCE_ERR_INVALID_ARGUMENT, softcap_inf},
         /* valid requests that this build does not implement yet: said, never silently wrong */
-        {"label_smoothing=0.1: not implemented", FLCE_ERR_UNSUPPORTED, smoothing_on},
-        {"z_loss=0.0001: not implemented", FLCE_ERR_UNSUPPORTED, zloss_on},
-        {"softcap=30: not implemented", FLCE_ERR_UNSUPPORTED, softcap_on},
-        {"temperature=0.7: not implemented", FLCE_ERR_UNSUPPORTED, temperature_on},
-        {"bias is not implemented", FLCE_ERR_UNSUPPORTED, bias_on},
         {"tensor parallelism is not implemented", FLCE_ERR_UNSUPPORTED, tp_on},
-        {"RECOMPUTE: not implemented", FLCE_ERR_UNSUPPORTED, recompute_on},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         flce_problem p = good();
@@ -108,6 +102,25 @@ static void every_bad_field_is_named(void)
         CHECKF(st == cases[i].want && says(cases[i].field_message), "case '%s': got %s, '%s'",
                cases[i].field_message, flce_status_name(st), flce_last_error());
     }
+}
+
+static void every_option_together_validates(void)
+{
+    flce_problem p = good();
+    p.label_smoothing = 0.1f, p.z_loss = 1e-4f, p.softcap = 30.f, p.temperature = 0.7f;
+    p.has_bias = 1, p.has_class_weights = 1, p.accumulate_grad_weight = 1, p.accumulate_grad_hidden = 1;
+    p.strategy = FLCE_STRATEGY_RECOMPUTE, p.label_bits = 64, p.reduction = FLCE_REDUCTION_NONE;
+    CHECKF(flce_problem_validate(&p) == FLCE_OK, "%s", flce_last_error());
+}
+
+/* A caller built against the first layout (ending at memory_budget) still works: the fields added
+ * since take their defaults. */
+static void first_layout_callers_get_defaults(void)
+{
+    flce_problem p = good();
+    p.has_class_weights = 7; /* garbage past the old struct's end must not be read */
+    p.struct_size = (uint32_t)(offsetof(flce_problem, memory_budget) + sizeof p.memory_budget);
+    CHECKF(flce_problem_validate(&p) == FLCE_OK, "%s", flce_last_error());
 }
 
 static void vocab_total_zero_means_offset_plus_shard(void)
@@ -176,6 +189,8 @@ int main(void)
     RUN(defaults_are_those_of_the_header);
     RUN(every_bad_field_is_named);
     RUN(vocab_total_zero_means_offset_plus_shard);
+    RUN(every_option_together_validates);
+    RUN(first_layout_callers_get_defaults);
     RUN(null_context_and_outputs_are_named);
     RUN(context_without_a_driver_says_so);
     RUN(status_names_cover_every_code);

@@ -32,6 +32,20 @@ static void add_arch(int sm)
                     continue;
                 }
                 specs[n_specs++] = pl.rowops;
+                /* every option on, for each dtype and reduction: bias, weights, smoothing,
+                 * z-loss, softcap, temperature, per-token outputs */
+                p.has_bias = 1, p.has_class_weights = 1, p.label_smoothing = 0.1f, p.z_loss = 1e-4f;
+                p.softcap = 30.f, p.temperature = 0.8f;
+                flce_tensors t;
+                flce_tensors_init(&t);
+                plan po;
+                if (plan_make(&p, FLCE_OP_LOSS_AND_GRAD, sm, 100, NULL, &po) != FLCE_OK) {
+                    failures++;
+                    continue;
+                }
+                specs[n_specs++] = po.rowops;
+                if (lb == 32) specs[n_specs++] = po.logits;
+                (void)t;
                 if (red) continue; /* GEMMs do not depend on the reduction */
                 specs[n_specs++] = pl.logits;
                 if (lb == 64) continue; /* nor dH/dW on the label width */

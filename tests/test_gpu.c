@@ -275,6 +275,279 @@ static void out_of_range_label_is_reported_not_read(void)
     free_all(&b);
 }
 
+/* ---- options, per-token outputs, accumulate modes and the recompute strategy ---- */
+
+typedef struct ocase {
+    const char *name;
+    int64_t n, d, v;
+    float eps, zl, cap, temp;
+    int bias, weights;
+    flce_strategy strategy;
+    int acc;              /* accumulate dH and dW into fp32 buffers holding random values */
+    uint64_t budget;
+    int via_backward;     /* forward (saving lse), then backward with grad_output */
+    double sd;
+} ocase;
+
+static double *dalloc(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(double)); }
+
+static void *upload_dtype(flce_dtype t, const double *x, int64_t n)
+{
+    size_t es = host_dtype_size(t);
+    void *tmp = malloc((size_t)n * es), *dev = NULL;
+    host_to_dtype(t, x, tmp, (size_t)n);
+    if (devmem_alloc(&dev, (size_t)n * es) == FLCE_OK) devmem_upload(dev, tmp, (size_t)n * es);
+    free(tmp);
+    return dev;
+}
+
+static void *upload_f32(const double *x, int64_t n)
+{
+    float *tmp = malloc(sizeof(float) * (size_t)n);
+    void *dev = NULL;
+    for (int64_t i = 0; i < n; i++) tmp[i] = (float)x[i];
+    if (devmem_alloc(&dev, (size_t)n * 4) == FLCE_OK) devmem_upload(dev, tmp, (size_t)n * 4);
+    free(tmp);
+    return dev;
+}
+
+static void *poisoned(size_t bytes)
+{
+    void *dev = NULL;
+    if (devmem_alloc(&dev, bytes) == FLCE_OK) devmem_poison(dev, bytes);
+    return dev;
+}
+
+static void down_f32(const void *dev, double *out, int64_t n)
+{
+    float *tmp = malloc(sizeof(float) * (size_t)n);
+    devmem_download(tmp, dev, (size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) out[i] = tmp[i];
+    free(tmp);
+}
+
+static double z_at(const double *h, const double *w, const double *b, const flce_problem *p,
+                   int64_t d, int64_t j)
+{
+    double z = 0;
+    for (int64_t k = 0; k < d; k++) z += h[k] * w[j * d + k];
+    if (b) z += b[j];
+    z /= p->temperature;
+    if (p->softcap > 0) z = p->softcap * tanh(z / p->softcap);
+    return z;
+}
+
+static void check_options_dtype(const ocase *c, flce_dtype dt, flce_reduction red)
+{
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = c->n, p.hidden = c->d, p.vocab_shard = c->v, p.dtype = dt, p.reduction = red;
+    p.label_smoothing = c->eps, p.z_loss = c->zl, p.softcap = c->cap, p.temperature = c->temp;
+    p.has_bias = c->bias, p.has_class_weights = c->weights, p.strategy = c->strategy;
+    p.accumulate_grad_hidden = p.accumulate_grad_weight = c->acc, p.memory_budget = c->budget;
+    int64_t n = c->n, d = c->d, v = c->v, nl = red == FLCE_REDUCTION_NONE ? n : 1;
+    double *h = dalloc(n * d), *w = dalloc(v * d), *b = dalloc(v), *cw = dalloc(v), *go = dalloc(n);
+    double *acc_h = dalloc(n * d), *acc_w = dalloc(v * d);
+    int64_t *labels = malloc(sizeof(int64_t) * (size_t)n);
+    gcase g = {c->name, n, d, v, dt, red, c->sd, 0.1, 32, 0, 1, 0, 0};
+    fill(&g, h, w, labels, go, n);
+    for (int64_t j = 0; j < v; j++) b[j] = 0.5 * host_rng_normal(&rng), cw[j] = 0.5 + 1.5 * host_rng_uniform(&rng);
+    host_round_to_dtype(dt, b, (size_t)v);
+    for (int64_t i = 0; i < n * d; i++) acc_h[i] = host_rng_normal(&rng);
+    for (int64_t i = 0; i < v * d; i++) acc_w[i] = host_rng_normal(&rng);
+
+    int32_t *l32 = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) l32[i] = (int32_t)labels[i];
+    void *d_labels = NULL;
+    devmem_alloc(&d_labels, (size_t)n * 4);
+    devmem_upload(d_labels, l32, (size_t)n * 4);
+    size_t es = host_dtype_size(dt), ges = c->acc ? 4 : es;
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = upload_dtype(dt, h, n * d), t.weight = upload_dtype(dt, w, v * d), t.labels = d_labels;
+    t.bias = c->bias ? upload_dtype(dt, b, v) : NULL;
+    t.class_weights = c->weights ? upload_f32(cw, v) : NULL;
+    t.grad_output = upload_f32(go, nl);
+    t.lse = poisoned((size_t)n * 4);
+    t.grad_hidden = c->acc ? upload_f32(acc_h, n * d) : poisoned((size_t)(n * d) * ges);
+    t.grad_weight = c->acc ? upload_f32(acc_w, v * d) : poisoned((size_t)(v * d) * ges);
+    t.grad_bias = c->bias ? poisoned((size_t)v * es) : NULL;
+    float *loss = poisoned((size_t)n * 4), *lpt = poisoned((size_t)n * 4), *zlo = poisoned((size_t)n * 4);
+    float *lp = poisoned((size_t)n * 4), *ent = poisoned((size_t)n * 4);
+    int64_t *am = poisoned((size_t)n * 8);
+    t.loss = loss, t.loss_per_token = lpt, t.z_loss_out = c->zl > 0 ? zlo : NULL;
+    t.target_logprob = lp, t.entropy = ent, t.argmax = am;
+
+    flce_status st;
+    if (c->via_backward) {
+        flce_tensors f = t;
+        f.grad_hidden = f.grad_weight = f.grad_bias = NULL, f.grad_output = NULL;
+        flce_problem pf = p;
+        pf.strategy = FLCE_STRATEGY_AUTO;
+        st = flce_forward(ctx, &pf, &f, NULL);
+        flce_tensors bw = t;
+        bw.loss = bw.loss_per_token = bw.z_loss_out = bw.target_logprob = bw.entropy = NULL, bw.argmax = NULL;
+        if (st == FLCE_OK) st = flce_backward(ctx, &p, &bw, NULL);
+    } else {
+        st = flce_loss_and_grad(ctx, &p, &t, NULL);
+    }
+    if (st == FLCE_OK) st = flce_check(ctx, NULL);
+    char name[160];
+    snprintf(name, sizeof name, "%s %s %s", dt_name[dt], red_name[red], c->name);
+    CHECKF(st == FLCE_OK, "%s: %s", name, flce_last_error());
+    if (st == FLCE_OK) {
+        ref_extra x = {c->weights ? cw : NULL};
+        double *rl = dalloc(n), *rlse = dalloc(n), *rdh = dalloc(n * d), *rdw = dalloc(v * d), *rdb = dalloc(v);
+        ref_loss_and_grad(&p, &x, n, d, v, h, w, c->bias ? b : NULL, labels, go, rl, rlse, rdh, rdw, rdb);
+        if (c->acc) {
+            for (int64_t i = 0; i < n * d; i++) rdh[i] += acc_h[i];
+            for (int64_t i = 0; i < v * d; i++) rdw[i] += acc_w[i];
+        }
+        double *gl = dalloc(n), *glse = dalloc(n), *gdh = dalloc(n * d), *gdw = dalloc(v * d), *gdb = dalloc(v);
+        down_f32(loss, gl, nl);
+        down_f32(t.lse, glse, n);
+        if (c->acc) {
+            down_f32(t.grad_hidden, gdh, n * d);
+            down_f32(t.grad_weight, gdw, v * d);
+        } else {
+            download_f64(dt, t.grad_hidden, gdh, (size_t)(n * d));
+            download_f64(dt, t.grad_weight, gdw, (size_t)(v * d));
+        }
+        if (c->bias) download_f64(dt, t.grad_bias, gdb, (size_t)v);
+        double tg = tol_grad(dt);
+        double e_lse = ref_rel_l2(rlse, glse, (size_t)n), e_dh = ref_rel_l2(rdh, gdh, (size_t)(n * d));
+        double e_dw = ref_rel_l2(rdw, gdw, (size_t)(v * d)), e_db = c->bias ? ref_rel_l2(rdb, gdb, (size_t)v) : 0;
+        double e_loss = c->via_backward ? 0 : ref_rel_l2(rl, gl, (size_t)nl);
+        CHECKF(e_lse <= 1e-5 && e_loss <= 1e-5, "%s: lse %.2e loss %.2e", name, e_lse, e_loss);
+        CHECKF(e_dh <= tg && e_dw <= tg && e_db <= tg, "%s: dH %.2e dW %.2e db %.2e (tol %.0e)", name,
+               e_dh, e_dw, e_db, tg);
+        double e_tok = 0;
+        if (!c->via_backward) {
+            /* per-token outputs against the reference row by row */
+            double *glpt = dalloc(n), *glp = dalloc(n), *gent = dalloc(n), *gzl = dalloc(n);
+            double *rlpt = dalloc(n), *rlp = dalloc(n), *rent = dalloc(n), *rzl = dalloc(n);
+            int64_t *gam = malloc(sizeof(int64_t) * (size_t)n);
+            down_f32(lpt, glpt, n), down_f32(lp, glp, n), down_f32(ent, gent, n);
+            devmem_download(gam, am, (size_t)n * 8);
+            int bad_arg = 0;
+            double zsum = 0, gz = 0;
+            for (int64_t i = 0; i < n; i++) {
+                ref_row_out o;
+                ref_row(&p, &x, d, v, h + i * d, w, c->bias ? b : NULL, labels[i], &o, NULL);
+                rlpt[i] = o.loss, rlp[i] = o.target_logprob, rent[i] = o.entropy;
+                /* the z-loss term of the loss is weighted like the target term */
+                rzl[i] = o.z_loss_term * (o.valid && c->weights ? cw[labels[i]] : 1);
+                zsum += rzl[i];
+                if (gam[i] != o.argmax) {
+                    double za = z_at(h + i * d, w, c->bias ? b : NULL, &p, d, gam[i] >= 0 && gam[i] < v ? gam[i] : 0);
+                    double zb = z_at(h + i * d, w, c->bias ? b : NULL, &p, d, o.argmax);
+                    bad_arg += !(gam[i] >= 0 && gam[i] < v && fabs(za - zb) <= 1e-4 * (1 + fabs(zb)));
+                }
+            }
+            e_tok = fmax(fmax(ref_rel_l2(rlpt, glpt, (size_t)n), ref_rel_l2(rlp, glp, (size_t)n)),
+                         ref_rel_l2(rent, gent, (size_t)n));
+            CHECKF(e_tok <= 1e-4, "%s: per-token loss %.2e logprob %.2e entropy %.2e", name,
+                   ref_rel_l2(rlpt, glpt, (size_t)n), ref_rel_l2(rlp, glp, (size_t)n), ref_rel_l2(rent, gent, (size_t)n));
+            CHECKF(bad_arg == 0, "%s: %d argmax mismatches", name, bad_arg);
+            if (c->zl > 0) {
+                if (red == FLCE_REDUCTION_NONE) {
+                    down_f32(zlo, gzl, n);
+                    CHECKF(ref_rel_l2(rzl, gzl, (size_t)n) <= 1e-4, "%s: z-loss rows %.2e", name, ref_rel_l2(rzl, gzl, (size_t)n));
+                } else {
+                    double denom = 0;
+                    for (int64_t i = 0; i < n; i++)
+                        if (labels[i] >= 0 && labels[i] < v) denom += c->weights ? cw[labels[i]] : 1;
+                    double want = red == FLCE_REDUCTION_MEAN ? (denom > 0 ? zsum / denom : 0) : zsum;
+                    down_f32(zlo, &gz, 1);
+                    CHECKF(fabs(gz - want) <= 1e-4 * fabs(want) + 1e-7, "%s: z-loss %g vs %g", name, gz, want);
+                }
+            }
+            free(glpt), free(glp), free(gent), free(gzl), free(rlpt), free(rlp), free(rent), free(rzl), free(gam);
+        }
+        printf("  %-60s loss %.1e lse %.1e dH %.1e dW %.1e db %.1e tok %.1e\n", name, e_loss, e_lse, e_dh,
+               e_dw, e_db, e_tok);
+        free(rl), free(rlse), free(rdh), free(rdw), free(rdb), free(gl), free(glse), free(gdh), free(gdw), free(gdb);
+    }
+    devmem_free((void *)t.hidden), devmem_free((void *)t.weight), devmem_free(d_labels);
+    devmem_free((void *)t.bias), devmem_free((void *)t.class_weights), devmem_free((void *)t.grad_output);
+    devmem_free(t.lse), devmem_free(t.grad_hidden), devmem_free(t.grad_weight), devmem_free(t.grad_bias);
+    devmem_free(loss), devmem_free(lpt), devmem_free(zlo), devmem_free(lp), devmem_free(ent), devmem_free(am);
+    free(h), free(w), free(b), free(cw), free(go), free(acc_h), free(acc_w), free(labels), free(l32);
+}
+
+static void check_options(const ocase *c)
+{
+    for (int dt = 0; dt < 3; dt++)
+        for (int red = 0; red < 3; red++) check_options_dtype(c, (flce_dtype)dt, (flce_reduction)red);
+}
+
+static void every_option_alone_matches_the_reference(void)
+{
+    const ocase cases[] = {
+        {"smoothing 0.1", 150, 64, 777, 0.1f, 0, 0, 1, 0, 0, 0, 0, 0, 0, 3},
+        {"z-loss 1e-3", 150, 64, 777, 0, 1e-3f, 0, 1, 0, 0, 0, 0, 0, 0, 3},
+        {"softcap 5", 150, 64, 777, 0, 0, 5.f, 1, 0, 0, 0, 0, 0, 0, 4},
+        {"temperature 0.7", 150, 64, 777, 0, 0, 0, 0.7f, 0, 0, 0, 0, 0, 0, 3},
+        {"bias", 150, 64, 777, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 3},
+        {"class weights", 150, 64, 777, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_options(&cases[i]);
+}
+
+static void recipe_combinations_match_the_reference(void)
+{
+    const ocase cases[] = {
+        {"smoothing + z-loss", 200, 48, 1001, 0.1f, 1e-4f, 0, 1, 0, 0, 0, 0, 0, 0, 4},
+        {"softcap + temperature", 200, 48, 1001, 0, 0, 30.f, 0.8f, 0, 0, 0, 0, 0, 0, 4},
+        {"weights + ignore + smoothing + bias", 200, 48, 1001, 0.05f, 0, 0, 1, 1, 1, 0, 0, 0, 0, 4},
+        {"everything, many chunks", 300, 40, 1500, 0.1f, 1e-3f, 20.f, 0.9f, 1, 1, 0, 0, 1 << 20, 0, 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_options(&cases[i]);
+}
+
+static void accumulate_and_recompute_modes_match_the_reference(void)
+{
+    const ocase cases[] = {
+        {"accumulate into fp32 dH/dW, many chunks", 300, 40, 1500, 0, 0, 0, 1, 0, 0, 0, 1, 1 << 20, 0, 3},
+        {"recompute loss_and_grad, vocab chunks", 300, 40, 1500, 0.1f, 1e-3f, 0, 1, 1, 0, FLCE_STRATEGY_RECOMPUTE, 0, 1 << 20, 0, 3},
+        {"recompute backward from lse + accumulate", 300, 40, 1500, 0, 0, 10.f, 1, 1, 1, FLCE_STRATEGY_RECOMPUTE, 1, 1 << 20, 1, 3},
+        {"chunked backward from lse, options", 300, 40, 1500, 0.1f, 1e-4f, 0, 0.8f, 1, 0, 0, 0, 1 << 20, 1, 3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_options(&cases[i]);
+}
+
+/* NaN in one token's hidden state reaches that token's loss, lse and dH row, and no other token's. */
+static void nan_input_stays_in_its_token(void)
+{
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = 64, p.hidden = 32, p.vocab_shard = 500, p.dtype = FLCE_DTYPE_BF16, p.reduction = FLCE_REDUCTION_NONE;
+    double *h = dalloc(64 * 32), *w = dalloc(500 * 32), go = 0;
+    int64_t labels[64];
+    gcase g = {"nan", 64, 32, 500, FLCE_DTYPE_BF16, FLCE_REDUCTION_NONE, 2, 0, 32, 0, 0, 0, 0};
+    fill(&g, h, w, labels, &go, 0);
+    h[5 * 32 + 7] = NAN;
+    bufs bb = {0};
+    CHECK(upload_all(&g, &bb, h, w, labels, &go, 0) == FLCE_OK);
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = bb.h, t.weight = bb.w, t.labels = bb.labels, t.loss = bb.loss, t.lse = bb.lse, t.grad_hidden = bb.dh;
+    CHECK(flce_loss_and_grad(ctx, &p, &t, NULL) == FLCE_OK && flce_check(ctx, NULL) == FLCE_OK);
+    double loss[64], lse[64], *dh = dalloc(64 * 32);
+    down_f32(bb.loss, loss, 64);
+    down_f32(bb.lse, lse, 64);
+    download_f64(FLCE_DTYPE_BF16, bb.dh, dh, 64 * 32);
+    int leaks = 0;
+    for (int i = 0; i < 64; i++) {
+        int nan_row = isnan(loss[i]) && isnan(lse[i]) && isnan(dh[i * 32]);
+        int finite_row = isfinite(loss[i]) && isfinite(lse[i]) && all_finite(dh + i * 32, 32);
+        leaks += i == 5 ? !nan_row : !finite_row;
+    }
+    CHECKF(leaks == 0, "%d tokens wrong (token 5 must be NaN, all others finite)", leaks);
+    free_all(&bb);
+    free(h), free(w), free(dh);
+}
+
 /* Bad tensors: a status and a message naming the argument; nothing launched. */
 static void bad_tensors_are_named(void)
 {
@@ -331,6 +604,10 @@ int main(void)
     RUN(forward_matches_loss_and_grad);
     RUN(out_of_range_label_is_reported_not_read);
     RUN(bad_tensors_are_named);
+    RUN(every_option_alone_matches_the_reference);
+    RUN(recipe_combinations_match_the_reference);
+    RUN(accumulate_and_recompute_modes_match_the_reference);
+    RUN(nan_input_stays_in_its_token);
     flce_context_destroy(ctx);
     FINISH();
 }

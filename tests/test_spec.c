@@ -147,10 +147,13 @@ static void workspace_regions_do_not_overlap(void)
     uint64_t rows = (uint64_t)pl.chunk_rows;
     struct {
         uint64_t off, len;
-    } r[] = {{pl.off_count, 16},
+    } r[] = {{pl.off_stats, 16},
              {pl.off_target, rows * 4},
              {pl.off_part_m, rows * pl.splits * 4},
              {pl.off_part_s, rows * pl.splits * 4},
+             {pl.off_part_t, rows * pl.splits * 4},
+             {pl.off_part_zs, 0},
+             {pl.off_part_arg, rows * pl.splits * 8},
              {pl.off_loss_rows, (uint64_t)pl.n * 4},
              {pl.off_lse, (uint64_t)pl.n * 4},
              {pl.off_z, rows * pl.ldz * 4},

@@ -1,0 +1,90 @@
+/* problem_input.c — decodes fuzz_problem's input bytes into a case (layout in problem_input.h). */
+#include <string.h>
+
+#include "fuzz.h"
+#include "problem_input.h"
+
+static void decode_problem(fuzz_reader *r, flce_problem *p)
+{
+    p->tokens = fuzz_i64(r);
+    p->hidden = fuzz_i64(r);
+    p->vocab_shard = fuzz_i64(r);
+    p->vocab_offset = fuzz_i64(r);
+    p->vocab_total = fuzz_i64(r);
+    /* Enums get any int: the validators must name an out-of-range value, not trust the type. */
+    p->dtype = (flce_dtype)fuzz_i32(r);
+    p->label_bits = fuzz_i32(r);
+    p->reduction = (flce_reduction)fuzz_i32(r);
+    p->ignore_index = fuzz_i64(r);
+    p->label_smoothing = fuzz_f32(r);
+    p->z_loss = fuzz_f32(r);
+    p->softcap = fuzz_f32(r);
+    p->temperature = fuzz_f32(r);
+    p->has_bias = fuzz_i32(r);
+    p->tp_rank = fuzz_i32(r);
+    p->tp_size = fuzz_i32(r);
+    p->allow_tf32 = fuzz_i32(r);
+    p->deterministic = fuzz_i32(r);
+    p->strategy = (flce_strategy)fuzz_i32(r);
+    p->memory_budget = fuzz_u64(r);
+}
+
+static void decode_spec(fuzz_reader *r, kernel_spec *s)
+{
+    s->sm = fuzz_i32(r);
+    s->dtype = (flce_dtype)fuzz_i32(r);
+    s->hidden = fuzz_i64(r);
+    s->vocab_shard = fuzz_i64(r);
+    s->role = (spec_role)fuzz_i32(r);
+    s->tile.bm = fuzz_i32(r);
+    s->tile.bn = fuzz_i32(r);
+    s->tile.bk = fuzz_i32(r);
+    s->tile.stages = fuzz_i32(r);
+    s->tile.warps_m = fuzz_i32(r);
+    s->tile.warps_n = fuzz_i32(r);
+    s->label_bits = fuzz_i32(r);
+    s->reduction = (flce_reduction)fuzz_i32(r);
+}
+
+void problem_case_decode(const uint8_t *data, size_t size, problem_case *c)
+{
+    fuzz_reader r = {data, size};
+    memset(c, 0, sizeof *c);
+    c->flags = fuzz_u8(&r);
+    uint32_t struct_size = (uint32_t)sizeof(flce_problem);
+    switch (c->flags & PI_SIZE_MASK) {
+    case PI_SIZE_GIVEN: struct_size = fuzz_u32(&r); break;
+    case PI_SIZE_OLDER: struct_size -= 8; break;
+    case PI_SIZE_NEWER: struct_size += 8; break;
+    default: break;
+    }
+    uint32_t api_version = (c->flags & PI_API_GIVEN) ? fuzz_u32(&r) : FLCE_API_VERSION;
+    decode_problem(&r, &c->problem);
+    c->problem.struct_size = struct_size;
+    c->problem.api_version = api_version;
+    c->op = (flce_op)(fuzz_u8(&r) % 3);
+    c->sm = fuzz_i32(&r);
+    c->num_sms = fuzz_i32(&r);
+    c->outputs = fuzz_u8(&r);
+    decode_spec(&r, &c->spec);
+}
+
+const flce_tensors *problem_case_tensors(const problem_case *c, flce_tensors *t)
+{
+    /* Never dereferenced: plan_make only asks which outputs the caller gave. */
+    static float dummy[4];
+    if (!(c->flags & PI_TENSORS)) return NULL;
+    flce_tensors_init(t);
+    if (c->outputs & PI_OUT_LOSS) t->loss = dummy;
+    if (c->outputs & PI_OUT_LSE) t->lse = dummy;
+    if (c->outputs & PI_OUT_GRAD_HIDDEN) t->grad_hidden = dummy;
+    if (c->outputs & PI_OUT_GRAD_WEIGHT) t->grad_weight = dummy;
+    return t;
+}
+
+void problem_case_pick_spec(problem_case *c, const plan *pl)
+{
+    if (!(c->flags & PI_SPEC_FROM_PLAN)) return;
+    const kernel_spec *by_role[4] = {&pl->logits, &pl->dh, &pl->dw, &pl->rowops};
+    c->spec = *by_role[(unsigned)c->spec.role % 4];
+}
