@@ -74,7 +74,7 @@ def make_data(n, d, v, logit_std, seed, device="cuda"):
 
 
 @torch.no_grad()
-def reference(h, w, y, samples, seed):
+def reference(h, w, y, samples, seed, chunk_elems=1 << 27):
     """Float64 on the GPU: the exact mean loss over all tokens (logits in chunks of rows), and the
     exact gradient rows of dH for `samples` random valid tokens and of dW for `samples` vocab rows
     (half of them labels that occur, so the one-hot term is exercised)."""
@@ -85,7 +85,7 @@ def reference(h, w, y, samples, seed):
     g = 1.0 / max(count, 1)
     lse = torch.empty(n, dtype=torch.float64, device=h.device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=h.device)
-    rows = max(1, min(n, (1 << 27) // v))  # 1 GiB of fp64 logits per chunk
+    rows = max(1, min(n, chunk_elems // v))  # default: 1 GiB of fp64 logits per chunk
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         z = h[r0:r1].double() @ w64.T
@@ -375,7 +375,9 @@ def main():
     md = "\n".join(header) + "\n" + "\n\n".join(sections) + "\n"
     keys = ["shape", "provider", "mode", "ms", "tflops", "vs_floor", "extra_mib", "err_loss", "err_dh",
             "err_dw", "logit_std", "error", "device", "date", "commit"]
-    js = json.dumps([{k: r.get(k) for k in keys} for r in all_rows], indent=1) + "\n"
+    def clean(x):  # strict JSON: a NaN or infinite error becomes a string
+        return str(x) if isinstance(x, float) and not math.isfinite(x) else x
+    js = json.dumps([{k: clean(r.get(k)) for k in keys} for r in all_rows], indent=1) + "\n"
     dirs = [args.out_dir] + ([os.environ["OUT"]] if os.environ.get("OUT") else [])
     for out_dir in dict.fromkeys(os.path.abspath(p) for p in dirs):
         os.makedirs(out_dir, exist_ok=True)

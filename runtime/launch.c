@@ -87,8 +87,11 @@ static void init_row_params(run *r)
     rp->z = ws_at(r, pl->off_z, pl->off_z != 0);
     rp->dz = ws_at(r, pl->off_dz, pl->off_dz != 0);
     rp->lse = pl->need_lse ? r->ws + pl->off_lse : addr(t->lse);
+    /* Per-token losses go to the workspace (reduced later), the caller's loss_per_token, and for
+     * reduction none also the caller's loss. */
     if (pl->need_loss_rows) rp->loss_rows = r->ws + pl->off_loss_rows;
-    else rp->loss_rows = t->loss_per_token ? addr(t->loss_per_token) : addr(t->loss);
+    else rp->loss_rows = reduced ? addr(t->loss_per_token) : addr(t->loss);
+    if (t->loss_per_token && rp->loss_rows != addr(t->loss_per_token)) rp->loss_copy = addr(t->loss_per_token);
     if (r->p->z_loss > 0)
         rp->zloss_rows = pl->need_zloss_rows ? r->ws + pl->off_zloss_rows : (reduced ? 0 : addr(t->z_loss_out));
     rp->loss_out = reduced ? addr(t->loss) : 0;
@@ -237,14 +240,22 @@ static flce_status run_rows(run *r, int kernel, const block *b)
     }
 }
 
-/* dZ of one block and the gradient GEMMs that consume it. */
-static flce_status run_grads(run *r, const block *b)
+/* dZ of one block and the gradient GEMMs that consume it. `rows_step` and `cols_step` carry the
+ * accumulation state (first/last) of the outputs indexed by rows (dH) and by vocab columns (dW,
+ * db): token chunks complete their dH rows at once and build dW up; vocab chunks the reverse. */
+static flce_status run_grads(run *r, const block *rows_step, const block *cols_step)
 {
-    TRY(run_rows(r, K_DZ, b));
-    if (r->t->grad_hidden) TRY(run_dh(r, b));
-    if (r->t->grad_weight) TRY(run_dw(r, b));
-    if (r->p->has_bias && r->t->grad_bias) TRY(run_rows(r, K_DBIAS, b));
+    TRY(run_rows(r, K_DZ, rows_step));
+    if (r->t->grad_hidden) TRY(run_dh(r, rows_step));
+    if (r->t->grad_weight) TRY(run_dw(r, cols_step));
+    if (r->p->has_bias && r->t->grad_bias) TRY(run_rows(r, K_DBIAS, cols_step));
     return FLCE_OK;
+}
+
+static block complete(block b)
+{
+    b.first = b.last = 1;
+    return b;
 }
 
 static flce_status run_forward(run *r)
@@ -263,7 +274,8 @@ static flce_status run_chunked(run *r)
         b.rows = pl->n - b.row0 < pl->chunk_rows ? pl->n - b.row0 : pl->chunk_rows;
         TRY(run_logits(r, &b, stats, 1));
         if (stats) TRY(run_rows(r, K_COMBINE, &b));
-        TRY(run_grads(r, &b));
+        block rows_done = complete(b);
+        TRY(run_grads(r, &rows_done, &b));
     }
     return FLCE_OK;
 }
@@ -276,13 +288,8 @@ static flce_status run_recompute(run *r)
         block b = {0, pl->n, c * pl->chunk_cols, 0, c == 0, c == pl->n_vchunks - 1};
         b.cols = pl->v - b.col0 < pl->chunk_cols ? pl->v - b.col0 : pl->chunk_cols;
         TRY(run_logits(r, &b, 0, 1));
-        /* dW rows and db entries of a vocab chunk are complete in one step. */
-        block whole = b;
-        whole.first = whole.last = 1;
-        TRY(run_rows(r, K_DZ, &b));
-        if (r->t->grad_hidden) TRY(run_dh(r, &b));
-        if (r->t->grad_weight) TRY(run_dw(r, &whole));
-        if (r->p->has_bias && r->t->grad_bias) TRY(run_rows(r, K_DBIAS, &whole));
+        block cols_done = complete(b);
+        TRY(run_grads(r, &b, &cols_done));
     }
     return FLCE_OK;
 }

@@ -45,6 +45,7 @@ struct flce_row_params {
     unsigned long long dz;          /* dZ in the input dtype [rows][ldz] (may alias z for fp32) */
     unsigned long long lse;         /* (all) */
     unsigned long long loss_rows;   /* (all) per-token loss */
+    unsigned long long loss_copy;   /* (all) a second place for the per-token loss, or 0 */
     unsigned long long zloss_rows;  /* (all) per-token λ·w_y·lse², or 0 */
     unsigned long long loss_out;    /* the reduced loss (1 value) or 0 */
     unsigned long long zloss_out;   /* the reduced z-loss (1 value) or 0 */

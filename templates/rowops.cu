@@ -114,6 +114,7 @@ extern "C" __global__ void __launch_bounds__(256) flce_combine(const flce_row_pa
     }
     if (p.lse) ((float *)p.lse)[row] = lse;
     if (p.loss_rows) ((float *)p.loss_rows)[row] = loss;
+    if (p.loss_copy) ((float *)p.loss_copy)[row] = loss;
     if (p.zloss_rows) ((float *)p.zloss_rows)[row] = zl;
     if (p.logprob) ((float *)p.logprob)[row] = logprob;
     if (OPT_ENTROPY && p.entropy) ((float *)p.entropy)[row] = lse - a.t / a.s;

@@ -5,6 +5,7 @@ weight, labels)` computes cross_entropy(hidden @ weight.T, labels) without mater
 tokens x vocab logits, as a torch.autograd.Function. See python/README.md.
 """
 import operator
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -105,18 +106,36 @@ def _check_args(hidden, weight, labels, reduction, strategy, memory_budget):
 
 # ---- the library calls -----------------------------------------------------------------------
 
-class _Call:
-    """One op's problem, context and stream for tensors of shape hidden (N, D), weight (V, D)."""
+class _Options(NamedTuple):
+    """The keyword arguments of linear_cross_entropy that go into flce_problem."""
+    ignore_index: int
+    reduction: str
+    strategy: str
+    memory_budget: Optional[int]
+    label_smoothing: float
+    z_loss: float
+    softcap: float
+    temperature: float
 
-    def __init__(self, hidden, weight, labels, ignore_index, reduction, strategy, memory_budget):
+
+class _Call:
+    """The problem of hidden (N, D), weight (V, D), labels (N,) and the options; calls ops on the
+    current stream of the tensors' device."""
+
+    def __init__(self, hidden, weight, labels, opts):
         self.device = hidden.device
         self.problem = _lib.new_problem(
             tokens=hidden.shape[0], hidden=hidden.shape[1], vocab_shard=weight.shape[0],
             vocab_offset=0, vocab_total=weight.shape[0], dtype=_DTYPES[hidden.dtype],
-            label_bits=_LABEL_BITS[labels.dtype], reduction=_lib.REDUCTIONS[reduction],
-            ignore_index=int(ignore_index), memory_budget=operator.index(memory_budget or 0),
-            strategy=_lib.STRATEGIES[strategy])
+            label_bits=_LABEL_BITS[labels.dtype], reduction=_lib.REDUCTIONS[opts.reduction],
+            ignore_index=int(opts.ignore_index), memory_budget=operator.index(opts.memory_budget or 0),
+            label_smoothing=float(opts.label_smoothing), z_loss=float(opts.z_loss),
+            softcap=float(opts.softcap), temperature=float(opts.temperature))
         self.hidden, self.weight, self.labels = hidden, weight, labels
+
+    def validate(self, strategy):
+        self.problem.strategy = _lib.STRATEGIES[strategy]
+        _lib.validate(self.problem)
 
     def __call__(self, op, strategy, **outs):
         """Runs `op` with problem.strategy = `strategy`; `outs` are flce_tensors fields given as
@@ -157,13 +176,12 @@ class _EagerGrads(torch.autograd.Function):
     (1 · loss); backward scales them by the upstream scalar."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, ignore_index, reduction, strategy, memory_budget,
-                need_dh, need_dw):
-        call = _Call(hidden, weight, labels, ignore_index, reduction, strategy, memory_budget)
-        loss = _loss_tensor(hidden.shape[0], reduction, hidden.device)
+    def forward(ctx, hidden, weight, labels, opts, need_dh, need_dw):
+        call = _Call(hidden, weight, labels, opts)
+        loss = _loss_tensor(hidden.shape[0], opts.reduction, hidden.device)
         dh = torch.empty_like(hidden) if need_dh else None
         dw = torch.empty_like(weight) if need_dw else None
-        call(_lib.FLCE_OP_LOSS_AND_GRAD, strategy, loss=loss, grad_hidden=dh, grad_weight=dw)
+        call(_lib.FLCE_OP_LOSS_AND_GRAD, opts.strategy, loss=loss, grad_hidden=dh, grad_weight=dw)
         ctx.save_for_backward(dh, dw)
         ctx.used = False
         return loss
@@ -184,7 +202,7 @@ class _EagerGrads(torch.autograd.Function):
             dh.mul_(g)
         if dw is not None:
             dw.mul_(g)
-        return dh, dw, None, None, None, None, None, None, None
+        return dh, dw, None, None, None, None
 
 
 class _DeferredGrads(torch.autograd.Function):
@@ -193,44 +211,41 @@ class _DeferredGrads(torch.autograd.Function):
     and takes the upstream gradient as grad_output."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, ignore_index, reduction, strategy, memory_budget,
-                need_dh, need_dw):
-        call = _Call(hidden, weight, labels, ignore_index, reduction, strategy, memory_budget)
-        bwd_strategy = "recompute" if strategy == "recompute" else ("chunked" if strategy == "chunked" else "auto")
-        # Fail now, not in the middle of backward, when the backward request is not supported.
-        call.problem.strategy = _lib.STRATEGIES[bwd_strategy]
-        _lib.validate(call.problem)
+    def forward(ctx, hidden, weight, labels, opts, need_dh, need_dw):
+        call = _Call(hidden, weight, labels, opts)
+        # Fail now, not in the middle of backward, if the library refuses the backward request.
+        call.validate(opts.strategy)
         n = hidden.shape[0]
-        loss = _loss_tensor(n, reduction, hidden.device)
+        loss = _loss_tensor(n, opts.reduction, hidden.device)
         lse = torch.empty((n,), dtype=torch.float32, device=hidden.device)
         call(_lib.FLCE_OP_FORWARD, "auto", loss=loss, lse=lse)
         ctx.save_for_backward(hidden, weight, labels, lse)
-        ctx.args = (ignore_index, reduction, bwd_strategy, memory_budget, need_dh, need_dw)
+        ctx.opts, ctx.need = opts, (need_dh, need_dw)
         return loss
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):
         hidden, weight, labels, lse = ctx.saved_tensors
-        ignore_index, reduction, bwd_strategy, memory_budget, need_dh, need_dw = ctx.args
-        call = _Call(hidden, weight, labels, ignore_index, reduction, bwd_strategy, memory_budget)
-        g = _grad_out(grad_loss, hidden.shape[0], reduction)
+        opts, (need_dh, need_dw) = ctx.opts, ctx.need
+        g = _grad_out(grad_loss, hidden.shape[0], opts.reduction)
         dh = torch.empty_like(hidden) if need_dh else None
         dw = torch.empty_like(weight) if need_dw else None
         if dh is not None or dw is not None:
-            call(_lib.FLCE_OP_BACKWARD, bwd_strategy, grad_output=g, lse=lse, grad_hidden=dh, grad_weight=dw)
-        return dh, dw, None, None, None, None, None, None, None
+            _Call(hidden, weight, labels, opts)(_lib.FLCE_OP_BACKWARD, opts.strategy, grad_output=g, lse=lse,
+                                                grad_hidden=dh, grad_weight=dw)
+        return dh, dw, None, None, None, None
 
 
-def _no_grad_loss(hidden, weight, labels, ignore_index, reduction, memory_budget):
-    call = _Call(hidden, weight, labels, ignore_index, reduction, "auto", memory_budget)
-    loss = _loss_tensor(hidden.shape[0], reduction, hidden.device)
-    call(_lib.FLCE_OP_FORWARD, "auto", loss=loss)
+def _no_grad_loss(hidden, weight, labels, opts):
+    loss = _loss_tensor(hidden.shape[0], opts.reduction, hidden.device)
+    _Call(hidden, weight, labels, opts)(_lib.FLCE_OP_FORWARD, "auto", loss=loss)
     return loss
 
 
 def linear_cross_entropy(hidden, weight, labels, *, ignore_index=-100, reduction="mean",
-                         memory_budget=None, strategy="auto"):
+                         memory_budget=None, strategy="auto", label_smoothing=0.0, z_loss=0.0,
+                         softcap=0.0, temperature=1.0):
     """cross_entropy(hidden @ weight.T, labels) without materializing the logits.
 
     hidden:  (N, D) or (..., D), float32 / float16 / bfloat16, contiguous, on a CUDA device.
@@ -239,14 +254,17 @@ def linear_cross_entropy(hidden, weight, labels, *, ignore_index=-100, reduction
     reduction: 'mean' (over non-ignored tokens; 0 when there are none), 'sum' or 'none'.
     memory_budget: bytes of workspace the chunked strategy may use (None: the library's 512 MiB).
     strategy: 'auto'; 'chunked' (loss and grads in one pass, 6NVD); 'recompute' (forward now,
-        backward recomputes the logits from the saved lse, 8NVD; not implemented by the library
-        yet, which raises FlceError FLCE_ERR_UNSUPPORTED).
+        backward recomputes the logits from the saved lse, 8NVD, no workspace that grows with V).
+    label_smoothing (PyTorch's), z_loss (adds z_loss * lse^2), softcap (logits -> c*tanh(z/c)),
+        temperature (logits / T): see include/flce.h; the library checks their ranges.
 
     Returns the loss in float32: a scalar, or labels.shape for 'none'. Differentiable in hidden
-    and weight. With 'mean'/'sum' (strategy auto/chunked) the gradients are computed in the
+    and weight. With 'mean'/'sum' and strategy auto/chunked the gradients are computed in the
     forward call, so backward is cheap but can run only once. Needs a GPU of sm_80 or newer.
     """
     _check_args(hidden, weight, labels, reduction, strategy, memory_budget)
+    opts = _Options(ignore_index, reduction, strategy, memory_budget, label_smoothing, z_loss, softcap,
+                    temperature)
     lead = labels.shape
     h2 = hidden.reshape(-1, hidden.shape[-1])
     y1 = labels.reshape(-1)
@@ -258,31 +276,28 @@ def linear_cross_entropy(hidden, weight, labels, *, ignore_index=-100, reduction
         return zero.reshape(lead) if reduction == "none" else zero
 
     if not (need_dh or need_dw):
-        loss = _no_grad_loss(h2, weight, y1, ignore_index, reduction, memory_budget)
+        loss = _no_grad_loss(h2, weight, y1, opts)
     elif reduction == "none" or strategy == "recompute":
-        loss = _DeferredGrads.apply(h2, weight, y1, ignore_index, reduction, strategy, memory_budget,
-                                    need_dh, need_dw)
+        loss = _DeferredGrads.apply(h2, weight, y1, opts, need_dh, need_dw)
     else:
-        loss = _EagerGrads.apply(h2, weight, y1, ignore_index, reduction, strategy, memory_budget,
-                                 need_dh, need_dw)
+        loss = _EagerGrads.apply(h2, weight, y1, opts, need_dh, need_dw)
     return loss.reshape(lead) if reduction == "none" else loss
 
 
 class LinearCrossEntropy(torch.nn.Module):
-    """Module form: LinearCrossEntropy(ignore_index=-100, reduction='mean', memory_budget=None,
-    strategy='auto')(hidden, weight, labels) == linear_cross_entropy(hidden, weight, labels, ...).
-    The weight is an argument (usually the model's lm_head.weight), not a parameter of this module."""
+    """Module form: LinearCrossEntropy(**options)(hidden, weight, labels) ==
+    linear_cross_entropy(hidden, weight, labels, **options). The weight is an argument (usually the
+    model's lm_head.weight), not a parameter of this module."""
 
-    def __init__(self, ignore_index=-100, reduction="mean", memory_budget=None, strategy="auto"):
+    def __init__(self, **options):
         super().__init__()
-        self.ignore_index, self.reduction = ignore_index, reduction
-        self.memory_budget, self.strategy = memory_budget, strategy
+        unknown = set(options) - set(linear_cross_entropy.__kwdefaults__)
+        if unknown:
+            raise TypeError(f"LinearCrossEntropy: unknown options {sorted(unknown)}")
+        self.options = dict(linear_cross_entropy.__kwdefaults__, **options)
 
     def forward(self, hidden, weight, labels):
-        return linear_cross_entropy(hidden, weight, labels, ignore_index=self.ignore_index,
-                                    reduction=self.reduction, memory_budget=self.memory_budget,
-                                    strategy=self.strategy)
+        return linear_cross_entropy(hidden, weight, labels, **self.options)
 
     def extra_repr(self):
-        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"memory_budget={self.memory_budget}, strategy={self.strategy!r}")
+        return ", ".join(f"{k}={v!r}" for k, v in self.options.items())

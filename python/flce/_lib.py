@@ -156,7 +156,7 @@ def _declare(lib):
         "flce_version": (ctypes.c_char_p, []),
         "flce_status_name": (ctypes.c_char_p, [st]),
         "flce_last_error": (ctypes.c_char_p, []),
-        "flce_problem_init": (None, [ctypes.c_void_p]),   # a padded buffer, see _initialized()
+        "flce_problem_init": (None, [ctypes.c_void_p]),   # a padded buffer, see _template()
         "flce_tensors_init": (None, [ctypes.c_void_p]),
         "flce_context_create": (st, [ctypes.c_int, ctypes.POINTER(vp)]),
         "flce_context_destroy": (st, [vp]),
