@@ -180,7 +180,8 @@ FLCE_API flce_status flce_forward(flce_context *ctx, const flce_problem *problem
  * each be NULL to skip it. */
 FLCE_API flce_status flce_loss_and_grad(flce_context *ctx, const flce_problem *problem,
                                         const flce_tensors *t, void *stream);
-/* Gradients from the lse that an earlier forward saved (t->lse is read, not written). With
+/* Gradients from the lse that an earlier forward saved (t->lse is read, not written; the loss and
+ * per-token output pointers are ignored). With
  * strategy RECOMPUTE it walks the vocab in chunks and needs no workspace that grows with V. */
 FLCE_API flce_status flce_backward(flce_context *ctx, const flce_problem *problem,
                                    const flce_tensors *t, void *stream);

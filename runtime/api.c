@@ -210,11 +210,7 @@ static flce_status check_tensors(const flce_problem *p, const flce_tensors *t, f
     if (t->class_weights && !p->has_class_weights)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tensors.class_weights: given, but problem.has_class_weights is 0");
-    if (op == FLCE_OP_BACKWARD && (t->loss || t->loss_per_token || t->z_loss_out || t->target_logprob ||
-                                   t->entropy || t->argmax))
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tensors: flce_backward computes gradients only; per-token outputs and the "
-                       "loss come from flce_forward or flce_loss_and_grad");
+    /* flce_backward writes gradients only; output pointers it is handed are left untouched. */
     if (op == FLCE_OP_FORWARD && !t->loss && !t->lse && !t->loss_per_token && !t->z_loss_out &&
         !t->target_logprob && !t->entropy && !t->argmax)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors: every output is NULL, nothing to compute");
