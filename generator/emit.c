@@ -90,6 +90,32 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     sb_text(b, "\n");
 }
 
+/* The wgmma instruction for the tile's N, with its BN/2 accumulator registers spelled out. */
+static void emit_wgmma(sbuf *b, const kernel_spec *s)
+{
+    int n = s->tile.bn, regs = n / 2;
+    const char *ab = s->dtype == FLCE_DTYPE_BF16 ? "bf16" : "f16";
+    int ta = s->role == ROLE_DW, tb = s->role != ROLE_LOGITS; /* transposed (MN-major) operands */
+    sb_text(b, "#define FLCE_WGMMA 1\n");
+    sb_printf(b, "// D(64x%d) += A(64x16) * B(16x%d) for one warpgroup; A %s-major, B %s-major in shared memory.\n",
+              n, n, ta ? "M" : "K", tb ? "N" : "K");
+    sb_printf(b, "__device__ __forceinline__ void wgmma_tile(float (&d)[%d][4], unsigned long long da, "
+                 "unsigned long long db)\n{\n", n / 8);
+    sb_text(b, "    asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n\"\n");
+    sb_printf(b, "                 \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {\"\n", n, ab, ab);
+    for (int i = 0; i < regs; i += 8) {
+        sb_text(b, "                 \"");
+        for (int j = i; j < i + 8 && j < regs; j++) sb_printf(b, "%%%d%s", j, j + 1 < regs ? ", " : "");
+        sb_text(b, "\"\n");
+    }
+    sb_printf(b, "                 \"}, %%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n\"\n", regs, regs + 1, ta, tb);
+    sb_text(b, "                 : ");
+    for (int j = 0; j < regs; j++)
+        sb_printf(b, "\"+f\"(d[%d][%d])%s%s", j / 4, j % 4, j + 1 < regs ? ", " : "",
+                  j % 4 == 3 && j + 1 < regs ? "\n                   " : "");
+    sb_text(b, "\n                 : \"l\"(da), \"l\"(db));\n}\n\n");
+}
+
 flce_status emit_source(const kernel_spec *s, char **src)
 {
     *src = NULL;
@@ -100,6 +126,7 @@ flce_status emit_source(const kernel_spec *s, char **src)
     sb_text(&b, "\n");
     sb_text(&b, tmpl_common_cuh);
     sb_text(&b, "\n");
+    if (s->role != ROLE_ROWOPS && s->tile.wgmma) emit_wgmma(&b, s);
     sb_text(&b, s->role == ROLE_ROWOPS ? tmpl_rowops_cu : tmpl_gemm_cu);
     if (b.oom) {
         free(b.p);

@@ -99,10 +99,10 @@ void spec_summary(const kernel_spec *s, char *out, size_t cap)
         return;
     }
     const spec_tile *t = &s->tile;
-    snprintf(out, cap, "%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s",
+    snprintf(out, cap, "%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s",
              spec_role_name(s->role), dtype_name(s->dtype), (long long)s->hidden,
              (long long)s->vocab_shard, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk,
-             t->stages, t->warps_m, t->warps_n, opts);
+             t->stages, t->warps_m, t->warps_n, t->wgmma ? " wgmma" : "", opts);
 }
 
 /* Operand layouts per role: logits reads H and W K-major; dH reads W as [k][n]; dW reads dZ as
@@ -114,6 +114,8 @@ size_t spec_smem_bytes(const kernel_spec *s)
 {
     if (s->role == ROLE_ROWOPS) return 0;
     const spec_tile *t = &s->tile;
+    if (t->wgmma) /* swizzled tiles without padding, plus room to align them to 1024 bytes */
+        return (size_t)t->stages * (size_t)(t->bm + t->bn) * (size_t)t->bk * 2 + 1024;
     size_t vec = (size_t)(16 / elem_bytes(s->dtype));
     size_t a = a_kmajor(s->role) ? (size_t)t->bm * (t->bk + vec) : (size_t)t->bk * (t->bm + vec);
     size_t b = b_kmajor(s->role) ? (size_t)t->bn * (t->bk + vec) : (size_t)t->bk * (t->bn + vec);
@@ -141,15 +143,44 @@ size_t spec_smem_limit(int sm)
 spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role)
 {
     (void)role;
-    spec_tile t = {128, 128, 32, 3, 2, 4};
+    if (sm == 90 && dtype != FLCE_DTYPE_F32) {
+        /* wgmma: two consumer warpgroups of 64 rows; 4 stages of 32 KiB */
+        spec_tile w = {128, 128, 64, 4, 8, 1, 1};
+        return w;
+    }
+    spec_tile t = {128, 128, 32, 3, 2, 4, 0};
     if (dtype == FLCE_DTYPE_F32) t.bk = 16; /* 4-byte elements: same bytes per stage */
     if (spec_smem_limit(sm) >= 160000) t.stages = 4;
     return t;
 }
 
+static flce_status validate_wgmma(const kernel_spec *s)
+{
+    const spec_tile *t = &s->tile;
+    if (s->sm != 90)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.wgmma=1: needs sm_90a, not %s", spec_arch_name(s->sm));
+    if (s->dtype == FLCE_DTYPE_F32)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.wgmma=1: takes f16 or bf16 inputs, not f32");
+    if (t->bm != 128 || t->bk != 64 || t->warps_m != 8 || t->warps_n != 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile.wgmma=1: needs bm=128, bk=64, warps=8x1 (got %d, %d, %dx%d)", t->bm, t->bk,
+                       t->warps_m, t->warps_n);
+    if (t->bn < 64 || t->bn > 256 || t->bn % 64)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.bn=%d: the wgmma path takes 64, 128, 192 or 256", t->bn);
+    if (t->stages < 2 || t->stages > 8)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.stages=%d: must be 2 to 8", t->stages);
+    size_t smem = spec_smem_bytes(s), limit = spec_smem_limit(s->sm);
+    if (smem > limit)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile %dx%dx%d with %d stages needs %zu bytes of shared memory; %s allows %zu",
+                       t->bm, t->bn, t->bk, t->stages, smem, spec_arch_name(s->sm), limit);
+    return FLCE_OK;
+}
+
 static flce_status validate_tile(const kernel_spec *s)
 {
     const spec_tile *t = &s->tile;
+    if (t->wgmma) return validate_wgmma(s);
     int vec = 16 / elem_bytes(s->dtype);
     if (t->warps_m < 1 || t->warps_n < 1 || t->warps_m * t->warps_n > 16)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,

@@ -22,6 +22,7 @@ typedef struct spec_tile {
     int bm, bn, bk;      /* CTA tile: rows, columns, depth of one pipeline stage */
     int stages;          /* cp.async pipeline depth */
     int warps_m, warps_n;
+    int wgmma;           /* 1: Hopper main loop (sm_90a, 16-bit, 128 × BN × 64, 8 × 1 warps) */
 } spec_tile;
 
 typedef struct kernel_spec {

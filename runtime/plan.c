@@ -1,4 +1,5 @@
 /* plan.c — strategy, chunking, vocab splits and workspace layout of a call (plan.h, DESIGN §3). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
@@ -35,6 +36,15 @@ static void plan_specs(const flce_problem *p, const flce_tensors *t, int sm, pla
     pl->logits.tile = spec_default_tile(sm, p->dtype, ROLE_LOGITS);
     pl->dh.tile = spec_default_tile(sm, p->dtype, ROLE_DH);
     pl->dw.tile = spec_default_tile(sm, p->dtype, ROLE_DW);
+    /* FLCE_PORTABLE=1 keeps Hopper on the mma.sync path (comparisons, a fallback). */
+    const char *portable = getenv("FLCE_PORTABLE");
+    if (portable && *portable && strcmp(portable, "0") != 0) {
+        int psm = sm == 90 ? 89 : sm; /* the portable tile, sized for Hopper's shared memory */
+        pl->logits.tile = spec_default_tile(psm, p->dtype, ROLE_LOGITS);
+        pl->logits.tile.stages = pl->dh.tile.stages = pl->dw.tile.stages = 4;
+        pl->dh.tile = pl->dw.tile = pl->logits.tile;
+        pl->logits.tile.stages = 4;
+    }
 
     unsigned opts = 0;
     if (p->has_bias) opts |= SPEC_OPT_BIAS;

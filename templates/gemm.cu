@@ -24,6 +24,7 @@
 #define OPT_ZSUM 0
 #define OPT_ENTROPY 0
 #define OPT_ARGMAX 0
+#define FLCE_WGMMA 0 // 1: the Hopper main loop (needs the generator's wgmma_tile for BN)
 constexpr float SOFTCAP = 0.f, INV_TEMP = 1.f;
 constexpr int BM = 128, BN = 128, BK = 32, STAGES = 3, WARPS_M = 2, WARPS_N = 4;
 constexpr bool A_KMAJOR = true, B_KMAJOR = true;
@@ -35,6 +36,130 @@ constexpr long long VOCAB = 32768; // rows of this shard
 constexpr int THREADS = WARPS_M * WARPS_N * 32;
 constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N; // warp tile
 constexpr int MI = WTM / 16, NI = WTN / 8;             // mma tiles per warp
+#if FLCE_WGMMA
+// ---- Hopper main loop: wgmma from 128-byte-swizzled shared tiles (sm_90a) -------------------
+// Two warpgroups each own 64 rows of the 128-row tile (WARPS_M = 8 warps of 16 rows, WARPS_N = 1),
+// so a thread's accumulators acc[0][j][e] sit exactly where the mma.sync path puts them (row
+// 16*warp + g + 8*(e/2), column 8*j + 2*t + e%2) and the epilogues below serve both paths.
+// Shared layout per operand and stage, BK = 64 elements = 128 bytes:
+//   K-major  [rows][64 k], row r at r*128 bytes, 16-byte chunk c stored at chunk c ^ (r % 8)
+//   MN-major blocks of 64 along M/N: block b, k row r at b*BK*128 + r*128, chunk c at c ^ (r % 8)
+// which are wgmma's canonical 128B-swizzle layouts (PTX ISA, "Shared Memory Matrix Layout"):
+// K-major SBO = 1024 (8 rows); MN-major LBO = BK*128 (next 64-wide block), SBO = 1024 (next 8 k rows).
+static_assert(BK == 64 && BM == 128 && WARPS_M == 8 && WARPS_N == 1, "wgmma tile shape");
+static_assert(ELEM_BYTES == 2, "wgmma path takes 16-bit inputs");
+constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
+constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Matrix descriptor: start address, leading and stride byte offsets (>> 4), 128-byte swizzle.
+__device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo, unsigned sbo)
+{
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// One stored tile into its swizzled shared layout. K-major: ROWS rows of 64 k. MN-major: 64 k rows
+// of ROWS contiguous elements.
+template <int ROWS, bool KMAJOR>
+__device__ __forceinline__ void load_swizzled(unsigned char *dst, const elem_t *src, long long mn0,
+                                              long long k0, long long n_rows, long long n_cols, long long ld)
+{
+    constexpr int CHUNKS = ROWS * BK / 8; // 16-byte chunks in the tile
+    for (int i = threadIdx.x; i < CHUNKS; i += THREADS) {
+        long long gr, gc;
+        int off;
+        if (KMAJOR) {
+            int r = i / 8, c = i % 8;
+            gr = mn0 + r, gc = k0 + c * 8;
+            off = r * 128 + ((c ^ (r & 7)) << 4);
+        } else {
+            int r = i / (ROWS / 8), cc = i % (ROWS / 8), blk = cc / 8, c = cc % 8;
+            gr = k0 + r, gc = mn0 + cc * 8;
+            off = blk * (BK * 128) + r * 128 + ((c ^ (r & 7)) << 4);
+        }
+        bool ok = gr < n_rows && gc < n_cols;
+        cp_async_16(dst + off, ok ? src + gr * ld + gc : src, ok);
+    }
+}
+
+__device__ __forceinline__ void load_stage(unsigned char *stage, const flce_gemm_params &p, long long m0,
+                                           long long n0, long long k0)
+{
+    load_swizzled<BM, A_KMAJOR>(stage, (const elem_t *)p.a, m0, k0, p.a_rows, p.a_cols, p.lda);
+    load_swizzled<BN, B_KMAJOR>(stage + A_BYTES, (const elem_t *)p.b, n0, k0, p.b_rows, p.b_cols, p.ldb);
+}
+
+// Four k16 steps of this warpgroup's 64 × BN block. K-major descriptors advance 32 bytes per step
+// inside the swizzled row; MN-major ones advance 16 k rows (2048 bytes).
+__device__ __forceinline__ void compute_stage(float (&acc)[MI][NI][4], unsigned char *stage, int wg)
+{
+    unsigned a_base = smem_addr(stage) + wg * (64 * 128), b_base = smem_addr(stage + A_BYTES);
+    constexpr unsigned A_LBO = A_KMAJOR ? 16 : BK * 128, B_LBO = B_KMAJOR ? 16 : BK * 128;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+        unsigned long long da = smem_desc(a_base + (A_KMAJOR ? kk * 32 : kk * 2048), A_LBO, 1024);
+        unsigned long long db = smem_desc(b_base + (B_KMAJOR ? kk * 32 : kk * 2048), B_LBO, 1024);
+        wgmma_tile(acc[0], da, db);
+    }
+    wgmma_commit();
+}
+
+// Keeps the compiler from touching accumulators across an asynchronous wgmma.
+__device__ __forceinline__ void fence_acc(float (&acc)[MI][NI][4])
+{
+#pragma unroll
+    for (int j = 0; j < NI; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(acc[0][j][e])::"memory");
+}
+
+__device__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flce_gemm_params &p,
+                         long long m0, long long n0, int wm, int wn, int lane)
+{
+    (void)wn, (void)lane;
+    const int wg = wm / 4;
+#pragma unroll
+    for (int j = 0; j < NI; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[0][j][e] = 0.f;
+    const int ktiles = (int)((p.k + BK - 1) / BK);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < ktiles) load_stage(smem + s * STAGE_BYTES, p, m0, n0, (long long)s * BK);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < ktiles; kt++) {
+        cp_async_wait<STAGES - 2>();
+        fence_proxy_async(); // cp.async wrote through the generic proxy; wgmma reads through the async one
+        __syncthreads();     // stage kt landed for everyone; every wgmma of kt-1 has completed
+        int next = kt + STAGES - 1;
+        if (next < ktiles) load_stage(smem + (next % STAGES) * STAGE_BYTES, p, m0, n0, (long long)next * BK);
+        cp_async_commit();
+        fence_acc(acc);
+        compute_stage(acc, smem + (kt % STAGES) * STAGE_BYTES, wg);
+        wgmma_wait<0>();
+        fence_acc(acc);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+}
+
+// The dynamic shared window rounded up to the 1024-byte boundary the swizzle pattern starts on.
+__device__ __forceinline__ unsigned char *tile_smem(unsigned char *raw)
+{
+    unsigned a = smem_addr(raw);
+    return raw + ((1024 - (a & 1023)) & 1023);
+}
+#else
 constexpr int PAD = VEC;                               // one vector of padding: no bank conflicts
 // Shared tiles: K-major [rows][BK + PAD], transposed [BK][rows + PAD].
 constexpr int A_TILE = A_KMAJOR ? BM * (BK + PAD) : BK * (BM + PAD);
@@ -132,9 +257,10 @@ __device__ __forceinline__ void compute_stage(float (&acc)[MI][NI][4], elem_t *A
 
 // acc = A[m0.., :] · B[n0.., :]ᵀ over the whole k extent, STAGES-deep cp.async pipeline.
 // Ends with a barrier so the caller may reuse shared memory.
-__device__ void mainloop(float (&acc)[MI][NI][4], elem_t *smem, const flce_gemm_params &p,
+__device__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem_bytes, const flce_gemm_params &p,
                          long long m0, long long n0, int wm, int wn, int lane)
 {
+    elem_t *smem = (elem_t *)smem_bytes;
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -159,6 +285,9 @@ __device__ void mainloop(float (&acc)[MI][NI][4], elem_t *smem, const flce_gemm_
     cp_async_wait<0>();
     __syncthreads();
 }
+
+__device__ __forceinline__ unsigned char *tile_smem(unsigned char *raw) { return raw; }
+#endif
 
 #if ROLE_IS_LOGITS
 // The logit transform of the math: bias, temperature, softcap — all compile-time optional.
@@ -238,7 +367,7 @@ __device__ __forceinline__ row_stats shfl_stats(const row_stats &a, int off)
 extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_params p)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    elem_t *smem = (elem_t *)smem_raw;
+    unsigned char *smem = tile_smem(smem_raw);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     const long long m0 = (long long)blockIdx.x * BM;
@@ -270,7 +399,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_
     if (!p.part_m) return; // a gradient pass: only Z was wanted (uniform across the CTA)
     // Reduce each row's stats: first over the 4 lanes that share it, then over the WARPS_N warps
     // in a fixed order (deterministic).
-    row_stats *red = (row_stats *)smem_raw;
+    row_stats *red = (row_stats *)smem;
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -299,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_
 extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_params p)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    elem_t *smem = (elem_t *)smem_raw;
+    unsigned char *smem = tile_smem(smem_raw);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     const long long n0 = (long long)blockIdx.x * BN, m0 = (long long)blockIdx.y * BM;

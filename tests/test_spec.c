@@ -11,7 +11,7 @@ static kernel_spec good_gemm(spec_role role, flce_dtype dtype)
     kernel_spec s;
     memset(&s, 0, sizeof s);
     s.sm = 90, s.dtype = dtype, s.hidden = 4096, s.vocab_shard = 32768, s.role = role, s.label_bits = 32;
-    s.tile = spec_default_tile(90, dtype, role);
+    s.tile = spec_default_tile(80, dtype, role); /* the portable tile, valid on every arch */
     return s;
 }
 
@@ -60,6 +60,25 @@ static void bad_fields_are_named(void)
     s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16);
     s.tile.bm = 256, s.tile.bn = 256, s.tile.warps_m = 1, s.tile.warps_n = 2;
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("accumulators"));
+}
+
+static void wgmma_tiles_are_hopper_and_16_bit_only(void)
+{
+    kernel_spec s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16);
+    s.tile = spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_LOGITS);
+    CHECK(s.tile.wgmma == 1 && spec_validate(&s) == FLCE_OK);
+    s.sm = 86;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("sm_90a") && msg_has("sm_86"));
+    s.sm = 90, s.dtype = FLCE_DTYPE_F32;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("f32"));
+    s.dtype = FLCE_DTYPE_F16, s.tile.bn = 96;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.bn=96"));
+    CHECK(spec_default_tile(90, FLCE_DTYPE_F32, ROLE_DW).wgmma == 0);
+    char *src = NULL;
+    s.tile.bn = 128, s.role = ROLE_DW;
+    CHECK(emit_source(&s, &src) == FLCE_OK && strstr(src, "m64n128k16.f32.f16.f16") &&
+          strstr(src, "p, 1, 1, 1, 1;"));
+    free(src);
 }
 
 static void emitted_source_carries_the_spec_as_constants(void)
@@ -175,6 +194,7 @@ int main(void)
     RUN(shared_memory_over_the_arch_limit_names_the_tile);
     RUN(bad_fields_are_named);
     RUN(emitted_source_carries_the_spec_as_constants);
+    RUN(wgmma_tiles_are_hopper_and_16_bit_only);
     RUN(arch_names_parse_and_print);
     RUN(chunks_fit_the_memory_budget);
     RUN(small_problems_take_one_chunk_and_no_accumulator);
