@@ -142,10 +142,10 @@ size_t spec_smem_limit(int sm)
 
 spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role)
 {
-    (void)role;
     if (sm == 90 && dtype != FLCE_DTYPE_F32) {
-        /* wgmma: two consumer warpgroups of 64 rows; 4 stages of 32 KiB */
-        spec_tile w = {128, 128, 64, 4, 8, 1, 1};
+        /* wgmma: two warpgroups of 64 rows, 4 stages. dH/dW take 128×256 tiles (a third less L2
+         * traffic per FLOP); the logits GEMM keeps 128×128, its epilogue needs the registers. */
+        spec_tile w = {128, role == ROLE_LOGITS ? 128 : 256, 64, 4, 8, 1, 1};
         return w;
     }
     spec_tile t = {128, 128, 32, 3, 2, 4, 0};

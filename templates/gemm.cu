@@ -137,18 +137,22 @@ __device__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
         if (s < ktiles) load_stage(smem + s * STAGE_BYTES, p, m0, n0, (long long)s * BK);
         cp_async_commit();
     }
+    fence_acc(acc);
     for (int kt = 0; kt < ktiles; kt++) {
         cp_async_wait<STAGES - 2>();
         fence_proxy_async(); // cp.async wrote through the generic proxy; wgmma reads through the async one
-        __syncthreads();     // stage kt landed for everyone; every wgmma of kt-1 has completed
+        __syncthreads();     // stage kt landed for everyone
+        compute_stage(acc, smem + (kt % STAGES) * STAGE_BYTES, wg);
+        // Keep this k-tile's wgmmas in flight; the previous tile's must be done (in both
+        // warpgroups, hence the barrier) before its stage is refilled.
+        wgmma_wait<1>();
+        __syncthreads();
         int next = kt + STAGES - 1;
         if (next < ktiles) load_stage(smem + (next % STAGES) * STAGE_BYTES, p, m0, n0, (long long)next * BK);
         cp_async_commit();
-        fence_acc(acc);
-        compute_stage(acc, smem + (kt % STAGES) * STAGE_BYTES, wg);
-        wgmma_wait<0>();
-        fence_acc(acc);
     }
+    wgmma_wait<0>();
+    fence_acc(acc);
     cp_async_wait<0>();
     __syncthreads();
 }
