@@ -19,6 +19,6 @@ step build
 step tests
 (cd build && ctest --output-on-failure -j4 --timeout 900 -L cpu) 2>&1 | tee "$OUT/ctest-cpu.log" | grep -vE '^\s+(made|hit) ' | tail -15
 # GPU tests verbosely: their per-case error table is part of the record.
-(cd build && ctest --output-on-failure --timeout 900 -L gpu -V) 2>&1 | tee "$OUT/ctest-gpu.log" | grep -E '^[0-9]+: (ok|FAIL|  |[0-9]+ passed)|tests passed|Failed|Passed' | tail -80
+(cd build && ctest --output-on-failure --timeout 900 -L gpu -V -j2) 2>&1 | tee "$OUT/ctest-gpu.log" | grep -E '^[0-9]+: (ok|FAIL|  |[0-9]+ passed)|tests passed|Failed|Passed' | tail -80
 step demo
 ./build/flce demo "$@" 2>&1 | tee "$OUT/demo.log"
