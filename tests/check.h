@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int check_passed, check_failed, check_case_failed;
 
@@ -29,8 +30,11 @@ static int check_passed, check_failed, check_case_failed;
         }                                                                                          \
     } while (0)
 
+/* FLCE_TEST_FILTER=substring runs only the cases whose name contains it. */
 #define RUN(fn)                                                                                    \
     do {                                                                                           \
+        const char *check_filter_ = getenv("FLCE_TEST_FILTER");                                    \
+        if (check_filter_ && *check_filter_ && !strstr(#fn, check_filter_)) break;                 \
         check_case_failed = 0;                                                                     \
         fn();                                                                                      \
         if (check_case_failed) {                                                                   \
