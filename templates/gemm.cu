@@ -298,7 +298,7 @@ __device__ __forceinline__ unsigned char *tile_smem(unsigned char *raw) { return
 __device__ __forceinline__ float transform_logit(float acc, long long col, const flce_gemm_params &p)
 {
     float z = acc;
-    if (OPT_BIAS && col < p.n) z += to_f32(((const elem_t *)p.bias)[col]);
+    if (OPT_BIAS) z += to_f32(((const elem_t *)p.bias)[col]);
     if (INV_TEMP != 1.f) z *= INV_TEMP;
     if (SOFTCAP > 0.f) z = SOFTCAP * tanhf(z * (1.f / SOFTCAP));
     return z;
@@ -324,9 +324,8 @@ __device__ __forceinline__ void logits_epilogue(float (&acc)[MI][NI][4], const f
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
                     long long col = n0 + wn * WTN + ni * 8 + 2 * t + c;
-                    // acc keeps the raw product: recomputing the (cheap) transform below costs
-                    // fewer registers than a second copy of the tile.
-                    float z = transform_logit(acc[mi][ni][2 * h + c], col, p);
+                    float z = col < p.n ? transform_logit(acc[mi][ni][2 * h + c], col, p) : 0.f;
+                    acc[mi][ni][2 * h + c] = z;
                     if (col < p.n && z > tile.m) tile.m = z, tile.arg = p.vocab_offset + col;
                 }
 #pragma unroll
@@ -334,7 +333,7 @@ __device__ __forceinline__ void logits_epilogue(float (&acc)[MI][NI][4], const f
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
                     long long col = n0 + wn * WTN + ni * 8 + 2 * t + c;
-                    float z = transform_logit(acc[mi][ni][2 * h + c], col, p);
+                    float z = acc[mi][ni][2 * h + c];
                     if (col < p.n) {
                         float e = expf(z - tile.m);
                         tile.s += e;
@@ -351,8 +350,7 @@ __device__ __forceinline__ void logits_epilogue(float (&acc)[MI][NI][4], const f
                 for (int ni = 0; ni < NI; ni++) {
                     long long col = n0 + wn * WTN + ni * 8 + 2 * t;
                     if (col < p.ldo)
-                        *(float2 *)(z_row + col) = make_float2(transform_logit(acc[mi][ni][2 * h], col, p),
-                                                               transform_logit(acc[mi][ni][2 * h + 1], col + 1, p));
+                        *(float2 *)(z_row + col) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
                 }
             }
         }
