@@ -177,6 +177,14 @@ flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, co
         pl->ldz = ceil_div(pl->v, 8) * 8;
     } else {
         TRY(plan_chunks(p, pl));
+        /* AUTO: token chunks under PLAN_RECOMPUTE_BELOW rows re-read and re-write the fp32 dW
+         * accumulator (V×D) so often that recomputing the logits per vocab chunk is faster:
+         * measured on an H100 (bench/NOTES.md, v3), e.g. 8192×2304×256000 at 512 MiB: 256-row
+         * chunks 419 ms, recompute 168 ms; 4096×2048×32000: 2048-row chunks 6.9 ms, recompute 9.9. */
+        if (p->strategy == FLCE_STRATEGY_AUTO && pl->n_chunks > 1 && pl->chunk_rows < PLAN_RECOMPUTE_BELOW) {
+            pl->recompute = 1;
+            TRY(plan_chunks(p, pl));
+        }
     }
     /* The statistics pass sees all tokens (forward, and the forward half of recompute) or one
      * token chunk, always over the whole shard. */

@@ -12,6 +12,7 @@
 #include "spec.h"
 
 #define PLAN_DEFAULT_BUDGET (512ull << 20)
+#define PLAN_RECOMPUTE_BELOW 1024 /* AUTO picks recompute when token chunks would be shorter */
 
 typedef struct plan {
     flce_op op;

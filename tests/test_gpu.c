@@ -126,6 +126,8 @@ static void check_case(const gcase *c)
     p.tokens = c->n, p.hidden = c->d, p.vocab_shard = c->v, p.dtype = c->dtype;
     p.reduction = c->reduction, p.label_bits = c->label_bits ? c->label_bits : 32;
     p.memory_budget = c->budget;
+    /* a small budget is there to exercise many token chunks: keep AUTO from switching strategy */
+    if (c->budget) p.strategy = FLCE_STRATEGY_CHUNKED;
     gcase cc = *c;
     cc.label_bits = p.label_bits;
     int64_t n_loss = c->reduction == FLCE_REDUCTION_NONE ? c->n : 1;
@@ -500,7 +502,8 @@ static void recipe_combinations_match_the_reference(void)
         {"smoothing + z-loss", 200, 48, 1001, 0.1f, 1e-4f, 0, 1, 0, 0, 0, 0, 0, 0, 4},
         {"softcap + temperature", 200, 48, 1001, 0, 0, 30.f, 0.8f, 0, 0, 0, 0, 0, 0, 4},
         {"weights + ignore + smoothing + bias", 200, 48, 1001, 0.05f, 0, 0, 1, 1, 1, 0, 0, 0, 0, 4},
-        {"everything, many chunks", 300, 40, 1500, 0.1f, 1e-3f, 20.f, 0.9f, 1, 1, 0, 0, 1 << 20, 0, 4},
+        {"everything, many chunks", 300, 40, 1500, 0.1f, 1e-3f, 20.f, 0.9f, 1, 1, FLCE_STRATEGY_CHUNKED, 0, 1 << 20, 0, 4},
+        {"everything, AUTO at a small budget", 300, 40, 1500, 0.1f, 1e-3f, 20.f, 0.9f, 1, 1, 0, 0, 1 << 20, 0, 4},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_options(&cases[i]);
 }
@@ -508,10 +511,10 @@ static void recipe_combinations_match_the_reference(void)
 static void accumulate_and_recompute_modes_match_the_reference(void)
 {
     const ocase cases[] = {
-        {"accumulate into fp32 dH/dW, many chunks", 300, 40, 1500, 0, 0, 0, 1, 0, 0, 0, 1, 1 << 20, 0, 3},
+        {"accumulate into fp32 dH/dW, many chunks", 300, 40, 1500, 0, 0, 0, 1, 0, 0, FLCE_STRATEGY_CHUNKED, 1, 1 << 20, 0, 3},
         {"recompute loss_and_grad, vocab chunks", 300, 40, 1500, 0.1f, 1e-3f, 0, 1, 1, 0, FLCE_STRATEGY_RECOMPUTE, 0, 1 << 20, 0, 3},
         {"recompute backward from lse + accumulate", 300, 40, 1500, 0, 0, 10.f, 1, 1, 1, FLCE_STRATEGY_RECOMPUTE, 1, 1 << 20, 1, 3},
-        {"chunked backward from lse, options", 300, 40, 1500, 0.1f, 1e-4f, 0, 0.8f, 1, 0, 0, 0, 1 << 20, 1, 3},
+        {"chunked backward from lse, options", 300, 40, 1500, 0.1f, 1e-4f, 0, 0.8f, 1, 0, FLCE_STRATEGY_CHUNKED, 0, 1 << 20, 1, 3},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_options(&cases[i]);
 }

@@ -127,6 +127,7 @@ static void chunks_fit_the_memory_budget(void)
     for (size_t b = 0; b < 3; b++) {
         flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
         p.memory_budget = budgets[b];
+        p.strategy = FLCE_STRATEGY_CHUNKED;
         plan pl;
         CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
         uint64_t chunk_bytes = (uint64_t)pl.chunk_rows * (uint64_t)pl.ldz * 6;
@@ -137,6 +138,19 @@ static void chunks_fit_the_memory_budget(void)
         CHECK((pl.chunk_rows - 1) * pl.n_chunks < p.tokens || pl.chunk_rows % 128 == 0);
         CHECK(pl.need_dw_acc == (pl.n_chunks > 1));
     }
+}
+
+static void auto_recomputes_when_token_chunks_are_short(void)
+{
+    plan pl;
+    flce_problem p = problem(8192, 2304, 256000, FLCE_DTYPE_BF16); /* 256-row chunks at 512 MiB */
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.recompute);
+    CHECK(pl.n_chunks == 1 && pl.chunk_rows == 8192 && pl.n_vchunks > 1);
+    CHECK((uint64_t)pl.chunk_rows * (uint64_t)pl.ldz * 6 <= PLAN_DEFAULT_BUDGET);
+    p = problem(4096, 2048, 32000, FLCE_DTYPE_BF16); /* 2048-row chunks: stays chunked */
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && !pl.recompute);
+    p.strategy = FLCE_STRATEGY_CHUNKED, p.memory_budget = 64ull << 20; /* forced: never switched */
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && !pl.recompute);
 }
 
 static void small_problems_take_one_chunk_and_no_accumulator(void)
@@ -159,32 +173,36 @@ static void too_small_a_budget_is_an_error_naming_it(void)
 
 static void workspace_regions_do_not_overlap(void)
 {
-    flce_problem p = problem(5000, 256, 3001, FLCE_DTYPE_BF16);
-    p.memory_budget = 8ull << 20;
-    plan pl;
-    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
-    uint64_t rows = (uint64_t)pl.chunk_rows;
-    struct {
-        uint64_t off, len;
-    } r[] = {{pl.off_stats, 16},
-             {pl.off_target, rows * 4},
-             {pl.off_part_m, rows * pl.splits * 4},
-             {pl.off_part_s, rows * pl.splits * 4},
-             {pl.off_part_t, rows * pl.splits * 4},
-             {pl.off_part_zs, 0},
-             {pl.off_part_arg, rows * pl.splits * 8},
-             {pl.off_loss_rows, (uint64_t)pl.n * 4},
-             {pl.off_lse, (uint64_t)pl.n * 4},
-             {pl.off_z, rows * pl.ldz * 4},
-             {pl.off_dz, rows * pl.ldz * 2},
-             {pl.off_dw_acc, (uint64_t)pl.v * pl.d * 4}};
-    size_t n = sizeof r / sizeof r[0];
-    for (size_t i = 0; i < n; i++) {
-        CHECK(r[i].off % 256 == 0);
-        CHECK(r[i].off + r[i].len <= pl.workspace_bytes);
-        for (size_t j = i + 1; j < n; j++)
-            CHECKF(r[i].off + r[i].len <= r[j].off || r[j].off + r[j].len <= r[i].off,
-                   "regions %zu and %zu overlap", i, j);
+    for (int strat = FLCE_STRATEGY_CHUNKED; strat <= FLCE_STRATEGY_RECOMPUTE; strat++) {
+        flce_problem p = problem(5000, 256, 3001, FLCE_DTYPE_BF16);
+        p.memory_budget = 8ull << 20, p.strategy = (flce_strategy)strat;
+        plan pl;
+        CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
+        uint64_t rows = (uint64_t)pl.stat_rows, sp = (uint64_t)pl.splits, blk = (uint64_t)pl.chunk_rows * pl.ldz;
+        struct {
+            uint64_t off, len;
+        } r[] = {{pl.off_stats, 16},
+                 {pl.off_target, rows * 4},
+                 {pl.off_part_m, rows * sp * 4},
+                 {pl.off_part_s, rows * sp * 4},
+                 {pl.off_part_t, rows * sp * 4},
+                 {pl.off_part_arg, rows * sp * 8},
+                 {pl.off_loss_rows, pl.need_loss_rows ? (uint64_t)pl.n * 4 : 0},
+                 {pl.off_lse, pl.need_lse ? (uint64_t)pl.n * 4 : 0},
+                 {pl.off_z, blk * 4},
+                 {pl.off_dz, blk * 2},
+                 {pl.off_dw_acc, pl.need_dw_acc ? (uint64_t)pl.v * pl.d * 4 : 0},
+                 {pl.off_dh_acc, pl.need_dh_acc ? (uint64_t)pl.n * pl.d * 4 : 0}};
+        size_t n = sizeof r / sizeof r[0];
+        CHECK(strat == FLCE_STRATEGY_CHUNKED ? pl.need_dw_acc && !pl.need_dh_acc : pl.need_dh_acc && !pl.need_dw_acc);
+        CHECK(blk * 6 <= p.memory_budget);
+        for (size_t i = 0; i < n; i++) {
+            CHECK(r[i].off % 256 == 0);
+            CHECK(r[i].off + r[i].len <= pl.workspace_bytes);
+            for (size_t j = i + 1; j < n; j++)
+                CHECKF(!r[i].len || !r[j].len || r[i].off + r[i].len <= r[j].off || r[j].off + r[j].len <= r[i].off,
+                       "strategy %d: regions %zu and %zu overlap", strat, i, j);
+        }
     }
 }
 
@@ -198,6 +216,7 @@ int main(void)
     RUN(arch_names_parse_and_print);
     RUN(chunks_fit_the_memory_budget);
     RUN(small_problems_take_one_chunk_and_no_accumulator);
+    RUN(auto_recomputes_when_token_chunks_are_short);
     RUN(too_small_a_budget_is_an_error_naming_it);
     RUN(workspace_regions_do_not_overlap);
     FINISH();
