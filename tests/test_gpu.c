@@ -106,7 +106,9 @@ static flce_status run_case(const gcase *c, const flce_problem *p, bufs *b)
     t.loss = b->loss, t.lse = b->lse, t.grad_hidden = b->dh, t.grad_weight = b->dw;
     t.grad_output = b->go;
     if (!c->via_backward) return flce_loss_and_grad(ctx, p, &t, NULL);
-    TRY(flce_forward(ctx, p, &t, NULL));
+    flce_problem pf = *p;
+    pf.strategy = FLCE_STRATEGY_AUTO; /* the strategy is the backward's */
+    TRY(flce_forward(ctx, &pf, &t, NULL));
     return flce_backward(ctx, p, &t, NULL);
 }
 
