@@ -1,4 +1,5 @@
 /* spec.c — kernel spec naming, resource arithmetic and validation (see spec.h). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,7 +183,8 @@ static flce_status validate_tile(const kernel_spec *s)
     const spec_tile *t = &s->tile;
     if (t->wgmma) return validate_wgmma(s);
     int vec = 16 / elem_bytes(s->dtype);
-    if (t->warps_m < 1 || t->warps_n < 1 || t->warps_m * t->warps_n > 16)
+    if (t->warps_m < 1 || t->warps_n < 1 || t->warps_m > 16 || t->warps_n > 16 ||
+        t->warps_m * t->warps_n > 16)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tile.warps=%dx%d: need 1 to 16 warps in all", t->warps_m, t->warps_n);
     if (t->bm < 16 || t->bm % (16 * t->warps_m))
@@ -200,10 +202,10 @@ static flce_status validate_tile(const kernel_spec *s)
                        bk_unit, bk_unit, dtype_name(s->dtype));
     if (t->stages < 2 || t->stages > 8)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.stages=%d: must be 2 to 8", t->stages);
-    int acc = (t->bm / t->warps_m) * (t->bn / t->warps_n) / 32;
+    long long acc = (long long)(t->bm / t->warps_m) * (t->bn / t->warps_n) / 32;
     if (acc > 128)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tile %dx%d over %dx%d warps: %d accumulators per thread, more than the "
+                       "tile %dx%d over %dx%d warps: %lld accumulators per thread, more than the "
                        "128 that fit in registers",
                        t->bm, t->bn, t->warps_m, t->warps_n, acc);
     size_t smem = spec_smem_bytes(s), limit = spec_smem_limit(s->sm);
@@ -234,8 +236,10 @@ flce_status spec_validate(const kernel_spec *s)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "label_bits=%d: must be 32 or 64", s->label_bits);
     if (s->opts & ~31u)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "opts=0x%x: unknown option bits", s->opts);
-    if (!(s->softcap >= 0) || !(s->temperature >= 0) || !(s->smoothing >= 0 && s->smoothing < 1) ||
-        !(s->z_loss >= 0))
+    /* emit.c prints these as float literals: they must be finite (1/T included). */
+    if (!(s->softcap >= 0) || !isfinite(s->softcap) || !(s->temperature >= 0) ||
+        !isfinite(s->temperature) || (s->temperature > 0 && !isfinite(1.0f / s->temperature)) ||
+        !(s->smoothing >= 0 && s->smoothing < 1) || !(s->z_loss >= 0) || !isfinite(s->z_loss))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "options softcap=%g temperature=%g smoothing=%g z_loss=%g: out of range",
                        (double)s->softcap, (double)s->temperature, (double)s->smoothing,

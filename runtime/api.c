@@ -70,7 +70,10 @@ static flce_status normalize_problem(const flce_problem *in, flce_problem *out)
                        "this library (%s, %zu bytes)",
                        in->struct_size, FLCE_VERSION_STRING, sizeof *in);
     memcpy(out, in, in->struct_size);
-    if (out->vocab_total == 0) out->vocab_total = out->vocab_offset + out->vocab_shard;
+    /* Only when the sum cannot overflow; check_shapes reports the bad fields otherwise. */
+    if (out->vocab_total == 0 && out->vocab_shard >= 1 && out->vocab_offset >= 0 &&
+        out->vocab_offset <= INT64_MAX - out->vocab_shard)
+        out->vocab_total = out->vocab_offset + out->vocab_shard;
     return FLCE_OK;
 }
 
@@ -79,6 +82,13 @@ static flce_status check_shapes(const flce_problem *p)
     if (p->tokens < 1)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.tokens=%lld: must be at least 1",
                        (long long)p->tokens);
+    /* Bounds that keep every workspace size and pointer offset far from 64-bit overflow. */
+    if (p->tokens > INT32_MAX)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.tokens=%lld: at most %d supported",
+                       (long long)p->tokens, INT32_MAX);
+    if (p->hidden > (1 << 20))
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.hidden=%lld: at most %d supported",
+                       (long long)p->hidden, 1 << 20);
     if (p->hidden < 8 || p->hidden % 8)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "problem.hidden=%lld: must be a positive multiple of 8", (long long)p->hidden);
@@ -91,7 +101,7 @@ static flce_status check_shapes(const flce_problem *p)
     if (p->vocab_offset < 0)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.vocab_offset=%lld: must not be negative",
                        (long long)p->vocab_offset);
-    if (p->vocab_offset + p->vocab_shard > p->vocab_total)
+    if (p->vocab_offset > p->vocab_total || p->vocab_shard > p->vocab_total - p->vocab_offset)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "problem.vocab_offset + vocab_shard = %lld + %lld exceeds vocab_total=%lld",
                        (long long)p->vocab_offset, (long long)p->vocab_shard,
@@ -133,8 +143,9 @@ static flce_status check_options(const flce_problem *p)
     if (!isfinite(p->softcap) || p->softcap < 0)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "problem.softcap=%g: must be 0 (off) or a finite value > 0", (double)p->softcap);
-    if (!isfinite(p->temperature) || p->temperature <= 0)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.temperature=%g: must be finite and > 0",
+    if (!isfinite(p->temperature) || p->temperature <= 0 || !isfinite(1.0f / p->temperature))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.temperature=%g: must be finite and > 0, with a finite fp32 reciprocal",
                        (double)p->temperature);
     if (p->has_class_weights != 0 && p->has_class_weights != 1)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.has_class_weights=%d: must be 0 or 1",

@@ -182,8 +182,12 @@ flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, co
          * measured on an H100 (bench/NOTES.md, v3), e.g. 8192×2304×256000 at 512 MiB: 256-row
          * chunks 419 ms, recompute 168 ms; 4096×2048×32000: 2048-row chunks 6.9 ms, recompute 9.9. */
         if (p->strategy == FLCE_STRATEGY_AUTO && pl->n_chunks > 1 && pl->chunk_rows < PLAN_RECOMPUTE_BELOW) {
+            plan chunked = *pl;
             pl->recompute = 1;
-            TRY(plan_chunks(p, pl));
+            if (plan_chunks(p, pl) != FLCE_OK) { /* all tokens × 8 columns do not fit: stay chunked */
+                *pl = chunked;
+                err_clear();
+            }
         }
     }
     /* The statistics pass sees all tokens (forward, and the forward half of recompute) or one

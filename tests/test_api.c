@@ -2,6 +2,7 @@
  * problem field gets its own status and a message naming it; versioned structs; NULL handling;
  * a machine without a driver gets FLCE_ERR_NO_DRIVER (or a context when a GPU is present). */
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "check.h"
@@ -65,6 +66,11 @@ MUT(weights_two, p->has_class_weights = 2)
 MUT(accumulate_three, p->accumulate_grad_weight = 3)
 MUT(softcap_inf, p->softcap = 1.0f / 0.0f)
 MUT(tp_on, (p->tp_size = 2, p->tp_rank = 1))
+MUT(tokens_huge, p->tokens = (int64_t)1 << 40)
+MUT(hidden_huge, p->hidden = (int64_t)1 << 30)
+MUT(temperature_tiny, p->temperature = 1e-39f)
+MUT(offset_overflows, (p->vocab_offset = INT64_MAX - 10, p->vocab_total = INT64_MAX))
+MUT(offset_max_total_zero, (p->vocab_offset = INT64_MAX, p->vocab_total = 0))
 
 static void every_bad_field_is_named(void)
 {
@@ -94,6 +100,12 @@ static void every_bad_field_is_named(void)
         {"softcap=inf", FLCE_ERR_INVALID_ARGUMENT, softcap_inf},
         /* valid requests that this build does not implement yet: said, never silently wrong */
         {"tensor parallelism is not implemented", FLCE_ERR_UNSUPPORTED, tp_on},
+        /* sizes whose workspace arithmetic would overflow (found by fuzz_problem) */
+        {"tokens=1099511627776: at most", FLCE_ERR_UNSUPPORTED, tokens_huge},
+        {"hidden=1073741824: at most", FLCE_ERR_UNSUPPORTED, hidden_huge},
+        {"finite fp32 reciprocal", FLCE_ERR_INVALID_ARGUMENT, temperature_tiny},
+        {"exceeds vocab_total", FLCE_ERR_INVALID_ARGUMENT, offset_overflows},
+        {"vocab_offset", FLCE_ERR_INVALID_ARGUMENT, offset_max_total_zero},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         flce_problem p = good();
