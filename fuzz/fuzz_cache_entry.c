@@ -100,7 +100,8 @@ static void entry_path(char *out, const void *key, size_t key_len)
     char hex[33];
     hash128(key, key_len, h);
     hash128_hex(h, hex);
-    snprintf(out, CACHE_PATH_MAX, "%s/%s.cubin", fuzz_dir, hex);
+    int n = snprintf(out, CACHE_PATH_MAX, "%s/%s.cubin", fuzz_dir, hex);
+    FUZZ_REQUIRE(n > 0 && n < CACHE_PATH_MAX, "entry path under %s too long", fuzz_dir);
 }
 
 static void write_file(const char *path, const uint8_t *data, size_t size)

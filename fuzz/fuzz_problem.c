@@ -11,8 +11,9 @@
  *    two regions overlap (except dZ written over Z for fp32, which is the design);
  *  - on a supported arch, each of the plan's four specs passes spec_validate (the dispatcher
  *    never picks a spec it would then reject);
+ *  - AUTO never refuses a problem that forcing CHUNKED would plan;
  *  - emit_source agrees with spec_validate, and its source is non-empty and holds
- *    "#define FLCE_GENERATED 1".
+ *    "#define FLCE_GENERATED 1", with float constants that are C++ literals (no inf, nan).
  * ASan and UBSan (the libFuzzer build) add: no memory error, no signed overflow, no bad shift.
  */
 #include <string.h>
@@ -50,31 +51,40 @@ static void add_region(region *r, int *n, const char *name, uint64_t off, uint64
     x->bytes = mul3(a, b, c, &x->overflow);
 }
 
-/* The workspace layout plan.h promises, recomputed from the plan's own shape fields. */
+/* The workspace layout plan.h promises, with each region's size recomputed from the plan's own
+ * shape fields and flags (plan.c's plan_layout is the model). */
 static void check_layout(const flce_problem *p, const plan *pl)
 {
-    region r[9];
-    int n = 0, grads = pl->op != FLCE_OP_FORWARD;
-    uint64_t rows = (uint64_t)pl->chunk_rows, tokens = (uint64_t)pl->n;
-    uint64_t splits = (uint64_t)pl->splits, ldz = (uint64_t)pl->ldz;
-    add_region(r, &n, "count", pl->off_count, 16, 1, 1, 1);
-    add_region(r, &n, "target", pl->off_target, rows, 4, 1, 1);
-    add_region(r, &n, "part_m", pl->off_part_m, rows, splits, 4, 1);
-    add_region(r, &n, "part_s", pl->off_part_s, rows, splits, 4, 1);
+    region r[16];
+    int n = 0, grads = pl->op != FLCE_OP_FORWARD, stats = pl->op != FLCE_OP_BACKWARD;
+    uint64_t rows = (uint64_t)pl->stat_rows, tokens = (uint64_t)pl->n, sp = (uint64_t)pl->splits;
+    uint64_t block = (uint64_t)pl->chunk_rows, ldz = (uint64_t)pl->ldz;
+    uint64_t v = (uint64_t)pl->v, d = (uint64_t)pl->d;
+    unsigned o = pl->logits.opts;
+    add_region(r, &n, "stats", pl->off_stats, 16, 1, 1, 1);
+    add_region(r, &n, "target", pl->off_target, rows, 4, 1, stats);
+    add_region(r, &n, "part_m", pl->off_part_m, rows, sp, 4, stats);
+    add_region(r, &n, "part_s", pl->off_part_s, rows, sp, 4, stats);
+    add_region(r, &n, "part_t", pl->off_part_t, rows, sp, 4, stats && (o & SPEC_OPT_ENTROPY));
+    add_region(r, &n, "part_zs", pl->off_part_zs, rows, sp, 4, stats && (o & SPEC_OPT_ZSUM));
+    add_region(r, &n, "part_arg", pl->off_part_arg, rows, sp, 8, stats && (o & SPEC_OPT_ARGMAX));
     add_region(r, &n, "loss_rows", pl->off_loss_rows, tokens, 4, 1, pl->need_loss_rows);
+    add_region(r, &n, "zloss_rows", pl->off_zloss_rows, tokens, 4, 1, pl->need_zloss_rows);
     add_region(r, &n, "lse", pl->off_lse, tokens, 4, 1, pl->need_lse);
-    add_region(r, &n, "z", pl->off_z, rows, ldz, 4, grads);
+    add_region(r, &n, "z", pl->off_z, block, ldz, 4, grads);
     /* fp32: dZ overwrites Z in place (plan.c), so it is not a region of its own. */
-    add_region(r, &n, "dz", pl->off_dz, rows, ldz, 2, grads && p->dtype != FLCE_DTYPE_F32);
-    add_region(r, &n, "dw_acc", pl->off_dw_acc, (uint64_t)pl->v, (uint64_t)pl->d, 4,
-               pl->need_dw_acc);
+    add_region(r, &n, "dz", pl->off_dz, block, ldz, 2, grads && p->dtype != FLCE_DTYPE_F32);
+    add_region(r, &n, "dw_acc", pl->off_dw_acc, v, d, 4, grads && pl->need_dw_acc);
+    add_region(r, &n, "dh_acc", pl->off_dh_acc, tokens, d, 4, grads && pl->need_dh_acc);
+    add_region(r, &n, "db_acc", pl->off_db_acc, v, 4, 1, grads && pl->need_db_acc);
     for (int i = 0; i < n; i++) {
         if (!r[i].used) continue;
         FUZZ_REQUIRE(!r[i].overflow,
-                     "region %s: size overflows 64 bits (N=%lld D=%lld V=%lld chunk=%lld); "
+                     "region %s: size overflows 64 bits (N=%lld D=%lld V=%lld chunk=%lldx%lld); "
                      "workspace_bytes=%llu has wrapped",
                      r[i].name, (long long)pl->n, (long long)pl->d, (long long)pl->v,
-                     (long long)pl->chunk_rows, (unsigned long long)pl->workspace_bytes);
+                     (long long)pl->chunk_rows, (long long)pl->chunk_cols,
+                     (unsigned long long)pl->workspace_bytes);
         FUZZ_REQUIRE(r[i].off % 256 == 0, "region %s at %llu: not 256-aligned", r[i].name,
                      (unsigned long long)r[i].off);
         FUZZ_REQUIRE(r[i].off <= pl->workspace_bytes &&
@@ -93,20 +103,28 @@ static void check_layout(const flce_problem *p, const plan *pl)
     }
 }
 
+/* `chunks` pieces of `size` cover [0, total) exactly: none empty, none wholly past the end. */
+static int covers(int64_t total, int64_t size, int64_t chunks)
+{
+    return size >= 1 && size <= total && chunks == (total - 1) / size + 1;
+}
+
 static void check_plan(const problem_case *c, const plan *pl)
 {
     const flce_problem *p = &c->problem;
     FUZZ_REQUIRE(pl->n == p->tokens && pl->d == p->hidden && pl->v == p->vocab_shard,
                  "plan shape %lld×%lld×%lld differs from the problem", (long long)pl->n,
                  (long long)pl->d, (long long)pl->v);
-    FUZZ_REQUIRE(pl->chunk_rows >= 1 && pl->chunk_rows <= pl->n, "chunk_rows=%lld with N=%lld",
+    FUZZ_REQUIRE(covers(pl->n, pl->chunk_rows, pl->n_chunks),
+                 "%lld token chunks of %lld rows for N=%lld", (long long)pl->n_chunks,
                  (long long)pl->chunk_rows, (long long)pl->n);
-    FUZZ_REQUIRE(pl->n_chunks == (pl->n - 1) / pl->chunk_rows + 1,
-                 "n_chunks=%lld: %lld chunks of %lld rows do not cover N=%lld exactly",
-                 (long long)pl->n_chunks, (long long)pl->n_chunks, (long long)pl->chunk_rows,
-                 (long long)pl->n);
-    FUZZ_REQUIRE(pl->ldz >= pl->v && pl->ldz % 8 == 0 && pl->ldz - pl->v < 8, "ldz=%lld for V=%lld",
-                 (long long)pl->ldz, (long long)pl->v);
+    FUZZ_REQUIRE(covers(pl->v, pl->chunk_cols, pl->n_vchunks),
+                 "%lld vocab chunks of %lld columns for V=%lld", (long long)pl->n_vchunks,
+                 (long long)pl->chunk_cols, (long long)pl->v);
+    FUZZ_REQUIRE(pl->ldz >= pl->chunk_cols && pl->ldz % 8 == 0 && pl->ldz - pl->chunk_cols < 8,
+                 "ldz=%lld for %lld columns", (long long)pl->ldz, (long long)pl->chunk_cols);
+    FUZZ_REQUIRE(pl->stat_rows >= 0 && pl->stat_rows <= pl->n, "stat_rows=%lld for N=%lld",
+                 (long long)pl->stat_rows, (long long)pl->n);
     int64_t bn = pl->logits.tile.bn > 0 ? pl->logits.tile.bn : 1;
     int64_t tiles = (pl->v - 1) / bn + 1;
     FUZZ_REQUIRE(pl->splits >= 1 && pl->tiles_per_split >= 1 &&
@@ -125,6 +143,22 @@ static void check_plan(const problem_case *c, const plan *pl)
     }
 }
 
+/* AUTO may prefer a strategy, but must not refuse a problem that a strategy it could pick plans:
+ * when AUTO fails, CHUNKED fails too. */
+static void check_auto_refusal(const problem_case *c, const flce_tensors *t)
+{
+    if (c->problem.strategy != FLCE_STRATEGY_AUTO || c->op == FLCE_OP_FORWARD) return;
+    char why[512];
+    snprintf(why, sizeof why, "%s", err_message());
+    flce_problem chunked = c->problem;
+    chunked.strategy = FLCE_STRATEGY_CHUNKED;
+    plan pl;
+    err_clear();
+    flce_status st = plan_make(&chunked, c->op, c->sm, c->num_sms, t, &pl);
+    FUZZ_REQUIRE(st != FLCE_OK, "AUTO refuses a problem that CHUNKED plans (%lld chunks of %lld "
+                 "rows): %s", (long long)pl.n_chunks, (long long)pl.chunk_rows, why);
+}
+
 /* flce_problem_validate sees exactly struct_size bytes (at least its first field), as a caller
  * compiled against another flce.h would pass, so ASan catches a read past what the caller has. */
 static flce_status validate_as_caller(const flce_problem *p)
@@ -139,6 +173,21 @@ static flce_status validate_as_caller(const flce_problem *p)
     flce_status st = flce_problem_validate((const flce_problem *)(void *)buf);
     free(buf);
     return st;
+}
+
+/* The float constants of the preamble are C++ literals NVRTC accepts: printf's "inf" and "nan"
+ * are not (the NVRTC compile itself is spec_compile.c's job, on the corpus). */
+static void check_constants(const char *src)
+{
+    const char *end = strstr(src, "\n\n"); /* the preamble ends at its blank line */
+    for (const char *line = src; line && (!end || line < end); line = strchr(line, '\n')) {
+        if (*line == '\n') line++;
+        if (strncmp(line, "constexpr float", 15) != 0) continue;
+        size_t len = strcspn(line, "\n");
+        for (size_t i = 0; i + 3 <= len; i++)
+            FUZZ_REQUIRE(strncmp(line + i, "inf", 3) != 0 && strncmp(line + i, "nan", 3) != 0,
+                         "preamble constant is not a literal: %.*s", (int)len, line);
+    }
 }
 
 static void check_spec(const kernel_spec *s)
@@ -160,6 +209,7 @@ static void check_spec(const kernel_spec *s)
     FUZZ_REQUIRE(src && src[0], "emit_source succeeded with an empty source");
     FUZZ_REQUIRE(strstr(src, "#define FLCE_GENERATED 1\n") != NULL,
                  "emitted source lacks #define FLCE_GENERATED 1");
+    check_constants(src);
     free(src);
 }
 
@@ -172,12 +222,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (st == FLCE_OK) {
         flce_tensors storage;
         plan pl;
+        problem_case_normalize(&c);
         err_clear();
-        st = plan_make(&c.problem, c.op, c.sm, c.num_sms, problem_case_tensors(&c, &storage), &pl);
+        const flce_tensors *t = problem_case_tensors(&c, &storage);
+        st = plan_make(&c.problem, c.op, c.sm, c.num_sms, t, &pl);
         fuzz_check_status(st, "plan_make");
         if (st == FLCE_OK) {
             check_plan(&c, &pl);
             problem_case_pick_spec(&c, &pl);
+        } else {
+            check_auto_refusal(&c, t);
         }
     }
     check_spec(&c.spec);

@@ -1,4 +1,5 @@
 /* problem_input.c — decodes fuzz_problem's input bytes into a case (layout in problem_input.h). */
+#include <stddef.h>
 #include <string.h>
 
 #include "fuzz.h"
@@ -27,6 +28,10 @@ static void decode_problem(fuzz_reader *r, flce_problem *p)
     p->deterministic = fuzz_i32(r);
     p->strategy = (flce_strategy)fuzz_i32(r);
     p->memory_budget = fuzz_u64(r);
+    p->has_class_weights = fuzz_i32(r);
+    p->accumulate_grad_hidden = fuzz_i32(r);
+    p->accumulate_grad_weight = fuzz_i32(r);
+    p->reserved0 = fuzz_i32(r);
 }
 
 static void decode_spec(fuzz_reader *r, kernel_spec *s)
@@ -42,8 +47,14 @@ static void decode_spec(fuzz_reader *r, kernel_spec *s)
     s->tile.stages = fuzz_i32(r);
     s->tile.warps_m = fuzz_i32(r);
     s->tile.warps_n = fuzz_i32(r);
+    s->tile.wgmma = fuzz_i32(r);
     s->label_bits = fuzz_i32(r);
     s->reduction = (flce_reduction)fuzz_i32(r);
+    s->opts = fuzz_u32(r);
+    s->softcap = fuzz_f32(r);
+    s->temperature = fuzz_f32(r);
+    s->smoothing = fuzz_f32(r);
+    s->z_loss = fuzz_f32(r);
 }
 
 void problem_case_decode(const uint8_t *data, size_t size, problem_case *c)
@@ -54,7 +65,7 @@ void problem_case_decode(const uint8_t *data, size_t size, problem_case *c)
     uint32_t struct_size = (uint32_t)sizeof(flce_problem);
     switch (c->flags & PI_SIZE_MASK) {
     case PI_SIZE_GIVEN: struct_size = fuzz_u32(&r); break;
-    case PI_SIZE_OLDER: struct_size -= 8; break;
+    case PI_SIZE_OLDER: struct_size = (uint32_t)offsetof(flce_problem, has_class_weights); break;
     case PI_SIZE_NEWER: struct_size += 8; break;
     default: break;
     }
@@ -65,8 +76,18 @@ void problem_case_decode(const uint8_t *data, size_t size, problem_case *c)
     c->op = (flce_op)(fuzz_u8(&r) % 3);
     c->sm = fuzz_i32(&r);
     c->num_sms = fuzz_i32(&r);
-    c->outputs = fuzz_u8(&r);
+    c->outputs = (unsigned)fuzz_take(&r, 2);
     decode_spec(&r, &c->spec);
+}
+
+void problem_case_normalize(problem_case *c)
+{
+    flce_problem full;
+    flce_problem_init(&full);
+    size_t have = c->problem.struct_size < sizeof full ? c->problem.struct_size : sizeof full;
+    memcpy(&full, &c->problem, have);
+    full.struct_size = (uint32_t)sizeof full; /* (vocab_total is left as given: no plan uses it) */
+    c->problem = full;
 }
 
 const flce_tensors *problem_case_tensors(const problem_case *c, flce_tensors *t)
@@ -75,10 +96,18 @@ const flce_tensors *problem_case_tensors(const problem_case *c, flce_tensors *t)
     static float dummy[4];
     if (!(c->flags & PI_TENSORS)) return NULL;
     flce_tensors_init(t);
-    if (c->outputs & PI_OUT_LOSS) t->loss = dummy;
-    if (c->outputs & PI_OUT_LSE) t->lse = dummy;
-    if (c->outputs & PI_OUT_GRAD_HIDDEN) t->grad_hidden = dummy;
-    if (c->outputs & PI_OUT_GRAD_WEIGHT) t->grad_weight = dummy;
+    unsigned m = c->outputs;
+    if (m & PI_OUT_LOSS) t->loss = dummy;
+    if (m & PI_OUT_LSE) t->lse = dummy;
+    if (m & PI_OUT_GRAD_HIDDEN) t->grad_hidden = dummy;
+    if (m & PI_OUT_GRAD_WEIGHT) t->grad_weight = dummy;
+    if (m & PI_OUT_GRAD_BIAS) t->grad_bias = dummy;
+    if (m & PI_OUT_LOSS_PER_TOKEN) t->loss_per_token = dummy;
+    if (m & PI_OUT_Z_LOSS) t->z_loss_out = dummy;
+    if (m & PI_OUT_TARGET_LOGPROB) t->target_logprob = dummy;
+    if (m & PI_OUT_ENTROPY) t->entropy = dummy;
+    if (m & PI_OUT_ARGMAX) t->argmax = (int64_t *)(void *)dummy;
+    if (m & PI_OUT_CLASS_WEIGHTS) t->class_weights = dummy;
     return t;
 }
 

@@ -5,20 +5,22 @@
  * corpus) and make_corpus.c (which writes the seeds) share it, so the corpus and its readers
  * agree on one layout.
  *
- * Layout, all integers little-endian, missing bytes read as 0 (fuzz.h):
+ * Layout, all integers little-endian, missing bytes read as 0 (fuzz.h). Fields are read in the
+ * order of their structs, so a field added to flce_problem or kernel_spec is added here in place
+ * and the seeds are rewritten with fuzz_make_corpus (make_corpus.c):
  *   u8  flags      bits 0-1 struct_size: 0 sizeof(flce_problem), 1 the u32 that follows,
- *                           2 sizeof − 8 (a caller without memory_budget), 3 sizeof + 8 (newer);
+ *                           2 the first published layout (up to memory_budget), 3 sizeof + 8;
  *                  bit 2    api_version is the u32 that follows (else FLCE_API_VERSION);
  *                  bit 3    the spec is the plan's spec of spec.role (when the problem plans);
  *                  bit 4    plan_make gets tensors (the outputs named by the mask below)
  *  [u32 struct_size] [u32 api_version]
  *   problem: i64 tokens hidden vocab_shard vocab_offset vocab_total, i32 dtype label_bits
  *            reduction, i64 ignore_index, f32 label_smoothing z_loss softcap temperature,
- *            i32 has_bias tp_rank tp_size allow_tf32 deterministic strategy, u64 memory_budget
- *   plan:    u8 op (mod 3), i32 sm, i32 num_sms, u8 outputs mask (1 loss, 2 lse, 4 grad_hidden,
- *            8 grad_weight)
+ *            i32 has_bias tp_rank tp_size allow_tf32 deterministic strategy, u64 memory_budget,
+ *            i32 has_class_weights accumulate_grad_hidden accumulate_grad_weight reserved0
+ *   plan:    u8 op (mod 3), i32 sm, i32 num_sms, u16 outputs mask (PI_OUT_*)
  *   spec:    i32 sm dtype, i64 hidden vocab_shard, i32 role bm bn bk stages warps_m warps_n
- *            label_bits reduction
+ *            wgmma label_bits reduction, u32 opts, f32 softcap temperature smoothing z_loss
  */
 #ifndef FLCE_FUZZ_PROBLEM_INPUT_H
 #define FLCE_FUZZ_PROBLEM_INPUT_H
@@ -39,7 +41,20 @@ enum {
     PI_TENSORS = 1 << 4
 };
 
-enum { PI_OUT_LOSS = 1, PI_OUT_LSE = 2, PI_OUT_GRAD_HIDDEN = 4, PI_OUT_GRAD_WEIGHT = 8 };
+/* The flce_tensors fields a caller may leave NULL, one bit each. */
+enum {
+    PI_OUT_LOSS = 1 << 0,
+    PI_OUT_LSE = 1 << 1,
+    PI_OUT_GRAD_HIDDEN = 1 << 2,
+    PI_OUT_GRAD_WEIGHT = 1 << 3,
+    PI_OUT_GRAD_BIAS = 1 << 4,
+    PI_OUT_LOSS_PER_TOKEN = 1 << 5,
+    PI_OUT_Z_LOSS = 1 << 6,
+    PI_OUT_TARGET_LOGPROB = 1 << 7,
+    PI_OUT_ENTROPY = 1 << 8,
+    PI_OUT_ARGMAX = 1 << 9,
+    PI_OUT_CLASS_WEIGHTS = 1 << 10
+};
 
 typedef struct problem_case {
     unsigned flags;
@@ -51,6 +66,11 @@ typedef struct problem_case {
 } problem_case;
 
 void problem_case_decode(const uint8_t *data, size_t size, problem_case *c);
+
+/* After flce_problem_validate accepted c->problem: the problem as the library goes on to use it
+ * (api.c's normalize_problem), fields past the caller's struct_size at their defaults, so
+ * plan_make sees what flce_workspace_size would hand it. */
+void problem_case_normalize(problem_case *c);
 
 /* The tensors plan_make sees: NULL without PI_TENSORS, else non-NULL dummies (plan_make only
  * tests them for NULL) for the outputs in the mask. */

@@ -64,7 +64,9 @@ static void drv_load_once(void)
         SYM(MemFreeHost), SYM(MemGetInfo), SYM(MemcpyHtoD), SYM(MemcpyDtoH), SYM(MemsetD8Async),
         SYM(MemsetD32Async), SYM(MemsetD8), SYM(StreamCreate), SYM(StreamDestroy),
         SYM(StreamSynchronize), SYM(StreamIsCapturing), SYM(EventCreate), SYM(EventDestroy),
-        SYM(EventRecord), SYM(EventSynchronize), SYM(EventElapsedTime),
+        SYM(EventRecord), SYM(EventSynchronize), SYM(EventElapsedTime), SYM(StreamBeginCapture),
+        SYM(StreamEndCapture), SYM(GraphInstantiateWithFlags), SYM(GraphLaunch),
+        SYM(GraphExecDestroy), SYM(GraphDestroy),
 #undef SYM
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++)

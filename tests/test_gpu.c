@@ -553,6 +553,154 @@ static void nan_input_stays_in_its_token(void)
     free(h), free(w), free(dh);
 }
 
+/* ---- graph capture and determinism (issue 7) ---- */
+
+typedef struct det_run {
+    flce_problem p;
+    bufs b;
+    flce_tensors t;
+    void *ws;
+    size_t nh, nw;
+} det_run;
+
+static int det_setup(det_run *d, flce_reduction red)
+{
+    flce_problem_init(&d->p);
+    d->p.tokens = 777, d->p.hidden = 128, d->p.vocab_shard = 5003, d->p.dtype = FLCE_DTYPE_BF16;
+    d->p.reduction = red, d->p.memory_budget = 4 << 20; /* several chunks: accumulation order matters */
+    d->p.label_smoothing = 0.1f, d->p.z_loss = 1e-4f;
+    gcase c = {"det", 777, 128, 5003, FLCE_DTYPE_BF16, red, 4, 0.1, 32, 0, 0, 0, 0};
+    d->nh = 777 * 128, d->nw = 5003 * 128;
+    double *h = dalloc((int64_t)d->nh), *w = dalloc((int64_t)d->nw), go = 0;
+    int64_t *labels = malloc(sizeof(int64_t) * 777);
+    fill(&c, h, w, labels, &go, 0);
+    memset(&d->b, 0, sizeof d->b);
+    int ok = upload_all(&c, &d->b, h, w, labels, &go, 0) == FLCE_OK;
+    free(h), free(w), free(labels);
+    uint64_t bytes = 0;
+    ok = ok && flce_workspace_size(ctx, &d->p, FLCE_OP_LOSS_AND_GRAD, &bytes) == FLCE_OK;
+    ok = ok && devmem_alloc(&d->ws, bytes) == FLCE_OK;
+    flce_tensors_init(&d->t);
+    d->t.hidden = d->b.h, d->t.weight = d->b.w, d->t.labels = d->b.labels, d->t.loss = d->b.loss;
+    d->t.lse = d->b.lse, d->t.grad_hidden = d->b.dh, d->t.grad_weight = d->b.dw;
+    d->t.workspace = d->ws, d->t.workspace_bytes = bytes;
+    return ok;
+}
+
+/* Every output's bytes, for bitwise comparison. */
+static unsigned char *det_snapshot(const det_run *d, size_t *len)
+{
+    size_t nl = d->p.reduction == FLCE_REDUCTION_NONE ? 777 : 1;
+    *len = nl * 4 + 777 * 4 + (d->nh + d->nw) * 2;
+    unsigned char *s = malloc(*len), *at = s;
+    devmem_download(at, d->b.loss, nl * 4), at += nl * 4;
+    devmem_download(at, d->b.lse, 777 * 4), at += 777 * 4;
+    devmem_download(at, d->b.dh, d->nh * 2), at += d->nh * 2;
+    devmem_download(at, d->b.dw, d->nw * 2);
+    return s;
+}
+
+static void det_poison(det_run *d)
+{
+    devmem_poison(d->b.loss, 777 * 4), devmem_poison(d->b.lse, 777 * 4);
+    devmem_poison(d->b.dh, d->nh * 2), devmem_poison(d->b.dw, d->nw * 2);
+}
+
+/* Ten runs give bitwise-identical loss, lse and gradients: no float atomics, fixed reduction order. */
+static void ten_runs_are_bitwise_identical(void)
+{
+    for (int red = 0; red < 3; red++) {
+        det_run d;
+        CHECK(det_setup(&d, (flce_reduction)red));
+        unsigned char *first = NULL;
+        size_t len = 0;
+        int differing = 0;
+        for (int run = 0; run < 10; run++) {
+            det_poison(&d);
+            CHECK(flce_loss_and_grad(ctx, &d.p, &d.t, NULL) == FLCE_OK && flce_check(ctx, NULL) == FLCE_OK);
+            size_t l2;
+            unsigned char *snap = det_snapshot(&d, &l2);
+            if (!first) first = snap, len = l2;
+            else differing += memcmp(first, snap, len) != 0, free(snap);
+        }
+        CHECKF(differing == 0, "%s: %d of 9 repeat runs differ from the first", red_name[red], differing);
+        free(first);
+        free_all(&d.b);
+        devmem_free(d.ws);
+    }
+}
+
+/* Loss-and-grad and forward captured into a CUDA graph (no host synchronization inside) and replayed
+ * 100 times give the same bytes as a direct call. Without a workspace, capture is refused clearly. */
+static void graph_capture_replays_identically(void)
+{
+    det_run d;
+    CHECK(det_setup(&d, FLCE_REDUCTION_MEAN));
+    void *stream = NULL, *exec = NULL;
+    CHECK(devmem_stream_create(&stream) == FLCE_OK);
+    CHECK(flce_loss_and_grad(ctx, &d.p, &d.t, stream) == FLCE_OK && flce_check(ctx, stream) == FLCE_OK);
+    size_t len = 0, l2 = 0;
+    unsigned char *direct = det_snapshot(&d, &len);
+
+    /* A fresh context holds no workspace: capturing a call that would have to allocate one is
+     * refused with a message, not broken. */
+    flce_context *fresh = NULL;
+    CHECK(flce_context_create(0, &fresh) == FLCE_OK);
+    flce_tensors no_ws = d.t;
+    no_ws.workspace = NULL, no_ws.workspace_bytes = 0;
+    CHECK(flce_loss_and_grad(fresh, &d.p, &d.t, stream) == FLCE_OK); /* loads its kernels */
+    CHECK(devmem_capture_begin(stream) == FLCE_OK);
+    flce_status st = flce_loss_and_grad(fresh, &d.p, &no_ws, stream);
+    void *discard = NULL;
+    devmem_capture_end(stream, &discard);
+    devmem_graph_destroy(discard);
+    CHECKF(st == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "captured"), "%s: %s",
+           flce_status_name(st), flce_last_error());
+    CHECK(devmem_stream_sync(stream) == FLCE_OK);
+    flce_context_destroy(fresh);
+
+    det_poison(&d);
+    CHECK(devmem_capture_begin(stream) == FLCE_OK);
+    st = flce_loss_and_grad(ctx, &d.p, &d.t, stream);
+    CHECKF(st == FLCE_OK, "capturing loss_and_grad: %s", flce_last_error());
+    CHECK(devmem_capture_end(stream, &exec) == FLCE_OK);
+    int differing = 0;
+    for (int i = 0; i < 100; i++) {
+        if (i == 0 || i == 99) det_poison(&d);
+        CHECK(devmem_graph_launch(exec, stream) == FLCE_OK);
+        if (i == 0 || i == 99) {
+            CHECK(devmem_stream_sync(stream) == FLCE_OK);
+            unsigned char *snap = det_snapshot(&d, &l2);
+            differing += l2 != len || memcmp(snap, direct, len) != 0;
+            free(snap);
+        }
+    }
+    CHECK(devmem_stream_sync(stream) == FLCE_OK && flce_check(ctx, stream) == FLCE_OK);
+    CHECKF(differing == 0, "%d of 2 checked replays differ from the direct call", differing);
+    devmem_graph_destroy(exec);
+
+    /* forward alone: a direct call, then the same captured and replayed */
+    flce_tensors f = d.t;
+    f.grad_hidden = f.grad_weight = NULL;
+    flce_problem pf = d.p;
+    float loss_graph = 0, loss_direct = 0;
+    CHECK(flce_forward(ctx, &pf, &f, stream) == FLCE_OK && flce_check(ctx, stream) == FLCE_OK);
+    devmem_download(&loss_direct, d.b.loss, 4);
+    det_poison(&d);
+    CHECK(devmem_capture_begin(stream) == FLCE_OK);
+    CHECK(flce_forward(ctx, &pf, &f, stream) == FLCE_OK);
+    CHECK(devmem_capture_end(stream, &exec) == FLCE_OK);
+    for (int i = 0; i < 100; i++) CHECK(devmem_graph_launch(exec, stream) == FLCE_OK);
+    CHECK(devmem_stream_sync(stream) == FLCE_OK);
+    devmem_download(&loss_graph, d.b.loss, 4);
+    CHECKF(loss_graph == loss_direct, "forward graph loss %g vs direct %g", loss_graph, loss_direct);
+    devmem_graph_destroy(exec);
+    devmem_stream_destroy(stream);
+    free(direct);
+    free_all(&d.b);
+    devmem_free(d.ws);
+}
+
 /* Bad tensors: a status and a message naming the argument; nothing launched. */
 static void bad_tensors_are_named(void)
 {
@@ -613,6 +761,8 @@ int main(void)
     RUN(recipe_combinations_match_the_reference);
     RUN(accumulate_and_recompute_modes_match_the_reference);
     RUN(nan_input_stays_in_its_token);
+    RUN(ten_runs_are_bitwise_identical);
+    RUN(graph_capture_replays_identically);
     flce_context_destroy(ctx);
     FINISH();
 }

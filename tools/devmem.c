@@ -85,6 +85,54 @@ flce_status devmem_timer_stop(devmem_timer *t, float *ms)
     return FLCE_OK;
 }
 
+flce_status devmem_stream_create(void **stream)
+{
+    CUstream s = NULL;
+    DRV_TRY(drv.StreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    *stream = s;
+    return FLCE_OK;
+}
+
+void devmem_stream_destroy(void *stream)
+{
+    if (stream) drv.StreamDestroy((CUstream)stream);
+}
+
+flce_status devmem_stream_sync(void *stream)
+{
+    DRV_TRY(drv.StreamSynchronize((CUstream)stream));
+    return FLCE_OK;
+}
+
+flce_status devmem_capture_begin(void *stream)
+{
+    DRV_TRY(drv.StreamBeginCapture((CUstream)stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    return FLCE_OK;
+}
+
+flce_status devmem_capture_end(void *stream, void **exec)
+{
+    CUgraph graph = NULL;
+    CUgraphExec ge = NULL;
+    DRV_TRY(drv.StreamEndCapture((CUstream)stream, &graph));
+    CUresult r = drv.GraphInstantiateWithFlags(&ge, graph, 0);
+    drv.GraphDestroy(graph);
+    if (r != CUDA_SUCCESS) return drv_error(r, "instantiating the captured graph");
+    *exec = ge;
+    return FLCE_OK;
+}
+
+flce_status devmem_graph_launch(void *exec, void *stream)
+{
+    DRV_TRY(drv.GraphLaunch((CUgraphExec)exec, (CUstream)stream));
+    return FLCE_OK;
+}
+
+void devmem_graph_destroy(void *exec)
+{
+    if (exec) drv.GraphExecDestroy((CUgraphExec)exec);
+}
+
 flce_status devmem_info(size_t *free_bytes, size_t *total_bytes)
 {
     DRV_TRY(drv.MemGetInfo(free_bytes, total_bytes));

@@ -25,6 +25,15 @@ flce_status devmem_sync(void);
 typedef struct devmem_timer devmem_timer;
 flce_status devmem_timer_start(devmem_timer **t);
 flce_status devmem_timer_stop(devmem_timer *t, float *ms); /* frees the timer */
+/* A stream of our own, and a CUDA graph captured from work enqueued on it. */
+flce_status devmem_stream_create(void **stream);
+void devmem_stream_destroy(void *stream);
+flce_status devmem_stream_sync(void *stream);
+flce_status devmem_capture_begin(void *stream);
+/* Ends the capture and instantiates it: *exec is launched with devmem_graph_launch. */
+flce_status devmem_capture_end(void *stream, void **exec);
+flce_status devmem_graph_launch(void *exec, void *stream);
+void devmem_graph_destroy(void *exec);
 /* Free and total device memory, bytes. */
 flce_status devmem_info(size_t *free_bytes, size_t *total_bytes);
 
