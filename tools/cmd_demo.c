@@ -201,12 +201,19 @@ static int demo_verify(demo_data *d, host_rng *rng)
     return failed;
 }
 
-/* The part of the workspace that is the dW accumulator (outside memory_budget, DESIGN §3). */
-static double dw_acc_mib(const flce_problem *p)
+/* The part of the workspace that is an fp32 gradient accumulator (outside memory_budget, DESIGN
+ * §3): dW (V×D) for the chunked strategy, dH (N×D) for recompute. Planned as the library does for
+ * an H100-sized GPU, which is what decides the strategy here. */
+static double acc_mib(const flce_problem *p, const char **which)
 {
     plan pl;
-    if (plan_make(p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) != FLCE_OK || !pl.need_dw_acc) return 0;
-    return (double)pl.v * (double)pl.d * 4 / (1 << 20);
+    *which = "no";
+    if (plan_make(p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) != FLCE_OK) return 0;
+    if (pl.need_dw_acc) *which = "the fp32 dW";
+    if (pl.need_dh_acc) *which = "the fp32 dH";
+    if (pl.need_dw_acc) return (double)pl.v * (double)pl.d * 4 / (1 << 20);
+    if (pl.need_dh_acc) return (double)pl.n * (double)pl.d * 4 / (1 << 20);
+    return 0;
 }
 
 static int demo_fail(const char *what)
@@ -264,9 +271,11 @@ static int demo_gpu(tool_opts *o)
     printf("  first call (JIT or cache load included): %.1f ms\n", first_ms);
     printf("  loss_and_grad: median %.3f ms of %d runs (min %.3f), %.1f TFLOP/s (6NVD)\n", med, RUNS,
            ms[0], flops / med / 1e9);
-    printf("  extra device memory: %.1f MiB workspace, of which %.1f MiB is the fp32 dW "
-           "accumulator (full fp32 logits would take %.1f MiB)\n", (double)ws_bytes / (1 << 20),
-           dw_acc_mib(&d.p), (double)d.p.tokens * (double)d.p.vocab_shard * 4 / (1 << 20));
+    const char *which;
+    double acc = acc_mib(&d.p, &which);
+    printf("  extra device memory: %.1f MiB workspace, of which %.1f MiB is %s accumulator (full "
+           "fp32 logits would take %.1f MiB)\n", (double)ws_bytes / (1 << 20), acc, which,
+           (double)d.p.tokens * (double)d.p.vocab_shard * 4 / (1 << 20));
 
     /* Per-token losses for the check, from the forward path. */
     flce_problem pf = d.p;
