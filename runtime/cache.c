@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "fault.h"
 #include "hash.h"
 #include "log.h"
 
@@ -413,6 +414,19 @@ static int cache_write_entry(int fd, const void *key, size_t key_len, const void
     return cache_write_all(fd, trailer, sizeof trailer);
 }
 
+/* cache_write_entry, or the disk-full fault of fault.h: a few bytes land, then ENOSPC (or, for
+ * the stall variant, the writer blocks there until a test kills it). */
+static int cache_write_entry_hooked(int fd, const void *key, size_t key_len, const void *blob,
+                                    size_t len)
+{
+    fault_action f = fault_fire(FAULT_CACHE_WRITE);
+    if (f == FAULT_PASS) return cache_write_entry(fd, key, key_len, blob, len);
+    (void)cache_write_all(fd, CACHE_MAGIC, 4);
+    while (f == FAULT_STALL) pause();
+    errno = ENOSPC;
+    return -1;
+}
+
 /* fsync is skipped on purpose: after a crash a torn entry fails its checksum and is recompiled,
  * which is cheaper than an fsync per kernel on every rank's file system. */
 flce_status cache_store(const char *dir, const void *key, size_t key_len, const void *blob,
@@ -437,12 +451,16 @@ flce_status cache_store(const char *dir, const void *key, size_t key_len, const 
         cache_warn_unusable(dir, "cannot create a file in it", errno);
         return FLCE_OK;
     }
-    int failed = cache_write_entry(fd, key, key_len, blob, len);
+    int failed = cache_write_entry_hooked(fd, key, key_len, blob, len);
     int err = errno;
     /* close can be where a network file system reports a failed write. */
     if (close(fd) != 0 && !failed) {
         failed = 1;
         err = errno;
+    }
+    if (!failed && fault_fire(FAULT_CACHE_RENAME)) {
+        failed = 1;
+        err = EACCES;
     }
     if (!failed && rename(tmp, path) != 0) {
         failed = 1;

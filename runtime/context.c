@@ -5,6 +5,7 @@
 
 #include "context.h"
 #include "emit.h"
+#include "fault.h"
 #include "jit.h"
 #include "log.h"
 
@@ -107,7 +108,8 @@ static flce_status ctx_load_module(flce_context *ctx, const kernel_spec *s, ctx_
 {
     jit_result jr;
     TRY(jit_build(s, &jr));
-    CUresult r = drv.ModuleLoadData(&m->module, jr.cubin);
+    CUresult r = fault_fire(FAULT_MODULE_LOAD) ? CUDA_ERROR_INVALID_IMAGE
+                                               : drv.ModuleLoadData(&m->module, jr.cubin);
     free(jr.cubin);
     if (r != CUDA_SUCCESS) return drv_error(r, "loading a compiled kernel module");
     const char *const *names = emit_kernel_names(s->role);
@@ -168,7 +170,8 @@ flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CU
         drv.MemFree(ctx->workspace);
         ctx->workspace = 0, ctx->workspace_bytes = 0;
     }
-    CUresult r = drv.MemAlloc(&ctx->workspace, bytes);
+    CUresult r = fault_fire(FAULT_DEVICE_ALLOC) ? CUDA_ERROR_OUT_OF_MEMORY
+                                                : drv.MemAlloc(&ctx->workspace, bytes);
     if (r != CUDA_SUCCESS) {
         ctx->workspace = 0;
         return err_set(r == CUDA_ERROR_OUT_OF_MEMORY ? FLCE_ERR_OUT_OF_MEMORY : FLCE_ERR_CUDA,

@@ -5,6 +5,7 @@
 
 #include <nvrtc.h>
 
+#include "fault.h"
 #include "log.h"
 #include "nvrtc_compile.h"
 #include "spec.h"
@@ -67,6 +68,9 @@ flce_status nvrtc_compile(const char *src, const char *name, int sm, void **cubi
 {
     *cubin = NULL;
     *len = 0;
+    if (fault_fire(FAULT_NVRTC_COMPILE))
+        return err_set(FLCE_ERR_COMPILE, "injected fault: NVRTC compile of %s for %s", name,
+                       spec_arch_name(sm));
     nvrtcProgram prog;
     nvrtcResult r = nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL);
     if (r != NVRTC_SUCCESS)
