@@ -25,6 +25,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "corpus_file.h"
+
 #ifndef FUZZ_TARGET_NAME
 #error "build with -DFUZZ_TARGET_NAME=\"<target>\""
 #endif
@@ -32,26 +34,6 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static int passed, failed;
-
-/* The whole file in a buffer of exactly its size (as libFuzzer hands it over), so ASan builds
- * catch a read one byte past the input. NULL on error. */
-static uint8_t *read_file(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    uint8_t *buf = NULL;
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode)) {
-        *size = (size_t)st.st_size;
-        buf = malloc(*size ? *size : 1);
-        if (buf && fread(buf, 1, *size, f) != *size) {
-            free(buf);
-            buf = NULL;
-        }
-    }
-    fclose(f);
-    return buf;
-}
 
 static int run_input(const uint8_t *data, size_t size)
 {

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "corpus_file.h"
 #include "jit.h"
 #include "plan.h"
 #include "problem_input.h"
@@ -24,24 +25,6 @@
 /* About 0.1–0.6 s per NVRTC compile on one core: a dozen keep the test near 5 s cold, and a warm
  * cache makes it instant. */
 #define MAX_SPECS 12
-
-static uint8_t *read_file(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    struct stat st;
-    uint8_t *buf = NULL;
-    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode)) {
-        *size = (size_t)st.st_size;
-        buf = malloc(*size ? *size : 1);
-        if (buf && fread(buf, 1, *size, f) != *size) {
-            free(buf);
-            buf = NULL;
-        }
-    }
-    fclose(f);
-    return buf;
-}
 
 /* The spec fuzz_problem would emit for this input; 1 when it validates. */
 static int corpus_spec(const char *path, kernel_spec *out)

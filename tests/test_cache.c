@@ -23,53 +23,16 @@
 
 #include "cache.h"
 #include "check.h"
+#include "tmpdir.h"
 #include "hash.h"
 
-#define TEST_PATH_MAX 4096
 /* Large enough that eight writers' write() calls overlap in time. */
 #define TEST_BIG_VALUE (1u << 20)
 #define TEST_WRITERS 8
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-static void make_tmpdir(char *out)
-{
-    snprintf(out, TEST_PATH_MAX, "/tmp/flce_test_cache.XXXXXX");
-    if (!mkdtemp(out)) {
-        fprintf(stderr, "mkdtemp: %s\n", strerror(errno));
-        exit(1);
-    }
-}
-
-static void join(char *out, const char *dir, const char *name)
-{
-    if (snprintf(out, TEST_PATH_MAX, "%s/%s", dir, name) >= TEST_PATH_MAX) {
-        fprintf(stderr, "path too long: %s/%s\n", dir, name);
-        exit(1);
-    }
-}
-
-/* rm -rf, restoring write permission on the way down (the read-only case chmods a directory). */
-static void remove_tree(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        chmod(path, 0700);
-        DIR *d = opendir(path);
-        struct dirent *de;
-        while (d && (de = readdir(d)) != NULL) {
-            char child[TEST_PATH_MAX];
-            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-            join(child, path, de->d_name);
-            remove_tree(child);
-        }
-        if (d) closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
+static void make_tmpdir(char *out) { make_tmpdir_named(out, "flce_test_cache"); }
 
 /* The file name cache.h promises: 32 lowercase hex digits of hash128(key) + ".cubin". */
 static void entry_name(const char *key, char out[40])

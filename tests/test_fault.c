@@ -24,9 +24,9 @@
 
 #include "cache.h"
 #include "check.h"
+#include "tmpdir.h"
 #include "jit.h"
 
-#define TEST_PATH_MAX 4096
 /* Large enough that the stalled writer's value is clearly not written in one go. */
 #define TEST_BIG_VALUE (1u << 20)
 #define TEST_PROCESSES 16
@@ -35,42 +35,7 @@
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-static void make_tmpdir(char *out)
-{
-    snprintf(out, TEST_PATH_MAX, "/tmp/flce_test_fault.XXXXXX");
-    if (!mkdtemp(out)) {
-        fprintf(stderr, "mkdtemp: %s\n", strerror(errno));
-        exit(1);
-    }
-}
-
-static void join(char *out, const char *dir, const char *name)
-{
-    if (snprintf(out, TEST_PATH_MAX, "%s/%s", dir, name) >= TEST_PATH_MAX) {
-        fprintf(stderr, "path too long: %s/%s\n", dir, name);
-        exit(1);
-    }
-}
-
-static void remove_tree(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (!S_ISDIR(st.st_mode)) {
-        unlink(path);
-        return;
-    }
-    DIR *d = opendir(path);
-    struct dirent *de;
-    while (d && (de = readdir(d)) != NULL) {
-        char child[TEST_PATH_MAX];
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        join(child, path, de->d_name);
-        remove_tree(child);
-    }
-    if (d) closedir(d);
-    rmdir(path);
-}
+static void make_tmpdir(char *out) { make_tmpdir_named(out, "flce_test_fault"); }
 
 /* Names in `dir` other than . and ..; *temp counts those that look like the cache's temp files. */
 static int count_files(const char *dir, int *temp)
