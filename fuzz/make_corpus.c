@@ -155,7 +155,7 @@ static void emit_problem(const char *name, const seed *x)
     put(&w, (uint32_t)p->has_class_weights, 4);
     put(&w, (uint32_t)p->accumulate_grad_hidden, 4);
     put(&w, (uint32_t)p->accumulate_grad_weight, 4);
-    put(&w, (uint32_t)p->reserved0, 4);
+    put(&w, (uint32_t)p->sequence_parallel, 4);
     put(&w, (uint32_t)x->op, 1);
     put(&w, (uint32_t)x->sm, 4);
     put(&w, (uint32_t)x->num_sms, 4);

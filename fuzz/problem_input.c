@@ -31,7 +31,7 @@ static void decode_problem(fuzz_reader *r, flce_problem *p)
     p->has_class_weights = fuzz_i32(r);
     p->accumulate_grad_hidden = fuzz_i32(r);
     p->accumulate_grad_weight = fuzz_i32(r);
-    p->reserved0 = fuzz_i32(r);
+    p->sequence_parallel = fuzz_i32(r);
 }
 
 static void decode_spec(fuzz_reader *r, kernel_spec *s)

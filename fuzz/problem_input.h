@@ -17,7 +17,7 @@
  *   problem: i64 tokens hidden vocab_shard vocab_offset vocab_total, i32 dtype label_bits
  *            reduction, i64 ignore_index, f32 label_smoothing z_loss softcap temperature,
  *            i32 has_bias tp_rank tp_size allow_tf32 deterministic strategy, u64 memory_budget,
- *            i32 has_class_weights accumulate_grad_hidden accumulate_grad_weight reserved0
+ *            i32 has_class_weights accumulate_grad_hidden accumulate_grad_weight sequence_parallel
  *   plan:    u8 op (mod 3), i32 sm, i32 num_sms, u16 outputs mask (PI_OUT_*)
  *   spec:    i32 sm dtype, i64 hidden vocab_shard, i32 role bm bn bk stages warps_m warps_n
  *            wgmma label_bits reduction, u32 opts, f32 softcap temperature smoothing z_loss

@@ -9,7 +9,7 @@
 
 static const char *const gemm_names[] = {"flce_gemm", NULL};
 static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
-                                           "flce_dbias", NULL};
+                                           "flce_dbias", "flce_tp_pack", "flce_cast", NULL};
 
 const char *const *emit_kernel_names(spec_role role)
 {

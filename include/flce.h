@@ -38,7 +38,7 @@ extern "C" {
 #define FLCE_VERSION_PATCH 0
 #define FLCE_VERSION_STRING "0.1.0"
 /* Bumped when a struct gains a field; struct_size tells the library which fields a caller has. */
-#define FLCE_API_VERSION 1
+#define FLCE_API_VERSION 2
 
 #if defined(_WIN32)
 #define FLCE_API
@@ -103,8 +103,8 @@ typedef struct flce_problem {
     float softcap;           /* c > 0 caps logits as c·tanh(z/c); 0 = off */
     float temperature;       /* T > 0 divides the logits; default 1 */
     int32_t has_bias;        /* logits get + b_j (tensors.bias; tensors.grad_bias receives db) */
-    int32_t tp_rank;         /* tensor-parallel rank and size (not yet implemented: size must be 1) */
-    int32_t tp_size;
+    int32_t tp_rank;         /* tensor-parallel rank (0..tp_size-1, the rank in tensors.comm) */
+    int32_t tp_size;         /* ranks sharing the vocab (see "Tensor and sequence parallelism") */
     int32_t allow_tf32;      /* fp32 inputs may use TF32 matrix units (today's fp32 path is exact) */
     int32_t deterministic;   /* bitwise-identical results across runs (today's kernels always are) */
     flce_strategy strategy;  /* FLCE_STRATEGY_AUTO unless forcing one */
@@ -114,7 +114,9 @@ typedef struct flce_problem {
                                        torch cross_entropy(weight=); mean divides by Σ_valid w_y */
     int32_t accumulate_grad_hidden; /* grad_hidden is fp32 and receives += dH (no dtype output) */
     int32_t accumulate_grad_weight; /* grad_weight is fp32 and receives += dW ("main_grad") */
-    int32_t reserved0;
+    int32_t sequence_parallel;      /* with tp_size > 1: hidden, labels, per-token inputs and
+                                       outputs and grad_hidden hold this rank's `tokens` rows of
+                                       the tp_size·tokens global tokens (rank r: rows r·tokens ...) */
 } flce_problem;
 
 /* Device buffers of one call. Unused outputs may be NULL. */
@@ -142,6 +144,8 @@ typedef struct flce_tensors {
     float *target_logprob;      /* out: N values of z_iy − lse_i (0 when ignored): log p of the label */
     float *entropy;             /* out: N values of lse_i − Σ_j p_ij z_ij */
     int64_t *argmax;            /* out: N global vocab ids of the largest z_ij (first on ties) */
+    void *comm;                 /* ncclComm_t of the tensor-parallel group (tp_size > 1), whose
+                                   rank tp_rank is this caller; NULL without TP */
 } flce_tensors;
 
 /* A context binds one device's primary context (the one PyTorch and the CUDA runtime use) and keeps
@@ -185,6 +189,35 @@ FLCE_API flce_status flce_loss_and_grad(flce_context *ctx, const flce_problem *p
  * strategy RECOMPUTE it walks the vocab in chunks and needs no workspace that grows with V. */
 FLCE_API flce_status flce_backward(flce_context *ctx, const flce_problem *problem,
                                    const flce_tensors *t, void *stream);
+
+/* Tensor and sequence parallelism (DESIGN.md §2)
+ * Each of tp_size ranks holds the weight rows [vocab_offset, vocab_offset + vocab_shard) of a vocab
+ * of vocab_total ids (which must be set); the shards, in rank order, must tile [0, vocab_total).
+ *  - With tensors.comm (an ncclComm_t whose rank tp_rank is this caller): flce_forward and
+ *    flce_loss_and_grad issue ONE all-gather of a few floats per token (per token chunk), and every
+ *    rank computes the same loss, lse and per-token outputs, bit for bit. grad_weight (and
+ *    grad_bias) is this rank's shard and needs no collective; grad_hidden is summed across ranks
+ *    in fp32 (all-reduce) before it is rounded. All on `stream`, no host synchronization.
+ *  - sequence_parallel = 1: hidden, labels, grad_output (reduction none), lse (backward input),
+ *    the per-token outputs and grad_hidden hold this rank's `tokens` rows; flce all-gathers the
+ *    inputs, runs as above over tp_size·tokens tokens and reduce-scatters dH. The mean divides by
+ *    the valid tokens of all ranks.
+ *  - Ranks whose shards overlap, leave gaps, or disagree on vocab_total or tokens are detected in
+ *    the all-gather: the next call (or flce_check) returns FLCE_ERR_INVALID_ARGUMENT naming it.
+ *    Every rank must make the same sequence of calls with the same tokens, or NCCL waits.
+ *  - Without tensors.comm, flce_backward writes this rank's partial dH for the caller to sum
+ *    (use accumulate_grad_hidden with an fp32 buffer to keep it exact), and the forward runs in
+ *    two halves around the caller's own all-gather (torch.distributed, JAX, ...):
+ *        flce_forward_stats(..., stats)             stats: flce_tp_stats_bytes() on the device
+ *        all-gather stats of every rank, rank order → gathered (tp_size blocks)
+ *        flce_forward_finish(..., gathered)          writes loss, lse and per-token outputs
+ *    The per-token outputs that need argmax or entropy must be requested (non-NULL) in both halves. */
+/* Bytes of one rank's statistics block for the split-phase forward. */
+FLCE_API flce_status flce_tp_stats_bytes(const flce_problem *problem, uint64_t *bytes);
+FLCE_API flce_status flce_forward_stats(flce_context *ctx, const flce_problem *problem,
+                                        const flce_tensors *t, void *stats, void *stream);
+FLCE_API flce_status flce_forward_finish(flce_context *ctx, const flce_problem *problem,
+                                         const flce_tensors *t, const void *gathered, void *stream);
 
 /* Synchronizes `stream` and reports device-side errors raised since the last check: a label
  * outside [0, V) that is not ignore_index gives FLCE_ERR_BAD_LABEL (such tokens were treated as

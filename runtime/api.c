@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "comm.h"
 #include "context.h"
 #include "launch.h"
 #include "log.h"
@@ -70,6 +71,10 @@ static flce_status normalize_problem(const flce_problem *in, flce_problem *out)
                        "this library (%s, %zu bytes)",
                        in->struct_size, FLCE_VERSION_STRING, sizeof *in);
     memcpy(out, in, in->struct_size);
+    if (out->tp_size > 1 && out->vocab_total == 0)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.vocab_total=0: with tp_size=%d it must give the global vocab size",
+                       out->tp_size);
     /* Only when the sum cannot overflow; check_shapes reports the bad fields otherwise. */
     if (out->vocab_total == 0 && out->vocab_shard >= 1 && out->vocab_offset >= 0 &&
         out->vocab_offset <= INT64_MAX - out->vocab_shard)
@@ -154,10 +159,16 @@ static flce_status check_options(const flce_problem *p)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "problem.accumulate_grad_hidden=%d, accumulate_grad_weight=%d: must be 0 or 1",
                        p->accumulate_grad_hidden, p->accumulate_grad_weight);
-    /* Valid but not built yet: say so rather than compute something else. */
-    if (p->tp_size > 1)
+    if (p->sequence_parallel != 0 && p->sequence_parallel != 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.sequence_parallel=%d: must be 0 or 1",
+                       p->sequence_parallel);
+    if (p->sequence_parallel && p->tp_size < 2)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.sequence_parallel=1: needs tp_size > 1 (tp_size=%d)", p->tp_size);
+    if (p->sequence_parallel && p->tokens > INT32_MAX / p->tp_size)
         return err_set(FLCE_ERR_UNSUPPORTED,
-                       "problem.tp_size=%d: tensor parallelism is not implemented yet", p->tp_size);
+                       "problem.tokens=%lld × tp_size=%d: at most %d tokens in all supported",
+                       (long long)p->tokens, p->tp_size, INT32_MAX);
     return FLCE_OK;
 }
 
@@ -197,10 +208,39 @@ static flce_status normalize_tensors(const flce_tensors *in, flce_tensors *out)
     return FLCE_OK;
 }
 
-static flce_status check_tensors(const flce_problem *p, const flce_tensors *t, flce_op op)
+/* Tensor parallelism: which calls need the communicator, and that it matches the problem. */
+static flce_status check_comm(const flce_problem *p, const flce_tensors *t, flce_op op, launch_part part)
 {
-    TRY(check_ptr(t->hidden, "hidden", 16, 1));
-    TRY(check_ptr(t->weight, "weight", 16, 1));
+    if (p->tp_size == 1) {
+        if (t->comm)
+            return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                           "tensors.comm: given, but problem.tp_size is 1 (set tp_rank and tp_size)");
+        return FLCE_OK;
+    }
+    if (part != PART_ALL) {
+        if (p->sequence_parallel)
+            return err_set(FLCE_ERR_UNSUPPORTED,
+                           "problem.sequence_parallel=1: the split-phase calls serve plain TP; "
+                           "sequence parallelism needs tensors.comm and flce_forward/_loss_and_grad");
+        return FLCE_OK;
+    }
+    if (!t->comm) {
+        /* A backward without collectives leaves dH as this rank's partial sum for the caller to
+         * all-reduce; everything else needs the combined statistics. */
+        if (op == FLCE_OP_BACKWARD && !p->sequence_parallel) return FLCE_OK;
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.comm: NULL with tp_size=%d; pass the NCCL communicator, or use the "
+                       "split-phase calls (flce_forward_stats, flce_forward_finish)%s",
+                       p->tp_size, p->sequence_parallel ? " (not with sequence_parallel)" : "");
+    }
+    return comm_check(t->comm, p->tp_rank, p->tp_size);
+}
+
+static flce_status check_tensors(const flce_problem *p, const flce_tensors *t, flce_op op,
+                                 launch_part part)
+{
+    TRY(check_ptr(t->hidden, "hidden", 16, part != PART_TP_FINISH));
+    TRY(check_ptr(t->weight, "weight", 16, part != PART_TP_FINISH));
     TRY(check_ptr(t->labels, "labels", (uintptr_t)p->label_bits / 8, 1));
     TRY(check_ptr(t->bias, "bias", 16, p->has_bias));
     TRY(check_ptr(t->grad_output, "grad_output", 4, 0));
@@ -222,13 +262,13 @@ static flce_status check_tensors(const flce_problem *p, const flce_tensors *t, f
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tensors.class_weights: given, but problem.has_class_weights is 0");
     /* flce_backward writes gradients only; output pointers it is handed are left untouched. */
-    if (op == FLCE_OP_FORWARD && !t->loss && !t->lse && !t->loss_per_token && !t->z_loss_out &&
+    if (op == FLCE_OP_FORWARD && part != PART_TP_STATS && !t->loss && !t->lse && !t->loss_per_token && !t->z_loss_out &&
         !t->target_logprob && !t->entropy && !t->argmax)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors: every output is NULL, nothing to compute");
     if (op == FLCE_OP_BACKWARD && !t->grad_hidden && !t->grad_weight)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tensors.grad_hidden and tensors.grad_weight: both NULL, nothing to compute");
-    return FLCE_OK;
+    return check_comm(p, t, op, part);
 }
 
 static flce_status check_strategy(const flce_problem *p, flce_op op)
@@ -263,7 +303,8 @@ flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, 
 }
 
 static flce_status run_op(flce_context *ctx, const flce_problem *problem,
-                          const flce_tensors *tensors, void *stream, flce_op op)
+                          const flce_tensors *tensors, void *stream, flce_op op, launch_part part,
+                          const void *tp_buffer)
 {
     err_clear();
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
@@ -274,7 +315,14 @@ static flce_status run_op(flce_context *ctx, const flce_problem *problem,
     TRY(flce_problem_validate(&p));
     TRY(check_strategy(&p, op));
     TRY(normalize_tensors(tensors, &tt));
-    TRY(check_tensors(&p, t, op));
+    TRY(check_tensors(&p, t, op, part));
+    if (part != PART_ALL) {
+        if (p.tp_size < 2)
+            return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                           "problem.tp_size=%d: the split-phase calls need tp_size > 1", p.tp_size);
+        TRY(check_ptr(tp_buffer, part == PART_TP_STATS ? "stats (argument)" : "gathered (argument)", 16, 1));
+        tt.comm = NULL; /* the caller owns the collective */
+    }
     plan pl;
     TRY(plan_make(&p, op, ctx->sm, ctx->num_sms, t, &pl));
     if (t->workspace && t->workspace_bytes < pl.workspace_bytes)
@@ -296,7 +344,8 @@ static flce_status run_op(flce_context *ctx, const flce_problem *problem,
                     "workspace %.1f MiB", (int)op, (long long)pl.n, (long long)pl.d, (long long)pl.v,
                     (long long)pl.n_chunks, (long long)pl.chunk_rows, pl.splits,
                     (double)pl.workspace_bytes / (1 << 20));
-            st = launch_run(ctx, &pl, &p, t, ws, (CUstream)stream);
+            st = launch_run(ctx, &pl, &p, t, ws, (CUstream)stream, part,
+                            (CUdeviceptr)(uintptr_t)tp_buffer);
         }
         ctx_leave(prev);
     }
@@ -306,18 +355,41 @@ static flce_status run_op(flce_context *ctx, const flce_problem *problem,
 
 flce_status flce_forward(flce_context *ctx, const flce_problem *p, const flce_tensors *t, void *stream)
 {
-    return run_op(ctx, p, t, stream, FLCE_OP_FORWARD);
+    return run_op(ctx, p, t, stream, FLCE_OP_FORWARD, PART_ALL, NULL);
 }
 
 flce_status flce_loss_and_grad(flce_context *ctx, const flce_problem *p, const flce_tensors *t,
                                void *stream)
 {
-    return run_op(ctx, p, t, stream, FLCE_OP_LOSS_AND_GRAD);
+    return run_op(ctx, p, t, stream, FLCE_OP_LOSS_AND_GRAD, PART_ALL, NULL);
 }
 
 flce_status flce_backward(flce_context *ctx, const flce_problem *p, const flce_tensors *t, void *stream)
 {
-    return run_op(ctx, p, t, stream, FLCE_OP_BACKWARD);
+    return run_op(ctx, p, t, stream, FLCE_OP_BACKWARD, PART_ALL, NULL);
+}
+
+flce_status flce_tp_stats_bytes(const flce_problem *problem, uint64_t *bytes)
+{
+    err_clear();
+    if (!bytes) return err_set(FLCE_ERR_INVALID_ARGUMENT, "bytes: NULL");
+    flce_problem p;
+    TRY(normalize_problem(problem, &p));
+    TRY(flce_problem_validate(&p));
+    *bytes = plan_tp_block_bytes(p.tokens);
+    return FLCE_OK;
+}
+
+flce_status flce_forward_stats(flce_context *ctx, const flce_problem *p, const flce_tensors *t,
+                               void *stats, void *stream)
+{
+    return run_op(ctx, p, t, stream, FLCE_OP_FORWARD, PART_TP_STATS, stats);
+}
+
+flce_status flce_forward_finish(flce_context *ctx, const flce_problem *p, const flce_tensors *t,
+                                const void *gathered, void *stream)
+{
+    return run_op(ctx, p, t, stream, FLCE_OP_FORWARD, PART_TP_FINISH, gathered);
 }
 
 flce_status flce_check(flce_context *ctx, void *stream)

@@ -8,6 +8,7 @@
 #include "fault.h"
 #include "jit.h"
 #include "log.h"
+#include "params.h"
 
 flce_status ctx_enter(flce_context *ctx, CUcontext *prev)
 {
@@ -61,10 +62,10 @@ flce_status flce_context_create(int device, flce_context **out)
     st = ctx_enter(ctx, &prev);
     if (st == FLCE_OK) {
         void *host = NULL;
-        r = drv.MemHostAlloc(&host, sizeof(int), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+        r = drv.MemHostAlloc(&host, 2 * sizeof(int), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
         if (r == CUDA_SUCCESS) {
             ctx->flag_host = host;
-            *ctx->flag_host = 0;
+            ctx->flag_host[0] = ctx->flag_host[1] = 0;
             r = drv.MemHostGetDevicePointer(&ctx->flag_dev, host, 0);
         }
         if (r != CUDA_SUCCESS) st = drv_error(r, "allocating the host-mapped error flag");
@@ -187,8 +188,20 @@ flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CU
 
 flce_status ctx_take_flag(flce_context *ctx)
 {
-    if (ctx->flag_host && *ctx->flag_host) {
-        *ctx->flag_host = 0;
+    if (!ctx->flag_host) return FLCE_OK;
+    int tp = ctx->flag_host[1];
+    if (tp) {
+        ctx->flag_host[1] = 0;
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensor parallel ranks disagree:%s%s%s (seen in the statistics all-gather of "
+                       "an earlier call, whose results are not valid)",
+                       tp & FLCE_FLAG_TP_SHARDS ? " the ranks' [vocab_offset, vocab_offset + "
+                                                  "vocab_shard) overlap or leave gaps;" : "",
+                       tp & FLCE_FLAG_TP_TOTAL ? " vocab_total differs;" : "",
+                       tp & FLCE_FLAG_TP_TOKENS ? " tokens differs;" : "");
+    }
+    if (ctx->flag_host[0]) {
+        ctx->flag_host[0] = 0;
         return err_set(FLCE_ERR_BAD_LABEL,
                        "labels: an earlier call saw a label outside [0, vocab_total) that is not "
                        "ignore_index; those tokens were treated as ignored");

@@ -12,7 +12,7 @@
 #include "driver.h"
 #include "spec.h"
 
-enum { CTX_MAX_KERNELS = 5 };
+enum { CTX_MAX_KERNELS = 7 };
 
 typedef struct ctx_module {
     char summary[256];
@@ -32,7 +32,7 @@ struct flce_context {
     size_t n_modules, cap_modules;
     CUdeviceptr workspace; /* owned scratch, grown on demand */
     uint64_t workspace_bytes;
-    volatile int *flag_host; /* host-mapped: kernels write 1, the host reads it */
+    volatile int *flag_host; /* host-mapped int[2] (templates/params.h): kernels raise, the host reads */
     CUdeviceptr flag_dev;
 };
 

@@ -2,13 +2,17 @@
  *   forward:    prepare → logits (statistics) → combine → reduce
  *   chunked:    prepare → per token chunk: logits (+Z) → [combine] → dz → dH → dW → db → [reduce]
  *   recompute:  [forward] → per vocab chunk: logits (Z only) → dz → dH (accumulated) → dW → db
+ * With tensor parallelism (DESIGN §2) every combine is preceded by tp_pack and ONE all-gather of
+ * the per-row statistics, dH builds up in fp32 and is all-reduced (reduce-scattered under
+ * sequence parallelism, which first all-gathers hidden states and labels) before it is rounded.
  * No host synchronization anywhere. */
 #include <string.h>
 
+#include "comm.h"
 #include "launch.h"
 #include "params.h"
 
-enum { K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4 };
+enum { K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6 };
 
 typedef struct kernels {
     CUfunction logits, dh, dw, row[CTX_MAX_KERNELS];
@@ -56,7 +60,7 @@ static flce_status launch(CUfunction fn, int64_t gx, int64_t gy, int threads, si
 typedef struct run {
     const plan *pl;
     const flce_problem *p;
-    const flce_tensors *t;
+    const flce_tensors *t; /* the caller's tensors, or under SP their all-token stand-ins */
     flce_context *ctx;
     CUdeviceptr ws;
     CUstream stream;
@@ -111,6 +115,12 @@ static void init_row_params(run *r)
     rp->vocab_total = r->p->vocab_total ? r->p->vocab_total : r->p->vocab_offset + r->p->vocab_shard;
     rp->ignore_index = r->p->ignore_index;
     rp->splits = pl->splits;
+    rp->vocab_shard = r->p->vocab_shard;
+    rp->tp_size = pl->tp;
+    if (pl->collective && pl->op != FLCE_OP_BACKWARD) {
+        rp->tp_send = r->ws + pl->off_tp_send;
+        rp->tp_recv = r->ws + pl->off_tp_recv;
+    }
 }
 
 /* A block of logits: rows [row0, row0 + rows) × shard columns [col0, col0 + cols). */
@@ -187,8 +197,13 @@ static flce_status run_dh(run *r, const block *b)
     set_scale(r, &g);
     g.a = r->ws + pl->off_dz;
     g.b = addr(r->t->weight) + (unsigned long long)(b->col0 * pl->d) * r->es;
-    set_output(r, &g, addr(r->t->grad_hidden), r->p->accumulate_grad_hidden,
-               ws_at(r, pl->off_dh_acc, pl->need_dh_acc), (uint64_t)(b->row0 * pl->d), b);
+    if (pl->need_dh_tp) { /* this rank's part of dH, fp32, summed across ranks at the end */
+        g.out = r->ws + pl->off_dh_tp + (uint64_t)(b->row0 * pl->d) * 4;
+        g.out_f32 = 1, g.addend = b->first ? 0 : g.out;
+    } else {
+        set_output(r, &g, addr(r->t->grad_hidden), r->p->accumulate_grad_hidden,
+                   ws_at(r, pl->off_dh_acc, pl->need_dh_acc), (uint64_t)(b->row0 * pl->d), b);
+    }
     g.m = b->rows, g.n = pl->d, g.k = b->cols;
     g.a_rows = b->rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
     g.b_rows = b->cols, g.b_cols = pl->d, g.ldb = pl->d;
@@ -219,6 +234,11 @@ static flce_status run_dw(run *r, const block *b)
 static flce_status run_rows(run *r, int kernel, const block *b)
 {
     struct flce_row_params rp = r->rp;
+    if (kernel == K_CAST) { /* the caller set cast_* in r->rp */
+        int64_t blocks = ceil_div(ceil_div(rp.cast_count, 4), 256);
+        if (blocks > 8 * (int64_t)r->ctx->num_sms) blocks = 8 * (int64_t)r->ctx->num_sms;
+        return launch(r->k.row[K_CAST], blocks, 1, 256, 0, r->stream, &rp, "cast kernel");
+    }
     rp.row0 = b->row0, rp.rows = b->rows;
     rp.col0 = b->col0, rp.cols = b->cols;
     rp.chunk_offset = r->p->vocab_offset + b->col0;
@@ -229,6 +249,9 @@ static flce_status run_rows(run *r, int kernel, const block *b)
     case K_COMBINE:
         return launch(r->k.row[K_COMBINE], ceil_div(b->rows, 256), 1, 256, 0, r->stream, &rp,
                       "combine kernel");
+    case K_TP_PACK:
+        return launch(r->k.row[K_TP_PACK], ceil_div(b->rows, 256), 1, 256, 0, r->stream, &rp,
+                      "tp_pack kernel");
     case K_DZ:
         return launch(r->k.row[K_DZ], b->rows, ceil_div(r->pl->ldz / 4, 256), 256, 0, r->stream, &rp,
                       "dz kernel");
@@ -258,11 +281,25 @@ static block complete(block b)
     return b;
 }
 
+/* The statistics of block b's rows, complete over the global vocab: with TP, this rank's records
+ * go to every rank (one all-gather) before the combine merges them in rank order. */
+static flce_status combine_rows(run *r, const block *b)
+{
+    const plan *pl = r->pl;
+    if (pl->collective) {
+        TRY(run_rows(r, K_TP_PACK, b));
+        TRY(comm_all_gather(r->t->comm, (const void *)(uintptr_t)(r->ws + pl->off_tp_send),
+                            (void *)(uintptr_t)(r->ws + pl->off_tp_recv), plan_tp_block_bytes(b->rows),
+                            r->stream, "the statistics all-gather"));
+    }
+    return run_rows(r, K_COMBINE, b);
+}
+
 static flce_status run_forward(run *r)
 {
     block all = {0, r->pl->n, 0, r->pl->v, 1, 1};
     TRY(run_logits(r, &all, 1, 0));
-    return run_rows(r, K_COMBINE, &all);
+    return combine_rows(r, &all);
 }
 
 static flce_status run_chunked(run *r)
@@ -273,7 +310,7 @@ static flce_status run_chunked(run *r)
         block b = {c * pl->chunk_rows, 0, 0, pl->v, c == 0, c == pl->n_chunks - 1};
         b.rows = pl->n - b.row0 < pl->chunk_rows ? pl->n - b.row0 : pl->chunk_rows;
         TRY(run_logits(r, &b, stats, 1));
-        if (stats) TRY(run_rows(r, K_COMBINE, &b));
+        if (stats) TRY(combine_rows(r, &b));
         block rows_done = complete(b);
         TRY(run_grads(r, &rows_done, &b));
     }
@@ -294,22 +331,136 @@ static flce_status run_recompute(run *r)
     return FLCE_OK;
 }
 
+/* dH summed over the ranks in fp32 (all-reduce; reduce-scatter to this rank's rows under SP),
+ * then rounded once into the caller's grad_hidden (or added to it in accumulate mode). */
+static flce_status finish_dh(run *r)
+{
+    const plan *pl = r->pl;
+    if (!pl->need_dh_tp || !r->t->grad_hidden) return FLCE_OK;
+    float *buf = (float *)(uintptr_t)(r->ws + pl->off_dh_tp);
+    uint64_t local = (uint64_t)pl->n_local * (uint64_t)pl->d;
+    if (pl->sp) {
+        TRY(comm_reduce_scatter_f32(r->t->comm, buf, local, pl->rank, r->stream, "the dH reduce-scatter"));
+        buf += (uint64_t)pl->rank * local;
+    } else {
+        TRY(comm_all_reduce_f32(r->t->comm, buf, local, r->stream, "the dH all-reduce"));
+    }
+    r->rp.cast_src = addr(buf);
+    r->rp.cast_dst = addr(r->t->grad_hidden);
+    r->rp.cast_count = (long long)local;
+    r->rp.cast_accumulate = r->p->accumulate_grad_hidden;
+    block none = {0, 0, 0, 0, 1, 1};
+    return run_rows(r, K_CAST, &none);
+}
+
+/* Sequence parallelism: the per-token arrays that hold all tokens, by SP_* index. */
+static void **sp_field(flce_tensors *t, int k, int none)
+{
+    switch (k) {
+    case SP_LSE: return (void **)&t->lse;
+    case SP_LOSS: return none ? (void **)&t->loss : NULL;
+    case SP_LOSS_PER_TOKEN: return (void **)&t->loss_per_token;
+    case SP_ZLOSS: return none ? (void **)&t->z_loss_out : NULL;
+    case SP_LOGPROB: return (void **)&t->target_logprob;
+    case SP_ENTROPY: return (void **)&t->entropy;
+    default: return (void **)&t->argmax;
+    }
+}
+
+/* SP: all-gathers the token-sharded inputs into the workspace and points `all` (a copy of the
+ * caller's tensors) at them and at all-token stand-ins for the per-token outputs. */
+static flce_status sp_gather(run *r, const flce_tensors *caller, flce_tensors *all)
+{
+    const plan *pl = r->pl;
+    uint64_t nl = (uint64_t)pl->n_local;
+    int none = r->p->reduction == FLCE_REDUCTION_NONE;
+    *all = *caller;
+    all->hidden = (const void *)(uintptr_t)(r->ws + pl->off_sp_hidden);
+    all->labels = (const void *)(uintptr_t)(r->ws + pl->off_sp_labels);
+    if (pl->off_sp_go && caller->grad_output) all->grad_output = (const float *)(uintptr_t)(r->ws + pl->off_sp_go);
+    for (int k = 0; k < SP_OUTPUTS; k++) {
+        void **f = sp_field(all, k, none);
+        if (f && *f && pl->off_sp_out[k]) *f = (void *)(uintptr_t)(r->ws + pl->off_sp_out[k]);
+    }
+    if (pl->off_sp_lse) all->lse = (float *)(uintptr_t)(r->ws + pl->off_sp_lse); /* backward's input */
+    TRY(comm_group_start());
+    flce_status st = comm_all_gather(caller->comm, caller->hidden, (void *)all->hidden,
+                                     nl * (uint64_t)pl->d * r->es, r->stream, "the hidden-state all-gather");
+    if (st == FLCE_OK)
+        st = comm_all_gather(caller->comm, caller->labels, (void *)all->labels,
+                             nl * (uint64_t)(r->p->label_bits / 8), r->stream, "the label all-gather");
+    if (st == FLCE_OK && pl->off_sp_go && caller->grad_output)
+        st = comm_all_gather(caller->comm, caller->grad_output, (void *)all->grad_output, nl * 4,
+                             r->stream, "the grad_output all-gather");
+    if (st == FLCE_OK && pl->off_sp_lse)
+        st = comm_all_gather(caller->comm, caller->lse, (void *)(uintptr_t)(r->ws + pl->off_sp_lse), nl * 4, r->stream, "the lse all-gather");
+    flce_status end = comm_group_end();
+    return st != FLCE_OK ? st : end;
+}
+
+/* SP: this rank's rows of every all-token output go back to the caller's arrays. */
+static flce_status sp_scatter_outputs(run *r, const flce_tensors *caller)
+{
+    const plan *pl = r->pl;
+    if (pl->op == FLCE_OP_BACKWARD) return FLCE_OK;
+    int none = r->p->reduction == FLCE_REDUCTION_NONE;
+    flce_tensors c = *caller;
+    for (int k = 0; k < SP_OUTPUTS; k++) {
+        void **f = sp_field(&c, k, none);
+        if (!f || !*f || !pl->off_sp_out[k]) continue;
+        uint64_t size = k == SP_ARGMAX ? 8 : 4, bytes = (uint64_t)pl->n_local * size;
+        CUresult res = drv.MemcpyDtoDAsync((CUdeviceptr)(uintptr_t)*f,
+                                           r->ws + pl->off_sp_out[k] + (uint64_t)pl->rank * bytes,
+                                           (size_t)bytes, r->stream);
+        if (res != CUDA_SUCCESS) return drv_error(res, "copying this rank's per-token outputs");
+    }
+    return FLCE_OK;
+}
+
+/* Split-phase TP forward: one half of it (launch.h). */
+static flce_status run_tp_part(run *r, launch_part part, CUdeviceptr tp_buffer)
+{
+    block all = {0, r->pl->n, 0, r->pl->v, 1, 1};
+    if (part == PART_TP_STATS) {
+        TRY(run_logits(r, &all, 1, 0));
+        r->rp.tp_send = tp_buffer;
+        return run_rows(r, K_TP_PACK, &all);
+    }
+    r->rp.tp_recv = tp_buffer;
+    return run_rows(r, K_COMBINE, &all);
+}
+
 flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,
-                       const flce_tensors *t, CUdeviceptr ws, CUstream stream)
+                       const flce_tensors *t, CUdeviceptr ws, CUstream stream, launch_part part,
+                       CUdeviceptr tp_buffer)
 {
     run r;
+    flce_tensors all;
     memset(&r, 0, sizeof r);
     r.pl = pl, r.p = p, r.t = t, r.ctx = ctx, r.ws = ws, r.stream = stream;
     r.es = p->dtype == FLCE_DTYPE_F32 ? 4 : 2;
     TRY(get_kernels(ctx, pl, &r.k));
+    if (pl->sp) {
+        TRY(sp_gather(&r, t, &all));
+        r.t = &all;
+    }
     init_row_params(&r);
-    block all = {0, pl->n, 0, pl->v, 1, 1};
-    TRY(run_rows(&r, K_PREPARE, &all));
-    if (pl->op == FLCE_OP_FORWARD) TRY(run_forward(&r));
-    else if (pl->recompute) TRY(run_recompute(&r));
-    else TRY(run_chunked(&r));
+    block whole = {0, pl->n, 0, pl->v, 1, 1};
+    TRY(run_rows(&r, K_PREPARE, &whole));
+    if (part != PART_ALL) {
+        TRY(run_tp_part(&r, part, tp_buffer));
+        if (part == PART_TP_STATS) return FLCE_OK;
+    } else if (pl->op == FLCE_OP_FORWARD) {
+        TRY(run_forward(&r));
+    } else if (pl->recompute) {
+        TRY(run_recompute(&r));
+    } else {
+        TRY(run_chunked(&r));
+    }
     int reduced = p->reduction != FLCE_REDUCTION_NONE;
-    if (pl->op != FLCE_OP_BACKWARD && reduced && (t->loss || t->z_loss_out))
-        TRY(run_rows(&r, K_REDUCE, &all));
+    if (pl->op != FLCE_OP_BACKWARD && reduced && (r.t->loss || r.t->z_loss_out))
+        TRY(run_rows(&r, K_REDUCE, &whole));
+    TRY(finish_dh(&r));
+    if (pl->sp) TRY(sp_scatter_outputs(&r, t));
     return FLCE_OK;
 }

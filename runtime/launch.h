@@ -1,6 +1,7 @@
 /*
- * launch.h — enqueues a planned call's kernels on the caller's stream: prepare, then per token
- * chunk logits → combine → dZ → dH → dW, then the loss reduction. No host synchronization.
+ * launch.h — enqueues a planned call's kernels and collectives on the caller's stream: prepare,
+ * then per token chunk logits → [TP all-gather] → combine → dZ → dH → dW, then the loss reduction
+ * [and the dH all-reduce]. No host synchronization.
  */
 #ifndef FLCE_LAUNCH_H
 #define FLCE_LAUNCH_H
@@ -10,7 +11,17 @@
 
 /* Loads (JIT) every kernel the plan needs. Call with ctx->lock held. */
 flce_status launch_prepare_kernels(flce_context *ctx, const plan *pl);
+
+/* What a forward call does: all of it, or one half of the split-phase TP forward (the caller
+ * all-gathers `tp_buffer` between the halves). */
+typedef enum launch_part {
+    PART_ALL = 0,
+    PART_TP_STATS = 1, /* statistics of this rank's shard → tp_buffer (one rank's block) */
+    PART_TP_FINISH = 2 /* every rank's blocks (tp_buffer) → lse, loss, per-token outputs */
+} launch_part;
+
 flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,
-                       const flce_tensors *t, CUdeviceptr ws, CUstream stream);
+                       const flce_tensors *t, CUdeviceptr ws, CUstream stream, launch_part part,
+                       CUdeviceptr tp_buffer);
 
 #endif

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "params.h"
 #include "plan.h"
 
 static uint64_t align256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
@@ -96,9 +97,18 @@ static flce_status budget_error(uint64_t budget, uint64_t need, const char *what
                    (unsigned long long)budget, what, (unsigned long long)need);
 }
 
+uint64_t plan_tp_block_bytes(int64_t rows)
+{
+    return (uint64_t)(FLCE_TP_HEADER + rows * FLCE_TP_RECORD) * 4;
+}
+
 static flce_status plan_chunks(const flce_problem *p, plan *pl)
 {
     uint64_t budget = p->memory_budget ? p->memory_budget : PLAN_DEFAULT_BUDGET;
+    /* Under TP every rank must cut the tokens alike (each chunk is one all-gather), so the chunk
+     * rows follow from an even shard of the global vocab, not this rank's: a rank with a larger
+     * shard uses proportionally more than the budget. */
+    int64_t v_rows = pl->tp > 1 ? ceil_div(p->vocab_total, pl->tp) : pl->v;
     uint64_t per_elem = 4 + (p->dtype == FLCE_DTYPE_F32 ? 0 : 2); /* fp32 Z + dZ in the dtype */
     if (pl->recompute) {
         uint64_t per_col = (uint64_t)pl->n * per_elem;
@@ -108,7 +118,7 @@ static flce_status plan_chunks(const flce_problem *p, plan *pl)
         pl->n_vchunks = ceil_div(pl->v, pl->chunk_cols);
         pl->chunk_rows = pl->n, pl->n_chunks = 1;
     } else {
-        uint64_t per_row = (uint64_t)ceil_div(pl->v, 8) * 8 * per_elem;
+        uint64_t per_row = (uint64_t)ceil_div(v_rows, 8) * 8 * per_elem;
         if (budget < per_row) return budget_error(budget, per_row, "token's row");
         pl->chunk_rows = balanced_chunk(pl->n, (int64_t)(budget / per_row), pl->logits.tile.bm);
         pl->n_chunks = ceil_div(pl->n, pl->chunk_rows);
@@ -116,6 +126,28 @@ static flce_status plan_chunks(const flce_problem *p, plan *pl)
     }
     pl->ldz = ceil_div(pl->chunk_cols, 8) * 8;
     return FLCE_OK;
+}
+
+/* Sequence parallelism: the all-gathered inputs, and every per-token output for all tokens (this
+ * rank's rows are copied out at the end). */
+static void plan_sp_layout(const flce_problem *p, const flce_tensors *t, plan *pl, uint64_t *cur)
+{
+    uint64_t n = (uint64_t)pl->n;
+    int none = p->reduction == FLCE_REDUCTION_NONE, stats = pl->op != FLCE_OP_BACKWARD;
+    pl->off_sp_hidden = take(cur, n * (uint64_t)pl->d * (p->dtype == FLCE_DTYPE_F32 ? 4 : 2));
+    pl->off_sp_labels = take(cur, n * (uint64_t)(p->label_bits / 8));
+    if (none && pl->op != FLCE_OP_FORWARD && wants(t, t ? t->grad_output : NULL))
+        pl->off_sp_go = take(cur, n * 4);
+    if (pl->op == FLCE_OP_BACKWARD) pl->off_sp_lse = take(cur, n * 4);
+    if (!stats) return;
+    const void *given[SP_OUTPUTS] = {NULL};
+    if (t) {
+        given[SP_LSE] = t->lse, given[SP_LOSS] = none ? t->loss : NULL;
+        given[SP_LOSS_PER_TOKEN] = t->loss_per_token, given[SP_ZLOSS] = none ? t->z_loss_out : NULL;
+        given[SP_LOGPROB] = t->target_logprob, given[SP_ENTROPY] = t->entropy, given[SP_ARGMAX] = t->argmax;
+    }
+    for (int k = 0; k < SP_OUTPUTS; k++)
+        if (!t || given[k]) pl->off_sp_out[k] = take(cur, n * (k == SP_ARGMAX ? 8 : 4));
 }
 
 static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
@@ -130,8 +162,11 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
     int f32 = p->dtype == FLCE_DTYPE_F32;
     pl->need_dw_acc = grads && !pl->recompute && pl->n_chunks > 1 && !f32 && !caller_dw &&
                       (!t || t->grad_weight);
+    /* With collectives, dH always builds up in fp32 (need_dh_tp): it is summed across ranks
+     * before it is rounded once. */
+    pl->need_dh_tp = grads && pl->collective && (!t || t->grad_hidden);
     pl->need_dh_acc = grads && pl->recompute && pl->n_vchunks > 1 && !f32 && !caller_dh &&
-                      (!t || t->grad_hidden);
+                      !pl->need_dh_tp && (!t || t->grad_hidden);
     pl->need_db_acc = grads && p->has_bias && pl->n_chunks > 1 && (!t || t->grad_bias);
     /* Statistics arrays hold the rows of one forward pass: all tokens (forward, recompute) or one
      * token chunk (chunked loss-and-grad). */
@@ -159,7 +194,14 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
         if (pl->need_dw_acc) pl->off_dw_acc = take(&cur, (uint64_t)pl->v * (uint64_t)pl->d * 4);
         if (pl->need_dh_acc) pl->off_dh_acc = take(&cur, n * (uint64_t)pl->d * 4);
         if (pl->need_db_acc) pl->off_db_acc = take(&cur, (uint64_t)pl->v * 4);
+        if (pl->need_dh_tp) pl->off_dh_tp = take(&cur, n * (uint64_t)pl->d * 4);
     }
+    if (pl->collective && stats) {
+        pl->tp_block_bytes = plan_tp_block_bytes(pl->stat_rows);
+        pl->off_tp_send = take(&cur, pl->tp_block_bytes);
+        pl->off_tp_recv = take(&cur, pl->tp_block_bytes * (uint64_t)pl->tp);
+    }
+    if (pl->sp) plan_sp_layout(p, t, pl, &cur);
     pl->workspace_bytes = cur;
 }
 
@@ -169,7 +211,12 @@ flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, co
     memset(pl, 0, sizeof *pl);
     pl->op = op;
     pl->recompute = op != FLCE_OP_FORWARD && p->strategy == FLCE_STRATEGY_RECOMPUTE;
-    pl->n = p->tokens, pl->d = p->hidden, pl->v = p->vocab_shard;
+    pl->tp = p->tp_size, pl->rank = p->tp_rank;
+    pl->collective = p->tp_size > 1 && (!t || t->comm);
+    pl->sp = p->tp_size > 1 && p->sequence_parallel;
+    pl->n_local = p->tokens;
+    pl->n = pl->sp ? p->tokens * p->tp_size : p->tokens;
+    pl->d = p->hidden, pl->v = p->vocab_shard;
     plan_specs(p, t, sm, pl);
     if (op == FLCE_OP_FORWARD) {
         pl->chunk_rows = pl->n, pl->n_chunks = 1;

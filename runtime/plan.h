@@ -13,9 +13,21 @@
 
 #define PLAN_DEFAULT_BUDGET (512ull << 20)
 #define PLAN_RECOMPUTE_BELOW 1024 /* AUTO picks recompute when token chunks would be shorter */
+/* The statistics all-gather of TP: each rank's block is a header of FLCE_TP_HEADER words, then
+ * FLCE_TP_RECORD words per token row (templates/params.h). */
+uint64_t plan_tp_block_bytes(int64_t rows);
+
+/* Per-token outputs that sequence parallelism computes for all tokens in the workspace and then
+ * copies back as this rank's rows (the order of launch.c's sp_output table). */
+enum { SP_LSE, SP_LOSS, SP_LOSS_PER_TOKEN, SP_ZLOSS, SP_LOGPROB, SP_ENTROPY, SP_ARGMAX, SP_OUTPUTS };
 
 typedef struct plan {
     flce_op op;
+    /* Tensor parallelism (DESIGN §2): tp ranks, and whether this call issues the collectives
+     * (tensors.comm given). Under sequence parallelism n counts every rank's tokens and
+     * n_local this rank's. */
+    int tp, rank, sp, collective;
+    int64_t n_local;
     int recompute;        /* gradients walk vocab chunks with all tokens (RECOMPUTE strategy) */
     int64_t n, d, v;      /* tokens, hidden, vocab shard */
     /* Gradient passes work on a (rows × cols) block of logits at a time: token chunks × the whole
@@ -31,6 +43,11 @@ typedef struct plan {
         off_loss_rows, off_zloss_rows, off_lse, off_z, off_dz, off_dw_acc, off_dh_acc, off_db_acc;
     int need_loss_rows, need_zloss_rows, need_lse, need_dw_acc, need_dh_acc, need_db_acc;
     int64_t stat_rows;    /* rows the statistics arrays (target, partials) hold */
+    /* TP: this rank's block of the statistics all-gather and all ranks' blocks; the fp32 dH that
+     * is all-reduced (or reduce-scattered); SP: the gathered inputs and all-token outputs. */
+    uint64_t tp_block_bytes, off_tp_send, off_tp_recv, off_dh_tp;
+    int need_dh_tp;
+    uint64_t off_sp_hidden, off_sp_labels, off_sp_go, off_sp_lse, off_sp_out[SP_OUTPUTS];
     uint64_t workspace_bytes;
 } plan;
 

@@ -36,6 +36,19 @@ struct flce_gemm_params {
     unsigned long long scale_count; /* float: Σ over valid tokens of w_y (the count without weights) */
 };
 
+/* Tensor parallelism: each rank's block of the statistics all-gather is a header of FLCE_TP_HEADER
+ * 32-bit words (int64 vocab_offset, vocab_shard, vocab_total, tokens: every rank checks that the
+ * shards tile the vocab) followed by FLCE_TP_RECORD words per token row: float max, Σexp, Σexp·z,
+ * Σw·z, the target logit (0 when the label is on another rank), unused, then the int64 argmax. */
+#define FLCE_TP_HEADER 8
+#define FLCE_TP_RECORD 8
+
+/* The device-side error flags are two host-mapped ints: [0] is set to 1 by any kernel that sees a
+ * bad label; [1] gathers these bits, written by one thread of the TP combine. */
+#define FLCE_FLAG_TP_SHARDS 1   /* shards overlap or leave gaps */
+#define FLCE_FLAG_TP_TOTAL 2    /* ranks disagree on vocab_total */
+#define FLCE_FLAG_TP_TOKENS 4   /* ranks disagree on the token count */
+
 /* The row kernels of rowops.cu: prepare, combine, dz, reduce. Row-indexed arrays named "(all)"
  * hold all N tokens and are indexed by row0 + i; the others belong to the current chunk. */
 struct flce_row_params {
@@ -53,7 +66,7 @@ struct flce_row_params {
     unsigned long long grad_output; /* fp32 upstream gradient: 1 value, N values (none), or 0 */
     unsigned long long stats;       /* float[2]: Σ_valid w_y (the mean's denominator), Σ_j w_j */
     unsigned long long class_weights; /* vocab_total fp32 weights, or 0 */
-    unsigned long long flag;        /* int: raised (set to 1) when a label is out of range */
+    unsigned long long flag;        /* int[2]: [0] set to 1 when a label is out of range; [1] TP bits */
     unsigned long long dbias_acc;   /* fp32 [V_r] accumulator of db, or 0 */
     unsigned long long grad_bias;   /* dtype [V_r] db output, or 0 */
     long long tokens, row0, rows, ldz;
@@ -64,6 +77,15 @@ struct flce_row_params {
     int splits;
     int first, last;                /* dbias: first and last pass of the accumulation */
     int pad_;
+    /* tensor parallelism (DESIGN §2) */
+    unsigned long long tp_send;     /* this rank's block of the all-gather */
+    unsigned long long tp_recv;     /* every rank's block, in rank order (0 without TP) */
+    long long vocab_shard;          /* this rank's rows, for the header */
+    int tp_size;
+    int cast_accumulate;            /* flce_cast: add into fp32 instead of storing the dtype */
+    unsigned long long cast_src;    /* flce_cast: fp32 values */
+    unsigned long long cast_dst;    /* flce_cast: dtype values, or fp32 ones to add into */
+    long long cast_count;
 };
 
 #endif

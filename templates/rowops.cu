@@ -6,6 +6,9 @@
 //   flce_dz       dZ in the input dtype (gradient w.r.t. the raw logit h·w + b), zero padding
 //   flce_reduce   loss (and z-loss) = Σ_i (· 1/denominator for the mean), one CTA, fixed order
 //   flce_dbias    db = Σ_i dZ_i, accumulated in fp32 over chunks, rounded once
+//   flce_tp_pack  tensor parallelism: this rank's per-row statistics (splits merged) and a header,
+//                 the block every rank all-gathers; flce_combine then merges the ranks in order
+//   flce_cast     fp32 → the dtype (or += into fp32): the all-reduced dH to the caller's buffer
 // A label is valid when it is not ignore_index and lies in [0, vocab_total). Invalid, non-ignored
 // labels raise the flag and are treated as ignored, so nothing reads out of bounds.
 //
@@ -65,7 +68,7 @@ extern "C" __global__ void __launch_bounds__(1024) flce_prepare(const flce_row_p
     for (long long i = threadIdx.x; i < p.tokens; i += blockDim.x) {
         long long y = load_label(p.labels, i);
         if (label_valid(y, p)) denom += class_weight(p, y);
-        else if (y != p.ignore_index) *(volatile int *)p.flag = 1; // same value from every writer
+        else if (y != p.ignore_index) *(volatile int *)p.flag = 1; // flag[0]: same value from every writer
     }
     denom = block_sum_1024(denom, scratch);
     float wsum = (float)p.vocab_total;
@@ -80,11 +83,9 @@ extern "C" __global__ void __launch_bounds__(1024) flce_prepare(const flce_row_p
     }
 }
 
-// One thread per row of the chunk.
-extern "C" __global__ void __launch_bounds__(256) flce_combine(const flce_row_params p)
+// Row i's statistics over this rank's shard: its vocab splits merged in order.
+__device__ row_stats merge_splits(const flce_row_params &p, long long i)
 {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= p.rows) return;
     row_stats a;
     a.m = NEG_INF, a.s = 0.f, a.t = 0.f, a.zs = 0.f, a.arg = 0x7fffffffffffffffLL;
     for (int k = 0; k < p.splits; k++) {
@@ -97,13 +98,88 @@ extern "C" __global__ void __launch_bounds__(256) flce_combine(const flce_row_pa
         b.arg = OPT_ARGMAX ? ((const long long *)p.part_arg)[at] : 0;
         stats_merge(a, b);
     }
+    return a;
+}
+
+// Words of one rank's block in the all-gather (params.h).
+__device__ __forceinline__ long long tp_block_words(const flce_row_params &p)
+{
+    return FLCE_TP_HEADER + p.rows * FLCE_TP_RECORD;
+}
+
+// The label's logit when it lies in this rank's columns (the logits epilogue wrote it), else 0:
+// every other rank contributes an exact 0 to the sum the combine forms.
+__device__ __forceinline__ float local_target(const flce_row_params &p, long long i, long long y)
+{
+    long long local = y - p.chunk_offset;
+    return local >= 0 && local < p.cols ? ((const float *)p.target)[i] : 0.f;
+}
+
+// One thread per row of the chunk; thread 0 also writes the header.
+extern "C" __global__ void __launch_bounds__(256) flce_tp_pack(const flce_row_params p)
+{
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long *hdr = (long long *)p.tp_send;
+    if (i == 0) hdr[0] = p.vocab_offset, hdr[1] = p.vocab_shard, hdr[2] = p.vocab_total, hdr[3] = p.tokens;
+    if (i >= p.rows) return;
+    row_stats a = merge_splits(p, i);
+    long long y = load_label(p.labels, p.row0 + i);
+    float *rec = (float *)p.tp_send + FLCE_TP_HEADER + i * FLCE_TP_RECORD;
+    rec[0] = a.m, rec[1] = a.s, rec[2] = a.t, rec[3] = a.zs;
+    rec[4] = label_valid(y, p) ? local_target(p, i, y) : 0.f;
+    rec[5] = 0.f;
+    *(long long *)(rec + 6) = a.arg;
+}
+
+// Checks that the gathered headers describe one vocab cut into consecutive shards in rank order
+// and one token count; raises flag[1] bits otherwise. One thread, tp_size reads.
+__device__ void tp_check_headers(const flce_row_params &p)
+{
+    const long long *h0 = (const long long *)p.tp_recv;
+    long long next = 0;
+    int bad = 0;
+    for (int r = 0; r < p.tp_size; r++) {
+        const long long *h = (const long long *)((const float *)p.tp_recv + r * tp_block_words(p));
+        if (h[0] != next) bad |= FLCE_FLAG_TP_SHARDS;
+        if (h[2] != h0[2]) bad |= FLCE_FLAG_TP_TOTAL;
+        if (h[3] != h0[3]) bad |= FLCE_FLAG_TP_TOKENS;
+        next = h[0] + h[1];
+    }
+    if (next != h0[2]) bad |= FLCE_FLAG_TP_SHARDS;
+    if (bad) ((volatile int *)p.flag)[1] |= bad;
+}
+
+// One thread per row of the chunk. Without TP the row's statistics come from its vocab splits;
+// with TP from every rank's record, merged in rank order, so all ranks get the same bits.
+extern "C" __global__ void __launch_bounds__(256) flce_combine(const flce_row_params p)
+{
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p.tp_recv && i == 0) tp_check_headers(p);
+    if (i >= p.rows) return;
     const long long row = p.row0 + i;
-    float lse = a.m + logf(a.s);
     long long y = load_label(p.labels, row);
     bool valid = label_valid(y, p);
+    row_stats a;
+    float zy = 0.f;
+    if (p.tp_recv) {
+        a.m = NEG_INF, a.s = 0.f, a.t = 0.f, a.zs = 0.f, a.arg = 0x7fffffffffffffffLL;
+        for (int r = 0; r < p.tp_size; r++) {
+            const float *rec = (const float *)p.tp_recv + r * tp_block_words(p) + FLCE_TP_HEADER +
+                               i * FLCE_TP_RECORD;
+            row_stats b;
+            b.m = rec[0], b.s = rec[1], b.t = rec[2], b.zs = rec[3];
+            b.arg = *(const long long *)(rec + 6);
+            stats_merge(a, b);
+            zy += rec[4];
+        }
+    } else {
+        a = merge_splits(p, i);
+        if (valid) zy = ((const float *)p.target)[i];
+    }
+    float lse = a.m + logf(a.s);
     float loss = 0.f, zl = 0.f, logprob = 0.f;
     if (valid) {
-        float wy = class_weight(p, y), zy = ((const float *)p.target)[i];
+        float wy = class_weight(p, y);
         logprob = zy - lse;
         loss = (1.f - SMOOTHING) * wy * (lse - zy);
         if (OPT_ZSUM) {
@@ -119,6 +195,29 @@ extern "C" __global__ void __launch_bounds__(256) flce_combine(const flce_row_pa
     if (p.logprob) ((float *)p.logprob)[row] = logprob;
     if (OPT_ENTROPY && p.entropy) ((float *)p.entropy)[row] = lse - a.t / a.s;
     if (OPT_ARGMAX && p.argmax) ((long long *)p.argmax)[row] = a.arg;
+}
+
+// Grid-stride over cast_count values, 4 at a time (counts are multiples of D, a multiple of 8).
+extern "C" __global__ void __launch_bounds__(256) flce_cast(const flce_row_params p)
+{
+    long long stride = (long long)gridDim.x * blockDim.x * 4;
+    for (long long j = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; j < p.cast_count; j += stride) {
+        float4 v = *(const float4 *)((const float *)p.cast_src + j);
+        if (p.cast_accumulate) {
+            float4 *d = (float4 *)((float *)p.cast_dst + j);
+            float4 o = *d;
+            *d = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
+            continue;
+        }
+#if FLCE_DTYPE == DTYPE_F32
+        *(float4 *)((float *)p.cast_dst + j) = v;
+#else
+        uint2 packed;
+        packed.x = (unsigned)from_f32(v.x) | ((unsigned)from_f32(v.y) << 16);
+        packed.y = (unsigned)from_f32(v.z) | ((unsigned)from_f32(v.w) << 16);
+        *(uint2 *)((elem_t *)p.cast_dst + j) = packed;
+#endif
+    }
 }
 
 // The per-token part of g_i: 0 for ignored tokens, grad_output[i] for reduction none, else 1.

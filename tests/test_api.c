@@ -57,7 +57,7 @@ MUT(smoothing_one, p->label_smoothing = 1.0f)
 MUT(zloss_neg, p->z_loss = -1e-4f)
 MUT(softcap_neg, p->softcap = -30.f)
 MUT(temperature_zero, p->temperature = 0.f)
-MUT(tp_rank_out, (p->tp_size = 2, p->tp_rank = 2))
+MUT(tp_rank_out, (p->tp_size = 2, p->tp_rank = 2, p->vocab_total = 64000))
 MUT(bias_two, p->has_bias = 2)
 MUT(bad_strategy, p->strategy = (flce_strategy)11)
 MUT(struct_too_small, p->struct_size = 8)
@@ -65,7 +65,9 @@ MUT(struct_newer, p->struct_size = sizeof(flce_problem) + 64)
 MUT(weights_two, p->has_class_weights = 2)
 MUT(accumulate_three, p->accumulate_grad_weight = 3)
 MUT(softcap_inf, p->softcap = 1.0f / 0.0f)
-MUT(tp_on, (p->tp_size = 2, p->tp_rank = 1))
+MUT(tp_no_total, (p->tp_size = 2, p->tp_rank = 1, p->vocab_total = 0))
+MUT(sp_without_tp, p->sequence_parallel = 1)
+MUT(sp_two, (p->tp_size = 2, p->vocab_total = 64000, p->sequence_parallel = 2))
 MUT(tokens_huge, p->tokens = (int64_t)1 << 40)
 MUT(hidden_huge, p->hidden = (int64_t)1 << 30)
 MUT(temperature_tiny, p->temperature = 1e-39f)
@@ -99,7 +101,9 @@ static void every_bad_field_is_named(void)
         {"accumulate_grad_weight=3", FLCE_ERR_INVALID_ARGUMENT, accumulate_three},
         {"softcap=inf", FLCE_ERR_INVALID_ARGUMENT, softcap_inf},
         /* valid requests that this build does not implement yet: said, never silently wrong */
-        {"tensor parallelism is not implemented", FLCE_ERR_UNSUPPORTED, tp_on},
+        {"vocab_total=0: with tp_size=2", FLCE_ERR_INVALID_ARGUMENT, tp_no_total},
+        {"sequence_parallel=1: needs tp_size > 1", FLCE_ERR_INVALID_ARGUMENT, sp_without_tp},
+        {"sequence_parallel=2", FLCE_ERR_INVALID_ARGUMENT, sp_two},
         /* sizes whose workspace arithmetic would overflow (found by fuzz_problem) */
         {"tokens=1099511627776: at most", FLCE_ERR_UNSUPPORTED, tokens_huge},
         {"hidden=1073741824: at most", FLCE_ERR_UNSUPPORTED, hidden_huge},

@@ -42,7 +42,7 @@ FLCE_OP_FORWARD = 0
 FLCE_OP_LOSS_AND_GRAD = 1
 FLCE_OP_BACKWARD = 2
 
-FLCE_API_VERSION = 1
+FLCE_API_VERSION = 2
 
 # C enums are `int` on every ABI flce supports.
 _enum = ctypes.c_int
@@ -79,7 +79,7 @@ class Problem(ctypes.Structure):
         ("has_class_weights", ctypes.c_int32),
         ("accumulate_grad_hidden", ctypes.c_int32),
         ("accumulate_grad_weight", ctypes.c_int32),
-        ("reserved0", ctypes.c_int32),
+        ("sequence_parallel", ctypes.c_int32),
     ]
 
 
@@ -106,6 +106,7 @@ class Tensors(ctypes.Structure):
         ("target_logprob", ctypes.c_void_p),
         ("entropy", ctypes.c_void_p),
         ("argmax", ctypes.c_void_p),
+        ("comm", ctypes.c_void_p),
     ]
 
 

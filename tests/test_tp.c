@@ -1,0 +1,598 @@
+/* test_tp.c — tensor and sequence parallelism (DESIGN.md §2) on 2 and 4 GPUs: one host thread per
+ * rank with its own context, stream and NCCL communicator. For identical global data, the loss,
+ * lse, per-token outputs and gradients (dW reassembled from the shards, dH) must match the fp64
+ * reference and a single-GPU flce run within the single-GPU tolerances, and every rank must hold
+ * the same bits of everything it computes redundantly. Uneven shards, ranks that hold no target,
+ * all-ignored batches, every option, the split-phase API, and shard descriptions that disagree.
+ * Exits 77 (skipped) with fewer than 2 GPUs. */
+#include <math.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "error.h"
+#include "devmem.h"
+#include "host.h"
+#include "ref.h"
+
+enum { OP_LOSS_AND_GRAD, OP_FORWARD, OP_FWD_THEN_BWD, OP_SPLIT_PHASE };
+enum { O_SMOOTH = 1, O_ZLOSS = 2, O_SOFTCAP = 4, O_TEMP = 8, O_WEIGHTS = 16, O_BIAS = 32, O_TOKENS = 64 };
+enum { LAB_RANDOM, LAB_RANK0, LAB_IGNORED };
+
+typedef struct tcase {
+    const char *name;
+    int64_t n, d, v;       /* global tokens, hidden, global vocab */
+    flce_dtype dtype;
+    flce_reduction red;
+    int sp, op, opts, labels, label_bits;
+    flce_strategy strategy;
+    uint64_t budget;
+    double sd;             /* logit standard deviation */
+} tcase;
+
+/* One case's global data, shared read-only by the rank threads. */
+typedef struct gdata {
+    double *h, *w, *b, *cw, *go;
+    int64_t *labels;
+    int64_t cut[9];        /* shard r is [cut[r], cut[r+1]) */
+} gdata;
+
+typedef struct rank_io {
+    const tcase *c;
+    const gdata *g;
+    int tp, rank;
+    flce_context *ctx;
+    ncclComm_t comm;
+    int64_t rows;          /* tokens this rank sees results for */
+    double *loss, *lse, *dh, *dw, *db, *lpt, *lp, *ent;
+    int64_t *am;
+    flce_status st;
+    char msg[600];
+} rank_io;
+
+static host_rng rng;
+static int n_gpus;
+static flce_context *ctxs[8];
+static const char *dt_name[] = {"f32", "f16", "bf16"};
+
+static double tol_grad(flce_dtype t) { return t == FLCE_DTYPE_F32 ? 1e-4 : 4e-3; }
+static double *dalloc(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(double)); }
+
+static void *up_dtype(flce_dtype t, const double *x, int64_t n)
+{
+    size_t es = host_dtype_size(t);
+    void *tmp = malloc((size_t)(n > 0 ? n : 1) * es), *dev = NULL;
+    host_to_dtype(t, x, tmp, (size_t)n);
+    if (devmem_alloc(&dev, (size_t)n * es) == FLCE_OK) devmem_upload(dev, tmp, (size_t)n * es);
+    free(tmp);
+    return dev;
+}
+
+static void *up_f32(const double *x, int64_t n)
+{
+    float *tmp = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    void *dev = NULL;
+    for (int64_t i = 0; i < n; i++) tmp[i] = x ? (float)x[i] : 0.f;
+    if (devmem_alloc(&dev, (size_t)n * 4) == FLCE_OK) devmem_upload(dev, tmp, (size_t)n * 4);
+    free(tmp);
+    return dev;
+}
+
+static void *poisoned(size_t bytes)
+{
+    void *dev = NULL;
+    if (devmem_alloc(&dev, bytes) == FLCE_OK) devmem_poison(dev, bytes);
+    return dev;
+}
+
+static void down_f32(const void *dev, double *out, int64_t n)
+{
+    float *tmp = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    devmem_download(tmp, dev, (size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) out[i] = tmp[i];
+    free(tmp);
+}
+
+static void down_dtype(flce_dtype t, const void *dev, double *out, int64_t n)
+{
+    size_t es = host_dtype_size(t);
+    void *tmp = malloc((size_t)(n > 0 ? n : 1) * es);
+    devmem_download(tmp, dev, (size_t)n * es);
+    host_from_dtype(t, tmp, out, (size_t)n);
+    free(tmp);
+}
+
+static void fill_problem(const tcase *c, flce_problem *p)
+{
+    flce_problem_init(p);
+    p->hidden = c->d, p->vocab_total = c->v, p->dtype = c->dtype, p->reduction = c->red;
+    p->label_bits = c->label_bits ? c->label_bits : 32;
+    p->label_smoothing = c->opts & O_SMOOTH ? 0.1f : 0.f;
+    p->z_loss = c->opts & O_ZLOSS ? 1e-3f : 0.f;
+    p->softcap = c->opts & O_SOFTCAP ? 15.f : 0.f;
+    p->temperature = c->opts & O_TEMP ? 1.3f : 1.f;
+    p->has_class_weights = !!(c->opts & O_WEIGHTS);
+    p->has_bias = !!(c->opts & O_BIAS);
+    p->strategy = c->strategy, p->memory_budget = c->budget;
+}
+
+static flce_status rank_run(rank_io *io)
+{
+    const tcase *c = io->c;
+    const gdata *g = io->g;
+    int64_t off = g->cut[io->rank], shard = g->cut[io->rank + 1] - off, d = c->d;
+    int64_t row0 = c->sp ? io->rank * io->rows : 0, rows = io->rows;
+    int none = c->red == FLCE_REDUCTION_NONE;
+    flce_problem p;
+    fill_problem(c, &p);
+    p.tokens = rows, p.vocab_shard = shard, p.vocab_offset = off;
+    p.tp_rank = io->rank, p.tp_size = io->tp, p.sequence_parallel = c->sp;
+    int lb = p.label_bits / 8;
+    TRY(devmem_use(io->rank));
+    void *stream = NULL;
+    TRY(devmem_stream_create(&stream));
+
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = up_dtype(c->dtype, g->h + row0 * d, rows * d);
+    t.weight = up_dtype(c->dtype, g->w + off * d, shard * d);
+    void *labels = malloc((size_t)rows * (size_t)lb), *d_labels = NULL;
+    for (int64_t i = 0; i < rows; i++) {
+        if (lb == 4) ((int32_t *)labels)[i] = (int32_t)g->labels[row0 + i];
+        else ((int64_t *)labels)[i] = g->labels[row0 + i];
+    }
+    devmem_alloc(&d_labels, (size_t)rows * (size_t)lb);
+    devmem_upload(d_labels, labels, (size_t)rows * (size_t)lb);
+    free(labels);
+    t.labels = d_labels;
+    t.bias = p.has_bias ? up_dtype(c->dtype, g->b + off, shard) : NULL;
+    t.class_weights = p.has_class_weights ? up_f32(g->cw, c->v) : NULL;
+    t.grad_output = none ? up_f32(g->go + row0, rows) : up_f32(g->go, 1);
+    int grads = c->op != OP_FORWARD, split = c->op == OP_SPLIT_PHASE;
+    size_t es = host_dtype_size(c->dtype), dh_es = split ? 4 : es;
+    float *loss = poisoned((size_t)rows * 4), *lse = poisoned((size_t)rows * 4);
+    float *lpt = NULL, *lp = NULL, *ent = NULL;
+    int64_t *am = NULL;
+    if (c->opts & O_TOKENS) {
+        lpt = poisoned((size_t)rows * 4), lp = poisoned((size_t)rows * 4), ent = poisoned((size_t)rows * 4);
+        am = poisoned((size_t)rows * 8);
+    }
+    t.loss = loss, t.lse = lse, t.loss_per_token = lpt, t.target_logprob = lp, t.entropy = ent, t.argmax = am;
+    if (grads) {
+        /* split phase: dH is this rank's partial sum, accumulated into zeros in fp32 */
+        t.grad_hidden = split ? up_f32(NULL, rows * d) : poisoned((size_t)(rows * d) * dh_es);
+        t.grad_weight = poisoned((size_t)(shard * d) * es);
+        t.grad_bias = p.has_bias ? poisoned((size_t)shard * es) : NULL;
+    }
+    t.comm = split ? NULL : io->comm;
+
+    flce_status st = FLCE_OK;
+    if (c->op == OP_LOSS_AND_GRAD) {
+        st = flce_loss_and_grad(io->ctx, &p, &t, stream);
+    } else if (c->op == OP_FORWARD) {
+        p.strategy = FLCE_STRATEGY_AUTO;
+        st = flce_forward(io->ctx, &p, &t, stream);
+    } else if (c->op == OP_FWD_THEN_BWD) {
+        flce_problem pf = p;
+        pf.strategy = FLCE_STRATEGY_AUTO;
+        flce_tensors f = t;
+        f.grad_hidden = f.grad_weight = f.grad_bias = NULL;
+        st = flce_forward(io->ctx, &pf, &f, stream);
+        flce_tensors bw = t;
+        bw.loss = bw.loss_per_token = bw.target_logprob = bw.entropy = NULL, bw.argmax = NULL;
+        if (st == FLCE_OK) st = flce_backward(io->ctx, &p, &bw, stream);
+    } else {
+        uint64_t bytes = 0;
+        void *stats = NULL, *gathered = NULL;
+        flce_problem pf = p;
+        pf.strategy = FLCE_STRATEGY_AUTO;
+        st = flce_tp_stats_bytes(&pf, &bytes);
+        if (st == FLCE_OK) st = devmem_alloc(&stats, bytes);
+        if (st == FLCE_OK) st = devmem_alloc(&gathered, bytes * (uint64_t)io->tp);
+        flce_tensors f = t;
+        f.grad_hidden = f.grad_weight = f.grad_bias = NULL;
+        if (st == FLCE_OK) st = flce_forward_stats(io->ctx, &pf, &f, stats, stream);
+        if (st == FLCE_OK && ncclAllGather(stats, gathered, bytes, ncclUint8, io->comm, stream) != ncclSuccess)
+            st = FLCE_ERR_CUDA, snprintf(io->msg, sizeof io->msg, "test's ncclAllGather failed");
+        if (st == FLCE_OK) st = flce_forward_finish(io->ctx, &pf, &f, gathered, stream);
+        flce_tensors bw = t;
+        bw.loss = bw.loss_per_token = bw.target_logprob = bw.entropy = NULL, bw.argmax = NULL;
+        p.accumulate_grad_hidden = 1;
+        if (st == FLCE_OK) st = flce_backward(io->ctx, &p, &bw, stream);
+        if (st == FLCE_OK && ncclAllReduce(t.grad_hidden, t.grad_hidden, (size_t)(rows * d), ncclFloat32,
+                                           ncclSum, io->comm, stream) != ncclSuccess)
+            st = FLCE_ERR_CUDA, snprintf(io->msg, sizeof io->msg, "test's ncclAllReduce failed");
+        if (st == FLCE_OK) st = devmem_stream_sync(stream);
+        devmem_free(stats), devmem_free(gathered);
+    }
+    if (st == FLCE_OK) st = flce_check(io->ctx, stream);
+    if (st != FLCE_OK && !io->msg[0]) snprintf(io->msg, sizeof io->msg, "%s", flce_last_error());
+    if (st == FLCE_OK) {
+        down_f32(loss, io->loss, none ? rows : 1);
+        down_f32(lse, io->lse, rows);
+        if (c->opts & O_TOKENS) {
+            down_f32(lpt, io->lpt, rows), down_f32(lp, io->lp, rows), down_f32(ent, io->ent, rows);
+            devmem_download(io->am, am, (size_t)rows * 8);
+        }
+        if (grads) {
+            if (split) down_f32(t.grad_hidden, io->dh, rows * d);
+            else down_dtype(c->dtype, t.grad_hidden, io->dh, rows * d);
+            down_dtype(c->dtype, t.grad_weight, io->dw, shard * d);
+            if (p.has_bias) down_dtype(c->dtype, t.grad_bias, io->db, shard);
+        }
+    }
+    devmem_free((void *)t.hidden), devmem_free((void *)t.weight), devmem_free(d_labels);
+    devmem_free((void *)t.bias), devmem_free((void *)t.class_weights), devmem_free((void *)t.grad_output);
+    devmem_free(loss), devmem_free(lse), devmem_free(lpt), devmem_free(lp), devmem_free(ent), devmem_free(am);
+    devmem_free(t.grad_hidden), devmem_free(t.grad_weight), devmem_free(t.grad_bias);
+    devmem_stream_destroy(stream);
+    return st;
+}
+
+static void *rank_main(void *arg)
+{
+    rank_io *io = arg;
+    io->st = rank_run(io);
+    return NULL;
+}
+
+/* Global data: uneven shard cuts (none empty), labels per the case's placement. */
+static void make_data(const tcase *c, int tp, gdata *g)
+{
+    int64_t n = c->n, d = c->d, v = c->v;
+    g->h = dalloc(n * d), g->w = dalloc(v * d), g->b = dalloc(v), g->cw = dalloc(v), g->go = dalloc(n);
+    g->labels = malloc(sizeof(int64_t) * (size_t)n);
+    double sw = c->sd / sqrt((double)d);
+    for (int64_t i = 0; i < n * d; i++) g->h[i] = host_rng_normal(&rng);
+    for (int64_t i = 0; i < v * d; i++) g->w[i] = sw * host_rng_normal(&rng);
+    for (int64_t j = 0; j < v; j++) g->b[j] = 0.5 * host_rng_normal(&rng), g->cw[j] = 0.5 + 1.5 * host_rng_uniform(&rng);
+    for (int64_t i = 0; i < n; i++) g->go[i] = 0.5 + host_rng_uniform(&rng);
+    host_round_to_dtype(c->dtype, g->h, (size_t)(n * d));
+    host_round_to_dtype(c->dtype, g->w, (size_t)(v * d));
+    host_round_to_dtype(c->dtype, g->b, (size_t)v);
+    /* uneven: rank r's share grows with r, so shards differ in size (and in tile remainders) */
+    int64_t weight_sum = 0;
+    for (int r = 0; r < tp; r++) weight_sum += 3 + r;
+    g->cut[0] = 0;
+    for (int r = 0; r < tp; r++) g->cut[r + 1] = g->cut[r] + v * (3 + r) / weight_sum;
+    g->cut[tp] = v;
+    for (int64_t i = 0; i < n; i++) {
+        if (c->labels == LAB_IGNORED || host_rng_uniform(&rng) < 0.1) g->labels[i] = -100;
+        else if (c->labels == LAB_RANK0) g->labels[i] = host_rng_below(&rng, g->cut[1]);
+        else g->labels[i] = host_rng_below(&rng, v);
+    }
+    if (c->labels == LAB_RANDOM && n >= 2) g->labels[0] = 0, g->labels[n - 1] = v - 1;
+}
+
+static void free_data(gdata *g)
+{
+    free(g->h), free(g->w), free(g->b), free(g->cw), free(g->go), free(g->labels);
+}
+
+static int same_bits(const double *a, const double *b, int64_t n)
+{
+    return memcmp(a, b, sizeof(double) * (size_t)n) == 0;
+}
+
+/* Single-GPU flce on device 0 with the whole vocab: loss (1 or n), dH and dW, for the side-by-side. */
+static flce_status single_gpu(const tcase *c, const gdata *g, double *loss, double *dh, double *dw)
+{
+    flce_problem p;
+    fill_problem(c, &p);
+    p.tokens = c->n, p.vocab_shard = c->v, p.vocab_total = c->v;
+    TRY(devmem_use(0));
+    flce_tensors t;
+    flce_tensors_init(&t);
+    int32_t *l32 = malloc(sizeof(int32_t) * (size_t)c->n);
+    for (int64_t i = 0; i < c->n; i++) l32[i] = (int32_t)g->labels[i];
+    void *labels = NULL;
+    devmem_alloc(&labels, (size_t)c->n * 4);
+    devmem_upload(labels, l32, (size_t)c->n * 4);
+    free(l32);
+    int none = c->red == FLCE_REDUCTION_NONE;
+    size_t es = host_dtype_size(c->dtype);
+    t.hidden = up_dtype(c->dtype, g->h, c->n * c->d), t.weight = up_dtype(c->dtype, g->w, c->v * c->d);
+    t.labels = labels;
+    t.bias = p.has_bias ? up_dtype(c->dtype, g->b, c->v) : NULL;
+    t.class_weights = p.has_class_weights ? up_f32(g->cw, c->v) : NULL;
+    t.grad_output = up_f32(g->go, none ? c->n : 1);
+    t.loss = poisoned((size_t)c->n * 4);
+    t.grad_hidden = poisoned((size_t)(c->n * c->d) * es), t.grad_weight = poisoned((size_t)(c->v * c->d) * es);
+    flce_status st = flce_loss_and_grad(ctxs[0], &p, &t, NULL);
+    if (st == FLCE_OK) st = flce_check(ctxs[0], NULL);
+    if (st == FLCE_OK) {
+        down_f32(t.loss, loss, none ? c->n : 1);
+        down_dtype(c->dtype, t.grad_hidden, dh, c->n * c->d);
+        down_dtype(c->dtype, t.grad_weight, dw, c->v * c->d);
+    }
+    devmem_free((void *)t.hidden), devmem_free((void *)t.weight), devmem_free(labels);
+    devmem_free((void *)t.bias), devmem_free((void *)t.class_weights), devmem_free((void *)t.grad_output);
+    devmem_free(t.loss), devmem_free(t.grad_hidden), devmem_free(t.grad_weight);
+    return st;
+}
+
+static void run_ranks(rank_io *io, int tp)
+{
+    pthread_t th[8];
+    for (int r = 0; r < tp; r++) pthread_create(&th[r], NULL, rank_main, &io[r]);
+    for (int r = 0; r < tp; r++) pthread_join(th[r], NULL);
+}
+
+static void check_case(const tcase *c, int tp, ncclComm_t *comms)
+{
+    char name[200];
+    snprintf(name, sizeof name, "tp=%d %s%s %s", tp, c->sp ? "SP " : "", dt_name[c->dtype], c->name);
+    int64_t n = c->n, d = c->d, v = c->v, rows = c->sp ? n / tp : n;
+    int none = c->red == FLCE_REDUCTION_NONE, grads = c->op != OP_FORWARD;
+    gdata g;
+    make_data(c, tp, &g);
+    rank_io io[8];
+    memset(io, 0, sizeof io);
+    for (int r = 0; r < tp; r++) {
+        io[r] = (rank_io){c, &g, tp, r, ctxs[r], comms[r], rows};
+        io[r].loss = dalloc(rows), io[r].lse = dalloc(rows), io[r].dh = dalloc(rows * d);
+        io[r].dw = dalloc(v * d), io[r].db = dalloc(v);
+        io[r].lpt = dalloc(rows), io[r].lp = dalloc(rows), io[r].ent = dalloc(rows);
+        io[r].am = calloc((size_t)rows, sizeof(int64_t));
+    }
+    run_ranks(io, tp);
+    int ok = 1;
+    for (int r = 0; r < tp; r++) {
+        CHECKF(io[r].st == FLCE_OK, "%s: rank %d: %s: %s", name, r, flce_status_name(io[r].st), io[r].msg);
+        ok &= io[r].st == FLCE_OK;
+    }
+    if (ok) {
+        /* assemble the global view: SP ranks hold consecutive token rows, shards consecutive vocab rows */
+        double *lse = dalloc(n), *loss = dalloc(n), *dh = dalloc(n * d), *dw = dalloc(v * d), *db = dalloc(v);
+        double *lpt = dalloc(n), *lp = dalloc(n), *ent = dalloc(n);
+        int64_t *am = calloc((size_t)n, sizeof(int64_t));
+        int same = 1;
+        for (int r = 0; r < tp; r++) {
+            int64_t at = c->sp ? r * rows : 0;
+            if (!c->sp && r > 0) /* plain TP: every rank computed the same rows; demand the same bits */
+                same &= same_bits(io[r].lse, io[0].lse, n) && same_bits(io[r].loss, io[0].loss, none ? n : 1) &&
+                        (!grads || same_bits(io[r].dh, io[0].dh, n * d)) &&
+                        (!(c->opts & O_TOKENS) || (same_bits(io[r].ent, io[0].ent, n) &&
+                                                   memcmp(io[r].am, io[0].am, (size_t)n * 8) == 0));
+            if (c->sp && !none && r > 0) same &= same_bits(io[r].loss, io[0].loss, 1);
+            memcpy(lse + at, io[r].lse, sizeof(double) * (size_t)rows);
+            memcpy(loss + at, io[r].loss, sizeof(double) * (size_t)(none ? rows : 1));
+            memcpy(dh + at * d, io[r].dh, sizeof(double) * (size_t)(rows * d));
+            memcpy(lpt + at, io[r].lpt, sizeof(double) * (size_t)rows);
+            memcpy(lp + at, io[r].lp, sizeof(double) * (size_t)rows);
+            memcpy(ent + at, io[r].ent, sizeof(double) * (size_t)rows);
+            memcpy(am + at, io[r].am, sizeof(int64_t) * (size_t)rows);
+            int64_t off = g.cut[r], shard = g.cut[r + 1] - off;
+            memcpy(dw + off * d, io[r].dw, sizeof(double) * (size_t)(shard * d));
+            memcpy(db + off, io[r].db, sizeof(double) * (size_t)shard);
+        }
+        CHECKF(same, "%s: ranks disagree on values every rank computes (must be bitwise equal)", name);
+
+        flce_problem p;
+        fill_problem(c, &p);
+        p.tokens = n, p.vocab_shard = v;
+        ref_extra x = {p.has_class_weights ? g.cw : NULL};
+        double *rl = dalloc(n), *rlse = dalloc(n), *rdh = dalloc(n * d), *rdw = dalloc(v * d), *rdb = dalloc(v);
+        const double *bias = p.has_bias ? g.b : NULL;
+        ref_loss_and_grad(&p, &x, n, d, v, g.h, g.w, bias, g.labels, g.go, rl, rlse, rdh, rdw, rdb);
+        int64_t nl = none ? n : 1;
+        double tg = tol_grad(c->dtype);
+        double e_loss = ref_rel_l2(rl, loss, (size_t)nl), e_lse = ref_rel_l2(rlse, lse, (size_t)n);
+        double e_dh = grads ? ref_rel_l2(rdh, dh, (size_t)(n * d)) : 0;
+        double e_dw = grads ? ref_rel_l2(rdw, dw, (size_t)(v * d)) : 0;
+        double e_db = grads && bias ? ref_rel_l2(rdb, db, (size_t)v) : 0;
+        CHECKF(e_loss <= 1e-5 && e_lse <= 1e-5, "%s: loss %.2e lse %.2e (loss %g vs %g)", name, e_loss,
+               e_lse, loss[0], rl[0]);
+        CHECKF(e_dh <= tg && e_dw <= tg && e_db <= tg, "%s: dH %.2e dW %.2e db %.2e (tol %.0e)", name,
+               e_dh, e_dw, e_db, tg);
+        double e_tok = 0;
+        if ((c->opts & O_TOKENS) && c->op != OP_FWD_THEN_BWD) {
+            double *rlpt = dalloc(n), *rlp = dalloc(n), *rent = dalloc(n);
+            int bad_arg = 0;
+            for (int64_t i = 0; i < n; i++) {
+                ref_row_out o;
+                ref_row(&p, &x, d, v, g.h + i * d, g.w, bias, g.labels[i], &o, NULL);
+                rlpt[i] = o.loss, rlp[i] = o.target_logprob, rent[i] = o.entropy;
+                bad_arg += am[i] != o.argmax; /* random data: exact ties are vanishingly rare */
+            }
+            e_tok = fmax(fmax(ref_rel_l2(rlpt, lpt, (size_t)n), ref_rel_l2(rlp, lp, (size_t)n)),
+                         ref_rel_l2(rent, ent, (size_t)n));
+            CHECKF(e_tok <= 1e-4, "%s: per-token outputs rel err %.2e", name, e_tok);
+            CHECKF(bad_arg <= n / 200, "%s: %d argmax mismatches of %lld", name, bad_arg, (long long)n);
+            free(rlpt), free(rlp), free(rent);
+        }
+        /* the same data through single-GPU flce: TP must land as close as the reference tolerance */
+        double s_loss = 0, s_dh = 0, s_dw = 0;
+        if (c->op == OP_LOSS_AND_GRAD) {
+            double *sl = dalloc(n), *sdh = dalloc(n * d), *sdw = dalloc(v * d);
+            flce_status st = single_gpu(c, &g, sl, sdh, sdw);
+            CHECKF(st == FLCE_OK, "%s: single-GPU run: %s", name, flce_last_error());
+            if (st == FLCE_OK) {
+                s_loss = ref_rel_l2(sl, loss, (size_t)nl);
+                s_dh = ref_rel_l2(sdh, dh, (size_t)(n * d)), s_dw = ref_rel_l2(sdw, dw, (size_t)(v * d));
+                CHECKF(s_loss <= 1e-5 && s_dh <= tg && s_dw <= tg, "%s: vs single GPU: loss %.2e dH %.2e dW %.2e",
+                       name, s_loss, s_dh, s_dw);
+            }
+            free(sl), free(sdh), free(sdw);
+        }
+        printf("  %-58s loss %.1e lse %.1e dH %.1e dW %.1e db %.1e tok %.1e | vs 1 GPU: loss %.1e dH %.1e dW %.1e\n",
+               name, e_loss, e_lse, e_dh, e_dw, e_db, e_tok, s_loss, s_dh, s_dw);
+        free(rl), free(rlse), free(rdh), free(rdw), free(rdb);
+        free(lse), free(loss), free(dh), free(dw), free(db), free(lpt), free(lp), free(ent), free(am);
+    }
+    for (int r = 0; r < tp; r++) {
+        free(io[r].loss), free(io[r].lse), free(io[r].dh), free(io[r].dw), free(io[r].db);
+        free(io[r].lpt), free(io[r].lp), free(io[r].ent), free(io[r].am);
+    }
+    free_data(&g);
+}
+
+static const tcase cases[] = {
+    /* name                                n    d    v     dtype            reduction            sp op                opts                      labels       lb strategy                 budget     sd */
+    {"mean, chunked",                      384, 128, 3001, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 0, OP_LOSS_AND_GRAD, 0,                        LAB_RANDOM,  32, FLCE_STRATEGY_AUTO,      0,         4},
+    {"sum, many chunks",                   512, 64,  2050, FLCE_DTYPE_F16,  FLCE_REDUCTION_SUM,  0, OP_LOSS_AND_GRAD, 0,                        LAB_RANDOM,  64, FLCE_STRATEGY_CHUNKED,   1 << 20,   0.5},
+    {"none + grad_output, recompute",      300, 96,  2503, FLCE_DTYPE_F32,  FLCE_REDUCTION_NONE, 0, OP_LOSS_AND_GRAD, O_TOKENS,                 LAB_RANDOM,  32, FLCE_STRATEGY_RECOMPUTE, 1 << 20,   4},
+    {"every option",                       256, 64,  1999, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 0, OP_LOSS_AND_GRAD, 127,                      LAB_RANDOM,  32, FLCE_STRATEGY_AUTO,      0,         4},
+    {"every option, f32, many chunks",     300, 48,  1501, FLCE_DTYPE_F32,  FLCE_REDUCTION_SUM,  0, OP_LOSS_AND_GRAD, 127,                      LAB_RANDOM,  32, FLCE_STRATEGY_CHUNKED,   1 << 19,   2},
+    {"targets only on rank 0",             256, 64,  2000, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 0, OP_LOSS_AND_GRAD, O_SMOOTH | O_TOKENS,      LAB_RANK0,   32, FLCE_STRATEGY_AUTO,      0,         4},
+    {"all ignored",                        128, 32,  1000, FLCE_DTYPE_F16,  FLCE_REDUCTION_MEAN, 0, OP_LOSS_AND_GRAD, O_ZLOSS,                  LAB_IGNORED, 32, FLCE_STRATEGY_AUTO,      0,         2},
+    {"forward only, outputs",              333, 64,  3001, FLCE_DTYPE_BF16, FLCE_REDUCTION_NONE, 0, OP_FORWARD,       O_TOKENS | O_SOFTCAP,     LAB_RANDOM,  32, FLCE_STRATEGY_AUTO,      0,         4},
+    {"forward, then backward (recompute)", 256, 64,  2001, FLCE_DTYPE_F16,  FLCE_REDUCTION_NONE, 0, OP_FWD_THEN_BWD,  O_BIAS | O_WEIGHTS,       LAB_RANDOM,  32, FLCE_STRATEGY_RECOMPUTE, 1 << 20,   4},
+    {"split phase (caller's collectives)", 256, 64,  2001, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 0, OP_SPLIT_PHASE,   O_SMOOTH | O_ZLOSS,       LAB_RANDOM,  32, FLCE_STRATEGY_AUTO,      0,         4},
+    {"mean, many chunks",                  512, 64,  2050, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 1, OP_LOSS_AND_GRAD, 0,                        LAB_RANDOM,  32, FLCE_STRATEGY_CHUNKED,   1 << 20,   4},
+    {"none + grad_output, outputs",        384, 64,  1777, FLCE_DTYPE_F32,  FLCE_REDUCTION_NONE, 1, OP_LOSS_AND_GRAD, O_TOKENS | O_WEIGHTS,     LAB_RANDOM,  64, FLCE_STRATEGY_AUTO,      0,         2},
+    {"every option, recompute",            256, 64,  2001, FLCE_DTYPE_F16,  FLCE_REDUCTION_SUM,  1, OP_LOSS_AND_GRAD, 127,                      LAB_RANDOM,  32, FLCE_STRATEGY_RECOMPUTE, 1 << 20,   4},
+    {"forward, then backward",             256, 64,  2001, FLCE_DTYPE_BF16, FLCE_REDUCTION_NONE, 1, OP_FWD_THEN_BWD,  O_SMOOTH,                 LAB_RANDOM,  32, FLCE_STRATEGY_AUTO,      0,         4},
+    {"all ignored",                        128, 32,  1000, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 1, OP_LOSS_AND_GRAD, 0,                        LAB_IGNORED, 32, FLCE_STRATEGY_AUTO,      0,         2},
+};
+
+static ncclComm_t comms2[8], comms4[8];
+
+typedef struct init_job {
+    ncclUniqueId id;
+    int tp, rank;
+    ncclComm_t *out;
+    ncclResult_t r;
+} init_job;
+
+static void *init_main(void *arg)
+{
+    init_job *j = arg;
+    devmem_use(j->rank);
+    j->r = ncclCommInitRank(&j->out[j->rank], j->tp, j->id, j->rank);
+    return NULL;
+}
+
+static int make_comms(int tp, ncclComm_t *out)
+{
+    init_job jobs[8];
+    pthread_t th[8];
+    ncclUniqueId id;
+    if (ncclGetUniqueId(&id) != ncclSuccess) return -1;
+    for (int r = 0; r < tp; r++) {
+        jobs[r] = (init_job){id, tp, r, out, ncclSuccess};
+        pthread_create(&th[r], NULL, init_main, &jobs[r]);
+    }
+    int bad = 0;
+    for (int r = 0; r < tp; r++) {
+        pthread_join(th[r], NULL);
+        if (jobs[r].r != ncclSuccess) {
+            printf("ncclCommInitRank(rank %d of %d): %s\n", r, tp, ncclGetErrorString(jobs[r].r));
+            bad = 1;
+        }
+    }
+    return bad ? -1 : 0;
+}
+
+static void every_case_matches_on_2_gpus(void)
+{
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], 2, comms2);
+}
+
+static void every_case_matches_on_4_gpus(void)
+{
+    if (n_gpus < 4) {
+        printf("  (fewer than 4 GPUs: skipped)\n");
+        return;
+    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], 4, comms4);
+}
+
+/* Shard descriptions that disagree: every rank's next check names the problem. */
+typedef struct bad_io {
+    int rank, tp, how;
+    ncclComm_t comm;
+    flce_status call, check;
+    char msg[600];
+} bad_io;
+
+enum { BAD_OVERLAP, BAD_TOTAL, BAD_RANK };
+
+static void *bad_main(void *arg)
+{
+    bad_io *io = arg;
+    int64_t n = 64, d = 32, v = 1000, shard = v / io->tp, off = io->rank * shard;
+    if (io->rank == io->tp - 1) shard = v - off;
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = n, p.hidden = d, p.vocab_total = v, p.dtype = FLCE_DTYPE_F32;
+    p.tp_size = io->tp, p.tp_rank = io->rank;
+    if (io->how == BAD_OVERLAP && io->rank == 1) off -= 5; /* overlaps rank 0, leaves a gap after */
+    if (io->how == BAD_TOTAL && io->rank == io->tp - 1) p.vocab_total = v + 16;
+    if (io->how == BAD_RANK) p.tp_rank = (io->rank + 1) % io->tp; /* every rank fails before NCCL */
+    p.vocab_shard = shard, p.vocab_offset = off;
+    devmem_use(io->rank);
+    double *h = dalloc(n * d), *w = dalloc(shard * d);
+    for (int64_t i = 0; i < n * d; i++) h[i] = 0.1 * (double)(i % 7);
+    for (int64_t i = 0; i < shard * d; i++) w[i] = 0.01 * (double)(i % 5);
+    int32_t labels[64];
+    for (int i = 0; i < 64; i++) labels[i] = i * 13 % (int)v;
+    void *dl = NULL;
+    devmem_alloc(&dl, sizeof labels);
+    devmem_upload(dl, labels, sizeof labels);
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = up_f32(h, n * d), t.weight = up_f32(w, shard * d), t.labels = dl;
+    t.loss = poisoned(4), t.comm = io->comm;
+    io->call = flce_forward(ctxs[io->rank], &p, &t, NULL);
+    snprintf(io->msg, sizeof io->msg, "%s", flce_last_error());
+    io->check = flce_check(ctxs[io->rank], NULL);
+    if (io->call == FLCE_OK) snprintf(io->msg, sizeof io->msg, "%s", flce_last_error());
+    devmem_free((void *)t.hidden), devmem_free((void *)t.weight), devmem_free(dl), devmem_free(t.loss);
+    free(h), free(w);
+    return NULL;
+}
+
+static void disagreeing_shards_are_reported(void)
+{
+    const char *want[] = {"overlap or leave gaps", "vocab_total differs", "tensors.comm: rank"};
+    for (int how = 0; how < 3; how++) {
+        bad_io io[2];
+        pthread_t th[2];
+        for (int r = 0; r < 2; r++) {
+            io[r] = (bad_io){r, 2, how, comms2[r], FLCE_OK, FLCE_OK, ""};
+            pthread_create(&th[r], NULL, bad_main, &io[r]);
+        }
+        for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+        for (int r = 0; r < 2; r++) {
+            flce_status got = how == BAD_RANK ? io[r].call : io[r].check;
+            printf("  %-22s rank %d: %s: %s\n", want[how], r, flce_status_name(got), io[r].msg);
+            CHECKF(got == FLCE_ERR_INVALID_ARGUMENT && strstr(io[r].msg, want[how]),
+                   "rank %d: expected INVALID_ARGUMENT naming '%s', got %s '%s'", r, want[how],
+                   flce_status_name(got), io[r].msg);
+        }
+    }
+}
+
+int main(void)
+{
+    n_gpus = devmem_gpu_count();
+    if (n_gpus < 2) {
+        printf("%d GPU(s): tensor parallelism needs at least 2: skipped\n", n_gpus);
+        return SKIP_EXIT;
+    }
+    if (n_gpus > 8) n_gpus = 8;
+    uint64_t seed = host_fresh_seed();
+    printf("seed %llu (FLCE_SEED=%llu reproduces), %d GPUs\n", (unsigned long long)seed,
+           (unsigned long long)seed, n_gpus);
+    host_rng_seed(&rng, seed);
+    for (int r = 0; r < n_gpus; r++)
+        if (flce_context_create(r, &ctxs[r]) != FLCE_OK) {
+            printf("FAIL: context %d: %s\n", r, flce_last_error());
+            return 1;
+        }
+    if (make_comms(2, comms2) != 0 || (n_gpus >= 4 && make_comms(4, comms4) != 0)) {
+        printf("FAIL: NCCL communicators\n");
+        return 1;
+    }
+    RUN(every_case_matches_on_2_gpus);
+    RUN(every_case_matches_on_4_gpus);
+    RUN(disagreeing_shards_are_reported);
+    for (int r = 0; r < 2; r++) ncclCommDestroy(comms2[r]);
+    for (int r = 0; r < 4 && n_gpus >= 4; r++) ncclCommDestroy(comms4[r]);
+    for (int r = 0; r < n_gpus; r++) flce_context_destroy(ctxs[r]);
+    FINISH();
+}
