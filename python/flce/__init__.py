@@ -13,7 +13,7 @@ from . import _lib
 from ._lib import FlceError, FlceLibraryNotFound  # noqa: F401  (public)
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropy", "FlceError", "FlceLibraryNotFound",
-           "check", "version", "library_path"]
+           "check", "version", "library_path", "vocab_parallel_cross_entropy", "NcclComm"]
 
 _DTYPES = {torch.float32: _lib.FLCE_DTYPE_F32, torch.float16: _lib.FLCE_DTYPE_F16,
            torch.bfloat16: _lib.FLCE_DTYPE_BF16}
@@ -122,11 +122,14 @@ class _Call:
     """The problem of hidden (N, D), weight (V, D), labels (N,) and the options; calls ops on the
     current stream of the tensors' device."""
 
-    def __init__(self, hidden, weight, labels, opts):
+    def __init__(self, hidden, weight, labels, opts, tp=None):
+        """tp: None, or (rank, size, vocab_offset, vocab_total, comm pointer or None) for a
+        vocab-parallel call (python/flce/parallel.py)."""
         self.device = hidden.device
+        rank, size, offset, total, self.comm = tp or (0, 1, 0, weight.shape[0], None)
         self.problem = _lib.new_problem(
             tokens=hidden.shape[0], hidden=hidden.shape[1], vocab_shard=weight.shape[0],
-            vocab_offset=0, vocab_total=weight.shape[0], dtype=_DTYPES[hidden.dtype],
+            vocab_offset=offset, vocab_total=total, tp_rank=rank, tp_size=size, dtype=_DTYPES[hidden.dtype],
             label_bits=_LABEL_BITS[labels.dtype], reduction=_lib.REDUCTIONS[opts.reduction],
             ignore_index=int(opts.ignore_index), memory_budget=operator.index(opts.memory_budget or 0),
             label_smoothing=float(opts.label_smoothing), z_loss=float(opts.z_loss),
@@ -137,7 +140,7 @@ class _Call:
         self.problem.strategy = _lib.STRATEGIES[strategy]
         _lib.validate(self.problem)
 
-    def __call__(self, op, strategy, **outs):
+    def __call__(self, op, strategy, half=None, buffer=None, **outs):
         """Runs `op` with problem.strategy = `strategy`; `outs` are flce_tensors fields given as
         tensors (or None). The workspace is a torch uint8 tensor, so PyTorch's caching allocator
         owns it and frees it in stream order."""
@@ -150,14 +153,19 @@ class _Call:
         t = _lib.new_tensors(
             hidden=_ptr(self.hidden, "hidden", 16), weight=_ptr(self.weight, "weight", 16),
             labels=_ptr(self.labels, "labels", self.labels.element_size()),
-            workspace=_ptr(workspace, "workspace", 256), workspace_bytes=workspace.numel(), **fields)
-        _lib.run(op, ctx, self.problem, t, _stream(self.device))
+            workspace=_ptr(workspace, "workspace", 256), workspace_bytes=workspace.numel(),
+            comm=self.comm if half is None else None, **fields)
+        if half is None:
+            _lib.run(op, ctx, self.problem, t, _stream(self.device))
+        else:  # one half of the split-phase TP forward; buffer: this rank's stats or all ranks'
+            _lib.forward_half(half, ctx, self.problem, t, _ptr(buffer, "stats", 16), _stream(self.device))
         # `workspace` goes back to the caching allocator here; later work on this stream is ordered
         # after the kernels just enqueued, so reusing the memory is safe.
 
 
 # Alignment flce.h asks of each output (or extra input) buffer.
 _ALIGN = {"loss": 4, "lse": 4, "grad_output": 4, "grad_hidden": 16, "grad_weight": 16}
+
 
 
 def _loss_tensor(n, reduction, device):
@@ -176,8 +184,8 @@ class _EagerGrads(torch.autograd.Function):
     (1 · loss); backward scales them by the upstream scalar."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, opts, need_dh, need_dw):
-        call = _Call(hidden, weight, labels, opts)
+    def forward(ctx, hidden, weight, labels, opts, need_dh, need_dw, tp=None):
+        call = _Call(hidden, weight, labels, opts, tp)
         loss = _loss_tensor(hidden.shape[0], opts.reduction, hidden.device)
         dh = torch.empty_like(hidden) if need_dh else None
         dw = torch.empty_like(weight) if need_dw else None
@@ -202,7 +210,7 @@ class _EagerGrads(torch.autograd.Function):
             dh.mul_(g)
         if dw is not None:
             dw.mul_(g)
-        return dh, dw, None, None, None, None
+        return dh, dw, None, None, None, None, None
 
 
 class _DeferredGrads(torch.autograd.Function):
@@ -211,8 +219,8 @@ class _DeferredGrads(torch.autograd.Function):
     and takes the upstream gradient as grad_output."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, opts, need_dh, need_dw):
-        call = _Call(hidden, weight, labels, opts)
+    def forward(ctx, hidden, weight, labels, opts, need_dh, need_dw, tp=None):
+        call = _Call(hidden, weight, labels, opts, tp)
         # Fail now, not in the middle of backward, if the library refuses the backward request.
         call.validate(opts.strategy)
         n = hidden.shape[0]
@@ -220,7 +228,7 @@ class _DeferredGrads(torch.autograd.Function):
         lse = torch.empty((n,), dtype=torch.float32, device=hidden.device)
         call(_lib.FLCE_OP_FORWARD, "auto", loss=loss, lse=lse)
         ctx.save_for_backward(hidden, weight, labels, lse)
-        ctx.opts, ctx.need = opts, (need_dh, need_dw)
+        ctx.opts, ctx.need, ctx.tp = opts, (need_dh, need_dw), tp
         return loss
 
     @staticmethod
@@ -232,14 +240,14 @@ class _DeferredGrads(torch.autograd.Function):
         dh = torch.empty_like(hidden) if need_dh else None
         dw = torch.empty_like(weight) if need_dw else None
         if dh is not None or dw is not None:
-            _Call(hidden, weight, labels, opts)(_lib.FLCE_OP_BACKWARD, opts.strategy, grad_output=g, lse=lse,
-                                                grad_hidden=dh, grad_weight=dw)
-        return dh, dw, None, None, None, None
+            _Call(hidden, weight, labels, opts, ctx.tp)(_lib.FLCE_OP_BACKWARD, opts.strategy, grad_output=g,
+                                                        lse=lse, grad_hidden=dh, grad_weight=dw)
+        return dh, dw, None, None, None, None, None
 
 
-def _no_grad_loss(hidden, weight, labels, opts):
+def _no_grad_loss(hidden, weight, labels, opts, tp=None):
     loss = _loss_tensor(hidden.shape[0], opts.reduction, hidden.device)
-    _Call(hidden, weight, labels, opts)(_lib.FLCE_OP_FORWARD, "auto", loss=loss)
+    _Call(hidden, weight, labels, opts, tp)(_lib.FLCE_OP_FORWARD, "auto", loss=loss)
     return loss
 
 
@@ -301,3 +309,6 @@ class LinearCrossEntropy(torch.nn.Module):
 
     def extra_repr(self):
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+
+
+from .parallel import NcclComm, vocab_parallel_cross_entropy  # noqa: E402  (needs the names above)

@@ -168,6 +168,9 @@ def _declare(lib):
         "flce_loss_and_grad": (st, [vp, P, T, vp]),
         "flce_backward": (st, [vp, P, T, vp]),
         "flce_check": (st, [vp, vp]),
+        "flce_tp_stats_bytes": (st, [P, ctypes.POINTER(ctypes.c_uint64)]),
+        "flce_forward_stats": (st, [vp, P, T, vp, vp]),
+        "flce_forward_finish": (st, [vp, P, T, vp, vp]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
@@ -335,6 +338,18 @@ def run(op, ctx, problem, tensors, stream):
     name = _OPS[op]
     check_status(getattr(lib(), name)(ctx, ctypes.byref(problem), ctypes.byref(tensors),
                                       ctypes.c_void_p(stream or None)), name)
+
+
+def tp_stats_bytes(problem):
+    n = ctypes.c_uint64()
+    check_status(lib().flce_tp_stats_bytes(ctypes.byref(problem), ctypes.byref(n)), "flce_tp_stats_bytes")
+    return n.value
+
+
+def forward_half(name, ctx, problem, tensors, buffer_ptr, stream):
+    """flce_forward_stats or flce_forward_finish (the split-phase TP forward)."""
+    check_status(getattr(lib(), name)(ctx, ctypes.byref(problem), ctypes.byref(tensors),
+                                      ctypes.c_void_p(buffer_ptr), ctypes.c_void_p(stream or None)), name)
 
 
 def check(ctx, stream):

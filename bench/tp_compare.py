@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""tp_compare.py — vocab-parallel loss and gradients on 2 or 4 GPUs, side by side in one run:
+
+  megatron     PyTorch, as large training frameworks do it: logits = linear(h, W_shard) in bf16,
+               upcast to fp32, all-reduce MAX, all-reduce SUM of the target logit, all-reduce SUM
+               of Σexp, softmax kept for backward; dH all-reduced (bf16) in the backward of the
+               tensor-parallel copy.
+  flce-nccl    flce.vocab_parallel_cross_entropy(comm=NcclComm): flce issues the collectives (one
+               all-gather of per-token statistics per token chunk, dH all-reduced in fp32), 6NVD.
+  flce-split   the same through torch.distributed (split phase: one all-gather; backward
+               recomputes the logits, 8NVD; dH all-reduced in fp32).
+
+Run with torchrun, one process per GPU, NCCL's collective log on (it counts collectives):
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL NCCL_DEBUG_FILE=/tmp/nccl.%p.log NCCL_NVLS_ENABLE=0 \\
+    torchrun --nproc_per_node=2 bench/tp_compare.py --out DIR
+Times: CUDA events, median of --iters steps (forward + backward) after warm-up, the slowest rank.
+Memory: peak allocated during one step above what was allocated before it (gradients included).
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "python"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import flce  # noqa: E402
+
+IGNORE = -100
+MiB = 1 << 20
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Identity forward; backward all-reduces the input gradient (the partial dH of this shard)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.contiguous()
+        dist.all_reduce(g, group=ctx.group)
+        return g, None
+
+
+class _VocabParallelCE(torch.autograd.Function):
+    """Per-token loss over fp32 logits of this rank's vocab shard, three all-reduces."""
+
+    @staticmethod
+    def forward(ctx, logits, target, offset, group):
+        n, vr = logits.shape
+        m = logits.max(dim=-1).values
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        logits = logits - m.unsqueeze(-1)
+        outside = (target < offset) | (target >= offset + vr)
+        local = (target - offset).clamp(0, vr - 1)
+        rows = torch.arange(n, device=logits.device)
+        pred = logits[rows, local].masked_fill(outside, 0.0)
+        dist.all_reduce(pred, group=group)
+        exp = logits.exp_()
+        sum_exp = exp.sum(dim=-1)
+        dist.all_reduce(sum_exp, group=group)
+        loss = torch.log(sum_exp) - pred
+        exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(exp, outside, local)
+        return loss
+
+    @staticmethod
+    def backward(ctx, g):
+        softmax, outside, local = ctx.saved_tensors
+        rows = torch.arange(softmax.shape[0], device=softmax.device)
+        grad = softmax
+        grad[rows, local] -= 1.0 - outside.float()
+        grad.mul_(g.unsqueeze(-1))
+        return grad, None, None, None
+
+
+def megatron_step(h, w, y, offset, group):
+    valid = (y != IGNORE)
+    tgt = torch.where(valid, y, torch.zeros_like(y))
+    logits = F.linear(_CopyToTP.apply(h, group), w).float()
+    per_tok = _VocabParallelCE.apply(logits, tgt, offset, group)
+    loss = (per_tok * valid).sum() / valid.sum().clamp(min=1)
+    loss.backward()
+    return loss
+
+
+def time_steps(step, iters, warmup):
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def marker(k, dev):
+    """A broadcast of a recognizable size: it brackets one step's collectives in NCCL's log."""
+    t = torch.zeros(k, dtype=torch.uint8, device=dev)
+    dist.broadcast(t, src=0)
+    torch.cuda.synchronize()
+
+
+NCCL_SIZES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2}
+COLL_RE = re.compile(r"\b(AllGather|AllReduce|ReduceScatter|Broadcast|Reduce): opCount \w+ .*?count (\d+) datatype (\d+)")
+
+
+def count_collectives(log_path, begin, end):
+    """(count, bytes) of the collectives between the marker broadcasts of sizes begin and end."""
+    try:
+        lines = open(log_path, errors="replace").read().splitlines()
+    except OSError:
+        return None
+    inside, calls, nbytes = False, 0, 0
+    for line in lines:
+        m = COLL_RE.search(line)
+        if not m:
+            continue
+        kind, count, dt = m.group(1), int(m.group(2)), int(m.group(3))
+        if kind == "Broadcast" and count in (begin, end):
+            if count == end and inside:
+                return calls, nbytes
+            inside = count == begin
+            continue
+        if inside:
+            calls += 1
+            nbytes += count * NCCL_SIZES.get(dt, 1)
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="8192x4096x128256")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--logit-std", type=float, default=4.0)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    n, d, v = (int(x) for x in args.shape.split("x"))
+
+    dist.init_process_group("nccl")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dev = torch.device("cuda", torch.cuda.current_device())
+    group = None
+    base = v // size
+    offset = rank * base
+    shard = v - offset if rank == size - 1 else base
+
+    g = torch.Generator(device=dev).manual_seed(1234)
+    h0 = torch.randn(n, d, device=dev, generator=g).to(torch.bfloat16)
+    w_full = (torch.randn(v, d, device=dev, generator=g) * (args.logit_std / d ** 0.5)).to(torch.bfloat16)
+    w0 = w_full[offset:offset + shard].contiguous()
+    del w_full
+    y = torch.randint(0, v, (n,), device=dev, generator=g)
+    y[torch.rand(n, device=dev, generator=g) < 0.05] = IGNORE
+    comm = flce.NcclComm(group)
+
+    def make(provider):
+        def step():
+            h = h0.detach().requires_grad_()
+            w = w0.detach().requires_grad_()
+            if provider == "megatron":
+                loss = megatron_step(h, w, y, offset, group)
+            else:
+                loss = flce.vocab_parallel_cross_entropy(
+                    h, w, y, vocab_offset=offset, vocab_total=v, group=group,
+                    comm=comm if provider == "flce-nccl" else None)
+                loss.backward()
+            step.out = (loss.detach(), h.grad, w.grad)
+        return step
+
+    log_path = None
+    if os.environ.get("NCCL_DEBUG_FILE"):
+        log_path = os.environ["NCCL_DEBUG_FILE"].replace("%p", str(os.getpid())).replace("%h", os.uname().nodename)
+    rows, results = [], {}
+    for k, provider in enumerate(["megatron", "flce-nccl", "flce-split"]):
+        step = make(provider)
+        step()
+        torch.cuda.synchronize()
+        marker(1000 + k, dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = torch.cuda.memory_allocated(dev)
+        step()
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated(dev) - before) / MiB
+        marker(2000 + k, dev)
+        results[provider] = [t.float().clone() if t is not None else None for t in step.out]
+        ms = time_steps(step, args.iters, args.warmup)
+        t = torch.tensor([ms, peak], device=dev)
+        all_t = [torch.zeros_like(t) for _ in range(size)]
+        dist.all_gather(all_t, t)
+        ms_max = max(float(x[0]) for x in all_t)
+        peak_max = max(float(x[1]) for x in all_t)
+        coll = count_collectives(log_path, 1000 + k, 2000 + k) if log_path else None
+        rows.append({"shape": args.shape, "tp": size, "provider": provider, "ms": round(ms_max, 3),
+                     "tflops": round(6 * n * v * d / (ms_max * 1e-3) / 1e12, 1), "extra_mib": round(peak_max, 1),
+                     "collectives": coll[0] if coll else None, "coll_bytes": coll[1] if coll else None})
+        step.out = None
+        torch.cuda.empty_cache()
+
+    ref = results["megatron"]
+
+    def rel(a, b):
+        return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+    for r in rows:
+        got = results[r["provider"]]
+        r["loss"] = float(got[0])
+        r["diff_loss_vs_megatron"] = rel(got[0], ref[0])
+        r["diff_dh_vs_megatron"] = rel(got[1], ref[1])
+        r["diff_dw_vs_megatron"] = rel(got[2], ref[2])
+    # the same loss bits on every rank?
+    lt = torch.tensor([r["loss"] for r in rows], device=dev, dtype=torch.float64)
+    all_l = [torch.zeros_like(lt) for _ in range(size)]
+    dist.all_gather(all_l, lt)
+    for i, r in enumerate(rows):
+        r["loss_same_on_all_ranks"] = all(bool(x[i] == lt[i]) for x in all_l)
+
+    if rank == 0:
+        name = torch.cuda.get_device_name(dev).replace(" ", "-")
+        date = datetime.date.today().isoformat()
+        md = [f"# Vocab-parallel loss+grad, {args.shape}, bf16, logit std {args.logit_std}, tp={size}",
+              f"{torch.cuda.get_device_name(dev)} x{size}, {date}, torch {torch.__version__}, "
+              f"flce {flce.version()}, median of {args.iters}, slowest rank", "",
+              "| provider | ms | TFLOP/s (6NVD) | peak extra MiB | collectives/step | bytes/step/rank | loss | dH vs megatron | dW vs megatron | same loss on all ranks |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            md.append(f"| {r['provider']} | {r['ms']:.2f} | {r['tflops']} | {r['extra_mib']:.0f} | "
+                      f"{r['collectives']} | {r['coll_bytes']} | {r['loss']:.6f} | {r['diff_dh_vs_megatron']:.1e} | "
+                      f"{r['diff_dw_vs_megatron']:.1e} | {r['loss_same_on_all_ranks']} |")
+        text = "\n".join(md) + "\n"
+        print(text)
+        os.makedirs(args.out, exist_ok=True)
+        stem = os.path.join(args.out, f"tp-compare-{name}-x{size}-{date}")
+        with open(stem + ".md", "w") as f:
+            f.write(text)
+        with open(stem + ".json", "w") as f:
+            json.dump(rows, f, indent=1)
+    comm.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""parallel.py — vocab-parallel (tensor-parallel) fused linear cross-entropy for torch.distributed.
+
+Each rank of a process group holds the weight rows [vocab_offset, vocab_offset + V_r) of a vocab of
+vocab_total ids and all N tokens; every rank gets the same loss. Two ways to run the collectives:
+
+  comm=None (default)  split phase through torch.distributed: flce_forward_stats, then ONE
+                       all_gather_into_tensor of a few floats per token, then flce_forward_finish;
+                       backward recomputes the logits (8NVD) and all-reduces dH in fp32.
+  comm=NcclComm(group) flce issues the NCCL collectives itself on its own communicator (one
+                       all-gather per token chunk, dH all-reduced in fp32) and computes loss and
+                       gradients in one call (6NVD), as the C API does.
+"""
+import ctypes
+
+import torch
+import torch.distributed as dist
+
+from . import _lib
+from . import _Call, _DeferredGrads, _EagerGrads, _Options, _check_args, _grad_out, _loss_tensor, _no_grad_loss
+
+
+class _UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]  # NCCL_UNIQUE_ID_BYTES
+
+
+class NcclComm:
+    """An NCCL communicator over the ranks of a torch.distributed group, for flce to issue its own
+    collectives on. Create it on every rank of `group` (collectively), after
+    torch.cuda.set_device(). It uses the libnccl that libflce and PyTorch share in this process."""
+
+    def __init__(self, group=None):
+        _lib.lib()  # libflce first: its libnccl.so.2 is the one we call
+        self._nccl = ctypes.CDLL("libnccl.so.2")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        uid = _UniqueId()
+        if self.rank == 0:
+            self._try(self._nccl.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+        dev = torch.device("cuda", torch.cuda.current_device())
+        buf = torch.tensor(list(uid.internal.ljust(128, b"\0")) if self.rank == 0 else [0] * 128,
+                           dtype=torch.uint8, device=dev)
+        dist.broadcast(buf, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+        uid = _UniqueId.from_buffer_copy(bytes(buf.cpu().tolist()))
+        self.ptr = ctypes.c_void_p()
+        self._try(self._nccl.ncclCommInitRank(ctypes.byref(self.ptr), self.size, uid, self.rank),
+                  "ncclCommInitRank")
+
+    def _try(self, r, what):
+        if r != 0:
+            self._nccl.ncclGetErrorString.restype = ctypes.c_char_p
+            raise RuntimeError(f"{what}: {self._nccl.ncclGetErrorString(r).decode()}")
+
+    def close(self):
+        if self.ptr:
+            self._nccl.ncclCommDestroy(self.ptr)
+            self.ptr = ctypes.c_void_p()
+
+
+class _SplitPhase(torch.autograd.Function):
+    """comm=None: the forward in two halves around torch.distributed's all-gather; backward from
+    the saved lse with dH accumulated in fp32 and all-reduced before it is rounded."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, opts, need_dh, need_dw, tp, group):
+        call = _Call(hidden, weight, labels, opts, tp)
+        n, size = hidden.shape[0], tp[1]
+        stats = torch.empty(_lib.tp_stats_bytes(call.problem), dtype=torch.uint8, device=hidden.device)
+        gathered = torch.empty(stats.numel() * size, dtype=torch.uint8, device=hidden.device)
+        loss = _loss_tensor(n, opts.reduction, hidden.device)
+        lse = torch.empty((n,), dtype=torch.float32, device=hidden.device)
+        call(_lib.FLCE_OP_FORWARD, "auto", half="flce_forward_stats", buffer=stats)
+        dist.all_gather_into_tensor(gathered, stats, group=group)
+        call(_lib.FLCE_OP_FORWARD, "auto", half="flce_forward_finish", buffer=gathered, loss=loss, lse=lse)
+        ctx.save_for_backward(hidden, weight, labels, lse)
+        ctx.opts, ctx.need, ctx.tp, ctx.group = opts, (need_dh, need_dw), tp, group
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        hidden, weight, labels, lse = ctx.saved_tensors
+        opts, (need_dh, need_dw) = ctx.opts, ctx.need
+        g = _grad_out(grad_loss, hidden.shape[0], opts.reduction)
+        dh32 = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_dh else None
+        dw = torch.empty_like(weight) if need_dw else None
+        if need_dh or need_dw:
+            call = _Call(hidden, weight, labels, opts, ctx.tp)
+            call.problem.accumulate_grad_hidden = 1
+            call(_lib.FLCE_OP_BACKWARD, opts.strategy, grad_output=g, lse=lse, grad_hidden=dh32, grad_weight=dw)
+        dh = None
+        if need_dh:
+            dist.all_reduce(dh32, group=ctx.group)
+            dh = dh32.to(hidden.dtype)
+        return dh, dw, None, None, None, None, None, None
+
+
+def vocab_parallel_cross_entropy(hidden, weight, labels, *, vocab_offset, vocab_total, group=None, comm=None,
+                                 ignore_index=-100, reduction="mean", memory_budget=None, strategy="auto",
+                                 label_smoothing=0.0, z_loss=0.0, softcap=0.0, temperature=1.0):
+    """cross_entropy(hidden @ W.T, labels) where this rank holds W's rows [vocab_offset,
+    vocab_offset + weight.shape[0]) of vocab_total, every rank of `group` holds the same hidden
+    (N, D) and labels (N,) (global ids), and the shards tile [0, vocab_total) in rank order.
+    Returns the same loss on every rank; grads: hidden's is the full dH (summed over ranks),
+    weight's is this rank's shard. Options as linear_cross_entropy. comm: see the module doc."""
+    _check_args(hidden, weight, labels, reduction, strategy, memory_budget)
+    if not dist.is_initialized():
+        raise RuntimeError("vocab_parallel_cross_entropy: torch.distributed is not initialized")
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    if comm is not None and (comm.rank != rank or comm.size != size):
+        raise ValueError(f"comm: rank {comm.rank} of {comm.size}, but the group has rank {rank} of {size}")
+    opts = _Options(ignore_index, reduction, strategy, memory_budget, label_smoothing, z_loss, softcap,
+                    temperature)
+    tp = (rank, size, int(vocab_offset), int(vocab_total), comm.ptr.value if comm is not None else None)
+    lead = labels.shape
+    h2, y1 = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
+    need_dh = torch.is_grad_enabled() and hidden.requires_grad
+    need_dw = torch.is_grad_enabled() and weight.requires_grad
+    if comm is None:
+        loss = _SplitPhase.apply(h2, weight, y1, opts, need_dh, need_dw, tp, group)
+    elif not (need_dh or need_dw):
+        loss = _no_grad_loss(h2, weight, y1, opts, tp)
+    elif reduction == "none" or strategy == "recompute":
+        loss = _DeferredGrads.apply(h2, weight, y1, opts, need_dh, need_dw, tp)
+    else:
+        loss = _EagerGrads.apply(h2, weight, y1, opts, need_dh, need_dw, tp)
+    return loss.reshape(lead) if reduction == "none" else loss
