@@ -283,6 +283,7 @@ static flce_status single_gpu(const tcase *c, const gdata *g, double *loss, doub
     flce_problem p;
     fill_problem(c, &p);
     p.tokens = c->n, p.vocab_shard = c->v, p.vocab_total = c->v;
+    p.label_bits = 32; /* uploaded as int32 below, whatever the TP run used */
     TRY(devmem_use(0));
     flce_tensors t;
     flce_tensors_init(&t);
