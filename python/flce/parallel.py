@@ -38,8 +38,8 @@ class NcclComm:
         if self.rank == 0:
             self._try(self._nccl.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
         dev = torch.device("cuda", torch.cuda.current_device())
-        buf = torch.tensor(list(uid.internal.ljust(128, b"\0")) if self.rank == 0 else [0] * 128,
-                           dtype=torch.uint8, device=dev)
+        raw = ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid))  # all 128 bytes, NULs too
+        buf = torch.tensor(list(raw), dtype=torch.uint8, device=dev)
         dist.broadcast(buf, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
         uid = _UniqueId.from_buffer_copy(bytes(buf.cpu().tolist()))
         self.ptr = ctypes.c_void_p()
