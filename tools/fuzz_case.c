@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "host.h"
+#include "plan.h"
 #include "ref.h"
 
 #define FZ_POOL 48
@@ -428,10 +429,20 @@ static double fz_logit(const flce_problem *p, const fz_data *x, int64_t i, int64
 
 typedef struct fz_norms {
     double diff2, ref2, floor2, bound2; /* Σ(got−ref)², Σref², Σfloor², Σ(ref+init)² */
-    double row_diff2, row_ref2, row_floor2; /* the same over the current row (fz_row_end) */
+    double row_diff2, row_ref2, row_floor2, row_bound2; /* the same over the current row */
+    double acc_k;                           /* accumulate mode: ‖got−ref‖ may reach acc_k·‖ref+init‖ */
     double worst_row;                       /* max over rows of the row's own relative error */
     int nonfinite;
 } fz_norms;
+
+static void fz_add(fz_norms *a, double ref, double got, double floor);
+
+/* An entry of a gradient accumulated into fp32 values `init`: the stored sum's own rounding. */
+static void fz_add_acc(fz_norms *a, double ref, double got, double floor, double init)
+{
+    fz_add(a, ref, got, floor);
+    a->bound2 += (ref + init) * (ref + init), a->row_bound2 += (ref + init) * (ref + init);
+}
 
 static void fz_add(fz_norms *a, double ref, double got, double floor)
 {
@@ -447,21 +458,25 @@ static void fz_add(fz_norms *a, double ref, double got, double floor)
 static void fz_row_end(fz_norms *a)
 {
     double scale = fmax(sqrt(a->row_ref2), sqrt(a->row_floor2));
-    double e = scale > 0 ? sqrt(a->row_diff2) / scale : sqrt(a->row_diff2);
+    double diff = fmax(0, sqrt(a->row_diff2) - a->acc_k * sqrt(a->row_bound2));
+    double e = scale > 0 ? diff / scale : diff;
+    if (isnan(a->row_diff2)) e = NAN;
     if (!(e <= a->worst_row)) a->worst_row = e; /* NaN sticks */
-    a->row_diff2 = a->row_ref2 = a->row_floor2 = 0;
+    a->row_diff2 = a->row_ref2 = a->row_floor2 = a->row_bound2 = 0;
 }
 
-/* Error and (in r) tolerance of one quantity. `acc_allow`: fp32 accumulate adds rounding of the
- * stored sum, 2^-23·|ref + init| per element at most, which no kernel can avoid. */
-static void fz_finish(fz_result *r, int q, const fz_norms *a, double tol, int acc_allow)
+/* Error and (in r) tolerance of one quantity. In accumulate mode (acc_k > 0) the rounding of the
+ * stored fp32 sums, which no kernel can avoid, is taken off the difference first. */
+static void fz_finish(fz_result *r, int q, const fz_norms *a, double tol)
 {
     double scale = fmax(sqrt(a->ref2), sqrt(a->floor2));
     if (!(scale > 0)) scale = 1; /* nothing but zeros: an absolute check */
+    double diff = fmax(0, sqrt(a->diff2) - a->acc_k * sqrt(a->bound2));
+    if (isnan(a->diff2)) diff = NAN;
     /* the vector's relative L2 (DESIGN §8), or its worst row at a tenth of the weight */
-    double err = fmax(sqrt(a->diff2) / scale, a->worst_row / 10);
+    double err = fmax(diff / scale, a->worst_row / 10);
     if (a->nonfinite || isnan(err) || isnan(a->worst_row)) err = INFINITY;
-    double t = tol + (acc_allow ? 0x1p-22 * sqrt(a->bound2) / scale : 0);
+    double t = tol;
     r->err[q] = err, r->tol[q] = t;
     if (!(err <= t)) r->failed = 1;
 }
@@ -489,6 +504,7 @@ typedef struct fz_ctx {
     fz_row_ref *rows; /* one per sampled token */
     double *dz;      /* V_r scratch */
     fz_result *r;
+    double acc_k;    /* accumulate mode's allowance (fz_norms.acc_k) */
 } fz_ctx;
 
 /* Loss of reduction mean/sum from per-token values: Σ v_i (/ Σ_valid w_y for the mean). */
@@ -538,12 +554,12 @@ static void fz_check_rows(fz_ctx *k)
             }
         }
     }
-    if (g->lse) fz_finish(k->r, FZ_Q_LSE, &lse, 1e-5, 0);
-    if (g->lpt) fz_finish(k->r, FZ_Q_LPT, &lpt, 1e-5, 0);
-    if (g->logprob) fz_finish(k->r, FZ_Q_LOGPROB, &lp, 1e-5, 0);
-    if (g->entropy) fz_finish(k->r, FZ_Q_ENTROPY, &ent, 1e-4, 0);
-    if (k->q.reduction == FLCE_REDUCTION_NONE && g->loss) fz_finish(k->r, FZ_Q_LOSS, &loss, 1e-5, 0);
-    if (k->q.reduction == FLCE_REDUCTION_NONE && g->zl) fz_finish(k->r, FZ_Q_ZL, &zl, 1e-5, 0);
+    if (g->lse) fz_finish(k->r, FZ_Q_LSE, &lse, 1e-5);
+    if (g->lpt) fz_finish(k->r, FZ_Q_LPT, &lpt, 1e-5);
+    if (g->logprob) fz_finish(k->r, FZ_Q_LOGPROB, &lp, 1e-5);
+    if (g->entropy) fz_finish(k->r, FZ_Q_ENTROPY, &ent, 1e-4);
+    if (k->q.reduction == FLCE_REDUCTION_NONE && g->loss) fz_finish(k->r, FZ_Q_LOSS, &loss, 1e-5);
+    if (k->q.reduction == FLCE_REDUCTION_NONE && g->zl) fz_finish(k->r, FZ_Q_ZL, &zl, 1e-5);
     if (g->argmax) {
         k->r->err[FZ_Q_ARGMAX] = (double)bad_arg, k->r->tol[FZ_Q_ARGMAX] = 0;
         if (bad_arg) k->r->failed = 1;
@@ -565,7 +581,7 @@ static void fz_check_reduced(fz_ctx *k, const double *all_loss, const double *al
         double mag, ref = fz_reduce(k, v, &mag);
         fz_norms a = {0};
         fz_add(&a, ref, g->loss[0], mag);
-        fz_finish(k->r, FZ_Q_LOSS, &a, 1e-5, 0);
+        fz_finish(k->r, FZ_Q_LOSS, &a, 1e-5);
     }
     if (g->zl && (all_zl || g->lse)) {
         for (int64_t i = 0; i < n; i++) {
@@ -576,16 +592,32 @@ static void fz_check_reduced(fz_ctx *k, const double *all_loss, const double *al
         double mag, ref = fz_reduce(k, v, &mag);
         fz_norms a = {0};
         fz_add(&a, ref, g->zl[0], mag);
-        fz_finish(k->r, FZ_Q_ZL, &a, 1e-5, 0);
+        fz_finish(k->r, FZ_Q_ZL, &a, 1e-5);
     }
     free(v);
 }
 
-static double fz_w_rms(const fz_data *x, const double *a, int64_t rows)
+/* Floor of a gradient entry Σ_t term_t: the size it would have without cancellation,
+ * sqrt(Σ term²) (`mag2`), since rounding each term (dZ is stored in the dtype) errs relative to
+ * the terms, not to their sum; and with fp16, an allowance `sub` for the absolute resolution of
+ * its subnormals, which a dZ under 2^-14 (any p_ij < 6e-5: every large vocab) falls into. */
+static double fz_floor(double mag2, double sub, double tol)
 {
-    double s = 0;
-    for (int64_t i = 0; i < rows * x->d; i++) s += a[i] * a[i];
-    return rows ? sqrt(s / (double)rows) : 0;
+    double s = sub / tol;
+    return sqrt(mag2 + s * s);
+}
+
+/* fp16: 4 × half the subnormal spacing (2^-25), times the scale the GEMM epilogue applies after
+ * the stored dZ (g/denominator for mean and sum; 1 for none, where g_i is inside dZ). */
+static double fz_subnormal(const fz_ctx *k)
+{
+    if (k->q.dtype != FLCE_DTYPE_F16) return 0;
+    double s = 1;
+    if (k->q.reduction != FLCE_REDUCTION_NONE) {
+        s = 0;
+        for (int64_t i = 0; i < k->x->n; i++) s = fmax(s, fabs(k->gs[i]));
+    }
+    return 4 * 0x1p-25 * s;
 }
 
 /* dH of the sampled tokens: g_i·Σ_j dz_ij·w_j from ref_row's dz. */
@@ -593,32 +625,40 @@ static void fz_check_dh(fz_ctx *k)
 {
     if (!k->g->dh_rows) return;
     int64_t d = k->x->d;
-    double w_rms = fz_w_rms(k->x, k->x->w, k->x->v);
-    double *acc = malloc(sizeof(double) * (size_t)d);
-    if (!acc) return;
+    double tol = fz_tol_grad(&k->q), sub = fz_subnormal(k), *w2 = calloc((size_t)d, sizeof(double));
+    double *acc = malloc(sizeof(double) * (size_t)d), *mag = malloc(sizeof(double) * (size_t)d);
+    if (!acc || !mag || !w2) {
+        free(acc), free(mag), free(w2);
+        return;
+    }
+    for (int64_t j = 0; j < k->x->v; j++)
+        for (int64_t c = 0; c < d; c++) w2[c] += k->x->w[j * d + c] * k->x->w[j * d + c];
     fz_norms a = {0};
+    a.acc_k = k->acc_k;
     for (int64_t t = 0; t < k->s->n_tok; t++) {
         int64_t i = k->s->tok[t];
         ref_row_out o;
         ref_row(&k->q, &k->e, d, k->x->v, k->x->h + i * d, k->x->w, k->x->b, k->x->ref_labels[i], &o, k->dz);
-        memset(acc, 0, sizeof(double) * (size_t)d);
+        memset(acc, 0, sizeof(double) * (size_t)d), memset(mag, 0, sizeof(double) * (size_t)d);
         if (k->gs[i] != 0)
             for (int64_t j = 0; j < k->x->v; j++) {
                 double f = k->gs[i] * k->dz[j];
                 if (f != 0)
-                    for (int64_t c = 0; c < d; c++) acc[c] += f * k->x->w[j * d + c];
+                    for (int64_t c = 0; c < d; c++) {
+                        double term = f * k->x->w[j * d + c];
+                        acc[c] += term, mag[c] += term * term;
+                    }
             }
-        double fl = 1e-2 * fabs(k->gs[i]) * (1 + 2 * (double)k->q.z_loss * fabs(o.lse)) * w_rms / sqrt((double)d);
         for (int64_t c = 0; c < d; c++) {
             double init = k->x->acc_h ? k->x->acc_h[i * d + c] : 0;
             double got = k->g->dh_rows[t * d + c] - init;
-            fz_add(&a, acc[c], got, fl);
-            a.bound2 += (acc[c] + init) * (acc[c] + init);
+            double fl = k->gs[i] != 0 ? fz_floor(mag[c], sub * sqrt(w2[c]), tol) : 0;
+            fz_add_acc(&a, acc[c], got, fl, init);
         }
         fz_row_end(&a);
     }
-    fz_finish(k->r, FZ_Q_DH, &a, fz_tol_grad(&k->q), k->x->acc_h != NULL);
-    free(acc);
+    fz_finish(k->r, FZ_Q_DH, &a, tol);
+    free(acc), free(mag), free(w2);
 }
 
 /* dW and db rows of the sampled vocab rows from every token's dz_ij, with lse_i from `lse`
@@ -632,17 +672,24 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
     int64_t d = x->d, v = x->v;
     double eps = q->label_smoothing, lam = q->z_loss, wsum = 0;
     for (int64_t j = 0; j < v; j++) wsum += k->e.class_weight ? k->e.class_weight[j] : 1;
-    double *acc = malloc(sizeof(double) * (size_t)d);
-    if (!acc) return;
-    double g2 = 0;
-    for (int64_t i = 0; i < x->n; i++) g2 += k->gs[i] * k->gs[i];
-    double h_rms = fz_w_rms(x, x->h, x->n) / sqrt((double)d);
-    double fl_b = 1e-2 * sqrt(g2) / (double)v, fl_w = fl_b * h_rms;
+    double tol = fz_tol_grad(q), sub = fz_subnormal(k), n_valid = 0;
+    double *acc = malloc(sizeof(double) * (size_t)d), *mag = malloc(sizeof(double) * (size_t)d);
+    double *h2 = calloc((size_t)d, sizeof(double));
+    if (!acc || !mag || !h2) {
+        free(acc), free(mag), free(h2);
+        return;
+    }
+    for (int64_t i = 0; i < x->n; i++) {
+        if (k->gs[i] == 0) continue;
+        n_valid++;
+        for (int64_t c = 0; c < d; c++) h2[c] += x->h[i * d + c] * x->h[i * d + c];
+    }
     fz_norms aw = {0}, ab = {0};
+    aw.acc_k = k->acc_k;
     for (int64_t t = 0; t < k->s->n_voc; t++) {
         int64_t j = k->s->voc[t];
-        double wj = k->e.class_weight ? k->e.class_weight[j] : 1, db = 0;
-        memset(acc, 0, sizeof(double) * (size_t)d);
+        double wj = k->e.class_weight ? k->e.class_weight[j] : 1, db = 0, db_mag = 0;
+        memset(acc, 0, sizeof(double) * (size_t)d), memset(mag, 0, sizeof(double) * (size_t)d);
         for (int64_t i = 0; i < x->n; i++) {
             int64_t y = x->ref_labels[i];
             if (k->gs[i] == 0 || y < 0) continue;
@@ -653,28 +700,39 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
             double slope = 1 / (double)q->temperature;
             if (q->softcap > 0) slope *= 1 - (z / q->softcap) * (z / q->softcap);
             dz *= slope * k->gs[i];
-            db += dz;
-            for (int64_t c = 0; c < d; c++) acc[c] += dz * x->h[i * d + c];
+            db += dz, db_mag += dz * dz;
+            for (int64_t c = 0; c < d; c++) {
+                double term = dz * x->h[i * d + c];
+                acc[c] += term, mag[c] += term * term;
+            }
         }
         if (g->dw_rows)
             for (int64_t c = 0; c < d; c++) {
                 double init = x->acc_w ? x->acc_w[j * d + c] : 0;
-                fz_add(&aw, acc[c], g->dw_rows[t * d + c] - init, fl_w);
-                aw.bound2 += (acc[c] + init) * (acc[c] + init);
+                fz_add_acc(&aw, acc[c], g->dw_rows[t * d + c] - init, fz_floor(mag[c], sub * sqrt(h2[c]), tol), init);
             }
         fz_row_end(&aw);
-        if (g->db_rows) fz_add(&ab, db, g->db_rows[t], fl_b), fz_row_end(&ab);
+        if (g->db_rows)
+            fz_add(&ab, db, g->db_rows[t], fz_floor(db_mag, sub * sqrt(n_valid), tol)), fz_row_end(&ab);
     }
-    if (g->dw_rows) fz_finish(k->r, FZ_Q_DW, &aw, fz_tol_grad(q), x->acc_w != NULL);
-    if (g->db_rows) fz_finish(k->r, FZ_Q_DB, &ab, fz_tol_grad(q), 0);
-    free(acc);
+    if (g->dw_rows) fz_finish(k->r, FZ_Q_DW, &aw, tol);
+    if (g->db_rows) fz_finish(k->r, FZ_Q_DB, &ab, tol);
+    free(acc), free(mag), free(h2);
 }
 
 int fz_check(const fz_case *c, const fz_data *x, const fz_sample *s, const fz_got *g, fz_result *r)
 {
     for (int q = 0; q < FZ_Q_COUNT; q++) r->err[q] = -1, r->tol[q] = 0;
     r->failed = g->nonfinite != 0;
-    fz_ctx k = {c, x, s, g, fz_ref_problem(c), fz_extra(c, x), NULL, NULL, NULL, r};
+    fz_ctx k = {c, x, s, g, fz_ref_problem(c), fz_extra(c, x), NULL, NULL, NULL, r, 0};
+    /* Accumulate mode rounds the caller's fp32 sums once per token chunk or vocab chunk that adds
+     * into them (as the plan for an H100 cuts the problem): 4 ulps of the sum per sqrt(chunks). */
+    plan pl;
+    flce_op op = c->mode == FZ_FORWARD ? FLCE_OP_FORWARD : c->mode == FZ_BACKWARD ? FLCE_OP_BACKWARD
+                                                                                 : FLCE_OP_LOSS_AND_GRAD;
+    double chunks = plan_make(&c->p, op, 90, 132, NULL, &pl) == FLCE_OK
+                        ? (double)(pl.n_chunks > pl.n_vchunks ? pl.n_chunks : pl.n_vchunks) : 1e4;
+    k.acc_k = 0x1p-22 * sqrt(chunks + 1);
     k.gs = fz_token_scales(c, x);
     k.rows = malloc(sizeof(fz_row_ref) * (size_t)(s->n_tok > 0 ? s->n_tok : 1));
     k.dz = malloc(sizeof(double) * (size_t)x->v);
