@@ -155,12 +155,23 @@ flce_status ctx_kernels(flce_context *ctx, const kernel_spec *s, CUfunction *fns
 
 flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CUdeviceptr *out)
 {
+    CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
+    int capturing = drv.StreamIsCapturing(stream, &cap) == CUDA_SUCCESS &&
+                    cap != CU_STREAM_CAPTURE_STATUS_NONE;
     if (bytes <= ctx->workspace_bytes && ctx->workspace) {
+        /* One buffer, several streams (threads sharing the context, tests/test_concurrency.c):
+         * work queued on the last stream may still use it. Waiting for the device when the
+         * stream changes keeps calls on one stream free of host synchronization; the previous
+         * stream may be destroyed by now, so no event is recorded on it. Under capture the caller
+         * orders the streams (capture needs a workspace set up beforehand anyway). */
+        if (stream != ctx->workspace_stream && !capturing) {
+            DRV_TRY(drv.CtxSynchronize());
+            ctx->workspace_stream = stream;
+        }
         *out = ctx->workspace;
         return FLCE_OK;
     }
-    CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (drv.StreamIsCapturing(stream, &cap) == CUDA_SUCCESS && cap != CU_STREAM_CAPTURE_STATUS_NONE)
+    if (capturing)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "workspace: NULL while the stream is being captured into a graph; pass "
                        "flce_tensors.workspace (flce_workspace_size bytes) or run once before "
@@ -181,6 +192,7 @@ flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CU
                        (unsigned long long)bytes, ctx->ordinal);
     }
     ctx->workspace_bytes = bytes;
+    ctx->workspace_stream = stream;
     log_msg(LOG_INFO, "workspace grown to %.1f MiB", (double)bytes / (1 << 20));
     *out = ctx->workspace;
     return FLCE_OK;

@@ -32,6 +32,7 @@ struct flce_context {
     size_t n_modules, cap_modules;
     CUdeviceptr workspace; /* owned scratch, grown on demand */
     uint64_t workspace_bytes;
+    CUstream workspace_stream; /* the stream the last call that used it was enqueued on */
     volatile int *flag_host; /* host-mapped int[2] (templates/params.h): kernels raise, the host reads */
     CUdeviceptr flag_dev;
 };

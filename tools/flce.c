@@ -1,4 +1,4 @@
-/* flce.c — the `flce` command-line tool: demo (the main job), gen, cache, info. */
+/* flce.c — the `flce` command-line tool: demo (the main job), fuzz, gen, cache, info. */
 #include <stdio.h>
 #include <string.h>
 
@@ -9,6 +9,7 @@
 #include "nvrtc_compile.h"
 
 int cmd_demo(int argc, char **argv);
+int cmd_fuzz(int argc, char **argv);
 
 static void usage(FILE *f)
 {
@@ -16,6 +17,7 @@ static void usage(FILE *f)
             "flce %s — fused linear + cross-entropy on NVIDIA GPUs\n"
             "usage: flce <command> [options]\n"
             "  demo    loss and gradients on random data, checked and timed (compiles only, without a GPU)\n"
+            "  fuzz    random problems on the GPU against the fp64 reference (--seed S --case K reruns one)\n"
             "  gen     print the generated CUDA source of a problem's kernels (--compile to build them)\n"
             "  cache   ls | stats | clear the on-disk kernel cache\n"
             "  info    versions, GPU and cache directory\n"
@@ -53,6 +55,7 @@ int main(int argc, char **argv)
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "fuzz")) return cmd_fuzz(argc - 1, argv + 1);
     if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
     if (!strcmp(cmd, "cache")) return cmd_cache(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cmd_info();

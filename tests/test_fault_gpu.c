@@ -1,0 +1,246 @@
+/*
+ * test_fault_gpu.c — GPU failures injected through FLCE_FAULT (runtime/fault.h): cuModuleLoadData
+ * failing at each module load of a call, and the workspace's cuMemAlloc failing at each
+ * allocation (first allocation, then growth), nth = 1, 2, … until a call passes untouched. Each
+ * must give a clean status with a message, keep the context usable (the same call without the
+ * fault then gives results that match the fp64 reference) and leak nothing: no half-registered
+ * module, no workspace, and device memory back to what it was before the context (cuMemGetInfo).
+ *
+ * fault.c counts calls per process from the moment FLCE_FAULT takes a value, so every nth runs in
+ * a child process of its own (as tests/test_fault.c does); the parent never touches CUDA, so the
+ * children may. Exits 77 without a GPU.
+ */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "context.h"
+#include "devmem.h"
+#include "host.h"
+#include "ref.h"
+
+/* Child exit codes: the fault fired and everything held; no call reached the nth point. */
+enum { CHILD_FAULTED = 0, CHILD_FAILED = 1, CHILD_NOT_REACHED = 3 };
+/* Allocation granularity of the driver: memory compares may differ by this much. */
+#define MEM_SLACK (4u << 20)
+
+/* One problem on the device with its fp64 reference. */
+typedef struct prob {
+    flce_problem p;
+    double *h, *w, *ref_loss, *ref_dh, *ref_dw;
+    int64_t *labels;
+    void *d_h, *d_w, *d_labels, *d_loss, *d_dh, *d_dw;
+} prob;
+
+static int prob_setup(prob *q, int64_t n, int64_t d, int64_t v, uint64_t budget, int with_ref, uint64_t seed)
+{
+    memset(q, 0, sizeof *q);
+    flce_problem_init(&q->p);
+    q->p.tokens = n, q->p.hidden = d, q->p.vocab_shard = v, q->p.dtype = FLCE_DTYPE_BF16;
+    q->p.strategy = FLCE_STRATEGY_CHUNKED, q->p.memory_budget = budget;
+    host_rng r;
+    host_rng_seed(&r, seed);
+    q->h = malloc(sizeof(double) * (size_t)(n * d)), q->w = malloc(sizeof(double) * (size_t)(v * d));
+    q->labels = malloc(sizeof(int64_t) * (size_t)n);
+    for (int64_t i = 0; i < n * d; i++) q->h[i] = host_rng_normal(&r);
+    for (int64_t i = 0; i < v * d; i++) q->w[i] = 3 * host_rng_normal(&r) / sqrt((double)d);
+    for (int64_t i = 0; i < n; i++) q->labels[i] = host_rng_uniform(&r) < 0.1 ? -100 : host_rng_below(&r, v);
+    host_round_to_dtype(FLCE_DTYPE_BF16, q->h, (size_t)(n * d));
+    host_round_to_dtype(FLCE_DTYPE_BF16, q->w, (size_t)(v * d));
+    if (with_ref) {
+        q->ref_loss = malloc(sizeof(double)), q->ref_dh = malloc(sizeof(double) * (size_t)(n * d));
+        q->ref_dw = malloc(sizeof(double) * (size_t)(v * d));
+        ref_loss_and_grad(&q->p, NULL, n, d, v, q->h, q->w, NULL, q->labels, NULL, q->ref_loss, NULL,
+                          q->ref_dh, q->ref_dw, NULL);
+    }
+    uint16_t *tmp = malloc(2 * (size_t)((n > v ? n : v) * d));
+    int32_t *l32 = malloc(4 * (size_t)n);
+    for (int64_t i = 0; i < n; i++) l32[i] = (int32_t)q->labels[i];
+    int ok = devmem_alloc(&q->d_h, 2 * (size_t)(n * d)) == FLCE_OK &&
+             devmem_alloc(&q->d_w, 2 * (size_t)(v * d)) == FLCE_OK &&
+             devmem_alloc(&q->d_labels, 4 * (size_t)n) == FLCE_OK && devmem_alloc(&q->d_loss, 4) == FLCE_OK &&
+             devmem_alloc(&q->d_dh, 2 * (size_t)(n * d)) == FLCE_OK &&
+             devmem_alloc(&q->d_dw, 2 * (size_t)(v * d)) == FLCE_OK;
+    host_to_dtype(FLCE_DTYPE_BF16, q->h, tmp, (size_t)(n * d));
+    ok = ok && devmem_upload(q->d_h, tmp, 2 * (size_t)(n * d)) == FLCE_OK;
+    host_to_dtype(FLCE_DTYPE_BF16, q->w, tmp, (size_t)(v * d));
+    ok = ok && devmem_upload(q->d_w, tmp, 2 * (size_t)(v * d)) == FLCE_OK;
+    ok = ok && devmem_upload(q->d_labels, l32, 4 * (size_t)n) == FLCE_OK;
+    free(tmp), free(l32);
+    return ok;
+}
+
+static void prob_free(prob *q)
+{
+    devmem_free(q->d_h), devmem_free(q->d_w), devmem_free(q->d_labels), devmem_free(q->d_loss);
+    devmem_free(q->d_dh), devmem_free(q->d_dw);
+    free(q->h), free(q->w), free(q->labels), free(q->ref_loss), free(q->ref_dh), free(q->ref_dw);
+}
+
+static flce_status prob_run(flce_context *ctx, prob *q)
+{
+    devmem_poison(q->d_loss, 4);
+    devmem_poison(q->d_dh, 2 * (size_t)(q->p.tokens * q->p.hidden));
+    devmem_poison(q->d_dw, 2 * (size_t)(q->p.vocab_shard * q->p.hidden));
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = q->d_h, t.weight = q->d_w, t.labels = q->d_labels, t.loss = q->d_loss;
+    t.grad_hidden = q->d_dh, t.grad_weight = q->d_dw;
+    flce_status st = flce_loss_and_grad(ctx, &q->p, &t, NULL);
+    return st == FLCE_OK ? flce_check(ctx, NULL) : st;
+}
+
+static double rel_err_bf16(const void *dev, const double *ref, size_t n)
+{
+    uint16_t *tmp = malloc(2 * n);
+    double *got = malloc(sizeof(double) * n);
+    devmem_download(tmp, dev, 2 * n);
+    host_from_dtype(FLCE_DTYPE_BF16, tmp, got, n);
+    double e = ref_rel_l2(ref, got, n);
+    free(tmp), free(got);
+    return e;
+}
+
+/* Loss and both gradients of a problem with a reference, against it (DESIGN §8 bf16 tolerances). */
+static int prob_correct(prob *q)
+{
+    float loss = NAN;
+    devmem_download(&loss, q->d_loss, 4);
+    double el = fabs(loss - q->ref_loss[0]) / fabs(q->ref_loss[0]);
+    double eh = rel_err_bf16(q->d_dh, q->ref_dh, (size_t)(q->p.tokens * q->p.hidden));
+    double ew = rel_err_bf16(q->d_dw, q->ref_dw, (size_t)(q->p.vocab_shard * q->p.hidden));
+    int ok = el <= 1e-5 && eh <= 4e-3 && ew <= 4e-3;
+    if (!ok) fprintf(stderr, "    wrong results: loss %.2e dH %.2e dW %.2e\n", el, eh, ew);
+    return ok;
+}
+
+static size_t free_mem(void)
+{
+    size_t f = 0, t = 0;
+    devmem_info(&f, &t);
+    return f;
+}
+
+static int mem_back(size_t before, size_t after, const char *when)
+{
+    long long diff = (long long)before - (long long)after;
+    printf("    device memory %s: %+lld bytes against the start\n", when, -diff);
+    return diff <= (long long)MEM_SLACK;
+}
+
+/* Loads every kernel once in a throwaway context, so the local-memory reservation and the disk
+ * cache are settled before memory is compared. */
+static int warm_up(prob *a, prob *b)
+{
+    flce_context *ctx = NULL;
+    int ok = flce_context_create(0, &ctx) == FLCE_OK && prob_run(ctx, a) == FLCE_OK && prob_run(ctx, b) == FLCE_OK;
+    flce_context_destroy(ctx);
+    return ok;
+}
+
+/* The child of one nth: problem A (small, with reference) then B (bigger: grows the workspace). */
+static int child_case(const char *point, int nth)
+{
+    if (devmem_use(0) != FLCE_OK) return CHILD_FAILED;
+    prob a, b;
+    if (!prob_setup(&a, 300, 64, 999, 0, 1, 11) || !prob_setup(&b, 4096, 64, 4096, 64u << 20, 0, 12))
+        return CHILD_FAILED;
+    if (!warm_up(&a, &b)) {
+        fprintf(stderr, "    warm-up: %s\n", flce_last_error());
+        return CHILD_FAILED;
+    }
+    size_t before = free_mem();
+    flce_context *ctx = NULL;
+    if (flce_context_create(0, &ctx) != FLCE_OK) return CHILD_FAILED;
+    char setting[64];
+    snprintf(setting, sizeof setting, "%s:%d", point, nth);
+    setenv("FLCE_FAULT", setting, 1);
+    int failed_at = 0, bad = 0;
+    prob *seq[2] = {&a, &b};
+    for (int c = 0; c < 2 && !bad; c++) {
+        size_t modules = ctx->n_modules;
+        flce_status st = prob_run(ctx, seq[c]);
+        if (st == FLCE_OK) continue;
+        failed_at = c + 1;
+        const char *msg = flce_last_error();
+        int module = !strcmp(point, "module_load");
+        flce_status want = module ? FLCE_ERR_CUDA : FLCE_ERR_OUT_OF_MEMORY;
+        const char *words = module ? "loading a compiled kernel module" : "workspace";
+        printf("    %s, call %d: %s: %s\n", setting, c + 1, flce_status_name(st), msg);
+        if (st != want || !strstr(msg, words)) bad = 1, fprintf(stderr, "    expected %s with '%s'\n", flce_status_name(want), words);
+        /* Nothing half-done stays behind: modules loaded before the failure are kept (and
+         * unloaded by destroy), the failed one is not registered; a failed growth keeps none. */
+        if (module && ctx->n_modules != (size_t)(nth - 1))
+            bad = 1, fprintf(stderr, "    %zu modules registered after the failed load %d (had %zu)\n",
+                             ctx->n_modules, nth, modules);
+        if (!module && (ctx->workspace != 0 || ctx->workspace_bytes != 0))
+            bad = 1, fprintf(stderr, "    the context kept a workspace after a failed allocation\n");
+        /* the same call without the fault: the context must still work */
+        unsetenv("FLCE_FAULT");
+        st = prob_run(ctx, seq[c]);
+        if (st != FLCE_OK) bad = 1, fprintf(stderr, "    retry without the fault: %s\n", flce_last_error());
+        setenv("FLCE_FAULT", setting, 1);
+    }
+    unsetenv("FLCE_FAULT");
+    /* and problem A from scratch, against the reference */
+    if (!bad && (prob_run(ctx, &a) != FLCE_OK || !prob_correct(&a))) bad = 1;
+    flce_context_destroy(ctx);
+    if (!mem_back(before, free_mem(), "after destroy")) bad = 1;
+    prob_free(&a), prob_free(&b);
+    if (bad) return CHILD_FAILED;
+    return failed_at ? CHILD_FAULTED : CHILD_NOT_REACHED;
+}
+
+static int run_child(const char *point, int nth)
+{
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) _exit(child_case(point, nth));
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : CHILD_FAILED;
+}
+
+/* nth = 1, 2, … : each fails cleanly until one passes untouched. */
+static void fault_at_each_point(const char *point, int min_faults)
+{
+    int faults = 0, done = 0;
+    for (int nth = 1; nth <= 12 && !done; nth++) {
+        int rc = run_child(point, nth);
+        CHECKF(rc == CHILD_FAULTED || rc == CHILD_NOT_REACHED, "%s:%d: child exit %d", point, nth, rc);
+        if (rc == CHILD_FAULTED) faults++;
+        if (rc != CHILD_FAULTED) done = 1;
+    }
+    printf("    %s: %d injected failure point(s), each clean, then a run untouched\n", point, faults);
+    CHECKF(done && faults >= min_faults, "%s: %d faults, done %d", point, faults, done);
+}
+
+/* Two calls load 4 modules each time a new problem class appears (logits, dH, dW, rowops). */
+static void module_load_failure_at_each_load_is_clean(void) { fault_at_each_point("module_load", 4); }
+/* The workspace: the first call allocates it, the second grows it. */
+static void device_alloc_failure_at_each_allocation_is_clean(void) { fault_at_each_point("device_alloc", 2); }
+
+int main(void)
+{
+    /* The GPU check in a child too: the parent must not initialize CUDA before forking. */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) _exit(devmem_gpu_count() >= 1 ? 0 : SKIP_EXIT);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        printf("no GPU: skipped\n");
+        return SKIP_EXIT;
+    }
+    RUN(module_load_failure_at_each_load_is_clean);
+    RUN(device_alloc_failure_at_each_allocation_is_clean);
+    FINISH();
+}
