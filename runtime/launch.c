@@ -163,6 +163,7 @@ static void set_scale(const run *r, struct flce_gemm_params *g)
 {
     if (r->p->reduction == FLCE_REDUCTION_NONE) return; /* g_i already in dZ */
     g->scale_mode = r->p->reduction == FLCE_REDUCTION_MEAN ? 2 : 1;
+    if (r->p->dtype == FLCE_DTYPE_F16) g->scale_mode |= 4; /* dZ stored × DZ_SCALE_F16 */
     g->scale_grad = addr(r->t->grad_output);
     g->scale_count = r->ws + r->pl->off_stats;
 }

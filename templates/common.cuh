@@ -125,6 +125,13 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
 // Per owned row, the running statistics of this CTA's vocab split (DESIGN.md §1):
 //   m = max z, s = Σ exp(z − m), t = Σ exp(z − m)·z (entropy), zs = Σ w_j·z (smoothing),
 //   arg = global id of the first maximum (argmax).
+// fp16 dZ of reduction mean/sum is stored times this power of two and the gradient GEMMs and db
+// divide it out: probabilities p ≥ 2^-14/256 ≈ 2.4e-7 stay normal fp16 (a vocab of 128k has
+// typical p ≈ 8e-6, subnormal without it), while dZ values up to 255 in magnitude (class weights,
+// z-loss) still fit under fp16's 65504.
+// Reduction none carries the caller's per-token gradient in dZ, so it is not scaled.
+#define DZ_SCALE_F16 256.f
+
 struct row_stats {
     float m, s, t, zs;
     long long arg;

@@ -442,12 +442,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_
     const int g = lane / 4, t = lane % 4;
     const float *addend = (const float *)p.addend;
     // The scalar g of mean/sum is applied here rather than in dZ, so dZ keeps values in [-1, 1]
-    // (fp16 would flush g·p to zero for large batches).
+    // (fp16 would flush g·p to zero for large batches); an fp16 dZ of mean/sum is also stored
+    // times DZ_SCALE_F16 (scale_mode bit 4) so that probabilities down to ~1e-7 stay normal.
     float scale = 1.f;
     if (p.scale_mode) {
         scale = p.scale_grad ? *(const float *)p.scale_grad : 1.f;
-        float denom = p.scale_mode == 2 ? *(const float *)p.scale_count : 1.f;
+        float denom = (p.scale_mode & 3) == 2 ? *(const float *)p.scale_count : 1.f;
         scale = denom != 0.f ? scale / denom : 0.f; // mean over no valid token: zero gradients
+        if (p.scale_mode & 4) scale *= 1.f / DZ_SCALE_F16;
     }
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)

@@ -264,6 +264,9 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
                 v *= 1.f - r * r;
             }
             v *= g;
+#if FLCE_DTYPE == DTYPE_F16 && FLCE_REDUCTION != REDUCTION_NONE
+            v *= DZ_SCALE_F16; // see common.cuh
+#endif
         }
         d[c] = v;
     }
@@ -322,6 +325,9 @@ extern "C" __global__ void __launch_bounds__(256) flce_dbias(const flce_row_para
 #if FLCE_REDUCTION != REDUCTION_NONE
     const float *go = (const float *)p.grad_output;
     s *= (go ? go[0] : 1.f) * mean_scale(p);
+#if FLCE_DTYPE == DTYPE_F16
+    s *= 1.f / DZ_SCALE_F16;
+#endif
 #endif
     ((elem_t *)p.grad_bias)[p.col0 + j] = from_f32(s);
 }

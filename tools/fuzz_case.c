@@ -608,7 +608,7 @@ static double fz_floor(double mag2, double sub, double tol)
 }
 
 /* fp16: 4 × half the subnormal spacing (2^-25), times the scale the GEMM epilogue applies after
- * the stored dZ (g/denominator for mean and sum; 1 for none, where g_i is inside dZ). */
+ * the stored dZ (g/denominator/256 for mean and sum; 1 for none, where g_i is inside dZ). */
 static double fz_subnormal(const fz_ctx *k)
 {
     if (k->q.dtype != FLCE_DTYPE_F16) return 0;
@@ -616,6 +616,7 @@ static double fz_subnormal(const fz_ctx *k)
     if (k->q.reduction != FLCE_REDUCTION_NONE) {
         s = 0;
         for (int64_t i = 0; i < k->x->n; i++) s = fmax(s, fabs(k->gs[i]));
+        s /= 256; /* mean/sum store fp16 dZ × 256 (DZ_SCALE_F16, templates/common.cuh) */
     }
     return 4 * 0x1p-25 * s;
 }
