@@ -7,6 +7,7 @@
 
 #include "launch.h"
 #include "params.h"
+#include "tma.h"
 
 enum { K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4 };
 
@@ -144,6 +145,7 @@ static flce_status run_logits(run *r, const block *b, int stats, int store_z)
     if (!stats) plan_vocab_splits(pl, b->rows, b->cols, r->ctx->num_sms, &splits, &tps);
     g.splits = splits;
     g.tiles_per_split = tps;
+    TRY(tma_encode_gemm(&pl->logits, &g));
     return launch(r->k.logits, ceil_div(b->rows, pl->logits.tile.bm), splits,
                   spec_threads(&pl->logits), spec_smem_bytes(&pl->logits), r->stream, &g,
                   "logits kernel");
@@ -193,6 +195,7 @@ static flce_status run_dh(run *r, const block *b)
     g.a_rows = b->rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
     g.b_rows = b->cols, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
+    TRY(tma_encode_gemm(&pl->dh, &g));
     return launch(r->k.dh, ceil_div(pl->d, pl->dh.tile.bn), ceil_div(b->rows, pl->dh.tile.bm),
                   spec_threads(&pl->dh), spec_smem_bytes(&pl->dh), r->stream, &g, "dH kernel");
 }
@@ -212,6 +215,7 @@ static flce_status run_dw(run *r, const block *b)
     g.a_rows = b->rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
     g.b_rows = b->rows, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
+    TRY(tma_encode_gemm(&pl->dw, &g));
     return launch(r->k.dw, ceil_div(pl->d, pl->dw.tile.bn), ceil_div(b->cols, pl->dw.tile.bm),
                   spec_threads(&pl->dw), spec_smem_bytes(&pl->dw), r->stream, &g, "dW kernel");
 }
