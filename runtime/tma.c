@@ -39,7 +39,8 @@ static flce_status encode(struct flce_tmap *map, flce_dtype dtype, unsigned long
 
 /* Operand layouts per role, as in spec.c and gemm.cu: logits reads both operands K-major, dH reads
  * B = W as [k][n], dW reads A = dZ as [k][m] and B = H as [k][n]. */
-flce_status tma_encode_gemm(const kernel_spec *s, struct flce_gemm_params *g)
+flce_status tma_prepare_gemm(const kernel_spec *s, struct flce_gemm_params *g, int num_sms, int64_t *gx,
+                             int64_t *gy)
 {
     if (s->role == ROLE_ROWOPS || !s->tile.wgmma || !s->tile.tma) return FLCE_OK;
     const unsigned bk = (unsigned)s->tile.bk;
@@ -48,5 +49,10 @@ flce_status tma_encode_gemm(const kernel_spec *s, struct flce_gemm_params *g)
                a_kmajor ? (unsigned)s->tile.bm : bk, "tensor map of the GEMM's A operand"));
     TRY(encode(&g->tmap_b, s->dtype, g->b, g->b_rows, g->b_cols, g->ldb, b_kmajor ? bk : 64,
                b_kmajor ? (unsigned)s->tile.bn : bk, "tensor map of the GEMM's B operand"));
+    if (s->role != ROLE_LOGITS && *gx > 0 && *gy > 0) { /* the logits grid is the planner's splits */
+        int64_t tiles = *gx * *gy;
+        *gx = num_sms > 0 && tiles > num_sms ? num_sms : tiles;
+        *gy = 1;
+    }
     return FLCE_OK;
 }

@@ -218,11 +218,12 @@ __device__ __forceinline__ void tma_operand(unsigned char *dst, const flce_tmap 
     }
 }
 
-// Producer (one thread): every k-tile of n_tiles output tiles (m0, n0 + i·BN), in the consumers' order.
-__device__ void produce(const flce_gemm_params &p, unsigned char *smem, long long m0, long long n0, long long n_tiles)
+// Producer (one thread): every k-tile of n_tiles output tiles (m0, n0 + i·BN), in the consumers'
+// order; `it` carries the pipeline position from call to call.
+__device__ void produce(const flce_gemm_params &p, unsigned char *smem, long long m0, long long n0, long long n_tiles,
+                        int &it)
 {
     const int ktiles = (int)((p.k + BK - 1) / BK);
-    int it = 0;
     for (long long t = 0; t < n_tiles; t++)
         for (int kt = 0; kt < ktiles; kt++, it++) {
             const int s = it % STAGES;
@@ -549,7 +550,8 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_gemm(FLCE_PARAM p)
     pipe_init(smem);
     if (threadIdx.x < PRODUCER_THREADS) {
         setmaxnreg_dec<PRODUCER_REGS>();
-        if (threadIdx.x == 0) produce(p, smem, m0, t_begin * BN, t_end - t_begin);
+        int it = 0;
+        if (threadIdx.x == 0) produce(p, smem, m0, t_begin * BN, t_end - t_begin, it);
         return;
     }
     setmaxnreg_inc<CONSUMER_REGS>();
@@ -611,41 +613,12 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_gemm(FLCE_PARAM p)
 
 #else // DH, DW
 
-// grid: (column tiles, row tiles).
-extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_gemm(FLCE_PARAM p)
+// out = scale · acc (+ addend) for one output tile, in fp32 or the input dtype.
+__device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
+                                              long long n0, int wm, int wn, int lane, float scale)
 {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char *smem = tile_smem(smem_raw);
-    const long long n0 = (long long)blockIdx.x * BN, m0 = (long long)blockIdx.y * BM;
-#if FLCE_TMA
-    pipe_init(smem);
-    if (threadIdx.x < PRODUCER_THREADS) {
-        setmaxnreg_dec<PRODUCER_REGS>();
-        if (threadIdx.x == 0) produce(p, smem, m0, n0, 1);
-        return;
-    }
-    setmaxnreg_inc<CONSUMER_REGS>();
-#endif
-    const int warp = (threadIdx.x - PRODUCER_THREADS) / 32, lane = threadIdx.x % 32;
-    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-    float acc[MI][NI][4];
-#if FLCE_TMA
-    int it = 0;
-    mainloop(acc, smem, p, it, wm / 4);
-#else
-    mainloop(acc, smem, p, m0, n0, wm, wn, lane);
-#endif
-
     const int g = lane / 4, t = lane % 4;
     const float *addend = (const float *)p.addend;
-    // The scalar g of mean/sum is applied here rather than in dZ, so dZ keeps values in [-1, 1]
-    // (fp16 would flush g·p to zero for large batches).
-    float scale = 1.f;
-    if (p.scale_mode) {
-        scale = p.scale_grad ? *(const float *)p.scale_grad : 1.f;
-        float denom = p.scale_mode == 2 ? *(const float *)p.scale_count : 1.f;
-        scale = denom != 0.f ? scale / denom : 0.f; // mean over no valid token: zero gradients
-    }
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -670,5 +643,53 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_gemm(FLCE_PARAM p)
                 }
             }
         }
+}
+
+// The scalar g of mean/sum is applied in the epilogue rather than in dZ, so dZ keeps values in
+// [-1, 1] (fp16 would flush g·p to zero for large batches).
+__device__ __forceinline__ float grad_scale(const flce_gemm_params &p)
+{
+    if (!p.scale_mode) return 1.f;
+    float scale = p.scale_grad ? *(const float *)p.scale_grad : 1.f;
+    float denom = p.scale_mode == 2 ? *(const float *)p.scale_count : 1.f;
+    return denom != 0.f ? scale / denom : 0.f; // mean over no valid token: zero gradients
+}
+
+// grid: (column tiles, row tiles). On the TMA path a persistent grid instead (gridDim.y = 1, at
+// most one CTA per SM, runtime/tma.c) walks the same tiles in the same order, column tiles
+// fastest: tile t = blockIdx.x + i·gridDim.x. Its producer loads the next tile's first stages
+// while the consumers run this tile's epilogue.
+extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_gemm(FLCE_PARAM p)
+{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = tile_smem(smem_raw);
+#if FLCE_TMA
+    const long long tiles_n = (p.n + BN - 1) / BN, tiles = tiles_n * ((p.m + BM - 1) / BM);
+    int it = 0;
+    pipe_init(smem);
+    if (threadIdx.x < PRODUCER_THREADS) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0)
+            for (long long t = blockIdx.x; t < tiles; t += gridDim.x)
+                produce(p, smem, t / tiles_n * BM, t % tiles_n * BN, 1, it);
+        return;
+    }
+    setmaxnreg_inc<CONSUMER_REGS>();
+#endif
+    const int warp = (threadIdx.x - PRODUCER_THREADS) / 32, lane = threadIdx.x % 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const float scale = grad_scale(p);
+    float acc[MI][NI][4];
+#if FLCE_TMA
+    for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const long long m0 = t / tiles_n * BM, n0 = t % tiles_n * BN;
+        mainloop(acc, smem, p, it, wm / 4);
+        grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
+    }
+#else
+    const long long n0 = (long long)blockIdx.x * BN, m0 = (long long)blockIdx.y * BM;
+    mainloop(acc, smem, p, m0, n0, wm, wn, lane);
+    grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
+#endif
 }
 #endif
