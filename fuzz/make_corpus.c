@@ -113,15 +113,15 @@ static seed base_spec(spec_role role, int sm, flce_dtype dtype)
     x.s.sm = sm, x.s.dtype = dtype, x.s.hidden = 4096, x.s.vocab_shard = 32000;
     x.s.role = role, x.s.label_bits = 32, x.s.reduction = FLCE_REDUCTION_MEAN;
     /* The mma.sync tile on every arch (validate_tile's checks); wgmma seeds set theirs. */
-    x.s.tile = (spec_tile){128, 128, dtype == FLCE_DTYPE_F32 ? 16 : 32, 3, 2, 4, 0};
+    x.s.tile = (spec_tile){128, 128, dtype == FLCE_DTYPE_F32 ? 16 : 32, 3, 2, 4, 0, 0};
     return x;
 }
 
-/* The Hopper main loop's tile (validate_wgmma's checks). */
+/* The Hopper main loop's tile (validate_wgmma's checks), cp.async-fed (tma = 0). */
 static seed base_wgmma(spec_role role, flce_dtype dtype)
 {
     seed x = base_spec(role, 90, dtype);
-    x.s.tile = (spec_tile){128, 256, 64, 4, 8, 1, 1};
+    x.s.tile = (spec_tile){128, 256, 64, 4, 8, 1, 1, 0};
     return x;
 }
 
@@ -173,6 +173,7 @@ static void emit_problem(const char *name, const seed *x)
     put(&w, (uint32_t)s->tile.warps_m, 4);
     put(&w, (uint32_t)s->tile.warps_n, 4);
     put(&w, (uint32_t)s->tile.wgmma, 4);
+    put(&w, (uint32_t)s->tile.tma, 4);
     put(&w, (uint32_t)s->label_bits, 4);
     put(&w, (uint32_t)s->reduction, 4);
     put(&w, s->opts, 4);
@@ -202,7 +203,7 @@ static void emit_crash(const char *name, const seed *x)
 
 static void tile(seed *x, int bm, int bn, int bk, int stages, int wm, int wn)
 {
-    x->s.tile = (spec_tile){bm, bn, bk, stages, wm, wn, 0};
+    x->s.tile = (spec_tile){bm, bn, bk, stages, wm, wn, 0, 0};
 }
 
 /* Raw specs that validate: spec_compile.c compiles the first ten distinct ones in name order,
@@ -222,6 +223,14 @@ static void problem_valid_specs(void)
     x = base_wgmma(ROLE_DW, FLCE_DTYPE_F16);
     x.s.tile.bn = 192, x.s.tile.stages = 3;
     emit_problem("emit_ok_dw_sm90_f16_wgmma_128x192x64", &x);
+    /* the TMA-fed Hopper tiles: MN-major operands (dW) and the logits epilogue with every option */
+    x = base_wgmma(ROLE_DW, FLCE_DTYPE_F16);
+    x.s.tile.tma = 1;
+    emit_problem("emit_ok_dw_sm90_f16_wgmma_tma_128x256x64", &x);
+    x = base_wgmma(ROLE_LOGITS, FLCE_DTYPE_BF16);
+    x.s.tile.tma = 1, x.s.label_bits = 64, x.s.softcap = 30.f, x.s.temperature = 0.8f;
+    x.s.opts = SPEC_OPT_BIAS | SPEC_OPT_WEIGHTS | SPEC_OPT_ZSUM | SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX;
+    emit_problem("emit_ok_logits_sm90_bf16_wgmma_tma_every_option", &x);
     x = base_spec(ROLE_LOGITS, 90, FLCE_DTYPE_BF16);
     x.s.hidden = (int64_t)1 << 40;
     emit_problem("emit_ok_logits_sm90_hidden_2e40", &x);
@@ -327,10 +336,10 @@ static void problem_invalid_specs(void)
     BAD_SPEC("f32_bk_6", (x.s.dtype = FLCE_DTYPE_F32, x.s.tile.bk = 6));
     BAD_SPEC("stages_1", x.s.tile.stages = 1);
     BAD_SPEC("stages_9", x.s.tile.stages = 9);
-    BAD_SPEC("accumulators_256x256_1x1", (x.s.tile = (spec_tile){256, 256, 32, 2, 1, 1, 0}));
-    BAD_SPEC("smem_256x256x128_s8", (x.s.tile = (spec_tile){256, 256, 128, 8, 4, 4, 0}));
+    BAD_SPEC("accumulators_256x256_1x1", (x.s.tile = (spec_tile){256, 256, 32, 2, 1, 1, 0, 0}));
+    BAD_SPEC("smem_256x256x128_s8", (x.s.tile = (spec_tile){256, 256, 128, 8, 4, 4, 0, 0}));
     BAD_SPEC("smem_sm86_128x128x64_s4",
-             (x.s.sm = 86, x.s.tile = (spec_tile){128, 128, 64, 4, 2, 4, 0}));
+             (x.s.sm = 86, x.s.tile = (spec_tile){128, 128, 64, 4, 2, 4, 0, 0}));
     /* the Hopper main loop's own checks */
     seed w = base_wgmma(ROLE_DW, FLCE_DTYPE_BF16);
     x = w, x.s.sm = 80;
@@ -345,6 +354,9 @@ static void problem_invalid_specs(void)
     emit_problem("emit_bad_wgmma_stages_9", &x);
     x = w, x.s.tile.stages = 8;
     emit_problem("emit_bad_wgmma_smem_8_stages_of_128x256x64", &x);
+    x = w, x.s.tile.tma = 2;
+    emit_problem("emit_bad_wgmma_tma_2", &x);
+    BAD_SPEC("tma_without_wgmma", x.s.tile.tma = 1);
     BAD_SPEC("opts_bit_5", x.s.opts = 1u << 5);
     BAD_SPEC("softcap_nan", x.s.softcap = NAN);
     BAD_SPEC("temperature_negative", x.s.temperature = -1.0f);

@@ -97,6 +97,7 @@ static void emit_wgmma(sbuf *b, const kernel_spec *s)
     const char *ab = s->dtype == FLCE_DTYPE_BF16 ? "bf16" : "f16";
     int ta = s->role == ROLE_DW, tb = s->role != ROLE_LOGITS; /* transposed (MN-major) operands */
     sb_text(b, "#define FLCE_WGMMA 1\n");
+    sb_printf(b, "#define FLCE_TMA %d  // 1: TMA + mbarrier pipeline, producer warpgroup\n", s->tile.tma);
     sb_printf(b, "// D(64x%d) += A(64x16) * B(16x%d) for one warpgroup; A %s-major, B %s-major in shared memory.\n",
               n, n, ta ? "M" : "K", tb ? "N" : "K");
     sb_printf(b, "__device__ __forceinline__ void wgmma_tile(float (&d)[%d][4], unsigned long long da, "

@@ -103,7 +103,7 @@ void spec_summary(const kernel_spec *s, char *out, size_t cap)
     snprintf(out, cap, "%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s",
              spec_role_name(s->role), dtype_name(s->dtype), (long long)s->hidden,
              (long long)s->vocab_shard, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk,
-             t->stages, t->warps_m, t->warps_n, t->wgmma ? " wgmma" : "", opts);
+             t->stages, t->warps_m, t->warps_n, t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "", opts);
 }
 
 /* Operand layouts per role: logits reads H and W K-major; dH reads W as [k][n]; dW reads dZ as
@@ -115,8 +115,10 @@ size_t spec_smem_bytes(const kernel_spec *s)
 {
     if (s->role == ROLE_ROWOPS) return 0;
     const spec_tile *t = &s->tile;
-    if (t->wgmma) /* swizzled tiles without padding, plus room to align them to 1024 bytes */
-        return (size_t)t->stages * (size_t)(t->bm + t->bn) * (size_t)t->bk * 2 + 1024;
+    if (t->wgmma) /* swizzled tiles without padding, plus room to align them to 1024 bytes, plus
+                   * TMA's two 8-byte mbarriers per stage */
+        return (size_t)t->stages * (size_t)(t->bm + t->bn) * (size_t)t->bk * 2 + 1024 +
+               (t->tma ? 16u * (size_t)t->stages : 0);
     size_t vec = (size_t)(16 / elem_bytes(s->dtype));
     size_t a = a_kmajor(s->role) ? (size_t)t->bm * (t->bk + vec) : (size_t)t->bk * (t->bm + vec);
     size_t b = b_kmajor(s->role) ? (size_t)t->bn * (t->bk + vec) : (size_t)t->bk * (t->bn + vec);
@@ -128,7 +130,9 @@ size_t spec_smem_bytes(const kernel_spec *s)
 
 int spec_threads(const kernel_spec *s)
 {
-    return s->role == ROLE_ROWOPS ? 256 : s->tile.warps_m * s->tile.warps_n * 32;
+    if (s->role == ROLE_ROWOPS) return 256;
+    /* TMA: one producer warpgroup in front of the warps that compute */
+    return s->tile.warps_m * s->tile.warps_n * 32 + (s->tile.wgmma && s->tile.tma ? 128 : 0);
 }
 
 size_t spec_smem_limit(int sm)
@@ -144,12 +148,16 @@ size_t spec_smem_limit(int sm)
 spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role)
 {
     if (sm == 90 && dtype != FLCE_DTYPE_F32) {
-        /* wgmma: two warpgroups of 64 rows, 4 stages. dH/dW take 128×256 tiles (a third less L2
-         * traffic per FLOP); the logits GEMM keeps 128×128, its epilogue needs the registers. */
-        spec_tile w = {128, role == ROLE_LOGITS ? 128 : 256, 64, 4, 8, 1, 1};
+        /* wgmma: two warpgroups of 64 rows, 4 stages, 128×256 tiles (a third less L2 traffic per
+         * FLOP than 128×128). With TMA a producer warpgroup gives its registers to the consumers
+         * (setmaxnreg), so the logits epilogue fits beside 128 accumulators; on the cp.async path
+         * it spills at 128×256 and keeps 128×128 (bench/NOTES.md v2). */
+        const char *env = getenv("FLCE_TMA");
+        int tma = !(env && !strcmp(env, "0"));
+        spec_tile w = {128, role == ROLE_LOGITS && !tma ? 128 : 256, 64, 4, 8, 1, 1, tma};
         return w;
     }
-    spec_tile t = {128, 128, 32, 3, 2, 4, 0};
+    spec_tile t = {128, 128, 32, 3, 2, 4, 0, 0};
     if (dtype == FLCE_DTYPE_F32) t.bk = 16; /* 4-byte elements: same bytes per stage */
     if (spec_smem_limit(sm) >= 160000) t.stages = 4;
     return t;
@@ -170,6 +178,8 @@ static flce_status validate_wgmma(const kernel_spec *s)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.bn=%d: the wgmma path takes 64, 128, 192 or 256", t->bn);
     if (t->stages < 2 || t->stages > 8)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.stages=%d: must be 2 to 8", t->stages);
+    if (t->tma != 0 && t->tma != 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tma=%d: must be 0 or 1", t->tma);
     size_t smem = spec_smem_bytes(s), limit = spec_smem_limit(s->sm);
     if (smem > limit)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
@@ -182,6 +192,7 @@ static flce_status validate_tile(const kernel_spec *s)
 {
     const spec_tile *t = &s->tile;
     if (t->wgmma) return validate_wgmma(s);
+    if (t->tma) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tma=1: needs tile.wgmma=1");
     int vec = 16 / elem_bytes(s->dtype);
     if (t->warps_m < 1 || t->warps_n < 1 || t->warps_m > 16 || t->warps_n > 16 ||
         t->warps_m * t->warps_n > 16)

@@ -23,6 +23,8 @@ typedef struct spec_tile {
     int stages;          /* cp.async pipeline depth */
     int warps_m, warps_n;
     int wgmma;           /* 1: Hopper main loop (sm_90a, 16-bit, 128 × BN × 64, 8 × 1 warps) */
+    int tma;             /* 1 (needs wgmma): stages loaded by TMA under mbarriers from a producer
+                          * warpgroup (+128 threads), two consumer warpgroups; 0: cp.async */
 } spec_tile;
 
 typedef struct kernel_spec {
@@ -69,7 +71,8 @@ size_t spec_smem_limit(int sm);
 /* FLCE_OK, or FLCE_ERR_INVALID_ARGUMENT / FLCE_ERR_UNSUPPORTED with a message naming the field. */
 flce_status spec_validate(const kernel_spec *s);
 
-/* The default tile of a role and dtype on an arch (the built-in heuristic). */
+/* The default tile of a role and dtype on an arch (the built-in heuristic). On sm_90 16-bit it is
+ * the TMA wgmma tile; FLCE_TMA=0 in the environment selects the cp.async wgmma tile instead. */
 spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role);
 
 #endif

@@ -66,7 +66,8 @@ static void drv_load_once(void)
         SYM(StreamSynchronize), SYM(StreamIsCapturing), SYM(EventCreate), SYM(EventDestroy),
         SYM(EventRecord), SYM(EventSynchronize), SYM(EventElapsedTime), SYM(StreamBeginCapture),
         SYM(StreamEndCapture), SYM(GraphInstantiateWithFlags), SYM(GraphLaunch),
-        SYM(GraphExecDestroy), SYM(GraphDestroy), SYM(MemcpyDtoDAsync),
+        SYM(GraphExecDestroy), SYM(GraphDestroy), SYM(TensorMapEncodeTiled),
+        SYM(MemcpyDtoDAsync),
 #undef SYM
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++)

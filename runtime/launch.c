@@ -11,6 +11,7 @@
 #include "comm.h"
 #include "launch.h"
 #include "params.h"
+#include "tma.h"
 
 enum { K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6 };
 
@@ -154,8 +155,9 @@ static flce_status run_logits(run *r, const block *b, int stats, int store_z)
     if (!stats) plan_vocab_splits(pl, b->rows, b->cols, r->ctx->num_sms, &splits, &tps);
     g.splits = splits;
     g.tiles_per_split = tps;
-    return launch(r->k.logits, ceil_div(b->rows, pl->logits.tile.bm), splits,
-                  spec_threads(&pl->logits), spec_smem_bytes(&pl->logits), r->stream, &g,
+    int64_t gx = ceil_div(b->rows, pl->logits.tile.bm), gy = splits;
+    TRY(tma_prepare_gemm(&pl->logits, &g, r->ctx->num_sms, &gx, &gy));
+    return launch(r->k.logits, gx, gy, spec_threads(&pl->logits), spec_smem_bytes(&pl->logits), r->stream, &g,
                   "logits kernel");
 }
 
@@ -209,8 +211,9 @@ static flce_status run_dh(run *r, const block *b)
     g.a_rows = b->rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
     g.b_rows = b->cols, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
-    return launch(r->k.dh, ceil_div(pl->d, pl->dh.tile.bn), ceil_div(b->rows, pl->dh.tile.bm),
-                  spec_threads(&pl->dh), spec_smem_bytes(&pl->dh), r->stream, &g, "dH kernel");
+    int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(b->rows, pl->dh.tile.bm);
+    TRY(tma_prepare_gemm(&pl->dh, &g, r->ctx->num_sms, &gx, &gy));
+    return launch(r->k.dh, gx, gy, spec_threads(&pl->dh), spec_smem_bytes(&pl->dh), r->stream, &g, "dH kernel");
 }
 
 /* dW[cols] (+)= dZᵀ · H[rows]: A = dZ stored [k = token][m = vocab], B = H stored [k][n]. */
@@ -228,8 +231,9 @@ static flce_status run_dw(run *r, const block *b)
     g.a_rows = b->rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
     g.b_rows = b->rows, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
-    return launch(r->k.dw, ceil_div(pl->d, pl->dw.tile.bn), ceil_div(b->cols, pl->dw.tile.bm),
-                  spec_threads(&pl->dw), spec_smem_bytes(&pl->dw), r->stream, &g, "dW kernel");
+    int64_t gx = ceil_div(pl->d, pl->dw.tile.bn), gy = ceil_div(b->cols, pl->dw.tile.bm);
+    TRY(tma_prepare_gemm(&pl->dw, &g, r->ctx->num_sms, &gx, &gy));
+    return launch(r->k.dw, gx, gy, spec_threads(&pl->dw), spec_smem_bytes(&pl->dw), r->stream, &g, "dW kernel");
 }
 
 static flce_status run_rows(run *r, int kernel, const block *b)

@@ -25,6 +25,7 @@
 #define OPT_ENTROPY 0
 #define OPT_ARGMAX 0
 #define FLCE_WGMMA 0 // 1: the Hopper main loop (needs the generator's wgmma_tile for BN)
+#define FLCE_TMA 0   // 1 (with FLCE_WGMMA): TMA loads, mbarriers, a producer warpgroup
 constexpr float SOFTCAP = 0.f, INV_TEMP = 1.f;
 constexpr int BM = 128, BN = 128, BK = 32, STAGES = 3, WARPS_M = 2, WARPS_N = 4;
 constexpr bool A_KMAJOR = true, B_KMAJOR = true;
@@ -33,7 +34,21 @@ constexpr long long VOCAB = 32768; // rows of this shard
 #include "common.cuh"
 #endif
 
-constexpr int THREADS = WARPS_M * WARPS_N * 32;
+#ifndef FLCE_TMA
+#define FLCE_TMA 0
+#endif
+
+constexpr int THREADS = WARPS_M * WARPS_N * 32;        // the threads that compute and run the epilogue
+constexpr int PRODUCER_THREADS = FLCE_TMA ? 128 : 0;   // TMA: one warpgroup in front that only loads
+constexpr int CTA_THREADS = THREADS + PRODUCER_THREADS;
+#if FLCE_TMA
+// setmaxnreg takes effect only under a register cap at entry: 1 CTA of 384 threads (168 registers).
+#define FLCE_KERNEL_BOUNDS __launch_bounds__(CTA_THREADS, 1)
+#define FLCE_PARAM const __grid_constant__ flce_gemm_params // the tensor maps are read in place
+#else
+#define FLCE_KERNEL_BOUNDS __launch_bounds__(THREADS)
+#define FLCE_PARAM const flce_gemm_params
+#endif
 constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N; // warp tile
 constexpr int MI = WTM / 16, NI = WTN / 8;             // mma tiles per warp
 #if FLCE_WGMMA
@@ -122,6 +137,129 @@ __device__ __forceinline__ void fence_acc(float (&acc)[MI][NI][4])
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(acc[0][j][e])::"memory");
 }
 
+#if FLCE_TMA
+// ---- TMA + mbarrier pipeline, warp-specialized -----------------------------------------------
+// Warpgroup 0 is the producer: one of its threads issues, per stage, the TMA copies of the A and B
+// tiles into the same swizzled layouts as above (the tensor maps use the 128-byte swizzle, and the
+// stages sit on 1024-byte boundaries) and arms the stage's "full" barrier with the bytes to expect.
+// Warpgroups 1 and 2 are the consumers: the 64-row halves of the cp.async path, same fragments, so
+// the epilogues are shared. Each stage has two mbarriers:
+//   full[s]   1 arrival (the producer's arrive.expect_tx) + STAGE_BYTES of completed copies;
+//   empty[s]  one arrival per consumer warpgroup, once the wgmmas that read the stage are done.
+// The u-th use of stage s (u = it / STAGES, `it` counting k-tiles over all of the CTA's tiles)
+// waits for parity u & 1 of full[s]; the producer waits for parity (u & 1) ^ 1 of empty[s], which a
+// fresh barrier reports complete, so the first STAGES loads go out at once. The producer runs
+// ahead across output tiles too: the next tile's first stages load during this tile's epilogue.
+// No CTA-wide barrier after the role split: the producer warpgroup has returned.
+constexpr int CONSUMER_WGS = THREADS / 128;
+constexpr int PIPE_BYTES = STAGES * STAGE_BYTES; // the 2·STAGES barriers follow the stages
+// Registers per thread after the split: 128·40 + 256·232 = 64512 of the SM's 65536.
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+static_assert(THREADS == 256, "TMA path: two consumer warpgroups");
+
+__device__ __forceinline__ unsigned full_bar(unsigned char *smem, int s) { return smem_addr(smem + PIPE_BYTES) + 8 * s; }
+__device__ __forceinline__ unsigned empty_bar(unsigned char *smem, int s)
+{
+    return smem_addr(smem + PIPE_BYTES) + 8 * (STAGES + s);
+}
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Spins until the phase of the given parity has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity)
+{
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// One box of the tensor map at element coordinates (x = innermost, y) into shared memory; the
+// copy's bytes complete on `bar`. Out-of-bounds parts of the box arrive as zeros.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const flce_tmap *map, int x, int y, unsigned bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"((unsigned long long)map), "r"(x), "r"(y), "r"(bar)
+                 : "memory");
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// Called by every thread before the role split.
+__device__ __forceinline__ void pipe_init(unsigned char *smem)
+{
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) mbar_init(full_bar(smem, s), 1), mbar_init(empty_bar(smem, s), CONSUMER_WGS);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the copy engine
+    }
+    __syncthreads();
+}
+
+// One operand's tile of a stage: K-major one box of 64 k × ROWS, MN-major ROWS/64 boxes of 64 × 64 k.
+template <int ROWS, bool KMAJOR>
+__device__ __forceinline__ void tma_operand(unsigned char *dst, const flce_tmap *map, int mn0, int k0, unsigned bar)
+{
+    if (KMAJOR) {
+        tma_load_2d(smem_addr(dst), map, k0, mn0, bar);
+    } else {
+#pragma unroll
+        for (int b = 0; b < ROWS / 64; b++) tma_load_2d(smem_addr(dst + b * (BK * 128)), map, mn0 + 64 * b, k0, bar);
+    }
+}
+
+// Producer (one thread): every k-tile of n_tiles output tiles (m0, n0 + i·BN), in the consumers'
+// order; `it` carries the pipeline position from call to call.
+__device__ void produce(const flce_gemm_params &p, unsigned char *smem, long long m0, long long n0, long long n_tiles,
+                        int &it)
+{
+    const int ktiles = (int)((p.k + BK - 1) / BK);
+    for (long long t = 0; t < n_tiles; t++)
+        for (int kt = 0; kt < ktiles; kt++, it++) {
+            const int s = it % STAGES;
+            mbar_wait(empty_bar(smem, s), ((it / STAGES) & 1) ^ 1);
+            const unsigned full = full_bar(smem, s);
+            mbar_arrive_expect_tx(full, STAGE_BYTES);
+            unsigned char *stage = smem + s * STAGE_BYTES;
+            tma_operand<BM, A_KMAJOR>(stage, &p.tmap_a, (int)m0, kt * BK, full);
+            tma_operand<BN, B_KMAJOR>(stage + A_BYTES, &p.tmap_b, (int)(n0 + t * BN), kt * BK, full);
+        }
+}
+
+// Consumer warpgroup wg: acc = this warpgroup's 64 rows of the next output tile. `it` carries the
+// pipeline position from tile to tile.
+__device__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flce_gemm_params &p, int &it, int wg)
+{
+#pragma unroll
+    for (int j = 0; j < NI; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[0][j][e] = 0.f;
+    fence_acc(acc);
+    const int ktiles = (int)((p.k + BK - 1) / BK);
+    const bool signals = threadIdx.x % 128 == 0; // one arrival per warpgroup
+    for (int kt = 0; kt < ktiles; kt++, it++) {
+        const int s = it % STAGES;
+        mbar_wait(full_bar(smem, s), (it / STAGES) & 1);
+        compute_stage(acc, smem + s * STAGE_BYTES, wg);
+        // This k-tile's wgmmas stay in flight; the previous one's are done, so its stage goes back.
+        wgmma_wait<1>();
+        if (kt > 0 && signals) mbar_arrive(empty_bar(smem, (it - 1) % STAGES));
+    }
+    wgmma_wait<0>();
+    fence_acc(acc);
+    if (ktiles > 0 && signals) mbar_arrive(empty_bar(smem, (it - 1) % STAGES));
+}
+#else
 __device__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flce_gemm_params &p,
                          long long m0, long long n0, int wm, int wn, int lane)
 {
@@ -156,6 +294,7 @@ __device__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
     cp_async_wait<0>();
     __syncthreads();
 }
+#endif // FLCE_TMA
 
 // The dynamic shared window rounded up to the 1024-byte boundary the swizzle pattern starts on.
 __device__ __forceinline__ unsigned char *tile_smem(unsigned char *raw)
@@ -306,54 +445,74 @@ __device__ __forceinline__ float transform_logit(float acc, long long col, const
 
 // Folds one vocab tile into each owned row's running statistics; records target logits and stores
 // Z. Element (mi, ni, e) of acc sits at row wm*WTM + mi*16 + g + 8*(e/2), column
-// wn*WTN + ni*8 + 2*t + e%2 of the tile.
-__device__ __forceinline__ void logits_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p,
-                                                long long m0, long long n0, int wm, int wn, int lane,
-                                                const long long (&lab)[MI][2], row_stats (&run)[MI][2])
+// wn*WTN + ni*8 + 2*t + e%2 of the tile, i.e. at column c0 + j of the shard with j = ni*8 + e%2.
+// Columns are handled as the small int j against per-thread limits (FULL: the whole tile lies
+// inside the shard, the common case, no masks at all), which keeps the 128×256 tile's epilogue
+// within the consumers' registers beside 128 accumulators.
+template <bool FULL>
+__device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const flce_gemm_params &p,
+                                                  long long m0, long long n0, int wm, int wn, int lane,
+                                                  const long long (&lab)[MI][2], row_stats (&run)[MI][2])
 {
     const int g = lane / 4, t = lane % 4;
+    const long long c0 = n0 + wn * WTN + 2 * t;
+    // Columns j < lim lie inside the shard; j < zlim inside Z's row. Past the shard TMA and
+    // cp.async filled zeros, which are logits of 0, not absent: they are masked here.
+    const int lim = FULL ? WTN : (int)(p.n - c0 < WTN ? (p.n - c0 > 0 ? p.n - c0 : 0) : WTN);
+    const int zlim = FULL ? WTN : (int)(p.ldo - c0 < WTN ? (p.ldo - c0 > 0 ? p.ldo - c0 : 0) : WTN);
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
+            long long ly = lab[mi][h] - c0; // the label's j when it falls in this thread's columns
+            const int lj = lab[mi][h] >= 0 && ly >= 0 && ly < WTN ? (int)ly : -1;
             row_stats tile;
-            tile.m = NEG_INF, tile.s = 0.f, tile.t = 0.f, tile.zs = 0.f, tile.arg = 0x7fffffffffffffffLL;
+            tile.m = NEG_INF, tile.s = 0.f, tile.t = 0.f, tile.zs = 0.f;
+            int arg = -1; // j of the first maximum
 #pragma unroll
             for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
-                    long long col = n0 + wn * WTN + ni * 8 + 2 * t + c;
-                    float z = col < p.n ? transform_logit(acc[mi][ni][2 * h + c], col, p) : 0.f;
+                    const int j = ni * 8 + c;
+                    const bool in = FULL || j < lim;
+                    float z = in ? transform_logit(acc[mi][ni][2 * h + c], c0 + j, p) : 0.f;
                     acc[mi][ni][2 * h + c] = z;
-                    if (col < p.n && z > tile.m) tile.m = z, tile.arg = p.vocab_offset + col;
+                    if (in && z > tile.m) tile.m = z, arg = j;
                 }
 #pragma unroll
             for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
-                    long long col = n0 + wn * WTN + ni * 8 + 2 * t + c;
+                    const int j = ni * 8 + c;
                     float z = acc[mi][ni][2 * h + c];
-                    if (col < p.n) {
+                    if (FULL || j < lim) {
                         float e = expf(z - tile.m);
                         tile.s += e;
                         if (OPT_ENTROPY) tile.t += e * z;
                         if (OPT_ZSUM)
-                            tile.zs += OPT_WEIGHTS ? ((const float *)p.class_weights)[p.vocab_offset + col] * z : z;
+                            tile.zs += OPT_WEIGHTS ? ((const float *)p.class_weights)[p.vocab_offset + c0 + j] * z : z;
                     }
-                    if (col == lab[mi][h] && p.target) ((float *)p.target)[row] = z;
+                    if (j == lj && p.target) ((float *)p.target)[row] = z;
                 }
+            tile.arg = arg < 0 ? 0x7fffffffffffffffLL : p.vocab_offset + c0 + arg;
             if (tile.s != tile.s || tile.m != NEG_INF) stats_merge(run[mi][h], tile);
             if (p.out && row < p.m) {
-                float *z_row = (float *)p.out + row * p.ldo;
+                float *z_row = (float *)p.out + row * p.ldo + c0;
 #pragma unroll
-                for (int ni = 0; ni < NI; ni++) {
-                    long long col = n0 + wn * WTN + ni * 8 + 2 * t;
-                    if (col < p.ldo)
-                        *(float2 *)(z_row + col) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-                }
+                for (int ni = 0; ni < NI; ni++)
+                    if (FULL || ni * 8 < zlim)
+                        *(float2 *)(z_row + ni * 8) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
             }
         }
+}
+
+__device__ __forceinline__ void logits_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p,
+                                                long long m0, long long n0, int wm, int wn, int lane,
+                                                const long long (&lab)[MI][2], row_stats (&run)[MI][2])
+{
+    if (n0 + BN <= p.n) logits_epilogue_t<true>(acc, p, m0, n0, wm, wn, lane, lab, run);
+    else logits_epilogue_t<false>(acc, p, m0, n0, wm, wn, lane, lab, run);
 }
 
 __device__ __forceinline__ row_stats shfl_stats(const row_stats &a, int off)
@@ -367,15 +526,39 @@ __device__ __forceinline__ row_stats shfl_stats(const row_stats &a, int off)
     return b;
 }
 
+__device__ __forceinline__ void store_partials(const flce_gemm_params &p, long long row, int split, const row_stats &a)
+{
+    long long at = row * p.splits + split;
+    ((float *)p.part_m)[at] = a.m;
+    ((float *)p.part_s)[at] = a.s;
+    if (OPT_ENTROPY) ((float *)p.part_t)[at] = a.t;
+    if (OPT_ZSUM) ((float *)p.part_zs)[at] = a.zs;
+    if (OPT_ARGMAX) ((long long *)p.part_arg)[at] = a.arg;
+}
+
 // grid: (row blocks, vocab splits). Each CTA walks tiles_per_split vocab tiles of its split.
-extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_params p)
+extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_gemm(FLCE_PARAM p)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = tile_smem(smem_raw);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     const long long m0 = (long long)blockIdx.x * BM;
     const int split = blockIdx.y;
+    const long long tiles = (p.n + BN - 1) / BN;
+    long long t_begin = (long long)split * p.tiles_per_split;
+    long long t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
+#if FLCE_TMA
+    pipe_init(smem);
+    if (threadIdx.x < PRODUCER_THREADS) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        int it = 0;
+        if (threadIdx.x == 0) produce(p, smem, m0, t_begin * BN, t_end - t_begin, it);
+        return;
+    }
+    setmaxnreg_inc<CONSUMER_REGS>();
+    int it = 0;
+#endif
+    const int warp = (threadIdx.x - PRODUCER_THREADS) / 32, lane = threadIdx.x % 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
 
     // Label column of each owned row within [0, n); −1 when ignored, out of range or elsewhere.
     long long lab[MI][2];
@@ -391,18 +574,21 @@ extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_
             run[mi][h].arg = 0x7fffffffffffffffLL;
         }
 
-    const long long tiles = (p.n + BN - 1) / BN;
-    long long t_begin = (long long)split * p.tiles_per_split;
-    long long t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
     float acc[MI][NI][4];
     for (long long vt = t_begin; vt < t_end; vt++) {
+#if FLCE_TMA
+        mainloop(acc, smem, p, it, wm / 4);
+#else
         mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
+#endif
         logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, run);
     }
 
     if (!p.part_m) return; // a gradient pass: only Z was wanted (uniform across the CTA)
     // Reduce each row's stats: first over the 4 lanes that share it, then over the WARPS_N warps
     // in a fixed order (deterministic).
+    // One warp column (the wgmma paths) owns whole rows: its lane 4g stores them, no CTA barrier
+    // (the TMA path's producer warpgroup has left).
     row_stats *red = (row_stats *)smem;
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
@@ -410,47 +596,29 @@ extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_
         for (int h = 0; h < 2; h++) {
 #pragma unroll
             for (int off = 1; off < 4; off <<= 1) stats_merge(run[mi][h], shfl_stats(run[mi][h], off));
-            if (lane % 4 == 0) red[wn * BM + wm * WTM + mi * 16 + lane / 4 + 8 * h] = run[mi][h];
+            int r = wm * WTM + mi * 16 + lane / 4 + 8 * h;
+            if (lane % 4 != 0) continue;
+            if (WARPS_N > 1) red[wn * BM + r] = run[mi][h];
+            else if (m0 + r < p.m) store_partials(p, m0 + r, split, run[mi][h]);
         }
+    if (WARPS_N == 1) return;
     __syncthreads();
     for (int r = threadIdx.x; r < BM; r += THREADS) {
         if (m0 + r >= p.m) continue;
         row_stats a = red[r];
         for (int w = 1; w < WARPS_N; w++) stats_merge(a, red[w * BM + r]);
-        long long at = (m0 + r) * p.splits + split;
-        ((float *)p.part_m)[at] = a.m;
-        ((float *)p.part_s)[at] = a.s;
-        if (OPT_ENTROPY) ((float *)p.part_t)[at] = a.t;
-        if (OPT_ZSUM) ((float *)p.part_zs)[at] = a.zs;
-        if (OPT_ARGMAX) ((long long *)p.part_arg)[at] = a.arg;
+        store_partials(p, m0 + r, split, a);
     }
 }
 
 #else // DH, DW
 
-// grid: (column tiles, row tiles).
-extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_params p)
+// out = scale · acc (+ addend) for one output tile, in fp32 or the input dtype.
+__device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
+                                              long long n0, int wm, int wn, int lane, float scale)
 {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char *smem = tile_smem(smem_raw);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-    const long long n0 = (long long)blockIdx.x * BN, m0 = (long long)blockIdx.y * BM;
-    float acc[MI][NI][4];
-    mainloop(acc, smem, p, m0, n0, wm, wn, lane);
-
     const int g = lane / 4, t = lane % 4;
     const float *addend = (const float *)p.addend;
-    // The scalar g of mean/sum is applied here rather than in dZ, so dZ keeps values in [-1, 1]
-    // (fp16 would flush g·p to zero for large batches); an fp16 dZ of mean/sum is also stored
-    // times DZ_SCALE_F16 (scale_mode bit 4) so that probabilities down to ~1e-7 stay normal.
-    float scale = 1.f;
-    if (p.scale_mode) {
-        scale = p.scale_grad ? *(const float *)p.scale_grad : 1.f;
-        float denom = (p.scale_mode & 3) == 2 ? *(const float *)p.scale_count : 1.f;
-        scale = denom != 0.f ? scale / denom : 0.f; // mean over no valid token: zero gradients
-        if (p.scale_mode & 4) scale *= 1.f / DZ_SCALE_F16;
-    }
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -475,5 +643,56 @@ extern "C" __global__ void __launch_bounds__(THREADS) flce_gemm(const flce_gemm_
                 }
             }
         }
+}
+
+// The scalar g of mean/sum is applied in the epilogue rather than in dZ, so dZ keeps values in
+// [-1, 1] (fp16 would flush g·p to zero for large batches); an fp16 dZ of mean/sum is also stored
+// times DZ_SCALE_F16 (scale_mode bit 4, common.cuh) so that probabilities down to ~2.4e-7 stay
+// normal fp16 numbers.
+__device__ __forceinline__ float grad_scale(const flce_gemm_params &p)
+{
+    if (!p.scale_mode) return 1.f;
+    float scale = p.scale_grad ? *(const float *)p.scale_grad : 1.f;
+    float denom = (p.scale_mode & 3) == 2 ? *(const float *)p.scale_count : 1.f;
+    scale = denom != 0.f ? scale / denom : 0.f; // mean over no valid token: zero gradients
+    return p.scale_mode & 4 ? scale * (1.f / DZ_SCALE_F16) : scale;
+}
+
+// grid: (column tiles, row tiles). On the TMA path a persistent grid instead (gridDim.y = 1, at
+// most one CTA per SM, runtime/tma.c) walks the same tiles in the same order, column tiles
+// fastest: tile t = blockIdx.x + i·gridDim.x. Its producer loads the next tile's first stages
+// while the consumers run this tile's epilogue.
+extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_gemm(FLCE_PARAM p)
+{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = tile_smem(smem_raw);
+#if FLCE_TMA
+    const long long tiles_n = (p.n + BN - 1) / BN, tiles = tiles_n * ((p.m + BM - 1) / BM);
+    int it = 0;
+    pipe_init(smem);
+    if (threadIdx.x < PRODUCER_THREADS) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0)
+            for (long long t = blockIdx.x; t < tiles; t += gridDim.x)
+                produce(p, smem, t / tiles_n * BM, t % tiles_n * BN, 1, it);
+        return;
+    }
+    setmaxnreg_inc<CONSUMER_REGS>();
+#endif
+    const int warp = (threadIdx.x - PRODUCER_THREADS) / 32, lane = threadIdx.x % 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const float scale = grad_scale(p);
+    float acc[MI][NI][4];
+#if FLCE_TMA
+    for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const long long m0 = t / tiles_n * BM, n0 = t % tiles_n * BN;
+        mainloop(acc, smem, p, it, wm / 4);
+        grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
+    }
+#else
+    const long long n0 = (long long)blockIdx.x * BN, m0 = (long long)blockIdx.y * BM;
+    mainloop(acc, smem, p, m0, n0, wm, wn, lane);
+    grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
+#endif
 }
 #endif

@@ -6,6 +6,18 @@
 #ifndef FLCE_PARAMS_H
 #define FLCE_PARAMS_H
 
+/* A TMA tensor map (CUtensorMap): 128 opaque bytes that cuTensorMapEncodeTiled fills on the host
+ * (runtime/tma.c) and the copy engine reads from the kernel's parameter space, which needs the
+ * 64-byte alignment CUDA's own type declares. NVRTC has no CUDA headers, hence our own type. */
+#ifdef __cplusplus
+#define FLCE_ALIGN64 alignas(64)
+#else
+#define FLCE_ALIGN64 _Alignas(64)
+#endif
+struct flce_tmap {
+    FLCE_ALIGN64 unsigned long long opaque[16];
+};
+
 /* flce_gemm: C[m × n] = A[m × k] · B[n × k]ᵀ, operands stored K-major or transposed (see
  * A_KMAJOR/B_KMAJOR), followed by the role's epilogue. "Stored" extents bound the loads: a stored
  * matrix has *_rows rows of *_cols elements, leading dimension ld*; *_cols is a multiple of the
@@ -35,6 +47,9 @@ struct flce_gemm_params {
                                      mean); + 4: and by 1/DZ_SCALE_F16 (fp16 dZ, common.cuh) */
     unsigned long long scale_grad;  /* fp32 upstream gradient (1 value) or 0 for 1 */
     unsigned long long scale_count; /* float: Σ over valid tokens of w_y (the count without weights) */
+    /* TMA path (spec tile.tma): maps of the stored A and B with the tile's boxes, encoded per
+     * launch by runtime/tma.c; unused (zero) otherwise. */
+    struct flce_tmap tmap_a, tmap_b;
 };
 
 /* Tensor parallelism: each rank's block of the statistics all-gather is a header of FLCE_TP_HEADER

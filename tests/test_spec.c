@@ -62,6 +62,27 @@ static void bad_fields_are_named(void)
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("accumulators"));
 }
 
+/* The TMA-fed tile: default on sm_90 16-bit (FLCE_TMA unset), never elsewhere, only with wgmma;
+ * a producer warpgroup in front of the 8 computing warps, and two mbarriers per stage. */
+static void tma_tiles_are_the_hopper_default_and_need_wgmma(void)
+{
+    kernel_spec s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16);
+    s.tile = spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_LOGITS);
+    CHECK(s.tile.wgmma == 1 && s.tile.tma == 1 && s.tile.bn == 256 && spec_validate(&s) == FLCE_OK);
+    CHECK(spec_threads(&s) == 384);
+    CHECK(spec_smem_bytes(&s) == 4u * (128 + 256) * 64 * 2 + 1024 + 4 * 16);
+    char *src = NULL;
+    CHECK(emit_source(&s, &src) == FLCE_OK && strstr(src, "#define FLCE_TMA 1"));
+    free(src);
+    CHECK(spec_default_tile(100, FLCE_DTYPE_BF16, ROLE_LOGITS).tma == 0);
+    CHECK(spec_default_tile(90, FLCE_DTYPE_F32, ROLE_DH).tma == 0);
+    s.tile.tma = 2;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.tma=2"));
+    s = good_gemm(ROLE_DH, FLCE_DTYPE_BF16);
+    s.tile.tma = 1;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.wgmma=1"));
+}
+
 static void wgmma_tiles_are_hopper_and_16_bit_only(void)
 {
     kernel_spec s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16);
@@ -213,6 +234,7 @@ int main(void)
     RUN(bad_fields_are_named);
     RUN(emitted_source_carries_the_spec_as_constants);
     RUN(wgmma_tiles_are_hopper_and_16_bit_only);
+    RUN(tma_tiles_are_the_hopper_default_and_need_wgmma);
     RUN(arch_names_parse_and_print);
     RUN(chunks_fit_the_memory_budget);
     RUN(small_problems_take_one_chunk_and_no_accumulator);

@@ -607,6 +607,13 @@ static double fz_floor(double mag2, double sub, double tol)
     return sqrt(mag2 + s * s);
 }
 
+/* fp16 gradient outputs (not accumulated in fp32) are themselves rounded to fp16, whose
+ * subnormal spacing 2^-24 is an absolute floor on their resolution, whatever dZ's scale. */
+static double fz_out_sub(const fz_ctx *k, int accumulated)
+{
+    return k->q.dtype == FLCE_DTYPE_F16 && !accumulated ? 2 * 0x1p-25 : 0;
+}
+
 /* fp16: 4 × half the subnormal spacing (2^-25), times the scale the GEMM epilogue applies after
  * the stored dZ (g/denominator/256 for mean and sum; 1 for none, where g_i is inside dZ). */
 static double fz_subnormal(const fz_ctx *k)
@@ -653,7 +660,7 @@ static void fz_check_dh(fz_ctx *k)
         for (int64_t c = 0; c < d; c++) {
             double init = k->x->acc_h ? k->x->acc_h[i * d + c] : 0;
             double got = k->g->dh_rows[t * d + c] - init;
-            double fl = k->gs[i] != 0 ? fz_floor(mag[c], sub * sqrt(w2[c]), tol) : 0;
+            double fl = k->gs[i] != 0 ? fz_floor(mag[c], hypot(sub * sqrt(w2[c]), fz_out_sub(k, k->x->acc_h != NULL)), tol) : 0;
             fz_add_acc(&a, acc[c], got, fl, init);
         }
         fz_row_end(&a);
@@ -710,11 +717,11 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
         if (g->dw_rows)
             for (int64_t c = 0; c < d; c++) {
                 double init = x->acc_w ? x->acc_w[j * d + c] : 0;
-                fz_add_acc(&aw, acc[c], g->dw_rows[t * d + c] - init, fz_floor(mag[c], sub * sqrt(h2[c]), tol), init);
+                fz_add_acc(&aw, acc[c], g->dw_rows[t * d + c] - init, fz_floor(mag[c], hypot(sub * sqrt(h2[c]), fz_out_sub(k, x->acc_w != NULL)), tol), init);
             }
         fz_row_end(&aw);
         if (g->db_rows)
-            fz_add(&ab, db, g->db_rows[t], fz_floor(db_mag, sub * sqrt(n_valid), tol)), fz_row_end(&ab);
+            fz_add(&ab, db, g->db_rows[t], fz_floor(db_mag, hypot(sub * sqrt(n_valid), fz_out_sub(k, 0)), tol)), fz_row_end(&ab);
     }
     if (g->dw_rows) fz_finish(k->r, FZ_Q_DW, &aw, tol);
     if (g->db_rows) fz_finish(k->r, FZ_Q_DB, &ab, tol);
