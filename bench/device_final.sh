@@ -23,11 +23,15 @@ step build
 step "gpu tests"
 (cd build && timeout 330 ctest --output-on-failure --timeout 320 -L gpu -V -j6) > "$OUT/ctest-gpu.log" 2>&1
 grep -E '^[0-9]+: (FAIL|[0-9]+ passed|ok )|tests passed|Failed|Passed|Timeout|skipped' "$OUT/ctest-gpu.log" | tail -60 | tee -a "$LOG"
-step "tp_compare tp=2"
-rm -f /tmp/nccl.*.log
-NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL NCCL_DEBUG_FILE=/tmp/nccl.%p.log FLCE_LIBRARY=$PWD/build/libflce.so \
-  timeout 120 torchrun --nproc_per_node=2 bench/tp_compare.py --out "$OUT" > "$OUT/tp_compare-2.log" 2>&1
-grep '^|' "$OUT/tp_compare-2.log" | tee -a "$LOG"
+gpus=$(nvidia-smi -L | wc -l)
+for tp in 2 4; do
+  [ "$tp" -le "$gpus" ] || continue
+  step "tp_compare tp=$tp"
+  rm -f /tmp/nccl.*.log
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL NCCL_DEBUG_FILE=/tmp/nccl.%p.log FLCE_LIBRARY=$PWD/build/libflce.so \
+    timeout 120 torchrun --nproc_per_node=$tp bench/tp_compare.py --out "$OUT" > "$OUT/tp_compare-$tp.log" 2>&1
+  grep '^|' "$OUT/tp_compare-$tp.log" | tee -a "$LOG"
+done
 step demo
 timeout 60 ./build/flce demo 2>&1 | tail -3 | tee -a "$LOG"
 cases=${1:-2000}; secs=${2:-$(( ${BUDGET_S:-540} - ($(date +%s) - start) - 15 ))}
