@@ -1,0 +1,135 @@
+/* test_plan_tp.c — the plan of a tensor-parallel call (runtime/plan.c, DESIGN §2), without a GPU:
+ * ranks with uneven shards must cut the tokens alike (each token chunk is one all-gather, so a
+ * different count would leave NCCL waiting), and the workspace must hold the all-gather blocks,
+ * the fp32 dH that is summed across ranks, and under sequence parallelism the gathered inputs and
+ * all-token outputs, none of them overlapping. */
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+#include "params.h"
+#include "plan.h"
+
+static flce_problem tp_problem(int64_t n, int64_t d, int64_t total, int rank, int size,
+                               const int64_t *cut)
+{
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = n, p.hidden = d, p.dtype = FLCE_DTYPE_BF16, p.vocab_total = total;
+    p.vocab_offset = cut[rank], p.vocab_shard = cut[rank + 1] - cut[rank];
+    p.tp_rank = rank, p.tp_size = size;
+    return p;
+}
+
+static void uneven_ranks_cut_the_tokens_alike(void)
+{
+    const int64_t cut[] = {0, 30000, 63000, 95000, 128256};
+    uint64_t budgets[] = {0, 128ull << 20, 16ull << 20};
+    for (int strat = FLCE_STRATEGY_AUTO; strat <= FLCE_STRATEGY_CHUNKED; strat += 2)
+        for (size_t b = 0; b < 3; b++) {
+            plan first;
+            for (int r = 0; r < 4; r++) {
+                flce_problem p = tp_problem(8192, 4096, 128256, r, 4, cut);
+                p.strategy = (flce_strategy)strat, p.memory_budget = budgets[b];
+                plan pl;
+                CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
+                if (r == 0) first = pl;
+                CHECKF(pl.recompute == first.recompute && pl.n_chunks == first.n_chunks &&
+                           pl.chunk_rows == first.chunk_rows && pl.stat_rows == first.stat_rows,
+                       "strategy %d budget %llu: rank %d plans %lld chunks of %lld (recompute %d), "
+                       "rank 0 %lld of %lld (recompute %d)", strat, (unsigned long long)budgets[b], r,
+                       (long long)pl.n_chunks, (long long)pl.chunk_rows, pl.recompute,
+                       (long long)first.n_chunks, (long long)first.chunk_rows, first.recompute);
+                CHECK(pl.tp_block_bytes == plan_tp_block_bytes(pl.stat_rows));
+            }
+        }
+}
+
+typedef struct region {
+    uint64_t off, len;
+} region;
+
+static void check_disjoint(const region *r, size_t n, uint64_t total, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        CHECKF(!r[i].len || (r[i].off % 256 == 0 && r[i].off + r[i].len <= total),
+               "%s: region %zu at %llu+%llu outside %llu", what, i, (unsigned long long)r[i].off,
+               (unsigned long long)r[i].len, (unsigned long long)total);
+        for (size_t j = i + 1; j < n; j++)
+            CHECKF(!r[i].len || !r[j].len || r[i].off + r[i].len <= r[j].off || r[j].off + r[j].len <= r[i].off,
+                   "%s: regions %zu and %zu overlap", what, i, j);
+    }
+}
+
+static void tp_workspace_holds_the_gather_and_the_fp32_dh(void)
+{
+    const int64_t cut[] = {0, 1500, 3001};
+    flce_problem p = tp_problem(5000, 256, 3001, 1, 2, cut);
+    p.memory_budget = 8ull << 20;
+    plan pl;
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK); /* NULL: worst case */
+    CHECK(pl.collective && !pl.sp && pl.tp == 2 && pl.rank == 1 && pl.n == 5000 && pl.n_local == 5000);
+    CHECK(pl.need_dh_tp && !pl.need_dh_acc);
+    uint64_t rows = (uint64_t)pl.stat_rows, sp = (uint64_t)pl.splits, blk = (uint64_t)pl.chunk_rows * pl.ldz;
+    region r[] = {{pl.off_stats, 16},
+                  {pl.off_target, rows * 4},
+                  {pl.off_part_m, rows * sp * 4},
+                  {pl.off_part_s, rows * sp * 4},
+                  {pl.off_part_t, rows * sp * 4},
+                  {pl.off_part_arg, rows * sp * 8},
+                  {pl.off_loss_rows, pl.need_loss_rows ? (uint64_t)pl.n * 4 : 0},
+                  {pl.off_lse, pl.need_lse ? (uint64_t)pl.n * 4 : 0},
+                  {pl.off_z, blk * 4},
+                  {pl.off_dz, blk * 2},
+                  {pl.off_dw_acc, pl.need_dw_acc ? (uint64_t)pl.v * pl.d * 4 : 0},
+                  {pl.off_dh_tp, (uint64_t)pl.n * pl.d * 4},
+                  {pl.off_tp_send, pl.tp_block_bytes},
+                  {pl.off_tp_recv, pl.tp_block_bytes * 2}};
+    check_disjoint(r, sizeof r / sizeof r[0], pl.workspace_bytes, "TP");
+    CHECK(pl.tp_block_bytes == (uint64_t)(FLCE_TP_HEADER + rows * FLCE_TP_RECORD) * 4);
+
+    /* Without a communicator (the split phase, or a backward leaving partial dH) nothing of it. */
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = t.weight = t.labels = (void *)256;
+    t.grad_hidden = t.grad_weight = (void *)256;
+    CHECK(plan_make(&p, FLCE_OP_BACKWARD, 90, 132, &t, &pl) == FLCE_OK);
+    CHECK(!pl.collective && !pl.need_dh_tp && !pl.off_tp_send && !pl.off_tp_recv);
+}
+
+static void sp_plans_every_ranks_tokens(void)
+{
+    const int64_t cut[] = {0, 1000, 2000, 3000, 4001};
+    flce_problem p = tp_problem(300, 64, 4001, 3, 4, cut);
+    p.sequence_parallel = 1, p.reduction = FLCE_REDUCTION_NONE;
+    plan pl;
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
+    CHECK(pl.sp && pl.n == 1200 && pl.n_local == 300 && pl.stat_rows <= 1200);
+    uint64_t n = 1200;
+    region r[] = {{pl.off_dh_tp, n * 64 * 4},
+                  {pl.off_sp_hidden, n * 64 * 2},
+                  {pl.off_sp_labels, n * 4},
+                  {pl.off_sp_go, n * 4},
+                  {pl.off_sp_out[SP_LSE], n * 4},
+                  {pl.off_sp_out[SP_LOSS], n * 4},
+                  {pl.off_sp_out[SP_LOSS_PER_TOKEN], n * 4},
+                  {pl.off_sp_out[SP_ZLOSS], n * 4},
+                  {pl.off_sp_out[SP_LOGPROB], n * 4},
+                  {pl.off_sp_out[SP_ENTROPY], n * 4},
+                  {pl.off_sp_out[SP_ARGMAX], n * 8},
+                  {pl.off_tp_send, pl.tp_block_bytes},
+                  {pl.off_tp_recv, pl.tp_block_bytes * 4}};
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) CHECKF(r[i].off != 0, "SP region %zu missing", i);
+    check_disjoint(r, sizeof r / sizeof r[0], pl.workspace_bytes, "SP");
+    /* A backward under SP gathers the saved lse and computes no per-token outputs. */
+    CHECK(plan_make(&p, FLCE_OP_BACKWARD, 90, 132, NULL, &pl) == FLCE_OK);
+    CHECK(pl.off_sp_lse != 0 && pl.off_sp_out[SP_LSE] == 0 && !pl.off_tp_send);
+}
+
+int main(void)
+{
+    RUN(uneven_ranks_cut_the_tokens_alike);
+    RUN(tp_workspace_holds_the_gather_and_the_fp32_dh);
+    RUN(sp_plans_every_ranks_tokens);
+    FINISH();
+}
