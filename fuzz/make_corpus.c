@@ -125,6 +125,14 @@ static seed base_wgmma(spec_role role, flce_dtype dtype)
     return x;
 }
 
+/* The Blackwell main loop's tile (validate_tcgen05's checks): TMA-fed, tensor-memory accumulators. */
+static seed base_tcgen05(spec_role role, flce_dtype dtype)
+{
+    seed x = base_spec(role, 100, dtype);
+    x.s.tile = (spec_tile){128, 256, 64, 4, 8, 1, 0, 1, 1};
+    return x;
+}
+
 static void emit_problem(const char *name, const seed *x)
 {
     wbuf w = {.n = 0};
@@ -174,6 +182,7 @@ static void emit_problem(const char *name, const seed *x)
     put(&w, (uint32_t)s->tile.warps_n, 4);
     put(&w, (uint32_t)s->tile.wgmma, 4);
     put(&w, (uint32_t)s->tile.tma, 4);
+    put(&w, (uint32_t)s->tile.tcgen05, 4);
     put(&w, (uint32_t)s->label_bits, 4);
     put(&w, (uint32_t)s->reduction, 4);
     put(&w, s->opts, 4);
@@ -231,6 +240,13 @@ static void problem_valid_specs(void)
     x.s.tile.tma = 1, x.s.label_bits = 64, x.s.softcap = 30.f, x.s.temperature = 0.8f;
     x.s.opts = SPEC_OPT_BIAS | SPEC_OPT_WEIGHTS | SPEC_OPT_ZSUM | SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX;
     emit_problem("emit_ok_logits_sm90_bf16_wgmma_tma_every_option", &x);
+    /* the tcgen05 tiles (sm_100a): MN-major operands, and the logits epilogue with every option */
+    x = base_tcgen05(ROLE_DW, FLCE_DTYPE_F16);
+    emit_problem("emit_ok_dw_sm100_f16_tcgen05_128x256x64", &x);
+    x = base_tcgen05(ROLE_LOGITS, FLCE_DTYPE_BF16);
+    x.s.label_bits = 64, x.s.softcap = 30.f, x.s.temperature = 0.8f;
+    x.s.opts = SPEC_OPT_BIAS | SPEC_OPT_WEIGHTS | SPEC_OPT_ZSUM | SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX;
+    emit_problem("emit_ok_logits_sm100_bf16_tcgen05_every_option", &x);
     x = base_spec(ROLE_LOGITS, 90, FLCE_DTYPE_BF16);
     x.s.hidden = (int64_t)1 << 40;
     emit_problem("emit_ok_logits_sm90_hidden_2e40", &x);
@@ -357,6 +373,22 @@ static void problem_invalid_specs(void)
     x = w, x.s.tile.tma = 2;
     emit_problem("emit_bad_wgmma_tma_2", &x);
     BAD_SPEC("tma_without_wgmma", x.s.tile.tma = 1);
+    /* the Blackwell main loop's own checks */
+    seed t = base_tcgen05(ROLE_DH, FLCE_DTYPE_BF16);
+    x = t, x.s.sm = 90;
+    emit_problem("emit_bad_tcgen05_sm90", &x);
+    x = t, x.s.dtype = FLCE_DTYPE_F32;
+    emit_problem("emit_bad_tcgen05_f32", &x);
+    x = t, x.s.tile.tma = 0;
+    emit_problem("emit_bad_tcgen05_without_tma", &x);
+    x = t, x.s.tile.wgmma = 1;
+    emit_problem("emit_bad_tcgen05_with_wgmma", &x);
+    x = t, x.s.tile.bn = 320;
+    emit_problem("emit_bad_tcgen05_bn_320", &x);
+    x = t, x.s.tile.stages = 5;
+    emit_problem("emit_bad_tcgen05_smem_5_stages_of_128x256x64", &x);
+    x = t, x.s.tile.tcgen05 = -1;
+    emit_problem("emit_bad_tcgen05_minus_1", &x);
     BAD_SPEC("opts_bit_5", x.s.opts = 1u << 5);
     BAD_SPEC("softcap_nan", x.s.softcap = NAN);
     BAD_SPEC("temperature_negative", x.s.temperature = -1.0f);

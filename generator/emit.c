@@ -117,6 +117,51 @@ static void emit_wgmma(sbuf *b, const kernel_spec *s)
     sb_text(b, "\n                 : \"l\"(da), \"l\"(db));\n}\n\n");
 }
 
+/* The tcgen05 flags: the Hopper path's swizzled TMA tiles and pipeline (FLCE_WGMMA, FLCE_TMA) with
+ * its wgmma replaced by tcgen05.mma into tensor memory (templates/gemm.cu). */
+static void emit_tcgen05(sbuf *b, const kernel_spec *s)
+{
+    sb_text(b, "#define FLCE_WGMMA 1  // the Hopper path's 128-byte-swizzled TMA tiles and mbarrier pipeline\n");
+    sb_printf(b, "#define FLCE_TMA %d\n", s->tile.tma);
+    sb_text(b, "#define FLCE_TCGEN05 1  // ... with tcgen05.mma into tensor memory instead of wgmma (sm_100a)\n");
+    sb_printf(b, "constexpr int TMEM_COLS = %d;  // two BN-column fp32 accumulators\n\n", spec_tmem_columns(s));
+}
+
+static int starts_with(const char *line, const char *end, const char *word)
+{
+    size_t n = strlen(word);
+    while (line < end && (*line == ' ' || *line == '\t')) line++;
+    return (size_t)(end - line) >= n && !memcmp(line, word, n);
+}
+
+/* Appends a template with its `#if FLCE_TCGEN05` blocks already resolved for the spec: the lines of
+ * the branch the spec takes stay, the directives and the other branch go. Sources of the Hopper
+ * and portable specs therefore stay byte for byte what they were before the Blackwell path existed
+ * (and so do their JIT cache keys). The block opens with a line starting `#if FLCE_TCGEN05`, may
+ * have one `#else` and closes at its `#endif`; preprocessor conditionals nested inside are copied
+ * through untouched. */
+static void sb_template(sbuf *b, const char *text, int tcgen05)
+{
+    int in_block = 0, keep = 1, depth = 0;
+    for (const char *line = text; *line;) {
+        const char *nl = strchr(line, '\n');
+        const char *end = nl ? nl + 1 : line + strlen(line);
+        int copy = keep;
+        if (!in_block && starts_with(line, end, "#if FLCE_TCGEN05")) {
+            in_block = 1, depth = 0, keep = tcgen05, copy = 0;
+        } else if (in_block && (starts_with(line, end, "#if") || starts_with(line, end, "# if"))) {
+            depth++;
+        } else if (in_block && depth == 0 && starts_with(line, end, "#else")) {
+            keep = !tcgen05, copy = 0;
+        } else if (in_block && starts_with(line, end, "#endif")) {
+            if (depth == 0) in_block = 0, keep = 1, copy = 0;
+            else depth--;
+        }
+        if (copy) sb_append(b, line, (size_t)(end - line));
+        line = end;
+    }
+}
+
 flce_status emit_source(const kernel_spec *s, char **src)
 {
     *src = NULL;
@@ -127,8 +172,11 @@ flce_status emit_source(const kernel_spec *s, char **src)
     sb_text(&b, "\n");
     sb_text(&b, tmpl_common_cuh);
     sb_text(&b, "\n");
+    int tcgen05 = s->role != ROLE_ROWOPS && s->tile.tcgen05;
     if (s->role != ROLE_ROWOPS && s->tile.wgmma) emit_wgmma(&b, s);
-    sb_text(&b, s->role == ROLE_ROWOPS ? tmpl_rowops_cu : tmpl_gemm_cu);
+    if (tcgen05) emit_tcgen05(&b, s);
+    if (s->role == ROLE_ROWOPS) sb_text(&b, tmpl_rowops_cu);
+    else sb_template(&b, tmpl_gemm_cu, tcgen05);
     if (b.oom) {
         free(b.p);
         return err_set(FLCE_ERR_OUT_OF_MEMORY, "emitting kernel source: out of host memory");

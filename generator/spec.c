@@ -103,7 +103,8 @@ void spec_summary(const kernel_spec *s, char *out, size_t cap)
     snprintf(out, cap, "%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s",
              spec_role_name(s->role), dtype_name(s->dtype), (long long)s->hidden,
              (long long)s->vocab_shard, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk,
-             t->stages, t->warps_m, t->warps_n, t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "", opts);
+             t->stages, t->warps_m, t->warps_n,
+             t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "", opts);
 }
 
 /* Operand layouts per role: logits reads H and W K-major; dH reads W as [k][n]; dW reads dZ as
@@ -115,10 +116,12 @@ size_t spec_smem_bytes(const kernel_spec *s)
 {
     if (s->role == ROLE_ROWOPS) return 0;
     const spec_tile *t = &s->tile;
-    if (t->wgmma) /* swizzled tiles without padding, plus room to align them to 1024 bytes, plus
-                   * TMA's two 8-byte mbarriers per stage */
+    if (t->wgmma || t->tcgen05) /* swizzled tiles without padding, plus room to align them to 1024
+                                 * bytes, plus TMA's two 8-byte mbarriers per stage; tcgen05 adds two
+                                 * mbarriers per accumulator buffer (2) and the 4-byte tensor-memory
+                                 * address, 36 bytes kept 16-aligned (gemm.cu, tmem_slot) */
         return (size_t)t->stages * (size_t)(t->bm + t->bn) * (size_t)t->bk * 2 + 1024 +
-               (t->tma ? 16u * (size_t)t->stages : 0);
+               (t->tma ? 16u * (size_t)t->stages : 0) + (t->tcgen05 ? 48u : 0);
     size_t vec = (size_t)(16 / elem_bytes(s->dtype));
     size_t a = a_kmajor(s->role) ? (size_t)t->bm * (t->bk + vec) : (size_t)t->bk * (t->bm + vec);
     size_t b = b_kmajor(s->role) ? (size_t)t->bn * (t->bk + vec) : (size_t)t->bk * (t->bn + vec);
@@ -132,7 +135,8 @@ int spec_threads(const kernel_spec *s)
 {
     if (s->role == ROLE_ROWOPS) return 256;
     /* TMA: one producer warpgroup in front of the warps that compute */
-    return s->tile.warps_m * s->tile.warps_n * 32 + (s->tile.wgmma && s->tile.tma ? 128 : 0);
+    return s->tile.warps_m * s->tile.warps_n * 32 +
+           ((s->tile.wgmma || s->tile.tcgen05) && s->tile.tma ? 128 : 0);
 }
 
 size_t spec_smem_limit(int sm)
@@ -145,8 +149,31 @@ size_t spec_smem_limit(int sm)
     }
 }
 
+int spec_tmem_columns(const kernel_spec *s)
+{
+    if (s->role == ROLE_ROWOPS || !s->tile.tcgen05 || s->tile.bn < 1) return 0;
+    int need = 2 * s->tile.bn, cols = 32; /* tcgen05.alloc: a power of two, at least 32 */
+    while (cols < need && cols < (1 << 20)) cols *= 2;
+    return cols;
+}
+
+/* FLCE_ENABLE_SM100=1: the tcgen05 path compiles (CI) but has not run on a Blackwell GPU yet, so it
+ * is opt-in; without it sm_100 runs the portable mma.sync kernels. */
+static int sm100_enabled(void)
+{
+    const char *env = getenv("FLCE_ENABLE_SM100");
+    return env && !strcmp(env, "1");
+}
+
 spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role)
 {
+    if (sm == 100 && dtype != FLCE_DTYPE_F32 && sm100_enabled()) {
+        /* The Hopper TMA tile's shape and pipeline (128×256×64, 4 stages, producer warpgroup + two
+         * consumer warpgroups); tcgen05.mma accumulates in tensor memory, two 256-column buffers,
+         * so the next tile's MMAs run during this tile's epilogue. */
+        spec_tile b = {128, 256, 64, 4, 8, 1, 0, 1, 1};
+        return b;
+    }
     if (sm == 90 && dtype != FLCE_DTYPE_F32) {
         /* wgmma: two warpgroups of 64 rows, 4 stages, 128×256 tiles (a third less L2 traffic per
          * FLOP than 128×128). With TMA a producer warpgroup gives its registers to the consumers
@@ -188,11 +215,48 @@ static flce_status validate_wgmma(const kernel_spec *s)
     return FLCE_OK;
 }
 
+static flce_status validate_tcgen05(const kernel_spec *s)
+{
+    const spec_tile *t = &s->tile;
+    if (t->tcgen05 != 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tcgen05=%d: must be 0 or 1", t->tcgen05);
+    if (s->sm != 100)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tcgen05=1: needs sm_100a, not %s", spec_arch_name(s->sm));
+    if (s->dtype == FLCE_DTYPE_F32)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tcgen05=1: takes f16 or bf16 inputs, not f32");
+    if (t->wgmma)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.wgmma=%d: must be 0 with tile.tcgen05=1", t->wgmma);
+    if (t->tma != 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tma=%d: tile.tcgen05=1 is fed by TMA only (tma=1)", t->tma);
+    if (t->bm != 128 || t->bk != 64 || t->warps_m != 8 || t->warps_n != 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile.tcgen05=1: needs bm=128, bk=64, warps=8x1 (got %d, %d, %dx%d)", t->bm, t->bk,
+                       t->warps_m, t->warps_n);
+    /* tcgen05.mma M = 128 takes N a multiple of 16 up to 256; the epilogue loads 64 columns at a time */
+    if (t->bn < 64 || t->bn > 256 || t->bn % 64)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.bn=%d: the tcgen05 path takes 64, 128, 192 or 256", t->bn);
+    if (t->stages < 2 || t->stages > 8)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.stages=%d: must be 2 to 8", t->stages);
+    int cols = spec_tmem_columns(s);
+    if (cols > SPEC_TMEM_COLUMNS_SM100)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile.bn=%d: two fp32 accumulators need %d tensor-memory columns; sm_100a has %d "
+                       "(x 128 lanes x 32 bits)",
+                       t->bn, cols, (int)SPEC_TMEM_COLUMNS_SM100);
+    size_t smem = spec_smem_bytes(s), limit = spec_smem_limit(s->sm);
+    if (smem > limit)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile %dx%dx%d with %d stages needs %zu bytes of shared memory; %s allows %zu",
+                       t->bm, t->bn, t->bk, t->stages, smem, spec_arch_name(s->sm), limit);
+    return FLCE_OK;
+}
+
 static flce_status validate_tile(const kernel_spec *s)
 {
     const spec_tile *t = &s->tile;
+    if (t->tcgen05) return validate_tcgen05(s);
     if (t->wgmma) return validate_wgmma(s);
-    if (t->tma) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tma=1: needs tile.wgmma=1");
+    if (t->tma) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tma=1: needs tile.wgmma=1 or tile.tcgen05=1");
     int vec = 16 / elem_bytes(s->dtype);
     if (t->warps_m < 1 || t->warps_n < 1 || t->warps_m > 16 || t->warps_n > 16 ||
         t->warps_m * t->warps_n > 16)

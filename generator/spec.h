@@ -23,8 +23,10 @@ typedef struct spec_tile {
     int stages;          /* cp.async pipeline depth */
     int warps_m, warps_n;
     int wgmma;           /* 1: Hopper main loop (sm_90a, 16-bit, 128 × BN × 64, 8 × 1 warps) */
-    int tma;             /* 1 (needs wgmma): stages loaded by TMA under mbarriers from a producer
-                          * warpgroup (+128 threads), two consumer warpgroups; 0: cp.async */
+    int tma;             /* 1 (needs wgmma or tcgen05): stages loaded by TMA under mbarriers from a
+                          * producer warpgroup (+128 threads), two consumer warpgroups; 0: cp.async */
+    int tcgen05;         /* 1: Blackwell main loop (sm_100a, 16-bit, needs tma = 1, wgmma = 0): the same
+                          * TMA tiles, tcgen05.mma into tensor memory, 128 × BN × 64, 8 × 1 warps */
 } spec_tile;
 
 typedef struct kernel_spec {
@@ -67,12 +69,18 @@ size_t spec_smem_bytes(const kernel_spec *s);
 int spec_threads(const kernel_spec *s);
 /* Largest dynamic shared memory per block of an arch (opt-in limit). */
 size_t spec_smem_limit(int sm);
+/* Tensor-memory columns a tcgen05 spec allocates (two BN-column fp32 accumulators, rounded up to
+ * the power of two tcgen05.alloc takes); 0 for other specs. sm_100 has 512 columns × 128 lanes. */
+int spec_tmem_columns(const kernel_spec *s);
+enum { SPEC_TMEM_COLUMNS_SM100 = 512 };
 
 /* FLCE_OK, or FLCE_ERR_INVALID_ARGUMENT / FLCE_ERR_UNSUPPORTED with a message naming the field. */
 flce_status spec_validate(const kernel_spec *s);
 
 /* The default tile of a role and dtype on an arch (the built-in heuristic). On sm_90 16-bit it is
- * the TMA wgmma tile; FLCE_TMA=0 in the environment selects the cp.async wgmma tile instead. */
+ * the TMA wgmma tile; FLCE_TMA=0 in the environment selects the cp.async wgmma tile instead. On
+ * sm_100 16-bit it is the tcgen05 tile only when FLCE_ENABLE_SM100=1 is set (that path has not run
+ * on hardware yet), else the portable tile. */
 spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role);
 
 #endif

@@ -40,7 +40,8 @@ static void plan_specs(const flce_problem *p, const flce_tensors *t, int sm, pla
     /* FLCE_PORTABLE=1 keeps Hopper on the mma.sync path (comparisons, a fallback). */
     const char *portable = getenv("FLCE_PORTABLE");
     if (portable && *portable && strcmp(portable, "0") != 0) {
-        int psm = sm == 90 ? 89 : sm; /* the portable tile, sized for Hopper's shared memory */
+        /* the portable tile (sized for Hopper's shared memory); never wgmma, TMA or tcgen05 */
+        int psm = sm == 90 || sm == 100 ? 89 : sm;
         pl->logits.tile = spec_default_tile(psm, p->dtype, ROLE_LOGITS);
         pl->logits.tile.stages = pl->dh.tile.stages = pl->dw.tile.stages = 4;
         pl->dh.tile = pl->dw.tile = pl->logits.tile;

@@ -1,4 +1,4 @@
-/* tma.c — encodes the TMA tensor maps of a Hopper GEMM launch (see tma.h). */
+/* tma.c — encodes the TMA tensor maps of a Hopper or Blackwell GEMM launch (see tma.h). */
 #include <stdint.h>
 
 #include "driver.h"
@@ -42,7 +42,9 @@ static flce_status encode(struct flce_tmap *map, flce_dtype dtype, unsigned long
 flce_status tma_prepare_gemm(const kernel_spec *s, struct flce_gemm_params *g, int num_sms, int64_t *gx,
                              int64_t *gy)
 {
-    if (s->role == ROLE_ROWOPS || !s->tile.wgmma || !s->tile.tma) return FLCE_OK;
+    /* tcgen05 (sm_100a) loads the very same boxes into the same swizzled stages and walks the same
+     * persistent dH/dW grid as the Hopper TMA path: only the MMA differs (templates/gemm.cu). */
+    if (s->role == ROLE_ROWOPS || !(s->tile.wgmma || s->tile.tcgen05) || !s->tile.tma) return FLCE_OK;
     const unsigned bk = (unsigned)s->tile.bk;
     int a_kmajor = s->role != ROLE_DW, b_kmajor = s->role == ROLE_LOGITS;
     TRY(encode(&g->tmap_a, s->dtype, g->a, g->a_rows, g->a_cols, g->lda, a_kmajor ? bk : 64,

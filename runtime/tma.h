@@ -1,7 +1,8 @@
 /*
- * tma.h — TMA tensor maps for the Hopper GEMM path (spec tile.tma, templates/gemm.cu). A map holds
- * the operand's address, so launch.c encodes both maps of every such GEMM launch into its params
- * (cuTensorMapEncodeTiled: host work only, no device call, capturable in a graph).
+ * tma.h — TMA tensor maps for the Hopper and Blackwell GEMM paths (spec tile.tma, with tile.wgmma or
+ * tile.tcgen05; templates/gemm.cu). A map holds the operand's address, so launch.c encodes both maps
+ * of every such GEMM launch into its params (cuTensorMapEncodeTiled: host work only, no device call,
+ * capturable in a graph).
  */
 #ifndef FLCE_TMA_H
 #define FLCE_TMA_H
@@ -9,7 +10,7 @@
 #include "params.h"
 #include "spec.h"
 
-/* For a spec with tile.tma, fills g->tmap_a and g->tmap_b from g's operand fields (a/b, *_rows,
+/* For a spec with tile.tma (wgmma or tcgen05), fills g->tmap_a and g->tmap_b from g's operand fields (a/b, *_rows,
  * *_cols, ld*) with the boxes gemm.cu loads: K-major operands one box of 64 k × the tile's rows,
  * MN-major ones boxes of 64 × 64; and turns the (column tiles, row tiles) grid *gx × *gy of a dH/dW
  * launch into the persistent grid the kernel walks (min(tiles, num_sms) × 1). Does nothing for

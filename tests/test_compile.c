@@ -1,8 +1,10 @@
 /* test_compile.c — every kernel spec the dispatcher can choose compiles with NVRTC for sm_80,
- * sm_90a and sm_100a (no GPU needed). Compiles go through the disk cache (FLCE_CACHE_DIR is the
+ * sm_90a and sm_100a (no GPU needed), the opt-in tcgen05 specs of sm_100a (FLCE_ENABLE_SM100=1)
+ * included. Compiles go through the disk cache (FLCE_CACHE_DIR is the
  * build tree's), whose key holds the full source, so a hit means this exact source compiled. */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -111,6 +113,42 @@ static void every_dispatchable_spec_compiles_for_sm_100a(void)
     CHECKF(failures == 0, "%d of %d specs failed", failures, n_specs);
 }
 
+/* The Blackwell path has not run on hardware, so it is opt-in; CI at least compiles every spec it
+ * can choose: three roles, both 16-bit dtypes, with and without every option (their registers sit
+ * beside the 128 accumulators), both label widths. f32 stays portable. */
+static void tcgen05_specs_compile_for_sm_100a_when_enabled(void)
+{
+    setenv("FLCE_ENABLE_SM100", "1", 1);
+    n_specs = failures = 0;
+    add_arch(100);
+    int tc[3][3] = {{0}}; /* [dtype][role] */
+    for (int i = 0; i < n_specs; i++) {
+        const kernel_spec *s = &specs[i];
+        if (s->role == ROLE_ROWOPS) continue;
+        CHECKF(s->tile.tcgen05 == (s->dtype != FLCE_DTYPE_F32), "dtype %d role %d: tcgen05=%d", (int)s->dtype,
+               (int)s->role, s->tile.tcgen05);
+        if (s->tile.tcgen05) tc[s->dtype][s->role]++;
+    }
+    for (int dt = FLCE_DTYPE_F16; dt <= FLCE_DTYPE_BF16; dt++)
+        CHECKF(tc[dt][ROLE_LOGITS] >= 2 && tc[dt][ROLE_DH] >= 1 && tc[dt][ROLE_DW] >= 1,
+               "dtype %d: %d logits, %d dh, %d dw tcgen05 specs", dt, tc[dt][ROLE_LOGITS], tc[dt][ROLE_DH],
+               tc[dt][ROLE_DW]);
+    compile_all();
+    CHECKF(failures == 0, "%d of %d specs failed", failures, n_specs);
+    /* never chosen on other arches, enabled or not */
+    int sms[] = {80, 86, 89, 90, 120};
+    for (size_t a = 0; a < sizeof sms / sizeof sms[0]; a++) {
+        n_specs = failures = 0;
+        add_arch(sms[a]);
+        CHECK(failures == 0);
+        for (int i = 0; i < n_specs; i++) CHECKF(!specs[i].tile.tcgen05, "sm_%d chose tcgen05", sms[a]);
+    }
+    unsetenv("FLCE_ENABLE_SM100");
+    n_specs = failures = 0;
+    add_arch(100);
+    for (int i = 0; i < n_specs; i++) CHECKF(!specs[i].tile.tcgen05, "sm_100 chose tcgen05 without FLCE_ENABLE_SM100");
+}
+
 static void broken_source_reports_the_nvrtc_log(void)
 {
     void *cubin = NULL;
@@ -128,5 +166,6 @@ int main(void)
     RUN(every_dispatchable_spec_compiles_for_sm_80);
     RUN(every_dispatchable_spec_compiles_for_sm_90a);
     RUN(every_dispatchable_spec_compiles_for_sm_100a);
+    RUN(tcgen05_specs_compile_for_sm_100a_when_enabled);
     FINISH();
 }

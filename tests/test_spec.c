@@ -1,5 +1,6 @@
 /* test_spec.c — the generator: spec validation messages, source emission, and the planner's
  * chunking and workspace layout (all CPU-only). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -81,6 +82,51 @@ static void tma_tiles_are_the_hopper_default_and_need_wgmma(void)
     s = good_gemm(ROLE_DH, FLCE_DTYPE_BF16);
     s.tile.tma = 1;
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.wgmma=1"));
+}
+
+/* The tcgen05 tile: only on sm_100 16-bit with FLCE_ENABLE_SM100=1; validation names the field. */
+static void tcgen05_tiles_are_opt_in_blackwell_16_bit_only(void)
+{
+    unsetenv("FLCE_ENABLE_SM100");
+    CHECK(spec_default_tile(100, FLCE_DTYPE_BF16, ROLE_LOGITS).tcgen05 == 0);
+    setenv("FLCE_ENABLE_SM100", "1", 1);
+    kernel_spec s = good_gemm(ROLE_DW, FLCE_DTYPE_F16);
+    s.sm = 100;
+    s.tile = spec_default_tile(100, FLCE_DTYPE_F16, ROLE_DW);
+    CHECK(s.tile.tcgen05 == 1 && s.tile.tma == 1 && s.tile.wgmma == 0 && s.tile.bn == 256);
+    CHECK(spec_validate(&s) == FLCE_OK);
+    CHECK(spec_threads(&s) == 384 && spec_tmem_columns(&s) == 512);
+    CHECK(spec_smem_bytes(&s) <= spec_smem_limit(100));
+    CHECK(spec_default_tile(100, FLCE_DTYPE_F32, ROLE_DW).tcgen05 == 0);
+    CHECK(spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_DW).tcgen05 == 0);
+    CHECK(spec_default_tile(80, FLCE_DTYPE_BF16, ROLE_DW).tcgen05 == 0);
+    char *src = NULL;
+    CHECK(emit_source(&s, &src) == FLCE_OK);
+    CHECK(src && strstr(src, "tcgen05.mma.cta_group::1.kind::f16") && strstr(src, "#define FLCE_TCGEN05 1"));
+    CHECK(src && !strstr(src, "#if FLCE_TCGEN05") && !strstr(src, "wgmma.mma_async"));
+    free(src);
+    unsetenv("FLCE_ENABLE_SM100");
+    kernel_spec h = good_gemm(ROLE_DW, FLCE_DTYPE_F16);
+    h.tile = spec_default_tile(90, FLCE_DTYPE_F16, ROLE_DW);
+    CHECK(emit_source(&h, &src) == FLCE_OK);
+    CHECK(src && !strstr(src, "tcgen05") && !strstr(src, "FLCE_TCGEN05"));
+    free(src);
+
+    kernel_spec b = s;
+    b.sm = 90;
+    CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.tcgen05=1") && msg_has("sm_100a"));
+    b = s, b.dtype = FLCE_DTYPE_F32;
+    CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("f32"));
+    b = s, b.tile.tma = 0;
+    CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.tma=0"));
+    b = s, b.tile.wgmma = 1;
+    CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.wgmma=1"));
+    b = s, b.tile.bn = 320;
+    CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.bn=320"));
+    b = s, b.tile.tcgen05 = 2;
+    CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.tcgen05=2"));
+    b = s, b.tile.stages = 5;
+    CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("shared memory") && msg_has("sm_100a"));
 }
 
 static void wgmma_tiles_are_hopper_and_16_bit_only(void)
@@ -234,6 +280,7 @@ int main(void)
     RUN(bad_fields_are_named);
     RUN(emitted_source_carries_the_spec_as_constants);
     RUN(wgmma_tiles_are_hopper_and_16_bit_only);
+    RUN(tcgen05_tiles_are_opt_in_blackwell_16_bit_only);
     RUN(tma_tiles_are_the_hopper_default_and_need_wgmma);
     RUN(arch_names_parse_and_print);
     RUN(chunks_fit_the_memory_budget);
