@@ -297,7 +297,7 @@ flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, 
     TRY(flce_problem_validate(&p));
     TRY(check_strategy(&p, op));
     plan pl;
-    TRY(plan_make(&p, op, ctx->sm, ctx->num_sms, NULL, &pl));
+    TRY(plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, NULL, &pl));
     *bytes = pl.workspace_bytes;
     return FLCE_OK;
 }
@@ -324,7 +324,7 @@ static flce_status run_op(flce_context *ctx, const flce_problem *problem,
         tt.comm = NULL; /* the caller owns the collective */
     }
     plan pl;
-    TRY(plan_make(&p, op, ctx->sm, ctx->num_sms, t, &pl));
+    TRY(plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, t, &pl));
     if (t->workspace && t->workspace_bytes < pl.workspace_bytes)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tensors.workspace_bytes=%llu: this call needs %llu (flce_workspace_size)",
