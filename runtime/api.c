@@ -9,6 +9,7 @@
 #include "launch.h"
 #include "log.h"
 #include "plan.h"
+#include "tune_run.h"
 
 const char *flce_version(void) { return FLCE_VERSION_STRING; }
 
@@ -323,6 +324,7 @@ static flce_status run_op(flce_context *ctx, const flce_problem *problem,
         TRY(check_ptr(tp_buffer, part == PART_TP_STATS ? "stats (argument)" : "gathered (argument)", 16, 1));
         tt.comm = NULL; /* the caller owns the collective */
     }
+    if (part == PART_ALL) TRY(tune_first_use(ctx, &p, op, t, stream)); /* FLCE_TUNE=1 */
     plan pl;
     TRY(plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, t, &pl));
     if (t->workspace && t->workspace_bytes < pl.workspace_bytes)
