@@ -1,12 +1,13 @@
 /*
  * make_corpus.c — writes the hand-made seed corpora under fuzz/corpus/ (problem/, cache_entry/,
- * tool_args/), so the seeds are reviewable as code and reproducible after a format change:
+ * tool_args/, tune_table/), so the seeds are reviewable as code and reproducible after a format change:
  *
  *     fuzz_make_corpus <fuzz/corpus>
  *
  * Each seed aims at one branch: a valid problem per op, dtype and arch, one seed per check of
  * flce_problem_validate and spec_validate, well-formed cache entries written by cache_store and
- * their truncated and bit-flipped variants, and tool command lines good and bad. Reproducers of
+ * their truncated and bit-flipped variants, tool command lines good and bad, and autotune tables
+ * with one variant per way a line is refused. Reproducers of
  * what the fuzzer found are written here too (crash_*, emit_found_*), so they survive a layout
  * change. Files are overwritten by name; other files in the directories are left alone.
  */
@@ -28,6 +29,7 @@
 #include "cache_input.h"
 #include "hash.h"
 #include "problem_input.h"
+#include "tune_table.h"
 
 #define PATH_CAP 4096
 
@@ -681,6 +683,67 @@ static void tool_args(void)
         write_seed("tool_args", cases[i].name, cases[i].words, cases[i].size);
 }
 
+/* ---- fuzz_tune_table --------------------------------------------------------------------- */
+
+/* A table line for an H100 class with the given logits tile (sum and versions of this build). */
+static void tune_line(char *out, size_t cap, int sm, int64_t hidden, spec_tile logits)
+{
+    tune_entry e;
+    memset(&e, 0, sizeof e);
+    snprintf(e.key.device, sizeof e.key.device, "NVIDIA_H100_80GB_HBM3");
+    e.key.sm = sm, e.key.dtype = FLCE_DTYPE_BF16, e.key.hidden = hidden, e.key.vocab = 32768;
+    e.key.bucket = 4096, e.key.label_bits = 32, e.key.opts = TUNE_OPT_SOFTCAP;
+    e.tile[0] = logits;
+    e.tile[1] = e.tile[2] = spec_default_tile(sm, FLCE_DTYPE_BF16, ROLE_DW);
+    e.ms = 3.25;
+    if (tune_line_format(&e, out, cap) != FLCE_OK) {
+        fprintf(stderr, "tune_line_format: %s\n", flce_last_error());
+        exit(1);
+    }
+}
+
+static void tune_seed(const char *name, const char *text)
+{
+    write_seed("tune_table", name, text, strlen(text));
+}
+
+/* A valid table and one variant per way a line can be refused. The valid lines carry this build's
+ * generator hash: after the templates change they replay as stale lines, which is still a case. */
+static void tune_tables(void)
+{
+    char a[TUNE_LINE_MAX + 2], b[TUNE_LINE_MAX + 2], text[8 * TUNE_LINE_MAX];
+    tune_line(a, sizeof a, 90, 4096, (spec_tile){128, 128, 64, 4, 8, 1, 1, 1});
+    tune_line(b, sizeof b, 80, 2048, (spec_tile){64, 128, 32, 3, 2, 2, 0, 0});
+    snprintf(text, sizeof text, "%s\n# comment\n%s\n\n%s\n", TUNE_TABLE_HEADER, a, b);
+    tune_seed("ok_two_classes", text);
+    snprintf(text, sizeof text, "%s\n%s\n%s\n", TUNE_TABLE_HEADER, a, a);
+    tune_seed("ok_duplicate_class", text);
+    tune_seed("ok_empty", "");
+    tune_seed("ok_header_only", TUNE_TABLE_HEADER "\n");
+    snprintf(text, sizeof text, "flce-tune-table 2\n%s\n", a);
+    tune_seed("bad_header_version", text);
+    snprintf(text, sizeof text, "%s\n%.*s", TUNE_TABLE_HEADER, (int)(strlen(a) / 2), a);
+    tune_seed("bad_torn_line", text);
+    char edited[TUNE_LINE_MAX + 2];
+    snprintf(edited, sizeof edited, "%s", a);
+    edited[strlen("NVIDIA_H100_80GB_HBM3 sm_9")] = '0'; /* sm_90 → sm_80: checksum mismatch */
+    snprintf(text, sizeof text, "%s\n%s\n%s\n", TUNE_TABLE_HEADER, edited, b);
+    tune_seed("bad_edited_line", text);
+    char stale[TUNE_LINE_MAX + 2];
+    snprintf(stale, sizeof stale, "%s", a);
+    char *v = strstr(stale, "flce=");
+    if (v) v[5] = '9';
+    snprintf(text, sizeof text, "%s\n%s\n", TUNE_TABLE_HEADER, stale);
+    tune_seed("bad_stale_version", text);
+    char wrong[TUNE_LINE_MAX + 2]; /* wgmma on sm_80 with a valid checksum: validation refuses */
+    tune_line(wrong, sizeof wrong, 80, 4096, (spec_tile){128, 256, 64, 4, 8, 1, 1, 1});
+    snprintf(text, sizeof text, "%s\n%s\n", TUNE_TABLE_HEADER, wrong);
+    tune_seed("bad_tile_for_arch", text);
+    snprintf(text, sizeof text, "%s\nx y\n\x01\x02 sum=zz\na b c d e f g h i j k l m n sum=0000000000000000\n%s\n",
+             TUNE_TABLE_HEADER, b);
+    tune_seed("bad_garbage_then_valid", text);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -700,6 +763,7 @@ int main(int argc, char **argv)
     problem_invalid();
     cache_entries();
     tool_args();
+    tune_tables();
     printf("wrote %d seeds under %s\n", written, root);
     return 0;
 }

@@ -9,6 +9,7 @@
 #include "launch.h"
 #include "log.h"
 #include "plan.h"
+#include "tune_run.h"
 
 const char *flce_version(void) { return FLCE_VERSION_STRING; }
 
@@ -297,7 +298,7 @@ flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, 
     TRY(flce_problem_validate(&p));
     TRY(check_strategy(&p, op));
     plan pl;
-    TRY(plan_make(&p, op, ctx->sm, ctx->num_sms, NULL, &pl));
+    TRY(plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, NULL, &pl));
     *bytes = pl.workspace_bytes;
     return FLCE_OK;
 }
@@ -323,8 +324,9 @@ static flce_status run_op(flce_context *ctx, const flce_problem *problem,
         TRY(check_ptr(tp_buffer, part == PART_TP_STATS ? "stats (argument)" : "gathered (argument)", 16, 1));
         tt.comm = NULL; /* the caller owns the collective */
     }
+    if (part == PART_ALL) TRY(tune_first_use(ctx, &p, op, t, stream)); /* FLCE_TUNE=1 */
     plan pl;
-    TRY(plan_make(&p, op, ctx->sm, ctx->num_sms, t, &pl));
+    TRY(plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, t, &pl));
     if (t->workspace && t->workspace_bytes < pl.workspace_bytes)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tensors.workspace_bytes=%llu: this call needs %llu (flce_workspace_size)",

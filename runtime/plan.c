@@ -5,6 +5,7 @@
 #include "error.h"
 #include "params.h"
 #include "plan.h"
+#include "tune.h"
 
 static uint64_t align256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -209,6 +210,12 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
 flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, const flce_tensors *t,
                       plan *pl)
 {
+    return plan_make_on(p, op, NULL, sm, num_sms, t, pl);
+}
+
+flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
+                         const flce_tensors *t, plan *pl)
+{
     memset(pl, 0, sizeof *pl);
     pl->op = op;
     pl->recompute = op != FLCE_OP_FORWARD && p->strategy == FLCE_STRATEGY_RECOMPUTE;
@@ -219,6 +226,7 @@ flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, co
     pl->n = pl->sp ? p->tokens * p->tp_size : p->tokens;
     pl->d = p->hidden, pl->v = p->vocab_shard;
     plan_specs(p, t, sm, pl);
+    tune_apply(p, device, sm, pl); /* the autotune table, when it has this class */
     if (op == FLCE_OP_FORWARD) {
         pl->chunk_rows = pl->n, pl->n_chunks = 1;
         pl->chunk_cols = pl->v, pl->n_vchunks = 1;

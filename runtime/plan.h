@@ -56,6 +56,12 @@ typedef struct plan {
 flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, const flce_tensors *t,
                       plan *out);
 
+/* plan_make on a named device (flce_context's name): the dispatcher also consults the autotune
+ * table for the problem's class (tune.h). plan_make is plan_make_on with device NULL: built-in
+ * tiles only (offline plans, flce gen). */
+flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
+                         const flce_tensors *t, plan *out);
+
 /* Enough CTAs for two waves: how many vocab splits (gridDim.y) a logits pass over rows × cols uses,
  * and how many BN-wide tiles each walks. */
 void plan_vocab_splits(const plan *pl, int64_t rows, int64_t cols, int num_sms, int *splits,

@@ -1,4 +1,4 @@
-/* flce.c — the `flce` command-line tool: demo (the main job), fuzz, gen, cache, info. */
+/* flce.c — the `flce` command-line tool: demo (the main job), fuzz, tune, gen, cache, info. */
 #include <stdio.h>
 #include <string.h>
 
@@ -7,9 +7,11 @@
 #include "comm.h"
 #include "devmem.h"
 #include "nvrtc_compile.h"
+#include "tune_table.h"
 
 int cmd_demo(int argc, char **argv);
 int cmd_fuzz(int argc, char **argv);
+int cmd_tune(int argc, char **argv);
 
 static void usage(FILE *f)
 {
@@ -18,6 +20,8 @@ static void usage(FILE *f)
             "usage: flce <command> [options]\n"
             "  demo    loss and gradients on random data, checked and timed (compiles only, without a GPU)\n"
             "  fuzz    random problems on the GPU against the fp64 reference (--seed S --case K reruns one)\n"
+            "  tune    time the candidate tiles of a problem class on the GPU, store the winner\n"
+            "          in the autotune table (--dry-run: list and compile them, no GPU)\n"
             "  gen     print the generated CUDA source of a problem's kernels (--compile to build them)\n"
             "  cache   ls | stats | clear the on-disk kernel cache\n"
             "  info    versions, GPU and cache directory\n"
@@ -30,6 +34,8 @@ static int cmd_info(void)
     char nccl[64];
     printf("flce %s\n", flce_version());
     printf("NVRTC %s, %s\n", nvrtc_version_text(), comm_nccl_version(nccl, sizeof nccl));
+    char table[4096];
+    if (tune_table_path(table, sizeof table) == FLCE_OK) printf("autotune table: %s\n", table);
     int n = devmem_gpu_count();
     if (n < 1) {
         printf("GPU: none (%s)\n", flce_last_error()[0] ? flce_last_error() : "no CUDA device");
@@ -56,6 +62,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "fuzz")) return cmd_fuzz(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tune")) return cmd_tune(argc - 1, argv + 1);
     if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
     if (!strcmp(cmd, "cache")) return cmd_cache(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cmd_info();

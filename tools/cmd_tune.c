@@ -1,0 +1,483 @@
+/* cmd_tune.c — `flce tune` (issue 6): for one problem class, compiles every candidate tile
+ * configuration (tune_candidates) in parallel through the disk cache, times each on the device
+ * with CUDA events on real-size random data, checks each candidate's loss, lse, dH and dW
+ * against the first candidate's (the built-in tiles) before trusting its time, shows progress on
+ * stderr, and writes the winner to the autotune table (runtime/tune_table.h). Roles are tuned
+ * one after another (logits, then dH with the best logits tile, then dW): the sum of the
+ * candidate counts, not their product. --dry-run lists and compiles the candidates only (no GPU). */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "cmd_gen.h"
+#include "context.h"
+#include "devmem.h"
+#include "host.h"
+#include "jit.h"
+#include "tune.h"
+
+#define TUNE_MAX_CAND 64
+
+typedef struct tune_opts {
+    tool_opts t;
+    int device, jobs, runs, max_cand, dry_run;
+} tune_opts;
+
+typedef struct tune_cands {
+    spec_tile tile[TUNE_ROLES][TUNE_MAX_CAND];
+    int n[TUNE_ROLES];
+    kernel_spec base[TUNE_ROLES]; /* the plan's specs (options included) the tiles go into */
+} tune_cands;
+
+/* ---- progress ---------------------------------------------------------------------------- */
+
+typedef struct progress {
+    int done, total;
+    double start, best_ms;
+    char best[96];
+    const char *stage;
+} progress;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* "[=====>    ] done/total stage best … ETA m:ss" on stderr: redrawn in place on a terminal, one
+ * line per step otherwise (logs). */
+static void progress_draw(const progress *p, const char *what)
+{
+    enum { WIDTH = 24 };
+    int fill = p->total ? p->done * WIDTH / p->total : WIDTH;
+    char bar[WIDTH + 1];
+    for (int i = 0; i < WIDTH; i++) bar[i] = i < fill ? '=' : i == fill ? '>' : ' ';
+    bar[WIDTH] = '\0';
+    double el = now_s() - p->start;
+    double eta = p->done ? el / p->done * (p->total - p->done) : 0;
+    char best[128] = "";
+    if (p->best_ms > 0) snprintf(best, sizeof best, " best %.3f ms (%s)", p->best_ms, p->best);
+    int tty = isatty(2);
+    fprintf(stderr, "%s[%s] %d/%d %s %s%s ETA %d:%02d%s", tty ? "\r\033[K" : "", bar, p->done,
+            p->total, p->stage, what, best, (int)eta / 60, (int)eta % 60, tty ? "" : "\n");
+    if (tty && p->done == p->total) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+/* ---- compiling the candidates in parallel --------------------------------------------------- */
+
+typedef struct compile_pool {
+    const tune_cands *c;
+    int next, failures;
+    progress prog;
+    pthread_mutex_t lock;
+} compile_pool;
+
+static void index_to(const tune_cands *c, int i, int *role, int *k)
+{
+    int r = 0;
+    while (i >= c->n[r]) i -= c->n[r++];
+    *role = r, *k = i;
+}
+
+static void *compile_worker(void *arg)
+{
+    compile_pool *pool = arg;
+    for (;;) {
+        pthread_mutex_lock(&pool->lock);
+        int i = pool->next++;
+        pthread_mutex_unlock(&pool->lock);
+        if (i >= pool->prog.total) return NULL;
+        int r, k;
+        index_to(pool->c, i, &r, &k);
+        kernel_spec s = pool->c->base[r];
+        s.tile = pool->c->tile[r][k];
+        jit_result jr;
+        char summary[256];
+        spec_summary(&s, summary, sizeof summary);
+        flce_status st = jit_build(&s, &jr); /* the disk cache is safe across threads and processes */
+        pthread_mutex_lock(&pool->lock);
+        pool->prog.done++;
+        if (st != FLCE_OK) {
+            pool->failures++;
+            fprintf(stderr, "\nflce tune: candidate %s does not compile:\n%s\n", summary, flce_last_error());
+        } else {
+            free(jr.cubin);
+        }
+        progress_draw(&pool->prog, summary);
+        pthread_mutex_unlock(&pool->lock);
+    }
+}
+
+static int compile_all(const tune_cands *c, int jobs)
+{
+    compile_pool pool;
+    memset(&pool, 0, sizeof pool);
+    pool.c = c;
+    pool.prog.total = c->n[0] + c->n[1] + c->n[2];
+    pool.prog.start = now_s();
+    pool.prog.stage = "compiling";
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_t th[64];
+    if (jobs < 1) jobs = 1;
+    if (jobs > 64) jobs = 64;
+    int started = 0;
+    for (; started < jobs; started++)
+        if (pthread_create(&th[started], NULL, compile_worker, &pool) != 0) break;
+    if (started == 0) compile_worker(&pool);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&pool.lock);
+    return pool.failures;
+}
+
+/* ---- timing on the device ----------------------------------------------------------------- */
+
+typedef struct tune_data {
+    flce_problem p;
+    size_t es, nh, nw; /* element size; elements of H (= dH) and W (= dW) */
+    void *d_h, *d_w, *d_labels, *d_loss, *d_lse, *d_dh, *d_dw;
+    /* the first candidate's outputs, and the current one's, on the host */
+    float ref_loss, *ref_lse, *lse;
+    void *ref_dh, *ref_dw, *dh, *dw;
+    flce_tensors t;
+} tune_data;
+
+static int fill_random(tune_data *d)
+{
+    const flce_problem *p = &d->p;
+    host_rng rng;
+    host_rng_seed(&rng, 20261122);
+    d->es = host_dtype_size(p->dtype);
+    d->nh = (size_t)p->tokens * (size_t)p->hidden, d->nw = (size_t)p->vocab_shard * (size_t)p->hidden;
+    void *h = malloc(d->nh * d->es), *w = malloc(d->nw * d->es);
+    int32_t *labels = malloc((size_t)p->tokens * 4);
+    double *row = malloc(sizeof(double) * (size_t)p->hidden);
+    int ok = h && w && labels && row;
+    double sw = 2.0 / sqrt((double)p->hidden); /* logits of sd ≈ 2, as in flce demo */
+    for (int64_t r = 0; ok && r < p->tokens + p->vocab_shard; r++) {
+        int is_h = r < p->tokens;
+        for (int64_t k = 0; k < p->hidden; k++) row[k] = (is_h ? 1.0 : sw) * host_rng_normal(&rng);
+        char *dst = is_h ? (char *)h + (size_t)r * p->hidden * d->es
+                         : (char *)w + (size_t)(r - p->tokens) * p->hidden * d->es;
+        host_to_dtype(p->dtype, row, dst, (size_t)p->hidden);
+    }
+    for (int64_t i = 0; ok && i < p->tokens; i++) labels[i] = (int32_t)host_rng_below(&rng, p->vocab_shard);
+    ok = ok && devmem_alloc(&d->d_h, d->nh * d->es) == FLCE_OK &&
+         devmem_alloc(&d->d_w, d->nw * d->es) == FLCE_OK &&
+         devmem_alloc(&d->d_labels, (size_t)p->tokens * 4) == FLCE_OK &&
+         devmem_alloc(&d->d_loss, 16) == FLCE_OK && devmem_alloc(&d->d_lse, (size_t)p->tokens * 4) == FLCE_OK &&
+         devmem_alloc(&d->d_dh, d->nh * d->es) == FLCE_OK && devmem_alloc(&d->d_dw, d->nw * d->es) == FLCE_OK &&
+         devmem_upload(d->d_h, h, d->nh * d->es) == FLCE_OK && devmem_upload(d->d_w, w, d->nw * d->es) == FLCE_OK &&
+         devmem_upload(d->d_labels, labels, (size_t)p->tokens * 4) == FLCE_OK;
+    free(h), free(w), free(labels), free(row);
+    d->ref_lse = malloc((size_t)p->tokens * 4), d->lse = malloc((size_t)p->tokens * 4);
+    d->ref_dh = malloc(d->nh * d->es), d->dh = malloc(d->nh * d->es);
+    d->ref_dw = malloc(d->nw * d->es), d->dw = malloc(d->nw * d->es);
+    ok = ok && d->ref_lse && d->lse && d->ref_dh && d->dh && d->ref_dw && d->dw;
+    flce_tensors_init(&d->t);
+    d->t.hidden = d->d_h, d->t.weight = d->d_w, d->t.labels = d->d_labels;
+    d->t.loss = d->d_loss, d->t.lse = d->d_lse, d->t.grad_hidden = d->d_dh, d->t.grad_weight = d->d_dw;
+    return ok;
+}
+
+/* ‖a − b‖ / ‖b‖ over n elements of dtype t, converted in blocks. */
+static double rel_l2(flce_dtype t, const void *a, const void *b, size_t n)
+{
+    enum { BLOCK = 4096 };
+    double x[BLOCK], y[BLOCK], num = 0, den = 0;
+    size_t es = host_dtype_size(t);
+    for (size_t i = 0; i < n; i += BLOCK) {
+        size_t m = n - i < BLOCK ? n - i : BLOCK;
+        host_from_dtype(t, (const char *)a + i * es, x, m);
+        host_from_dtype(t, (const char *)b + i * es, y, m);
+        for (size_t k = 0; k < m; k++) num += (x[k] - y[k]) * (x[k] - y[k]), den += y[k] * y[k];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static flce_status download(tune_data *d, float *loss, float *lse, void *dh, void *dw)
+{
+    TRY(devmem_download(loss, d->d_loss, 4));
+    TRY(devmem_download(lse, d->d_lse, (size_t)d->p.tokens * 4));
+    TRY(devmem_download(dh, d->d_dh, d->nh * d->es));
+    return devmem_download(dw, d->d_dw, d->nw * d->es);
+}
+
+/* Relative L2 the 16-bit gradients may differ by between tilings: only the fp32 summation order
+ * changes, so the outputs move by about one rounding of the dtype on some elements. */
+static double grad_tolerance(flce_dtype t)
+{
+    return t == FLCE_DTYPE_BF16 ? 1e-2 : t == FLCE_DTYPE_F16 ? 2e-3 : 1e-4;
+}
+
+/* Checks the current outputs against the reference; on a mismatch *why says which. */
+static int outputs_agree(tune_data *d, char *why, size_t cap)
+{
+    float loss;
+    if (download(d, &loss, d->lse, d->dh, d->dw) != FLCE_OK) {
+        snprintf(why, cap, "download: %s", flce_last_error());
+        return 0;
+    }
+    double e_loss = fabs((double)loss - d->ref_loss) / fmax(fabs((double)d->ref_loss), 1e-30);
+    double e_lse = rel_l2(FLCE_DTYPE_F32, d->lse, d->ref_lse, (size_t)d->p.tokens);
+    double e_dh = rel_l2(d->p.dtype, d->dh, d->ref_dh, d->nh);
+    double e_dw = rel_l2(d->p.dtype, d->dw, d->ref_dw, d->nw);
+    double tol = grad_tolerance(d->p.dtype);
+    snprintf(why, cap, "relative L2 vs the first candidate: loss %.2e lse %.2e dH %.2e dW %.2e (tolerance %.0e, %.0e for fp32 outputs)",
+             e_loss, e_lse, e_dh, e_dw, tol, 1e-4);
+    return isfinite(loss) && e_loss <= 1e-4 && e_lse <= 1e-4 && e_dh <= tol && e_dw <= tol;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One candidate: a first call (module load), the check, then `runs` timed calls; median ms, or
+ * a negative value when it failed or disagreed. */
+static double time_candidate(flce_context *ctx, tune_data *d, const spec_tile tiles[TUNE_ROLES],
+                             int runs, int is_reference)
+{
+    char why[512];
+    tune_force_tiles(tiles);
+    double ms[32], result = -1;
+    if (flce_loss_and_grad(ctx, &d->p, &d->t, NULL) != FLCE_OK || flce_check(ctx, NULL) != FLCE_OK) {
+        fprintf(stderr, "\nflce tune: candidate failed: %s\n", flce_last_error());
+        goto out;
+    }
+    if (is_reference) {
+        if (download(d, &d->ref_loss, d->ref_lse, d->ref_dh, d->ref_dw) != FLCE_OK) goto out;
+    } else if (!outputs_agree(d, why, sizeof why)) {
+        fprintf(stderr, "\nflce tune: candidate rejected, its results disagree: %s\n", why);
+        goto out;
+    }
+    if (runs > 32) runs = 32;
+    for (int r = 0; r < runs; r++) {
+        devmem_timer *tm;
+        float one = 0;
+        if (devmem_timer_start(&tm) != FLCE_OK || flce_loss_and_grad(ctx, &d->p, &d->t, NULL) != FLCE_OK ||
+            devmem_timer_stop(tm, &one) != FLCE_OK)
+            goto out;
+        ms[r] = one;
+    }
+    qsort(ms, (size_t)runs, sizeof ms[0], cmp_double);
+    result = ms[runs / 2];
+out:
+    tune_force_tiles(NULL);
+    return result;
+}
+
+/* Coordinate descent over the roles; best[] ends as the winner, *best_ms its time. */
+static int time_all(flce_context *ctx, tune_data *d, const tune_cands *c, int runs,
+                    spec_tile best[TUNE_ROLES], double *best_ms)
+{
+    progress prog = {0, c->n[0] + c->n[1] + c->n[2], now_s(), 0, "", "timing"};
+    for (int r = 0; r < TUNE_ROLES; r++) best[r] = c->tile[r][0];
+    *best_ms = -1;
+    for (int r = 0; r < TUNE_ROLES; r++)
+        for (int k = 0; k < c->n[r]; k++) {
+            spec_tile tiles[TUNE_ROLES];
+            memcpy(tiles, best, sizeof tiles);
+            tiles[r] = c->tile[r][k];
+            char what[96], text[48];
+            tune_tile_text(&tiles[r], text, sizeof text);
+            snprintf(what, sizeof what, "%s %s", spec_role_name(c->base[r].role), text);
+            int is_ref = r == 0 && k == 0;
+            /* later roles' first candidate is the current best again: its time is known */
+            double ms = r > 0 && k == 0 ? *best_ms : time_candidate(ctx, d, tiles, runs, is_ref);
+            if (is_ref && ms < 0) {
+                fprintf(stderr, "flce tune: the built-in tiles themselves fail; nothing to compare with\n");
+                return 1;
+            }
+            if (ms > 0 && (*best_ms < 0 || ms < *best_ms)) {
+                *best_ms = ms;
+                best[r] = tiles[r];
+                snprintf(prog.best, sizeof prog.best, "%s", what);
+                prog.best_ms = ms;
+            }
+            prog.done++;
+            progress_draw(&prog, what);
+        }
+    return 0;
+}
+
+static void free_data(tune_data *d)
+{
+    void *dev[] = {d->d_h, d->d_w, d->d_labels, d->d_loss, d->d_lse, d->d_dh, d->d_dw};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) devmem_free(dev[i]);
+    free(d->ref_lse), free(d->lse), free(d->ref_dh), free(d->dh), free(d->ref_dw), free(d->dw);
+}
+
+/* ---- the command ---------------------------------------------------------------------------- */
+
+static void tune_usage(void)
+{
+    fprintf(stderr,
+            "usage: flce tune [--device N] [--tokens N] [--hidden D] [--vocab V] [--dtype bf16|f16|f32]\n"
+            "                 [--labels 32|64] [--budget-mib M] [--softcap C] [--temperature T]\n"
+            "                 [--smoothing E] [--z-loss L] [--jobs J] [--runs R] [--max-candidates K]\n"
+            "                 [--dry-run [--arch sm_90a]]\n"
+            "Times every candidate tile configuration of the problem class on the GPU and stores the\n"
+            "winner in the autotune table of the cache directory (`flce info` names it); the library\n"
+            "then uses it for every call of that class (FLCE_LOG=info says \"tuned tiles from ...\").\n"
+            "--dry-run lists and compiles the candidates without a GPU.\n");
+}
+
+/* Options beyond tool_parse_common: 2 consumed, 1 for flags, 0 not ours, -1 bad value. */
+static int parse_tune_opt(tune_opts *o, int argc, char **argv, int i)
+{
+    const char *k = argv[i];
+    if (!strcmp(k, "--dry-run")) return o->dry_run = 1;
+    if (i + 1 >= argc) return 0;
+    char *end = NULL;
+    double v = strtod(argv[i + 1], &end);
+    if (end == argv[i + 1] || *end) {
+        if (!strncmp(k, "--", 2)) fprintf(stderr, "flce tune: %s %s: not a number\n", k, argv[i + 1]);
+        return strncmp(k, "--", 2) ? 0 : -1;
+    }
+    flce_problem *p = &o->t.problem;
+    if (!strcmp(k, "--device")) o->device = (int)v;
+    else if (!strcmp(k, "--jobs")) o->jobs = (int)v;
+    else if (!strcmp(k, "--runs")) o->runs = (int)v;
+    else if (!strcmp(k, "--max-candidates")) o->max_cand = (int)v;
+    else if (!strcmp(k, "--softcap")) p->softcap = (float)v;
+    else if (!strcmp(k, "--temperature")) p->temperature = (float)v;
+    else if (!strcmp(k, "--smoothing")) p->label_smoothing = (float)v;
+    else if (!strcmp(k, "--z-loss")) p->z_loss = (float)v;
+    else return 0;
+    return 2;
+}
+
+static int parse_args(tune_opts *o, int argc, char **argv)
+{
+    tool_opts_init(&o->t);
+    o->device = 0, o->runs = 5, o->max_cand = TUNE_MAX_CAND;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    o->jobs = cpus > 0 ? (int)cpus : 2;
+    for (int i = 1; i < argc;) {
+        int used = tool_parse_common(&o->t, argc, argv, i);
+        if (used == 0) used = parse_tune_opt(o, argc, argv, i);
+        if (used <= 0) {
+            if (used == 0) fprintf(stderr, "flce tune: unknown option '%s'\n", argv[i]);
+            tune_usage();
+            return 0;
+        }
+        i += used;
+    }
+    if (o->runs < 1 || o->runs > 32 || o->max_cand < 1 || o->jobs < 1) {
+        fprintf(stderr, "flce tune: --runs must be 1 to 32, --max-candidates and --jobs at least 1\n");
+        return 0;
+    }
+    if (flce_problem_validate(&o->t.problem) != FLCE_OK) {
+        fprintf(stderr, "flce tune: %s\n", flce_last_error());
+        return 0;
+    }
+    return 1;
+}
+
+static int list_candidates(const tune_opts *o, int sm, tune_cands *c)
+{
+    plan pl;
+    if (plan_make(&o->t.problem, FLCE_OP_LOSS_AND_GRAD, sm, 132, NULL, &pl) != FLCE_OK) {
+        fprintf(stderr, "flce tune: %s\n", flce_last_error());
+        return 0;
+    }
+    c->base[0] = pl.logits, c->base[1] = pl.dh, c->base[2] = pl.dw;
+    int cap = o->max_cand < TUNE_MAX_CAND ? o->max_cand : TUNE_MAX_CAND;
+    for (int r = 0; r < TUNE_ROLES; r++) {
+        c->n[r] = tune_candidates(sm, o->t.problem.dtype, c->base[r].role, o->t.problem.hidden,
+                                  o->t.problem.vocab_shard, c->tile[r], cap);
+        printf("%s: %d candidates:", spec_role_name(c->base[r].role), c->n[r]);
+        for (int k = 0; k < c->n[r]; k++) {
+            char text[48];
+            tune_tile_text(&c->tile[r][k], text, sizeof text);
+            printf(" %s", text);
+        }
+        printf("\n");
+    }
+    fflush(stdout); /* before the progress bar's stderr */
+    return 1;
+}
+
+static int tune_store(const tune_opts *o, const char *device, int sm, const spec_tile best[TUNE_ROLES],
+                      double ms)
+{
+    char dir[CACHE_PATH_MAX];
+    tune_entry e;
+    memset(&e, 0, sizeof e);
+    tune_key_make(&o->t.problem, o->t.problem.tokens, device, sm, &e.key);
+    memcpy(e.tile, best, sizeof e.tile);
+    e.ms = ms;
+    if (cache_dir(dir, sizeof dir) != FLCE_OK || tune_table_store(dir, &e) != FLCE_OK) {
+        fprintf(stderr, "flce tune: storing the winner: %s\n", flce_last_error());
+        return 1;
+    }
+    tune_forget();
+    char line[TUNE_LINE_MAX + 2];
+    tune_line_format(&e, line, sizeof line);
+    printf("winner (%.3f ms per loss-and-grad call) stored in %s/%s:\n%s\n", ms, dir, TUNE_TABLE_FILE, line);
+    return 0;
+}
+
+static int tune_gpu(const tune_opts *o)
+{
+    flce_context *ctx = NULL;
+    if (flce_context_create(o->device, &ctx) != FLCE_OK || devmem_use(o->device) != FLCE_OK) {
+        fprintf(stderr, "flce tune: device %d: %s\n", o->device, flce_last_error());
+        flce_context_destroy(ctx);
+        return 1;
+    }
+    int sm = ctx->sm;
+    printf("flce tune: %s (sm_%d), N=%lld D=%lld V=%lld %s\n", ctx->name, sm, (long long)o->t.problem.tokens,
+           (long long)o->t.problem.hidden, (long long)o->t.problem.vocab_shard, host_dtype_name(o->t.problem.dtype));
+    static tune_cands c;
+    tune_data d;
+    memset(&d, 0, sizeof d);
+    d.p = o->t.problem;
+    int rc = 1;
+    spec_tile best[TUNE_ROLES];
+    double best_ms = -1;
+    if (!list_candidates(o, sm, &c)) goto out;
+    if (compile_all(&c, o->jobs) != 0) goto out;
+    if (!fill_random(&d)) {
+        fprintf(stderr, "flce tune: allocating the random problem: %s\n", flce_last_error());
+        goto out;
+    }
+    if (time_all(ctx, &d, &c, o->runs, best, &best_ms) != 0 || best_ms <= 0) goto out;
+    rc = tune_store(o, ctx->name, sm, best, best_ms);
+out:
+    free_data(&d);
+    flce_context_destroy(ctx);
+    return rc;
+}
+
+int cmd_tune(int argc, char **argv)
+{
+    tune_opts o;
+    memset(&o, 0, sizeof o);
+    if (!parse_args(&o, argc, argv)) return 2;
+    if (!o.dry_run) {
+        if (devmem_gpu_count() < 1) {
+            fprintf(stderr, "flce tune: no GPU (%s); --dry-run --arch sm_XX lists and compiles the candidates\n",
+                    flce_last_error()[0] ? flce_last_error() : "no CUDA device");
+            return 1;
+        }
+        return tune_gpu(&o);
+    }
+    static tune_cands c;
+    printf("flce tune --dry-run: %s, N=%lld D=%lld V=%lld %s (class bucket N~%lld)\n", spec_arch_name(o.t.sm),
+           (long long)o.t.problem.tokens, (long long)o.t.problem.hidden, (long long)o.t.problem.vocab_shard,
+           host_dtype_name(o.t.problem.dtype), (long long)tune_bucket(o.t.problem.tokens));
+    if (!list_candidates(&o, o.t.sm, &c)) return 1;
+    int failed = compile_all(&c, o.jobs);
+    printf("%d of %d candidates compiled for %s; nothing was timed (dry run)\n",
+           c.n[0] + c.n[1] + c.n[2] - failed, c.n[0] + c.n[1] + c.n[2], spec_arch_name(o.t.sm));
+    return failed ? 1 : 0;
+}
