@@ -330,8 +330,7 @@ flce_status cache_load(const char *dir, const void *key, size_t key_len, void **
     return FLCE_OK;
 }
 
-/* mkdir -p. 0 on success, else -1 with errno of the step that failed. */
-static int cache_make_dirs(const char *dir)
+int cache_make_dirs(const char *dir)
 {
     char path[CACHE_PATH_MAX];
     struct stat st;

@@ -27,6 +27,9 @@
 /* The directory: $FLCE_CACHE_DIR, else $XDG_CACHE_HOME/flce, else $HOME/.cache/flce.
  * FLCE_ERR_IO when none of them is set (no HOME). */
 flce_status cache_dir(char *out, size_t cap);
+/* mkdir -p (the user's umask decides the mode). 0 when `dir` ends up an existing directory, else
+ * -1 with errno of the step that failed. */
+int cache_make_dirs(const char *dir);
 
 /* Looks `key` up in `dir`. Hit: *blob is a malloc'd copy of the value (caller frees), *len its size.
  * Miss, collision, corrupt or truncated entry: *blob = NULL, *len = 0, FLCE_OK. */

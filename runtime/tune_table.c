@@ -469,26 +469,6 @@ static flce_status io_error(const char *what, const char *path)
     return err_set(FLCE_ERR_IO, "tune table: %s %s: %s", what, path, strerror(errno));
 }
 
-/* mkdir -p, as the kernel cache does. */
-static int make_dirs(const char *dir)
-{
-    char path[CACHE_PATH_MAX];
-    size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof path) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    memcpy(path, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (path[i] != '/' && path[i] != '\0') continue;
-        char saved = path[i];
-        path[i] = '\0';
-        if (mkdir(path, 0777) != 0 && errno != EEXIST) return -1;
-        path[i] = saved;
-    }
-    return 0;
-}
-
 static int write_all(int fd, const char *p, size_t n)
 {
     while (n) {
@@ -560,7 +540,7 @@ flce_status tune_table_store(const char *dir, const tune_entry *e)
     if (snprintf(path, sizeof path, "%s/%s", dir, TUNE_TABLE_FILE) >= (int)sizeof path ||
         snprintf(lock, sizeof lock, "%s/tune-table.lock", dir) >= (int)sizeof lock)
         return err_set(FLCE_ERR_IO, "tune table: directory path %s too long", dir);
-    if (make_dirs(dir) != 0) return io_error("creating directory", dir);
+    if (cache_make_dirs(dir) != 0) return io_error("creating directory", dir);
     /* The lock serializes read-merge-write so that two tuners of different classes both land; the
      * rename alone would only keep readers from seeing a partial file. */
     int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);

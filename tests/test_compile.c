@@ -8,14 +8,14 @@
 #include <string.h>
 
 #include "check.h"
+#include "compile_pool.h"
 #include "jit.h"
 #include "nvrtc_compile.h"
 #include "plan.h"
 
 enum { MAX_SPECS = 256 };
 static kernel_spec specs[MAX_SPECS];
-static int n_specs, next_spec, failures;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int n_specs, failures;
 
 /* The dispatcher's choices: every role, dtype, label width and reduction on the arch. Shapes only
  * change constants, so one awkward shape (odd vocab, small hidden) stands for all. */
@@ -56,38 +56,7 @@ static void add_arch(int sm)
             }
 }
 
-static void *worker(void *arg)
-{
-    (void)arg;
-    for (;;) {
-        pthread_mutex_lock(&lock);
-        int i = next_spec++;
-        pthread_mutex_unlock(&lock);
-        if (i >= n_specs) return NULL;
-        jit_result jr;
-        char summary[256];
-        spec_summary(&specs[i], summary, sizeof summary);
-        flce_status st = jit_build(&specs[i], &jr);
-        pthread_mutex_lock(&lock);
-        if (st != FLCE_OK) {
-            failures++;
-            fprintf(stderr, "  FAILED %s:\n%s\n", summary, flce_last_error());
-        } else {
-            printf("  %s %6zu bytes %7.0f ms  %s\n", jr.origin == JIT_DISK_HIT ? "hit " : "made", jr.len,
-                   jr.ms, summary);
-        }
-        pthread_mutex_unlock(&lock);
-        free(jr.cubin);
-    }
-}
-
-static void compile_all(void)
-{
-    pthread_t th[2];
-    next_spec = 0;
-    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, worker, NULL);
-    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
-}
+static void compile_all(void) { failures += compile_pool_run(specs, n_specs); }
 
 static void every_dispatchable_spec_compiles_for_sm_80(void)
 {

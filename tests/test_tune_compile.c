@@ -9,13 +9,13 @@
 #include <string.h>
 
 #include "check.h"
+#include "compile_pool.h"
 #include "jit.h"
 #include "tune.h"
 
 enum { MAX_SPECS = 64 };
 static kernel_spec specs[MAX_SPECS];
-static int n_specs, next_spec, failures;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int n_specs, failures;
 
 static void add_sample(int sm, flce_dtype dtype)
 {
@@ -40,37 +40,11 @@ static void add_sample(int sm, flce_dtype dtype)
     }
 }
 
-static void *worker(void *arg)
-{
-    (void)arg;
-    for (;;) {
-        pthread_mutex_lock(&lock);
-        int i = next_spec++;
-        pthread_mutex_unlock(&lock);
-        if (i >= n_specs) return NULL;
-        jit_result jr;
-        char summary[256];
-        spec_summary(&specs[i], summary, sizeof summary);
-        flce_status st = jit_build(&specs[i], &jr);
-        pthread_mutex_lock(&lock);
-        if (st != FLCE_OK) {
-            failures++;
-            fprintf(stderr, "  FAILED %s:\n%s\n", summary, flce_last_error());
-        } else {
-            printf("  %s %7.0f ms  %s\n", jr.origin == JIT_DISK_HIT ? "hit " : "made", jr.ms, summary);
-            free(jr.cubin);
-        }
-        pthread_mutex_unlock(&lock);
-    }
-}
-
 static void compile_sample(int sm, flce_dtype dtype)
 {
-    n_specs = next_spec = failures = 0;
+    n_specs = failures = 0;
     add_sample(sm, dtype);
-    pthread_t th[2];
-    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, worker, NULL);
-    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    failures += compile_pool_run(specs, n_specs);
     CHECKF(n_specs >= 6 && failures == 0, "%d of %d candidates failed", failures, n_specs);
 }
 
