@@ -8,6 +8,7 @@
 
 #include "check.h"
 #include "devmem.h"
+#include "gpu_io.h"
 #include "error.h"
 #include "host.h"
 #include "ref.h"
@@ -110,15 +111,6 @@ static flce_status run_case(const gcase *c, const flce_problem *p, bufs *b)
     pf.strategy = FLCE_STRATEGY_AUTO; /* the strategy is the backward's */
     TRY(flce_forward(ctx, &pf, &t, NULL));
     return flce_backward(ctx, p, &t, NULL);
-}
-
-static void download_f64(flce_dtype t, const void *dev, double *out, size_t n)
-{
-    size_t es = host_dtype_size(t);
-    void *tmp = malloc(n * es);
-    devmem_download(tmp, dev, n * es);
-    host_from_dtype(t, tmp, out, n);
-    free(tmp);
 }
 
 static void check_case(const gcase *c)
@@ -292,43 +284,6 @@ typedef struct ocase {
     int via_backward;     /* forward (saving lse), then backward with grad_output */
     double sd;
 } ocase;
-
-static double *dalloc(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(double)); }
-
-static void *upload_dtype(flce_dtype t, const double *x, int64_t n)
-{
-    size_t es = host_dtype_size(t);
-    void *tmp = malloc((size_t)n * es), *dev = NULL;
-    host_to_dtype(t, x, tmp, (size_t)n);
-    if (devmem_alloc(&dev, (size_t)n * es) == FLCE_OK) devmem_upload(dev, tmp, (size_t)n * es);
-    free(tmp);
-    return dev;
-}
-
-static void *upload_f32(const double *x, int64_t n)
-{
-    float *tmp = malloc(sizeof(float) * (size_t)n);
-    void *dev = NULL;
-    for (int64_t i = 0; i < n; i++) tmp[i] = (float)x[i];
-    if (devmem_alloc(&dev, (size_t)n * 4) == FLCE_OK) devmem_upload(dev, tmp, (size_t)n * 4);
-    free(tmp);
-    return dev;
-}
-
-static void *poisoned(size_t bytes)
-{
-    void *dev = NULL;
-    if (devmem_alloc(&dev, bytes) == FLCE_OK) devmem_poison(dev, bytes);
-    return dev;
-}
-
-static void down_f32(const void *dev, double *out, int64_t n)
-{
-    float *tmp = malloc(sizeof(float) * (size_t)n);
-    devmem_download(tmp, dev, (size_t)n * 4);
-    for (int64_t i = 0; i < n; i++) out[i] = tmp[i];
-    free(tmp);
-}
 
 static double z_at(const double *h, const double *w, const double *b, const flce_problem *p,
                    int64_t d, int64_t j)

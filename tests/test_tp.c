@@ -15,6 +15,7 @@
 #include "check.h"
 #include "error.h"
 #include "devmem.h"
+#include "gpu_io.h"
 #include "host.h"
 #include "ref.h"
 
@@ -59,51 +60,6 @@ static flce_context *ctxs[8];
 static const char *dt_name[] = {"f32", "f16", "bf16"};
 
 static double tol_grad(flce_dtype t) { return t == FLCE_DTYPE_F32 ? 1e-4 : 4e-3; }
-static double *dalloc(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(double)); }
-
-static void *up_dtype(flce_dtype t, const double *x, int64_t n)
-{
-    size_t es = host_dtype_size(t);
-    void *tmp = malloc((size_t)(n > 0 ? n : 1) * es), *dev = NULL;
-    host_to_dtype(t, x, tmp, (size_t)n);
-    if (devmem_alloc(&dev, (size_t)n * es) == FLCE_OK) devmem_upload(dev, tmp, (size_t)n * es);
-    free(tmp);
-    return dev;
-}
-
-static void *up_f32(const double *x, int64_t n)
-{
-    float *tmp = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    void *dev = NULL;
-    for (int64_t i = 0; i < n; i++) tmp[i] = x ? (float)x[i] : 0.f;
-    if (devmem_alloc(&dev, (size_t)n * 4) == FLCE_OK) devmem_upload(dev, tmp, (size_t)n * 4);
-    free(tmp);
-    return dev;
-}
-
-static void *poisoned(size_t bytes)
-{
-    void *dev = NULL;
-    if (devmem_alloc(&dev, bytes) == FLCE_OK) devmem_poison(dev, bytes);
-    return dev;
-}
-
-static void down_f32(const void *dev, double *out, int64_t n)
-{
-    float *tmp = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    devmem_download(tmp, dev, (size_t)n * 4);
-    for (int64_t i = 0; i < n; i++) out[i] = tmp[i];
-    free(tmp);
-}
-
-static void down_dtype(flce_dtype t, const void *dev, double *out, int64_t n)
-{
-    size_t es = host_dtype_size(t);
-    void *tmp = malloc((size_t)(n > 0 ? n : 1) * es);
-    devmem_download(tmp, dev, (size_t)n * es);
-    host_from_dtype(t, tmp, out, (size_t)n);
-    free(tmp);
-}
 
 static void fill_problem(const tcase *c, flce_problem *p)
 {
@@ -137,8 +93,8 @@ static flce_status rank_run(rank_io *io)
 
     flce_tensors t;
     flce_tensors_init(&t);
-    t.hidden = up_dtype(c->dtype, g->h + row0 * d, rows * d);
-    t.weight = up_dtype(c->dtype, g->w + off * d, shard * d);
+    t.hidden = upload_dtype(c->dtype, g->h + row0 * d, rows * d);
+    t.weight = upload_dtype(c->dtype, g->w + off * d, shard * d);
     void *labels = malloc((size_t)rows * (size_t)lb), *d_labels = NULL;
     for (int64_t i = 0; i < rows; i++) {
         if (lb == 4) ((int32_t *)labels)[i] = (int32_t)g->labels[row0 + i];
@@ -148,9 +104,9 @@ static flce_status rank_run(rank_io *io)
     devmem_upload(d_labels, labels, (size_t)rows * (size_t)lb);
     free(labels);
     t.labels = d_labels;
-    t.bias = p.has_bias ? up_dtype(c->dtype, g->b + off, shard) : NULL;
-    t.class_weights = p.has_class_weights ? up_f32(g->cw, c->v) : NULL;
-    t.grad_output = none ? up_f32(g->go + row0, rows) : up_f32(g->go, 1);
+    t.bias = p.has_bias ? upload_dtype(c->dtype, g->b + off, shard) : NULL;
+    t.class_weights = p.has_class_weights ? upload_f32(g->cw, c->v) : NULL;
+    t.grad_output = none ? upload_f32(g->go + row0, rows) : upload_f32(g->go, 1);
     int grads = c->op != OP_FORWARD, split = c->op == OP_SPLIT_PHASE;
     size_t es = host_dtype_size(c->dtype), dh_es = split ? 4 : es;
     float *loss = poisoned((size_t)rows * 4), *lse = poisoned((size_t)rows * 4);
@@ -163,7 +119,7 @@ static flce_status rank_run(rank_io *io)
     t.loss = loss, t.lse = lse, t.loss_per_token = lpt, t.target_logprob = lp, t.entropy = ent, t.argmax = am;
     if (grads) {
         /* split phase: dH is this rank's partial sum, accumulated into zeros in fp32 */
-        t.grad_hidden = split ? up_f32(NULL, rows * d) : poisoned((size_t)(rows * d) * dh_es);
+        t.grad_hidden = split ? upload_f32(NULL, rows * d) : poisoned((size_t)(rows * d) * dh_es);
         t.grad_weight = poisoned((size_t)(shard * d) * es);
         t.grad_bias = p.has_bias ? poisoned((size_t)shard * es) : NULL;
     }
@@ -219,9 +175,9 @@ static flce_status rank_run(rank_io *io)
         }
         if (grads) {
             if (split) down_f32(t.grad_hidden, io->dh, rows * d);
-            else down_dtype(c->dtype, t.grad_hidden, io->dh, rows * d);
-            down_dtype(c->dtype, t.grad_weight, io->dw, shard * d);
-            if (p.has_bias) down_dtype(c->dtype, t.grad_bias, io->db, shard);
+            else download_f64(c->dtype, t.grad_hidden, io->dh, (size_t)(rows * d));
+            download_f64(c->dtype, t.grad_weight, io->dw, (size_t)(shard * d));
+            if (p.has_bias) download_f64(c->dtype, t.grad_bias, io->db, (size_t)(shard));
         }
     }
     devmem_free((void *)t.hidden), devmem_free((void *)t.weight), devmem_free(d_labels);
@@ -295,19 +251,19 @@ static flce_status single_gpu(const tcase *c, const gdata *g, double *loss, doub
     free(l32);
     int none = c->red == FLCE_REDUCTION_NONE;
     size_t es = host_dtype_size(c->dtype);
-    t.hidden = up_dtype(c->dtype, g->h, c->n * c->d), t.weight = up_dtype(c->dtype, g->w, c->v * c->d);
+    t.hidden = upload_dtype(c->dtype, g->h, c->n * c->d), t.weight = upload_dtype(c->dtype, g->w, c->v * c->d);
     t.labels = labels;
-    t.bias = p.has_bias ? up_dtype(c->dtype, g->b, c->v) : NULL;
-    t.class_weights = p.has_class_weights ? up_f32(g->cw, c->v) : NULL;
-    t.grad_output = up_f32(g->go, none ? c->n : 1);
+    t.bias = p.has_bias ? upload_dtype(c->dtype, g->b, c->v) : NULL;
+    t.class_weights = p.has_class_weights ? upload_f32(g->cw, c->v) : NULL;
+    t.grad_output = upload_f32(g->go, none ? c->n : 1);
     t.loss = poisoned((size_t)c->n * 4);
     t.grad_hidden = poisoned((size_t)(c->n * c->d) * es), t.grad_weight = poisoned((size_t)(c->v * c->d) * es);
     flce_status st = flce_loss_and_grad(ctxs[0], &p, &t, NULL);
     if (st == FLCE_OK) st = flce_check(ctxs[0], NULL);
     if (st == FLCE_OK) {
         down_f32(t.loss, loss, none ? c->n : 1);
-        down_dtype(c->dtype, t.grad_hidden, dh, c->n * c->d);
-        down_dtype(c->dtype, t.grad_weight, dw, c->v * c->d);
+        download_f64(c->dtype, t.grad_hidden, dh, (size_t)(c->n * c->d));
+        download_f64(c->dtype, t.grad_weight, dw, (size_t)(c->v * c->d));
     }
     devmem_free((void *)t.hidden), devmem_free((void *)t.weight), devmem_free(labels);
     devmem_free((void *)t.bias), devmem_free((void *)t.class_weights), devmem_free((void *)t.grad_output);
@@ -536,7 +492,7 @@ static void *bad_main(void *arg)
     devmem_upload(dl, labels, sizeof labels);
     flce_tensors t;
     flce_tensors_init(&t);
-    t.hidden = up_f32(h, n * d), t.weight = up_f32(w, shard * d), t.labels = dl;
+    t.hidden = upload_f32(h, n * d), t.weight = upload_f32(w, shard * d), t.labels = dl;
     t.loss = poisoned(4), t.comm = io->comm;
     io->call = flce_forward(ctxs[io->rank], &p, &t, NULL);
     snprintf(io->msg, sizeof io->msg, "%s", flce_last_error());
