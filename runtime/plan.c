@@ -122,7 +122,9 @@ static flce_status plan_chunks(const flce_problem *p, plan *pl)
     } else {
         uint64_t per_row = (uint64_t)ceil_div(v_rows, 8) * 8 * per_elem;
         if (budget < per_row) return budget_error(budget, per_row, "token's row");
-        pl->chunk_rows = balanced_chunk(pl->n, (int64_t)(budget / per_row), pl->logits.tile.bm);
+        /* Under TP the unit is fixed too: ranks with different (tuned) tiles must still agree. */
+        int64_t unit = pl->tp > 1 ? 128 : pl->logits.tile.bm;
+        pl->chunk_rows = balanced_chunk(pl->n, (int64_t)(budget / per_row), unit);
         pl->n_chunks = ceil_div(pl->n, pl->chunk_rows);
         pl->chunk_cols = pl->v, pl->n_vchunks = 1;
     }
