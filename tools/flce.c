@@ -1,4 +1,4 @@
-/* flce.c — the `flce` command-line tool: demo (the main job), fuzz, tune, gen, cache, info. */
+/* flce.c — the `flce` command-line tool: demo (the main job), bench, fuzz, tune, gen, cache, info. */
 #include <stdio.h>
 #include <string.h>
 
@@ -9,6 +9,7 @@
 #include "nvrtc_compile.h"
 #include "tune_table.h"
 
+int cmd_bench(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_fuzz(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
@@ -19,6 +20,7 @@ static void usage(FILE *f)
             "flce %s — fused linear + cross-entropy on NVIDIA GPUs\n"
             "usage: flce <command> [options]\n"
             "  demo    loss and gradients on random data, checked and timed (compiles only, without a GPU)\n"
+            "  bench   time and check every strategy on the issue's shapes (--list: the plans, no GPU)\n"
             "  fuzz    random problems on the GPU against the fp64 reference (--seed S --case K reruns one)\n"
             "  tune    time the candidate tiles of a problem class on the GPU, store the winner\n"
             "          in the autotune table (--dry-run: list and compile them, no GPU)\n"
@@ -61,6 +63,7 @@ int main(int argc, char **argv)
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "fuzz")) return cmd_fuzz(argc - 1, argv + 1);
     if (!strcmp(cmd, "tune")) return cmd_tune(argc - 1, argv + 1);
     if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);

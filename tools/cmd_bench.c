@@ -1,0 +1,598 @@
+/* cmd_bench.c — `flce bench`: the C benchmark of issue 4 (bench/compare.py's counterpart without
+ * Python). Per shape, logit spread and strategy: CUDA-event time (median of --iters after --warmup,
+ * inputs rotated over --sets buffers), TFLOP/s, workspace and measured extra device memory, and
+ * errors against the sampled fp64 reference (bench_data.h). `--list` prints the plans, no GPU. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench_data.h"
+#include "context.h"
+#include "devmem.h"
+#include "host.h"
+#include "plan.h"
+
+#define BENCH_MAX_SHAPES 16
+#define BENCH_MAX_STDS 4
+#define BENCH_MAX_SETS 8
+#define MIB (1024.0 * 1024.0)
+
+typedef struct bench_strategy {
+    const char *name;
+    flce_strategy strategy;
+    uint64_t budget;
+    int forward; /* flce_forward: loss and lse only, counted as 2NVD */
+} bench_strategy;
+
+static const bench_strategy STRATEGIES[] = {
+    {"auto", FLCE_STRATEGY_AUTO, 512ull << 20, 0},
+    {"chunked", FLCE_STRATEGY_CHUNKED, 512ull << 20, 0},
+    {"chunked-128MiB", FLCE_STRATEGY_CHUNKED, 128ull << 20, 0},
+    {"recompute", FLCE_STRATEGY_RECOMPUTE, 512ull << 20, 0},
+    {"forward", FLCE_STRATEGY_AUTO, 512ull << 20, 1},
+};
+enum { N_STRATEGIES = sizeof STRATEGIES / sizeof STRATEGIES[0] };
+
+/* The issue's five shapes, N × D × V. */
+static const char *DEFAULT_SHAPES = "8192x4096x128256,8192x2304x256000,4096x2048x32000,"
+                                    "32768x4096x128256,512x4096x128256";
+
+typedef struct bench_opts {
+    int64_t shape[BENCH_MAX_SHAPES][3];
+    int n_shapes;
+    flce_dtype dtype;
+    double std[BENCH_MAX_STDS];
+    int n_stds;
+    int strat[N_STRATEGIES];
+    int n_strat;
+    int warmup, iters, sets, samples, list, sm;
+    const char *json;
+} bench_opts;
+
+typedef struct bench_row {
+    int shape, strat;
+    double std;
+    const char *auto_choice;
+    double ms, ms_min, ms_max, tflops, workspace_mib, extra_mib;
+    bench_errors e;
+    int ran, within;
+} bench_row;
+
+static void bench_usage(FILE *f)
+{
+    fprintf(f, "usage: flce bench [--list] [--shapes NxDxV,...] [--dtype bf16|f16|f32] [--logit-std 4,0.5]\n"
+               "                  [--strategies auto,chunked,chunked-128MiB,recompute,forward]\n"
+               "                  [--warmup 3] [--iters 10] [--sets 2] [--samples 8] [--json FILE]\n"
+               "                  [--arch sm_90a (--list only)]\n");
+}
+
+static int parse_shapes(bench_opts *o, const char *s)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", s);
+    o->n_shapes = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        long long n, d, v;
+        char end;
+        if (sscanf(tok, "%lldx%lldx%lld%c", &n, &d, &v, &end) != 3 || n < 1 || d < 1 || v < 1) {
+            fprintf(stderr, "flce bench: --shapes '%s': expected NxDxV, e.g. 8192x4096x128256\n", tok);
+            return 0;
+        }
+        if (o->n_shapes == BENCH_MAX_SHAPES) {
+            fprintf(stderr, "flce bench: --shapes: at most %d shapes\n", BENCH_MAX_SHAPES);
+            return 0;
+        }
+        o->shape[o->n_shapes][0] = n, o->shape[o->n_shapes][1] = d, o->shape[o->n_shapes][2] = v;
+        o->n_shapes++;
+    }
+    if (!o->n_shapes) fprintf(stderr, "flce bench: --shapes '%s': no shape given\n", s);
+    return o->n_shapes > 0;
+}
+
+static int parse_strategies(bench_opts *o, const char *s)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", s);
+    o->n_strat = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int k = 0;
+        while (k < N_STRATEGIES && strcmp(tok, STRATEGIES[k].name)) k++;
+        if (k == N_STRATEGIES) {
+            fprintf(stderr, "flce bench: --strategies: unknown strategy '%s' (use auto, chunked, "
+                            "chunked-128MiB, recompute, forward)\n", tok);
+            return 0;
+        }
+        if (o->n_strat < N_STRATEGIES) o->strat[o->n_strat++] = k;
+    }
+    return o->n_strat > 0;
+}
+
+static int parse_stds(bench_opts *o, const char *s)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    o->n_stds = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *end;
+        double x = strtod(tok, &end);
+        if (*end || !(x > 0) || o->n_stds == BENCH_MAX_STDS) {
+            fprintf(stderr, "flce bench: --logit-std '%s': expected up to %d positive numbers, e.g. 4,0.5\n",
+                    tok, BENCH_MAX_STDS);
+            return 0;
+        }
+        o->std[o->n_stds++] = x;
+    }
+    return o->n_stds > 0;
+}
+
+static int parse_count(const char *name, const char *v, int lo, int hi, int *out)
+{
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < lo || x > hi) {
+        fprintf(stderr, "flce bench: %s '%s': expected an integer in [%d, %d]\n", name, v, lo, hi);
+        return 0;
+    }
+    *out = (int)x;
+    return 1;
+}
+
+static flce_problem bench_problem(const bench_opts *o, int shape, int strat)
+{
+    flce_problem p;
+    flce_problem_init(&p);
+    p.dtype = o->dtype;
+    p.tokens = o->shape[shape][0], p.hidden = o->shape[shape][1], p.vocab_shard = o->shape[shape][2];
+    p.strategy = STRATEGIES[strat].strategy;
+    p.memory_budget = STRATEGIES[strat].budget;
+    return p;
+}
+
+/* Returns 1 when parsed, 0 after --help, -1 (message printed) for a bad argument. */
+static int bench_parse(bench_opts *o, int argc, char **argv)
+{
+    memset(o, 0, sizeof *o);
+    o->dtype = FLCE_DTYPE_BF16, o->warmup = 3, o->iters = 10, o->sets = 2, o->samples = 8, o->sm = 90;
+    parse_shapes(o, DEFAULT_SHAPES);
+    parse_stds(o, "4,0.5");
+    parse_strategies(o, "auto,chunked,chunked-128MiB,recompute,forward");
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(k, "--list")) { o->list = 1; continue; }
+        if (!strcmp(k, "-h") || !strcmp(k, "--help")) { bench_usage(stdout); return 0; }
+        if (!v) {
+            fprintf(stderr, "flce bench: %s: missing value or unknown option\n", k);
+            bench_usage(stderr);
+            return -1;
+        }
+        int ok;
+        if (!strcmp(k, "--shapes")) ok = parse_shapes(o, v);
+        else if (!strcmp(k, "--strategies")) ok = parse_strategies(o, v);
+        else if (!strcmp(k, "--logit-std")) ok = parse_stds(o, v);
+        else if (!strcmp(k, "--warmup")) ok = parse_count(k, v, 0, 1000, &o->warmup);
+        else if (!strcmp(k, "--iters")) ok = parse_count(k, v, 1, 10000, &o->iters);
+        else if (!strcmp(k, "--sets")) ok = parse_count(k, v, 1, BENCH_MAX_SETS, &o->sets);
+        else if (!strcmp(k, "--samples")) ok = parse_count(k, v, 2, 1024, &o->samples);
+        else if (!strcmp(k, "--json")) ok = 1, o->json = v;
+        else if (!strcmp(k, "--dtype")) {
+            ok = 1;
+            if (!strcmp(v, "bf16")) o->dtype = FLCE_DTYPE_BF16;
+            else if (!strcmp(v, "f16") || !strcmp(v, "fp16")) o->dtype = FLCE_DTYPE_F16;
+            else if (!strcmp(v, "f32") || !strcmp(v, "fp32")) o->dtype = FLCE_DTYPE_F32;
+            else ok = 0, fprintf(stderr, "flce bench: --dtype '%s': use bf16, f16 or f32\n", v);
+        } else if (!strcmp(k, "--arch")) {
+            o->sm = spec_parse_arch(v);
+            ok = o->sm != 0;
+            if (!ok) fprintf(stderr, "flce bench: --arch '%s': unknown (try sm_80, sm_90a, sm_100a)\n", v);
+        } else {
+            fprintf(stderr, "flce bench: unknown option '%s'\n", k);
+            bench_usage(stderr);
+            return -1;
+        }
+        if (!ok) return -1;
+        i++;
+    }
+    for (int s = 0; s < o->n_shapes; s++) {
+        flce_problem p = bench_problem(o, s, 0);
+        if (flce_problem_validate(&p) != FLCE_OK) {
+            fprintf(stderr, "flce bench: shape %lldx%lldx%lld: %s\n", (long long)p.tokens,
+                    (long long)p.hidden, (long long)p.vocab_shard, flce_last_error());
+            return -1;
+        }
+    }
+    return 1;
+}
+
+/* What AUTO would run for this problem (its budget), on a device named `device` (NULL: built-in
+ * tiles only). */
+static const char *auto_choice(flce_problem p, int forward, const char *device, int sm, int sms)
+{
+    if (forward) return "forward";
+    p.strategy = FLCE_STRATEGY_AUTO;
+    plan pl;
+    if (plan_make_on(&p, FLCE_OP_LOSS_AND_GRAD, device, sm, sms, NULL, &pl) != FLCE_OK) return "error";
+    return pl.recompute ? "recompute" : "chunked";
+}
+
+static int bench_list(const bench_opts *o)
+{
+    enum { LIST_SMS = 132 }; /* an H100 SXM's SM count: plans depend on it only through vocab splits */
+    printf("flce bench --list: plans for %s with %d SMs, %s (no GPU needed)\n", spec_arch_name(o->sm),
+           LIST_SMS, host_dtype_name(o->dtype));
+    for (int s = 0; s < o->n_shapes; s++) {
+        printf("\n### %lldx%lldx%lld (N × D × V)\n\n", (long long)o->shape[s][0], (long long)o->shape[s][1],
+               (long long)o->shape[s][2]);
+        printf("| strategy | runs as | chunks | workspace MiB | AUTO's choice |\n|---|---|---|---|---|\n");
+        for (int j = 0; j < o->n_strat; j++) {
+            int k = o->strat[j];
+            flce_problem p = bench_problem(o, s, k);
+            flce_op op = STRATEGIES[k].forward ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD;
+            plan pl;
+            if (plan_make(&p, op, o->sm, LIST_SMS, NULL, &pl) != FLCE_OK) {
+                printf("| %s | error: %s | | | |\n", STRATEGIES[k].name, flce_last_error());
+                continue;
+            }
+            char chunks[96];
+            if (op == FLCE_OP_FORWARD)
+                snprintf(chunks, sizeof chunks, "one pass over %lld tokens", (long long)pl.n);
+            else if (pl.recompute)
+                snprintf(chunks, sizeof chunks, "%lld vocab chunks of %lld columns", (long long)pl.n_vchunks,
+                         (long long)pl.chunk_cols);
+            else
+                snprintf(chunks, sizeof chunks, "%lld token chunks of %lld rows", (long long)pl.n_chunks,
+                         (long long)pl.chunk_rows);
+            const char *runs = op == FLCE_OP_FORWARD ? "forward" : pl.recompute ? "recompute" : "chunked";
+            printf("| %s | %s | %s | %.1f | %s |\n", STRATEGIES[k].name, runs, chunks,
+                   (double)pl.workspace_bytes / MIB, auto_choice(p, STRATEGIES[k].forward, NULL, o->sm, LIST_SMS));
+        }
+    }
+    return 0;
+}
+
+static int bench_gpu(const bench_opts *o); /* below: the timed runs */
+
+int cmd_bench(int argc, char **argv)
+{
+    bench_opts o;
+    int r = bench_parse(&o, argc, argv);
+    if (r <= 0) return r < 0 ? 2 : 0;
+    if (o.list) return bench_list(&o);
+    if (devmem_gpu_count() < 1) {
+        fprintf(stderr, "flce bench: no GPU (%s); `flce bench --list` prints the plans without one\n",
+                flce_last_error()[0] ? flce_last_error() : "no CUDA device");
+        return 1;
+    }
+    return bench_gpu(&o);
+}
+
+/* ---- on the GPU ---------------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct bench_set {
+    void *h, *w, *labels;
+} bench_set;
+
+typedef struct bench_run {
+    const bench_opts *o;
+    bench_data d;
+    bench_set set[BENCH_MAX_SETS];
+    int sets;
+    bench_ref ref;
+    host_rng rng;
+} bench_run;
+
+static void progress(const char *fmt, ...)
+{
+    time_t now = time(NULL);
+    char stamp[16];
+    strftime(stamp, sizeof stamp, "%H:%M:%S", localtime(&now));
+    fprintf(stderr, "[%s] flce bench: ", stamp);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+static flce_status bench_call(flce_context *ctx, const flce_problem *p, int forward, const flce_tensors *t)
+{
+    return forward ? flce_forward(ctx, p, t, NULL) : flce_loss_and_grad(ctx, p, t, NULL);
+}
+
+static void bench_tensors(const bench_run *b, int set, int forward, flce_tensors *t)
+{
+    flce_tensors_init(t);
+    t->hidden = b->set[set].h, t->weight = b->set[set].w, t->labels = b->set[set].labels;
+    t->loss = b->d.d_loss, t->lse = b->d.d_lse;
+    if (!forward) t->grad_hidden = b->d.d_dh, t->grad_weight = b->d.d_dw;
+}
+
+/* One row. A fresh context per row, so the device-memory change of its first call is all that
+ * this strategy needs (workspace, modules), not what an earlier row left in the context. */
+static int bench_row_run(bench_run *b, int k, bench_row *row)
+{
+    const bench_strategy *st = &STRATEGIES[k];
+    flce_problem p = b->d.p;
+    p.strategy = st->strategy, p.memory_budget = st->budget;
+    flce_context *ctx = NULL;
+    if (flce_context_create(0, &ctx) != FLCE_OK) return 0;
+    row->auto_choice = auto_choice(p, st->forward, ctx->name, ctx->sm, ctx->num_sms);
+    uint64_t ws = 0;
+    flce_op op = st->forward ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD;
+    size_t free0 = 0, free1 = 0, total = 0;
+    flce_tensors t;
+    bench_tensors(b, 0, st->forward, &t);
+    int ok = flce_workspace_size(ctx, &p, op, &ws) == FLCE_OK && devmem_info(&free0, &total) == FLCE_OK &&
+             bench_call(ctx, &p, st->forward, &t) == FLCE_OK && flce_check(ctx, NULL) == FLCE_OK &&
+             devmem_info(&free1, &total) == FLCE_OK;
+    row->workspace_mib = (double)ws / MIB;
+    row->extra_mib = ((double)free0 - (double)free1) / MIB;
+    for (int r = 0; ok && r < b->o->warmup; r++) {
+        bench_tensors(b, r % b->sets, st->forward, &t);
+        ok = bench_call(ctx, &p, st->forward, &t) == FLCE_OK;
+    }
+    double *ms = calloc((size_t)b->o->iters, sizeof(double));
+    ok = ok && ms && devmem_sync() == FLCE_OK;
+    for (int r = 0; ok && r < b->o->iters; r++) {
+        /* Continue the rotation after the warm-up: no run reads the operands of the run before. */
+        bench_tensors(b, (b->o->warmup + r) % b->sets, st->forward, &t);
+        devmem_timer *tm;
+        float one = 0;
+        ok = devmem_timer_start(&tm) == FLCE_OK;
+        if (ok && bench_call(ctx, &p, st->forward, &t) != FLCE_OK) {
+            devmem_timer_stop(tm, &one);
+            ok = 0;
+        }
+        ok = ok && devmem_timer_stop(tm, &one) == FLCE_OK;
+        if (ok) ms[r] = one;
+    }
+    if (ok) {
+        qsort(ms, (size_t)b->o->iters, sizeof ms[0], cmp_double);
+        row->ms = ms[b->o->iters / 2], row->ms_min = ms[0], row->ms_max = ms[b->o->iters - 1];
+        double nvd = (double)p.tokens * (double)p.hidden * (double)p.vocab_shard;
+        row->tflops = (st->forward ? 2.0 : 6.0) * nvd / row->ms / 1e9;
+    }
+    free(ms);
+    /* The checked call: set 0 (the reference's data), outputs poisoned, per-token losses added. */
+    ok = ok && bench_data_poison_outputs(&b->d) == FLCE_OK;
+    bench_tensors(b, 0, st->forward, &t);
+    t.loss_per_token = b->d.d_loss_rows;
+    ok = ok && bench_call(ctx, &p, st->forward, &t) == FLCE_OK && flce_check(ctx, NULL) == FLCE_OK;
+    if (ok) {
+        bench_ref_compare(&b->ref, &b->d, !st->forward, &row->e);
+        /* dW's reference needs every token's lse: the GPU's, once its sampled rows matched. */
+        if (!b->ref.have_dw && row->e.lse < 1e-5) {
+            float *lse = malloc((size_t)p.tokens * 4);
+            if (lse && devmem_download(lse, b->d.d_lse, (size_t)p.tokens * 4) == FLCE_OK) {
+                progress("  dW reference from the lse of %s", st->name);
+                bench_ref_vocab(&b->ref, &b->d, &b->rng, lse);
+                bench_ref_compare(&b->ref, &b->d, !st->forward, &row->e);
+            }
+            free(lse);
+        }
+    }
+    if (!ok) fprintf(stderr, "flce bench: %s: %s\n", st->name, flce_last_error());
+    flce_context_destroy(ctx);
+    return ok;
+}
+
+/* K input sets, fewer when they would not fit beside the outputs and the largest workspace. */
+static int bench_sets(bench_run *b)
+{
+    const flce_problem *p = &b->d.p;
+    uint64_t ws_max = 0;
+    flce_context *ctx = NULL;
+    if (flce_context_create(0, &ctx) != FLCE_OK) return 0;
+    for (int j = 0; j < b->o->n_strat; j++) {
+        flce_problem q = *p;
+        q.strategy = STRATEGIES[b->o->strat[j]].strategy, q.memory_budget = STRATEGIES[b->o->strat[j]].budget;
+        uint64_t ws = 0;
+        if (flce_workspace_size(ctx, &q, STRATEGIES[b->o->strat[j]].forward ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD,
+                                &ws) == FLCE_OK && ws > ws_max)
+            ws_max = ws;
+    }
+    flce_context_destroy(ctx);
+    size_t free_b = 0, total = 0;
+    devmem_info(&free_b, &total);
+    /* 1 GiB for modules, the context and the allocator's granularity. */
+    uint64_t need = ws_max + (1ull << 30), in = bench_data_input_bytes(p);
+    int fit = free_b > need ? 1 + (int)((free_b - need) / in) : 1;
+    b->sets = fit < b->o->sets ? fit : b->o->sets;
+    if (b->sets < 1) b->sets = 1;
+    if (b->sets < b->o->sets)
+        fprintf(stderr, "flce bench: %d input set(s) instead of %d: %.0f MiB free, %.0f MiB per set\n",
+                b->sets, b->o->sets, (double)free_b / MIB, (double)in / MIB);
+    b->set[0] = (bench_set){b->d.d_h, b->d.d_w, b->d.d_labels};
+    /* Copies of set 0 at other addresses: L2 holds addresses, so a copy is as cold as new data,
+     * and set 0's reference checks every set's inputs. */
+    size_t nh = (size_t)(p->tokens * p->hidden) * b->d.es, nw = (size_t)(p->vocab_shard * p->hidden) * b->d.es;
+    for (int s = 1; s < b->sets; s++) {
+        bench_set *x = &b->set[s];
+        if (devmem_alloc(&x->h, nh) != FLCE_OK || devmem_alloc(&x->w, nw) != FLCE_OK ||
+            devmem_alloc(&x->labels, (size_t)p->tokens * 4) != FLCE_OK ||
+            devmem_upload(x->h, b->d.h, nh) != FLCE_OK || devmem_upload(x->w, b->d.w, nw) != FLCE_OK ||
+            devmem_upload(x->labels, b->d.labels, (size_t)p->tokens * 4) != FLCE_OK) {
+            fprintf(stderr, "flce bench: input set %d: %s; using %d\n", s, flce_last_error(), s);
+            devmem_free(x->h), devmem_free(x->w), devmem_free(x->labels);
+            memset(x, 0, sizeof *x);
+            b->sets = s;
+        }
+    }
+    return 1;
+}
+
+static void bench_free_sets(bench_run *b)
+{
+    for (int s = 1; s < b->sets; s++)
+        devmem_free(b->set[s].h), devmem_free(b->set[s].w), devmem_free(b->set[s].labels);
+}
+
+static int within_tolerance(const bench_row *r, flce_dtype dt)
+{
+    double tol = dt == FLCE_DTYPE_F32 ? 1e-4 : 4e-3;
+    int grads = !STRATEGIES[r->strat].forward;
+    return r->ran && r->e.mean < 1e-5 && r->e.lse < 1e-5 && r->e.loss_row < 1e-4 &&
+           (!grads || (r->e.dh < tol && r->e.dw < tol));
+}
+
+/* Runs every strategy of one (shape, logit std). Returns the rows written. */
+static int bench_case(const bench_opts *o, int shape, double std, bench_row *rows)
+{
+    bench_run b;
+    memset(&b, 0, sizeof b);
+    b.o = o;
+    b.d.p = bench_problem(o, shape, 0);
+    char name[96];
+    snprintf(name, sizeof name, "%lldx%lldx%lld", (long long)b.d.p.tokens, (long long)b.d.p.hidden,
+             (long long)b.d.p.vocab_shard);
+    uint64_t seed = host_fresh_seed();
+    progress("%s, logit std %g: random data and the sampled fp64 reference", name, std);
+    int n = 0;
+    if (!bench_data_fill(&b.d, seed, std) || bench_data_upload(&b.d) != FLCE_OK || !bench_sets(&b)) {
+        fprintf(stderr, "flce bench: %s: %s\n", name, flce_last_error()[0] ? flce_last_error() : "host memory");
+        goto done;
+    }
+    host_rng_seed(&b.rng, seed ^ 0x5eed);
+    if (!bench_ref_tokens(&b.ref, &b.d, &b.rng, o->samples)) goto done;
+    for (int j = 0; j < o->n_strat; j++, n++) {
+        bench_row *r = &rows[n];
+        memset(r, 0, sizeof *r);
+        r->shape = shape, r->strat = o->strat[j], r->std = std, r->auto_choice = "?";
+        r->ms = r->ms_min = r->ms_max = r->tflops = NAN;
+        progress("%s, logit std %g: %s", name, std, STRATEGIES[r->strat].name);
+        r->ran = bench_row_run(&b, r->strat, r);
+        if (!r->ran) r->e.mean = r->e.lse = r->e.loss_row = r->e.dh = r->e.dw = NAN;
+        r->within = within_tolerance(r, o->dtype);
+    }
+done:
+    bench_ref_free(&b.ref);
+    bench_free_sets(&b);
+    bench_data_free(&b.d);
+    return n;
+}
+
+/* err_loss: the worse of the sampled per-token losses and the mean against them. */
+static double err_loss(const bench_row *r)
+{
+    return isnan(r->e.mean) || isnan(r->e.loss_row) ? NAN : fmax(r->e.mean, r->e.loss_row);
+}
+
+static void print_err(double x)
+{
+    if (isnan(x)) printf(" – |");
+    else printf(" %.1e |", x);
+}
+
+static void print_table(const bench_opts *o, int shape, const bench_row *rows, int n)
+{
+    printf("\n### %lldx%lldx%lld (N × D × V), %s\n\n", (long long)o->shape[shape][0],
+           (long long)o->shape[shape][1], (long long)o->shape[shape][2], host_dtype_name(o->dtype));
+    printf("| logit std | strategy | ms (median) | min | max | TFLOP/s | workspace MiB | extra MiB | "
+           "err loss | err lse | err dH | err dW |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < n; i++) {
+        const bench_row *r = &rows[i];
+        if (r->shape != shape) continue;
+        const char *nm = STRATEGIES[r->strat].name;
+        if (STRATEGIES[r->strat].strategy == FLCE_STRATEGY_AUTO && !STRATEGIES[r->strat].forward)
+            printf("| %g | %s (AUTO → %s) |", r->std, nm, r->auto_choice);
+        else
+            printf("| %g | %s%s |", r->std, nm, r->within ? "" : " **outside tolerance**");
+        if (!r->ran) {
+            printf(" failed | | | | | | | | | |\n");
+            continue;
+        }
+        printf(" %.3f | %.3f | %.3f | %.1f%s | %.1f | %.1f |", r->ms, r->ms_min, r->ms_max, r->tflops,
+               STRATEGIES[r->strat].forward ? " (2NVD)" : "", r->workspace_mib, r->extra_mib);
+        print_err(err_loss(r)), print_err(r->e.lse), print_err(r->e.dh), print_err(r->e.dw);
+        printf("\n");
+    }
+}
+
+static void json_num(FILE *f, const char *key, double x, const char *sep)
+{
+    if (isnan(x) || isinf(x)) fprintf(f, "\"%s\": null%s", key, sep);
+    else fprintf(f, "\"%s\": %.6g%s", key, x, sep);
+}
+
+static int write_json(const bench_opts *o, const bench_row *rows, int n)
+{
+    FILE *f = fopen(o->json, "w");
+    if (!f) {
+        fprintf(stderr, "flce bench: --json %s: cannot write\n", o->json);
+        return 0;
+    }
+    fprintf(f, "[\n");
+    for (int i = 0; i < n; i++) {
+        const bench_row *r = &rows[i];
+        fprintf(f, "  {\"shape\": \"%lldx%lldx%lld\", \"dtype\": \"%s\", ", (long long)o->shape[r->shape][0],
+                (long long)o->shape[r->shape][1], (long long)o->shape[r->shape][2], host_dtype_name(o->dtype));
+        json_num(f, "logit_std", r->std, ", ");
+        fprintf(f, "\"strategy\": \"%s\", \"auto_choice\": \"%s\", ", STRATEGIES[r->strat].name, r->auto_choice);
+        json_num(f, "ms", r->ms, ", "), json_num(f, "ms_min", r->ms_min, ", "), json_num(f, "ms_max", r->ms_max, ", ");
+        json_num(f, "tflops", r->tflops, ", "), json_num(f, "workspace_mib", r->workspace_mib, ", ");
+        json_num(f, "extra_mib", r->ran ? r->extra_mib : NAN, ", ");
+        json_num(f, "err_loss", err_loss(r), ", "), json_num(f, "err_lse", r->e.lse, ", ");
+        json_num(f, "err_dh", r->e.dh, ", "), json_num(f, "err_dw", r->e.dw, "");
+        fprintf(f, "}%s\n", i + 1 < n ? "," : "");
+    }
+    fprintf(f, "]\n");
+    return fclose(f) == 0;
+}
+
+/* The commit: .device-commit (bench/stamp-commit.sh; the device's tree has no .git), else git. */
+static void bench_commit(char *out, size_t n)
+{
+    snprintf(out, n, "unknown");
+    FILE *f = fopen(".device-commit", "r");
+    if (!f) f = popen("git rev-parse --short HEAD 2>/dev/null", "r");
+    else {
+        if (fgets(out, (int)n, f)) out[strcspn(out, "\n")] = 0;
+        fclose(f);
+        return;
+    }
+    if (!f) return;
+    if (!fgets(out, (int)n, f)) snprintf(out, n, "unknown");
+    out[strcspn(out, "\n")] = 0;
+    pclose(f);
+}
+
+static int bench_gpu(const bench_opts *o)
+{
+    flce_context *ctx = NULL;
+    if (devmem_use(0) != FLCE_OK || flce_context_create(0, &ctx) != FLCE_OK) {
+        fprintf(stderr, "flce bench: %s\n", flce_last_error());
+        return 1;
+    }
+    char commit[128], date[32];
+    bench_commit(commit, sizeof commit);
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+    printf("# flce bench — %s (sm_%d, %d SMs), %s, flce %s, commit %s\n\n", ctx->name, ctx->sm, ctx->num_sms,
+           date, flce_version(), commit);
+    printf("CUDA events on one stream, %d warm-up runs, median of %d, inputs rotated over %d set(s) "
+           "(fewer where memory is short: see stderr); TFLOP/s count 6NVD (2NVD for forward); errors are "
+           "rel. vs fp64 on %d sampled tokens and vocab rows.\n", o->warmup, o->iters, o->sets, o->samples);
+    flce_context_destroy(ctx);
+    bench_row *rows = calloc((size_t)(o->n_shapes * o->n_stds * o->n_strat), sizeof *rows);
+    if (!rows) return 1;
+    int n = 0, bad = 0;
+    for (int s = 0; s < o->n_shapes; s++) {
+        int first = n;
+        for (int k = 0; k < o->n_stds; k++) n += bench_case(o, s, o->std[k], rows + n);
+        print_table(o, s, rows + first, n - first);
+        fflush(stdout);
+    }
+    for (int i = 0; i < n; i++) bad += !rows[i].within;
+    if (o->json && !write_json(o, rows, n)) bad++;
+    if (bad) fprintf(stderr, "flce bench: %d row(s) failed or outside tolerance\n", bad);
+    free(rows);
+    return bad ? 1 : 0;
+}
