@@ -55,7 +55,7 @@ static void add_region(region *r, int *n, const char *name, uint64_t off, uint64
  * shape fields and flags (plan.c's plan_layout is the model). */
 static void check_layout(const flce_problem *p, const plan *pl)
 {
-    region r[16];
+    region r[32];
     int n = 0, grads = pl->op != FLCE_OP_FORWARD, stats = pl->op != FLCE_OP_BACKWARD;
     uint64_t rows = (uint64_t)pl->stat_rows, tokens = (uint64_t)pl->n, sp = (uint64_t)pl->splits;
     uint64_t block = (uint64_t)pl->chunk_rows, ldz = (uint64_t)pl->ldz;
@@ -77,6 +77,21 @@ static void check_layout(const flce_problem *p, const plan *pl)
     add_region(r, &n, "dw_acc", pl->off_dw_acc, v, d, 4, grads && pl->need_dw_acc);
     add_region(r, &n, "dh_acc", pl->off_dh_acc, tokens, d, 4, grads && pl->need_dh_acc);
     add_region(r, &n, "db_acc", pl->off_db_acc, v, 4, 1, grads && pl->need_db_acc);
+    /* tensor parallelism: the all-gather blocks and the fp32 dH summed across ranks */
+    add_region(r, &n, "dh_tp", pl->off_dh_tp, tokens, d, 4, grads && pl->need_dh_tp);
+    add_region(r, &n, "tp_send", pl->off_tp_send, pl->tp_block_bytes, 1, 1, pl->collective && stats);
+    add_region(r, &n, "tp_recv", pl->off_tp_recv, pl->tp_block_bytes, (uint64_t)pl->tp, 1, pl->collective && stats);
+    /* sequence parallelism: gathered inputs and all-token outputs */
+    uint64_t es = p->dtype == FLCE_DTYPE_F32 ? 4 : 2;
+    static const char *const sp_names[SP_OUTPUTS] = {"sp_lse", "sp_loss", "sp_loss_per_token",
+                                                     "sp_zloss", "sp_logprob", "sp_entropy", "sp_argmax"};
+    add_region(r, &n, "sp_hidden", pl->off_sp_hidden, tokens, d, es, pl->sp);
+    add_region(r, &n, "sp_labels", pl->off_sp_labels, tokens, (uint64_t)p->label_bits / 8, 1, pl->sp);
+    add_region(r, &n, "sp_go", pl->off_sp_go, tokens, 4, 1, pl->sp && pl->off_sp_go);
+    add_region(r, &n, "sp_lse_in", pl->off_sp_lse, tokens, 4, 1, pl->sp && pl->off_sp_lse);
+    for (int k = 0; k < SP_OUTPUTS; k++)
+        add_region(r, &n, sp_names[k], pl->off_sp_out[k], tokens, k == SP_ARGMAX ? 8 : 4, 1,
+                   pl->sp && pl->off_sp_out[k]);
     for (int i = 0; i < n; i++) {
         if (!r[i].used) continue;
         FUZZ_REQUIRE(!r[i].overflow,
@@ -112,9 +127,14 @@ static int covers(int64_t total, int64_t size, int64_t chunks)
 static void check_plan(const problem_case *c, const plan *pl)
 {
     const flce_problem *p = &c->problem;
-    FUZZ_REQUIRE(pl->n == p->tokens && pl->d == p->hidden && pl->v == p->vocab_shard,
+    /* under sequence parallelism the plan covers every rank's tokens */
+    int64_t n_all = p->tp_size > 1 && p->sequence_parallel ? p->tokens * p->tp_size : p->tokens;
+    FUZZ_REQUIRE(pl->n == n_all && pl->n_local == p->tokens && pl->d == p->hidden && pl->v == p->vocab_shard,
                  "plan shape %lld×%lld×%lld differs from the problem", (long long)pl->n,
                  (long long)pl->d, (long long)pl->v);
+    FUZZ_REQUIRE(!pl->collective || pl->tp_block_bytes == plan_tp_block_bytes(pl->stat_rows),
+                 "TP block of %llu bytes for %lld rows", (unsigned long long)pl->tp_block_bytes,
+                 (long long)pl->stat_rows);
     FUZZ_REQUIRE(covers(pl->n, pl->chunk_rows, pl->n_chunks),
                  "%lld token chunks of %lld rows for N=%lld", (long long)pl->n_chunks,
                  (long long)pl->chunk_rows, (long long)pl->n);
