@@ -67,6 +67,7 @@ MUT(accumulate_three, p->accumulate_grad_weight = 3)
 MUT(softcap_inf, p->softcap = 1.0f / 0.0f)
 MUT(tp_no_total, (p->tp_size = 2, p->tp_rank = 1, p->vocab_total = 0))
 MUT(sp_without_tp, p->sequence_parallel = 1)
+MUT(tp_huge, (p->tp_size = 5000, p->tp_rank = 0, p->vocab_total = 64000))
 MUT(sp_two, (p->tp_size = 2, p->vocab_total = 64000, p->sequence_parallel = 2))
 MUT(tokens_huge, p->tokens = (int64_t)1 << 40)
 MUT(hidden_huge, p->hidden = (int64_t)1 << 30)
@@ -104,6 +105,7 @@ static void every_bad_field_is_named(void)
         {"vocab_total=0: with tp_size=2", FLCE_ERR_INVALID_ARGUMENT, tp_no_total},
         {"sequence_parallel=1: needs tp_size > 1", FLCE_ERR_INVALID_ARGUMENT, sp_without_tp},
         {"sequence_parallel=2", FLCE_ERR_INVALID_ARGUMENT, sp_two},
+        {"tp_size=5000: at most 4096", FLCE_ERR_UNSUPPORTED, tp_huge},
         /* sizes whose workspace arithmetic would overflow (found by fuzz_problem) */
         {"tokens=1099511627776: at most", FLCE_ERR_UNSUPPORTED, tokens_huge},
         {"hidden=1073741824: at most", FLCE_ERR_UNSUPPORTED, hidden_huge},
