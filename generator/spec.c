@@ -190,6 +190,33 @@ spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role)
     return t;
 }
 
+/* The tile both warpgroup paths (wgmma, tcgen05) take: two consumer warpgroups of 64 rows, BK 64,
+ * BN a multiple of 64 up to 256. `path` names the path in the messages. */
+static flce_status validate_warpgroup_shape(const spec_tile *t, const char *path)
+{
+    if (t->bm != 128 || t->bk != 64 || t->warps_m != 8 || t->warps_n != 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile.%s=1: needs bm=128, bk=64, warps=8x1 (got %d, %d, %dx%d)", path, t->bm, t->bk,
+                       t->warps_m, t->warps_n);
+    if (t->bn < 64 || t->bn > 256 || t->bn % 64)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.bn=%d: the %s path takes 64, 128, 192 or 256", t->bn,
+                       path);
+    if (t->stages < 2 || t->stages > 8)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.stages=%d: must be 2 to 8", t->stages);
+    return FLCE_OK;
+}
+
+static flce_status validate_smem(const kernel_spec *s)
+{
+    const spec_tile *t = &s->tile;
+    size_t smem = spec_smem_bytes(s), limit = spec_smem_limit(s->sm);
+    if (smem > limit)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile %dx%dx%d with %d stages needs %zu bytes of shared memory; %s allows %zu",
+                       t->bm, t->bn, t->bk, t->stages, smem, spec_arch_name(s->sm), limit);
+    return FLCE_OK;
+}
+
 static flce_status validate_wgmma(const kernel_spec *s)
 {
     const spec_tile *t = &s->tile;
@@ -197,22 +224,10 @@ static flce_status validate_wgmma(const kernel_spec *s)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.wgmma=1: needs sm_90a, not %s", spec_arch_name(s->sm));
     if (s->dtype == FLCE_DTYPE_F32)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.wgmma=1: takes f16 or bf16 inputs, not f32");
-    if (t->bm != 128 || t->bk != 64 || t->warps_m != 8 || t->warps_n != 1)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tile.wgmma=1: needs bm=128, bk=64, warps=8x1 (got %d, %d, %dx%d)", t->bm, t->bk,
-                       t->warps_m, t->warps_n);
-    if (t->bn < 64 || t->bn > 256 || t->bn % 64)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.bn=%d: the wgmma path takes 64, 128, 192 or 256", t->bn);
-    if (t->stages < 2 || t->stages > 8)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.stages=%d: must be 2 to 8", t->stages);
+    TRY(validate_warpgroup_shape(t, "wgmma"));
     if (t->tma != 0 && t->tma != 1)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tma=%d: must be 0 or 1", t->tma);
-    size_t smem = spec_smem_bytes(s), limit = spec_smem_limit(s->sm);
-    if (smem > limit)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tile %dx%dx%d with %d stages needs %zu bytes of shared memory; %s allows %zu",
-                       t->bm, t->bn, t->bk, t->stages, smem, spec_arch_name(s->sm), limit);
-    return FLCE_OK;
+    return validate_smem(s);
 }
 
 static flce_status validate_tcgen05(const kernel_spec *s)
@@ -228,27 +243,15 @@ static flce_status validate_tcgen05(const kernel_spec *s)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.wgmma=%d: must be 0 with tile.tcgen05=1", t->wgmma);
     if (t->tma != 1)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tma=%d: tile.tcgen05=1 is fed by TMA only (tma=1)", t->tma);
-    if (t->bm != 128 || t->bk != 64 || t->warps_m != 8 || t->warps_n != 1)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tile.tcgen05=1: needs bm=128, bk=64, warps=8x1 (got %d, %d, %dx%d)", t->bm, t->bk,
-                       t->warps_m, t->warps_n);
     /* tcgen05.mma M = 128 takes N a multiple of 16 up to 256; the epilogue loads 64 columns at a time */
-    if (t->bn < 64 || t->bn > 256 || t->bn % 64)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.bn=%d: the tcgen05 path takes 64, 128, 192 or 256", t->bn);
-    if (t->stages < 2 || t->stages > 8)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.stages=%d: must be 2 to 8", t->stages);
+    TRY(validate_warpgroup_shape(t, "tcgen05"));
     int cols = spec_tmem_columns(s);
     if (cols > SPEC_TMEM_COLUMNS_SM100)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tile.bn=%d: two fp32 accumulators need %d tensor-memory columns; sm_100a has %d "
                        "(x 128 lanes x 32 bits)",
                        t->bn, cols, (int)SPEC_TMEM_COLUMNS_SM100);
-    size_t smem = spec_smem_bytes(s), limit = spec_smem_limit(s->sm);
-    if (smem > limit)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tile %dx%dx%d with %d stages needs %zu bytes of shared memory; %s allows %zu",
-                       t->bm, t->bn, t->bk, t->stages, smem, spec_arch_name(s->sm), limit);
-    return FLCE_OK;
+    return validate_smem(s);
 }
 
 static flce_status validate_tile(const kernel_spec *s)
@@ -283,13 +286,7 @@ static flce_status validate_tile(const kernel_spec *s)
                        "tile %dx%d over %dx%d warps: %lld accumulators per thread, more than the "
                        "128 that fit in registers",
                        t->bm, t->bn, t->warps_m, t->warps_n, acc);
-    size_t smem = spec_smem_bytes(s), limit = spec_smem_limit(s->sm);
-    if (smem > limit)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tile %dx%dx%d with %d stages needs %zu bytes of shared memory; %s allows "
-                       "%zu",
-                       t->bm, t->bn, t->bk, t->stages, smem, spec_arch_name(s->sm), limit);
-    return FLCE_OK;
+    return validate_smem(s);
 }
 
 flce_status spec_validate(const kernel_spec *s)

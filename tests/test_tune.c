@@ -37,8 +37,8 @@ static tune_entry sample_entry(int sm)
     return e;
 }
 
-/* Runs fn with stderr going to a file and FLCE_LOG=warn; returns what it printed (static). */
-static const char *captured(void (*fn)(void *), void *arg)
+/* Runs fn with stderr going to a file and FLCE_LOG=level; returns what it printed (static). */
+static const char *captured_at(const char *level, void (*fn)(void *), void *arg)
 {
     static char text[1 << 16];
     char path[] = "/tmp/flce-tune-err.XXXXXX";
@@ -46,7 +46,7 @@ static const char *captured(void (*fn)(void *), void *arg)
     fflush(stderr);
     int saved = dup(2);
     dup2(fd, 2);
-    setenv("FLCE_LOG", "warn", 1);
+    setenv("FLCE_LOG", level, 1);
     fn(arg);
     unsetenv("FLCE_LOG");
     fflush(stderr);
@@ -59,6 +59,8 @@ static const char *captured(void (*fn)(void *), void *arg)
     unlink(path);
     return text;
 }
+
+static const char *captured(void (*fn)(void *), void *arg) { return captured_at("warn", fn, arg); }
 
 typedef struct parse_job {
     const char *text;
@@ -256,32 +258,23 @@ static void a_valid_line_changes_the_dispatchers_tiles(void)
     remove_tree(dir);
 }
 
+static void plan_two_classes(void *arg)
+{
+    (void)arg;
+    plan pl;
+    plan_for(DEVICE, 80, &pl);
+    plan_for(DEVICE, 86, &pl);
+}
+
 static void dispatcher_logs_tuned_versus_default_tiles(void)
 {
-    char dir[TEST_PATH_MAX], text[1 << 12];
+    char dir[TEST_PATH_MAX];
     make_tmpdir_named(dir, "flce-tune");
     setenv("FLCE_CACHE_DIR", dir, 1);
     tune_entry a = sample_entry(80);
     CHECK(tune_table_store(dir, &a) == FLCE_OK);
     tune_forget();
-    char path[] = "/tmp/flce-tune-log.XXXXXX";
-    int fd = mkstemp(path);
-    fflush(stderr);
-    int saved = dup(2);
-    dup2(fd, 2);
-    setenv("FLCE_LOG", "info", 1);
-    plan pl;
-    plan_for(DEVICE, 80, &pl);
-    plan_for(DEVICE, 86, &pl);
-    unsetenv("FLCE_LOG");
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    lseek(fd, 0, SEEK_SET);
-    ssize_t n = read(fd, text, sizeof text - 1);
-    text[n > 0 ? n : 0] = '\0';
-    close(fd);
-    unlink(path);
+    const char *text = captured_at("info", plan_two_classes, NULL);
     CHECKF(strstr(text, "tuned tiles from ") && strstr(text, "tune-table.txt for NVIDIA_H100_80GB_HBM3 sm_80"),
            "log: %s", text);
     CHECKF(strstr(text, "default tiles (class not in the tune table) for NVIDIA_H100_80GB_HBM3 sm_86"),
