@@ -9,6 +9,7 @@
 #include "check.h"
 #include "params.h"
 #include "plan.h"
+#include "regions.h"
 
 static flce_problem tp_problem(int64_t n, int64_t d, int64_t total, int rank, int size,
                                const int64_t *cut)
@@ -43,22 +44,6 @@ static void uneven_ranks_cut_the_tokens_alike(void)
                 CHECK(pl.tp_block_bytes == plan_tp_block_bytes(pl.stat_rows));
             }
         }
-}
-
-typedef struct region {
-    uint64_t off, len;
-} region;
-
-static void check_disjoint(const region *r, size_t n, uint64_t total, const char *what)
-{
-    for (size_t i = 0; i < n; i++) {
-        CHECKF(!r[i].len || (r[i].off % 256 == 0 && r[i].off + r[i].len <= total),
-               "%s: region %zu at %llu+%llu outside %llu", what, i, (unsigned long long)r[i].off,
-               (unsigned long long)r[i].len, (unsigned long long)total);
-        for (size_t j = i + 1; j < n; j++)
-            CHECKF(!r[i].len || !r[j].len || r[i].off + r[i].len <= r[j].off || r[j].off + r[j].len <= r[i].off,
-                   "%s: regions %zu and %zu overlap", what, i, j);
-    }
 }
 
 static void tp_workspace_holds_the_gather_and_the_fp32_dh(void)

@@ -1,11 +1,13 @@
 /* test_spec.c — the generator: spec validation messages, source emission, and the planner's
  * chunking and workspace layout (all CPU-only). */
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "check.h"
 #include "emit.h"
 #include "plan.h"
+#include "regions.h"
 
 static kernel_spec good_gemm(spec_role role, flce_dtype dtype)
 {
@@ -246,30 +248,24 @@ static void workspace_regions_do_not_overlap(void)
         plan pl;
         CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
         uint64_t rows = (uint64_t)pl.stat_rows, sp = (uint64_t)pl.splits, blk = (uint64_t)pl.chunk_rows * pl.ldz;
-        struct {
-            uint64_t off, len;
-        } r[] = {{pl.off_stats, 16},
-                 {pl.off_target, rows * 4},
-                 {pl.off_part_m, rows * sp * 4},
-                 {pl.off_part_s, rows * sp * 4},
-                 {pl.off_part_t, rows * sp * 4},
-                 {pl.off_part_arg, rows * sp * 8},
-                 {pl.off_loss_rows, pl.need_loss_rows ? (uint64_t)pl.n * 4 : 0},
-                 {pl.off_lse, pl.need_lse ? (uint64_t)pl.n * 4 : 0},
-                 {pl.off_z, blk * 4},
-                 {pl.off_dz, blk * 2},
-                 {pl.off_dw_acc, pl.need_dw_acc ? (uint64_t)pl.v * pl.d * 4 : 0},
-                 {pl.off_dh_acc, pl.need_dh_acc ? (uint64_t)pl.n * pl.d * 4 : 0}};
+        region r[] = {{pl.off_stats, 16},
+                      {pl.off_target, rows * 4},
+                      {pl.off_part_m, rows * sp * 4},
+                      {pl.off_part_s, rows * sp * 4},
+                      {pl.off_part_t, rows * sp * 4},
+                      {pl.off_part_arg, rows * sp * 8},
+                      {pl.off_loss_rows, pl.need_loss_rows ? (uint64_t)pl.n * 4 : 0},
+                      {pl.off_lse, pl.need_lse ? (uint64_t)pl.n * 4 : 0},
+                      {pl.off_z, blk * 4},
+                      {pl.off_dz, blk * 2},
+                      {pl.off_dw_acc, pl.need_dw_acc ? (uint64_t)pl.v * pl.d * 4 : 0},
+                      {pl.off_dh_acc, pl.need_dh_acc ? (uint64_t)pl.n * pl.d * 4 : 0}};
         size_t n = sizeof r / sizeof r[0];
         CHECK(strat == FLCE_STRATEGY_CHUNKED ? pl.need_dw_acc && !pl.need_dh_acc : pl.need_dh_acc && !pl.need_dw_acc);
         CHECK(blk * 6 <= p.memory_budget);
-        for (size_t i = 0; i < n; i++) {
-            CHECK(r[i].off % 256 == 0);
-            CHECK(r[i].off + r[i].len <= pl.workspace_bytes);
-            for (size_t j = i + 1; j < n; j++)
-                CHECKF(!r[i].len || !r[j].len || r[i].off + r[i].len <= r[j].off || r[j].off + r[j].len <= r[i].off,
-                       "strategy %d: regions %zu and %zu overlap", strat, i, j);
-        }
+        char what[32];
+        snprintf(what, sizeof what, "strategy %d", strat);
+        check_disjoint(r, n, pl.workspace_bytes, what);
     }
 }
 
