@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# device_session.sh — one single-GPU device call doing the stages named on the command line, in
+# order, each under its own time limit, logs under $OUT (default ./device-out):
+#   fuzz     `flce fuzz --seed 20261122 --cases 2000` (issue 7: the differential fuzzer)
+#   tune     for each --tune-shapes shape: `flce bench` with the built-in tiles (cold cache, then warm),
+#            `flce tune`, `flce bench` again with the table (FLCE_LOG=info names the tiles) (issue 6)
+#   bench    `flce bench` over --bench-shapes at logit std 4 and 0.5 (issue 4)
+#   compare  bench/compare.py over --compare-shapes (flce vs cuBLAS floors, torch eager, torch.compile)
+#   gpu      the GPU CTests (both single-GPU suites, fault, concurrency, fuzz smoke)
+# Usage: bash bench/stamp-commit.sh (here), then on the device:
+#   bash bench/device_session.sh fuzz tune [--tune-shapes 8192x4096x128256] [--budget 560]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+export FLCE_CACHE_DIR=${FLCE_CACHE_DIR:-/tmp/flce-cache} PYTHONUNBUFFERED=1
+start=$(date +%s)
+budget=560
+tune_shapes=8192x4096x128256
+bench_shapes=8192x4096x128256,8192x2304x256000,4096x2048x32000,32768x4096x128256,512x4096x128256
+compare_shapes=$bench_shapes
+stages=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --budget) budget=$2; shift 2 ;;
+    --tune-shapes) tune_shapes=$2; shift 2 ;;
+    --bench-shapes) bench_shapes=$2; shift 2 ;;
+    --compare-shapes) compare_shapes=$2; shift 2 ;;
+    *) stages+=("$1"); shift ;;
+  esac
+done
+LOG=$OUT/session.log
+left() { echo $(( budget - ($(date +%s) - start) )); }
+step() { echo "== $1 ($(date +%T), $(left) s left)" | tee -a "$LOG"; }
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(cat .device-commit 2>/dev/null || echo unknown)"
+  echo "stages: ${stages[*]}"
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1
+  nproc
+} | tee "$OUT/env.txt"
+step build
+(cmake --preset default && cmake --build --preset default -j "$(nproc)") > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+
+for stage in "${stages[@]}"; do
+  case $stage in
+  fuzz)
+    secs=${FUZZ_SECONDS:-300}
+    step "flce fuzz --seed 20261122 --cases 2000 --jobs $(nproc) --time-limit $secs"
+    ./build/flce fuzz --seed 20261122 --cases 2000 --jobs "$(nproc)" --time-limit "$secs" > "$OUT/fuzz.log" 2>&1
+    echo "status $?" >> "$OUT/fuzz.log"
+    grep -v '^ok ' "$OUT/fuzz.log" | tail -30 | tee -a "$LOG"
+    ;;
+  tune)
+    for s in ${tune_shapes//,/ }; do
+      IFS=x read -r n d v <<< "$s"
+      dir=/tmp/flce-tune-$s; rm -rf "$dir"
+      b=(./build/flce bench --shapes "$s" --strategies auto,forward --logit-std 4 --iters 10)
+      step "tune $s: heuristic tiles, cold cache"
+      FLCE_CACHE_DIR=$dir FLCE_LOG=info "${b[@]}" > "$OUT/tune-$s-heuristic-cold.md" 2> "$OUT/tune-$s-heuristic-cold.log"
+      step "tune $s: heuristic tiles, warm cache"
+      FLCE_CACHE_DIR=$dir FLCE_LOG=info "${b[@]}" > "$OUT/tune-$s-heuristic.md" 2> "$OUT/tune-$s-heuristic.log"
+      grep -h '^|' "$OUT/tune-$s-heuristic.md" | tee -a "$LOG"
+      step "flce tune --tokens $n --hidden $d --vocab $v"
+      FLCE_CACHE_DIR=$dir timeout "$(left)" ./build/flce tune --tokens "$n" --hidden "$d" --vocab "$v" --runs 7 \
+        > "$OUT/tune-$s.txt" 2> "$OUT/tune-$s-progress.log"
+      echo "status $?" >> "$OUT/tune-$s.txt"
+      tail -6 "$OUT/tune-$s.txt" | tee -a "$LOG"
+      step "tune $s: tuned tiles (table), warm cache"
+      FLCE_CACHE_DIR=$dir FLCE_LOG=info "${b[@]}" > "$OUT/tune-$s-tuned.md" 2> "$OUT/tune-$s-tuned.log"
+      grep -h '^|' "$OUT/tune-$s-tuned.md" | tee -a "$LOG"
+      grep -h -m3 -E 'tuned tiles|default tiles' "$OUT/tune-$s-tuned.log" "$OUT/tune-$s-heuristic.log" | tee -a "$LOG"
+      cp "$dir/tune-table.txt" "$OUT/tune-table-$s.txt" 2>/dev/null
+    done
+    ;;
+  bench)
+    step "flce bench --shapes $bench_shapes"
+    timeout "$(left)" ./build/flce bench --shapes "$bench_shapes" --logit-std 4,0.5 --json "$OUT/bench.json" \
+      > "$OUT/bench.md" 2> "$OUT/bench.log"
+    echo "status $?" >> "$OUT/bench.log"
+    grep -h '^|\|^###' "$OUT/bench.md" | tee -a "$LOG"
+    ;;
+  compare)
+    step "compare.py --shapes $compare_shapes"
+    FLCE_LIBRARY=$PWD/build/libflce.so timeout "$(left)" python3 bench/compare.py --shapes "$compare_shapes" \
+      --out-dir "$OUT" ${COMPARE_ARGS:-} > "$OUT/compare.log" 2>&1
+    echo "status $?" >> "$OUT/compare.log"
+    grep -h '^|\|^#' "$OUT/compare.log" | tee -a "$LOG"
+    ;;
+  gpu)
+    step "gpu tests"
+    (cd build && timeout "$(left)" ctest --output-on-failure --timeout 300 -L gpu -j4) > "$OUT/ctest-gpu.log" 2>&1
+    tail -15 "$OUT/ctest-gpu.log" | tee -a "$LOG"
+    ;;
+  *) echo "unknown stage $stage" | tee -a "$LOG" ;;
+  esac
+done
+step done
