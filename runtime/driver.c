@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <cudaTypedefs.h>
+
 #include "driver.h"
 #include "log.h"
 
@@ -21,10 +23,37 @@ static char drv_message[512];
 typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
                                 CUdriverProcAddressQueryResult *);
 
-static int drv_resolve(get_proc_fn get, const char *name, void **slot)
+/* cuGetProcAddress hands out the newest ABI of an entry point at or below the version asked for,
+ * and an ABI can change under the same name: asked for at CUDA 13.0, cuCtxSynchronize is
+ * cuCtxSynchronize_v2(CUcontext), and calling it as (void) passes a garbage context
+ * (CUDA_ERROR_CONTEXT_IS_DESTROYED). So each entry point is resolved at a pinned version, and the
+ * compiler checks that version's prototype (cudaTypedefs.h) against the table's. */
+/* Every entry point flce uses, with the version whose prototype drv_table declares. */
+#define DRV_ENTRY_POINTS(X) \
+    X(Init, 2000) X(DriverGetVersion, 2020) X(GetErrorString, 6000) X(GetErrorName, 6000) \
+    X(DeviceGetCount, 2000) X(DeviceGet, 2000) X(DeviceGetName, 2000) X(DeviceGetAttribute, 2000) \
+    X(DevicePrimaryCtxRetain, 7000) X(DevicePrimaryCtxRelease, 11000) X(CtxGetCurrent, 4000) \
+    X(CtxSetCurrent, 4000) X(CtxSynchronize, 2000) X(ModuleLoadData, 2000) X(ModuleUnload, 2000) \
+    X(ModuleGetFunction, 2000) X(FuncSetAttribute, 9000) X(FuncGetAttribute, 2020) \
+    X(LaunchKernel, 4000) X(MemAlloc, 3020) X(MemFree, 3020) X(MemHostAlloc, 2020) \
+    X(MemHostGetDevicePointer, 3020) X(MemFreeHost, 2000) X(MemGetInfo, 3020) X(MemcpyHtoD, 3020) \
+    X(MemcpyDtoH, 3020) X(MemsetD8Async, 3020) X(MemsetD32Async, 3020) X(MemsetD8, 3020) \
+    X(StreamCreate, 2000) X(StreamDestroy, 4000) X(StreamSynchronize, 2000) \
+    X(StreamIsCapturing, 10000) X(EventCreate, 2000) X(EventDestroy, 4000) X(EventRecord, 2000) \
+    X(EventSynchronize, 2000) X(EventElapsedTime, 12080) X(StreamBeginCapture, 10010) \
+    X(StreamEndCapture, 10000) X(GraphInstantiateWithFlags, 11040) X(GraphLaunch, 10000) \
+    X(GraphExecDestroy, 10000) X(GraphDestroy, 10000) X(TensorMapEncodeTiled, 12000) \
+    X(MemcpyDtoDAsync, 3020)
+
+#define DRV_ABI(f, v)                                                                              \
+    _Static_assert(_Generic(drv.f, PFN_cu##f##_v##v: 1, default: 0),                              \
+                   "drv." #f " does not match the ABI of cu" #f " at version " #v);
+DRV_ENTRY_POINTS(DRV_ABI)
+
+static int drv_resolve(get_proc_fn get, const char *name, void **slot, int version)
 {
     CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SUCCESS;
-    if (get(name, slot, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS ||
+    if (get(name, slot, version, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS ||
         found != CU_GET_PROC_ADDRESS_SUCCESS || !*slot) {
         snprintf(drv_message, sizeof drv_message,
                  "the CUDA driver has no %s (driver too old for CUDA %d.%d?)", name,
@@ -50,28 +79,17 @@ static void drv_load_once(void)
                  "libcuda.so.1 has no cuGetProcAddress_v2: driver older than CUDA 12");
         return;
     }
-    struct {
+    static const struct {
         const char *name;
         void **slot;
+        int version;
     } syms[] = {
-#define SYM(f) {"cu" #f, (void **)&drv.f}
-        SYM(Init), SYM(DriverGetVersion), SYM(GetErrorString), SYM(GetErrorName),
-        SYM(DeviceGetCount), SYM(DeviceGet), SYM(DeviceGetName), SYM(DeviceGetAttribute),
-        SYM(DevicePrimaryCtxRetain), SYM(DevicePrimaryCtxRelease), SYM(CtxGetCurrent),
-        SYM(CtxSetCurrent), SYM(CtxSynchronize), SYM(ModuleLoadData), SYM(ModuleUnload),
-        SYM(ModuleGetFunction), SYM(FuncSetAttribute), SYM(FuncGetAttribute), SYM(LaunchKernel),
-        SYM(MemAlloc), SYM(MemFree), SYM(MemHostAlloc), SYM(MemHostGetDevicePointer),
-        SYM(MemFreeHost), SYM(MemGetInfo), SYM(MemcpyHtoD), SYM(MemcpyDtoH), SYM(MemsetD8Async),
-        SYM(MemsetD32Async), SYM(MemsetD8), SYM(StreamCreate), SYM(StreamDestroy),
-        SYM(StreamSynchronize), SYM(StreamIsCapturing), SYM(EventCreate), SYM(EventDestroy),
-        SYM(EventRecord), SYM(EventSynchronize), SYM(EventElapsedTime), SYM(StreamBeginCapture),
-        SYM(StreamEndCapture), SYM(GraphInstantiateWithFlags), SYM(GraphLaunch),
-        SYM(GraphExecDestroy), SYM(GraphDestroy), SYM(TensorMapEncodeTiled),
-        SYM(MemcpyDtoDAsync),
+#define SYM(f, v) {"cu" #f, (void **)&drv.f, v},
+        DRV_ENTRY_POINTS(SYM)
 #undef SYM
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++)
-        if (!drv_resolve(get, syms[i].name, syms[i].slot)) return;
+        if (!drv_resolve(get, syms[i].name, syms[i].slot, syms[i].version)) return;
     CUresult r = drv.Init(0);
     if (r != CUDA_SUCCESS) {
         const char *s = "unknown error";

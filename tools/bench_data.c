@@ -15,35 +15,54 @@ static void row_f64(const bench_data *d, const void *base, int64_t row, double *
                     (size_t)d->p.hidden);
 }
 
+/* Rows are filled in blocks, each from its own stream seeded by (seed, block): the data depend on
+ * the seed only, not on how many threads fill them. */
+enum { FILL_BLOCK_ROWS = 256 };
+
+typedef struct fill_job {
+    bench_data *d;
+    uint64_t seed;
+    double sw;
+    int64_t h_blocks, w_blocks;
+} fill_job;
+
+static void fill_block(void *arg, int64_t b)
+{
+    fill_job *j = arg;
+    const flce_problem *p = &j->d->p;
+    int is_w = b >= j->h_blocks;
+    int64_t blk = is_w ? b - j->h_blocks : b, rows = is_w ? p->vocab_shard : p->tokens;
+    int64_t r0 = blk * FILL_BLOCK_ROWS, r1 = r0 + FILL_BLOCK_ROWS < rows ? r0 + FILL_BLOCK_ROWS : rows;
+    double scale = is_w ? j->sw : 1.0, tmp[1024];
+    char *base = is_w ? j->d->w : j->d->h;
+    host_rng rng;
+    host_rng_seed(&rng, j->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(b + 1)));
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t k0 = 0; k0 < p->hidden; k0 += 1024) {
+            int64_t m = p->hidden - k0 < 1024 ? p->hidden - k0 : 1024;
+            for (int64_t k = 0; k < m; k++) tmp[k] = scale * host_rng_normal(&rng);
+            host_to_dtype(p->dtype, tmp, base + ((size_t)r * p->hidden + (size_t)k0) * j->d->es, (size_t)m);
+        }
+}
+
 int bench_data_fill(bench_data *d, uint64_t seed, double logit_std)
 {
     const flce_problem *p = &d->p;
-    host_rng rng;
-    host_rng_seed(&rng, seed);
     size_t nh = (size_t)(p->tokens * p->hidden), nw = (size_t)(p->vocab_shard * p->hidden);
     d->es = host_dtype_size(p->dtype);
     d->h = malloc(nh * d->es), d->w = malloc(nw * d->es);
     d->labels = malloc((size_t)p->tokens * 4);
-    double *tmp = malloc(sizeof(double) * (size_t)p->hidden);
-    if (!d->h || !d->w || !d->labels || !tmp) {
-        free(tmp);
-        return 0;
-    }
+    if (!d->h || !d->w || !d->labels) return 0;
     /* Unit hidden states and weights of sd logit_std/sqrt(D): each logit is a sum of D products
      * of variance logit_std²/D. */
-    double sw = logit_std / sqrt((double)p->hidden);
-    for (int64_t r = 0; r < p->tokens; r++) {
-        for (int64_t k = 0; k < p->hidden; k++) tmp[k] = host_rng_normal(&rng);
-        host_to_dtype(p->dtype, tmp, (char *)d->h + (size_t)r * p->hidden * d->es, (size_t)p->hidden);
-    }
-    for (int64_t r = 0; r < p->vocab_shard; r++) {
-        for (int64_t k = 0; k < p->hidden; k++) tmp[k] = sw * host_rng_normal(&rng);
-        host_to_dtype(p->dtype, tmp, (char *)d->w + (size_t)r * p->hidden * d->es, (size_t)p->hidden);
-    }
+    fill_job j = {d, seed, logit_std / sqrt((double)p->hidden), (p->tokens + FILL_BLOCK_ROWS - 1) / FILL_BLOCK_ROWS,
+                  (p->vocab_shard + FILL_BLOCK_ROWS - 1) / FILL_BLOCK_ROWS};
+    host_parallel_for(j.h_blocks + j.w_blocks, fill_block, &j);
+    host_rng rng;
+    host_rng_seed(&rng, seed);
     for (int64_t i = 0; i < p->tokens; i++)
         d->labels[i] = host_rng_uniform(&rng) < 0.05 ? (int32_t)p->ignore_index
                                                      : (int32_t)host_rng_below(&rng, p->vocab_shard);
-    free(tmp);
     return 1;
 }
 
@@ -97,47 +116,70 @@ void bench_data_free(bench_data *d)
     memset(d, 0, sizeof *d);
 }
 
+typedef struct ref_tok_job {
+    bench_ref *r;
+    const bench_data *d;
+    int failed;
+} ref_tok_job;
+
+/* One sampled token: its logits over the whole vocabulary in fp64, lse, loss and dH row. */
+static void ref_token(void *arg, int64_t s)
+{
+    ref_tok_job *j = arg;
+    const bench_data *d = j->d;
+    bench_ref *r = j->r;
+    const flce_problem *p = &d->p;
+    int64_t D = p->hidden, V = p->vocab_shard, i = r->tok[s];
+    double *h = malloc(sizeof(double) * (size_t)D), *w = malloc(sizeof(double) * (size_t)D);
+    double *z = malloc(sizeof(double) * (size_t)V);
+    if (!h || !w || !z) {
+        j->failed = 1;
+        free(h), free(w), free(z);
+        return;
+    }
+    row_f64(d, d->h, i, h);
+    double m = -INFINITY, se = 0;
+    for (int64_t v = 0; v < V; v++) {
+        row_f64(d, d->w, v, w);
+        double t = 0;
+        for (int64_t k = 0; k < D; k++) t += h[k] * w[k];
+        z[v] = t;
+        m = fmax(m, t);
+    }
+    for (int64_t v = 0; v < V; v++) se += exp(z[v] - m);
+    r->lse[s] = m + log(se);
+    int valid = d->labels[i] != p->ignore_index;
+    r->loss[s] = valid ? r->lse[s] - z[d->labels[i]] : 0;
+    double *acc = r->dh + s * D;
+    for (int64_t v = 0; valid && v < V; v++) {
+        double dz = r->g * (exp(z[v] - r->lse[s]) - (v == d->labels[i]));
+        row_f64(d, d->w, v, w);
+        for (int64_t k = 0; k < D; k++) acc[k] += dz * w[k];
+    }
+    free(h), free(w), free(z);
+}
+
 int bench_ref_tokens(bench_ref *r, const bench_data *d, host_rng *rng, int samples)
 {
     const flce_problem *p = &d->p;
-    int64_t n = p->tokens, D = p->hidden, V = p->vocab_shard;
+    int64_t n = p->tokens, D = p->hidden;
     memset(r, 0, sizeof *r);
     r->samples = samples;
     r->tok = malloc(sizeof(int64_t) * (size_t)samples), r->vrow = malloc(sizeof(int64_t) * (size_t)samples);
     r->lse = malloc(sizeof(double) * (size_t)samples), r->loss = malloc(sizeof(double) * (size_t)samples);
     r->dh = calloc((size_t)(samples * D), sizeof(double)), r->dw = calloc((size_t)(samples * D), sizeof(double));
-    double *h = malloc(sizeof(double) * (size_t)D), *w = malloc(sizeof(double) * (size_t)D);
-    double *z = malloc(sizeof(double) * (size_t)V);
-    int ok = r->tok && r->vrow && r->lse && r->loss && r->dh && r->dw && h && w && z;
+    if (!r->tok || !r->vrow || !r->lse || !r->loss || !r->dh || !r->dw) {
+        bench_ref_free(r);
+        return 0;
+    }
     int64_t count = 0;
     for (int64_t i = 0; i < n; i++) count += d->labels[i] != p->ignore_index;
     r->g = count ? 1.0 / (double)count : 0.0;
-    for (int s = 0; ok && s < samples; s++) {
-        int64_t i = host_rng_below(rng, n);
-        r->tok[s] = i;
-        row_f64(d, d->h, i, h);
-        double m = -INFINITY, se = 0;
-        for (int64_t v = 0; v < V; v++) {
-            row_f64(d, d->w, v, w);
-            double t = 0;
-            for (int64_t k = 0; k < D; k++) t += h[k] * w[k];
-            z[v] = t;
-            m = fmax(m, t);
-        }
-        for (int64_t v = 0; v < V; v++) se += exp(z[v] - m);
-        r->lse[s] = m + log(se);
-        int valid = d->labels[i] != p->ignore_index;
-        r->loss[s] = valid ? r->lse[s] - z[d->labels[i]] : 0;
-        double *acc = r->dh + s * D;
-        for (int64_t v = 0; valid && v < V; v++) {
-            double dz = r->g * (exp(z[v] - r->lse[s]) - (v == d->labels[i]));
-            row_f64(d, d->w, v, w);
-            for (int64_t k = 0; k < D; k++) acc[k] += dz * w[k];
-        }
-    }
-    free(h), free(w), free(z);
-    if (!ok) bench_ref_free(r);
-    return ok;
+    for (int s = 0; s < samples; s++) r->tok[s] = host_rng_below(rng, n);
+    ref_tok_job j = {r, d, 0};
+    host_parallel_for(samples, ref_token, &j);
+    if (j.failed) bench_ref_free(r);
+    return !j.failed;
 }
 
 void bench_ref_vocab(bench_ref *r, const bench_data *d, host_rng *rng, const float *gpu_lse)

@@ -10,6 +10,7 @@
 #include "host.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -216,4 +217,40 @@ uint64_t host_fresh_seed(void) {
     st ^= (uint64_t)getpid() << 32;
     /* Mixed so that two runs a nanosecond apart, or in sibling processes, look unrelated. */
     return host_splitmix64(&st);
+}
+
+/* ---- a parallel for over the host's cores ----------------------------------------------------- */
+
+typedef struct par_job {
+    void (*fn)(void *, int64_t);
+    void *arg;
+    int64_t n, next;
+    pthread_mutex_t lock;
+} par_job;
+
+static void *par_worker(void *p)
+{
+    par_job *j = p;
+    for (;;) {
+        pthread_mutex_lock(&j->lock);
+        int64_t i = j->next++;
+        pthread_mutex_unlock(&j->lock);
+        if (i >= j->n) return NULL;
+        j->fn(j->arg, i);
+    }
+}
+
+void host_parallel_for(int64_t n, void (*fn)(void *arg, int64_t i), void *arg)
+{
+    enum { MAX_THREADS = 64 };
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
+    if (threads > n) threads = (int)(n > 0 ? n : 1);
+    par_job j = {fn, arg, n, 0, PTHREAD_MUTEX_INITIALIZER};
+    pthread_t th[MAX_THREADS];
+    int started = 0;
+    for (; started < threads - 1; started++)
+        if (pthread_create(&th[started], NULL, par_worker, &j) != 0) break;
+    par_worker(&j); /* the caller works too: with no thread started, this is the serial loop */
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
 }
