@@ -7,11 +7,16 @@
 #   bench    `flce bench` over --bench-shapes at logit std 4 and 0.5 (issue 4)
 #   compare  bench/compare.py over --compare-shapes (flce vs cuBLAS floors, torch eager, torch.compile)
 #   gpu      the GPU CTests (both single-GPU suites, fault, concurrency, fuzz smoke)
+#   portable the mma.sync ceiling (flce_mma_peak) and `flce bench` with FLCE_PORTABLE=1 (the Ampere
+#            path on this GPU, issue 6)
+# Only a few files come back from a device call: session.log has the summary, everything else is in
+# $OUT/logs.tgz.
 # Usage: bash bench/stamp-commit.sh (here), then on the device:
 #   bash bench/device_session.sh fuzz tune [--tune-shapes 8192x4096x128256] [--budget 560]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/device-out}
+TOP=${OUT:-$PWD/device-out}
+OUT=$TOP/logs
 mkdir -p "$OUT"
 export FLCE_CACHE_DIR=${FLCE_CACHE_DIR:-/tmp/flce-cache} PYTHONUNBUFFERED=1
 start=$(date +%s)
@@ -29,7 +34,7 @@ while [ $# -gt 0 ]; do
     *) stages+=("$1"); shift ;;
   esac
 done
-LOG=$OUT/session.log
+LOG=$TOP/session.log
 left() { echo $(( budget - ($(date +%s) - start) )); }
 step() { echo "== $1 ($(date +%T), $(left) s left)" | tee -a "$LOG"; }
 {
@@ -92,7 +97,17 @@ for stage in "${stages[@]}"; do
     (cd build && timeout "$(left)" ctest --output-on-failure --timeout 300 -L gpu -j4) > "$OUT/ctest-gpu.log" 2>&1
     tail -15 "$OUT/ctest-gpu.log" | tee -a "$LOG"
     ;;
+  portable)
+    step "mma.sync ceiling"
+    for t in bf16 f16; do ./build/flce_mma_peak $t 2>&1 | tee -a "$LOG"; done
+    step "FLCE_PORTABLE=1 flce bench --shapes ${PORTABLE_SHAPES:=8192x4096x128256,4096x2048x32000}"
+    FLCE_PORTABLE=1 timeout "$(left)" ./build/flce bench --shapes "$PORTABLE_SHAPES" --strategies auto,forward \
+      --logit-std 4 --iters 5 --json "$OUT/bench-portable.json" > "$OUT/bench-portable.md" 2> "$OUT/bench-portable.log"
+    echo "status $?" >> "$OUT/bench-portable.log"
+    grep -h '^|\|^###' "$OUT/bench-portable.md" | tee -a "$LOG"
+    ;;
   *) echo "unknown stage $stage" | tee -a "$LOG" ;;
   esac
 done
 step done
+tar czf "$TOP/logs.tgz" -C "$TOP" logs && rm -rf "$OUT"

@@ -1,0 +1,120 @@
+/*
+ * mma_peak.c — measures the device's mma.sync (m16n8k16, fp32 accumulate) throughput with a
+ * register-only kernel (templates/bench_mma_peak.cu, compiled by NVRTC for the device's arch without
+ * the 'a' features, as the Ampere path is). The Ampere path's TFLOP/s from `flce bench` under
+ * FLCE_PORTABLE=1 divided by this is its fraction of the mma.sync ceiling (issue 6).
+ *   usage: flce_mma_peak [bf16|f16]        prints TFLOP/s: median of 11 timed launches
+ */
+#include <nvrtc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "devmem.h"
+#include "driver.h"
+
+#ifndef FLCE_MMA_PEAK_SRC
+#error "FLCE_MMA_PEAK_SRC: the path of templates/bench_mma_peak.cu (set by CMake)"
+#endif
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) free(s), s = NULL;
+    if (s) s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+    const char *type = argc > 1 ? argv[1] : "bf16";
+    if (strcmp(type, "bf16") && strcmp(type, "f16")) {
+        fprintf(stderr, "usage: flce_mma_peak [bf16|f16]\n");
+        return 2;
+    }
+    if (devmem_gpu_count() < 1) {
+        fprintf(stderr, "flce_mma_peak: no GPU\n");
+        return 77;
+    }
+    CUdevice dev;
+    int major = 0, minor = 0, sms = 0;
+    char name[128];
+    if (devmem_use(0) != FLCE_OK || drv.DeviceGet(&dev, 0) != CUDA_SUCCESS) {
+        fprintf(stderr, "flce_mma_peak: %s\n", flce_last_error());
+        return 1;
+    }
+    drv.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    drv.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+    drv.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    drv.DeviceGetName(name, sizeof name, dev);
+    char *src = read_file(FLCE_MMA_PEAK_SRC);
+    if (!src) {
+        fprintf(stderr, "flce_mma_peak: cannot read %s\n", FLCE_MMA_PEAK_SRC);
+        return 1;
+    }
+    char arch[64], def[64];
+    snprintf(arch, sizeof arch, "--gpu-architecture=sm_%d%d", major, minor);
+    snprintf(def, sizeof def, "-DMMA_TYPE=\"%s\"", type);
+    const char *opts[] = {arch, def, "-std=c++17"};
+    nvrtcProgram prog;
+    size_t cubin_len = 0;
+    char *cubin = NULL;
+    if (nvrtcCreateProgram(&prog, src, "bench_mma_peak.cu", 0, NULL, NULL) != NVRTC_SUCCESS) return 1;
+    if (nvrtcCompileProgram(prog, 3, opts) != NVRTC_SUCCESS) {
+        size_t n = 0;
+        nvrtcGetProgramLogSize(prog, &n);
+        char *log = malloc(n + 1);
+        nvrtcGetProgramLog(prog, log);
+        fprintf(stderr, "flce_mma_peak: NVRTC:\n%s\n", log);
+        return 1;
+    }
+    nvrtcGetCUBINSize(prog, &cubin_len);
+    cubin = malloc(cubin_len);
+    nvrtcGetCUBIN(prog, cubin);
+    nvrtcDestroyProgram(&prog);
+    CUmodule mod;
+    CUfunction fn;
+    void *out = NULL;
+    enum { THREADS = 256, BLOCKS_PER_SM = 4, ITERS = 8192, CHAINS = 8, RUNS = 11 };
+    int blocks = sms * BLOCKS_PER_SM;
+    if (drv.ModuleLoadData(&mod, cubin) != CUDA_SUCCESS || drv.ModuleGetFunction(&fn, mod, "mma_peak") != CUDA_SUCCESS ||
+        devmem_alloc(&out, (size_t)blocks * THREADS * 4) != FLCE_OK) {
+        fprintf(stderr, "flce_mma_peak: loading the kernel failed\n");
+        return 1;
+    }
+    int iters = ITERS;
+    unsigned seed = 0;
+    void *args[] = {&out, &iters, &seed};
+    float ms[RUNS];
+    for (int r = -2; r < RUNS; r++) { /* two warm-up launches */
+        devmem_timer *t;
+        float one = 0;
+        if (devmem_timer_start(&t) != FLCE_OK ||
+            drv.LaunchKernel(fn, (unsigned)blocks, 1, 1, THREADS, 1, 1, 0, NULL, args, NULL) != CUDA_SUCCESS ||
+            devmem_timer_stop(t, &one) != FLCE_OK) {
+            fprintf(stderr, "flce_mma_peak: launch failed: %s\n", flce_last_error());
+            return 1;
+        }
+        if (r >= 0) ms[r] = one;
+    }
+    qsort(ms, RUNS, sizeof ms[0], cmp_f);
+    double flops = (double)blocks * (THREADS / 32) * (double)ITERS * CHAINS * (2.0 * 16 * 8 * 16);
+    printf("mma.sync m16n8k16 %s, fp32 accumulate, %s (sm_%d%d, %d SMs): %.1f TFLOP/s (median of %d, %.3f ms)\n",
+           type, name, major, minor, sms, flops / (ms[RUNS / 2] * 1e-3) / 1e12, RUNS, ms[RUNS / 2]);
+    devmem_free(out);
+    drv.ModuleUnload(mod);
+    free(cubin), free(src);
+    return 0;
+}
