@@ -289,7 +289,7 @@ static void problem_found(void)
 }
 
 /* Undefined behaviour, wrapped workspace sizes and a division by zero, one seed each (see
- * fuzz/RESULTS-2026-11-22.md). UBSan reports the first four only in the libFuzzer build; the
+ * bench/results/libfuzzer-2026-11-22.md). UBSan reports the first four only in the libFuzzer build; the
  * others fail the replay with any compiler. */
 static void problem_crashes(void)
 {
