@@ -68,16 +68,38 @@ static void plan_specs(const flce_problem *p, const flce_tensors *t, int sm, pla
     pl->rowops.z_loss = p->z_loss;
 }
 
+/* CTAs of the logits kernel that fit on one SM at once: shared memory (the opt-in limit plus the
+ * 1 KiB the driver keeps per CTA, against the SM's capacity, which exceeds the limit by that
+ * KiB) and threads. */
+static int64_t logits_ctas_per_sm(const kernel_spec *s)
+{
+    int64_t smem = (int64_t)spec_smem_bytes(s) + 1024, cap = (int64_t)spec_smem_limit(s->sm) + 1024;
+    int64_t by_smem = smem > 0 ? cap / smem : 1, by_threads = 2048 / spec_threads(s);
+    int64_t k = by_smem < by_threads ? by_smem : by_threads;
+    return k > 0 ? k : 1;
+}
+
 void plan_vocab_splits(const plan *pl, int64_t rows, int64_t cols, int num_sms, int *splits,
                        int *tiles_per_split)
 {
+    /* Every CTA walks tiles_per_split tiles, so the pass takes ceil(CTAs / slots) rounds of that
+     * many tiles. The old rule (about two waves of CTAs) left a third, mostly idle wave at
+     * 8192 × 4096 × 128256 (320 CTAs on 132 SMs: 80 % of the SMs' time used); the split count
+     * that minimizes rounds × tiles_per_split wastes a few percent at most (bench/NOTES.md).
+     * Fewer splits win ties: less partial-statistics traffic. Capped so the partials stay small. */
+    enum { MAX_SPLITS = 64 };
     int64_t tiles = ceil_div(cols, pl->logits.tile.bn);
     int64_t row_blocks = ceil_div(rows, pl->logits.tile.bm);
-    int64_t want = ceil_div(2 * (int64_t)(num_sms > 0 ? num_sms : 1), row_blocks);
-    if (want < 1) want = 1;
-    if (want > tiles) want = tiles;
-    *tiles_per_split = (int)ceil_div(tiles, want);
-    *splits = (int)ceil_div(tiles, *tiles_per_split);
+    int64_t slots = (int64_t)(num_sms > 0 ? num_sms : 1) * logits_ctas_per_sm(&pl->logits);
+    int64_t best_cost = -1, best_tps = tiles;
+    for (int64_t want = 1; want <= tiles && want <= MAX_SPLITS; want++) {
+        int64_t tps = ceil_div(tiles, want), sp = ceil_div(tiles, tps);
+        int64_t cost = ceil_div(row_blocks * sp, slots) * tps;
+        if (best_cost < 0 || cost < best_cost) best_cost = cost, best_tps = tps;
+    }
+    if (best_tps < 1) best_tps = 1;
+    *tiles_per_split = (int)best_tps;
+    *splits = (int)ceil_div(tiles, best_tps);
 }
 
 /* Cuts `total` into chunks of at most `fit` (a multiple of `unit` when at least one unit fits),

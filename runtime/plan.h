@@ -62,8 +62,9 @@ flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, co
 flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
                          const flce_tensors *t, plan *out);
 
-/* Enough CTAs for two waves: how many vocab splits (gridDim.y) a logits pass over rows × cols uses,
- * and how many BN-wide tiles each walks. */
+/* How many vocab splits (gridDim.y) a logits pass over rows × cols uses, and how many BN-wide
+ * tiles each walks: the split count whose whole rounds of CTAs on the device's SMs waste the
+ * least time. */
 void plan_vocab_splits(const plan *pl, int64_t rows, int64_t cols, int num_sms, int *splits,
                        int *tiles_per_split);
 
