@@ -80,7 +80,7 @@ for stage in "${stages[@]}"; do
     ;;
   bench)
     step "flce bench --shapes $bench_shapes"
-    timeout "$(left)" ./build/flce bench --shapes "$bench_shapes" --logit-std 4,0.5 --json "$OUT/bench.json" \
+    timeout "$(left)" ./build/flce bench --shapes "$bench_shapes" --logit-std ${BENCH_STDS:-4,0.5} ${BENCH_ARGS:-} --json "$OUT/bench.json" \
       > "$OUT/bench.md" 2> "$OUT/bench.log"
     echo "status $?" >> "$OUT/bench.log"
     grep -h '^|\|^###' "$OUT/bench.md" | tee -a "$LOG"
