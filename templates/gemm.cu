@@ -700,13 +700,30 @@ __device__ __forceinline__ void store_partials(const flce_gemm_params &p, long l
     if (OPT_ARGMAX) ((long long *)p.part_arg)[at] = a.arg;
 }
 
+#ifndef LOGITS_GROUP
+#define LOGITS_GROUP 8
+#endif
 // grid: (row blocks, vocab splits). Each CTA walks tiles_per_split vocab tiles of its split.
 extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_gemm(FLCE_PARAM p)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = tile_smem(smem_raw);
-    const long long m0 = (long long)blockIdx.x * BM;
-    const int split = blockIdx.y;
+    // CTAs start in launch order (blockIdx.x fastest). Taken as given, the CTAs running at once
+    // would hold ~all row blocks (at 8192 tokens, 64 blocks of A, 1 MiB each at D = 4096: more than
+    // L2) and each re-reads its block for every vocab tile. Renumbered in groups of LOGITS_GROUP
+    // row blocks × all splits, the CTAs in flight share a few A blocks (which stay in L2) and each
+    // vocab tile of W is read by LOGITS_GROUP of them at about the same time. A bijection of the
+    // grid, so every (row block, split) still runs exactly once.
+    long long m0;
+    int split;
+    {
+        const long long row_blocks = gridDim.x, lin = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+        const long long per_group = (long long)LOGITS_GROUP * gridDim.y, g = lin / per_group, w = lin % per_group;
+        const long long first = g * LOGITS_GROUP;
+        const long long rows_here = row_blocks - first < LOGITS_GROUP ? row_blocks - first : LOGITS_GROUP;
+        m0 = (first + w % rows_here) * BM;
+        split = (int)(w / rows_here);
+    }
     const long long tiles = (p.n + BN - 1) / BN;
     long long t_begin = (long long)split * p.tiles_per_split;
     long long t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
