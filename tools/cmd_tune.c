@@ -385,8 +385,13 @@ static int parse_args(tune_opts *o, int argc, char **argv)
 
 static int list_candidates(const tune_opts *o, int sm, tune_cands *c)
 {
+    /* The kernels of the timed calls: loss and gradients, no entropy or argmax outputs (a plan
+     * without tensors would assume every output and time heavier logits epilogues than the calls
+     * the table's winner is used for, and leave their kernels uncompiled). */
+    flce_tensors none;
+    flce_tensors_init(&none);
     plan pl;
-    if (plan_make(&o->t.problem, FLCE_OP_LOSS_AND_GRAD, sm, 132, NULL, &pl) != FLCE_OK) {
+    if (plan_make(&o->t.problem, FLCE_OP_LOSS_AND_GRAD, sm, 132, &none, &pl) != FLCE_OK) {
         fprintf(stderr, "flce tune: %s\n", flce_last_error());
         return 0;
     }
