@@ -57,7 +57,7 @@ int bench_data_fill(bench_data *d, uint64_t seed, double logit_std)
      * of variance logit_std²/D. */
     fill_job j = {d, seed, logit_std / sqrt((double)p->hidden), (p->tokens + FILL_BLOCK_ROWS - 1) / FILL_BLOCK_ROWS,
                   (p->vocab_shard + FILL_BLOCK_ROWS - 1) / FILL_BLOCK_ROWS};
-    host_parallel_for(j.h_blocks + j.w_blocks, fill_block, &j);
+    host_parallel_for(j.h_blocks + j.w_blocks, 0, fill_block, &j);
     host_rng rng;
     host_rng_seed(&rng, seed);
     for (int64_t i = 0; i < p->tokens; i++)
@@ -177,7 +177,7 @@ int bench_ref_tokens(bench_ref *r, const bench_data *d, host_rng *rng, int sampl
     r->g = count ? 1.0 / (double)count : 0.0;
     for (int s = 0; s < samples; s++) r->tok[s] = host_rng_below(rng, n);
     ref_tok_job j = {r, d, 0};
-    host_parallel_for(samples, ref_token, &j);
+    host_parallel_for(samples, 0, ref_token, &j);
     if (j.failed) bench_ref_free(r);
     return !j.failed;
 }

@@ -74,9 +74,9 @@ static void progress_draw(const progress *p, const char *what)
 
 typedef struct compile_pool {
     const tune_cands *c;
-    int next, failures;
+    int failures;
     progress prog;
-    pthread_mutex_t lock;
+    pthread_mutex_t lock; /* the progress bar and the count */
 } compile_pool;
 
 static void index_to(const tune_cands *c, int i, int *role, int *k)
@@ -86,33 +86,27 @@ static void index_to(const tune_cands *c, int i, int *role, int *k)
     *role = r, *k = i;
 }
 
-static void *compile_worker(void *arg)
+static void compile_one(void *arg, int64_t i)
 {
     compile_pool *pool = arg;
-    for (;;) {
-        pthread_mutex_lock(&pool->lock);
-        int i = pool->next++;
-        pthread_mutex_unlock(&pool->lock);
-        if (i >= pool->prog.total) return NULL;
-        int r, k;
-        index_to(pool->c, i, &r, &k);
-        kernel_spec s = pool->c->base[r];
-        s.tile = pool->c->tile[r][k];
-        jit_result jr;
-        char summary[256];
-        spec_summary(&s, summary, sizeof summary);
-        flce_status st = jit_build(&s, &jr); /* the disk cache is safe across threads and processes */
-        pthread_mutex_lock(&pool->lock);
-        pool->prog.done++;
-        if (st != FLCE_OK) {
-            pool->failures++;
-            fprintf(stderr, "\nflce tune: candidate %s does not compile:\n%s\n", summary, flce_last_error());
-        } else {
-            free(jr.cubin);
-        }
-        progress_draw(&pool->prog, summary);
-        pthread_mutex_unlock(&pool->lock);
+    int r, k;
+    index_to(pool->c, (int)i, &r, &k);
+    kernel_spec s = pool->c->base[r];
+    s.tile = pool->c->tile[r][k];
+    jit_result jr;
+    char summary[256];
+    spec_summary(&s, summary, sizeof summary);
+    flce_status st = jit_build(&s, &jr); /* the disk cache is safe across threads and processes */
+    pthread_mutex_lock(&pool->lock);
+    pool->prog.done++;
+    if (st != FLCE_OK) {
+        pool->failures++;
+        fprintf(stderr, "\nflce tune: candidate %s does not compile:\n%s\n", summary, flce_last_error());
+    } else {
+        free(jr.cubin);
     }
+    progress_draw(&pool->prog, summary);
+    pthread_mutex_unlock(&pool->lock);
 }
 
 static int compile_all(const tune_cands *c, int jobs)
@@ -124,14 +118,7 @@ static int compile_all(const tune_cands *c, int jobs)
     pool.prog.start = now_s();
     pool.prog.stage = "compiling";
     pthread_mutex_init(&pool.lock, NULL);
-    pthread_t th[64];
-    if (jobs < 1) jobs = 1;
-    if (jobs > 64) jobs = 64;
-    int started = 0;
-    for (; started < jobs; started++)
-        if (pthread_create(&th[started], NULL, compile_worker, &pool) != 0) break;
-    if (started == 0) compile_worker(&pool);
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    host_parallel_for(pool.prog.total, jobs < 1 ? 1 : jobs, compile_one, &pool);
     pthread_mutex_destroy(&pool.lock);
     return pool.failures;
 }

@@ -240,11 +240,14 @@ static void *par_worker(void *p)
     }
 }
 
-void host_parallel_for(int64_t n, void (*fn)(void *arg, int64_t i), void *arg)
+void host_parallel_for(int64_t n, int threads, void (*fn)(void *arg, int64_t i), void *arg)
 {
     enum { MAX_THREADS = 64 };
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
+    if (threads < 1) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
+    }
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > n) threads = (int)(n > 0 ? n : 1);
     par_job j = {fn, arg, n, 0, PTHREAD_MUTEX_INITIALIZER};
     pthread_t th[MAX_THREADS];
