@@ -108,7 +108,9 @@ typedef struct flce_problem {
     int32_t allow_tf32;      /* fp32 inputs may use TF32 matrix units (today's fp32 path is exact) */
     int32_t deterministic;   /* bitwise-identical results across runs (today's kernels always are) */
     flce_strategy strategy;  /* FLCE_STRATEGY_AUTO unless forcing one */
-    uint64_t memory_budget;  /* bytes of workspace the chunked strategy may use; 0 = 512 MiB */
+    uint64_t memory_budget;  /* bytes for one block of fp32 logits + dZ, which sets the chunk
+                                size; 0 = 512 MiB. An fp32 dW (chunked) or dH (recompute)
+                                accumulator comes on top unless accumulating (README) */
     /* --- fields below were added after the first layout; older callers get their defaults --- */
     int32_t has_class_weights;      /* tensors.class_weights: vocab_total fp32 weights, as
                                        torch cross_entropy(weight=); mean divides by Σ_valid w_y */
