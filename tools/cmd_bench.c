@@ -289,13 +289,6 @@ typedef struct bench_run {
     host_rng rng;
 } bench_run;
 
-static double wall_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void progress(const char *fmt, ...)
 {
     time_t now = time(NULL);
@@ -340,10 +333,10 @@ static int bench_row_run(bench_run *b, int k, bench_row *row)
     /* The first call's wall time is what a process pays once: NVRTC, or with a warm disk cache
      * (and autotune table) only the module load. */
     int ok = flce_workspace_size(ctx, &p, op, &ws) == FLCE_OK && devmem_info(&free0, &total) == FLCE_OK;
-    double t0 = wall_s();
+    double t0 = host_now_s();
     ok = ok && bench_call(ctx, &p, st->forward, &t) == FLCE_OK && flce_check(ctx, NULL) == FLCE_OK &&
          devmem_sync() == FLCE_OK;
-    row->first_ms = 1e3 * (wall_s() - t0);
+    row->first_ms = 1e3 * (host_now_s() - t0);
     ok = ok && devmem_info(&free1, &total) == FLCE_OK;
     row->workspace_mib = (double)ws / MIB;
     row->extra_mib = ((double)free0 - (double)free1) / MIB;

@@ -51,13 +51,6 @@ typedef struct fz_opts {
     double time_limit;
 } fz_opts;
 
-static double fz_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* ---- one case on the GPU ------------------------------------------------------------------- */
 
 typedef struct fz_dev {
@@ -146,7 +139,7 @@ static flce_status fz_run(flce_context *ctx, const fz_case *c, const fz_dev *d, 
     t.loss = d->loss, t.lse = d->lse, t.loss_per_token = d->lpt, t.z_loss_out = d->zl;
     t.target_logprob = d->logprob, t.entropy = d->entropy, t.argmax = d->argmax;
     t.grad_hidden = d->dh, t.grad_weight = d->dw, t.grad_bias = d->db;
-    double t0 = fz_now();
+    double t0 = host_now_s();
     flce_status st;
     if (c->mode == FZ_LOSS_AND_GRAD) {
         st = flce_loss_and_grad(ctx, &c->p, &t, NULL);
@@ -163,9 +156,9 @@ static flce_status fz_run(flce_context *ctx, const fz_case *c, const fz_dev *d, 
             st = flce_backward(ctx, &c->p, &b, NULL);
         }
     }
-    double t1 = fz_now();
+    double t1 = host_now_s();
     if (st == FLCE_OK) st = flce_check(ctx, NULL);
-    *call_s = t1 - t0, *gpu_s = fz_now() - t1;
+    *call_s = t1 - t0, *gpu_s = host_now_s() - t1;
     return st;
 }
 
@@ -262,7 +255,7 @@ static void fz_run_case(flce_context *ctx, uint64_t seed, uint64_t k, fz_record 
     fz_case_make(seed, k, &c);
     rec->dtype = c.p.dtype;
     for (int q = 0; q < FZ_Q_COUNT; q++) rec->err[q] = -1;
-    double t0 = fz_now();
+    double t0 = host_now_s();
     fz_data x;
     fz_sample s;
     fz_dev d;
@@ -273,7 +266,7 @@ static void fz_run_case(flce_context *ctx, uint64_t seed, uint64_t k, fz_record 
         snprintf(rec->msg, sizeof rec->msg, "host memory");
         goto out;
     }
-    double host = fz_now() - t0;
+    double host = host_now_s() - t0;
     flce_status st = fz_upload(&c, &x, &d);
     if (st == FLCE_OK) st = fz_run(ctx, &c, &d, &rec->call_s, &rec->gpu_s);
     if (st != FLCE_OK) {
@@ -281,7 +274,7 @@ static void fz_run_case(flce_context *ctx, uint64_t seed, uint64_t k, fz_record 
         snprintf(rec->msg, sizeof rec->msg, "%s: %s", flce_status_name(st), flce_last_error());
         goto out;
     }
-    double t1 = fz_now();
+    double t1 = host_now_s();
     fz_got g;
     fz_download(&c, &x, &s, &d, &g);
     fz_result r;
@@ -294,7 +287,7 @@ static void fz_run_case(flce_context *ctx, uint64_t seed, uint64_t k, fz_record 
         if (g.nonfinite) snprintf(rec->msg, sizeof rec->msg, "NaN, Inf or poison in an output; ");
     }
     fz_got_free(&g);
-    rec->host_s = host + (fz_now() - t1);
+    rec->host_s = host + (host_now_s() - t1);
 out:;
     size_t used = strlen(rec->msg);
     fz_case_describe(&c, rec->msg + used, sizeof rec->msg - used);
@@ -370,7 +363,7 @@ static int fz_worker(const fz_opts *o, _Atomic uint64_t *next, double start, int
         return 1;
     }
     for (;;) {
-        if (o->time_limit > 0 && fz_now() - start > o->time_limit) break;
+        if (o->time_limit > 0 && host_now_s() - start > o->time_limit) break;
         uint64_t k = atomic_fetch_add(next, 1);
         if (k >= (uint64_t)o->cases) break;
         fz_record rec;
@@ -390,7 +383,7 @@ static int fz_many(const fz_opts *o)
         return 1;
     }
     atomic_store(next, 0);
-    double start = fz_now();
+    double start = host_now_s();
     pid_t *kids = calloc((size_t)o->jobs, sizeof *kids);
     fflush(stdout), fflush(stderr);
     for (int j = 0; j < o->jobs; j++) {
@@ -420,7 +413,7 @@ static int fz_many(const fz_opts *o)
         fz_account(&sm, &rec);
         if (rec.status != FZ_PASS) fz_report_failure(o, &rec);
         else if (o->verbose) printf("ok   case %" PRIu64 ": %s\n", rec.index, rec.msg);
-        double now = fz_now();
+        double now = host_now_s();
         if (now - last > 2 || sm.done == o->cases) {
             fprintf(stderr, "\rflce fuzz: %" PRId64 "/%" PRId64 " cases, %" PRId64 " failed, %.0f s   ",
                     sm.done, o->cases, sm.done - sm.pass, now - start);
@@ -442,7 +435,7 @@ static int fz_many(const fz_opts *o)
         printf("flce fuzz: no GPU: skipped\n");
         return 77;
     }
-    fz_print_summary(o, &sm, fz_now() - start);
+    fz_print_summary(o, &sm, host_now_s() - start);
     if (crashed) printf("flce fuzz: %d worker(s) died\n", crashed);
     /* Cases cut off by --time-limit are reported, not failed: the summary says how many ran. */
     return sm.done - sm.pass > 0 || crashed || sm.done == 0 ? 1 : 0;

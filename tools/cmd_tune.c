@@ -43,13 +43,6 @@ typedef struct progress {
     const char *stage;
 } progress;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* "[=====>    ] done/total stage best … ETA m:ss" on stderr: redrawn in place on a terminal, one
  * line per step otherwise (logs). */
 static void progress_draw(const progress *p, const char *what)
@@ -59,7 +52,7 @@ static void progress_draw(const progress *p, const char *what)
     char bar[WIDTH + 1];
     for (int i = 0; i < WIDTH; i++) bar[i] = i < fill ? '=' : i == fill ? '>' : ' ';
     bar[WIDTH] = '\0';
-    double el = now_s() - p->start;
+    double el = host_now_s() - p->start;
     double eta = p->done ? el / p->done * (p->total - p->done) : 0;
     char best[128] = "";
     if (p->best_ms > 0) snprintf(best, sizeof best, " best %.3f ms (%s)", p->best_ms, p->best);
@@ -115,7 +108,7 @@ static int compile_all(const tune_cands *c, int jobs)
     memset(&pool, 0, sizeof pool);
     pool.c = c;
     pool.prog.total = c->n[0] + c->n[1] + c->n[2];
-    pool.prog.start = now_s();
+    pool.prog.start = host_now_s();
     pool.prog.stage = "compiling";
     pthread_mutex_init(&pool.lock, NULL);
     host_parallel_for(pool.prog.total, jobs < 1 ? 1 : jobs, compile_one, &pool);
@@ -265,7 +258,7 @@ out:
 static int time_all(flce_context *ctx, tune_data *d, const tune_cands *c, int runs,
                     spec_tile best[TUNE_ROLES], double *best_ms, double *builtin_ms)
 {
-    progress prog = {0, c->n[0] + c->n[1] + c->n[2], now_s(), 0, "", "timing"};
+    progress prog = {0, c->n[0] + c->n[1] + c->n[2], host_now_s(), 0, "", "timing"};
     for (int r = 0; r < TUNE_ROLES; r++) best[r] = c->tile[r][0];
     *best_ms = -1;
     for (int r = 0; r < TUNE_ROLES; r++)
@@ -436,7 +429,7 @@ static int tune_gpu(const tune_opts *o)
     d.p = o->t.problem;
     int rc = 1;
     spec_tile best[TUNE_ROLES];
-    double best_ms = -1, builtin_ms = -1, t0 = now_s();
+    double best_ms = -1, builtin_ms = -1, t0 = host_now_s();
     if (!list_candidates(o, sm, &c)) goto out;
     if (compile_all(&c, o->jobs) != 0) goto out;
     if (!fill_random(&d)) {
@@ -447,7 +440,7 @@ static int tune_gpu(const tune_opts *o)
     rc = tune_store(o, ctx->name, sm, best, best_ms);
     if (rc == 0)
         printf("built-in tiles %.3f ms, winner %.3f ms (%.3fx); tuning took %.1f s\n", builtin_ms, best_ms,
-               builtin_ms / best_ms, now_s() - t0);
+               builtin_ms / best_ms, host_now_s() - t0);
 out:
     free_data(&d);
     flce_context_destroy(ctx);

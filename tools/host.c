@@ -204,6 +204,13 @@ static uint64_t host_hash_text(const char *s) {
     return h;
 }
 
+double host_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 uint64_t host_fresh_seed(void) {
     const char *env = getenv("FLCE_SEED");
     if (env && *env) {

@@ -27,6 +27,9 @@ uint64_t host_rng_next(host_rng *r);
 double host_rng_uniform(host_rng *r);          /* [0, 1) */
 double host_rng_normal(host_rng *r);           /* mean 0, sd 1 */
 int64_t host_rng_below(host_rng *r, int64_t n); /* [0, n) */
+/* Seconds on the monotonic clock (differences only). */
+double host_now_s(void);
+
 /* Runs fn(arg, i) for i in [0, n) on `threads` threads (the caller's included; 0: one per core, at
  * most 64); returns when all are done. fn must not depend on the order. */
 void host_parallel_for(int64_t n, int threads, void (*fn)(void *arg, int64_t i), void *arg);
