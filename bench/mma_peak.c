@@ -3,7 +3,8 @@
  * register-only kernel (templates/bench_mma_peak.cu, compiled by NVRTC for the device's arch without
  * the 'a' features, as the Ampere path is). The Ampere path's TFLOP/s from `flce bench` under
  * FLCE_PORTABLE=1 divided by this is its fraction of the mma.sync ceiling (issue 6).
- *   usage: flce_mma_peak [bf16|f16]        prints TFLOP/s: median of 11 timed launches
+ *   usage: flce_mma_peak [bf16|f16]                  prints TFLOP/s: median of 11 timed launches
+ *          flce_mma_peak [bf16|f16] --compile sm_NN  compiles the kernel only (no GPU; a cpu test)
  */
 #include <nvrtc.h>
 #include <stdio.h>
@@ -37,12 +38,53 @@ static int cmp_f(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The kernel's cubin for sm_<arch> (malloc'd, *len bytes), or NULL with NVRTC's log on stderr. */
+static char *compile_kernel(const char *type, int arch, size_t *len)
+{
+    char *src = read_file(FLCE_MMA_PEAK_SRC);
+    if (!src) {
+        fprintf(stderr, "flce_mma_peak: cannot read %s\n", FLCE_MMA_PEAK_SRC);
+        return NULL;
+    }
+    char arch_opt[64], def[64];
+    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=sm_%d", arch);
+    snprintf(def, sizeof def, "-DMMA_TYPE=\"%s\"", type);
+    const char *opts[] = {arch_opt, def, "-std=c++17"};
+    nvrtcProgram prog;
+    char *cubin = NULL;
+    if (nvrtcCreateProgram(&prog, src, "bench_mma_peak.cu", 0, NULL, NULL) != NVRTC_SUCCESS) {
+        free(src);
+        return NULL;
+    }
+    if (nvrtcCompileProgram(prog, 3, opts) != NVRTC_SUCCESS) {
+        size_t n = 0;
+        nvrtcGetProgramLogSize(prog, &n);
+        char *log = malloc(n + 1);
+        if (log && nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS) fprintf(stderr, "flce_mma_peak: NVRTC:\n%s\n", log);
+        free(log);
+    } else if (nvrtcGetCUBINSize(prog, len) == NVRTC_SUCCESS && (cubin = malloc(*len)) &&
+               nvrtcGetCUBIN(prog, cubin) != NVRTC_SUCCESS) {
+        free(cubin), cubin = NULL;
+    }
+    nvrtcDestroyProgram(&prog);
+    free(src);
+    return cubin;
+}
+
 int main(int argc, char **argv)
 {
     const char *type = argc > 1 ? argv[1] : "bf16";
-    if (strcmp(type, "bf16") && strcmp(type, "f16")) {
-        fprintf(stderr, "usage: flce_mma_peak [bf16|f16]\n");
+    if ((strcmp(type, "bf16") && strcmp(type, "f16")) || (argc > 2 && (argc != 4 || strcmp(argv[2], "--compile")))) {
+        fprintf(stderr, "usage: flce_mma_peak [bf16|f16] [--compile sm_NN]\n");
         return 2;
+    }
+    size_t cubin_len = 0;
+    if (argc == 4) { /* no GPU: the kernel compiles for that arch */
+        int arch = atoi(argv[3] + (strncmp(argv[3], "sm_", 3) ? 0 : 3));
+        char *cubin = arch >= 80 ? compile_kernel(type, arch, &cubin_len) : NULL;
+        if (cubin) printf("flce_mma_peak: %s kernel compiles for sm_%d (%zu-byte cubin)\n", type, arch, cubin_len);
+        free(cubin);
+        return cubin ? 0 : 1;
     }
     if (devmem_gpu_count() < 1) {
         fprintf(stderr, "flce_mma_peak: no GPU\n");
@@ -59,31 +101,8 @@ int main(int argc, char **argv)
     drv.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
     drv.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
     drv.DeviceGetName(name, sizeof name, dev);
-    char *src = read_file(FLCE_MMA_PEAK_SRC);
-    if (!src) {
-        fprintf(stderr, "flce_mma_peak: cannot read %s\n", FLCE_MMA_PEAK_SRC);
-        return 1;
-    }
-    char arch[64], def[64];
-    snprintf(arch, sizeof arch, "--gpu-architecture=sm_%d%d", major, minor);
-    snprintf(def, sizeof def, "-DMMA_TYPE=\"%s\"", type);
-    const char *opts[] = {arch, def, "-std=c++17"};
-    nvrtcProgram prog;
-    size_t cubin_len = 0;
-    char *cubin = NULL;
-    if (nvrtcCreateProgram(&prog, src, "bench_mma_peak.cu", 0, NULL, NULL) != NVRTC_SUCCESS) return 1;
-    if (nvrtcCompileProgram(prog, 3, opts) != NVRTC_SUCCESS) {
-        size_t n = 0;
-        nvrtcGetProgramLogSize(prog, &n);
-        char *log = malloc(n + 1);
-        nvrtcGetProgramLog(prog, log);
-        fprintf(stderr, "flce_mma_peak: NVRTC:\n%s\n", log);
-        return 1;
-    }
-    nvrtcGetCUBINSize(prog, &cubin_len);
-    cubin = malloc(cubin_len);
-    nvrtcGetCUBIN(prog, cubin);
-    nvrtcDestroyProgram(&prog);
+    char *cubin = compile_kernel(type, major * 10 + minor, &cubin_len);
+    if (!cubin) return 1;
     CUmodule mod;
     CUfunction fn;
     void *out = NULL;
@@ -115,6 +134,6 @@ int main(int argc, char **argv)
            type, name, major, minor, sms, flops / (ms[RUNS / 2] * 1e-3) / 1e12, RUNS, ms[RUNS / 2]);
     devmem_free(out);
     drv.ModuleUnload(mod);
-    free(cubin), free(src);
+    free(cubin);
     return 0;
 }
