@@ -55,22 +55,10 @@ static void tp_workspace_holds_the_gather_and_the_fp32_dh(void)
     CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK); /* NULL: worst case */
     CHECK(pl.collective && !pl.sp && pl.tp == 2 && pl.rank == 1 && pl.n == 5000 && pl.n_local == 5000);
     CHECK(pl.need_dh_tp && !pl.need_dh_acc);
-    uint64_t rows = (uint64_t)pl.stat_rows, sp = (uint64_t)pl.splits, blk = (uint64_t)pl.chunk_rows * pl.ldz;
-    region r[] = {{pl.off_stats, 16},
-                  {pl.off_target, rows * 4},
-                  {pl.off_part_m, rows * sp * 4},
-                  {pl.off_part_s, rows * sp * 4},
-                  {pl.off_part_t, rows * sp * 4},
-                  {pl.off_part_arg, rows * sp * 8},
-                  {pl.off_loss_rows, pl.need_loss_rows ? (uint64_t)pl.n * 4 : 0},
-                  {pl.off_lse, pl.need_lse ? (uint64_t)pl.n * 4 : 0},
-                  {pl.off_z, blk * 4},
-                  {pl.off_dz, blk * 2},
-                  {pl.off_dw_acc, pl.need_dw_acc ? (uint64_t)pl.v * pl.d * 4 : 0},
-                  {pl.off_dh_tp, (uint64_t)pl.n * pl.d * 4},
-                  {pl.off_tp_send, pl.tp_block_bytes},
-                  {pl.off_tp_recv, pl.tp_block_bytes * 2}};
-    check_disjoint(r, sizeof r / sizeof r[0], pl.workspace_bytes, "TP");
+    region r[PLAN_REGIONS];
+    size_t n = plan_regions(&pl, r);
+    uint64_t rows = (uint64_t)pl.stat_rows;
+    check_disjoint(r, n, pl.workspace_bytes, "TP");
     CHECK(pl.tp_block_bytes == (uint64_t)(FLCE_TP_HEADER + rows * FLCE_TP_RECORD) * 4);
 
     /* Without a communicator (the split phase, or a backward leaving partial dH) nothing of it. */

@@ -269,20 +269,9 @@ static void workspace_regions_do_not_overlap(void)
         p.memory_budget = 8ull << 20, p.strategy = (flce_strategy)strat;
         plan pl;
         CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
-        uint64_t rows = (uint64_t)pl.stat_rows, sp = (uint64_t)pl.splits, blk = (uint64_t)pl.chunk_rows * pl.ldz;
-        region r[] = {{pl.off_stats, 16},
-                      {pl.off_target, rows * 4},
-                      {pl.off_part_m, rows * sp * 4},
-                      {pl.off_part_s, rows * sp * 4},
-                      {pl.off_part_t, rows * sp * 4},
-                      {pl.off_part_arg, rows * sp * 8},
-                      {pl.off_loss_rows, pl.need_loss_rows ? (uint64_t)pl.n * 4 : 0},
-                      {pl.off_lse, pl.need_lse ? (uint64_t)pl.n * 4 : 0},
-                      {pl.off_z, blk * 4},
-                      {pl.off_dz, blk * 2},
-                      {pl.off_dw_acc, pl.need_dw_acc ? (uint64_t)pl.v * pl.d * 4 : 0},
-                      {pl.off_dh_acc, pl.need_dh_acc ? (uint64_t)pl.n * pl.d * 4 : 0}};
-        size_t n = sizeof r / sizeof r[0];
+        uint64_t blk = (uint64_t)pl.chunk_rows * pl.ldz;
+        region r[PLAN_REGIONS];
+        size_t n = plan_regions(&pl, r);
         CHECK(strat == FLCE_STRATEGY_CHUNKED ? pl.need_dw_acc && !pl.need_dh_acc : pl.need_dh_acc && !pl.need_dw_acc);
         CHECK(blk * 6 <= p.memory_budget);
         char what[32];
