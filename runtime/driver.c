@@ -27,8 +27,8 @@ typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
  * and an ABI can change under the same name: asked for at CUDA 13.0, cuCtxSynchronize is
  * cuCtxSynchronize_v2(CUcontext), and calling it as (void) passes a garbage context
  * (CUDA_ERROR_CONTEXT_IS_DESTROYED). So each entry point is resolved at a pinned version, and the
- * compiler checks that version's prototype (cudaTypedefs.h) against the table's. */
-/* Every entry point flce uses, with the version whose prototype drv_table declares. */
+ * compiler checks that version's prototype (cudaTypedefs.h) against the table's. The list: every
+ * entry point flce uses, with the version whose prototype drv_table declares. */
 #define DRV_ENTRY_POINTS(X) \
     X(Init, 2000) X(DriverGetVersion, 2020) X(GetErrorString, 6000) X(GetErrorName, 6000) \
     X(DeviceGetCount, 2000) X(DeviceGet, 2000) X(DeviceGetName, 2000) X(DeviceGetAttribute, 2000) \
