@@ -7,6 +7,10 @@
 #   bench    `flce bench` over --bench-shapes at logit std 4 and 0.5 (issue 4)
 #   compare  bench/compare.py over --compare-shapes (flce vs cuBLAS floors, torch eager, torch.compile)
 #   gpu      the GPU CTests (both single-GPU suites, fault, concurrency, fuzz smoke)
+#   profile  per-kernel durations (ncu, clocks and caches left alone) of one loss-and-grad call per
+#            strategy in $PROFILE_STRATEGIES at $PROFILE_SHAPE (bench/ncu_summary.py tables)
+#   ab       `flce bench` of this tree and of prev/ (an older tree carried beside it) alternately,
+#            twice, over --bench-shapes (BENCH_ARGS as for bench)
 #   portable the mma.sync ceiling (flce_mma_peak) and `flce bench` with FLCE_PORTABLE=1 (the Ampere
 #            path on this GPU, issue 6)
 # Only a few files come back from a device call: session.log has the summary, everything else is in
@@ -96,6 +100,27 @@ for stage in "${stages[@]}"; do
     step "gpu tests"
     (cd build && timeout "$(left)" ctest --output-on-failure --timeout 300 -L gpu -j4) > "$OUT/ctest-gpu.log" 2>&1
     tail -15 "$OUT/ctest-gpu.log" | tee -a "$LOG"
+    ;;
+  profile)
+    ps=${PROFILE_SHAPE:-8192x4096x128256}
+    for st in ${PROFILE_STRATEGIES:-recompute chunked}; do
+      step "ncu: one $st call at $ps"
+      ./build/flce bench --shapes "$ps" --strategies "$st" --logit-std 4 --warmup 1 --iters 1 --sets 1 >/dev/null 2>&1 # compile first
+      timeout "$(left)" ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --page raw \
+        --kernel-name regex:flce_ --launch-skip 0 ./build/flce bench --shapes "$ps" --strategies "$st" --logit-std 4 \
+        --warmup 0 --iters 1 --sets 1 > "$OUT/ncu-$st.csv" 2> "$OUT/ncu-$st.log"
+      python3 bench/ncu_summary.py "$OUT/ncu-$st.csv" | tee -a "$LOG"
+    done
+    ;;
+  ab)
+    step "build prev/ ($(cat prev/.device-commit 2>/dev/null || echo '?'))"
+    (cd prev && cmake --preset default && cmake --build --preset default -j "$(nproc)") > "$OUT/build-prev.log" 2>&1 || echo "prev build failed" | tee -a "$LOG"
+    for i in 1 2; do for tree in . prev; do
+      step "ab $i: $tree flce bench --shapes $bench_shapes"
+      (cd $tree && timeout "$(left)" ./build/flce bench --shapes "$bench_shapes" --logit-std 4 ${BENCH_ARGS:-}) \
+        > "$OUT/ab-$i-${tree//./new}.md" 2>&1
+      grep -h '^|' "$OUT/ab-$i-${tree//./new}.md" | sed "s/^/$tree /" | tee -a "$LOG"
+    done; done
     ;;
   portable)
     step "mma.sync ceiling"

@@ -7,13 +7,21 @@
 #include "emit.h"
 #include "error.h"
 
-static const char *const gemm_names[] = {"flce_gemm", NULL};
+/* One entry name per GEMM role, so profilers and logs tell the three apart. */
+static const char *const logits_names[] = {"flce_logits", NULL};
+static const char *const dh_names[] = {"flce_dh", NULL};
+static const char *const dw_names[] = {"flce_dw", NULL};
 static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
                                            "flce_dbias", "flce_tp_pack", "flce_cast", NULL};
 
 const char *const *emit_kernel_names(spec_role role)
 {
-    return role == ROLE_ROWOPS ? rowops_names : gemm_names;
+    switch (role) {
+    case ROLE_ROWOPS: return rowops_names;
+    case ROLE_LOGITS: return logits_names;
+    case ROLE_DH: return dh_names;
+    default: return dw_names;
+    }
 }
 
 typedef struct sbuf {

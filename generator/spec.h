@@ -12,9 +12,9 @@
 #include "flce.h"
 
 typedef enum spec_role {
-    ROLE_LOGITS = 0, /* Z = H·Wᵀ with the online-LSE epilogue (kernel flce_gemm) */
-    ROLE_DH = 1,     /* dH = dZ·W (kernel flce_gemm) */
-    ROLE_DW = 2,     /* dW = dZᵀ·H (kernel flce_gemm) */
+    ROLE_LOGITS = 0, /* Z = H·Wᵀ with the online-LSE epilogue (kernel flce_logits) */
+    ROLE_DH = 1,     /* dH = dZ·W (kernel flce_dh) */
+    ROLE_DW = 2,     /* dW = dZᵀ·H (kernel flce_dw) */
     ROLE_ROWOPS = 3  /* flce_prepare, _combine, _dz, _reduce, _dbias, _tp_pack, _cast */
 } spec_role;
 

@@ -704,7 +704,7 @@ __device__ __forceinline__ void store_partials(const flce_gemm_params &p, long l
 #define LOGITS_GROUP 8
 #endif
 // grid: (row blocks, vocab splits). Each CTA walks tiles_per_split vocab tiles of its split.
-extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_gemm(FLCE_PARAM p)
+extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = tile_smem(smem_raw);
@@ -802,32 +802,45 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_gemm(FLCE_PARAM p)
 #else // DH, DW
 
 // out = scale · acc (+ addend) for one output tile, in fp32 or the input dtype.
+// The addend is usually `out` itself (an fp32 accumulator built up over chunks), so the compiler
+// must keep each load behind the previous store: one full memory round trip per 8 columns, 32 per
+// row of a 128×256 tile, which made the epilogue as long as a K = 640 main loop. Loading a batch
+// of ADD_BATCH fragments before any of their stores puts those loads in flight together.
+__host__ __device__ constexpr int add_batch(int d) { return NI % d == 0 ? d : add_batch(d - 1); }
+constexpr int ADD_BATCH = add_batch(NI < 16 ? NI : 16); // the largest divisor of NI up to 16
 __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
                                               long long n0, int wm, int wn, int lane, float scale)
 {
     const int g = lane / 4, t = lane % 4;
     const float *addend = (const float *)p.addend;
+    const long long c0 = n0 + wn * WTN + 2 * t; // even; n is a multiple of 8
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
             if (row >= p.m) continue;
+            const long long at0 = row * p.ldo + c0;
 #pragma unroll
-            for (int ni = 0; ni < NI; ni++) {
-                long long col = n0 + wn * WTN + ni * 8 + 2 * t; // even; n is a multiple of 8
-                if (col >= p.n) continue;
-                long long at = row * p.ldo + col;
-                float v0 = acc[mi][ni][2 * h] * scale, v1 = acc[mi][ni][2 * h + 1] * scale;
-                if (addend) {
-                    float2 a = *(const float2 *)(addend + at);
-                    v0 += a.x, v1 += a.y;
+            for (int nb = 0; nb < NI; nb += ADD_BATCH) {
+                float2 add[ADD_BATCH];
+#pragma unroll
+                for (int i = 0; i < ADD_BATCH; i++) {
+                    const int ni = nb + i;
+                    add[i] = addend && c0 + ni * 8 < p.n ? *(const float2 *)(addend + at0 + ni * 8) : make_float2(0.f, 0.f);
                 }
-                if (p.out_f32 || FLCE_DTYPE == DTYPE_F32) {
-                    *(float2 *)((float *)p.out + at) = make_float2(v0, v1);
-                } else {
-                    unsigned packed = (unsigned)from_f32(v0) | ((unsigned)from_f32(v1) << 16);
-                    *(unsigned *)((elem_t *)p.out + at) = packed;
+#pragma unroll
+                for (int i = 0; i < ADD_BATCH; i++) {
+                    const int ni = nb + i;
+                    if (c0 + ni * 8 >= p.n) continue;
+                    const long long at = at0 + ni * 8;
+                    float v0 = acc[mi][ni][2 * h] * scale + add[i].x, v1 = acc[mi][ni][2 * h + 1] * scale + add[i].y;
+                    if (p.out_f32 || FLCE_DTYPE == DTYPE_F32) {
+                        *(float2 *)((float *)p.out + at) = make_float2(v0, v1);
+                    } else {
+                        unsigned packed = (unsigned)from_f32(v0) | ((unsigned)from_f32(v1) << 16);
+                        *(unsigned *)((elem_t *)p.out + at) = packed;
+                    }
                 }
             }
         }
@@ -850,7 +863,12 @@ __device__ __forceinline__ float grad_scale(const flce_gemm_params &p)
 // most one CTA per SM, runtime/tma.c) walks the same tiles in the same order, column tiles
 // fastest: tile t = blockIdx.x + i·gridDim.x. Its producer loads the next tile's first stages
 // while the consumers run this tile's epilogue.
-extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_gemm(FLCE_PARAM p)
+#if ROLE_IS_DH
+#define FLCE_GRAD_ENTRY flce_dh
+#else
+#define FLCE_GRAD_ENTRY flce_dw
+#endif
+extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = tile_smem(smem_raw);
