@@ -10,7 +10,8 @@
 #   profile  per-kernel durations (ncu, clocks and caches left alone) of one loss-and-grad call per
 #            strategy in $PROFILE_STRATEGIES at $PROFILE_SHAPE (bench/ncu_summary.py tables)
 #   ab       `flce bench` of this tree and of prev/ (an older tree carried beside it) alternately,
-#            twice, over --bench-shapes (BENCH_ARGS as for bench)
+#            twice, over --bench-shapes (BENCH_ARGS as for bench); with AB_ENV=NAME=value, this
+#            tree with that setting stands in for prev/
 #   portable the mma.sync ceiling (flce_mma_peak) and `flce bench` with FLCE_PORTABLE=1 (the Ampere
 #            path on this GPU, issue 6)
 # Only a few files come back from a device call: session.log has the summary, everything else is in
@@ -113,13 +114,18 @@ for stage in "${stages[@]}"; do
     done
     ;;
   ab)
-    step "build prev/ ($(cat prev/.device-commit 2>/dev/null || echo '?'))"
-    (cd prev && cmake --preset default && cmake --build --preset default -j "$(nproc)") > "$OUT/build-prev.log" 2>&1 || echo "prev build failed" | tee -a "$LOG"
-    for i in 1 2; do for tree in . prev; do
-      step "ab $i: $tree flce bench --shapes $bench_shapes"
-      (cd $tree && timeout "$(left)" ./build/flce bench --shapes "$bench_shapes" --logit-std 4 ${BENCH_ARGS:-}) \
-        > "$OUT/ab-$i-${tree//./new}.md" 2>&1
-      grep -h '^|' "$OUT/ab-$i-${tree//./new}.md" | sed "s/^/$tree /" | tee -a "$LOG"
+    # AB_ENV="NAME=value": this tree without and with that environment setting instead of prev/
+    if [ -z "${AB_ENV:-}" ]; then
+      step "build prev/ ($(cat prev/.device-commit 2>/dev/null || echo '?'))"
+      (cd prev && cmake --preset default && cmake --build --preset default -j "$(nproc)") > "$OUT/build-prev.log" 2>&1 || echo "prev build failed" | tee -a "$LOG"
+    fi
+    for i in 1 2; do for side in new old; do
+      tree=.; envs=()
+      if [ "$side" = old ]; then if [ -n "${AB_ENV:-}" ]; then envs=("$AB_ENV"); else tree=prev; fi; fi
+      step "ab $i: $side ($tree ${envs[*]}) flce bench --shapes $bench_shapes"
+      (cd $tree && env "${envs[@]}" timeout "$(left)" ./build/flce bench --shapes "$bench_shapes" --logit-std 4 ${BENCH_ARGS:-}) \
+        > "$OUT/ab-$i-$side.md" 2>&1
+      grep -h '^|' "$OUT/ab-$i-$side.md" | sed "s/^/$side /" | tee -a "$LOG"
     done; done
     ;;
   portable)

@@ -100,11 +100,12 @@ void spec_summary(const kernel_spec *s, char *out, size_t cap)
         return;
     }
     const spec_tile *t = &s->tile;
-    snprintf(out, cap, "%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s",
-             spec_role_name(s->role), dtype_name(s->dtype), (long long)s->hidden,
+    snprintf(out, cap, "%s%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s%s",
+             spec_role_name(s->role), s->fused_dz ? "+dz" : "", dtype_name(s->dtype), (long long)s->hidden,
              (long long)s->vocab_shard, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk,
              t->stages, t->warps_m, t->warps_n,
-             t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "", opts);
+             t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "", opts,
+             s->fused_dz ? (s->reduction == FLCE_REDUCTION_NONE ? " reduction=none" : " reduction=mean/sum") : "");
 }
 
 /* Operand layouts per role: logits reads H and W K-major; dH reads W as [k][n]; dW reads dZ as
@@ -325,5 +326,10 @@ flce_status spec_validate(const kernel_spec *s)
     }
     if (s->role != ROLE_LOGITS && s->role != ROLE_DH && s->role != ROLE_DW)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "role=%d: not a spec_role", (int)s->role);
+    if (s->fused_dz != 0 && (s->fused_dz != 1 || s->role != ROLE_LOGITS))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "fused_dz=%d: 0, or 1 for the logits role only", s->fused_dz);
+    if (s->fused_dz && s->reduction != FLCE_REDUCTION_MEAN && s->reduction != FLCE_REDUCTION_SUM &&
+        s->reduction != FLCE_REDUCTION_NONE)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "reduction=%d: not an flce_reduction", (int)s->reduction);
     return validate_tile(s);
 }

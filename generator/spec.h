@@ -42,8 +42,11 @@ typedef struct kernel_spec {
     unsigned opts;       /* SPEC_OPT_* bits: LOGITS and ROWOPS */
     float softcap;       /* c, 0 = off: LOGITS and ROWOPS */
     float temperature;   /* T; 0 = off (T = 1): LOGITS and ROWOPS */
-    float smoothing;     /* ε: ROWOPS (LOGITS only needs SPEC_OPT_ZSUM) */
-    float z_loss;        /* λ: ROWOPS */
+    float smoothing;     /* ε: ROWOPS and fused_dz (the statistics pass only needs SPEC_OPT_ZSUM) */
+    float z_loss;        /* λ: ROWOPS, and LOGITS with fused_dz */
+    int fused_dz;        /* LOGITS: the epilogue writes dZ (the recompute strategy's gradient pass,
+                          * lse known) instead of statistics or Z; uses reduction (none or not),
+                          * smoothing, z_loss and the weights like flce_dz */
 } kernel_spec;
 
 enum {

@@ -1,7 +1,8 @@
 /* launch.c — the kernel sequences of forward, loss-and-grad and backward (see launch.h):
  *   forward:    prepare → logits (statistics) → combine → reduce
  *   chunked:    prepare → per token chunk: logits (+Z) → [combine] → dz → dH → dW → db → [reduce]
- *   recompute:  [forward] → per vocab chunk: logits (Z only) → dz → dH (accumulated) → dW → db
+ *   recompute:  [forward] → per vocab chunk: logits writing dZ (or Z → dz, FLCE_FUSED_DZ=0)
+ *               → dH (accumulated) → dW → db
  * With tensor parallelism (DESIGN §2) every combine is preceded by tp_pack and ONE all-gather of
  * the per-row statistics, dH builds up in fp32 and is all-reduced (reduce-scattered under
  * sequence parallelism, which first all-gathers hidden states and labels) before it is rounded.
@@ -16,7 +17,7 @@
 enum { K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6 };
 
 typedef struct kernels {
-    CUfunction logits, dh, dw, row[CTX_MAX_KERNELS];
+    CUfunction logits, logits_dz, dh, dw, row[CTX_MAX_KERNELS];
 } kernels;
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -29,6 +30,10 @@ static flce_status get_kernels(flce_context *ctx, const plan *pl, kernels *k)
     TRY(ctx_kernels(ctx, &pl->rowops, k->row));
     TRY(ctx_kernels(ctx, &pl->logits, fns));
     k->logits = fns[0];
+    if (pl->fused_dz) {
+        TRY(ctx_kernels(ctx, &pl->logits_dz, fns));
+        k->logits_dz = fns[0];
+    }
     if (pl->op != FLCE_OP_FORWARD) {
         TRY(ctx_kernels(ctx, &pl->dh, fns));
         k->dh = fns[0];
@@ -130,35 +135,63 @@ typedef struct block {
     int first, last; /* first and last step of an accumulation over blocks */
 } block;
 
+/* The fields every logits pass over block b shares. */
+static void logits_params(const run *r, const block *b, struct flce_gemm_params *g)
+{
+    const plan *pl = r->pl;
+    memset(g, 0, sizeof *g);
+    g->a = addr(r->t->hidden) + (unsigned long long)(b->row0 * pl->d) * r->es;
+    g->b = addr(r->t->weight) + (unsigned long long)(b->col0 * pl->d) * r->es;
+    g->labels = addr(r->t->labels) + (unsigned long long)b->row0 * (unsigned long long)(r->p->label_bits / 8);
+    g->bias = r->p->has_bias ? addr(r->t->bias) + (unsigned long long)b->col0 * r->es : 0;
+    g->class_weights = r->rp.class_weights;
+    g->m = b->rows, g->n = b->cols, g->k = pl->d;
+    g->a_rows = b->rows, g->a_cols = pl->d, g->lda = pl->d;
+    g->b_rows = b->cols, g->b_cols = pl->d, g->ldb = pl->d;
+    g->ldo = pl->ldz;
+    g->vocab_offset = r->p->vocab_offset + b->col0;
+}
+
+static flce_status launch_logits(run *r, const kernel_spec *spec, CUfunction fn, const block *b, int stats,
+                                 struct flce_gemm_params *g, const char *what)
+{
+    const plan *pl = r->pl;
+    int splits = pl->splits, tps = pl->tiles_per_split;
+    if (!stats) plan_vocab_splits(pl, b->rows, b->cols, r->ctx->num_sms, &splits, &tps);
+    g->splits = splits;
+    g->tiles_per_split = tps;
+    int64_t gx = ceil_div(b->rows, spec->tile.bm), gy = splits;
+    TRY(tma_prepare_gemm(spec, g, r->ctx->num_sms, &gx, &gy));
+    return launch(fn, gx, gy, spec_threads(spec), spec_smem_bytes(spec), r->stream, g, what);
+}
+
 /* The statistics pass (stats = 1: partials and target for combine) and/or the Z store. */
 static flce_status run_logits(run *r, const block *b, int stats, int store_z)
 {
-    const plan *pl = r->pl;
     struct flce_gemm_params g;
-    memset(&g, 0, sizeof g);
-    g.a = addr(r->t->hidden) + (unsigned long long)(b->row0 * pl->d) * r->es;
-    g.b = addr(r->t->weight) + (unsigned long long)(b->col0 * pl->d) * r->es;
-    g.out = store_z ? r->ws + pl->off_z : 0;
-    g.labels = addr(r->t->labels) + (unsigned long long)b->row0 * (unsigned long long)(r->p->label_bits / 8);
+    logits_params(r, b, &g);
+    g.out = store_z ? r->ws + r->pl->off_z : 0;
     if (stats) {
         g.part_m = r->rp.part_m, g.part_s = r->rp.part_s, g.target = r->rp.target;
         g.part_t = r->rp.part_t, g.part_zs = r->rp.part_zs, g.part_arg = r->rp.part_arg;
     }
-    g.bias = r->p->has_bias ? addr(r->t->bias) + (unsigned long long)b->col0 * r->es : 0;
-    g.class_weights = r->rp.class_weights;
-    g.m = b->rows, g.n = b->cols, g.k = pl->d;
-    g.a_rows = b->rows, g.a_cols = pl->d, g.lda = pl->d;
-    g.b_rows = b->cols, g.b_cols = pl->d, g.ldb = pl->d;
-    g.ldo = pl->ldz;
-    g.vocab_offset = r->p->vocab_offset + b->col0;
-    int splits = pl->splits, tps = pl->tiles_per_split;
-    if (!stats) plan_vocab_splits(pl, b->rows, b->cols, r->ctx->num_sms, &splits, &tps);
-    g.splits = splits;
-    g.tiles_per_split = tps;
-    int64_t gx = ceil_div(b->rows, pl->logits.tile.bm), gy = splits;
-    TRY(tma_prepare_gemm(&pl->logits, &g, r->ctx->num_sms, &gx, &gy));
-    return launch(r->k.logits, gx, gy, spec_threads(&pl->logits), spec_smem_bytes(&pl->logits), r->stream, &g,
-                  "logits kernel");
+    return launch_logits(r, &r->pl->logits, r->k.logits, b, stats, &g, "logits kernel");
+}
+
+/* Recompute's gradient pass over block b: the logits again, turned into dZ in the epilogue (the
+ * rows' lse is known), which replaces the Z store and the dz kernel. */
+static flce_status run_logits_dz(run *r, const block *b)
+{
+    struct flce_gemm_params g;
+    logits_params(r, b, &g);
+    g.out = r->ws + r->pl->off_dz;
+    g.lse = r->rp.lse + (unsigned long long)b->row0 * 4;
+    g.grad_output = r->p->reduction == FLCE_REDUCTION_NONE && r->t->grad_output
+                        ? addr(r->t->grad_output) + (unsigned long long)b->row0 * 4 : 0;
+    g.stats = r->rp.stats;
+    g.vocab_total = r->rp.vocab_total;
+    g.ignore_index = r->rp.ignore_index;
+    return launch_logits(r, &r->pl->logits_dz, r->k.logits_dz, b, 0, &g, "logits+dz kernel");
 }
 
 static void set_scale(const run *r, struct flce_gemm_params *g)
@@ -273,7 +306,7 @@ static flce_status run_rows(run *r, int kernel, const block *b)
  * db): token chunks complete their dH rows at once and build dW up; vocab chunks the reverse. */
 static flce_status run_grads(run *r, const block *rows_step, const block *cols_step)
 {
-    TRY(run_rows(r, K_DZ, rows_step));
+    if (!r->pl->fused_dz) TRY(run_rows(r, K_DZ, rows_step)); /* else the logits pass wrote dZ */
     if (r->t->grad_hidden) TRY(run_dh(r, rows_step));
     if (r->t->grad_weight) TRY(run_dw(r, cols_step));
     if (r->p->has_bias && r->t->grad_bias) TRY(run_rows(r, K_DBIAS, cols_step));
@@ -329,7 +362,7 @@ static flce_status run_recompute(run *r)
     for (int64_t c = 0; c < pl->n_vchunks; c++) {
         block b = {0, pl->n, c * pl->chunk_cols, 0, c == 0, c == pl->n_vchunks - 1};
         b.cols = pl->v - b.col0 < pl->chunk_cols ? pl->v - b.col0 : pl->chunk_cols;
-        TRY(run_logits(r, &b, 0, 1));
+        TRY(pl->fused_dz ? run_logits_dz(r, &b) : run_logits(r, &b, 0, 1));
         block cols_done = complete(b);
         TRY(run_grads(r, &b, &cols_done));
     }

@@ -126,6 +126,13 @@ uint64_t plan_tp_block_bytes(int64_t rows)
     return (uint64_t)(FLCE_TP_HEADER + rows * FLCE_TP_RECORD) * 4;
 }
 
+/* FLCE_FUSED_DZ=0 keeps the separate Z store and dz pass in recompute (side-by-side timing). */
+static int fused_dz_enabled(void)
+{
+    const char *e = getenv("FLCE_FUSED_DZ");
+    return !(e && strcmp(e, "0") == 0);
+}
+
 static flce_status plan_chunks(const flce_problem *p, plan *pl)
 {
     uint64_t budget = p->memory_budget ? p->memory_budget : PLAN_DEFAULT_BUDGET;
@@ -133,7 +140,10 @@ static flce_status plan_chunks(const flce_problem *p, plan *pl)
      * rows follow from an even shard of the global vocab, not this rank's: a rank with a larger
      * shard uses proportionally more than the budget. */
     int64_t v_rows = pl->tp > 1 ? ceil_div(p->vocab_total, pl->tp) : pl->v;
-    uint64_t per_elem = 4 + (p->dtype == FLCE_DTYPE_F32 ? 0 : 2); /* fp32 Z + dZ in the dtype */
+    uint64_t es = p->dtype == FLCE_DTYPE_F32 ? 4 : 2;
+    uint64_t per_elem = 4 + (es == 4 ? 0 : 2); /* fp32 Z + dZ in the dtype */
+    pl->fused_dz = pl->recompute && fused_dz_enabled();
+    if (pl->fused_dz) per_elem = es; /* dZ only */
     if (pl->recompute) {
         uint64_t per_col = (uint64_t)pl->n * per_elem;
         if (budget < per_col * 8) return budget_error(budget, per_col * 8, "8-column vocab chunk");
@@ -215,8 +225,12 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
     if (pl->need_lse) pl->off_lse = take(&cur, n * 4);
     if (grads) {
         uint64_t block = (uint64_t)pl->chunk_rows * (uint64_t)pl->ldz;
-        pl->off_z = take(&cur, block * 4);
-        pl->off_dz = f32 ? pl->off_z : take(&cur, block * 2);
+        if (pl->fused_dz) {
+            pl->off_dz = take(&cur, block * (f32 ? 4 : 2));
+        } else {
+            pl->off_z = take(&cur, block * 4);
+            pl->off_dz = f32 ? pl->off_z : take(&cur, block * 2);
+        }
         if (pl->need_dw_acc) pl->off_dw_acc = take(&cur, (uint64_t)pl->v * (uint64_t)pl->d * 4);
         if (pl->need_dh_acc) pl->off_dh_acc = take(&cur, n * (uint64_t)pl->d * 4);
         if (pl->need_db_acc) pl->off_db_acc = take(&cur, (uint64_t)pl->v * 4);
@@ -269,6 +283,17 @@ flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, 
                 err_clear();
             }
         }
+    }
+    if (pl->fused_dz) {
+        pl->logits_dz = pl->logits; /* the same (possibly tuned) tile */
+        pl->logits_dz.fused_dz = 1;
+        /* dZ needs w_y whenever there are weights; entropy and argmax are the statistics pass's */
+        pl->logits_dz.opts = (pl->logits.opts & (SPEC_OPT_BIAS | SPEC_OPT_ZSUM)) |
+                             (p->has_class_weights ? (unsigned)SPEC_OPT_WEIGHTS : 0u);
+        /* mean and sum compile alike (the scalar is applied by the dH/dW epilogues): one spec */
+        pl->logits_dz.reduction = p->reduction == FLCE_REDUCTION_NONE ? FLCE_REDUCTION_NONE : FLCE_REDUCTION_MEAN;
+        pl->logits_dz.smoothing = p->label_smoothing;
+        pl->logits_dz.z_loss = p->z_loss;
     }
     /* The statistics pass sees all tokens (forward, and the forward half of recompute) or one
      * token chunk, always over the whole shard. */

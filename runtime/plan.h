@@ -38,6 +38,10 @@ typedef struct plan {
     int splits;           /* vocab splits of the forward statistics pass */
     int tiles_per_split;
     kernel_spec logits, dh, dw, rowops;
+    /* Recompute: each vocab chunk's logits pass writes dZ itself (logits_dz: the logits spec with
+     * fused_dz), so no fp32 Z and no dz pass; FLCE_FUSED_DZ=0 in the environment turns it off. */
+    int fused_dz;
+    kernel_spec logits_dz;
     /* Workspace layout: byte offsets, each 256-aligned; regions not needed are 0 and unused. */
     uint64_t off_stats, off_target, off_part_m, off_part_s, off_part_t, off_part_zs, off_part_arg,
         off_loss_rows, off_zloss_rows, off_lse, off_z, off_dz, off_dw_acc, off_dh_acc, off_db_acc;

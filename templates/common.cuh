@@ -132,6 +132,41 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
 // Reduction none carries the caller's per-token gradient in dZ, so it is not scaled.
 #define DZ_SCALE_F16 256.f
 
+#define REDUCTION_MEAN 0
+#define REDUCTION_SUM 1
+#define REDUCTION_NONE 2
+
+// ---- dZ of one logit (the math in rowops.cu's header), written once: flce_dz (rowops.cu) and the
+// recompute pass's logits epilogue (gemm.cu, FLCE_FUSED_DZ) both call these, so both give the same
+// bits for the same z and lse. They use the generated constants (SMOOTHING, ZLOSS, INV_TEMP,
+// SOFTCAP, FLCE_REDUCTION), which every template defines before including this file.
+// a_i of a valid row: wy = w_y, wsum = Σ_j w_j (stats[1]).
+__device__ __forceinline__ float dz_row_a(float wy, float lse, float wsum, long long vocab_total)
+{
+    float a = (1.f - SMOOTHING) * wy;
+    if (OPT_ZSUM) a += SMOOTHING * wsum / (float)vocab_total;
+    if (ZLOSS > 0.f) a += 2.f * ZLOSS * wy * lse;
+    return a;
+}
+// dz of the transformed logit z of a valid row (g = token scale, wj = w_j, used with smoothing).
+__device__ __forceinline__ float dz_value(float z, float lse, float a, bool is_label, float wy, float wj, float g,
+                                          long long vocab_total)
+{
+    float v = a * expf(z - lse);
+    if (is_label) v -= (1.f - SMOOTHING) * wy;
+    if (OPT_ZSUM) v -= SMOOTHING * wj / (float)vocab_total;
+    if (INV_TEMP != 1.f) v *= INV_TEMP;
+    if (SOFTCAP > 0.f) {
+        float r = z * (1.f / SOFTCAP);
+        v *= 1.f - r * r;
+    }
+    v *= g;
+#if FLCE_DTYPE == DTYPE_F16 && FLCE_REDUCTION != REDUCTION_NONE
+    v *= DZ_SCALE_F16;
+#endif
+    return v;
+}
+
 struct row_stats {
     float m, s, t, zs;
     long long arg;

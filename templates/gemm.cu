@@ -4,6 +4,7 @@
 //   LOGITS  Z = H·Wᵀ over one token chunk. The epilogue folds each row's logits into a running
 //           (max m, Σ exp(z − m)) over this CTA's vocab split, records z of the row's label, and
 //           stores Z in fp32 when the strategy needs it:  part_m, part_s [row][split], target[row].
+//           FLCE_FUSED_DZ (the recompute pass, lse already known): writes dZ instead, nothing else.
 //   DH      dH = dZ·W   (A = dZ stored K-major, B = W stored [k = vocab][n = hidden])
 //   DW      dW = dZᵀ·H  (A = dZ stored [k = token][m = vocab], B = H stored [k = token][n = hidden])
 //           DH/DW store out = acc (+ addend), in fp32 or the input dtype.
@@ -16,6 +17,7 @@
 // Defaults so this file compiles alone: nvcc -arch=sm_80 -c gemm.cu -I. (the generator writes its own)
 #define FLCE_DTYPE 2
 #define FLCE_LABEL_BITS 32
+#define FLCE_REDUCTION 0
 #define ROLE_IS_LOGITS 1
 #define ROLE_IS_DH 0
 #define ROLE_IS_DW 0
@@ -26,7 +28,8 @@
 #define OPT_ARGMAX 0
 #define FLCE_WGMMA 0 // 1: the Hopper main loop (needs the generator's wgmma_tile for BN)
 #define FLCE_TMA 0   // 1 (with FLCE_WGMMA): TMA loads, mbarriers, a producer warpgroup
-constexpr float SOFTCAP = 0.f, INV_TEMP = 1.f;
+#define FLCE_FUSED_DZ 0 // 1 (logits): the epilogue writes dZ instead of statistics or Z
+constexpr float SOFTCAP = 0.f, INV_TEMP = 1.f, SMOOTHING = 0.f, ZLOSS = 0.f;
 constexpr int BM = 128, BN = 128, BK = 32, STAGES = 3, WARPS_M = 2, WARPS_N = 4;
 constexpr bool A_KMAJOR = true, B_KMAJOR = true;
 constexpr long long VOCAB = 32768; // rows of this shard
@@ -36,6 +39,9 @@ constexpr long long VOCAB = 32768; // rows of this shard
 
 #ifndef FLCE_TMA
 #define FLCE_TMA 0
+#endif
+#ifndef FLCE_FUSED_DZ
+#define FLCE_FUSED_DZ 0
 #endif
 
 constexpr int THREADS = WARPS_M * WARPS_N * 32;        // the threads that compute and run the epilogue
@@ -679,6 +685,74 @@ __device__ __forceinline__ void logits_epilogue(float (&acc)[MI][NI][4], const f
     else logits_epilogue_t<false>(acc, p, m0, n0, wm, wn, lane, lab, run);
 }
 
+#if FLCE_FUSED_DZ
+// What the dZ epilogue needs of each owned row (rowops.cu's flce_dz computes the same per row).
+struct dz_row {
+    float lse, a, wy, g;
+    bool valid;
+};
+
+__device__ __forceinline__ dz_row dz_row_setup(const flce_gemm_params &p, long long row)
+{
+    dz_row r;
+    long long y = row < p.m ? load_label(p.labels, row) : p.ignore_index;
+    r.valid = y != p.ignore_index && y >= 0 && y < p.vocab_total;
+    r.lse = r.valid ? ((const float *)p.lse)[row] : 0.f;
+    r.wy = r.valid ? (OPT_WEIGHTS ? ((const float *)p.class_weights)[y] : 1.f) : 0.f;
+    r.g = 1.f;
+#if FLCE_REDUCTION == REDUCTION_NONE
+    if (r.valid && p.grad_output) r.g = ((const float *)p.grad_output)[row];
+#endif
+    r.a = dz_row_a(r.wy, r.lse, ((const float *)p.stats)[1], p.vocab_total);
+    return r;
+}
+
+// dZ of one vocab tile in the input dtype, straight from the accumulators: the same formula as
+// flce_dz (common.cuh) without the fp32 Z round trip through memory. Columns past the shard up to
+// the row stride get zeros, as flce_dz writes them.
+template <bool FULL>
+__device__ __forceinline__ void dz_epilogue_t(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
+                                              long long n0, int wm, int wn, int lane, const long long (&lab)[MI][2],
+                                              const dz_row (&dr)[MI][2])
+{
+    const int g = lane / 4, t = lane % 4;
+    const long long c0 = n0 + wn * WTN + 2 * t;
+    const int lim = FULL ? WTN : (int)(p.n - c0 < WTN ? (p.n - c0 > 0 ? p.n - c0 : 0) : WTN);
+    const int zlim = FULL ? WTN : (int)(p.ldo - c0 < WTN ? (p.ldo - c0 > 0 ? p.ldo - c0 : 0) : WTN);
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
+            if (row >= p.m) continue;
+            const dz_row r = dr[mi][h];
+            const long long ly = lab[mi][h] - c0;
+            const int lj = lab[mi][h] >= 0 && ly >= 0 && ly < WTN ? (int)ly : -1;
+            elem_t *dz = (elem_t *)p.out + row * p.ldo + c0;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++) {
+                if (!FULL && ni * 8 >= zlim) continue;
+                float v[2];
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int j = ni * 8 + c;
+                    v[c] = 0.f;
+                    if ((FULL || j < lim) && r.valid) {
+                        const float z = transform_logit(acc[mi][ni][2 * h + c], c0 + j, p);
+                        const float wj = OPT_ZSUM && OPT_WEIGHTS ? ((const float *)p.class_weights)[p.vocab_offset + c0 + j] : 1.f;
+                        v[c] = dz_value(z, r.lse, r.a, j == lj, r.wy, wj, r.g, p.vocab_total);
+                    }
+                }
+#if FLCE_DTYPE == DTYPE_F32
+                *(float2 *)(dz + ni * 8) = make_float2(v[0], v[1]);
+#else
+                *(unsigned *)(dz + ni * 8) = (unsigned)from_f32(v[0]) | ((unsigned)from_f32(v[1]) << 16);
+#endif
+            }
+        }
+}
+#endif // FLCE_FUSED_DZ
+
 __device__ __forceinline__ row_stats shfl_stats(const row_stats &a, int off)
 {
     row_stats b;
@@ -750,7 +824,11 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
 
     // Label column of each owned row within [0, n); −1 when ignored, out of range or elsewhere.
     long long lab[MI][2];
+#if FLCE_FUSED_DZ
+    dz_row dr[MI][2];
+#else
     row_stats run[MI][2];
+#endif
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -758,8 +836,13 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
             long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
             long long y = row < p.m ? load_label(p.labels, row) - p.vocab_offset : -1;
             lab[mi][h] = (y >= 0 && y < p.n) ? y : -1;
+#if FLCE_FUSED_DZ
+            dr[mi][h] = dz_row_setup(p, row);
+            if (!dr[mi][h].valid) lab[mi][h] = -1;
+#else
             run[mi][h].m = NEG_INF, run[mi][h].s = 0.f, run[mi][h].t = 0.f, run[mi][h].zs = 0.f;
             run[mi][h].arg = 0x7fffffffffffffffLL;
+#endif
         }
 
     float acc[MI][NI][4];
@@ -769,8 +852,16 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
 #else
         mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
 #endif
+#if FLCE_FUSED_DZ
+        if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, dr);
+        else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, dr);
+#else
         logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, run);
+#endif
     }
+#if FLCE_FUSED_DZ
+    (void)split; // dZ is all this pass writes
+#else
 
     if (!p.part_m) return; // a gradient pass: only Z was wanted (uniform across the CTA)
     // Reduce each row's stats: first over the 4 lanes that share it, then over the WARPS_N warps
@@ -797,6 +888,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
         for (int w = 1; w < WARPS_N; w++) stats_merge(a, red[w * BM + r]);
         store_partials(p, m0 + r, split, a);
     }
+#endif // FLCE_FUSED_DZ
 }
 
 #else // DH, DW

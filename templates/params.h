@@ -24,7 +24,7 @@ struct flce_tmap {
  * 16-byte vector so every vector load is wholly inside or wholly outside. */
 struct flce_gemm_params {
     unsigned long long a, b;      /* operand base addresses */
-    unsigned long long out;       /* logits: fp32 Z (ld = ldo) or 0; dH/dW: the output */
+    unsigned long long out;       /* logits: fp32 Z (ld = ldo), dZ (FLCE_FUSED_DZ) or 0; dH/dW: the output */
     unsigned long long addend;    /* dH/dW: fp32 values added before the store (may equal out), or 0 */
     unsigned long long labels;    /* logits: labels of rows 0..m-1 */
     unsigned long long part_m;    /* logits: per-(row, split) running max, [m][splits] */
@@ -34,7 +34,12 @@ struct flce_gemm_params {
     unsigned long long part_zs;   /* logits (smoothing): per-(row, split) Σ w_j·z */
     unsigned long long part_arg;  /* logits (argmax): per-(row, split) global id of the max, int64 */
     unsigned long long bias;      /* logits: V_r bias values (dtype), already offset to column 0 */
-    unsigned long long class_weights; /* logits (smoothing): vocab_total fp32 weights, global ids */
+    unsigned long long class_weights; /* logits (smoothing, or dZ): vocab_total fp32 weights, global ids */
+    /* logits with the dZ epilogue (FLCE_FUSED_DZ): out is dZ in the input dtype (ld = ldo) */
+    unsigned long long lse;         /* fp32 lse of rows 0..m-1 */
+    unsigned long long grad_output; /* reduction none: fp32 per-row upstream gradient, or 0 for 1 */
+    unsigned long long stats;       /* float[2] of flce_prepare: [1] = Σ_j w_j */
+    long long vocab_total, ignore_index;
     long long m, n, k;
     long long a_rows, a_cols, lda;
     long long b_rows, b_cols, ldb;

@@ -32,10 +32,6 @@ constexpr long long VOCAB = 32768;
 #include "common.cuh"
 #endif
 
-#define REDUCTION_MEAN 0
-#define REDUCTION_SUM 1
-#define REDUCTION_NONE 2
-
 __device__ __forceinline__ bool label_valid(long long y, const flce_row_params &p)
 {
     return y != p.ignore_index && y >= 0 && y < p.vocab_total;
@@ -244,9 +240,7 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
     float g = token_scale(p, p.row0 + i, valid);
     float lse = ((const float *)p.lse)[p.row0 + i];
     float wy = valid ? class_weight(p, y) : 0.f;
-    float a = (1.f - SMOOTHING) * wy;
-    if (OPT_ZSUM) a += SMOOTHING * ((const float *)p.stats)[1] / (float)p.vocab_total;
-    if (ZLOSS > 0.f) a += 2.f * ZLOSS * wy * lse;
+    float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
     long long local_y = valid ? y - p.chunk_offset : -1;
     float4 z = *(const float4 *)((const float *)p.z + i * p.ldz + j);
     float zs[4] = {z.x, z.y, z.z, z.w}, d[4];
@@ -254,20 +248,8 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
     for (int c = 0; c < 4; c++) {
         long long col = j + c;
         float v = 0.f;
-        if (col < p.cols && valid) {
-            v = a * expf(zs[c] - lse);
-            if (col == local_y) v -= (1.f - SMOOTHING) * wy;
-            if (OPT_ZSUM) v -= SMOOTHING * class_weight(p, p.chunk_offset + col) / (float)p.vocab_total;
-            if (INV_TEMP != 1.f) v *= INV_TEMP;
-            if (SOFTCAP > 0.f) {
-                float r = zs[c] * (1.f / SOFTCAP);
-                v *= 1.f - r * r;
-            }
-            v *= g;
-#if FLCE_DTYPE == DTYPE_F16 && FLCE_REDUCTION != REDUCTION_NONE
-            v *= DZ_SCALE_F16; // see common.cuh
-#endif
-        }
+        if (col < p.cols && valid)
+            v = dz_value(zs[c], lse, a, col == local_y, wy, class_weight(p, p.chunk_offset + col), g, p.vocab_total);
         d[c] = v;
     }
 #if FLCE_DTYPE == DTYPE_F32

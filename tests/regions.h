@@ -42,7 +42,7 @@ static size_t plan_regions(const plan *pl, region *r)
                           {pl->off_part_arg, rows * sp * 8},
                           {pl->off_loss_rows, pl->need_loss_rows ? (uint64_t)pl->n * 4 : 0},
                           {pl->off_lse, pl->need_lse ? (uint64_t)pl->n * 4 : 0},
-                          {pl->off_z, blk * 4},
+                          {pl->off_z, pl->fused_dz ? 0 : blk * 4}, /* fused: the logits pass writes dZ only */
                           {pl->off_dz, blk * 2},
                           {pl->off_dw_acc, pl->need_dw_acc ? (uint64_t)pl->v * pl->d * 4 : 0},
                           {pl->off_dh_acc, pl->need_dh_acc ? nd4 : 0},

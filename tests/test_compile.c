@@ -48,6 +48,18 @@ static void add_arch(int sm)
                 specs[n_specs++] = po.rowops;
                 if (lb == 32) specs[n_specs++] = po.logits;
                 (void)t;
+                /* recompute's logits pass with the dZ epilogue, which depends on the reduction
+                 * (none or not): every option on, and none */
+                if (lb == 32 && red != FLCE_REDUCTION_SUM) {
+                    plan pr;
+                    p.strategy = FLCE_STRATEGY_RECOMPUTE;
+                    if (plan_make(&p, FLCE_OP_LOSS_AND_GRAD, sm, 100, NULL, &pr) != FLCE_OK || !pr.fused_dz) failures++;
+                    else specs[n_specs++] = pr.logits_dz;
+                    p.has_bias = p.has_class_weights = 0, p.label_smoothing = p.z_loss = p.softcap = 0.f;
+                    p.temperature = 1.f;
+                    if (plan_make(&p, FLCE_OP_LOSS_AND_GRAD, sm, 100, NULL, &pr) != FLCE_OK || !pr.fused_dz) failures++;
+                    else if (red == FLCE_REDUCTION_MEAN) specs[n_specs++] = pr.logits_dz;
+                }
                 if (red) continue; /* GEMMs do not depend on the reduction */
                 specs[n_specs++] = pl.logits;
                 if (lb == 64) continue; /* nor dH/dW on the label width */

@@ -237,11 +237,39 @@ static void auto_recomputes_when_token_chunks_are_short(void)
     flce_problem p = problem(8192, 2304, 256000, FLCE_DTYPE_BF16); /* 256-row chunks at 512 MiB */
     CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.recompute);
     CHECK(pl.n_chunks == 1 && pl.chunk_rows == 8192 && pl.n_vchunks > 1);
-    CHECK((uint64_t)pl.chunk_rows * (uint64_t)pl.ldz * 6 <= PLAN_DEFAULT_BUDGET);
+    CHECK(pl.fused_dz && (uint64_t)pl.chunk_rows * (uint64_t)pl.ldz * 2 <= PLAN_DEFAULT_BUDGET);
     p = problem(4096, 2048, 32000, FLCE_DTYPE_BF16); /* 2048-row chunks: stays chunked */
     CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && !pl.recompute);
     p.strategy = FLCE_STRATEGY_CHUNKED, p.memory_budget = 64ull << 20; /* forced: never switched */
     CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && !pl.recompute);
+}
+
+/* Recompute's logits pass writes dZ itself: no fp32 Z region, so a vocab chunk is three times
+ * wider in the same budget (bf16: 2 bytes per logit instead of 6); FLCE_FUSED_DZ=0 restores the
+ * Z store and the dz pass. The dZ spec is the logits spec with the options dZ needs. */
+static void recompute_writes_dz_in_the_logits_pass(void)
+{
+    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+    p.strategy = FLCE_STRATEGY_RECOMPUTE, p.has_class_weights = 1, p.reduction = FLCE_REDUCTION_SUM;
+    plan fused, split;
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &fused) == FLCE_OK);
+    setenv("FLCE_FUSED_DZ", "0", 1);
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &split) == FLCE_OK);
+    unsetenv("FLCE_FUSED_DZ");
+    CHECK(fused.fused_dz && !split.fused_dz && fused.off_z == 0 && split.off_z != 0);
+    CHECKF(fused.chunk_cols >= 3 * split.chunk_cols - fused.logits.tile.bn, "chunk columns %lld vs %lld",
+           (long long)fused.chunk_cols, (long long)split.chunk_cols);
+    CHECK(fused.workspace_bytes <= split.workspace_bytes);
+    const kernel_spec *s = &fused.logits_dz;
+    CHECK(s->fused_dz == 1 && s->role == ROLE_LOGITS && spec_validate(s) == FLCE_OK);
+    CHECK(!memcmp(&s->tile, &fused.logits.tile, sizeof s->tile));
+    CHECK((s->opts & SPEC_OPT_WEIGHTS) && !(s->opts & (SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX)));
+    CHECK(s->reduction == FLCE_REDUCTION_MEAN); /* sum and mean compile alike */
+    p.strategy = FLCE_STRATEGY_CHUNKED;
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &split) == FLCE_OK && !split.fused_dz);
+    kernel_spec bad = fused.dh;
+    bad.fused_dz = 1;
+    CHECK(spec_validate(&bad) == FLCE_ERR_INVALID_ARGUMENT && msg_has("fused_dz"));
 }
 
 static void small_problems_take_one_chunk_and_no_accumulator(void)
@@ -273,7 +301,8 @@ static void workspace_regions_do_not_overlap(void)
         region r[PLAN_REGIONS];
         size_t n = plan_regions(&pl, r);
         CHECK(strat == FLCE_STRATEGY_CHUNKED ? pl.need_dw_acc && !pl.need_dh_acc : pl.need_dh_acc && !pl.need_dw_acc);
-        CHECK(blk * 6 <= p.memory_budget);
+        CHECK(blk * (pl.fused_dz ? 2 : 6) <= p.memory_budget);
+        CHECK(pl.fused_dz == (strat == FLCE_STRATEGY_RECOMPUTE));
         char what[32];
         snprintf(what, sizeof what, "strategy %d", strat);
         check_disjoint(r, n, pl.workspace_bytes, what);
@@ -283,6 +312,7 @@ static void workspace_regions_do_not_overlap(void)
 int main(void)
 {
     RUN(default_specs_validate_for_every_arch_and_dtype);
+    RUN(recompute_writes_dz_in_the_logits_pass);
     RUN(shared_memory_over_the_arch_limit_names_the_tile);
     RUN(bad_fields_are_named);
     RUN(emitted_source_carries_the_spec_as_constants);

@@ -32,10 +32,11 @@ static int demo_compile_only(const tool_opts *o, const char *why)
         fprintf(stderr, "flce demo: %s\n", flce_last_error());
         return 1;
     }
-    const kernel_spec *specs[] = {&pl.logits, &pl.dh, &pl.dw, &pl.rowops};
+    /* and recompute's dZ-writing logits pass when the plan has one */
+    const kernel_spec *specs[] = {&pl.logits, &pl.dh, &pl.dw, &pl.rowops, &pl.logits_dz};
     for (int pass = 1; pass <= 2; pass++) {
         printf("pass %d:\n", pass);
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 4 + pl.fused_dz; i++) {
             jit_result jr;
             char summary[256];
             spec_summary(specs[i], summary, sizeof summary);

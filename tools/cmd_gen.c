@@ -143,9 +143,10 @@ int cmd_gen(int argc, char **argv)
         fprintf(stderr, "flce gen: %s\n", flce_last_error());
         return 2;
     }
-    const kernel_spec *specs[] = {&pl.logits, &pl.dh, &pl.dw, &pl.rowops};
+    /* and recompute's dZ-writing logits pass when the plan has one */
+    const kernel_spec *specs[] = {&pl.logits, &pl.dh, &pl.dw, &pl.rowops, &pl.logits_dz};
     int rc = 0;
-    for (int r = 0; r < 4 && !rc; r++)
+    for (int r = 0; r < 4 + pl.fused_dz && !rc; r++)
         if (o.role < 0 || o.role == (int)specs[r]->role) rc = gen_one(specs[r], o.compile);
     return rc;
 }

@@ -32,6 +32,8 @@ typedef struct tune_cands {
     spec_tile tile[TUNE_ROLES][TUNE_MAX_CAND];
     int n[TUNE_ROLES];
     kernel_spec base[TUNE_ROLES]; /* the plan's specs (options included) the tiles go into */
+    int fused_dz;                 /* the plan's recompute pass uses logits_dz with the logits tile */
+    kernel_spec logits_dz;
 } tune_cands;
 
 /* ---- progress ---------------------------------------------------------------------------- */
@@ -90,6 +92,12 @@ static void compile_one(void *arg, int64_t i)
     char summary[256];
     spec_summary(&s, summary, sizeof summary);
     flce_status st = jit_build(&s, &jr); /* the disk cache is safe across threads and processes */
+    if (st == FLCE_OK && r == 0 && pool->c->fused_dz) { /* the same tile's dZ-writing variant */
+        free(jr.cubin);
+        kernel_spec dz = pool->c->logits_dz;
+        dz.tile = s.tile;
+        st = jit_build(&dz, &jr);
+    }
     pthread_mutex_lock(&pool->lock);
     pool->prog.done++;
     if (st != FLCE_OK) {
@@ -376,6 +384,7 @@ static int list_candidates(const tune_opts *o, int sm, tune_cands *c)
         return 0;
     }
     c->base[0] = pl.logits, c->base[1] = pl.dh, c->base[2] = pl.dw;
+    c->fused_dz = pl.fused_dz, c->logits_dz = pl.logits_dz;
     int cap = o->max_cand < TUNE_MAX_CAND ? o->max_cand : TUNE_MAX_CAND;
     for (int r = 0; r < TUNE_ROLES; r++) {
         c->n[r] = tune_candidates(sm, o->t.problem.dtype, c->base[r].role, o->t.problem.hidden,
