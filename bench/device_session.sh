@@ -12,6 +12,7 @@
 #   ab       `flce bench` of this tree and of prev/ (an older tree carried beside it) alternately,
 #            twice, over --bench-shapes (BENCH_ARGS as for bench); with AB_ENV=NAME=value, this
 #            tree with that setting stands in for prev/
+#   python   the binding's layout check and python/test_binding.py against PyTorch
 #   portable the mma.sync ceiling (flce_mma_peak) and `flce bench` with FLCE_PORTABLE=1 (the Ampere
 #            path on this GPU, issue 6)
 # Only a few files come back from a device call: session.log has the summary, everything else is in
@@ -127,6 +128,14 @@ for stage in "${stages[@]}"; do
         > "$OUT/ab-$i-$side.md" 2>&1
       grep -h '^|' "$OUT/ab-$i-$side.md" | sed "s/^/$side /" | tee -a "$LOG"
     done; done
+    ;;
+  python)
+    step "python binding: check_layout.py, test_binding.py"
+    FLCE_LIBRARY=$PWD/build/libflce.so timeout "$(left)" python3 python/check_layout.py > "$OUT/py-layout.log" 2>&1
+    tail -2 "$OUT/py-layout.log" | tee -a "$LOG"
+    FLCE_LIBRARY=$PWD/build/libflce.so timeout "$(left)" python3 python/test_binding.py > "$OUT/py-binding.log" 2>&1
+    echo "status $?" >> "$OUT/py-binding.log"
+    grep -E 'FAIL|passed|failed|status' "$OUT/py-binding.log" | tail -8 | tee -a "$LOG"
     ;;
   portable)
     step "mma.sync ceiling"

@@ -179,6 +179,13 @@ FLCE_API flce_status flce_problem_validate(const flce_problem *problem);
 FLCE_API flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, flce_op op,
                                          uint64_t *bytes);
 
+/* The strategy a call of `op` will run with: problem->strategy when forced, else what AUTO picks on
+ * this context's device (FORWARD for a forward call; CHUNKED or RECOMPUTE otherwise). A framework
+ * binding can use it to defer the gradients to its backward (forward now, flce_backward later,
+ * the same work) when AUTO would recompute the logits anyway. */
+FLCE_API flce_status flce_strategy_of(flce_context *ctx, const flce_problem *problem, flce_op op,
+                                      flce_strategy *strategy);
+
 /* Loss and (optionally) lse. Needs hidden, weight, labels; writes loss and/or lse. */
 FLCE_API flce_status flce_forward(flce_context *ctx, const flce_problem *problem,
                                   const flce_tensors *t, void *stream);

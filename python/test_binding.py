@@ -115,6 +115,9 @@ def main():
     if not GPU:
         print("no CUDA device: testing the binding's autograd plumbing with a float64 stand-in for the kernels")
         flce._Call.__call__ = fake_call
+        # AUTO's choice without a device: recompute under a small budget, as the planner decides
+        flce._Call.strategy_of = lambda self, op, strategy: (
+            "recompute" if strategy == "auto" and 0 < self.problem.memory_budget < (1 << 21) else "chunked")
         flce._require_cuda = lambda hidden: None
     else:
         print(f"{torch.cuda.get_device_name()}: flce {flce.version()} from {flce.library_path()}")
@@ -147,6 +150,27 @@ def main():
         assert not out.requires_grad
         assert rel(out, F.cross_entropy(h.double() @ w.double().T, y, reduction="none")) < 1e-5
     case("no_grad forward", no_grad_forward)
+
+    def auto_that_recomputes_defers_the_gradients():
+        # 515 tokens x 3001 vocab in 1 MiB: AUTO recomputes, so the binding runs forward now and
+        # flce_backward later, exactly what strategy='recompute' runs: the same bits, and a second
+        # backward (retain_graph) works.
+        g = torch.Generator(device=DEV).manual_seed(5)
+        h = torch.randn(515, 72, device=DEV, generator=g)
+        w = torch.randn(3001, 72, device=DEV, generator=g) * 0.2
+        y = torch.randint(0, 3001, (515,), device=DEV, generator=g)
+        call = flce._Call(h, w, y, flce._Options(-100, "mean", "auto", 1 << 20, 0.0, 0.0, 0.0, 1.0))
+        assert call.strategy_of(_lib.FLCE_OP_LOSS_AND_GRAD, "auto") == "recompute"
+        grads = []
+        for strategy in ("auto", "recompute"):
+            h1, w1 = h.clone().requires_grad_(), w.clone().requires_grad_()
+            out = flce.linear_cross_entropy(h1, w1, y, strategy=strategy, memory_budget=1 << 20)
+            out.backward(retain_graph=True)
+            out.backward()  # deferred gradients: backward may run again and adds up
+            grads.append((h1.grad, w1.grad))
+        for a, b in zip(grads[0], grads[1]):
+            assert torch.equal(a, b), "auto (recompute) and recompute differ"
+    case("auto that recomputes defers the gradients", auto_that_recomputes_defers_the_gradients)
 
     def second_backward_refused():
         h = torch.randn(8, 8, device=DEV, requires_grad=True)

@@ -289,21 +289,40 @@ static flce_status check_strategy(const flce_problem *p, flce_op op)
     return FLCE_OK;
 }
 
-flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, flce_op op,
-                                uint64_t *bytes)
+/* The plan of `op` for `problem` on ctx's device, as flce_workspace_size and flce_strategy_of see it
+ * (no tensors: the worst case of requested outputs). */
+static flce_status plan_for(flce_context *ctx, const flce_problem *problem, flce_op op, void *out,
+                            const char *out_name, plan *pl)
 {
     err_clear();
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL");
-    if (!bytes) return err_set(FLCE_ERR_INVALID_ARGUMENT, "bytes: NULL");
+    if (!out) return err_set(FLCE_ERR_INVALID_ARGUMENT, "%s: NULL", out_name);
     if (op != FLCE_OP_FORWARD && op != FLCE_OP_LOSS_AND_GRAD && op != FLCE_OP_BACKWARD)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "op=%d: not an flce_op", (int)op);
     flce_problem p;
     TRY(normalize_problem(problem, &p));
     TRY(flce_problem_validate(&p));
     TRY(check_strategy(&p, op));
+    return plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, NULL, pl);
+}
+
+flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, flce_op op,
+                                uint64_t *bytes)
+{
     plan pl;
-    TRY(plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, NULL, &pl));
+    TRY(plan_for(ctx, problem, op, bytes, "bytes", &pl));
     *bytes = pl.workspace_bytes;
+    return FLCE_OK;
+}
+
+flce_status flce_strategy_of(flce_context *ctx, const flce_problem *problem, flce_op op,
+                             flce_strategy *strategy)
+{
+    plan pl;
+    TRY(plan_for(ctx, problem, op, strategy, "strategy", &pl));
+    *strategy = op == FLCE_OP_FORWARD ? FLCE_STRATEGY_FORWARD
+                : pl.recompute        ? FLCE_STRATEGY_RECOMPUTE
+                                      : FLCE_STRATEGY_CHUNKED;
     return FLCE_OK;
 }
 

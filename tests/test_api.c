@@ -158,6 +158,8 @@ static void null_context_and_outputs_are_named(void)
     CHECK(flce_loss_and_grad(NULL, &p, &t, NULL) == FLCE_ERR_INVALID_ARGUMENT && says("ctx"));
     CHECK(flce_backward(NULL, &p, &t, NULL) == FLCE_ERR_INVALID_ARGUMENT && says("ctx"));
     CHECK(flce_workspace_size(NULL, &p, FLCE_OP_FORWARD, &bytes) == FLCE_ERR_INVALID_ARGUMENT);
+    flce_strategy strategy;
+    CHECK(flce_strategy_of(NULL, &p, FLCE_OP_LOSS_AND_GRAD, &strategy) == FLCE_ERR_INVALID_ARGUMENT && says("ctx"));
     CHECK(flce_check(NULL, NULL) == FLCE_ERR_INVALID_ARGUMENT);
     CHECK(flce_context_create(0, NULL) == FLCE_ERR_INVALID_ARGUMENT && says("out"));
     CHECK(flce_context_destroy(NULL) == FLCE_OK);

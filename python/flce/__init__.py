@@ -136,6 +136,12 @@ class _Call:
             softcap=float(opts.softcap), temperature=float(opts.temperature))
         self.hidden, self.weight, self.labels = hidden, weight, labels
 
+    def strategy_of(self, op, strategy):
+        """What the library runs `op` with for `strategy` ('chunked' or 'recompute' for AUTO)."""
+        self.problem.strategy = _lib.STRATEGIES[strategy]
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return _lib.strategy_of(_lib.context(index), self.problem, op)
+
     def validate(self, strategy):
         self.problem.strategy = _lib.STRATEGIES[strategy]
         _lib.validate(self.problem)
@@ -267,8 +273,10 @@ def linear_cross_entropy(hidden, weight, labels, *, ignore_index=-100, reduction
         temperature (logits / T): see include/flce.h; the library checks their ranges.
 
     Returns the loss in float32: a scalar, or labels.shape for 'none'. Differentiable in hidden
-    and weight. With 'mean'/'sum' and strategy auto/chunked the gradients are computed in the
-    forward call, so backward is cheap but can run only once. Needs a GPU of sm_80 or newer.
+    and weight. With 'mean'/'sum' and strategy chunked (or auto when the library picks chunked)
+    the gradients are computed in the forward call, so backward is cheap but can run only once;
+    when auto picks recompute (many tokens x vocab for the memory budget), forward saves lse and
+    backward recomputes the logits. Needs a GPU of sm_80 or newer.
     """
     _check_args(hidden, weight, labels, reduction, strategy, memory_budget)
     opts = _Options(ignore_index, reduction, strategy, memory_budget, label_smoothing, z_loss, softcap,
@@ -287,6 +295,12 @@ def linear_cross_entropy(hidden, weight, labels, *, ignore_index=-100, reduction
         loss = _no_grad_loss(h2, weight, y1, opts)
     elif reduction == "none" or strategy == "recompute":
         loss = _DeferredGrads.apply(h2, weight, y1, opts, need_dh, need_dw)
+    elif strategy == "auto" and _Call(h2, weight, y1, opts).strategy_of(_lib.FLCE_OP_LOSS_AND_GRAD,
+                                                                        "auto") == "recompute":
+        # AUTO recomputes the logits for the gradients anyway: forward now and flce_backward in
+        # backward do the same work as one loss-and-grad call, without scaling dW and dH by the
+        # upstream gradient afterwards and without holding them from forward to backward.
+        loss = _DeferredGrads.apply(h2, weight, y1, opts._replace(strategy="recompute"), need_dh, need_dw)
     else:
         loss = _EagerGrads.apply(h2, weight, y1, opts, need_dh, need_dw)
     return loss.reshape(lead) if reduction == "none" else loss

@@ -164,6 +164,7 @@ def _declare(lib):
         "flce_context_arch": (st, [vp, ctypes.POINTER(ctypes.c_int)]),
         "flce_problem_validate": (st, [P]),
         "flce_workspace_size": (st, [vp, P, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]),
+        "flce_strategy_of": (st, [vp, P, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]),
         "flce_forward": (st, [vp, P, T, vp]),
         "flce_loss_and_grad": (st, [vp, P, T, vp]),
         "flce_backward": (st, [vp, P, T, vp]),
@@ -327,6 +328,13 @@ def workspace_size(ctx, problem, op):
     check_status(lib().flce_workspace_size(ctx, ctypes.byref(problem), op, ctypes.byref(n)),
                  "flce_workspace_size")
     return n.value
+
+
+def strategy_of(ctx, problem, op):
+    """The strategy name ('forward', 'chunked' or 'recompute') a call of op will run with."""
+    k = ctypes.c_int()
+    check_status(lib().flce_strategy_of(ctx, ctypes.byref(problem), op, ctypes.byref(k)), "flce_strategy_of")
+    return {v: n for n, v in STRATEGIES.items()}[k.value]
 
 
 _OPS = {FLCE_OP_FORWARD: "flce_forward", FLCE_OP_LOSS_AND_GRAD: "flce_loss_and_grad",
