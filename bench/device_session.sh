@@ -9,6 +9,8 @@
 #   gpu      the GPU CTests (both single-GPU suites, fault, concurrency, fuzz smoke)
 #   profile  per-kernel durations (ncu, clocks and caches left alone) of one loss-and-grad call per
 #            strategy in $PROFILE_STRATEGIES at $PROFILE_SHAPE (bench/ncu_summary.py tables)
+#   detail   ncu's speed-of-light, memory and warp-stall sections for one launch each of flce_logits
+#            (the forward pass), flce_dh and flce_dw in a recompute call at $PROFILE_SHAPE
 #   ab       `flce bench` of this tree and of prev/ (an older tree carried beside it) alternately,
 #            twice, over --bench-shapes (BENCH_ARGS as for bench); with AB_ENV=NAME=value, this
 #            tree with that setting stands in for prev/
@@ -112,6 +114,18 @@ for stage in "${stages[@]}"; do
         --kernel-name regex:flce_ --launch-skip 0 ./build/flce bench --shapes "$ps" --strategies "$st" --logit-std 4 \
         --warmup 0 --iters 1 --sets 1 > "$OUT/ncu-$st.csv" 2> "$OUT/ncu-$st.log"
       python3 bench/ncu_summary.py "$OUT/ncu-$st.csv" | tee -a "$LOG"
+    done
+    ;;
+  detail)
+    ps=${PROFILE_SHAPE:-8192x4096x128256}
+    ./build/flce bench --shapes "$ps" --strategies recompute --logit-std 4 --warmup 1 --iters 1 --sets 1 >/dev/null 2>&1
+    for k in logits dh dw; do
+      step "ncu sections: flce_$k at $ps"
+      timeout "$(left)" ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section Occupancy -k "flce_$k" -c 1 ./build/flce bench --shapes "$ps" \
+        --strategies recompute --logit-std 4 --warmup 0 --iters 1 --sets 1 > "$OUT/ncu-detail-$k.txt" 2>&1
+      grep -E 'Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Hit|L2 Hit|DRAM Throughput|Stall|Warp Cycles Per Issued|Achieved Occupancy|Issue Slot' \
+        "$OUT/ncu-detail-$k.txt" | head -24 | tee -a "$LOG"
     done
     ;;
   ab)
