@@ -951,6 +951,21 @@ __device__ __forceinline__ float grad_scale(const flce_gemm_params &p)
     return p.scale_mode & 4 ? scale * (1.f / DZ_SCALE_F16) : scale;
 }
 
+// Output tile t of the persistent walk: column tiles fastest over all rows, or (raster_rows = G)
+// in groups of G row blocks × all column tiles, row blocks fastest inside a group, so the CTAs in
+// flight share fewer B column tiles (a bijection either way).
+__device__ __forceinline__ void tile_origin(const flce_gemm_params &p, long long t, long long tiles_m,
+                                            long long tiles_n, long long &m0, long long &n0)
+{
+    if (p.raster_rows <= 0) {
+        m0 = t / tiles_n * BM, n0 = t % tiles_n * BN;
+        return;
+    }
+    const long long per = (long long)p.raster_rows * tiles_n, first = t / per * p.raster_rows, w = t % per;
+    const long long rows_here = tiles_m - first < p.raster_rows ? tiles_m - first : p.raster_rows;
+    m0 = (first + w % rows_here) * BM, n0 = w / rows_here * BN;
+}
+
 // grid: (column tiles, row tiles). On the TMA path a persistent grid instead (gridDim.y = 1, at
 // most one CTA per SM, runtime/tma.c) walks the same tiles in the same order, column tiles
 // fastest: tile t = blockIdx.x + i·gridDim.x. Its producer loads the next tile's first stages
@@ -965,14 +980,17 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = tile_smem(smem_raw);
 #if FLCE_TMA
-    const long long tiles_n = (p.n + BN - 1) / BN, tiles = tiles_n * ((p.m + BM - 1) / BM);
+    const long long tiles_n = (p.n + BN - 1) / BN, tiles_m = (p.m + BM - 1) / BM, tiles = tiles_n * tiles_m;
     int it = 0;
     pipe_init(smem);
     if (threadIdx.x < PRODUCER_THREADS) {
         setmaxnreg_dec<PRODUCER_REGS>();
         if (threadIdx.x == 0)
-            for (long long t = blockIdx.x; t < tiles; t += gridDim.x)
-                produce(p, smem, t / tiles_n * BM, t % tiles_n * BN, 1, it);
+            for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+                long long m0, n0;
+                tile_origin(p, t, tiles_m, tiles_n, m0, n0);
+                produce(p, smem, m0, n0, 1, it);
+            }
 #if FLCE_TCGEN05
         if (threadIdx.x / 32 == 1) // warp 1: the MMAs of this CTA's tiles, then dealloc
             mma_tiles(p, smem, tiles > blockIdx.x ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0);
@@ -991,7 +1009,8 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
     float acc[MI][NI][4];
 #if FLCE_TMA
     for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
-        const long long m0 = t / tiles_n * BM, n0 = t % tiles_n * BN;
+        long long m0, n0;
+        tile_origin(p, t, tiles_m, tiles_n, m0, n0);
         mainloop(acc, smem, p, it, wm / 4);
         grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
     }

@@ -48,6 +48,9 @@ struct flce_gemm_params {
     int out_f32;                  /* dH/dW: out holds fp32 (else the input dtype) */
     int splits;                   /* logits: vocab splits (gridDim.y) */
     int tiles_per_split;          /* logits: BN-wide vocab tiles each split walks */
+    int raster_rows;              /* dH/dW, TMA (persistent): tiles walk in groups of this many row
+                                     blocks × all column tiles, row blocks fastest; 0: column tiles
+                                     fastest over all rows */
     int scale_mode;               /* dH/dW: multiply acc by g = 1 (0), grad (1, sum) or grad/count (2,
                                      mean); + 4: and by 1/DZ_SCALE_F16 (fp16 dZ, common.cuh) */
     unsigned long long scale_grad;  /* fp32 upstream gradient (1 value) or 0 for 1 */
