@@ -613,6 +613,19 @@ __device__ __forceinline__ float transform_logit(float acc, long long col, const
     return z;
 }
 
+// Columns j < cols_inside(limit, c0) of a thread's warp tile starting at column c0 lie below
+// `limit` (the shard's n, or a row stride).
+__device__ __forceinline__ int cols_inside(long long limit, long long c0)
+{
+    return (int)(limit - c0 < WTN ? (limit - c0 > 0 ? limit - c0 : 0) : WTN);
+}
+// The label's j within the warp tile at c0, or −1 when the label (lab ≥ 0) falls elsewhere.
+__device__ __forceinline__ int label_col(long long lab, long long c0)
+{
+    const long long ly = lab - c0;
+    return lab >= 0 && ly >= 0 && ly < WTN ? (int)ly : -1;
+}
+
 // Folds one vocab tile into each owned row's running statistics; records target logits and stores
 // Z. Element (mi, ni, e) of acc sits at row wm*WTM + mi*16 + g + 8*(e/2), column
 // wn*WTN + ni*8 + 2*t + e%2 of the tile, i.e. at column c0 + j of the shard with j = ni*8 + e%2.
@@ -628,15 +641,14 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
     const long long c0 = n0 + wn * WTN + 2 * t;
     // Columns j < lim lie inside the shard; j < zlim inside Z's row. Past the shard TMA and
     // cp.async filled zeros, which are logits of 0, not absent: they are masked here.
-    const int lim = FULL ? WTN : (int)(p.n - c0 < WTN ? (p.n - c0 > 0 ? p.n - c0 : 0) : WTN);
-    const int zlim = FULL ? WTN : (int)(p.ldo - c0 < WTN ? (p.ldo - c0 > 0 ? p.ldo - c0 : 0) : WTN);
+    const int lim = FULL ? WTN : cols_inside(p.n, c0);
+    const int zlim = FULL ? WTN : cols_inside(p.ldo, c0);
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
-            long long ly = lab[mi][h] - c0; // the label's j when it falls in this thread's columns
-            const int lj = lab[mi][h] >= 0 && ly >= 0 && ly < WTN ? (int)ly : -1;
+            const int lj = label_col(lab[mi][h], c0);
             row_stats tile;
             tile.m = NEG_INF, tile.s = 0.f, tile.t = 0.f, tile.zs = 0.f;
             int arg = -1; // j of the first maximum
@@ -717,8 +729,8 @@ __device__ __forceinline__ void dz_epilogue_t(float (&acc)[MI][NI][4], const flc
 {
     const int g = lane / 4, t = lane % 4;
     const long long c0 = n0 + wn * WTN + 2 * t;
-    const int lim = FULL ? WTN : (int)(p.n - c0 < WTN ? (p.n - c0 > 0 ? p.n - c0 : 0) : WTN);
-    const int zlim = FULL ? WTN : (int)(p.ldo - c0 < WTN ? (p.ldo - c0 > 0 ? p.ldo - c0 : 0) : WTN);
+    const int lim = FULL ? WTN : cols_inside(p.n, c0);
+    const int zlim = FULL ? WTN : cols_inside(p.ldo, c0);
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -726,8 +738,7 @@ __device__ __forceinline__ void dz_epilogue_t(float (&acc)[MI][NI][4], const flc
             const long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
             if (row >= p.m) continue;
             const dz_row r = dr[mi][h];
-            const long long ly = lab[mi][h] - c0;
-            const int lj = lab[mi][h] >= 0 && ly >= 0 && ly < WTN ? (int)ly : -1;
+            const int lj = label_col(lab[mi][h], c0);
             elem_t *dz = (elem_t *)p.out + row * p.ldo + c0;
 #pragma unroll
             for (int ni = 0; ni < NI; ni++) {
