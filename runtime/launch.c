@@ -7,7 +7,6 @@
  * the per-row statistics, dH builds up in fp32 and is all-reduced (reduce-scattered under
  * sequence parallelism, which first all-gathers hidden states and labels) before it is rounded.
  * No host synchronization anywhere. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "comm.h"
@@ -225,20 +224,6 @@ static void set_output(const run *r, struct flce_gemm_params *g, unsigned long l
     }
 }
 
-/* The persistent dH/dW kernels walk their tiles in groups of RASTER_ROWS row blocks, row blocks
- * fastest (templates/gemm.cu, tile_origin): CTAs launched next to each other, which stay close in
- * k, then share the larger B tile in L2. Measured on an H100 (bench/NOTES.md v10): dH DRAM traffic
- * 72 % → 39 % of peak, loss+grad 54.5 → 51.3 ms at 8192×4096×128256, 63.7 → 61.1 at
- * 8192×2304×256000. FLCE_RASTER=G overrides (0: column tiles fastest, the old order). */
-enum { RASTER_ROWS = 8 };
-static int raster_rows(void)
-{
-    const char *e = getenv("FLCE_RASTER");
-    if (!e || !*e) return RASTER_ROWS;
-    int g = atoi(e);
-    return g > 0 && g <= 4096 ? g : 0;
-}
-
 /* dH[rows] (+)= dZ · W[cols]: A = dZ stored K-major, B = W stored [k = vocab][n = hidden]. */
 static flce_status run_dh(run *r, const block *b)
 {
@@ -259,7 +244,7 @@ static flce_status run_dh(run *r, const block *b)
     g.a_rows = b->rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
     g.b_rows = b->cols, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
-    g.raster_rows = raster_rows();
+    g.raster_rows = pl->raster_rows;
     int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(b->rows, pl->dh.tile.bm);
     TRY(tma_prepare_gemm(&pl->dh, &g, r->ctx->num_sms, &gx, &gy));
     return launch(r->k.dh, gx, gy, spec_threads(&pl->dh), spec_smem_bytes(&pl->dh), r->stream, &g, "dH kernel");
@@ -280,7 +265,7 @@ static flce_status run_dw(run *r, const block *b)
     g.a_rows = b->rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
     g.b_rows = b->rows, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
-    g.raster_rows = raster_rows();
+    g.raster_rows = pl->raster_rows;
     int64_t gx = ceil_div(pl->d, pl->dw.tile.bn), gy = ceil_div(b->cols, pl->dw.tile.bm);
     TRY(tma_prepare_gemm(&pl->dw, &g, r->ctx->num_sms, &gx, &gy));
     return launch(r->k.dw, gx, gy, spec_threads(&pl->dw), spec_smem_bytes(&pl->dw), r->stream, &g, "dW kernel");

@@ -13,6 +13,7 @@
 
 #define PLAN_DEFAULT_BUDGET (512ull << 20)
 #define PLAN_RECOMPUTE_BELOW 1024 /* AUTO picks recompute when token chunks would be shorter */
+#define PLAN_RASTER_ROWS 8 /* dH/dW tile order: row blocks per group (plan.c, raster_rows) */
 /* The statistics all-gather of TP: each rank's block is a header of FLCE_TP_HEADER words, then
  * FLCE_TP_RECORD words per token row (templates/params.h). */
 uint64_t plan_tp_block_bytes(int64_t rows);
@@ -42,6 +43,7 @@ typedef struct plan {
      * fused_dz), so no fp32 Z and no dz pass; FLCE_FUSED_DZ=0 in the environment turns it off. */
     int fused_dz;
     kernel_spec logits_dz;
+    int raster_rows;      /* the persistent dH/dW kernels' tile order (params.h raster_rows) */
     /* Workspace layout: byte offsets, each 256-aligned; regions not needed are 0 and unused. */
     uint64_t off_stats, off_target, off_part_m, off_part_s, off_part_t, off_part_zs, off_part_arg,
         off_loss_rows, off_zloss_rows, off_lse, off_z, off_dz, off_dw_acc, off_dh_acc, off_db_acc;

@@ -272,6 +272,20 @@ static void recompute_writes_dz_in_the_logits_pass(void)
     CHECK(spec_validate(&bad) == FLCE_ERR_INVALID_ARGUMENT && msg_has("fused_dz"));
 }
 
+/* The dH/dW tile order is the plan's: groups of PLAN_RASTER_ROWS row blocks unless FLCE_RASTER says
+ * otherwise (0: column tiles fastest; nonsense: also 0). */
+static void gradient_tile_order_comes_from_the_plan(void)
+{
+    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+    plan pl;
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.raster_rows == PLAN_RASTER_ROWS);
+    setenv("FLCE_RASTER", "16", 1);
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.raster_rows == 16);
+    setenv("FLCE_RASTER", "-3", 1);
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.raster_rows == 0);
+    unsetenv("FLCE_RASTER");
+}
+
 static void small_problems_take_one_chunk_and_no_accumulator(void)
 {
     flce_problem p = problem(1, 8, 1, FLCE_DTYPE_F16);
@@ -313,6 +327,7 @@ int main(void)
 {
     RUN(default_specs_validate_for_every_arch_and_dtype);
     RUN(recompute_writes_dz_in_the_logits_pass);
+    RUN(gradient_tile_order_comes_from_the_plan);
     RUN(shared_memory_over_the_arch_limit_names_the_tile);
     RUN(bad_fields_are_named);
     RUN(emitted_source_carries_the_spec_as_constants);
