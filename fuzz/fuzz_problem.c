@@ -73,9 +73,12 @@ static void check_layout(const flce_problem *p, const plan *pl)
     add_region(r, &n, "lse", pl->off_lse, tokens, 4, 1, pl->need_lse);
     /* Recompute with the dZ epilogue (fused_dz) has no Z; otherwise fp32's dZ overwrites Z in place
      * (plan.c), so it is not a region of its own. */
-    add_region(r, &n, "z", pl->off_z, block, ldz, 4, grads && !pl->fused_dz);
+    /* Compact logits (chunked, 16-bit) are 2 bytes each and become dZ in place, beside one fp32
+     * maximum per (row, tile_cols group). */
+    add_region(r, &n, "z", pl->off_z, block, ldz, pl->compact ? 2 : 4, grads && !pl->fused_dz);
     add_region(r, &n, "dz", pl->off_dz, block, ldz, p->dtype == FLCE_DTYPE_F32 ? 4 : 2,
-               grads && (pl->fused_dz || p->dtype != FLCE_DTYPE_F32));
+               grads && (pl->fused_dz || (p->dtype != FLCE_DTYPE_F32 && !pl->compact)));
+    add_region(r, &n, "tile_max", pl->off_tile_max, block, (uint64_t)pl->tile_max_ld, 4, grads && pl->compact);
     add_region(r, &n, "dw_acc", pl->off_dw_acc, v, d, 4, grads && pl->need_dw_acc);
     add_region(r, &n, "dh_acc", pl->off_dh_acc, tokens, d, 4, grads && pl->need_dh_acc);
     add_region(r, &n, "db_acc", pl->off_db_acc, v, 4, 1, grads && pl->need_db_acc);

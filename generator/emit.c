@@ -77,6 +77,7 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     sb_printf(b, "#define ROLE_IS_DH %d\n", s->role == ROLE_DH);
     sb_printf(b, "#define ROLE_IS_DW %d\n", s->role == ROLE_DW);
     if (s->fused_dz) sb_text(b, "#define FLCE_FUSED_DZ 1\n");
+    if (s->compact) sb_text(b, "#define FLCE_COMPACT 1\n");
     sb_printf(b, "#define OPT_BIAS %d\n", !!(s->opts & SPEC_OPT_BIAS));
     sb_printf(b, "#define OPT_WEIGHTS %d\n", !!(s->opts & SPEC_OPT_WEIGHTS));
     sb_printf(b, "#define OPT_ZSUM %d\n", !!(s->opts & SPEC_OPT_ZSUM));

@@ -101,7 +101,7 @@ void spec_summary(const kernel_spec *s, char *out, size_t cap)
     }
     const spec_tile *t = &s->tile;
     snprintf(out, cap, "%s%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s%s",
-             spec_role_name(s->role), s->fused_dz ? "+dz" : "", dtype_name(s->dtype), (long long)s->hidden,
+             spec_role_name(s->role), s->fused_dz ? "+dz" : s->compact ? "+compact" : "", dtype_name(s->dtype), (long long)s->hidden,
              (long long)s->vocab_shard, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk,
              t->stages, t->warps_m, t->warps_n,
              t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "", opts,
@@ -331,5 +331,10 @@ flce_status spec_validate(const kernel_spec *s)
     if (s->fused_dz && s->reduction != FLCE_REDUCTION_MEAN && s->reduction != FLCE_REDUCTION_SUM &&
         s->reduction != FLCE_REDUCTION_NONE)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "reduction=%d: not an flce_reduction", (int)s->reduction);
+    if (s->compact != 0 && (s->compact != 1 || s->role != ROLE_LOGITS || s->fused_dz))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "compact=%d: 0, or 1 for the logits role without fused_dz",
+                       s->compact);
+    if (s->compact && s->dtype == FLCE_DTYPE_F32)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "compact=1: needs a 16-bit dtype (fp32 logits are stored as they are)");
     return validate_tile(s);
 }

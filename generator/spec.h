@@ -47,6 +47,9 @@ typedef struct kernel_spec {
     int fused_dz;        /* LOGITS: the epilogue writes dZ (the recompute strategy's gradient pass,
                           * lse known) instead of statistics or Z; uses reduction (none or not),
                           * smoothing, z_loss and the weights like flce_dz */
+    int compact;         /* LOGITS, 16-bit dtypes: the statistics pass of the chunked strategy stores
+                          * Z as fp16 p̃ = exp(z − m)·2^15 plus one fp32 m per (row, warp tile),
+                          * 2 bytes per logit instead of 4 (templates/common.cuh) */
 } kernel_spec;
 
 enum {

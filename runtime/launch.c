@@ -1,6 +1,7 @@
 /* launch.c — the kernel sequences of forward, loss-and-grad and backward (see launch.h):
  *   forward:    prepare → logits (statistics) → combine → reduce
- *   chunked:    prepare → per token chunk: logits (+Z) → [combine] → dz → dH → dW → db → [reduce]
+ *   chunked:    prepare → per token chunk: logits (+Z, or compact fp16 p̃ for 16-bit training)
+ *               → [combine] → dz → dH → dW → db → [reduce]
  *   recompute:  [forward] → per vocab chunk: logits writing dZ (or Z → dz, FLCE_FUSED_DZ=0)
  *               → dH (accumulated) → dW → db
  * With tensor parallelism (DESIGN §2) every combine is preceded by tp_pack and ONE all-gather of
@@ -96,6 +97,10 @@ static void init_row_params(run *r)
     rp->target = ws_at(r, pl->off_target, pl->off_target != 0);
     rp->z = ws_at(r, pl->off_z, pl->off_z != 0);
     rp->dz = ws_at(r, pl->off_dz, pl->off_dz != 0);
+    if (pl->compact) {
+        rp->tile_max = r->ws + pl->off_tile_max;
+        rp->tile_max_ld = pl->tile_max_ld, rp->tile_cols = pl->tile_cols;
+    }
     rp->lse = pl->need_lse ? r->ws + pl->off_lse : addr(t->lse);
     /* Per-token losses go to the workspace (reduced later), the caller's loss_per_token, and for
      * reduction none also the caller's loss. */
@@ -171,6 +176,7 @@ static flce_status run_logits(run *r, const block *b, int stats, int store_z)
     struct flce_gemm_params g;
     logits_params(r, b, &g);
     g.out = store_z ? r->ws + r->pl->off_z : 0;
+    if (store_z && r->pl->compact) g.tile_max = r->rp.tile_max, g.ld_tile_max = r->pl->tile_max_ld;
     if (stats) {
         g.part_m = r->rp.part_m, g.part_s = r->rp.part_s, g.target = r->rp.target;
         g.part_t = r->rp.part_t, g.part_zs = r->rp.part_zs, g.part_arg = r->rp.part_arg;

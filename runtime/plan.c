@@ -146,6 +146,22 @@ static int fused_dz_enabled(void)
     return !(e && strcmp(e, "0") == 0);
 }
 
+/* FLCE_COMPACT=0 keeps the chunked strategy's fp32 Z store (side-by-side timing). */
+static int compact_enabled(void)
+{
+    const char *e = getenv("FLCE_COMPACT");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+/* Whether the chunked strategy may store compact logits: a training call (the statistics pass
+ * writes the exact target logit the label's dZ needs) with 16-bit inputs. Softcap with label
+ * smoothing is left out: its dZ needs every z, also where p̃ underflowed to 0. */
+static int compact_allowed(const flce_problem *p, const plan *pl)
+{
+    return compact_enabled() && pl->op == FLCE_OP_LOSS_AND_GRAD && p->dtype != FLCE_DTYPE_F32 &&
+           !(p->softcap > 0 && p->label_smoothing > 0);
+}
+
 static flce_status plan_chunks(const flce_problem *p, plan *pl)
 {
     uint64_t budget = p->memory_budget ? p->memory_budget : PLAN_DEFAULT_BUDGET;
@@ -165,7 +181,12 @@ static flce_status plan_chunks(const flce_problem *p, plan *pl)
         pl->n_vchunks = ceil_div(pl->v, pl->chunk_cols);
         pl->chunk_rows = pl->n, pl->n_chunks = 1;
     } else {
-        uint64_t per_row = (uint64_t)ceil_div(v_rows, 8) * 8 * per_elem;
+        int64_t ld = ceil_div(v_rows, 8) * 8;
+        pl->compact = compact_allowed(p, pl);
+        pl->tile_cols = pl->logits.tile.bn / pl->logits.tile.warps_n; /* one warp tile's width */
+        pl->tile_max_ld = pl->compact ? ceil_div(ceil_div(pl->v, 8) * 8, pl->tile_cols) : 0;
+        uint64_t per_row = (uint64_t)ld * per_elem;
+        if (pl->compact) per_row = (uint64_t)ld * 2 + (uint64_t)ceil_div(ld, pl->tile_cols) * 4;
         if (budget < per_row) return budget_error(budget, per_row, "token's row");
         /* Under TP the unit is fixed too: ranks with different (tuned) tiles must still agree. */
         int64_t unit = pl->tp > 1 ? 128 : pl->logits.tile.bm;
@@ -240,6 +261,9 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
         uint64_t block = (uint64_t)pl->chunk_rows * (uint64_t)pl->ldz;
         if (pl->fused_dz) {
             pl->off_dz = take(&cur, block * (f32 ? 4 : 2));
+        } else if (pl->compact) { /* fp16 p̃, turned into dZ in place, and the maxima */
+            pl->off_z = pl->off_dz = take(&cur, block * 2);
+            pl->off_tile_max = take(&cur, (uint64_t)pl->chunk_rows * (uint64_t)pl->tile_max_ld * 4);
         } else {
             pl->off_z = take(&cur, block * 4);
             pl->off_dz = f32 ? pl->off_z : take(&cur, block * 2);
@@ -291,13 +315,14 @@ flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, 
          * chunks 419 ms, recompute 168 ms; 4096×2048×32000: 2048-row chunks 6.9 ms, recompute 9.9. */
         if (p->strategy == FLCE_STRATEGY_AUTO && pl->n_chunks > 1 && pl->chunk_rows < PLAN_RECOMPUTE_BELOW) {
             plan chunked = *pl;
-            pl->recompute = 1;
+            pl->recompute = 1, pl->compact = 0, pl->tile_max_ld = 0;
             if (plan_chunks(p, pl) != FLCE_OK) { /* all tokens × 8 columns do not fit: stay chunked */
                 *pl = chunked;
                 err_clear();
             }
         }
     }
+    if (pl->compact) pl->logits.compact = 1; /* the chunked pass's only logits kernel */
     if (pl->fused_dz) {
         pl->logits_dz = pl->logits; /* the same (possibly tuned) tile */
         pl->logits_dz.fused_dz = 1;

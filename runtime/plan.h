@@ -44,9 +44,16 @@ typedef struct plan {
     int fused_dz;
     kernel_spec logits_dz;
     int raster_rows;      /* the persistent dH/dW kernels' tile order (params.h raster_rows) */
+    /* Chunked loss-and-grad with 16-bit inputs: the logits pass stores each chunk's logits as fp16
+     * p̃ plus fp32 maxima per (row, tile_cols group), 2 bytes per logit instead of 6 (fp32 Z + dZ),
+     * and flce_dz turns p̃ into dZ in place: 3x longer token chunks in the same budget.
+     * FLCE_COMPACT=0 in the environment turns it off (side-by-side timing). */
+    int compact;
+    int64_t tile_cols, tile_max_ld;
     /* Workspace layout: byte offsets, each 256-aligned; regions not needed are 0 and unused. */
     uint64_t off_stats, off_target, off_part_m, off_part_s, off_part_t, off_part_zs, off_part_arg,
-        off_loss_rows, off_zloss_rows, off_lse, off_z, off_dz, off_dw_acc, off_dh_acc, off_db_acc;
+        off_loss_rows, off_zloss_rows, off_lse, off_z, off_dz, off_dw_acc, off_dh_acc, off_db_acc,
+        off_tile_max;
     int need_loss_rows, need_zloss_rows, need_lse, need_dw_acc, need_dh_acc, need_db_acc;
     int64_t stat_rows;    /* rows the statistics arrays (target, partials) hold */
     /* TP: this rank's block of the statistics all-gather and all ranks' blocks; the fp32 dH that

@@ -148,11 +148,12 @@ __device__ __forceinline__ float dz_row_a(float wy, float lse, float wsum, long 
     if (ZLOSS > 0.f) a += 2.f * ZLOSS * wy * lse;
     return a;
 }
-// dz of the transformed logit z of a valid row (g = token scale, wj = w_j, used with smoothing).
-__device__ __forceinline__ float dz_value(float z, float lse, float a, bool is_label, float wy, float wj, float g,
-                                          long long vocab_total)
+// dz of a valid row's element whose probability p = exp(z − lse) is already known (the compact
+// logits of the chunked strategy carry p, not z; z is then needed only by softcap's chain rule).
+__device__ __forceinline__ float dz_value_p(float prob, float z, float a, bool is_label, float wy, float wj,
+                                            float g, long long vocab_total)
 {
-    float v = a * expf(z - lse);
+    float v = a * prob;
     if (is_label) v -= (1.f - SMOOTHING) * wy;
     if (OPT_ZSUM) v -= SMOOTHING * wj / (float)vocab_total;
     if (INV_TEMP != 1.f) v *= INV_TEMP;
@@ -166,6 +167,19 @@ __device__ __forceinline__ float dz_value(float z, float lse, float a, bool is_l
 #endif
     return v;
 }
+// dz of the transformed logit z of a valid row (g = token scale, wj = w_j, used with smoothing).
+__device__ __forceinline__ float dz_value(float z, float lse, float a, bool is_label, float wy, float wj, float g,
+                                          long long vocab_total)
+{
+    return dz_value_p(expf(z - lse), z, a, is_label, wy, wj, g, vocab_total);
+}
+
+// Compact logits (the chunked strategy's store, PERF-PLAN §5): each logit z is kept as fp16
+// p̃ = exp(z − m)·2^15, m the fp32 maximum of its (row, column group). fp16's 11 significant bits
+// put at most 2^-11 of relative error on p (bf16 dZ itself rounds at up to 2^-8); the 2^15 keeps p̃
+// a normal fp16 number down to exp(z − m) ≈ 2e-9 (z − m ≈ −20), below which p adds nothing measurable.
+#define COMPACT_SCALE 32768.f
+#define COMPACT_LN_SCALE 10.3972077f // ln 2^15
 
 struct row_stats {
     float m, s, t, zs;

@@ -43,6 +43,9 @@ constexpr long long VOCAB = 32768; // rows of this shard
 #ifndef FLCE_FUSED_DZ
 #define FLCE_FUSED_DZ 0
 #endif
+#ifndef FLCE_COMPACT
+#define FLCE_COMPACT 0 // 1 (logits): Z is stored as fp16 p̃ plus per-(row, warp tile) maxima (common.cuh)
+#endif
 
 constexpr int THREADS = WARPS_M * WARPS_N * 32;        // the threads that compute and run the epilogue
 constexpr int PRODUCER_THREADS = FLCE_TMA ? 128 : 0;   // TMA: one warpgroup in front that only loads
@@ -603,6 +606,15 @@ __device__ __forceinline__ unsigned char *tile_smem(unsigned char *raw) { return
 #endif
 
 #if ROLE_IS_LOGITS
+#if FLCE_COMPACT
+// Two floats to fp16 (round to nearest) in one word, lo in the low half: the stored pair order.
+__device__ __forceinline__ unsigned pack_f16x2(float lo, float hi)
+{
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#endif
 // The logit transform of the math: bias, temperature, softcap — all compile-time optional.
 __device__ __forceinline__ float transform_logit(float acc, long long col, const flce_gemm_params &p)
 {
@@ -662,14 +674,30 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                     acc[mi][ni][2 * h + c] = z;
                     if (in && z > tile.m) tile.m = z, arg = j;
                 }
+#if FLCE_COMPACT
+            // One m per (row, warp tile): the 4 lanes sharing the row agree on their maximum, so
+            // the exps below are both the statistics' and the stored p̃. A lane whose own maximum
+            // is below it holds no argmax candidate.
+            {
+                const float own = tile.m;
+                tile.m = fmaxf(tile.m, __shfl_xor_sync(0xffffffffu, tile.m, 1));
+                tile.m = fmaxf(tile.m, __shfl_xor_sync(0xffffffffu, tile.m, 2));
+                if (own < tile.m) arg = -1;
+            }
+            const bool store = p.out && row < p.m;
+            unsigned *pt_row = (unsigned *)((unsigned short *)p.out + (store ? row : 0) * p.ldo + c0);
+            if (store && t == 0) ((float *)p.tile_max)[row * p.ld_tile_max + (c0 - 2 * t) / WTN] = tile.m;
+#endif
 #pragma unroll
-            for (int ni = 0; ni < NI; ni++)
+            for (int ni = 0; ni < NI; ni++) {
+                float en[2] = {0.f, 0.f};
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
                     const int j = ni * 8 + c;
                     float z = acc[mi][ni][2 * h + c];
                     if (FULL || j < lim) {
                         float e = expf(z - tile.m);
+                        en[c] = e;
                         tile.s += e;
                         if (OPT_ENTROPY) tile.t += e * z;
                         if (OPT_ZSUM)
@@ -677,9 +705,15 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                     }
                     if (j == lj && p.target) ((float *)p.target)[row] = z;
                 }
+#if FLCE_COMPACT
+                if (store && (FULL || ni * 8 < zlim)) pt_row[ni * 4] = pack_f16x2(en[0] * COMPACT_SCALE, en[1] * COMPACT_SCALE);
+#else
+                (void)en;
+#endif
+            }
             tile.arg = arg < 0 ? 0x7fffffffffffffffLL : p.vocab_offset + c0 + arg;
             if (tile.s != tile.s || tile.m != NEG_INF) stats_merge(run[mi][h], tile);
-            if (p.out && row < p.m) {
+            if (!FLCE_COMPACT && p.out && row < p.m) {
                 float *z_row = (float *)p.out + row * p.ldo + c0;
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++)

@@ -39,6 +39,11 @@ struct flce_gemm_params {
     unsigned long long lse;         /* fp32 lse of rows 0..m-1 */
     unsigned long long grad_output; /* reduction none: fp32 per-row upstream gradient, or 0 for 1 */
     unsigned long long stats;       /* float[2] of flce_prepare: [1] = Σ_j w_j */
+    /* logits with the compact store (FLCE_COMPACT, the chunked strategy's pass): out holds fp16
+     * p̃ = exp(z − m)·2^15 (ld = ldo) and tile_max the fp32 m of each (row, WTN-column group), row
+     * stride ld_tile_max; the group is one warp tile's width (the whole BN tile on wgmma paths). */
+    unsigned long long tile_max;
+    long long ld_tile_max;
     long long vocab_total, ignore_index;
     long long m, n, k;
     long long a_rows, a_cols, lda;
@@ -110,6 +115,12 @@ struct flce_row_params {
     unsigned long long cast_src;    /* flce_cast: fp32 values */
     unsigned long long cast_dst;    /* flce_cast: dtype values, or fp32 ones to add into */
     long long cast_count;
+    /* flce_dz over compact logits (the logits pass's FLCE_COMPACT store): z holds fp16 p̃ =
+     * exp(z − m)·2^15, tile_max the fp32 m per (row, tile_cols-wide group), row stride
+     * tile_max_ld; 0 when z holds fp32 logits. dz then overwrites p̃ in place. */
+    unsigned long long tile_max;
+    long long tile_max_ld;
+    long long tile_cols;
 };
 
 #endif

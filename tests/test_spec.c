@@ -199,7 +199,9 @@ static void chunks_fit_the_memory_budget(void)
         p.strategy = FLCE_STRATEGY_CHUNKED;
         plan pl;
         CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
-        uint64_t chunk_bytes = (uint64_t)pl.chunk_rows * (uint64_t)pl.ldz * 6;
+        /* compact: fp16 p̃ (dZ in place) and a float per (row, warp tile) */
+        uint64_t chunk_bytes = (uint64_t)pl.chunk_rows * ((uint64_t)pl.ldz * 2 + (uint64_t)pl.tile_max_ld * 4);
+        CHECK(pl.compact && pl.tile_cols == 256 && pl.logits.compact);
         CHECKF(chunk_bytes <= budgets[b], "chunk %lld rows = %llu bytes > budget %llu",
                (long long)pl.chunk_rows, (unsigned long long)chunk_bytes,
                (unsigned long long)budgets[b]);
@@ -234,10 +236,12 @@ static void vocab_splits_fill_whole_waves(void)
 static void auto_recomputes_when_token_chunks_are_short(void)
 {
     plan pl;
-    flce_problem p = problem(8192, 2304, 256000, FLCE_DTYPE_BF16); /* 256-row chunks at 512 MiB */
-    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.recompute);
+    flce_problem p = problem(8192, 2304, 256000, FLCE_DTYPE_BF16);
+    p.memory_budget = 128ull << 20; /* compact token chunks of 256 rows */
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.recompute && !pl.compact);
     CHECK(pl.n_chunks == 1 && pl.chunk_rows == 8192 && pl.n_vchunks > 1);
-    CHECK(pl.fused_dz && (uint64_t)pl.chunk_rows * (uint64_t)pl.ldz * 2 <= PLAN_DEFAULT_BUDGET);
+    CHECK(pl.fused_dz && (uint64_t)pl.chunk_rows * (uint64_t)pl.ldz * 2 <= p.memory_budget);
+    CHECK(!pl.logits.compact && pl.off_tile_max == 0);
     p = problem(4096, 2048, 32000, FLCE_DTYPE_BF16); /* 2048-row chunks: stays chunked */
     CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && !pl.recompute);
     p.strategy = FLCE_STRATEGY_CHUNKED, p.memory_budget = 64ull << 20; /* forced: never switched */
@@ -315,7 +319,8 @@ static void workspace_regions_do_not_overlap(void)
         region r[PLAN_REGIONS];
         size_t n = plan_regions(&pl, r);
         CHECK(strat == FLCE_STRATEGY_CHUNKED ? pl.need_dw_acc && !pl.need_dh_acc : pl.need_dh_acc && !pl.need_dw_acc);
-        CHECK(blk * (pl.fused_dz ? 2 : 6) <= p.memory_budget);
+        CHECK(blk * (pl.fused_dz || pl.compact ? 2 : 6) <= p.memory_budget);
+        CHECK(pl.compact == (strat == FLCE_STRATEGY_CHUNKED));
         CHECK(pl.fused_dz == (strat == FLCE_STRATEGY_RECOMPUTE));
         char what[32];
         snprintf(what, sizeof what, "strategy %d", strat);

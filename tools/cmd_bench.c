@@ -21,20 +21,24 @@
 #define MIB (1024.0 * 1024.0)
 
 typedef struct bench_strategy {
-    const char *name;
+    char name[48];
     flce_strategy strategy;
     uint64_t budget;
     int forward; /* flce_forward: loss and lse only, counted as 2NVD */
+    int fp32z;   /* "+fp32z": FLCE_COMPACT=0 for this row (the chunked strategy's fp32 Z store) */
 } bench_strategy;
 
-static const bench_strategy STRATEGIES[] = {
-    {"auto", FLCE_STRATEGY_AUTO, 512ull << 20, 0},
-    {"chunked", FLCE_STRATEGY_CHUNKED, 512ull << 20, 0},
-    {"chunked-128MiB", FLCE_STRATEGY_CHUNKED, 128ull << 20, 0},
-    {"recompute", FLCE_STRATEGY_RECOMPUTE, 512ull << 20, 0},
-    {"forward", FLCE_STRATEGY_AUTO, 512ull << 20, 1},
+/* The named rows; --strategies also takes any of the first four with a budget, "chunked-1536MiB",
+ * and "+fp32z" for side-by-side timing of the compact store (parse_strategy). */
+static const bench_strategy BASE_STRATEGIES[] = {
+    {"auto", FLCE_STRATEGY_AUTO, 512ull << 20, 0, 0},
+    {"chunked", FLCE_STRATEGY_CHUNKED, 512ull << 20, 0, 0},
+    {"recompute", FLCE_STRATEGY_RECOMPUTE, 512ull << 20, 0, 0},
+    {"forward", FLCE_STRATEGY_AUTO, 512ull << 20, 1, 0},
 };
-enum { N_STRATEGIES = sizeof STRATEGIES / sizeof STRATEGIES[0] };
+enum { N_STRATEGIES = 16 };
+static bench_strategy STRATEGIES[N_STRATEGIES];
+static int n_strategies;
 
 /* The five shapes, N × D × V. */
 static const char *DEFAULT_SHAPES = "8192x4096x128256,8192x2304x256000,4096x2048x32000,"
@@ -64,7 +68,7 @@ typedef struct bench_row {
 static void bench_usage(FILE *f)
 {
     fprintf(f, "usage: flce bench [--list] [--shapes NxDxV,...] [--dtype bf16|f16|f32] [--logit-std 4,0.5]\n"
-               "                  [--strategies auto,chunked,chunked-128MiB,recompute,forward]\n"
+               "                  [--strategies auto,chunked,chunked-128MiB,recompute,forward,chunked+fp32z]\n"
                "                  [--warmup 3] [--iters 10] [--sets 2] [--samples 8] [--json FILE]\n"
                "                  [--arch sm_90a (--list only)]\n");
 }
@@ -92,17 +96,50 @@ static int parse_shapes(bench_opts *o, const char *s)
     return o->n_shapes > 0;
 }
 
+/* "<base>[-<N>MiB][+fp32z]" → a STRATEGIES entry (reused when the same name came before); -1 when
+ * the name is not one of those or the table is full. */
+static int parse_strategy(const char *tok)
+{
+    for (int k = 0; k < n_strategies; k++)
+        if (!strcmp(tok, STRATEGIES[k].name)) return k;
+    if (n_strategies == N_STRATEGIES || strlen(tok) >= sizeof STRATEGIES[0].name) return -1;
+    bench_strategy st;
+    memset(&st, 0, sizeof st);
+    snprintf(st.name, sizeof st.name, "%s", tok);
+    char base[48];
+    snprintf(base, sizeof base, "%s", tok);
+    char *plus = strchr(base, '+');
+    if (plus) {
+        if (strcmp(plus, "+fp32z")) return -1;
+        *plus = 0, st.fp32z = 1;
+    }
+    char *dash = strchr(base, '-');
+    long long mib = 512;
+    if (dash) {
+        char *end = NULL;
+        mib = strtoll(dash + 1, &end, 10);
+        if (mib < 1 || mib > (1ll << 30) || strcmp(end, "MiB")) return -1;
+        *dash = 0;
+    }
+    int b = 0, nb = (int)(sizeof BASE_STRATEGIES / sizeof BASE_STRATEGIES[0]);
+    while (b < nb && strcmp(base, BASE_STRATEGIES[b].name)) b++;
+    if (b == nb) return -1;
+    st.strategy = BASE_STRATEGIES[b].strategy, st.forward = BASE_STRATEGIES[b].forward;
+    st.budget = (uint64_t)mib << 20;
+    STRATEGIES[n_strategies] = st;
+    return n_strategies++;
+}
+
 static int parse_strategies(bench_opts *o, const char *s)
 {
     char buf[512];
     snprintf(buf, sizeof buf, "%s", s);
     o->n_strat = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int k = 0;
-        while (k < N_STRATEGIES && strcmp(tok, STRATEGIES[k].name)) k++;
-        if (k == N_STRATEGIES) {
-            fprintf(stderr, "flce bench: --strategies: unknown strategy '%s' (use auto, chunked, "
-                            "chunked-128MiB, recompute, forward)\n", tok);
+        int k = parse_strategy(tok);
+        if (k < 0) {
+            fprintf(stderr, "flce bench: --strategies: unknown strategy '%s' (use auto, chunked, recompute "
+                            "or forward, optionally with a budget and +fp32z: chunked-1536MiB+fp32z)\n", tok);
             return 0;
         }
         if (o->n_strat < N_STRATEGIES) o->strat[o->n_strat++] = k;
@@ -231,7 +268,10 @@ static int bench_list(const bench_opts *o)
             flce_problem p = bench_problem(o, s, k);
             flce_op op = STRATEGIES[k].forward ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD;
             plan pl;
-            if (plan_make(&p, op, o->sm, LIST_SMS, NULL, &pl) != FLCE_OK) {
+            if (STRATEGIES[k].fp32z) setenv("FLCE_COMPACT", "0", 1);
+            flce_status st = plan_make(&p, op, o->sm, LIST_SMS, NULL, &pl);
+            if (STRATEGIES[k].fp32z) unsetenv("FLCE_COMPACT");
+            if (st != FLCE_OK) {
                 printf("| %s | error: %s | | | |\n", STRATEGIES[k].name, flce_last_error());
                 continue;
             }
@@ -244,7 +284,8 @@ static int bench_list(const bench_opts *o)
             else
                 snprintf(chunks, sizeof chunks, "%lld token chunks of %lld rows", (long long)pl.n_chunks,
                          (long long)pl.chunk_rows);
-            const char *runs = op == FLCE_OP_FORWARD ? "forward" : pl.recompute ? "recompute" : "chunked";
+            const char *runs = op == FLCE_OP_FORWARD ? "forward" : pl.recompute ? "recompute"
+                               : pl.compact ? "chunked (compact fp16 logits)" : "chunked (fp32 logits)";
             printf("| %s | %s | %s | %.1f | %s |\n", STRATEGIES[k].name, runs, chunks,
                    (double)pl.workspace_bytes / MIB, auto_choice(p, STRATEGIES[k].forward, NULL, o->sm, LIST_SMS));
         }
@@ -317,7 +358,24 @@ static void bench_tensors(const bench_run *b, int set, int forward, flce_tensors
 
 /* One row. A fresh context per row, so the device-memory change of its first call is all that
  * this strategy needs (workspace, modules), not what an earlier row left in the context. */
+static int bench_row_run_now(bench_run *b, int k, bench_row *row);
+
+/* A "+fp32z" row runs with FLCE_COMPACT=0 (the planner reads it at every call); the caller's
+ * setting is put back afterwards. */
 static int bench_row_run(bench_run *b, int k, bench_row *row)
+{
+    if (!STRATEGIES[k].fp32z) return bench_row_run_now(b, k, row);
+    const char *was = getenv("FLCE_COMPACT");
+    char *saved = was ? strdup(was) : NULL;
+    setenv("FLCE_COMPACT", "0", 1);
+    int ok = bench_row_run_now(b, k, row);
+    if (saved) setenv("FLCE_COMPACT", saved, 1);
+    else unsetenv("FLCE_COMPACT");
+    free(saved);
+    return ok;
+}
+
+static int bench_row_run_now(bench_run *b, int k, bench_row *row)
 {
     const bench_strategy *st = &STRATEGIES[k];
     flce_problem p = b->d.p;
