@@ -14,6 +14,7 @@
 
 #include "check.h"
 #include "devmem.h"
+#include "gpu_ready.h"
 #include "host.h"
 #include "ref.h"
 
@@ -194,11 +195,7 @@ static void threads_with_own_streams_share_the_contexts_workspace(void)
 
 static void two_contexts_on_two_gpus_run_at_once(void)
 {
-    int n = devmem_gpu_count();
-    if (n < 2) {
-        printf("     skipped: this machine has %d GPU (two needed)\n", n);
-        return;
-    }
+    if (!gpu_enough(devmem_gpu_count(), 2)) return;
     flce_context *ctx[2] = {NULL, NULL};
     CHECK(flce_context_create(0, &ctx[0]) == FLCE_OK && flce_context_create(1, &ctx[1]) == FLCE_OK);
     job jobs[2];
@@ -215,13 +212,10 @@ static void two_contexts_on_two_gpus_run_at_once(void)
 
 int main(void)
 {
-    if (devmem_gpu_count() < 1) {
-        printf("no GPU (%s): skipped\n", flce_last_error());
-        return SKIP_EXIT;
-    }
+    int rc = 0;
+    if (!gpu_ready(1, &rc)) return rc;
     seed = host_fresh_seed();
     printf("seed %llu (FLCE_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
-    if (devmem_use(0) != FLCE_OK) return 1;
     RUN(threads_with_own_streams_and_workspaces_share_a_context);
     RUN(threads_with_own_streams_share_the_contexts_workspace);
     RUN(two_contexts_on_two_gpus_run_at_once);

@@ -8,7 +8,7 @@
  *
  * fault.c counts calls per process from the moment FLCE_FAULT takes a value, so every nth runs in
  * a child process of its own (as tests/test_fault.c does); the parent never touches CUDA, so the
- * children may. Exits 77 without a GPU.
+ * children may. Exits 77 without a GPU (tests/gpu_ready.h).
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
@@ -24,6 +24,7 @@
 #include "check.h"
 #include "context.h"
 #include "devmem.h"
+#include "gpu_ready.h"
 #include "host.h"
 #include "ref.h"
 
@@ -228,18 +229,34 @@ static void module_load_failure_at_each_load_is_clean(void) { fault_at_each_poin
 /* The workspace: the first call allocates it, the second grows it. */
 static void device_alloc_failure_at_each_allocation_is_clean(void) { fault_at_each_point("device_alloc", 2); }
 
-int main(void)
+/* The GPU check runs in a child too: the parent must not initialize CUDA before forking. The
+ * child's exit code is gpu_ready's (0, 77 or 1); a child that dies is a failure, never a skip. */
+static int gpu_check_in_child(void)
 {
-    /* The GPU check in a child too: the parent must not initialize CUDA before forking. */
     fflush(stdout);
     pid_t pid = fork();
-    if (pid == 0) _exit(devmem_gpu_count() >= 1 ? 0 : SKIP_EXIT);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        printf("no GPU: skipped\n");
-        return SKIP_EXIT;
+    if (pid == 0) {
+        int rc;
+        gpu_ready(1, &rc);
+        fflush(stdout);
+        _exit(rc);
     }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) {
+        printf("FAIL: could not run the GPU check in a child process\n");
+        return 1;
+    }
+    if (WIFSIGNALED(status)) {
+        printf("FAIL: the GPU check's child died of signal %d\n", WTERMSIG(status));
+        return 1;
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+int main(void)
+{
+    int rc = gpu_check_in_child();
+    if (rc != 0) return rc;
     RUN(module_load_failure_at_each_load_is_clean);
     RUN(device_alloc_failure_at_each_allocation_is_clean);
     FINISH();

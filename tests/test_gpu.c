@@ -9,6 +9,7 @@
 #include "check.h"
 #include "devmem.h"
 #include "gpu_io.h"
+#include "gpu_ready.h"
 #include "error.h"
 #include "host.h"
 #include "ref.h"
@@ -695,10 +696,8 @@ static void bad_tensors_are_named(void)
 
 int main(void)
 {
-    if (devmem_gpu_count() < 1) {
-        printf("no GPU (%s): skipped\n", flce_last_error());
-        return SKIP_EXIT;
-    }
+    int rc = 0;
+    if (!gpu_ready(1, &rc)) return rc;
     uint64_t seed = host_fresh_seed();
     printf("seed %llu (FLCE_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
     host_rng_seed(&rng, seed);

@@ -16,6 +16,7 @@
 #include "error.h"
 #include "devmem.h"
 #include "gpu_io.h"
+#include "gpu_ready.h"
 #include "host.h"
 #include "ref.h"
 
@@ -451,10 +452,7 @@ static void every_case_matches_on_2_gpus(void)
 
 static void every_case_matches_on_4_gpus(void)
 {
-    if (n_gpus < 4) {
-        printf("  (fewer than 4 GPUs: skipped)\n");
-        return;
-    }
+    if (!gpu_enough(n_gpus, 4)) return;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], 4, comms4);
 }
 
@@ -526,11 +524,9 @@ static void disagreeing_shards_are_reported(void)
 
 int main(void)
 {
+    int rc = 0;
+    if (!gpu_ready(2, &rc)) return rc; /* tensor parallelism needs at least 2 */
     n_gpus = devmem_gpu_count();
-    if (n_gpus < 2) {
-        printf("%d GPU(s): tensor parallelism needs at least 2: skipped\n", n_gpus);
-        return SKIP_EXIT;
-    }
     if (n_gpus > 8) n_gpus = 8;
     uint64_t seed = host_fresh_seed();
     printf("seed %llu (FLCE_SEED=%llu reproduces), %d GPUs\n", (unsigned long long)seed,
