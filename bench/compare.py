@@ -256,13 +256,10 @@ def _accumulate_dw(call):
     call.problem.accumulate_grad_weight = 1
 
 
-def auto_choice(h, w, y, op, strategy, memory_budget=None, accumulate_dw=False):
+def auto_choice(h, w, y, op, strategy, memory_budget=None):
     """What the library runs `op` with (flce_strategy_of); None if that cannot be asked."""
     try:
-        call = flce._Call(h, w, y, _options(strategy, memory_budget))
-        if accumulate_dw:
-            _accumulate_dw(call)
-        return call.strategy_of(op, strategy)
+        return flce._Call(h, w, y, _options(strategy, memory_budget)).strategy_of(op, strategy)
     except Exception:  # noqa: BLE001  (an annotation only)
         return None
 
