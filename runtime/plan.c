@@ -139,19 +139,18 @@ static int raster_rows(void)
     return g > 0 && g <= 4096 ? g : 0;
 }
 
-/* FLCE_FUSED_DZ=0 keeps the separate Z store and dz pass in recompute (side-by-side timing). */
-static int fused_dz_enabled(void)
+
+/* A setting that is on unless the environment says NAME=0 (the side-by-side timing knobs). */
+static int env_on(const char *name)
 {
-    const char *e = getenv("FLCE_FUSED_DZ");
+    const char *e = getenv(name);
     return !(e && strcmp(e, "0") == 0);
 }
 
-/* FLCE_COMPACT=0 keeps the chunked strategy's fp32 Z store (side-by-side timing). */
-static int compact_enabled(void)
-{
-    const char *e = getenv("FLCE_COMPACT");
-    return !(e && strcmp(e, "0") == 0);
-}
+/* FLCE_COMPACT=0 keeps the chunked strategy's fp32 Z store. */
+static int compact_enabled(void) { return env_on("FLCE_COMPACT"); }
+/* FLCE_FUSED_DZ=0 keeps the separate Z store and dz pass in recompute. */
+static int fused_dz_enabled(void) { return env_on("FLCE_FUSED_DZ"); }
 
 /* Whether the chunked strategy may store compact logits: a training call (the statistics pass
  * writes the exact target logit the label's dZ needs) with 16-bit inputs. Softcap with label
@@ -195,6 +194,87 @@ static flce_status plan_chunks(const flce_problem *p, plan *pl)
         pl->chunk_cols = pl->v, pl->n_vchunks = 1;
     }
     pl->ldz = ceil_div(pl->chunk_cols, 8) * 8;
+    return FLCE_OK;
+}
+
+/* AUTO's cost model of a loss-and-grad plan, in milliseconds on an H100 (the ratio between plans is
+ * what matters; other GPUs scale both alike). Each GEMM pass runs at PLAN_GEMM_RATE, stretched by
+ * the wave quantization of dH's tiles (its grid is the smallest: a chunk's rows × D); the bytes
+ * beyond the GEMMs' operands move at PLAN_DRAM_RATE, none of them hidden:
+ *   chunked    3 passes; per logit 2 (compact p̃) or 4 (fp32 Z) bytes stored, read and overwritten
+ *              by dZ; the fp32 dW accumulator written, re-read and re-written once per chunk
+ *   recompute  4 passes; dZ written (2 bytes); the fp32 dH accumulator once per vocab chunk
+ * Against the H100 (bench/NOTES.md v11, predicted / measured, ms): 8192×4096×128256 chunked 46.8 /
+ * 43.0, recompute 54.4 / 50.7; 8192×2304×256000 (1024-row chunks) 72.6 / 64.4 vs 63.4 / 62.2;
+ * 4096×2048×32000 2.76 / 2.60 vs 3.42 / 3.16; 512×4096×128256 3.50 / 3.64 vs 4.2 / 4.3: the same
+ * winner as measured on every shape. */
+#define PLAN_GEMM_RATE 650e12 /* FLOP/s of one flce GEMM pass back to back, bf16 */
+#define PLAN_DRAM_RATE 3.0e12 /* bytes/s read + written */
+
+static double wave_stretch(int64_t tiles, int num_sms)
+{
+    int64_t sms = num_sms > 0 ? num_sms : 1;
+    return tiles > 0 ? (double)(ceil_div(tiles, sms) * sms) / (double)tiles : 1.0;
+}
+
+/* Bytes of an fp32 accumulator of `elems` values built over `steps` passes and rounded once to the
+ * 16-bit output (caller_f32: the caller's fp32 buffer, read and written by every pass). */
+static double acc_bytes(double elems, int64_t steps, int caller_f32)
+{
+    if (caller_f32) return elems * 8 * (double)steps;
+    return steps > 1 ? elems * (8.0 * (double)steps - 6) : 0;
+}
+
+double plan_estimate_ms(const flce_problem *p, const plan *pl, int num_sms)
+{
+    /* Under TP every rank must make the same choice: an even shard stands in for this rank's. */
+    int64_t v_rows = pl->tp > 1 ? ceil_div(p->vocab_total, pl->tp) : pl->v;
+    int64_t vchunks = pl->recompute ? ceil_div(v_rows, pl->chunk_cols) : 1;
+    double n = (double)pl->n, v = (double)v_rows, d = (double)pl->d, ldz = (double)(ceil_div(v_rows, 8) * 8);
+    double pass = 2 * n * v * d / PLAN_GEMM_RATE;
+    int64_t dh_rows = pl->recompute ? pl->n : pl->chunk_rows;
+    int64_t dh_tiles = ceil_div(dh_rows, pl->dh.tile.bm) * ceil_div(pl->d, pl->dh.tile.bn);
+    double passes = (pl->recompute ? 3 : 2) + wave_stretch(dh_tiles, num_sms), bytes;
+    if (pl->recompute) {
+        bytes = n * ldz * 2 + acc_bytes(n * d, vchunks, p->accumulate_grad_hidden) +
+                (p->accumulate_grad_weight ? v * d * 8 : 0);
+    } else {
+        bytes = n * ldz * (pl->compact ? 6 : 10) + acc_bytes(v * d, pl->n_chunks, p->accumulate_grad_weight) +
+                (p->accumulate_grad_hidden ? n * d * 8 : 0);
+    }
+    return 1e3 * (pass * passes + bytes / PLAN_DRAM_RATE);
+}
+
+/* The smallest budget any plan of a loss-and-grad call accepts: one token row (chunked) or all
+ * tokens × 8 columns (recompute), whichever is less. */
+static flce_status no_plan_fits(const flce_problem *p, const plan *pl)
+{
+    uint64_t budget = p->memory_budget ? p->memory_budget : PLAN_DEFAULT_BUDGET;
+    int64_t v_rows = pl->tp > 1 ? ceil_div(p->vocab_total, pl->tp) : pl->v, ld = ceil_div(v_rows, 8) * 8;
+    uint64_t row = (uint64_t)ld * 2 + 4 * (uint64_t)ceil_div(ld, pl->logits.tile.bn / pl->logits.tile.warps_n);
+    if (!compact_allowed(p, pl)) row = (uint64_t)ld * (p->dtype == FLCE_DTYPE_F32 ? 4 : 6);
+    uint64_t cols8 = (uint64_t)pl->n * 8 * (p->dtype == FLCE_DTYPE_F32 ? 4 : 2);
+    return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                   "memory_budget=%llu bytes: too small for any strategy; the smallest that works is %llu "
+                   "bytes (chunked needs %llu for one token's row of logits, recompute %llu for all tokens "
+                   "x 8 vocab columns)", (unsigned long long)budget, (unsigned long long)(row < cols8 ? row : cols8),
+                   (unsigned long long)row, (unsigned long long)cols8);
+}
+
+/* Chunks of the forced strategy, or AUTO's choice: the plan (chunked or recompute) that fits the
+ * budget and has the smaller estimate. */
+static flce_status plan_auto(const flce_problem *p, int num_sms, plan *pl)
+{
+    if (p->strategy != FLCE_STRATEGY_AUTO) return plan_chunks(p, pl);
+    plan chunked = *pl, recompute = *pl;
+    recompute.recompute = 1;
+    int ok_c = plan_chunks(p, &chunked) == FLCE_OK, ok_r = plan_chunks(p, &recompute) == FLCE_OK;
+    err_clear();
+    if (!ok_c && !ok_r) return no_plan_fits(p, &chunked);
+    double est_c = ok_c ? plan_estimate_ms(p, &chunked, num_sms) : 0;
+    double est_r = ok_r ? plan_estimate_ms(p, &recompute, num_sms) : 0;
+    *pl = ok_c && (!ok_r || est_c <= est_r) ? chunked : recompute;
+    pl->est_chunked_ms = est_c, pl->est_recompute_ms = est_r;
     return FLCE_OK;
 }
 
@@ -302,25 +382,14 @@ flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, 
     pl->d = p->hidden, pl->v = p->vocab_shard;
     plan_specs(p, t, sm, pl);
     pl->raster_rows = raster_rows();
+    pl->acc_prefetch = env_on("FLCE_ACC_PREFETCH");
     tune_apply(p, device, sm, pl); /* the autotune table, when it has this class */
     if (op == FLCE_OP_FORWARD) {
         pl->chunk_rows = pl->n, pl->n_chunks = 1;
         pl->chunk_cols = pl->v, pl->n_vchunks = 1;
         pl->ldz = ceil_div(pl->v, 8) * 8;
     } else {
-        TRY(plan_chunks(p, pl));
-        /* AUTO: token chunks under PLAN_RECOMPUTE_BELOW rows re-read and re-write the fp32 dW
-         * accumulator (V×D) so often that recomputing the logits per vocab chunk is faster:
-         * measured on an H100 (bench/NOTES.md, v3), e.g. 8192×2304×256000 at 512 MiB: 256-row
-         * chunks 419 ms, recompute 168 ms; 4096×2048×32000: 2048-row chunks 6.9 ms, recompute 9.9. */
-        if (p->strategy == FLCE_STRATEGY_AUTO && pl->n_chunks > 1 && pl->chunk_rows < PLAN_RECOMPUTE_BELOW) {
-            plan chunked = *pl;
-            pl->recompute = 1, pl->compact = 0, pl->tile_max_ld = 0;
-            if (plan_chunks(p, pl) != FLCE_OK) { /* all tokens × 8 columns do not fit: stay chunked */
-                *pl = chunked;
-                err_clear();
-            }
-        }
+        TRY(plan_auto(p, num_sms, pl));
     }
     if (pl->compact) pl->logits.compact = 1; /* the chunked pass's only logits kernel */
     if (pl->fused_dz) {

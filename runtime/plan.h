@@ -12,7 +12,6 @@
 #include "spec.h"
 
 #define PLAN_DEFAULT_BUDGET (512ull << 20)
-#define PLAN_RECOMPUTE_BELOW 1024 /* AUTO picks recompute when token chunks would be shorter */
 #define PLAN_RASTER_ROWS 8 /* dH/dW tile order: row blocks per group (plan.c, raster_rows) */
 /* The statistics all-gather of TP: each rank's block is a header of FLCE_TP_HEADER words, then
  * FLCE_TP_RECORD words per token row (templates/params.h). */
@@ -50,6 +49,12 @@ typedef struct plan {
      * FLCE_COMPACT=0 in the environment turns it off (side-by-side timing). */
     int compact;
     int64_t tile_cols, tile_max_ld;
+    /* dH/dW (TMA path): the producer prefetches an accumulating tile's fp32 addend into L2 while the
+     * tile's main loop runs; FLCE_ACC_PREFETCH=0 turns it off (side-by-side timing). */
+    int acc_prefetch;
+    /* AUTO: plan_estimate_ms of the chunked and the recompute plan it chose between (0: that plan
+     * did not fit the budget, or the strategy was forced). */
+    double est_chunked_ms, est_recompute_ms;
     /* Workspace layout: byte offsets, each 256-aligned; regions not needed are 0 and unused. */
     uint64_t off_stats, off_target, off_part_m, off_part_s, off_part_t, off_part_zs, off_part_arg,
         off_loss_rows, off_zloss_rows, off_lse, off_z, off_dz, off_dw_acc, off_dh_acc, off_db_acc,
@@ -74,6 +79,9 @@ flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, co
  * tiles only (offline plans, flce gen). */
 flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
                          const flce_tensors *t, plan *out);
+
+/* AUTO's cost model of loss-and-grad plan pl (plan.c says what it counts), in ms on an H100. */
+double plan_estimate_ms(const flce_problem *p, const plan *pl, int num_sms);
 
 /* How many vocab splits (gridDim.y) a logits pass over rows × cols uses, and how many BN-wide
  * tiles each walks: the split count whose whole rounds of CTAs on the device's SMs waste the

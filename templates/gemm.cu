@@ -686,7 +686,10 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
             }
             const bool store = p.out && row < p.m;
             unsigned *pt_row = (unsigned *)((unsigned short *)p.out + (store ? row : 0) * p.ldo + c0);
-            if (store && t == 0) ((float *)p.tile_max)[row * p.ld_tile_max + (c0 - 2 * t) / WTN] = tile.m;
+            // (lim > 0: a warp tile wholly past the shard, as in the mma.sync path's last tile, has
+            // no group of its own in tile_max.)
+            if (store && t == 0 && (FULL || lim > 0))
+                ((float *)p.tile_max)[row * p.ld_tile_max + (c0 - 2 * t) / WTN] = tile.m;
 #endif
 #pragma unroll
             for (int ni = 0; ni < NI; ni++) {
@@ -1020,6 +1023,24 @@ __device__ __forceinline__ void tile_origin(const flce_gemm_params &p, long long
 #else
 #define FLCE_GRAD_ENTRY flce_dw
 #endif
+#if FLCE_TMA
+// An accumulating tile (chunked dW, recompute's dH, caller fp32 buffers) adds 128 KB of fp32 addend
+// read from DRAM in its epilogue, which nothing overlapped: the chunked strategy's dW lost ~1 ms per
+// chunk to it at 8192×4096×128256 (bench/NOTES.md v11). The producer asks L2 for the tile's addend
+// rows when it starts loading the tile, a main loop (~30 µs at K = 2048) before the epilogue reads
+// them, so the read runs while the tensor cores work and the epilogue's loads hit L2.
+__device__ __forceinline__ void prefetch_addend(const flce_gemm_params &p, long long m0, long long n0)
+{
+    if (!p.addend || !p.prefetch_addend) return;
+    const long long cols = p.n - n0 < BN ? p.n - n0 : BN;
+    const unsigned bytes = (unsigned)(cols * 4); // n is a multiple of 8: whole 32-byte sectors
+    for (int r = 0; r < BM && m0 + r < p.m; r++) {
+        const float *row = (const float *)p.addend + (m0 + r) * p.ldo + n0;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(bytes) : "memory");
+    }
+}
+#endif
+
 extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1034,6 +1055,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
             for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
                 long long m0, n0;
                 tile_origin(p, t, tiles_m, tiles_n, m0, n0);
+                prefetch_addend(p, m0, n0);
                 produce(p, smem, m0, n0, 1, it);
             }
 #if FLCE_TCGEN05

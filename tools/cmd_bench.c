@@ -254,6 +254,24 @@ static const char *auto_choice(flce_problem p, int forward, const char *device, 
     return pl.recompute ? "recompute" : "chunked";
 }
 
+/* AUTO's choice for p with its reason: the cost model's estimates of both plans (plan.c). */
+static void auto_why(flce_problem p, int sm, int sms, char *out, size_t cap)
+{
+    p.strategy = FLCE_STRATEGY_AUTO;
+    plan pl;
+    if (plan_make(&p, FLCE_OP_LOSS_AND_GRAD, sm, sms, NULL, &pl) != FLCE_OK) {
+        snprintf(out, cap, "error: %s", flce_last_error());
+        return;
+    }
+    const char *c = pl.compact ? "chunked (compact)" : "chunked";
+    if (!pl.est_chunked_ms || !pl.est_recompute_ms)
+        snprintf(out, cap, "%s (the only plan that fits)", pl.recompute ? "recompute" : c);
+    else
+        snprintf(out, cap, "%s (estimated %.1f ms vs %s %.1f ms)", pl.recompute ? "recompute" : c,
+                 pl.recompute ? pl.est_recompute_ms : pl.est_chunked_ms, pl.recompute ? "chunked" : "recompute",
+                 pl.recompute ? pl.est_chunked_ms : pl.est_recompute_ms);
+}
+
 static int bench_list(const bench_opts *o)
 {
     enum { LIST_SMS = 132 }; /* an H100 SXM's SM count: plans depend on it only through vocab splits */
@@ -262,7 +280,8 @@ static int bench_list(const bench_opts *o)
     for (int s = 0; s < o->n_shapes; s++) {
         printf("\n### %lldx%lldx%lld (N × D × V)\n\n", (long long)o->shape[s][0], (long long)o->shape[s][1],
                (long long)o->shape[s][2]);
-        printf("| strategy | runs as | chunks | workspace MiB | AUTO's choice |\n|---|---|---|---|---|\n");
+        printf("| strategy | runs as | chunks | workspace MiB | estimate ms | AUTO's choice (why) |\n"
+               "|---|---|---|---|---|---|\n");
         for (int j = 0; j < o->n_strat; j++) {
             int k = o->strat[j];
             flce_problem p = bench_problem(o, s, k);
@@ -272,7 +291,7 @@ static int bench_list(const bench_opts *o)
             flce_status st = plan_make(&p, op, o->sm, LIST_SMS, NULL, &pl);
             if (STRATEGIES[k].fp32z) unsetenv("FLCE_COMPACT");
             if (st != FLCE_OK) {
-                printf("| %s | error: %s | | | |\n", STRATEGIES[k].name, flce_last_error());
+                printf("| %s | error: %s | | | | |\n", STRATEGIES[k].name, flce_last_error());
                 continue;
             }
             char chunks[96];
@@ -286,8 +305,13 @@ static int bench_list(const bench_opts *o)
                          (long long)pl.chunk_rows);
             const char *runs = op == FLCE_OP_FORWARD ? "forward" : pl.recompute ? "recompute"
                                : pl.compact ? "chunked (compact fp16 logits)" : "chunked (fp32 logits)";
-            printf("| %s | %s | %s | %.1f | %s |\n", STRATEGIES[k].name, runs, chunks,
-                   (double)pl.workspace_bytes / MIB, auto_choice(p, STRATEGIES[k].forward, NULL, o->sm, LIST_SMS));
+            char why[128] = "forward", est[24] = "";
+            if (op != FLCE_OP_FORWARD) {
+                auto_why(p, o->sm, LIST_SMS, why, sizeof why);
+                snprintf(est, sizeof est, "%.1f", plan_estimate_ms(&p, &pl, LIST_SMS));
+            }
+            printf("| %s | %s | %s | %.1f | %s | %s |\n", STRATEGIES[k].name, runs, chunks,
+                   (double)pl.workspace_bytes / MIB, est, why);
         }
     }
     return 0;
