@@ -179,6 +179,7 @@ static flce_status check_options(const flce_problem *p)
 
 flce_status flce_problem_validate(const flce_problem *problem)
 {
+    err_clear(); /* like every public call: success leaves no message behind */
     flce_problem p;
     TRY(normalize_problem(problem, &p));
     TRY(check_shapes(&p));

@@ -26,6 +26,7 @@ void ctx_leave(CUcontext prev)
 
 flce_status flce_context_create(int device, flce_context **out)
 {
+    err_clear();
     if (!out) return err_set(FLCE_ERR_INVALID_ARGUMENT, "out: NULL (expected a place for the context)");
     *out = NULL;
     TRY(drv_load());
@@ -83,6 +84,7 @@ flce_status flce_context_create(int device, flce_context **out)
 
 flce_status flce_context_destroy(flce_context *ctx)
 {
+    err_clear();
     if (!ctx) return FLCE_OK;
     CUcontext prev = NULL;
     int entered = ctx->primary && ctx_enter(ctx, &prev) == FLCE_OK;
@@ -99,6 +101,7 @@ flce_status flce_context_destroy(flce_context *ctx)
 
 flce_status flce_context_arch(const flce_context *ctx, int *sm)
 {
+    err_clear();
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL");
     if (!sm) return err_set(FLCE_ERR_INVALID_ARGUMENT, "sm: NULL");
     *sm = ctx->sm;

@@ -382,7 +382,9 @@ flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, 
     pl->d = p->hidden, pl->v = p->vocab_shard;
     plan_specs(p, t, sm, pl);
     pl->raster_rows = raster_rows();
-    pl->acc_prefetch = env_on("FLCE_ACC_PREFETCH");
+    /* Off: measured slower (bench/NOTES.md v12); FLCE_ACC_PREFETCH=1 for side-by-side runs. */
+    const char *pf = getenv("FLCE_ACC_PREFETCH");
+    pl->acc_prefetch = pf && !strcmp(pf, "1");
     tune_apply(p, device, sm, pl); /* the autotune table, when it has this class */
     if (op == FLCE_OP_FORWARD) {
         pl->chunk_rows = pl->n, pl->n_chunks = 1;

@@ -1025,10 +1025,11 @@ __device__ __forceinline__ void tile_origin(const flce_gemm_params &p, long long
 #endif
 #if FLCE_TMA
 // An accumulating tile (chunked dW, recompute's dH, caller fp32 buffers) adds 128 KB of fp32 addend
-// read from DRAM in its epilogue, which nothing overlapped: the chunked strategy's dW lost ~1 ms per
-// chunk to it at 8192×4096×128256 (bench/NOTES.md v11). The producer asks L2 for the tile's addend
-// rows when it starts loading the tile, a main loop (~30 µs at K = 2048) before the epilogue reads
-// them, so the read runs while the tensor cores work and the epilogue's loads hit L2.
+// read from DRAM in its epilogue, which nothing overlaps: the chunked strategy's dW loses ~1 ms per
+// chunk to it at 8192×4096×128256 (bench/NOTES.md v11). With p.prefetch_addend the producer asks L2
+// for the tile's addend rows when it starts loading the tile, a main loop before the epilogue reads
+// them. Measured 1.7 % slower (NOTES v12: the cost is DRAM bandwidth, not latency), so the runtime
+// leaves it off unless FLCE_ACC_PREFETCH=1.
 __device__ __forceinline__ void prefetch_addend(const flce_gemm_params &p, long long m0, long long n0)
 {
     if (!p.addend || !p.prefetch_addend) return;
