@@ -73,9 +73,12 @@ typedef enum flce_reduction {
 } flce_reduction;
 
 typedef enum flce_strategy {
-    FLCE_STRATEGY_AUTO = 0,     /* the dispatcher picks */
+    FLCE_STRATEGY_AUTO = 0,     /* the dispatcher picks the plan its cost model says is faster
+                                   among those that fit memory_budget (`flce bench --list` shows
+                                   the estimates) */
     FLCE_STRATEGY_FORWARD = 1,  /* loss/lse only, O(N) memory */
-    FLCE_STRATEGY_CHUNKED = 2,  /* loss and grads in one pass over token chunks, 6NVD */
+    FLCE_STRATEGY_CHUNKED = 2,  /* loss and grads in one pass over token chunks, 6NVD; 16-bit
+                                   training calls store the chunk's logits compactly (2 bytes) */
     FLCE_STRATEGY_RECOMPUTE = 3 /* backward that recomputes the logits, 8NVD */
 } flce_strategy;
 
@@ -108,9 +111,15 @@ typedef struct flce_problem {
     int32_t allow_tf32;      /* fp32 inputs may use TF32 matrix units (today's fp32 path is exact) */
     int32_t deterministic;   /* bitwise-identical results across runs (today's kernels always are) */
     flce_strategy strategy;  /* FLCE_STRATEGY_AUTO unless forcing one */
-    uint64_t memory_budget;  /* bytes for one block of fp32 logits + dZ, which sets the chunk
-                                size; 0 = 512 MiB. An fp32 dW (chunked) or dH (recompute)
-                                accumulator comes on top unless accumulating (README) */
+    uint64_t memory_budget;  /* bytes for one block of stored logits, which sets the chunk size;
+                                0 = 512 MiB. Per logit: chunked 2 bytes (16-bit training: fp16
+                                p̃ that becomes dZ in place, + 4 bytes per row and 256 columns),
+                                else 6 (fp32 Z + dZ; fp32 inputs 4); recompute 2 (dZ; fp32 4).
+                                On top: an fp32 V×D dW accumulator (chunked, several chunks,
+                                16-bit dW) or N×D dH one (recompute, several vocab chunks,
+                                16-bit dH), none when accumulating into the caller's fp32
+                                buffers; and a few floats per token. flce_workspace_size says
+                                the total (README, "Memory") */
     /* --- fields below were added after the first layout; older callers get their defaults --- */
     int32_t has_class_weights;      /* tensors.class_weights: vocab_total fp32 weights, as
                                        torch cross_entropy(weight=); mean divides by Σ_valid w_y */
