@@ -96,9 +96,16 @@ static const char *dtype_token(flce_dtype t)
     return "?";
 }
 
+/* The main-loop kind of a tile, indexed by wgmma | tma << 1 | tcgen05 << 2: one distinct token per
+ * combination, so that a tile reads back with the bits it was written from and spec_validate (not
+ * the text) decides whether it fits the arch. Before issue 15 the text had no tcgen05 (and lost a
+ * lone tma): a Blackwell tile read back as the mma.sync tile of the same shape, which sm_100 accepts. */
+static const char *const tile_kinds[8] = {"mma", "wgmma", "mma+tma", "wgmma+tma",
+                                          "tcgen05", "wgmma+tcgen05", "tcgen05+tma", "wgmma+tcgen05+tma"};
+
 void tune_tile_text(const spec_tile *t, char *out, size_t cap)
 {
-    const char *kind = t->wgmma ? (t->tma ? "wgmma+tma" : "wgmma") : "mma";
+    const char *kind = tile_kinds[(t->wgmma != 0) | (t->tma != 0) << 1 | (t->tcgen05 != 0) << 2];
     snprintf(out, cap, "%dx%dx%d/s%d/w%dx%d/%s", t->bm, t->bn, t->bk, t->stages, t->warps_m,
              t->warps_n, kind);
 }
@@ -171,15 +178,17 @@ int tune_tile_parse(const char *s, size_t len, spec_tile *t)
         !cur_small(&c, &t->warps_n) || !cur_lit(&c, "/"))
         return -1;
     size_t rest = (size_t)(c.end - c.p);
-    if (rest == 9 && !memcmp(c.p, "wgmma+tma", 9)) t->wgmma = t->tma = 1;
-    else if (rest == 5 && !memcmp(c.p, "wgmma", 5)) t->wgmma = 1;
-    else if (!(rest == 3 && !memcmp(c.p, "mma", 3))) return -1;
-    return 0;
+    for (int k = 0; k < 8; k++)
+        if (rest == strlen(tile_kinds[k]) && !memcmp(c.p, tile_kinds[k], rest)) {
+            t->wgmma = k & 1, t->tma = (k >> 1) & 1, t->tcgen05 = (k >> 2) & 1;
+            return 0;
+        }
+    return -1;
 }
 
 flce_status tune_line_format(const tune_entry *e, char *out, size_t cap)
 {
-    char tiles[TUNE_ROLES][48];
+    char tiles[TUNE_ROLES][64];
     for (int r = 0; r < TUNE_ROLES; r++) tune_tile_text(&e->tile[r], tiles[r], sizeof tiles[r]);
     char dev[TUNE_DEVICE_MAX];
     tune_device_token(e->key.device, dev);

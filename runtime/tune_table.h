@@ -15,7 +15,9 @@
  *   N        the token bucket: the largest power of two ≤ the call's token count (tune_bucket)
  *   opts     TUNE_OPT_* bits of the problem (not of the outputs asked for, so that
  *            flce_workspace_size and the call it sizes land in the same class)
- *   tile     <bm>x<bn>x<bk>/s<stages>/w<warps_m>x<warps_n>/<mma|wgmma|wgmma+tma>
+ *   tile     <bm>x<bn>x<bk>/s<stages>/w<warps_m>x<warps_n>/<kind>, kind mma (mma.sync, cp.async),
+ *            wgmma, wgmma+tma (Hopper) or tcgen05+tma (Blackwell); the other combinations of the
+ *            three bits (mma+tma, tcgen05, wgmma+tcgen05[+tma]) parse too and fail spec_validate
  *   ms       the winner's measured time of one loss-and-grad call (information only)
  *   flce     the library version that measured it; gen a hash of the embedded kernel templates:
  *            either differing from this library's makes the line stale (kernels changed)
@@ -87,7 +89,7 @@ int tune_key_equal(const tune_key *a, const tune_key *b);
 /* Hash of the embedded templates: lines written by other kernels are stale. */
 uint64_t tune_generator_version(void);
 
-/* "<bm>x<bn>x<bk>/s<stages>/w<wm>x<wn>/<kind>" into out (cap ≥ 48). */
+/* "<bm>x<bn>x<bk>/s<stages>/w<wm>x<wn>/<kind>" into out (cap ≥ 64). */
 void tune_tile_text(const spec_tile *t, char *out, size_t cap);
 /* Parses a tile token; 0 on success, -1 when malformed. */
 int tune_tile_parse(const char *s, size_t len, spec_tile *t);

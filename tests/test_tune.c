@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "error.h"
 #include "hash.h"
 #include "tmpdir.h"
 #include "tune.h"
@@ -103,6 +104,87 @@ static void round_trip_keeps_every_field(void)
     CHECK(got && !memcmp(got->tile, b.tile, sizeof b.tile));
     tune_table_free(&t);
     remove_tree(dir);
+}
+
+/* issue 15: a Blackwell tile (tcgen05.mma fed by TMA) is stored as such and reads back as such,
+ * not as the mma.sync tile of the same shape (which sm_100 validation accepts too); and every
+ * combination of the tile's kind bits reads back as written, so that validation, not the text,
+ * decides what is used. */
+static void blackwell_tile_round_trips_as_tcgen05(void)
+{
+    char dir[TEST_PATH_MAX], path[TEST_PATH_MAX], text[64];
+    setenv("FLCE_ENABLE_SM100", "1", 1);
+    spec_tile bw = spec_default_tile(100, FLCE_DTYPE_BF16, ROLE_LOGITS);
+    unsetenv("FLCE_ENABLE_SM100");
+    CHECK(bw.tcgen05 == 1 && bw.tma == 1 && bw.wgmma == 0);
+    tune_tile_text(&bw, text, sizeof text);
+    CHECKF(strstr(text, "/tcgen05+tma") != NULL, "%s", text);
+    /* The mma.sync tile of the same shape is a different tile, valid on sm_100 too. */
+    spec_tile same_shape = bw;
+    same_shape.tcgen05 = same_shape.tma = 0;
+    kernel_spec s;
+    memset(&s, 0, sizeof s);
+    s.sm = 100, s.dtype = FLCE_DTYPE_BF16, s.role = ROLE_LOGITS, s.hidden = 4096, s.vocab_shard = 32768;
+    s.label_bits = 32, s.tile = same_shape;
+    CHECK(spec_validate(&s) == FLCE_OK);
+    err_clear();
+
+    make_tmpdir_named(dir, "flce-tune");
+    tune_entry e = sample_entry(100);
+    for (int r = 0; r < TUNE_ROLES; r++) e.tile[r] = spec_default_tile(100, FLCE_DTYPE_BF16, (spec_role)r);
+    e.tile[0] = bw;
+    e.tile[2] = bw;
+    CHECK(tune_table_store(dir, &e) == FLCE_OK);
+    join(path, dir, TUNE_TABLE_FILE);
+    tune_table t = {0};
+    CHECK(tune_table_load(path, 0, &t) == FLCE_OK);
+    const tune_entry *got = tune_table_find(&t, &e.key);
+    CHECKF(got && t.rejected == 0, "found %d rejected %zu", got != NULL, t.rejected);
+    CHECK(got && got->tile[0].tcgen05 == 1 && got->tile[0].tma == 1 && got->tile[0].wgmma == 0);
+    CHECK(got && !memcmp(got->tile, e.tile, sizeof e.tile));
+    tune_table_free(&t);
+    remove_tree(dir);
+
+    /* Every kind (wgmma, tma, tcgen05 each 0 or 1) parses back to the bits it was written from. */
+    for (int k = 0; k < 8; k++) {
+        spec_tile a = {128, 256, 64, 4, 8, 1, k & 1, (k >> 1) & 1, (k >> 2) & 1}, b;
+        tune_tile_text(&a, text, sizeof text);
+        CHECKF(tune_tile_parse(text, strlen(text), &b) == 0 && !memcmp(&a, &b, sizeof a), "kind %d: %s", k, text);
+    }
+    static const char *bad[] = {"128x256x64/s4/w8x1/tcgen05+", "128x256x64/s4/w8x1/tma+tcgen05",
+                                "128x256x64/s4/w8x1/tcgen05+tma+tma", "128x256x64/s4/w8x1/"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        spec_tile b;
+        CHECKF(tune_tile_parse(bad[i], strlen(bad[i]), &b) == -1, "%s parsed", bad[i]);
+    }
+}
+
+/* A table line whose tile kind does not fit its arch (tcgen05 on sm_90, wgmma on sm_100, TMA
+ * without a warpgroup path) is rejected with validation's words, never used. */
+static void tile_kind_not_of_the_arch_is_rejected(void)
+{
+    setenv("FLCE_ENABLE_SM100", "1", 1);
+    spec_tile bw = spec_default_tile(100, FLCE_DTYPE_BF16, ROLE_DH);
+    unsetenv("FLCE_ENABLE_SM100");
+    tune_entry on90 = sample_entry(90), on100 = sample_entry(100), tma_only = sample_entry(80);
+    on90.tile[1] = bw;
+    for (int r = 0; r < TUNE_ROLES; r++) on100.tile[r] = bw;
+    on100.tile[2] = sample_entry(90).tile[2]; /* a wgmma tile */
+    tma_only.tile[0].tma = 1;
+    char l1[TUNE_LINE_MAX + 2], l2[TUNE_LINE_MAX + 2], l3[TUNE_LINE_MAX + 2];
+    CHECK(tune_line_format(&on90, l1, sizeof l1) == FLCE_OK);
+    CHECK(tune_line_format(&on100, l2, sizeof l2) == FLCE_OK);
+    CHECK(tune_line_format(&tma_only, l3, sizeof l3) == FLCE_OK);
+    const char *lines[] = {l1, l2, l3};
+    parse_job j = {table_text(lines, 3)};
+    const char *err = captured(parse_it, &j);
+    CHECKF(j.t.count == 0 && j.t.rejected == 3, "count %zu rejected %zu\n%s", j.t.count, j.t.rejected, err);
+    CHECKF(strstr(err, "line 2 ignored: dh tile rejected by spec validation: tile.tcgen05=1: needs sm_100a"),
+           "%s", err);
+    CHECKF(strstr(err, "line 3 ignored: dw tile rejected by spec validation: tile.wgmma=1: needs sm_90a"), "%s",
+           err);
+    CHECKF(strstr(err, "line 4 ignored: logits tile rejected by spec validation: tile.tma=1"), "%s", err);
+    tune_table_free(&j.t);
 }
 
 static void storing_a_class_again_replaces_its_line(void)
@@ -369,6 +451,8 @@ int main(void)
     unsetenv("FLCE_PORTABLE");
     unsetenv("FLCE_TMA");
     RUN(round_trip_keeps_every_field);
+    RUN(blackwell_tile_round_trips_as_tcgen05);
+    RUN(tile_kind_not_of_the_arch_is_rejected);
     RUN(storing_a_class_again_replaces_its_line);
     RUN(duplicate_classes_last_valid_line_wins);
     RUN(bad_lines_are_ignored_with_one_warning_each);
