@@ -108,13 +108,13 @@ flce_status flce_context_arch(const flce_context *ctx, int *sm)
     return FLCE_OK;
 }
 
-static flce_status ctx_load_module(flce_context *ctx, const kernel_spec *s, ctx_module *m)
+/* Loads the cubin built for spec s (and frees it) into m. */
+static flce_status ctx_load_module(const kernel_spec *s, jit_result *jr, ctx_module *m)
 {
-    jit_result jr;
-    TRY(jit_build(s, &jr));
     CUresult r = fault_fire(FAULT_MODULE_LOAD) ? CUDA_ERROR_INVALID_IMAGE
-                                               : drv.ModuleLoadData(&m->module, jr.cubin);
-    free(jr.cubin);
+                                               : drv.ModuleLoadData(&m->module, jr->cubin);
+    free(jr->cubin);
+    jr->cubin = NULL;
     if (r != CUDA_SUCCESS) return drv_error(r, "loading a compiled kernel module");
     const char *const *names = emit_kernel_names(s->role);
     size_t smem = spec_smem_bytes(s);
@@ -128,31 +128,65 @@ static flce_status ctx_load_module(flce_context *ctx, const kernel_spec *s, ctx_
             return drv_error(r, names[i]);
         }
     }
-    (void)ctx;
+    return FLCE_OK;
+}
+
+/* The loaded module of spec s, or NULL. */
+static const ctx_module *ctx_find(const flce_context *ctx, const kernel_spec *s)
+{
+    char summary[256];
+    spec_summary(s, summary, sizeof summary);
+    for (size_t i = 0; i < ctx->n_modules; i++)
+        if (!strcmp(ctx->modules[i].summary, summary)) return &ctx->modules[i];
+    return NULL;
+}
+
+flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs, int n, CUfunction (*fns)[CTX_MAX_KERNELS])
+{
+    enum { MAX_SPECS = 8 };
+    if (n > MAX_SPECS) return err_set(FLCE_ERR_INTERNAL, "ctx_kernels_many: %d specs, at most %d", n, MAX_SPECS);
+    const kernel_spec *missing[MAX_SPECS];
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        int dup = 0; /* the same spec twice in one request compiles once */
+        for (int k = 0; k < m; k++) dup |= !memcmp(missing[k], specs[i], sizeof *specs[i]);
+        if (!ctx_find(ctx, specs[i]) && !dup) missing[m++] = specs[i];
+    }
+    if (m > 0) {
+        if (ctx->n_modules + (size_t)m > ctx->cap_modules) {
+            size_t cap = ctx->cap_modules ? 2 * ctx->cap_modules : 16;
+            while (cap < ctx->n_modules + (size_t)m) cap *= 2;
+            ctx_module *t = realloc(ctx->modules, cap * sizeof *t);
+            if (!t) return err_set(FLCE_ERR_OUT_OF_MEMORY, "kernel table: out of host memory");
+            ctx->modules = t, ctx->cap_modules = cap;
+        }
+        /* NVRTC for all the missing kernels at once: a first call waits for its slowest kernel, not
+         * for the sum (issue 16: 5.7 s of one-after-another compiles at 8192×4096×128256). */
+        jit_result built[MAX_SPECS];
+        TRY(jit_build_many(missing, m, built));
+        flce_status st = FLCE_OK;
+        for (int k = 0; k < m; k++) {
+            if (st != FLCE_OK) { /* an earlier load failed: free what is left */
+                free(built[k].cubin);
+                continue;
+            }
+            ctx_module *mod = &ctx->modules[ctx->n_modules];
+            memset(mod, 0, sizeof *mod);
+            spec_summary(missing[k], mod->summary, sizeof mod->summary);
+            st = ctx_load_module(missing[k], &built[k], mod);
+            if (st == FLCE_OK) ctx->n_modules++;
+        }
+        TRY(st);
+    }
+    for (int i = 0; i < n; i++) memcpy(fns[i], ctx_find(ctx, specs[i])->fn, sizeof fns[i]);
     return FLCE_OK;
 }
 
 flce_status ctx_kernels(flce_context *ctx, const kernel_spec *s, CUfunction *fns)
 {
-    char summary[256];
-    spec_summary(s, summary, sizeof summary);
-    for (size_t i = 0; i < ctx->n_modules; i++)
-        if (!strcmp(ctx->modules[i].summary, summary)) {
-            memcpy(fns, ctx->modules[i].fn, sizeof ctx->modules[i].fn);
-            return FLCE_OK;
-        }
-    if (ctx->n_modules == ctx->cap_modules) {
-        size_t cap = ctx->cap_modules ? 2 * ctx->cap_modules : 16;
-        ctx_module *m = realloc(ctx->modules, cap * sizeof *m);
-        if (!m) return err_set(FLCE_ERR_OUT_OF_MEMORY, "kernel table: out of host memory");
-        ctx->modules = m, ctx->cap_modules = cap;
-    }
-    ctx_module *m = &ctx->modules[ctx->n_modules];
-    memset(m, 0, sizeof *m);
-    snprintf(m->summary, sizeof m->summary, "%s", summary);
-    TRY(ctx_load_module(ctx, s, m));
-    ctx->n_modules++;
-    memcpy(fns, m->fn, sizeof m->fn);
+    CUfunction one[1][CTX_MAX_KERNELS];
+    TRY(ctx_kernels_many(ctx, &s, 1, one));
+    memcpy(fns, one[0], sizeof one[0]);
     return FLCE_OK;
 }
 

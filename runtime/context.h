@@ -44,6 +44,10 @@ void ctx_leave(CUcontext prev);
 /* The kernels of a spec's module, in emit_kernel_names(role) order, loading (JIT) on first use.
  * Call with ctx->lock held. */
 flce_status ctx_kernels(flce_context *ctx, const kernel_spec *s, CUfunction *fns);
+/* ctx_kernels of n ≤ 8 specs, the missing ones compiled in parallel (jit_build_many); fns[i]
+ * receives specs[i]'s kernels. Call with ctx->lock held. */
+flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs, int n,
+                             CUfunction (*fns)[CTX_MAX_KERNELS]);
 
 /* Scratch of at least `bytes`, owned by the context (grown outside graph capture only). */
 flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CUdeviceptr *out);

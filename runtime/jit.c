@@ -1,5 +1,6 @@
 /* jit.c — spec → source → cubin, memoized on disk (see jit.h and DESIGN.md §5). */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,4 +88,47 @@ done:
         out->cubin = NULL;
     }
     return st;
+}
+
+/* One kernel of jit_build_many on its own thread. The message of a failure is thread-local, so it
+ * travels back in the slot. */
+typedef struct jit_slot {
+    const kernel_spec *spec;
+    jit_result *out;
+    flce_status st;
+    char msg[1024];
+} jit_slot;
+
+static void *jit_worker(void *arg)
+{
+    jit_slot *j = arg;
+    j->st = jit_build(j->spec, j->out);
+    if (j->st != FLCE_OK) snprintf(j->msg, sizeof j->msg, "%s", err_message());
+    return NULL;
+}
+
+flce_status jit_build_many(const kernel_spec *const *specs, int n, jit_result *out)
+{
+    enum { MAX_PARALLEL = 8 };
+    if (n <= 0) return FLCE_OK;
+    if (n > MAX_PARALLEL) return err_set(FLCE_ERR_INTERNAL, "jit_build_many: %d kernels, at most %d", n, MAX_PARALLEL);
+    jit_slot slot[MAX_PARALLEL];
+    pthread_t th[MAX_PARALLEL];
+    int started[MAX_PARALLEL] = {0};
+    for (int i = 0; i < n; i++) {
+        slot[i].spec = specs[i], slot[i].out = &out[i], slot[i].st = FLCE_OK, slot[i].msg[0] = 0;
+        memset(&out[i], 0, sizeof out[i]);
+        /* The last kernel builds on the calling thread, as does any whose thread would not start. */
+        if (i < n - 1) started[i] = pthread_create(&th[i], NULL, jit_worker, &slot[i]) == 0;
+        if (!started[i]) jit_worker(&slot[i]);
+    }
+    for (int i = 0; i < n; i++)
+        if (started[i]) pthread_join(th[i], NULL);
+    for (int i = 0; i < n; i++) {
+        if (slot[i].st == FLCE_OK) continue;
+        for (int k = 0; k < n; k++) free(out[k].cubin), out[k].cubin = NULL;
+        return err_set(slot[i].st, "%s", slot[i].msg);
+    }
+    err_clear(); /* a worker on this thread may have left a note from a degraded cache */
+    return FLCE_OK;
 }

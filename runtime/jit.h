@@ -20,6 +20,12 @@ typedef struct jit_result {
 
 flce_status jit_build(const kernel_spec *s, jit_result *out);
 
+/* jit_build of n ≤ 8 specs at once, one thread each (NVRTC runs one compile per thread; the disk
+ * cache takes concurrent writers), so a first call waits for its slowest kernel instead of the sum
+ * of all of them. All or nothing: on a failure every cubin is freed and the first failing spec's
+ * status and message are returned. */
+flce_status jit_build_many(const kernel_spec *const *specs, int n, jit_result *out);
+
 /* The cache key of a spec: its summary line, the toolchain identity, then the full source.
  * *key is malloc'd. */
 flce_status jit_key(const kernel_spec *s, char **key, size_t *len);

@@ -24,23 +24,27 @@ typedef struct kernels {
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static unsigned long long addr(const void *p) { return (unsigned long long)(uintptr_t)p; }
 
+/* Every kernel of the plan, the missing ones compiled together (ctx_kernels_many). */
 static flce_status get_kernels(flce_context *ctx, const plan *pl, kernels *k)
 {
-    CUfunction fns[CTX_MAX_KERNELS];
+    enum { ROWOPS, LOGITS, LOGITS_DZ, DH, DW };
+    const kernel_spec *specs[5];
+    int slot[5], n = 0;
+    for (int role = ROWOPS; role <= DW; role++) {
+        slot[role] = -1;
+        if (role == LOGITS_DZ && !pl->fused_dz) continue;
+        if ((role == DH || role == DW) && pl->op == FLCE_OP_FORWARD) continue;
+        slot[role] = n;
+        specs[n++] = role == ROWOPS ? &pl->rowops : role == LOGITS ? &pl->logits : role == LOGITS_DZ ? &pl->logits_dz
+                     : role == DH   ? &pl->dh : &pl->dw;
+    }
+    CUfunction fns[5][CTX_MAX_KERNELS];
     memset(k, 0, sizeof *k);
-    TRY(ctx_kernels(ctx, &pl->rowops, k->row));
-    TRY(ctx_kernels(ctx, &pl->logits, fns));
-    k->logits = fns[0];
-    if (pl->fused_dz) {
-        TRY(ctx_kernels(ctx, &pl->logits_dz, fns));
-        k->logits_dz = fns[0];
-    }
-    if (pl->op != FLCE_OP_FORWARD) {
-        TRY(ctx_kernels(ctx, &pl->dh, fns));
-        k->dh = fns[0];
-        TRY(ctx_kernels(ctx, &pl->dw, fns));
-        k->dw = fns[0];
-    }
+    TRY(ctx_kernels_many(ctx, specs, n, fns));
+    memcpy(k->row, fns[slot[ROWOPS]], sizeof k->row);
+    k->logits = fns[slot[LOGITS]][0];
+    if (slot[LOGITS_DZ] >= 0) k->logits_dz = fns[slot[LOGITS_DZ]][0];
+    if (slot[DH] >= 0) k->dh = fns[slot[DH]][0], k->dw = fns[slot[DW]][0];
     return FLCE_OK;
 }
 
