@@ -188,6 +188,15 @@ FLCE_API flce_status flce_problem_validate(const flce_problem *problem);
 FLCE_API flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, flce_op op,
                                          uint64_t *bytes);
 
+/* Compiles (or loads from the disk cache) and loads every kernel a call of `op` on `problem` will
+ * use, so the first real call starts at once; the kernels of one call compile in parallel.
+ * `tensors` says which outputs the calls will ask for (only which pointers are non-NULL matters:
+ * entropy and argmax select other kernels); NULL means loss, lse and, for training ops, both
+ * gradients. Needs the device (the context); `flce warmup` does the same with no GPU, for an arch.
+ * Synchronous: returns when the kernels are ready. */
+FLCE_API flce_status flce_prepare(flce_context *ctx, const flce_problem *problem, flce_op op,
+                                  const flce_tensors *tensors);
+
 /* The strategy a call of `op` will run with: problem->strategy when forced, else what AUTO picks on
  * this context's device (FORWARD for a forward call; CHUNKED or RECOMPUTE otherwise). A framework
  * binding can use it to defer the gradients to its backward (forward now, flce_backward later,

@@ -316,6 +316,38 @@ flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, 
     return FLCE_OK;
 }
 
+flce_status flce_prepare(flce_context *ctx, const flce_problem *problem, flce_op op,
+                         const flce_tensors *tensors)
+{
+    err_clear();
+    if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
+    if (op != FLCE_OP_FORWARD && op != FLCE_OP_LOSS_AND_GRAD && op != FLCE_OP_BACKWARD)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "op=%d: not an flce_op", (int)op);
+    flce_problem p;
+    TRY(normalize_problem(problem, &p));
+    TRY(flce_problem_validate(&p));
+    TRY(check_strategy(&p, op));
+    /* The outputs a typical call asks for: only which pointers are non-NULL is read. */
+    static const char mark;
+    flce_tensors usual;
+    flce_tensors_init(&usual);
+    usual.loss = usual.lse = (float *)(uintptr_t)&mark;
+    if (op != FLCE_OP_FORWARD) usual.grad_hidden = usual.grad_weight = (void *)(uintptr_t)&mark;
+    flce_tensors given;
+    if (tensors) TRY(normalize_tensors(tensors, &given));
+    plan pl;
+    TRY(plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, tensors ? &given : &usual, &pl));
+    pthread_mutex_lock(&ctx->lock);
+    CUcontext prev = NULL;
+    flce_status st = ctx_enter(ctx, &prev);
+    if (st == FLCE_OK) {
+        st = launch_prepare_kernels(ctx, &pl);
+        ctx_leave(prev);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
 flce_status flce_strategy_of(flce_context *ctx, const flce_problem *problem, flce_op op,
                              flce_strategy *strategy)
 {

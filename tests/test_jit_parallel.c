@@ -94,9 +94,21 @@ static void a_failing_kernel_fails_the_set_with_its_message(void)
     unsetenv("FLCE_CACHE_DIR");
 }
 
+/* flce_prepare (the context's warm-up over the same path) refuses bad arguments with words; with
+ * a GPU it loads a call's kernels, so the call's first run compiles nothing (test_gpu). */
+static void prepare_names_its_bad_arguments(void)
+{
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = 300, p.hidden = 136, p.vocab_shard = 1001;
+    CHECK(flce_prepare(NULL, &p, FLCE_OP_LOSS_AND_GRAD, NULL) == FLCE_ERR_INVALID_ARGUMENT &&
+          strstr(flce_last_error(), "ctx: NULL"));
+}
+
 int main(void)
 {
     RUN(parallel_builds_match_one_at_a_time);
     RUN(a_failing_kernel_fails_the_set_with_its_message);
+    RUN(prepare_names_its_bad_arguments);
     FINISH();
 }
