@@ -1,4 +1,5 @@
 /* nvrtc_compile.c — source → cubin through NVRTC (see nvrtc_compile.h). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,15 +38,23 @@ const char *nvrtc_options_text(int sm, char *out, size_t cap)
     return out;
 }
 
+/* Every cache key holds the version, and the compile pools build keys on several threads at once:
+ * the text is written once, under pthread_once (issue 15: each first caller used to write it
+ * unsynchronized, a data race ThreadSanitizer reported in test_threads and test_tune_compile). */
+static pthread_once_t nvrtc_version_once = PTHREAD_ONCE_INIT;
+static char nvrtc_version_buf[32];
+
+static void nvrtc_version_init(void)
+{
+    int major = 0, minor = 0;
+    if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) major = minor = 0;
+    snprintf(nvrtc_version_buf, sizeof nvrtc_version_buf, "%d.%d", major, minor);
+}
+
 const char *nvrtc_version_text(void)
 {
-    static char text[32];
-    int major = 0, minor = 0;
-    if (!text[0]) {
-        nvrtcVersion(&major, &minor);
-        snprintf(text, sizeof text, "%d.%d", major, minor);
-    }
-    return text;
+    pthread_once(&nvrtc_version_once, nvrtc_version_init);
+    return nvrtc_version_buf;
 }
 
 static flce_status nvrtc_fail(nvrtcProgram prog, nvrtcResult r, const char *name, int sm)
