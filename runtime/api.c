@@ -290,28 +290,28 @@ static flce_status check_strategy(const flce_problem *p, flce_op op)
     return FLCE_OK;
 }
 
-/* The plan of `op` for `problem` on ctx's device, as flce_workspace_size and flce_strategy_of see it
- * (no tensors: the worst case of requested outputs). */
-static flce_status plan_for(flce_context *ctx, const flce_problem *problem, flce_op op, void *out,
-                            const char *out_name, plan *pl)
+/* The plan of `op` for `problem` on ctx's device, as flce_workspace_size, flce_strategy_of and
+ * flce_prepare see it: t says which outputs the call asks for (NULL: the worst case). */
+static flce_status plan_for(flce_context *ctx, const flce_problem *problem, flce_op op,
+                            const flce_tensors *t, plan *pl)
 {
-    err_clear();
-    if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL");
-    if (!out) return err_set(FLCE_ERR_INVALID_ARGUMENT, "%s: NULL", out_name);
+    if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
     if (op != FLCE_OP_FORWARD && op != FLCE_OP_LOSS_AND_GRAD && op != FLCE_OP_BACKWARD)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "op=%d: not an flce_op", (int)op);
     flce_problem p;
     TRY(normalize_problem(problem, &p));
     TRY(flce_problem_validate(&p));
     TRY(check_strategy(&p, op));
-    return plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, NULL, pl);
+    return plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, t, pl);
 }
 
 flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, flce_op op,
                                 uint64_t *bytes)
 {
+    err_clear();
+    if (!bytes) return err_set(FLCE_ERR_INVALID_ARGUMENT, "bytes: NULL");
     plan pl;
-    TRY(plan_for(ctx, problem, op, bytes, "bytes", &pl));
+    TRY(plan_for(ctx, problem, op, NULL, &pl));
     *bytes = pl.workspace_bytes;
     return FLCE_OK;
 }
@@ -320,23 +320,15 @@ flce_status flce_prepare(flce_context *ctx, const flce_problem *problem, flce_op
                          const flce_tensors *tensors)
 {
     err_clear();
-    if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
-    if (op != FLCE_OP_FORWARD && op != FLCE_OP_LOSS_AND_GRAD && op != FLCE_OP_BACKWARD)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "op=%d: not an flce_op", (int)op);
-    flce_problem p;
-    TRY(normalize_problem(problem, &p));
-    TRY(flce_problem_validate(&p));
-    TRY(check_strategy(&p, op));
     /* The outputs a typical call asks for: only which pointers are non-NULL is read. */
     static const char mark;
-    flce_tensors usual;
-    flce_tensors_init(&usual);
-    usual.loss = usual.lse = (float *)(uintptr_t)&mark;
-    if (op != FLCE_OP_FORWARD) usual.grad_hidden = usual.grad_weight = (void *)(uintptr_t)&mark;
-    flce_tensors given;
-    if (tensors) TRY(normalize_tensors(tensors, &given));
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.loss = t.lse = (float *)(uintptr_t)&mark;
+    if (op != FLCE_OP_FORWARD) t.grad_hidden = t.grad_weight = (void *)(uintptr_t)&mark;
+    if (tensors) TRY(normalize_tensors(tensors, &t));
     plan pl;
-    TRY(plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, tensors ? &given : &usual, &pl));
+    TRY(plan_for(ctx, problem, op, &t, &pl));
     pthread_mutex_lock(&ctx->lock);
     CUcontext prev = NULL;
     flce_status st = ctx_enter(ctx, &prev);
@@ -351,8 +343,10 @@ flce_status flce_prepare(flce_context *ctx, const flce_problem *problem, flce_op
 flce_status flce_strategy_of(flce_context *ctx, const flce_problem *problem, flce_op op,
                              flce_strategy *strategy)
 {
+    err_clear();
+    if (!strategy) return err_set(FLCE_ERR_INVALID_ARGUMENT, "strategy: NULL");
     plan pl;
-    TRY(plan_for(ctx, problem, op, strategy, "strategy", &pl));
+    TRY(plan_for(ctx, problem, op, NULL, &pl));
     *strategy = op == FLCE_OP_FORWARD ? FLCE_STRATEGY_FORWARD
                 : pl.recompute        ? FLCE_STRATEGY_RECOMPUTE
                                       : FLCE_STRATEGY_CHUNKED;
