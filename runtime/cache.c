@@ -1,6 +1,7 @@
 /*
  * cache.c — the on-disk kernel cache of DESIGN.md §5 (contract in cache.h). jit.c calls
- * cache_load before compiling and cache_store after; tools/cmd_cache.c calls list/stat/clear.
+ * cache_load before compiling, cache_lock_entry on a miss and cache_store after; tools/cmd_cache.c
+ * calls list/stat/prune/clear.
  *
  * Entry file "<32 hex>.cubin", all integers little-endian:
  *
@@ -18,7 +19,11 @@
  *
  * Nothing here fails a compile short of running out of host memory: unusable directories and
  * failed writes become a warning (once per directory for the former) and FLCE_OK; bad entries
- * become misses.
+ * become misses; a lock that cannot be taken means compiling without it.
+ *
+ * Other files of ours in the directory: "<32 hex>.cubin.tmp.<pid>.<nonce>" (a store in progress,
+ * or left by a killed writer) and "<32 hex>.lock" (a compile in progress; its holder removes it,
+ * one killed leaves it, unheld). Anything else there (the tune table) is never touched.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
@@ -32,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,6 +55,18 @@
 #define CACHE_HEX_DIGITS 32
 #define CACHE_SUFFIX ".cubin"
 #define CACHE_TEMP_INFIX ".tmp."
+#define CACHE_LOCK_SUFFIX ".lock"
+/* A hit refreshes the entry's mtime (its recency for the cap) when it is older than this; newer
+ * ones are left alone so that ranks loading one kernel together do not all write its inode. */
+#define CACHE_TOUCH_SECONDS 60
+/* Automatic eviction goes down to this share of the cap, so it does not run at every store. */
+#define CACHE_EVICT_TARGET_PERCENT 90
+/* Directories whose scan state a process remembers (cache_after_store); past that it scans at
+ * every store to the others. */
+#define CACHE_SCAN_SLOTS 16
+/* Polling of a held lock: first pause, longest pause. */
+#define CACHE_LOCK_POLL_MIN_MS 2.0
+#define CACHE_LOCK_POLL_MAX_MS 50.0
 /* "<hex>.cubin.tmp.<pid>.<16 hex>" */
 #define CACHE_NAME_MAX 96
 /* list/cmd_cache print the key's first line; a cubin's summary line is far shorter than this. */
@@ -77,13 +95,29 @@ typedef struct cache_entry {
     uint64_t value_len;
     dev_t dev; /* identity of the file read, so a bad entry is removed only if still in place */
     ino_t ino;
+    time_t mtime;
     const char *why; /* reason for INVALID / UNREADABLE, for the log */
 } cache_entry;
+
+/* What one process knows about a directory's size since it last scanned it. */
+typedef struct cache_scan_state {
+    uint64_t id;           /* hash64 of the directory name */
+    uint64_t bytes_seen;   /* entries' bytes after the last scan */
+    uint64_t stored_since; /* bytes this process stored there since */
+    unsigned stores_since;
+} cache_scan_state;
 
 static pthread_mutex_t cache_warn_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t cache_warned[CACHE_WARN_SLOTS]; /* hash64 of each directory warned about */
 static size_t cache_warned_count;
 static atomic_uint_fast64_t cache_temp_counter;
+
+static pthread_mutex_t cache_scan_lock = PTHREAD_MUTEX_INITIALIZER;
+static cache_scan_state cache_scans[CACHE_SCAN_SLOTS];
+static size_t cache_scan_count;
+
+static pthread_mutex_t cache_counter_lock = PTHREAD_MUTEX_INITIALIZER;
+static cache_counters cache_count;
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
@@ -137,6 +171,30 @@ static int cache_is_temp_name(const char *name)
            strncmp(name + prefix, CACHE_TEMP_INFIX, infix) == 0;
 }
 
+/* "<32 lowercase hex>.lock". */
+static int cache_is_lock_name(const char *name)
+{
+    return strlen(name) == CACHE_HEX_DIGITS + strlen(CACHE_LOCK_SUFFIX) && cache_is_hex_name(name) &&
+           strcmp(name + CACHE_HEX_DIGITS, CACHE_LOCK_SUFFIX) == 0;
+}
+
+static double cache_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Seconds since `t` on the wall clock (negative when the file system's clock is ahead). */
+static double cache_age_s(time_t t) { return difftime(time(NULL), t); }
+
+static void cache_sleep_ms(double ms)
+{
+    struct timespec ts = {(time_t)(ms / 1e3), (long)((ms - 1e3 * (double)(time_t)(ms / 1e3)) * 1e6)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
 /* 0 when "<dir>/<name>" does not fit in CACHE_PATH_MAX. */
 static int cache_join(char *out, const char *dir, const char *name)
 {
@@ -144,14 +202,21 @@ static int cache_join(char *out, const char *dir, const char *name)
     return n > 0 && n < CACHE_PATH_MAX;
 }
 
-static int cache_entry_path(char *out, const char *dir, const void *key, size_t key_len)
+/* "<dir>/<32 hex of hash128(key)><suffix>". */
+static int cache_key_path(char *out, const char *dir, const void *key, size_t key_len,
+                          const char *suffix)
 {
     uint64_t h[2];
-    char name[CACHE_HEX_DIGITS + 1 + sizeof CACHE_SUFFIX];
+    char name[CACHE_NAME_MAX];
     hash128(key, key_len, h);
     hash128_hex(h, name);
-    memcpy(name + CACHE_HEX_DIGITS, CACHE_SUFFIX, sizeof CACHE_SUFFIX);
+    snprintf(name + CACHE_HEX_DIGITS, sizeof name - CACHE_HEX_DIGITS, "%s", suffix);
     return cache_join(out, dir, name);
+}
+
+static int cache_entry_path(char *out, const char *dir, const void *key, size_t key_len)
+{
+    return cache_key_path(out, dir, key, key_len, CACHE_SUFFIX);
 }
 
 /* True the first time this process sees `dir` here; the caller then logs its one warning. */
@@ -245,6 +310,7 @@ static cache_read_result cache_read_fd(int fd, const void *want, size_t want_len
     if (!S_ISREG(st.st_mode)) return cache_reject(e, CACHE_READ_UNREADABLE, "not a regular file");
     e->dev = st.st_dev;
     e->ino = st.st_ino;
+    e->mtime = st.st_mtime;
     e->size = (size_t)st.st_size;
     if ((uint64_t)st.st_size != e->size) return cache_reject(e, CACHE_READ_INVALID, "too large");
     if (e->size < CACHE_HEADER_BYTES + CACHE_CHECKSUM_BYTES)
@@ -294,17 +360,13 @@ static void cache_remove_if_same(const char *path, const cache_entry *e)
 
 /* ---- load and store --------------------------------------------------------------------- */
 
-flce_status cache_load(const char *dir, const void *key, size_t key_len, void **blob, size_t *len)
+/* Looks `key` up in one directory. `writable`: a corrupt entry is removed and a hit refreshes the
+ * entry's recency; read-only layers get neither. */
+static flce_status cache_load_from(const char *dir, const void *key, size_t key_len, int writable,
+                                   void **blob, size_t *len)
 {
     char path[CACHE_PATH_MAX];
     cache_entry e;
-    if (!blob || !len)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "cache_load: blob and len must not be NULL");
-    *blob = NULL;
-    *len = 0;
-    if (!dir || (!key && key_len))
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "cache_load: dir=%p key=%p key_len=%zu",
-                       (const void *)dir, key, key_len);
     if (!cache_entry_path(path, dir, key, key_len)) return FLCE_OK;
     switch (cache_read_entry(path, key, key_len, 1, &e)) {
     case CACHE_READ_VALID: break;
@@ -312,6 +374,11 @@ flce_status cache_load(const char *dir, const void *key, size_t key_len, void **
         return err_set(FLCE_ERR_OUT_OF_MEMORY, "cache_load: cannot allocate %zu bytes for %s",
                        e.size, path);
     case CACHE_READ_INVALID:
+        if (!writable) {
+            log_msg(LOG_WARN, "cache entry %s (read-only layer) is corrupt (%s); ignored", path,
+                    e.why);
+            return FLCE_OK;
+        }
         log_msg(LOG_WARN, "cache entry %s is corrupt (%s); removed", path, e.why);
         cache_remove_if_same(path, &e);
         return FLCE_OK;
@@ -320,6 +387,10 @@ flce_status cache_load(const char *dir, const void *key, size_t key_len, void **
         return FLCE_OK;
     case CACHE_READ_UNREADABLE: return FLCE_OK;
     }
+    /* The least recently used entries go first when the directory is over its cap: a hit makes
+     * this one recent. mtime, not atime (relatime and noatime make atime unreliable); a failure
+     * (another user's file) only costs recency. */
+    if (writable && cache_age_s(e.mtime) > CACHE_TOUCH_SECONDS) (void)utimensat(AT_FDCWD, path, NULL, 0);
     /* Hand back the value in the buffer already allocated: move it to the front and shrink. A
      * zero-length value still gets a non-NULL pointer, so a hit is never mistaken for a miss. */
     size_t n = (size_t)e.value_len;
@@ -327,6 +398,47 @@ flce_status cache_load(const char *dir, const void *key, size_t key_len, void **
     void *shrunk = realloc(e.buf, n ? n : 1);
     *blob = shrunk ? shrunk : e.buf;
     *len = n;
+    return FLCE_OK;
+}
+
+/* The read-only layers of $FLCE_CACHE_RO (colon-separated), in order, skipping `dir` itself. */
+static flce_status cache_load_layers(const char *dir, const void *key, size_t key_len, void **blob,
+                                     size_t *len)
+{
+    const char *list = getenv("FLCE_CACHE_RO");
+    char layer[CACHE_PATH_MAX];
+    while (list && *list && !*blob) {
+        size_t n = strcspn(list, ":");
+        if (n > 0 && n < sizeof layer) {
+            memcpy(layer, list, n);
+            layer[n] = '\0';
+            if (strcmp(layer, dir) != 0) TRY(cache_load_from(layer, key, key_len, 0, blob, len));
+            if (*blob) log_msg(LOG_DEBUG, "cache: hit in read-only layer %s", layer);
+        }
+        list += n + (list[n] == ':');
+    }
+    return FLCE_OK;
+}
+
+flce_status cache_load(const char *dir, const void *key, size_t key_len, void **blob, size_t *len)
+{
+    if (!blob || !len)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "cache_load: blob and len must not be NULL");
+    *blob = NULL;
+    *len = 0;
+    if (!dir || (!key && key_len))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "cache_load: dir=%p key=%p key_len=%zu",
+                       (const void *)dir, key, key_len);
+    TRY(cache_load_from(dir, key, key_len, 1, blob, len));
+    if (!*blob) TRY(cache_load_layers(dir, key, key_len, blob, len));
+    pthread_mutex_lock(&cache_counter_lock);
+    if (*blob) {
+        cache_count.hits++;
+        cache_count.hit_bytes += *len;
+    } else {
+        cache_count.misses++;
+    }
+    pthread_mutex_unlock(&cache_counter_lock);
     return FLCE_OK;
 }
 
@@ -426,6 +538,8 @@ static int cache_write_entry_hooked(int fd, const void *key, size_t key_len, con
     return -1;
 }
 
+static void cache_after_store(const char *dir, const char *kept, uint64_t bytes);
+
 /* fsync is skipped on purpose: after a crash a torn entry fails its checksum and is recompiled,
  * which is cheaper than an fsync per kernel on every rank's file system. */
 flce_status cache_store(const char *dir, const void *key, size_t key_len, const void *blob,
@@ -468,7 +582,14 @@ flce_status cache_store(const char *dir, const void *key, size_t key_len, const 
     if (failed) {
         log_msg(LOG_WARN, "cache: writing %s failed (%s); kernel not cached", path, strerror(err));
         (void)unlink(tmp);
+        return FLCE_OK;
     }
+    uint64_t bytes = 32u + (uint64_t)key_len + (uint64_t)len;
+    pthread_mutex_lock(&cache_counter_lock);
+    cache_count.stores++;
+    cache_count.store_bytes += bytes;
+    pthread_mutex_unlock(&cache_counter_lock);
+    cache_after_store(dir, path + strlen(path) - (CACHE_HEX_DIGITS + strlen(CACHE_SUFFIX)), bytes);
     return FLCE_OK;
 }
 
@@ -495,6 +616,80 @@ flce_status cache_dir(char *out, size_t cap)
     if ((v = getenv("HOME")) && *v) return cache_dir_put(out, cap, v, "/.cache/flce");
     return err_set(FLCE_ERR_IO,
                    "no cache directory: FLCE_CACHE_DIR, XDG_CACHE_HOME and HOME are all unset");
+}
+
+/* $TMPDIR/flce-<uid> (else /tmp/flce-<uid>), made 0700; 0 when it is a directory of ours (not a
+ * link) that nobody else can write, so nobody else can plant cubins in it. */
+static int cache_private_tmp(char *out, size_t cap)
+{
+    const char *base = getenv("TMPDIR");
+    struct stat st;
+    if (!base || base[0] != '/') base = "/tmp";
+    int n = snprintf(out, cap, "%s/flce-%lu", base, (unsigned long)geteuid());
+    if (n <= 0 || (size_t)n >= cap) return -1;
+    if (mkdir(out, 0700) != 0 && errno != EEXIST) return -1;
+    if (lstat(out, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & 022) != 0 || access(out, W_OK | X_OK) != 0)
+        return -1;
+    return 0;
+}
+
+static pthread_mutex_t cache_dir_memo_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t cache_dir_memo_id;
+static int cache_dir_memo_set;
+static char cache_dir_memo[CACHE_PATH_MAX];
+
+/* Identifies the values cache_dir_writable's choice depends on. */
+static uint64_t cache_dir_env_id(void)
+{
+    static const char *names[] = {"XDG_CACHE_HOME", "HOME", "TMPDIR"};
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const char *v = getenv(names[i]);
+        h = hash64(v ? v : "", v ? strlen(v) + 1 : 0, h); /* unset differs from "" */
+    }
+    return h;
+}
+
+flce_status cache_dir_writable(char *out, size_t cap)
+{
+    const char *given = getenv("FLCE_CACHE_DIR");
+    if (!out || cap == 0 || (given && *given)) return cache_dir(out, cap);
+    uint64_t id = cache_dir_env_id();
+    char dir[CACHE_PATH_MAX], why[CACHE_PATH_MAX + 512];
+    pthread_mutex_lock(&cache_dir_memo_lock);
+    int memo = cache_dir_memo_set && cache_dir_memo_id == id;
+    if (memo) memcpy(dir, cache_dir_memo, sizeof dir);
+    pthread_mutex_unlock(&cache_dir_memo_lock);
+    if (memo) return cache_dir_put(out, cap, dir, "");
+
+    why[0] = '\0';
+    if (cache_dir(dir, sizeof dir) != FLCE_OK) {
+        snprintf(why, sizeof why, "%s", err_message());
+        err_clear();
+        dir[0] = '\0';
+    } else if (cache_make_dirs(dir) != 0) {
+        snprintf(why, sizeof why, "cache directory '%s' cannot be created: %s", dir, strerror(errno));
+    } else if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(why, sizeof why, "cache directory '%s' is not writable: %s", dir, strerror(errno));
+    }
+    if (why[0]) {
+        char tmp[CACHE_PATH_MAX];
+        if (cache_private_tmp(tmp, sizeof tmp) == 0) {
+            if (cache_first_warning(tmp))
+                log_msg(LOG_WARN, "%s; using %s instead (set FLCE_CACHE_DIR to choose)", why, tmp);
+            memcpy(dir, tmp, sizeof dir);
+        } else if (!dir[0]) {
+            return err_set(FLCE_ERR_IO, "%s, and %s is not a private directory of this user", why,
+                           tmp);
+        } /* else: keep the default; its stores will warn and stay in memory */
+    }
+    pthread_mutex_lock(&cache_dir_memo_lock);
+    memcpy(cache_dir_memo, dir, sizeof dir);
+    cache_dir_memo_id = id;
+    cache_dir_memo_set = 1;
+    pthread_mutex_unlock(&cache_dir_memo_lock);
+    return cache_dir_put(out, cap, dir, "");
 }
 
 /* ---- list, stat, clear ---------------------------------------------------------------- */
@@ -579,6 +774,7 @@ static flce_status cache_count_temp(void *user, const char *dir, const char *nam
 {
     (void)dir;
     if (cache_is_temp_name(name)) ((cache_stats *)user)->temp_files++;
+    if (cache_is_lock_name(name)) ((cache_stats *)user)->lock_files++;
     return FLCE_OK;
 }
 
@@ -599,7 +795,8 @@ static flce_status cache_clear_one(void *user, const char *dir, const char *name
 {
     cache_clear_ctx *ctx = user;
     char path[CACHE_PATH_MAX];
-    if (!cache_is_entry_name(name) && !cache_is_temp_name(name)) return FLCE_OK;
+    if (!cache_is_entry_name(name) && !cache_is_temp_name(name) && !cache_is_lock_name(name))
+        return FLCE_OK;
     if (!cache_join(path, dir, name)) return FLCE_OK;
     if (unlink(path) == 0) {
         ctx->removed++;
@@ -615,4 +812,363 @@ flce_status cache_clear(const char *dir, uint64_t *removed)
     flce_status status = cache_scan(dir, cache_clear_one, &ctx);
     if (removed) *removed = ctx.removed;
     return status != FLCE_OK ? status : ctx.status;
+}
+
+/* ---- compile lock ----------------------------------------------------------------------- */
+
+/* $FLCE_CACHE_LOCK_TIMEOUT in seconds (fractions allowed); 0 turns locking off. */
+static double cache_lock_timeout_s(void)
+{
+    const char *v = getenv("FLCE_CACHE_LOCK_TIMEOUT");
+    char *end;
+    if (!v || !*v) return CACHE_DEFAULT_LOCK_TIMEOUT_S;
+    double t = strtod(v, &end);
+    if (end == v || *end || !(t >= 0)) return CACHE_DEFAULT_LOCK_TIMEOUT_S;
+    return t;
+}
+
+static int cache_same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+/* The holder's pid as it wrote it into the lock file, for messages ("?" when unreadable). */
+static void cache_lock_holder(int fd, char *out, size_t cap)
+{
+    ssize_t n = pread(fd, out, cap - 1, 0);
+    if (n <= 0) n = 0;
+    out[n] = '\0';
+    out[strcspn(out, "\n")] = '\0';
+    if (!out[0]) snprintf(out, cap, "?");
+}
+
+/* Polls flock(LOCK_NB) rather than blocking in flock(): the wait must be bounded, a lock file
+ * replaced or removed meanwhile must be followed to the new one, and a hung holder noticed. */
+int cache_lock_entry(const char *dir, const void *key, size_t key_len, cache_entry_lock *lk)
+{
+    memset(lk, 0, offsetof(cache_entry_lock, path));
+    lk->fd = -1;
+    lk->path[0] = '\0';
+    double timeout = cache_lock_timeout_s();
+    if (timeout <= 0 || !dir || (!key && key_len)) return 0;
+    if (!cache_key_path(lk->path, dir, key, key_len, CACHE_LOCK_SUFFIX)) return 0;
+    if (cache_make_dirs(dir) != 0) return 0; /* cache_store will say the directory is unusable */
+    double t0 = cache_now_ms(), pause = CACHE_LOCK_POLL_MIN_MS;
+    int fd = -1, held = 0, waited = 0, broke = 0;
+    struct stat mine, now;
+    char holder[32];
+    for (;;) {
+        if (fd < 0) {
+            fd = open(lk->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+            if (fd < 0 && errno == EACCES) fd = open(lk->path, O_RDONLY | O_CLOEXEC);
+            if (fd < 0) break; /* a read-only directory: compile without the lock */
+            if (fstat(fd, &mine) != 0) break;
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            /* Ours only if the file is still the one at the path: a holder removes it before it
+             * unlocks, and a waiter that breaks a stale lock removes it. */
+            if (stat(lk->path, &now) == 0 && cache_same_file(&now, &mine)) {
+                held = 1;
+                break;
+            }
+            close(fd);
+            fd = -1;
+            continue;
+        }
+        if (errno == EINTR) continue;
+        if (errno != EWOULDBLOCK) {
+            log_msg(LOG_DEBUG, "cache: no compile lock %s (flock: %s)", lk->path, strerror(errno));
+            break;
+        }
+        if (stat(lk->path, &now) != 0 || !cache_same_file(&now, &mine)) {
+            close(fd); /* removed or replaced since we opened it: lock what is there now */
+            fd = -1;
+            continue;
+        }
+        if (!broke && cache_age_s(now.st_mtime) > timeout) {
+            cache_lock_holder(fd, holder, sizeof holder);
+            log_msg(LOG_WARN, "cache: compile lock %s is %.0f s old (pid %s hung?); breaking it",
+                    lk->path, cache_age_s(now.st_mtime), holder);
+            if (stat(lk->path, &now) == 0 && cache_same_file(&now, &mine)) (void)unlink(lk->path);
+            broke = 1;
+            close(fd);
+            fd = -1;
+            continue;
+        }
+        double waited_ms = cache_now_ms() - t0;
+        if (waited_ms > timeout * 1e3) {
+            cache_lock_holder(fd, holder, sizeof holder);
+            log_msg(LOG_WARN, "cache: waited %.0f s for compile lock %s (pid %s); compiling without it",
+                    waited_ms / 1e3, lk->path, holder);
+            break;
+        }
+        if (!waited) {
+            cache_lock_holder(fd, holder, sizeof holder);
+            log_msg(LOG_INFO, "cache: pid %s is compiling this kernel (%s); waiting for it", holder,
+                    lk->path);
+            waited = 1;
+        }
+        cache_sleep_ms(pause);
+        pause = pause * 1.5 < CACHE_LOCK_POLL_MAX_MS ? pause * 1.5 : CACHE_LOCK_POLL_MAX_MS;
+    }
+    if (waited) {
+        lk->waited_ms = cache_now_ms() - t0;
+        pthread_mutex_lock(&cache_counter_lock);
+        cache_count.lock_waits++;
+        cache_count.lock_wait_ms += lk->waited_ms;
+        pthread_mutex_unlock(&cache_counter_lock);
+    }
+    if (!held) {
+        if (fd >= 0) close(fd);
+        return 0;
+    }
+    lk->fd = fd;
+    lk->dev = mine.st_dev;
+    lk->ino = mine.st_ino;
+    /* A fresh mtime: waiters judge a hung holder by it. The pid is for messages and people. */
+    char text[32];
+    int n = snprintf(text, sizeof text, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)n, 0) != n) (void)futimens(fd, NULL);
+    return 1;
+}
+
+void cache_unlock_entry(cache_entry_lock *lk)
+{
+    struct stat st;
+    if (!lk || lk->fd < 0) return;
+    /* Removed first, so the directory keeps no lock files; a waiter that then gets the old file's
+     * lock sees it gone and locks a new one (cache_lock_entry). */
+    if (stat(lk->path, &st) == 0 && st.st_dev == lk->dev && st.st_ino == lk->ino) (void)unlink(lk->path);
+    close(lk->fd);
+    lk->fd = -1;
+}
+
+/* Removes a lock file nobody holds that is older than CACHE_STALE_SECONDS (its holder was killed);
+ * 1 when removed. Taking the lock first makes sure no holder loses it. */
+static int cache_remove_stale_lock(const char *path)
+{
+    struct stat st, mine;
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || cache_age_s(st.st_mtime) <= CACHE_STALE_SECONDS)
+        return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    int removed = 0;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &mine) == 0 && lstat(path, &st) == 0 &&
+        cache_same_file(&st, &mine))
+        removed = unlink(path) == 0;
+    close(fd);
+    return removed;
+}
+
+/* ---- size cap, eviction, stale files ----------------------------------------------------- */
+
+uint64_t cache_max_bytes(void)
+{
+    const char *v = getenv("FLCE_CACHE_MAX_MIB");
+    char *end;
+    if (!v || !*v || *v == '-') return (uint64_t)CACHE_DEFAULT_MAX_MIB << 20;
+    errno = 0;
+    unsigned long long mib = strtoull(v, &end, 10);
+    if (end == v || *end || errno) return (uint64_t)CACHE_DEFAULT_MAX_MIB << 20;
+    if (mib > (UINT64_MAX >> 20)) mib = UINT64_MAX >> 20;
+    return (uint64_t)mib << 20;
+}
+
+/* One entry file as a scan saw it. */
+typedef struct cache_file {
+    char name[CACHE_HEX_DIGITS + sizeof CACHE_SUFFIX];
+    uint64_t bytes;
+    struct timespec mtime;
+    dev_t dev;
+    ino_t ino;
+} cache_file;
+
+typedef struct cache_prune_ctx {
+    cache_file *files;
+    size_t n, cap;
+    uint64_t total;
+    int check; /* read and check every entry (cache_prune), or only stat them (stores) */
+    cache_prune_result *r;
+} cache_prune_ctx;
+
+static flce_status cache_prune_one(void *user, const char *dir, const char *name)
+{
+    cache_prune_ctx *c = user;
+    char path[CACHE_PATH_MAX];
+    struct stat st;
+    if (!cache_join(path, dir, name)) return FLCE_OK;
+    if (cache_is_temp_name(name)) {
+        /* A store renames its temp file within moments; one this old lost its writer. */
+        if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+            cache_age_s(st.st_mtime) > CACHE_STALE_SECONDS && unlink(path) == 0)
+            c->r->temp_removed++;
+        return FLCE_OK;
+    }
+    if (cache_is_lock_name(name)) {
+        c->r->locks_removed += (uint64_t)cache_remove_stale_lock(path);
+        return FLCE_OK;
+    }
+    if (!cache_is_entry_name(name) || lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) return FLCE_OK;
+    if (c->check) {
+        cache_entry e;
+        cache_read_result res = cache_read_entry(path, NULL, 0, 0, &e);
+        free(e.buf);
+        if (res == CACHE_READ_NOMEM)
+            return err_set(FLCE_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes to check %s", e.size,
+                           path);
+        if (res == CACHE_READ_INVALID) {
+            log_msg(LOG_INFO, "cache entry %s is corrupt (%s); removed", path, e.why);
+            cache_remove_if_same(path, &e);
+            c->r->invalid_removed++;
+            return FLCE_OK;
+        }
+    }
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 256;
+        cache_file *grown = realloc(c->files, cap * sizeof *grown);
+        if (!grown) return err_set(FLCE_ERR_OUT_OF_MEMORY, "scanning %s: out of host memory", dir);
+        c->files = grown;
+        c->cap = cap;
+    }
+    cache_file *f = &c->files[c->n++];
+    memcpy(f->name, name, sizeof f->name);
+    f->bytes = (uint64_t)st.st_size;
+    f->mtime = st.st_mtim;
+    f->dev = st.st_dev;
+    f->ino = st.st_ino;
+    c->total += f->bytes;
+    return FLCE_OK;
+}
+
+/* Least recently used first; the name breaks ties so the order is the same for everyone. */
+static int cache_file_order(const void *pa, const void *pb)
+{
+    const cache_file *a = pa, *b = pb;
+    if (a->mtime.tv_sec != b->mtime.tv_sec) return a->mtime.tv_sec < b->mtime.tv_sec ? -1 : 1;
+    if (a->mtime.tv_nsec != b->mtime.tv_nsec) return a->mtime.tv_nsec < b->mtime.tv_nsec ? -1 : 1;
+    return strcmp(a->name, b->name);
+}
+
+/* Removes the least recently used entries until the rest take at most `target` bytes. `kept` (the
+ * entry a store just wrote) stays; so does an entry used (mtime) or replaced (inode) since the
+ * scan. */
+static void cache_evict(const char *dir, cache_prune_ctx *c, uint64_t target, const char *kept)
+{
+    char path[CACHE_PATH_MAX];
+    qsort(c->files, c->n, sizeof *c->files, cache_file_order);
+    for (size_t i = 0; i < c->n && c->total > target; i++) {
+        const cache_file *f = &c->files[i];
+        struct stat st;
+        if ((kept && !strcmp(f->name, kept)) || !cache_join(path, dir, f->name)) continue;
+        if (lstat(path, &st) != 0) {
+            c->total -= f->bytes; /* someone else removed it */
+            c->r->entries--;
+            continue;
+        }
+        if (st.st_dev != f->dev || st.st_ino != f->ino || st.st_mtim.tv_sec != f->mtime.tv_sec ||
+            st.st_mtim.tv_nsec != f->mtime.tv_nsec)
+            continue;
+        if (unlink(path) != 0) continue;
+        log_msg(LOG_DEBUG, "cache: evicted %s (%llu bytes)", path, (unsigned long long)f->bytes);
+        c->total -= f->bytes;
+        c->r->entries--;
+        c->r->evicted++;
+        c->r->evicted_bytes += f->bytes;
+    }
+}
+
+/* Scans `dir`; over `trigger` bytes of entries (0: never), evicts down to `target`. */
+static flce_status cache_prune_dir(const char *dir, uint64_t trigger, uint64_t target,
+                                   const char *kept, int check, cache_prune_result *r)
+{
+    cache_prune_ctx c = {NULL, 0, 0, 0, check, r};
+    memset(r, 0, sizeof *r);
+    flce_status status = cache_scan(dir, cache_prune_one, &c);
+    r->entries = c.n;
+    if (status == FLCE_OK && trigger && c.total > trigger) cache_evict(dir, &c, target, kept);
+    r->bytes = c.total;
+    free(c.files);
+    if (r->evicted) {
+        pthread_mutex_lock(&cache_counter_lock);
+        cache_count.evicted += r->evicted;
+        cache_count.evicted_bytes += r->evicted_bytes;
+        pthread_mutex_unlock(&cache_counter_lock);
+    }
+    return status;
+}
+
+flce_status cache_prune(const char *dir, uint64_t max_bytes, cache_prune_result *out)
+{
+    cache_prune_result r;
+    if (!dir) return err_set(FLCE_ERR_INVALID_ARGUMENT, "cache_prune: dir is NULL");
+    flce_status status = cache_prune_dir(dir, max_bytes, max_bytes, NULL, 1, &r);
+    if (out) *out = r;
+    return status;
+}
+
+/* After a store: scan and evict when this process's view of the directory says it may be over
+ * its cap (cache.h, "Size cap"). */
+static void cache_after_store(const char *dir, const char *kept, uint64_t bytes)
+{
+    uint64_t cap = cache_max_bytes();
+    if (!cap) return;
+    uint64_t id = hash64(dir, strlen(dir), 0);
+    int scan = 1;
+    pthread_mutex_lock(&cache_scan_lock);
+    cache_scan_state *s = NULL;
+    for (size_t i = 0; i < cache_scan_count && !s; i++)
+        if (cache_scans[i].id == id) s = &cache_scans[i];
+    if (s) {
+        s->stored_since += bytes;
+        s->stores_since++;
+        scan = s->stores_since >= CACHE_SCAN_STORES ||
+               s->bytes_seen >= cap || 4 * s->stored_since > cap - s->bytes_seen;
+    }
+    pthread_mutex_unlock(&cache_scan_lock);
+    if (!scan) return;
+    cache_prune_result r;
+    if (cache_prune_dir(dir, cap, cap / 100 * CACHE_EVICT_TARGET_PERCENT, kept, 0, &r) != FLCE_OK) {
+        err_clear(); /* the store itself worked; the next one scans again */
+        return;
+    }
+    if (r.evicted)
+        log_msg(LOG_INFO,
+                "cache: %s was over its cap of %llu MiB: removed %llu least recently used "
+                "entries (%.1f MiB)",
+                dir, (unsigned long long)(cap >> 20), (unsigned long long)r.evicted,
+                (double)r.evicted_bytes / (1024.0 * 1024.0));
+    if (r.temp_removed || r.locks_removed)
+        log_msg(LOG_INFO, "cache: removed %llu stale temporary and %llu stale lock files in %s",
+                (unsigned long long)r.temp_removed, (unsigned long long)r.locks_removed, dir);
+    pthread_mutex_lock(&cache_scan_lock);
+    s = NULL;
+    for (size_t i = 0; i < cache_scan_count && !s; i++)
+        if (cache_scans[i].id == id) s = &cache_scans[i];
+    if (!s && cache_scan_count < CACHE_SCAN_SLOTS) {
+        s = &cache_scans[cache_scan_count++];
+        s->id = id;
+    }
+    if (s) {
+        s->bytes_seen = r.bytes;
+        s->stored_since = 0;
+        s->stores_since = 0;
+    }
+    pthread_mutex_unlock(&cache_scan_lock);
+}
+
+/* ---- counters --------------------------------------------------------------------------- */
+
+void cache_counters_get(cache_counters *out)
+{
+    pthread_mutex_lock(&cache_counter_lock);
+    *out = cache_count;
+    pthread_mutex_unlock(&cache_counter_lock);
+}
+
+void cache_note_compile(double ms)
+{
+    pthread_mutex_lock(&cache_counter_lock);
+    cache_count.compiles++;
+    cache_count.compile_ms += ms;
+    pthread_mutex_unlock(&cache_counter_lock);
 }

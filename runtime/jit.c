@@ -50,14 +50,22 @@ flce_status jit_build(const kernel_spec *s, jit_result *out)
     spec_summary(s, summary, sizeof summary);
     char *src = NULL, *key = NULL;
     size_t key_len = 0;
+    cache_entry_lock lock = {.fd = -1};
     TRY(emit_source(s, &src));
     flce_status st = key_from_source(s, src, &key, &key_len);
     if (st != FLCE_OK) goto done;
 
     double t0 = now_ms();
-    int have_dir = cache_dir(dir, sizeof dir) == FLCE_OK;
+    int have_dir = cache_dir_writable(dir, sizeof dir) == FLCE_OK;
     if (have_dir) {
         st = cache_load(dir, key, key_len, &out->cubin, &out->len);
+        /* A miss: take the entry's compile lock, so that processes missing it together compile it
+         * once (the others wait in cache_lock_entry), then look again: the holder waited for has
+         * stored it. Without the lock (read-only directory, timeout) this compiles anyway. */
+        if (st == FLCE_OK && !out->cubin) {
+            cache_lock_entry(dir, key, key_len, &lock);
+            st = cache_load(dir, key, key_len, &out->cubin, &out->len);
+        }
         if (st != FLCE_OK) goto done;
         if (out->cubin) {
             out->origin = JIT_DISK_HIT;
@@ -70,6 +78,7 @@ flce_status jit_build(const kernel_spec *s, jit_result *out)
                 err_message());
         err_clear();
     }
+    double tc = now_ms();
     st = nvrtc_compile(src, spec_role_name(s->role), s->sm, &out->cubin, &out->len);
     if (st != FLCE_OK) {
         err_wrap(st, "kernel %s", summary);
@@ -77,10 +86,12 @@ flce_status jit_build(const kernel_spec *s, jit_result *out)
     }
     out->origin = JIT_COMPILED;
     out->ms = now_ms() - t0;
+    cache_note_compile(now_ms() - tc);
     log_msg(LOG_INFO, "kernel %s: compiled in %.0f ms (%zu-byte cubin, cache miss)", summary, out->ms,
             out->len);
     if (have_dir) st = cache_store(dir, key, key_len, out->cubin, out->len);
 done:
+    cache_unlock_entry(&lock); /* after the store: waiters find the entry */
     free(src);
     free(key);
     if (st != FLCE_OK) {

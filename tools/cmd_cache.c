@@ -1,10 +1,12 @@
 /*
  * cmd_cache.c — the `flce cache` subcommand (see cmd_cache.h): lists the entries of the on-disk
- * kernel cache, prints its totals, or removes its files. The directory is the one the library
- * uses (cache_dir: FLCE_CACHE_DIR, XDG_CACHE_HOME, HOME) unless --dir names another.
+ * kernel cache, prints its totals, prunes it to its size cap, or removes its files. The directory
+ * is the one the library uses (cache_dir_writable: FLCE_CACHE_DIR, XDG_CACHE_HOME, HOME, or the
+ * private temp directory it falls back to) unless --dir names another.
  */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cache.h"
@@ -12,11 +14,14 @@
 #include "flce.h"
 
 static const char cmd_cache_usage[] =
-    "usage: flce cache ls|stats|clear [--dir DIR]\n"
+    "usage: flce cache ls|stats|prune|clear [--dir DIR] [--max-mib N]\n"
     "  ls     one line per entry: file, bytes, ok/invalid, the key's first line\n"
-    "  stats  directory, entries, total bytes, invalid entries, temporary files\n"
-    "  clear  remove every cache entry and temporary file (nothing else)\n"
-    "  --dir  use DIR instead of $FLCE_CACHE_DIR, $XDG_CACHE_HOME/flce, ~/.cache/flce\n";
+    "  stats  directory, entries, total bytes, size cap, invalid entries, temporary and lock files\n"
+    "  prune  remove invalid entries, temporary and lock files left by killed processes (older\n"
+    "         than 10 minutes), then the least recently used entries until the rest fit the cap\n"
+    "  clear  remove every cache entry, temporary and lock file (nothing else)\n"
+    "  --dir  use DIR instead of $FLCE_CACHE_DIR, $XDG_CACHE_HOME/flce, ~/.cache/flce\n"
+    "  --max-mib N  prune's cap in MiB (default $FLCE_CACHE_MAX_MIB, else 2048; 0: no eviction)\n";
 
 static int cmd_cache_fail(void)
 {
@@ -52,9 +57,32 @@ static int cmd_cache_stats(const char *dir)
     printf("directory:   %s\n", dir);
     printf("entries:     %" PRIu64 "\n", st.entries);
     printf("total bytes: %" PRIu64 " (%.2f MiB)\n", st.bytes, (double)st.bytes / (1024.0 * 1024.0));
+    uint64_t cap = cache_max_bytes();
+    if (cap) printf("size cap:    %" PRIu64 " MiB (FLCE_CACHE_MAX_MIB; least recently used entries go first)\n", cap >> 20);
+    else printf("size cap:    none (FLCE_CACHE_MAX_MIB=0)\n");
     printf("invalid:     %" PRIu64 "\n", st.invalid);
     printf("temp files:  %" PRIu64 "\n", st.temp_files);
+    printf("lock files:  %" PRIu64 "\n", st.lock_files);
     return 0;
+}
+
+static double cmd_cache_mib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+static int cmd_cache_prune(const char *dir, uint64_t max_bytes)
+{
+    cache_prune_result r;
+    flce_status status = cache_prune(dir, max_bytes, &r);
+    /* Say what was removed even when the scan stopped early: that part did happen. */
+    printf("removed %" PRIu64 " least recently used entr%s (%.2f MiB), %" PRIu64 " invalid, %" PRIu64
+           " stale temporary and %" PRIu64 " stale lock file%s\n",
+           r.evicted, r.evicted == 1 ? "y" : "ies", cmd_cache_mib(r.evicted_bytes), r.invalid_removed,
+           r.temp_removed, r.locks_removed, r.locks_removed == 1 ? "" : "s");
+    if (max_bytes)
+        printf("%s: %" PRIu64 " entries, %.2f MiB (cap %" PRIu64 " MiB)\n", dir, r.entries,
+               cmd_cache_mib(r.bytes), max_bytes >> 20);
+    else
+        printf("%s: %" PRIu64 " entries, %.2f MiB (no cap)\n", dir, r.entries, cmd_cache_mib(r.bytes));
+    return status == FLCE_OK ? 0 : cmd_cache_fail();
 }
 
 static int cmd_cache_clear(const char *dir)
@@ -70,6 +98,7 @@ int cmd_cache(int argc, char **argv)
 {
     const char *sub = NULL;
     const char *dir_opt = NULL;
+    const char *max_opt = NULL;
     char dir[CACHE_PATH_MAX];
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -81,6 +110,9 @@ int cmd_cache(int argc, char **argv)
             dir_opt = argv[i];
         } else if (!strncmp(argv[i], "--dir=", 6)) {
             dir_opt = argv[i] + 6;
+        } else if (!strcmp(argv[i], "--max-mib")) {
+            if (++i == argc) return cmd_cache_misuse("--max-mib needs a number", NULL);
+            max_opt = argv[i];
         } else if (argv[i][0] == '-' || sub) {
             return cmd_cache_misuse("unexpected argument", argv[i]);
         } else {
@@ -88,16 +120,26 @@ int cmd_cache(int argc, char **argv)
         }
     }
     if (!sub) return cmd_cache_misuse(NULL, NULL);
-    if (strcmp(sub, "ls") && strcmp(sub, "stats") && strcmp(sub, "clear"))
+    if (strcmp(sub, "ls") && strcmp(sub, "stats") && strcmp(sub, "prune") && strcmp(sub, "clear"))
         return cmd_cache_misuse("unknown subcommand", sub);
+    uint64_t max_bytes = cache_max_bytes();
+    if (max_opt) {
+        char *end;
+        unsigned long long mib = strtoull(max_opt, &end, 10);
+        if (strcmp(sub, "prune")) return cmd_cache_misuse("--max-mib is prune's", NULL);
+        if (end == max_opt || *end || max_opt[0] == '-' || mib > (UINT64_MAX >> 20))
+            return cmd_cache_misuse("--max-mib needs a number of MiB", max_opt);
+        max_bytes = (uint64_t)mib << 20;
+    }
     if (dir_opt) {
         if (!*dir_opt) return cmd_cache_misuse("--dir needs a directory", NULL);
         if (snprintf(dir, sizeof dir, "%s", dir_opt) >= (int)sizeof dir)
             return cmd_cache_misuse("directory name too long", NULL);
-    } else if (cache_dir(dir, sizeof dir) != FLCE_OK) {
+    } else if (cache_dir_writable(dir, sizeof dir) != FLCE_OK) {
         return cmd_cache_fail();
     }
     if (!strcmp(sub, "ls")) return cmd_cache_ls(dir);
     if (!strcmp(sub, "stats")) return cmd_cache_stats(dir);
+    if (!strcmp(sub, "prune")) return cmd_cache_prune(dir, max_bytes);
     return cmd_cache_clear(dir);
 }

@@ -1,6 +1,7 @@
 /*
- * cmd_cache.h — `flce cache ls|stats|clear [--dir DIR]`: inspects and empties the on-disk kernel
- * cache (runtime/cache.h). Called by the flce tool's main with its arguments from "cache" on.
+ * cmd_cache.h — `flce cache ls|stats|prune|clear [--dir DIR] [--max-mib N]`: inspects, prunes and
+ * empties the on-disk kernel cache (runtime/cache.h). Called by the flce tool's main with its
+ * arguments from "cache" on.
  */
 #ifndef FLCE_CMD_CACHE_H
 #define FLCE_CMD_CACHE_H

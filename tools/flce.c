@@ -1,4 +1,5 @@
-/* flce.c — the `flce` command-line tool: demo (the main job), bench, fuzz, tune, gen, cache, info. */
+/* flce.c — the `flce` command-line tool: demo (the main job), bench, fuzz, tune, gen, warmup, cache,
+ * info. */
 #include <stdio.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_fuzz(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
+int cmd_warmup(int argc, char **argv);
 
 static void usage(FILE *f)
 {
@@ -25,7 +27,8 @@ static void usage(FILE *f)
             "  tune    time the candidate tiles of a problem class on the GPU, store the winner\n"
             "          in the autotune table (--dry-run: list and compile them, no GPU)\n"
             "  gen     print the generated CUDA source of a problem's kernels (--compile to build them)\n"
-            "  cache   ls | stats | clear the on-disk kernel cache\n"
+            "  warmup  compile into the disk cache every kernel of an op on given shapes (no GPU needed)\n"
+            "  cache   ls | stats | prune | clear the on-disk kernel cache\n"
             "  info    versions, GPU and cache directory\n"
             "Set FLCE_LOG=info to see each compile and cache hit.\n",
             flce_version());
@@ -67,6 +70,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "fuzz")) return cmd_fuzz(argc - 1, argv + 1);
     if (!strcmp(cmd, "tune")) return cmd_tune(argc - 1, argv + 1);
     if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
+    if (!strcmp(cmd, "warmup")) return cmd_warmup(argc - 1, argv + 1);
     if (!strcmp(cmd, "cache")) return cmd_cache(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cmd_info();
     if (!strcmp(cmd, "--version")) {
