@@ -807,7 +807,7 @@ static void lock_waits_for_the_holder_and_then_finds_its_entry(void)
         cache_entry_lock lk;
         if (cache_lock_entry(dir, KEY_A, strlen(KEY_A), &lk) != 1) _exit(1);
         if (write(ready[1], "x", 1) != 1) _exit(2);
-        struct timespec nap = {0, 300 * 1000 * 1000};
+        struct timespec nap = {1, 0};
         nanosleep(&nap, NULL); /* "compiling" */
         if (store_str(dir, KEY_A, VALUE_A) != FLCE_OK) _exit(3);
         cache_unlock_entry(&lk);
@@ -817,12 +817,16 @@ static void lock_waits_for_the_holder_and_then_finds_its_entry(void)
     close(ready[1]);
     wait_for_go(ready[0]);
     close(ready[0]);
+    /* Held now (another open file description cannot take it), so the call below must wait;
+     * only a stall of a second between here and there could let it find the lock free. */
+    char path[TEST_PATH_MAX];
+    lock_path(dir, KEY_A, path);
+    int probe = open(path, O_RDONLY);
+    CHECK(probe >= 0 && flock(probe, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK);
+    if (probe >= 0) close(probe);
     cache_entry_lock lk;
-    double t0 = now_s();
     CHECK(cache_lock_entry(dir, KEY_A, strlen(KEY_A), &lk) == 1);
-    double waited = now_s() - t0;
-    CHECKF(waited > 0.1 && lk.waited_ms > 100, "waited %.3f s (%.1f ms by the lock's count)", waited,
-           lk.waited_ms);
+    CHECKF(lk.waited_ms > 0, "did not wait (%.1f ms)", lk.waited_ms);
     CHECK(load_str(dir, KEY_A, VALUE_A) == 1); /* the holder's entry: nothing left to compile */
     cache_unlock_entry(&lk);
     CHECK(lk.fd == -1);
@@ -847,9 +851,8 @@ static void a_killed_holder_releases_its_lock_at_once(void)
           WEXITSTATUS(status) == 0);
     CHECK(count_files(dir, ".lock") == 1); /* left behind, but nobody holds it */
     cache_entry_lock lk;
-    double t0 = now_s();
     CHECK(cache_lock_entry(dir, KEY_A, strlen(KEY_A), &lk) == 1);
-    CHECKF(now_s() - t0 < 1.0 && lk.waited_ms == 0, "took %.3f s", now_s() - t0);
+    CHECKF(lk.waited_ms == 0, "waited %.1f ms for a dead holder", lk.waited_ms);
     cache_unlock_entry(&lk);
     CHECK(count_files(dir, NULL) == 0);
     remove_tree(dir);
@@ -903,7 +906,7 @@ static void a_hung_holder_is_waited_for_only_up_to_the_timeout(void)
     double t0 = now_s();
     CHECK(cache_lock_entry(dir, KEY_A, strlen(KEY_A), &lk) == 0); /* compile without it */
     double waited = now_s() - t0;
-    CHECKF(waited >= 0.3 && waited < 5, "gave up after %.3f s", waited);
+    CHECKF(waited >= 0.3 && waited < 30, "gave up after %.3f s", waited); /* loose: CI is shared */
     CHECK(lk.fd == -1);
     cache_unlock_entry(&lk); /* harmless when not held */
     CHECK(count_files(dir, ".lock") == 1); /* still the holder's */
@@ -921,7 +924,7 @@ static void a_stale_lock_is_broken(void)
     struct stat before, after;
     saved_env env = save_env("FLCE_CACHE_LOCK_TIMEOUT");
     make_tmpdir(dir);
-    setenv("FLCE_CACHE_LOCK_TIMEOUT", "30", 1);
+    setenv("FLCE_CACHE_LOCK_TIMEOUT", "120", 1);
     pid_t child = hold_lock_in_child(dir, -3600, go); /* held for an hour: hung */
     CHECK(child > 0);
     lock_path(dir, KEY_A, path);
@@ -929,7 +932,7 @@ static void a_stale_lock_is_broken(void)
     cache_entry_lock lk;
     double t0 = now_s();
     CHECK(cache_lock_entry(dir, KEY_A, strlen(KEY_A), &lk) == 1);
-    CHECKF(now_s() - t0 < 2, "took %.3f s", now_s() - t0);
+    CHECKF(now_s() - t0 < 60, "took %.3f s (the timeout: not broken)", now_s() - t0);
     CHECK(stat(path, &after) == 0 && after.st_ino != before.st_ino); /* a new lock file */
     close(go[1]); /* the hung holder finally unlocks: it must not remove our file */
     CHECK(child_ok(child));
