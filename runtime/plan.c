@@ -203,7 +203,8 @@ static flce_status plan_chunks(const flce_problem *p, plan *pl)
  * beyond the GEMMs' operands move at PLAN_DRAM_RATE, none of them hidden:
  *   chunked    3 passes; per logit 2 (compact p̃) or 4 (fp32 Z) bytes stored, read and overwritten
  *              by dZ; the fp32 dW accumulator written, re-read and re-written once per chunk
- *   recompute  4 passes; dZ written (2 bytes); the fp32 dH accumulator once per vocab chunk
+ *   recompute  4 passes (3 from a saved lse: flce_backward); dZ written (2 bytes); the fp32 dH
+ *              accumulator once per vocab chunk
  * Against the H100 (bench/NOTES.md v11, predicted / measured, ms): 8192×4096×128256 chunked 46.8 /
  * 43.0, recompute 54.4 / 50.7; 8192×2304×256000 (1024-row chunks) 72.6 / 64.4 vs 63.4 / 62.2;
  * 4096×2048×32000 2.76 / 2.60 vs 3.42 / 3.16; 512×4096×128256 3.50 / 3.64 vs 4.2 / 4.3: the same
@@ -234,7 +235,9 @@ double plan_estimate_ms(const flce_problem *p, const plan *pl, int num_sms)
     double pass = 2 * n * v * d / PLAN_GEMM_RATE;
     int64_t dh_rows = pl->recompute ? pl->n : pl->chunk_rows;
     int64_t dh_tiles = ceil_div(dh_rows, pl->dh.tile.bm) * ceil_div(pl->d, pl->dh.tile.bn);
-    double passes = (pl->recompute ? 3 : 2) + wave_stretch(dh_tiles, num_sms), bytes;
+    /* recompute's own forward pass only in a training call: backward starts from the saved lse */
+    int forward_pass = pl->recompute && pl->op == FLCE_OP_LOSS_AND_GRAD;
+    double passes = 2 + forward_pass + wave_stretch(dh_tiles, num_sms), bytes;
     if (pl->recompute) {
         bytes = n * ldz * 2 + acc_bytes(n * d, vchunks, p->accumulate_grad_hidden) +
                 (p->accumulate_grad_weight ? v * d * 8 : 0);

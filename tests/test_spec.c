@@ -269,6 +269,14 @@ static void auto_takes_the_cheaper_estimate(void)
         p.strategy = FLCE_STRATEGY_CHUNKED;
         CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && !pl.recompute && pl.est_chunked_ms == 0);
     }
+    /* From a saved lse (flce_backward) both strategies recompute the logits once; recompute's dZ
+     * comes straight from the GEMM (2 bytes per logit, no fp32 Z): AUTO takes it. */
+    {
+        flce_problem b = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+        plan pb;
+        CHECK(plan_make(&b, FLCE_OP_BACKWARD, 90, 132, NULL, &pb) == FLCE_OK && pb.recompute && pb.fused_dz);
+        CHECK(pb.est_recompute_ms < pb.est_chunked_ms);
+    }
     /* Both plans too big: the message names the smallest budget that works. */
     flce_problem p = problem(100, 64, 256000, FLCE_DTYPE_BF16);
     p.memory_budget = 1000;
