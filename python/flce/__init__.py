@@ -257,6 +257,14 @@ def _no_grad_loss(hidden, weight, labels, opts, tp=None):
     return loss
 
 
+# Up to this many tokens AUTO's gradients go to backward (flce_backward, an extra logits pass of
+# 2·N·V·D) instead of being computed in forward and scaled in place by the upstream gradient in
+# backward (a pass over dW, V·D, whatever N is). Measured through this binding on an H100
+# (bench/results/compare-…-2026-11-23-7ab2a98): 512×4096×128256 eager 5.66 ms vs deferred 4.27;
+# 4096×2048×32000 eager 2.90 vs 3.13; 8192×4096×128256 eager 46.2 vs 51.3.
+_DEFER_TOKENS = 1024
+
+
 def linear_cross_entropy(hidden, weight, labels, *, ignore_index=-100, reduction="mean",
                          memory_budget=None, strategy="auto", label_smoothing=0.0, z_loss=0.0,
                          softcap=0.0, temperature=1.0):
@@ -295,11 +303,12 @@ def linear_cross_entropy(hidden, weight, labels, *, ignore_index=-100, reduction
         loss = _no_grad_loss(h2, weight, y1, opts)
     elif reduction == "none" or strategy == "recompute":
         loss = _DeferredGrads.apply(h2, weight, y1, opts, need_dh, need_dw)
-    elif strategy == "auto" and _Call(h2, weight, y1, opts).strategy_of(_lib.FLCE_OP_LOSS_AND_GRAD,
-                                                                        "auto") == "recompute":
+    elif strategy == "auto" and (h2.shape[0] <= _DEFER_TOKENS or _Call(h2, weight, y1, opts).strategy_of(
+            _lib.FLCE_OP_LOSS_AND_GRAD, "auto") == "recompute"):
         # AUTO recomputes the logits for the gradients anyway: forward now and flce_backward in
         # backward do the same work as one loss-and-grad call, without scaling dW and dH by the
-        # upstream gradient afterwards and without holding them from forward to backward.
+        # upstream gradient afterwards and without holding them from forward to backward. With
+        # few tokens that scaling pass over dW costs more than recomputing the logits does.
         loss = _DeferredGrads.apply(h2, weight, y1, opts._replace(strategy="recompute"), need_dh, need_dw)
     else:
         loss = _EagerGrads.apply(h2, weight, y1, opts, need_dh, need_dw)
