@@ -1,7 +1,8 @@
 /* test_compile.c — every kernel spec the dispatcher can choose compiles with NVRTC for sm_80,
  * sm_90a and sm_100a (no GPU needed), the opt-in tcgen05 specs of sm_100a (FLCE_ENABLE_SM100=1)
- * included. Compiles go through the disk cache (FLCE_CACHE_DIR is the
- * build tree's), whose key holds the full source, so a hit means this exact source compiled. */
+ * included, and a representative set for sm_86, sm_87, sm_89 and sm_120. Compiles go through the
+ * disk cache (FLCE_CACHE_DIR is the build tree's), whose key holds the full source, so a hit means
+ * this exact source compiled. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +70,46 @@ static void add_arch(int sm)
 }
 
 static void compile_all(void) { failures += compile_pool_run(specs, n_specs); }
+
+/* The other arches the dispatcher plans for run the same portable mma.sync kernels with their own
+ * shared-memory limit (fewer stages on sm_86/89/120): one representative set per arch, issue 15:
+ * the 16-bit and the fp32 main loop, every option on (logits, the recompute dZ epilogue, rowops)
+ * and dH/dW, mean reduction, 32-bit labels. What add_arch adds beyond this only varies constants. */
+static void add_representative(int sm)
+{
+    static const flce_dtype dts[] = {FLCE_DTYPE_BF16, FLCE_DTYPE_F32};
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+        flce_problem p;
+        flce_problem_init(&p);
+        p.tokens = 300, p.hidden = 136, p.vocab_shard = 1001, p.dtype = dts[k];
+        p.has_bias = 1, p.has_class_weights = 1, p.label_smoothing = 0.1f, p.z_loss = 1e-4f;
+        p.softcap = 30.f, p.temperature = 0.8f;
+        plan pl, pr;
+        if (plan_make(&p, FLCE_OP_LOSS_AND_GRAD, sm, 100, NULL, &pl) != FLCE_OK) {
+            failures++;
+            continue;
+        }
+        specs[n_specs++] = pl.rowops;
+        specs[n_specs++] = pl.logits;
+        specs[n_specs++] = pl.dh;
+        specs[n_specs++] = pl.dw;
+        p.strategy = FLCE_STRATEGY_RECOMPUTE;
+        if (plan_make(&p, FLCE_OP_LOSS_AND_GRAD, sm, 100, NULL, &pr) != FLCE_OK || !pr.fused_dz) failures++;
+        else specs[n_specs++] = pr.logits_dz;
+    }
+}
+
+static void representative_specs_compile_for_sm_86_87_89_120(void)
+{
+    static const int sms[] = {86, 87, 89, 120};
+    n_specs = failures = 0;
+    for (size_t a = 0; a < sizeof sms / sizeof sms[0]; a++) add_representative(sms[a]);
+    CHECKF(n_specs == 40, "%d specs", n_specs);
+    for (int i = 0; i < n_specs; i++)
+        CHECKF(!specs[i].tile.wgmma && !specs[i].tile.tcgen05, "sm_%d: not the portable path", specs[i].sm);
+    compile_all();
+    CHECKF(failures == 0, "%d of %d specs failed", failures, n_specs);
+}
 
 static void every_dispatchable_spec_compiles_for_sm_80(void)
 {
@@ -148,5 +189,6 @@ int main(void)
     RUN(every_dispatchable_spec_compiles_for_sm_90a);
     RUN(every_dispatchable_spec_compiles_for_sm_100a);
     RUN(tcgen05_specs_compile_for_sm_100a_when_enabled);
+    RUN(representative_specs_compile_for_sm_86_87_89_120);
     FINISH();
 }
