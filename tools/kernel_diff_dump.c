@@ -1,0 +1,180 @@
+/* kernel_diff_dump.c — for tools/kernel_diff.sh (which compiles it against a build's libflce.a):
+ * writes the generated source of a matrix of kernel specs (every GEMM main loop, role and logits
+ * variant the templates have #if branches for, with and without options; rowops as a control),
+ * NNN_<role>_<kind>_sm<arch>.cu plus index.txt, and the cubin the library's nvrtc_compile builds
+ * from each (NNN_....cubin). Usage: kernel_diff_dump OUTDIR [--no-cubin] [--only NNN]. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emit.h"
+#include "nvrtc_compile.h"
+#include "spec.h"
+
+static const char *outdir;
+static int want_cubin = 1, only = -1, count, invalid;
+static FILE *index_file;
+
+static void put(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(p, 1, n, f) != n || fclose(f)) {
+        fprintf(stderr, "kernel_diff_dump: cannot write %s\n", path);
+        exit(1);
+    }
+}
+
+static void dump(const kernel_spec *s, const char *kind)
+{
+    if (spec_validate(s) != FLCE_OK) {
+        invalid++;
+        return;
+    }
+    char *src = NULL;
+    if (emit_source(s, &src) != FLCE_OK) {
+        fprintf(stderr, "kernel_diff_dump: emit failed: %s\n", flce_last_error());
+        exit(1);
+    }
+    char name[64], path[512], summary[256];
+    const int idx = count++;
+    if (only >= 0 && idx != only) {
+        free(src);
+        return;
+    }
+    snprintf(name, sizeof name, "%03d_%s_%s_sm%d", idx, spec_role_name(s->role), kind, s->sm);
+    snprintf(path, sizeof path, "%s/%s.cu", outdir, name);
+    put(path, src, strlen(src));
+    spec_summary(s, summary, sizeof summary);
+    fprintf(index_file, "%s sm=%d %s opts=%u fused_dz=%d compact=%d red=%d labels=%d\n", name, s->sm, summary,
+            s->opts, s->fused_dz, s->compact, (int)s->reduction, s->label_bits);
+    if (want_cubin) {
+        void *bin = NULL;
+        size_t len = 0;
+        if (nvrtc_compile(src, "flce_kernel.cu", s->sm, &bin, &len) != FLCE_OK) {
+            fprintf(stderr, "kernel_diff_dump: %s: %s\n", name, flce_last_error());
+            exit(1);
+        }
+        snprintf(path, sizeof path, "%s/%s.cubin", outdir, name);
+        put(path, bin, len);
+        free(bin);
+    }
+    free(src);
+}
+
+static kernel_spec base(int sm, flce_dtype dt, spec_role role)
+{
+    kernel_spec s;
+    memset(&s, 0, sizeof s);
+    s.sm = sm, s.dtype = dt, s.hidden = 4096, s.vocab_shard = 32000, s.role = role;
+    s.label_bits = 32, s.reduction = FLCE_REDUCTION_MEAN;
+    if (role != ROLE_ROWOPS) s.tile = spec_default_tile(sm, dt, role);
+    return s;
+}
+
+/* Every logits variant (plain Z store, compact p̃, fused dZ with reduction mean / none) with no
+ * options and with all of them, and dH, dW; `tile` overrides the default tile when non-NULL. */
+static void gemms(int sm, flce_dtype dt, const char *kind, const spec_tile *tile)
+{
+    const unsigned all = SPEC_OPT_BIAS | SPEC_OPT_WEIGHTS | SPEC_OPT_ZSUM | SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX;
+    for (int role = ROLE_LOGITS; role <= ROLE_DW; role++) {
+        kernel_spec s = base(sm, dt, (spec_role)role);
+        if (tile) s.tile = *tile;
+        if (role != ROLE_LOGITS) {
+            dump(&s, kind);
+            continue;
+        }
+        for (int o = 0; o < 2; o++) {
+            kernel_spec l = s;
+            if (o) l.opts = all, l.softcap = 30.f, l.temperature = 0.7f, l.label_bits = 64;
+            dump(&l, kind); /* statistics + fp32 Z */
+            kernel_spec c = l;
+            c.compact = 1;
+            if (dt != FLCE_DTYPE_F32) dump(&c, kind);
+            for (int r = 0; r < 2; r++) {
+                kernel_spec z = l;
+                z.fused_dz = 1;
+                z.reduction = r ? FLCE_REDUCTION_NONE : FLCE_REDUCTION_MEAN;
+                if (o) z.opts = SPEC_OPT_BIAS | SPEC_OPT_WEIGHTS | SPEC_OPT_ZSUM, z.smoothing = 0.1f, z.z_loss = 1e-4f;
+                dump(&z, kind);
+            }
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) return 2;
+    outdir = argv[1];
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-cubin")) want_cubin = 0;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = atoi(argv[++i]);
+        else return 2;
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/index.txt", outdir);
+    index_file = fopen(path, "w");
+    if (!index_file) return 1;
+    const flce_dtype dts[] = {FLCE_DTYPE_BF16, FLCE_DTYPE_F16, FLCE_DTYPE_F32};
+    const char *dtn[] = {"bf16", "f16", "f32"};
+    char kind[64];
+    unsetenv("FLCE_ENABLE_SM100");
+    unsetenv("FLCE_TMA");
+    for (int d = 0; d < 3; d++) {
+        /* sm_80: mma.sync (16-bit) and exact FFMA (f32) */
+        snprintf(kind, sizeof kind, "mma_%s", dtn[d]);
+        gemms(80, dts[d], kind, NULL);
+        /* sm_90a: wgmma + TMA (16-bit), FFMA (f32) */
+        snprintf(kind, sizeof kind, "%s_%s", d < 2 ? "tma" : "mma", dtn[d]);
+        gemms(90, dts[d], kind, NULL);
+    }
+    /* sm_90a, FLCE_TMA=0: wgmma fed by cp.async; FLCE_PORTABLE's tile: mma.sync on Hopper */
+    setenv("FLCE_TMA", "0", 1);
+    for (int d = 0; d < 2; d++) {
+        snprintf(kind, sizeof kind, "cpasync_%s", dtn[d]);
+        gemms(90, dts[d], kind, NULL);
+    }
+    unsetenv("FLCE_TMA");
+    for (int d = 0; d < 2; d++) {
+        spec_tile t = spec_default_tile(89, dts[d], ROLE_LOGITS);
+        t.stages = 4;
+        snprintf(kind, sizeof kind, "portable_%s", dtn[d]);
+        gemms(90, dts[d], kind, &t);
+    }
+    /* other tile shapes: wgmma+TMA and cp.async wgmma at BN 128 and 64, a small mma.sync tile */
+    {
+        spec_tile t = spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_DH);
+        t.bn = 128;
+        gemms(90, FLCE_DTYPE_BF16, "tma128_bf16", &t);
+        t.tma = 0, t.bn = 64;
+        gemms(90, FLCE_DTYPE_F16, "cpasync64_f16", &t);
+        spec_tile m = {64, 64, 32, 2, 2, 2, 0, 0, 0};
+        gemms(80, FLCE_DTYPE_F16, "mma64_f16", &m);
+        m.bk = 16;
+        gemms(80, FLCE_DTYPE_F32, "mma64_f32", &m);
+    }
+    /* sm_100a: tcgen05 (FLCE_ENABLE_SM100=1, 16-bit), FFMA (f32); without the opt-in, mma.sync */
+    setenv("FLCE_ENABLE_SM100", "1", 1);
+    for (int d = 0; d < 3; d++) {
+        snprintf(kind, sizeof kind, "%s_%s", d < 2 ? "tcgen05" : "mma", dtn[d]);
+        gemms(100, dts[d], kind, NULL);
+    }
+    {
+        spec_tile t = spec_default_tile(100, FLCE_DTYPE_BF16, ROLE_DW);
+        t.bn = 128, t.stages = 6;
+        gemms(100, FLCE_DTYPE_BF16, "tcgen05_128_bf16", &t);
+    }
+    unsetenv("FLCE_ENABLE_SM100");
+    gemms(100, FLCE_DTYPE_BF16, "mma_bf16", NULL);
+    /* rowops (rowops.cu is not part of the split: a control) */
+    for (int d = 0; d < 3; d++) {
+        kernel_spec r = base(90, dts[d], ROLE_ROWOPS);
+        dump(&r, dtn[d]);
+        r.opts = SPEC_OPT_BIAS | SPEC_OPT_WEIGHTS | SPEC_OPT_ZSUM | SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX;
+        r.softcap = 30.f, r.temperature = 0.7f, r.smoothing = 0.1f, r.z_loss = 1e-4f, r.label_bits = 64;
+        r.reduction = FLCE_REDUCTION_NONE;
+        dump(&r, dtn[d]);
+    }
+    fclose(index_file);
+    printf("kernel_diff_dump: %d sources (%d invalid combinations skipped)\n", count, invalid);
+    return 0;
+}
