@@ -128,7 +128,7 @@ static void emit_wgmma(sbuf *b, const kernel_spec *s)
 }
 
 /* The tcgen05 flags: the Hopper path's swizzled TMA tiles and pipeline (FLCE_WGMMA, FLCE_TMA) with
- * its wgmma replaced by tcgen05.mma into tensor memory (templates/gemm.cu). */
+ * its wgmma replaced by tcgen05.mma into tensor memory (templates/gemm_tcgen05.cu). */
 static void emit_tcgen05(sbuf *b, const kernel_spec *s)
 {
     sb_text(b, "#define FLCE_WGMMA 1  // the Hopper path's 128-byte-swizzled TMA tiles and mbarrier pipeline\n");
@@ -146,10 +146,10 @@ static int starts_with(const char *line, const char *end, const char *word)
 
 /* Appends a template with its `#if FLCE_TCGEN05` blocks already resolved for the spec: the lines of
  * the branch the spec takes stay, the directives and the other branch go. Sources of the Hopper
- * and portable specs therefore stay byte for byte what they were before the Blackwell path existed
- * (and so do their JIT cache keys). The block opens with a line starting `#if FLCE_TCGEN05`, may
- * have one `#else` and closes at its `#endif`; preprocessor conditionals nested inside are copied
- * through untouched. */
+ * and portable specs therefore hold no line of the Blackwell path (templates/gemm_tcgen05.cu is one
+ * such block, header included), and its edits leave their JIT cache keys alone. The block opens
+ * with a line starting `#if FLCE_TCGEN05`, may have one `#else` and closes at its `#endif`;
+ * preprocessor conditionals nested inside are copied through untouched. */
 static void sb_template(sbuf *b, const char *text, int tcgen05)
 {
     int in_block = 0, keep = 1, depth = 0;

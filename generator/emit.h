@@ -17,7 +17,7 @@ const char *const *emit_kernel_names(spec_role role);
 /* The embedded template files (generated at build time from templates/). */
 extern const char tmpl_params_h[];
 extern const char tmpl_common_cuh[];
-extern const char tmpl_gemm_cu[];
+extern const char tmpl_gemm_cu[]; /* templates/gemm.cu and its pieces, concatenated (CMakeLists.txt) */
 extern const char tmpl_rowops_cu[];
 
 #endif

@@ -1,0 +1,213 @@
+// gemm_entry.cu — the kernels: flce_logits (a grid of row blocks × vocab splits) and flce_dh /
+// flce_dw (a grid of output tiles, persistent on the TMA path). They map CTAs to tiles, split the
+// TMA path's warpgroups into producer and consumers, and run a main loop and an epilogue per tile.
+// Pasted last.
+#if ROLE_IS_LOGITS
+#ifndef LOGITS_GROUP
+#define LOGITS_GROUP 8
+#endif
+// grid: (row blocks, vocab splits). Each CTA walks tiles_per_split vocab tiles of its split.
+extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
+{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = tile_smem(smem_raw);
+    // CTAs start in launch order (blockIdx.x fastest). Taken as given, the CTAs running at once
+    // would hold ~all row blocks (at 8192 tokens, 64 blocks of A, 1 MiB each at D = 4096: more than
+    // L2) and each re-reads its block for every vocab tile. Renumbered in groups of LOGITS_GROUP
+    // row blocks × all splits, the CTAs in flight share a few A blocks (which stay in L2) and each
+    // vocab tile of W is read by LOGITS_GROUP of them at about the same time. A bijection of the
+    // grid, so every (row block, split) still runs exactly once.
+    long long m0;
+    int split;
+    {
+        const long long row_blocks = gridDim.x, lin = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+        const long long per_group = (long long)LOGITS_GROUP * gridDim.y, g = lin / per_group, w = lin % per_group;
+        const long long first = g * LOGITS_GROUP;
+        const long long rows_here = row_blocks - first < LOGITS_GROUP ? row_blocks - first : LOGITS_GROUP;
+        m0 = (first + w % rows_here) * BM;
+        split = (int)(w / rows_here);
+    }
+    const long long tiles = (p.n + BN - 1) / BN;
+    long long t_begin = (long long)split * p.tiles_per_split;
+    long long t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
+#if FLCE_TMA
+    pipe_init(smem);
+    if (threadIdx.x < PRODUCER_THREADS) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        int it = 0;
+        if (threadIdx.x == 0) produce(p, smem, m0, t_begin * BN, t_end - t_begin, it);
+#if FLCE_TCGEN05
+        if (threadIdx.x / 32 == 1) mma_tiles(p, smem, t_end - t_begin); // warp 1: MMAs, then dealloc
+#endif
+        return;
+    }
+    setmaxnreg_inc<CONSUMER_REGS>();
+    int it = 0;
+#endif
+    const int warp = (threadIdx.x - PRODUCER_THREADS) / 32, lane = threadIdx.x % 32;
+#if FLCE_TCGEN05
+    const int wm = tc_row_block(warp), wn = 0;
+#else
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+#endif
+
+    // Label column of each owned row within [0, n); −1 when ignored, out of range or elsewhere.
+    long long lab[MI][2];
+#if FLCE_FUSED_DZ
+    dz_row dr[MI][2];
+#else
+    row_stats run[MI][2];
+#endif
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
+            long long y = row < p.m ? load_label(p.labels, row) - p.vocab_offset : -1;
+            lab[mi][h] = (y >= 0 && y < p.n) ? y : -1;
+#if FLCE_FUSED_DZ
+            dr[mi][h] = dz_row_setup(p, row);
+            if (!dr[mi][h].valid) lab[mi][h] = -1;
+#else
+            run[mi][h].m = NEG_INF, run[mi][h].s = 0.f, run[mi][h].t = 0.f, run[mi][h].zs = 0.f;
+            run[mi][h].arg = 0x7fffffffffffffffLL;
+#endif
+        }
+
+    float acc[MI][NI][4];
+    for (long long vt = t_begin; vt < t_end; vt++) {
+#if FLCE_TMA
+        mainloop(acc, smem, p, it, wm / 4);
+#else
+        mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
+#endif
+#if FLCE_FUSED_DZ
+        if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, dr);
+        else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, dr);
+#else
+        logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, run);
+#endif
+    }
+#if FLCE_FUSED_DZ
+    (void)split; // dZ is all this pass writes
+#else
+
+    if (!p.part_m) return; // a gradient pass: only Z was wanted (uniform across the CTA)
+    // Reduce each row's stats: first over the 4 lanes that share it, then over the WARPS_N warps
+    // in a fixed order (deterministic).
+    // One warp column (the wgmma paths) owns whole rows: its lane 4g stores them, no CTA barrier
+    // (the TMA path's producer warpgroup has left).
+    row_stats *red = (row_stats *)smem;
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int off = 1; off < 4; off <<= 1) stats_merge(run[mi][h], shfl_stats(run[mi][h], off));
+            int r = wm * WTM + mi * 16 + lane / 4 + 8 * h;
+            if (lane % 4 != 0) continue;
+            if (WARPS_N > 1) red[wn * BM + r] = run[mi][h];
+            else if (m0 + r < p.m) store_partials(p, m0 + r, split, run[mi][h]);
+        }
+    if (WARPS_N == 1) return;
+    __syncthreads();
+    for (int r = threadIdx.x; r < BM; r += THREADS) {
+        if (m0 + r >= p.m) continue;
+        row_stats a = red[r];
+        for (int w = 1; w < WARPS_N; w++) stats_merge(a, red[w * BM + r]);
+        store_partials(p, m0 + r, split, a);
+    }
+#endif // FLCE_FUSED_DZ
+}
+
+#else // DH, DW
+// Output tile t of the persistent walk: column tiles fastest over all rows, or (raster_rows = G)
+// in groups of G row blocks × all column tiles, row blocks fastest inside a group, so the CTAs in
+// flight share fewer B column tiles (a bijection either way).
+__device__ __forceinline__ void tile_origin(const flce_gemm_params &p, long long t, long long tiles_m,
+                                            long long tiles_n, long long &m0, long long &n0)
+{
+    if (p.raster_rows <= 0) {
+        m0 = t / tiles_n * BM, n0 = t % tiles_n * BN;
+        return;
+    }
+    const long long per = (long long)p.raster_rows * tiles_n, first = t / per * p.raster_rows, w = t % per;
+    const long long rows_here = tiles_m - first < p.raster_rows ? tiles_m - first : p.raster_rows;
+    m0 = (first + w % rows_here) * BM, n0 = w / rows_here * BN;
+}
+
+// grid: (column tiles, row tiles). On the TMA path a persistent grid instead (gridDim.y = 1, at
+// most one CTA per SM, runtime/tma.c) walks the same tiles in the same order, column tiles
+// fastest: tile t = blockIdx.x + i·gridDim.x. Its producer loads the next tile's first stages
+// while the consumers run this tile's epilogue.
+#if ROLE_IS_DH
+#define FLCE_GRAD_ENTRY flce_dh
+#else
+#define FLCE_GRAD_ENTRY flce_dw
+#endif
+#if FLCE_TMA
+// An accumulating tile (chunked dW, recompute's dH, caller fp32 buffers) adds 128 KB of fp32 addend
+// read from DRAM in its epilogue, which nothing overlaps: the chunked strategy's dW loses ~1 ms per
+// chunk to it at 8192×4096×128256 (bench/NOTES.md v11). With p.prefetch_addend the producer asks L2
+// for the tile's addend rows when it starts loading the tile, a main loop before the epilogue reads
+// them. Measured 1.7 % slower (NOTES v12: the cost is DRAM bandwidth, not latency), so the runtime
+// leaves it off unless FLCE_ACC_PREFETCH=1.
+__device__ __forceinline__ void prefetch_addend(const flce_gemm_params &p, long long m0, long long n0)
+{
+    if (!p.addend || !p.prefetch_addend) return;
+    const long long cols = p.n - n0 < BN ? p.n - n0 : BN;
+    const unsigned bytes = (unsigned)(cols * 4); // n is a multiple of 8: whole 32-byte sectors
+    for (int r = 0; r < BM && m0 + r < p.m; r++) {
+        const float *row = (const float *)p.addend + (m0 + r) * p.ldo + n0;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(bytes) : "memory");
+    }
+}
+#endif
+
+extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
+{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = tile_smem(smem_raw);
+#if FLCE_TMA
+    const long long tiles_n = (p.n + BN - 1) / BN, tiles_m = (p.m + BM - 1) / BM, tiles = tiles_n * tiles_m;
+    int it = 0;
+    pipe_init(smem);
+    if (threadIdx.x < PRODUCER_THREADS) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0)
+            for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+                long long m0, n0;
+                tile_origin(p, t, tiles_m, tiles_n, m0, n0);
+                prefetch_addend(p, m0, n0);
+                produce(p, smem, m0, n0, 1, it);
+            }
+#if FLCE_TCGEN05
+        if (threadIdx.x / 32 == 1) // warp 1: the MMAs of this CTA's tiles, then dealloc
+            mma_tiles(p, smem, tiles > blockIdx.x ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0);
+#endif
+        return;
+    }
+    setmaxnreg_inc<CONSUMER_REGS>();
+#endif
+    const int warp = (threadIdx.x - PRODUCER_THREADS) / 32, lane = threadIdx.x % 32;
+#if FLCE_TCGEN05
+    const int wm = tc_row_block(warp), wn = 0;
+#else
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+#endif
+    const float scale = grad_scale(p);
+    float acc[MI][NI][4];
+#if FLCE_TMA
+    for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+        long long m0, n0;
+        tile_origin(p, t, tiles_m, tiles_n, m0, n0);
+        mainloop(acc, smem, p, it, wm / 4);
+        grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
+    }
+#else
+    const long long n0 = (long long)blockIdx.x * BN, m0 = (long long)blockIdx.y * BM;
+    mainloop(acc, smem, p, m0, n0, wm, wn, lane);
+    grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
+#endif
+}
+#endif // ROLE_IS_LOGITS

@@ -1,0 +1,61 @@
+// gemm_grad.cu — the DH/DW epilogue: out = scale · acc (+ addend), and the scale of mean and sum.
+// Pasted after gemm_logits.cu.
+#if !ROLE_IS_LOGITS // DH, DW
+// out = scale · acc (+ addend) for one output tile, in fp32 or the input dtype.
+// The addend is usually `out` itself (an fp32 accumulator built up over chunks), so the compiler
+// must keep each load behind the previous store: one full memory round trip per 8 columns, 32 per
+// row of a 128×256 tile, which made the epilogue as long as a K = 640 main loop. Loading a batch
+// of ADD_BATCH fragments before any of their stores puts those loads in flight together.
+__host__ __device__ constexpr int add_batch(int d) { return NI % d == 0 ? d : add_batch(d - 1); }
+constexpr int ADD_BATCH = add_batch(NI < 16 ? NI : 16); // the largest divisor of NI up to 16
+__device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
+                                              long long n0, int wm, int wn, int lane, float scale)
+{
+    const int g = lane / 4, t = lane % 4;
+    const float *addend = (const float *)p.addend;
+    const long long c0 = n0 + wn * WTN + 2 * t; // even; n is a multiple of 8
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
+            if (row >= p.m) continue;
+            const long long at0 = row * p.ldo + c0;
+#pragma unroll
+            for (int nb = 0; nb < NI; nb += ADD_BATCH) {
+                float2 add[ADD_BATCH];
+#pragma unroll
+                for (int i = 0; i < ADD_BATCH; i++) {
+                    const int ni = nb + i;
+                    add[i] = addend && c0 + ni * 8 < p.n ? *(const float2 *)(addend + at0 + ni * 8) : make_float2(0.f, 0.f);
+                }
+#pragma unroll
+                for (int i = 0; i < ADD_BATCH; i++) {
+                    const int ni = nb + i;
+                    if (c0 + ni * 8 >= p.n) continue;
+                    const long long at = at0 + ni * 8;
+                    float v0 = acc[mi][ni][2 * h] * scale + add[i].x, v1 = acc[mi][ni][2 * h + 1] * scale + add[i].y;
+                    if (p.out_f32 || FLCE_DTYPE == DTYPE_F32) {
+                        *(float2 *)((float *)p.out + at) = make_float2(v0, v1);
+                    } else {
+                        unsigned packed = (unsigned)from_f32(v0) | ((unsigned)from_f32(v1) << 16);
+                        *(unsigned *)((elem_t *)p.out + at) = packed;
+                    }
+                }
+            }
+        }
+}
+
+// The scalar g of mean/sum is applied in the epilogue rather than in dZ, so dZ keeps values in
+// [-1, 1] (fp16 would flush g·p to zero for large batches); an fp16 dZ of mean/sum is also stored
+// times DZ_SCALE_F16 (scale_mode bit 4, common.cuh) so that probabilities down to ~2.4e-7 stay
+// normal fp16 numbers.
+__device__ __forceinline__ float grad_scale(const flce_gemm_params &p)
+{
+    if (!p.scale_mode) return 1.f;
+    float scale = p.scale_grad ? *(const float *)p.scale_grad : 1.f;
+    float denom = (p.scale_mode & 3) == 2 ? *(const float *)p.scale_count : 1.f;
+    scale = denom != 0.f ? scale / denom : 0.f; // mean over no valid token: zero gradients
+    return p.scale_mode & 4 ? scale * (1.f / DZ_SCALE_F16) : scale;
+}
+#endif // DH, DW

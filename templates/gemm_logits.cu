@@ -1,0 +1,222 @@
+// gemm_logits.cu — the LOGITS epilogues, on any main loop's accumulators: the logit transform,
+// the running per-row statistics with the target logit and the fp32 Z store, or (FLCE_COMPACT)
+// the fp16 p̃ store with per-(row, warp tile) maxima; FLCE_FUSED_DZ's dZ epilogue instead; and
+// the reduction of the statistics across lanes into the partials. Pasted after the main loops.
+#if ROLE_IS_LOGITS
+#if FLCE_COMPACT
+// Two floats to fp16 (round to nearest) in one word, lo in the low half: the stored pair order.
+__device__ __forceinline__ unsigned pack_f16x2(float lo, float hi)
+{
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#endif
+// The logit transform of the math: bias, temperature, softcap — all compile-time optional.
+__device__ __forceinline__ float transform_logit(float acc, long long col, const flce_gemm_params &p)
+{
+    float z = acc;
+    if (OPT_BIAS) z += to_f32(((const elem_t *)p.bias)[col]);
+    if (INV_TEMP != 1.f) z *= INV_TEMP;
+    if (SOFTCAP > 0.f) z = SOFTCAP * tanhf(z * (1.f / SOFTCAP));
+    return z;
+}
+
+// Columns j < cols_inside(limit, c0) of a thread's warp tile starting at column c0 lie below
+// `limit` (the shard's n, or a row stride).
+__device__ __forceinline__ int cols_inside(long long limit, long long c0)
+{
+    return (int)(limit - c0 < WTN ? (limit - c0 > 0 ? limit - c0 : 0) : WTN);
+}
+// The label's j within the warp tile at c0, or −1 when the label (lab ≥ 0) falls elsewhere.
+__device__ __forceinline__ int label_col(long long lab, long long c0)
+{
+    const long long ly = lab - c0;
+    return lab >= 0 && ly >= 0 && ly < WTN ? (int)ly : -1;
+}
+
+// Folds one vocab tile into each owned row's running statistics; records target logits and stores
+// Z. Element (mi, ni, e) of acc sits at row wm*WTM + mi*16 + g + 8*(e/2), column
+// wn*WTN + ni*8 + 2*t + e%2 of the tile, i.e. at column c0 + j of the shard with j = ni*8 + e%2.
+// Columns are handled as the small int j against per-thread limits (FULL: the whole tile lies
+// inside the shard, the common case, no masks at all), which keeps the 128×256 tile's epilogue
+// within the consumers' registers beside 128 accumulators.
+template <bool FULL>
+__device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const flce_gemm_params &p,
+                                                  long long m0, long long n0, int wm, int wn, int lane,
+                                                  const long long (&lab)[MI][2], row_stats (&run)[MI][2])
+{
+    const int g = lane / 4, t = lane % 4;
+    const long long c0 = n0 + wn * WTN + 2 * t;
+    // Columns j < lim lie inside the shard; j < zlim inside Z's row. Past the shard TMA and
+    // cp.async filled zeros, which are logits of 0, not absent: they are masked here.
+    const int lim = FULL ? WTN : cols_inside(p.n, c0);
+    const int zlim = FULL ? WTN : cols_inside(p.ldo, c0);
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
+            const int lj = label_col(lab[mi][h], c0);
+            row_stats tile;
+            tile.m = NEG_INF, tile.s = 0.f, tile.t = 0.f, tile.zs = 0.f;
+            int arg = -1; // j of the first maximum
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int j = ni * 8 + c;
+                    const bool in = FULL || j < lim;
+                    float z = in ? transform_logit(acc[mi][ni][2 * h + c], c0 + j, p) : 0.f;
+                    acc[mi][ni][2 * h + c] = z;
+                    if (in && z > tile.m) tile.m = z, arg = j;
+                }
+#if FLCE_COMPACT
+            // One m per (row, warp tile): the 4 lanes sharing the row agree on their maximum, so
+            // the exps below are both the statistics' and the stored p̃. A lane whose own maximum
+            // is below it holds no argmax candidate.
+            {
+                const float own = tile.m;
+                tile.m = fmaxf(tile.m, __shfl_xor_sync(0xffffffffu, tile.m, 1));
+                tile.m = fmaxf(tile.m, __shfl_xor_sync(0xffffffffu, tile.m, 2));
+                if (own < tile.m) arg = -1;
+            }
+            const bool store = p.out && row < p.m;
+            unsigned *pt_row = (unsigned *)((unsigned short *)p.out + (store ? row : 0) * p.ldo + c0);
+            // (lim > 0: a warp tile wholly past the shard, as in the mma.sync path's last tile, has
+            // no group of its own in tile_max.)
+            if (store && t == 0 && (FULL || lim > 0))
+                ((float *)p.tile_max)[row * p.ld_tile_max + (c0 - 2 * t) / WTN] = tile.m;
+#endif
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++) {
+                float en[2] = {0.f, 0.f};
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int j = ni * 8 + c;
+                    float z = acc[mi][ni][2 * h + c];
+                    if (FULL || j < lim) {
+                        float e = expf(z - tile.m);
+                        en[c] = e;
+                        tile.s += e;
+                        if (OPT_ENTROPY) tile.t += e * z;
+                        if (OPT_ZSUM)
+                            tile.zs += OPT_WEIGHTS ? ((const float *)p.class_weights)[p.vocab_offset + c0 + j] * z : z;
+                    }
+                    if (j == lj && p.target) ((float *)p.target)[row] = z;
+                }
+#if FLCE_COMPACT
+                if (store && (FULL || ni * 8 < zlim)) pt_row[ni * 4] = pack_f16x2(en[0] * COMPACT_SCALE, en[1] * COMPACT_SCALE);
+#else
+                (void)en;
+#endif
+            }
+            tile.arg = arg < 0 ? 0x7fffffffffffffffLL : p.vocab_offset + c0 + arg;
+            if (tile.s != tile.s || tile.m != NEG_INF) stats_merge(run[mi][h], tile);
+            if (!FLCE_COMPACT && p.out && row < p.m) {
+                float *z_row = (float *)p.out + row * p.ldo + c0;
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++)
+                    if (FULL || ni * 8 < zlim)
+                        *(float2 *)(z_row + ni * 8) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+            }
+        }
+}
+
+__device__ __forceinline__ void logits_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p,
+                                                long long m0, long long n0, int wm, int wn, int lane,
+                                                const long long (&lab)[MI][2], row_stats (&run)[MI][2])
+{
+    if (n0 + BN <= p.n) logits_epilogue_t<true>(acc, p, m0, n0, wm, wn, lane, lab, run);
+    else logits_epilogue_t<false>(acc, p, m0, n0, wm, wn, lane, lab, run);
+}
+
+#if FLCE_FUSED_DZ
+// What the dZ epilogue needs of each owned row (rowops.cu's flce_dz computes the same per row).
+struct dz_row {
+    float lse, a, wy, g;
+    bool valid;
+};
+
+__device__ __forceinline__ dz_row dz_row_setup(const flce_gemm_params &p, long long row)
+{
+    dz_row r;
+    long long y = row < p.m ? load_label(p.labels, row) : p.ignore_index;
+    r.valid = y != p.ignore_index && y >= 0 && y < p.vocab_total;
+    r.lse = r.valid ? ((const float *)p.lse)[row] : 0.f;
+    r.wy = r.valid ? (OPT_WEIGHTS ? ((const float *)p.class_weights)[y] : 1.f) : 0.f;
+    r.g = 1.f;
+#if FLCE_REDUCTION == REDUCTION_NONE
+    if (r.valid && p.grad_output) r.g = ((const float *)p.grad_output)[row];
+#endif
+    r.a = dz_row_a(r.wy, r.lse, ((const float *)p.stats)[1], p.vocab_total);
+    return r;
+}
+
+// dZ of one vocab tile in the input dtype, straight from the accumulators: the same formula as
+// flce_dz (common.cuh) without the fp32 Z round trip through memory. Columns past the shard up to
+// the row stride get zeros, as flce_dz writes them.
+template <bool FULL>
+__device__ __forceinline__ void dz_epilogue_t(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
+                                              long long n0, int wm, int wn, int lane, const long long (&lab)[MI][2],
+                                              const dz_row (&dr)[MI][2])
+{
+    const int g = lane / 4, t = lane % 4;
+    const long long c0 = n0 + wn * WTN + 2 * t;
+    const int lim = FULL ? WTN : cols_inside(p.n, c0);
+    const int zlim = FULL ? WTN : cols_inside(p.ldo, c0);
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
+            if (row >= p.m) continue;
+            const dz_row r = dr[mi][h];
+            const int lj = label_col(lab[mi][h], c0);
+            elem_t *dz = (elem_t *)p.out + row * p.ldo + c0;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++) {
+                if (!FULL && ni * 8 >= zlim) continue;
+                float v[2];
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int j = ni * 8 + c;
+                    v[c] = 0.f;
+                    if ((FULL || j < lim) && r.valid) {
+                        const float z = transform_logit(acc[mi][ni][2 * h + c], c0 + j, p);
+                        const float wj = OPT_ZSUM && OPT_WEIGHTS ? ((const float *)p.class_weights)[p.vocab_offset + c0 + j] : 1.f;
+                        v[c] = dz_value(z, r.lse, r.a, j == lj, r.wy, wj, r.g, p.vocab_total);
+                    }
+                }
+#if FLCE_DTYPE == DTYPE_F32
+                *(float2 *)(dz + ni * 8) = make_float2(v[0], v[1]);
+#else
+                *(unsigned *)(dz + ni * 8) = (unsigned)from_f32(v[0]) | ((unsigned)from_f32(v[1]) << 16);
+#endif
+            }
+        }
+}
+#endif // FLCE_FUSED_DZ
+
+__device__ __forceinline__ row_stats shfl_stats(const row_stats &a, int off)
+{
+    row_stats b;
+    b.m = __shfl_xor_sync(0xffffffffu, a.m, off);
+    b.s = __shfl_xor_sync(0xffffffffu, a.s, off);
+    b.t = OPT_ENTROPY ? __shfl_xor_sync(0xffffffffu, a.t, off) : 0.f;
+    b.zs = OPT_ZSUM ? __shfl_xor_sync(0xffffffffu, a.zs, off) : 0.f;
+    b.arg = OPT_ARGMAX ? __shfl_xor_sync(0xffffffffu, a.arg, off) : 0;
+    return b;
+}
+
+__device__ __forceinline__ void store_partials(const flce_gemm_params &p, long long row, int split, const row_stats &a)
+{
+    long long at = row * p.splits + split;
+    ((float *)p.part_m)[at] = a.m;
+    ((float *)p.part_s)[at] = a.s;
+    if (OPT_ENTROPY) ((float *)p.part_t)[at] = a.t;
+    if (OPT_ZSUM) ((float *)p.part_zs)[at] = a.zs;
+    if (OPT_ARGMAX) ((long long *)p.part_arg)[at] = a.arg;
+}
+
+#endif // ROLE_IS_LOGITS
