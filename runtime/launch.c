@@ -255,6 +255,7 @@ static flce_status run_dh(run *r, const block *b)
     g.b_rows = b->cols, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
+    g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(b->rows, pl->dh.tile.bm);
     TRY(tma_prepare_gemm(&pl->dh, &g, r->ctx->num_sms, &gx, &gy));
     return launch(r->k.dh, gx, gy, spec_threads(&pl->dh), spec_smem_bytes(&pl->dh), r->stream, &g, "dH kernel");
@@ -276,6 +277,7 @@ static flce_status run_dw(run *r, const block *b)
     g.b_rows = b->rows, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
+    g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     int64_t gx = ceil_div(pl->d, pl->dw.tile.bn), gy = ceil_div(b->cols, pl->dw.tile.bm);
     TRY(tma_prepare_gemm(&pl->dw, &g, r->ctx->num_sms, &gx, &gy));
     return launch(r->k.dw, gx, gy, spec_threads(&pl->dw), spec_smem_bytes(&pl->dw), r->stream, &g, "dW kernel");

@@ -388,6 +388,8 @@ flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, 
     /* Off: measured slower (bench/NOTES.md v12); FLCE_ACC_PREFETCH=1 for side-by-side runs. */
     const char *pf = getenv("FLCE_ACC_PREFETCH");
     pl->acc_prefetch = pf && !strcmp(pf, "1");
+    const char *red = getenv("FLCE_RED_ACC");
+    pl->red_acc = red && !strcmp(red, "1");
     tune_apply(p, device, sm, pl); /* the autotune table, when it has this class */
     if (op == FLCE_OP_FORWARD) {
         pl->chunk_rows = pl->n, pl->n_chunks = 1;

@@ -52,6 +52,11 @@ typedef struct plan {
     /* dH/dW (TMA path): the producer prefetches an accumulating tile's fp32 addend into L2 while the
      * tile's main loop runs. Off unless FLCE_ACC_PREFETCH=1: measured 1.7 % slower (NOTES v12). */
     int acc_prefetch;
+    /* dH/dW adding into an fp32 accumulator in place (chunked dW, recompute's dH, the caller's
+     * fp32 buffers): red.global.add from the epilogue instead of load + add + store, so the
+     * consumers go on to the next tile while L2 adds. One reduction per element per launch: the
+     * same bits as the load-add-store. FLCE_RED_ACC=1 turns it on (not yet measured on a GPU). */
+    int red_acc;
     /* AUTO: plan_estimate_ms of the chunked and the recompute plan it chose between (0: that plan
      * did not fit the budget, or the strategy was forced). */
     double est_chunked_ms, est_recompute_ms;

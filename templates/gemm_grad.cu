@@ -8,9 +8,48 @@
 // of ADD_BATCH fragments before any of their stores puts those loads in flight together.
 __host__ __device__ constexpr int add_batch(int d) { return NI % d == 0 ? d : add_batch(d - 1); }
 constexpr int ADD_BATCH = add_batch(NI < 16 ? NI : 16); // the largest divisor of NI up to 16
+// *at += (v0, v1) as reductions L2 carries out; the thread does not wait for them.
+__device__ __forceinline__ void red_add2(float *at, float v0, float v1)
+{
+#if defined(FLCE_SM) && FLCE_SM >= 90
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(v0), "f"(v1) : "memory");
+#else
+    asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(at), "f"(v0) : "memory");
+    asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(at + 1), "f"(v1) : "memory");
+#endif
+}
+
+// out += scale · acc for an fp32 accumulator updated in place (p.red_addend; runtime/plan.h red_acc):
+// instead of loading the addend, waiting for it and storing, the consumers hand L2 one reduction
+// per element and go on to the next tile's main loop while L2 reads, adds and writes back (the
+// chunked strategy's dW accumulator is 13.7 GB of such traffic at 8192×4096×128256, bench/NOTES.md
+// v12–v13). One reduction per element per launch, so the order is fixed and the result is that of
+// the load-add-store except that f32 reductions flush subnormal values (|x| < 1.2e-38) to zero.
+__device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
+                                             long long n0, int wm, int wn, int lane, float scale)
+{
+    const int g = lane / 4, t = lane % 4;
+    const long long c0 = n0 + wn * WTN + 2 * t;
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
+            if (row >= p.m) continue;
+            float *out = (float *)p.out + row * p.ldo + c0;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+                if (c0 + ni * 8 < p.n) red_add2(out + ni * 8, acc[mi][ni][2 * h] * scale, acc[mi][ni][2 * h + 1] * scale);
+        }
+}
+
 __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
                                               long long n0, int wm, int wn, int lane, float scale)
 {
+    if (p.red_addend) { // uniform across the CTA
+        red_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
+        return;
+    }
     const int g = lane / 4, t = lane % 4;
     const float *addend = (const float *)p.addend;
     const long long c0 = n0 + wn * WTN + 2 * t; // even; n is a multiple of 8

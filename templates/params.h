@@ -59,7 +59,8 @@ struct flce_gemm_params {
     int scale_mode;               /* dH/dW: multiply acc by g = 1 (0), grad (1, sum) or grad/count (2,
                                      mean); + 4: and by 1/DZ_SCALE_F16 (fp16 dZ, common.cuh) */
     int prefetch_addend;          /* dH/dW, TMA: the producer prefetches each tile's addend into L2 */
-    int pad_;
+    int red_addend;               /* dH/dW with addend == out (fp32): out += scale·acc by fire-and-
+                                     forget reductions (red.global.add) instead of load, add, store */
     unsigned long long scale_grad;  /* fp32 upstream gradient (1 value) or 0 for 1 */
     unsigned long long scale_count; /* float: Σ over valid tokens of w_y (the count without weights) */
     /* TMA path (spec tile.tma): maps of the stored A and B with the tile's boxes, encoded per
