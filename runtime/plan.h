@@ -55,7 +55,8 @@ typedef struct plan {
     /* dH/dW adding into an fp32 accumulator in place (chunked dW, recompute's dH, the caller's
      * fp32 buffers): red.global.add from the epilogue instead of load + add + store, so the
      * consumers go on to the next tile while L2 adds. One reduction per element per launch: the
-     * same bits as the load-add-store. FLCE_RED_ACC=1 turns it on (not yet measured on a GPU). */
+     * load-add-store's bits (but subnormals flush to zero). FLCE_RED_ACC=1 turns it on (not yet
+     * measured on a GPU). */
     int red_acc;
     /* AUTO: plan_estimate_ms of the chunked and the recompute plan it chose between (0: that plan
      * did not fit the budget, or the strategy was forced). */
