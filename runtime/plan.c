@@ -127,7 +127,7 @@ uint64_t plan_tp_block_bytes(int64_t rows)
 }
 
 /* The persistent dH/dW kernels walk their tiles in groups of PLAN_RASTER_ROWS row blocks, row
- * blocks fastest (templates/gemm.cu, tile_origin): CTAs launched next to each other, which stay
+ * blocks fastest (templates/gemm_entry.cu, tile_origin): CTAs launched next to each other, which stay
  * close in k, then share the larger B tile in L2. Measured on an H100 (bench/NOTES.md v10): dH
  * DRAM traffic 72 % → 39 % of peak, loss+grad 54.5 → 51.3 ms at 8192×4096×128256, 63.7 → 61.1 at
  * 8192×2304×256000. FLCE_RASTER=G overrides (0: column tiles fastest, the old order). */

@@ -37,13 +37,13 @@ static flce_status encode(struct flce_tmap *map, flce_dtype dtype, unsigned long
     return FLCE_OK;
 }
 
-/* Operand layouts per role, as in spec.c and gemm.cu: logits reads both operands K-major, dH reads
+/* Operand layouts per role, as in spec.c and templates/gemm.cu: logits reads both operands K-major, dH reads
  * B = W as [k][n], dW reads A = dZ as [k][m] and B = H as [k][n]. */
 flce_status tma_prepare_gemm(const kernel_spec *s, struct flce_gemm_params *g, int num_sms, int64_t *gx,
                              int64_t *gy)
 {
     /* tcgen05 (sm_100a) loads the very same boxes into the same swizzled stages and walks the same
-     * persistent dH/dW grid as the Hopper TMA path: only the MMA differs (templates/gemm.cu). */
+     * persistent dH/dW grid as the Hopper TMA path: only the MMA differs (templates/gemm_tcgen05.cu). */
     if (s->role == ROLE_ROWOPS || !(s->tile.wgmma || s->tile.tcgen05) || !s->tile.tma) return FLCE_OK;
     const unsigned bk = (unsigned)s->tile.bk;
     int a_kmajor = s->role != ROLE_DW, b_kmajor = s->role == ROLE_LOGITS;
