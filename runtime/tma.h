@@ -1,8 +1,8 @@
 /*
  * tma.h — TMA tensor maps for the Hopper and Blackwell GEMM paths (spec tile.tma, with tile.wgmma or
  * tile.tcgen05; templates/gemm_wgmma_tma.cu, gemm_tcgen05.cu). A map holds the operand's address,
- * so launch.c encodes both maps of every such GEMM launch into its params (cuTensorMapEncodeTiled: host work only, no device call,
- * capturable in a graph).
+ * so launch.c encodes both maps of every such GEMM launch into its params (cuTensorMapEncodeTiled:
+ * host work only, no device call, capturable in a graph).
  */
 #ifndef FLCE_TMA_H
 #define FLCE_TMA_H
