@@ -184,11 +184,15 @@ int cmd_demo(int argc, char **argv)
     tool_opts o;
     tool_opts_init(&o);
     for (int i = 1; i < argc;) {
-        int used = tool_parse_common(&o, argc, argv, i);
+        int help = !strcmp(argv[i], "-h") || !strcmp(argv[i], "--help");
+        int used = help ? 0 : tool_parse_common(&o, argc, argv, i);
         if (used <= 0) {
-            fprintf(stderr, "usage: flce demo [--arch sm_90a] [--dtype bf16] [--tokens N] [--hidden D] "
-                            "[--vocab V] [--budget-mib M]\n");
-            return 2;
+            fprintf(help ? stdout : stderr,
+                    "usage: flce demo [--arch sm_90a] [--dtype bf16] [--tokens N] [--hidden D] "
+                    "[--vocab V] [--budget-mib M]\n"
+                    "Runs loss and gradients on random data and checks them against the fp64 reference;\n"
+                    "without a GPU, compiles the kernels for --arch only.\n");
+            return help ? 0 : 2;
         }
         i += used;
     }

@@ -476,6 +476,7 @@ int cmd_fuzz(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fz_usage(stdout); return 0; }
         if (!strcmp(a, "--list")) { o.list = 1; continue; }
         if (!strcmp(a, "--verbose")) { o.verbose = 1; continue; }
         if (!v) { fz_usage(stderr); return 2; }

@@ -75,9 +75,9 @@ static int parse_role(const char *s)
     return -2;
 }
 
-static void gen_usage(void)
+static void gen_usage(FILE *f)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: flce gen [--role logits|dh|dw|rowops] [--compile] [--arch sm_90a] [--dtype bf16]\n"
             "                [--tokens N] [--hidden D] [--vocab V] [--labels 32|64] [--reduction mean]\n"
             "Prints the CUDA source NVRTC compiles for the problem's kernels (all roles unless\n"
@@ -114,6 +114,10 @@ int cmd_gen(int argc, char **argv)
     tool_opts o;
     tool_opts_init(&o);
     for (int i = 1; i < argc;) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            gen_usage(stdout);
+            return 0;
+        }
         if (!strcmp(argv[i], "--compile")) {
             o.compile = 1, i++;
             continue;
@@ -121,7 +125,7 @@ int cmd_gen(int argc, char **argv)
         if (!strcmp(argv[i], "--role") && i + 1 < argc) {
             o.role = parse_role(argv[i + 1]);
             if (o.role == -2) {
-                gen_usage();
+                gen_usage(stderr);
                 return 2;
             }
             i += 2;
@@ -129,7 +133,7 @@ int cmd_gen(int argc, char **argv)
         }
         int used = tool_parse_common(&o, argc, argv, i);
         if (used <= 0) {
-            if (used == 0) gen_usage();
+            if (used == 0) gen_usage(stderr);
             return 2;
         }
         i += used;

@@ -306,9 +306,9 @@ static void free_data(tune_data *d)
 
 /* ---- the command ---------------------------------------------------------------------------- */
 
-static void tune_usage(void)
+static void tune_usage(FILE *f)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: flce tune [--device N] [--tokens N] [--hidden D] [--vocab V] [--dtype bf16|f16|f32]\n"
             "                 [--labels 32|64] [--budget-mib M] [--softcap C] [--temperature T]\n"
             "                 [--smoothing E] [--z-loss L] [--jobs J] [--runs R] [--max-candidates K]\n"
@@ -355,7 +355,7 @@ static int parse_args(tune_opts *o, int argc, char **argv)
         if (used == 0) used = parse_tune_opt(o, argc, argv, i);
         if (used <= 0) {
             if (used == 0) fprintf(stderr, "flce tune: unknown option '%s'\n", argv[i]);
-            tune_usage();
+            tune_usage(stderr);
             return 0;
         }
         i += used;
@@ -460,6 +460,11 @@ int cmd_tune(int argc, char **argv)
 {
     tune_opts o;
     memset(&o, 0, sizeof o);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            tune_usage(stdout);
+            return 0;
+        }
     if (!parse_args(&o, argc, argv)) return 2;
     if (!o.dry_run) {
         if (devmem_gpu_count() < 1) {

@@ -72,8 +72,19 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
     if (!strcmp(cmd, "warmup")) return cmd_warmup(argc - 1, argv + 1);
     if (!strcmp(cmd, "cache")) return cmd_cache(argc - 1, argv + 1);
-    if (!strcmp(cmd, "info")) return cmd_info();
-    if (!strcmp(cmd, "--version")) {
+    if (!strcmp(cmd, "info")) {
+        if (argc > 2 && (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help"))) {
+            printf("usage: flce info\nPrints the versions of flce, NVRTC and NCCL, the autotune table, the GPUs\n"
+                   "and what each one is (or why there is none).\n");
+            return 0;
+        }
+        if (argc > 2) {
+            fprintf(stderr, "flce info: unexpected argument '%s'\n", argv[2]);
+            return 2;
+        }
+        return cmd_info();
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("flce %s\n", flce_version());
         return 0;
     }

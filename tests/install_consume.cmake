@@ -1,0 +1,129 @@
+# install_consume.cmake — issue 17: flce as a dependency. Run by CTest:
+#   cmake -DBUILD=<build dir> -DSRC=<repository> -DWORK=<scratch dir> -DCC=<c compiler>
+#         -DCXX=<c++ compiler> -DGENERATOR=<generator> -P install_consume.cmake
+# 1. `cmake --install` the build into a scratch prefix; libflce.so's SONAME is libflce.so.0;
+# 2. examples/ configured with find_package(flce CONFIG) against that prefix, built and run (hello
+#    and hello_cpp: their CPU part runs without a GPU);
+# 3. examples/hello.c compiled with `pkg-config --cflags --libs flce` and run (skipped, said so,
+#    where there is no pkg-config);
+# 4. a parent project that add_subdirectory()s the repository with its tests off builds hello.c
+#    against the target flce (this builds the library once more: the only slow step).
+cmake_minimum_required(VERSION 3.25)
+foreach(v BUILD SRC WORK CC CXX GENERATOR)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "install_consume.cmake: -D${v}= is missing")
+  endif()
+endforeach()
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+set(prefix ${WORK}/prefix)
+
+function(run what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what}: status ${rc}\n${out}\n${err}")
+  endif()
+  set(out "${out}" PARENT_SCOPE)
+endfunction()
+
+# 1. install
+run("cmake --install" ${CMAKE_COMMAND} --install ${BUILD} --prefix ${prefix})
+file(GLOB libdirs LIST_DIRECTORIES true ${prefix}/lib ${prefix}/lib64)
+set(libdir "")
+foreach(d IN LISTS libdirs)
+  if(EXISTS ${d}/libflce.so)
+    set(libdir ${d})
+  endif()
+endforeach()
+foreach(f include/flce.h bin/flce)
+  if(NOT EXISTS ${prefix}/${f})
+    message(FATAL_ERROR "not installed: ${f}")
+  endif()
+endforeach()
+if(NOT libdir)
+  message(FATAL_ERROR "not installed: lib/libflce.so")
+endif()
+foreach(f libflce.so libflce.so.0 libflce.so.0.1.0 libflce.a pkgconfig/flce.pc
+          cmake/flce/flceConfig.cmake cmake/flce/flceConfigVersion.cmake cmake/flce/flceTargets.cmake)
+  if(NOT EXISTS ${libdir}/${f})
+    message(FATAL_ERROR "not installed: ${libdir}/${f}")
+  endif()
+endforeach()
+file(GLOB_RECURSE stray RELATIVE ${prefix} ${prefix}/*test_* ${prefix}/*fuzz* ${prefix}/*replay*)
+if(stray)
+  message(FATAL_ERROR "tests or fuzzers installed: ${stray}")
+endif()
+file(READ_SYMLINK ${libdir}/libflce.so link)
+file(READ_SYMLINK ${libdir}/libflce.so.0 link0)
+if(NOT link STREQUAL "libflce.so.0" OR NOT link0 STREQUAL "libflce.so.0.1.0")
+  message(FATAL_ERROR "symlinks: libflce.so -> ${link}, libflce.so.0 -> ${link0}")
+endif()
+find_program(READELF readelf)
+if(READELF)
+  run("readelf -d" ${READELF} -d ${libdir}/libflce.so.0.1.0)
+  if(NOT out MATCHES "\\(SONAME\\)[^\n]*\\[libflce\\.so\\.0\\]")
+    message(FATAL_ERROR "SONAME of libflce.so is not libflce.so.0:\n${out}")
+  endif()
+  if(out MATCHES "libcuda")
+    message(FATAL_ERROR "libflce.so records libcuda as a load-time dependency:\n${out}")
+  endif()
+else()
+  message(STATUS "no readelf: SONAME not checked")
+endif()
+run("installed flce --version" ${prefix}/bin/flce --version)
+message(STATUS "installed: ${out}")
+
+# 2. find_package(flce CONFIG) from examples/
+run("configure examples/" ${CMAKE_COMMAND} -S ${SRC}/examples -B ${WORK}/examples -G ${GENERATOR}
+  -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_C_COMPILER=${CC} -DCMAKE_CXX_COMPILER=${CXX}
+  -DCMAKE_BUILD_TYPE=Release)
+run("build examples/" ${CMAKE_COMMAND} --build ${WORK}/examples)
+foreach(exe hello hello_cpp)
+  run("examples/${exe}" ${WORK}/examples/${exe})
+  message(STATUS "${exe} (find_package):\n${out}")
+  if(NOT out MATCHES "flce 0\\.1\\.0")
+    message(FATAL_ERROR "${exe} did not print the version:\n${out}")
+  endif()
+endforeach()
+
+# 3. pkg-config
+find_program(PKG_CONFIG pkg-config)
+if(PKG_CONFIG)
+  set(ENV{PKG_CONFIG_PATH} ${libdir}/pkgconfig)
+  run("pkg-config" ${PKG_CONFIG} --cflags --libs flce)
+  string(STRIP "${out}" flags)
+  separate_arguments(flags UNIX_COMMAND "${flags}")
+  run("cc hello.c $(pkg-config --cflags --libs flce)" ${CC} -Wall -Wextra -Werror
+    ${SRC}/examples/hello.c ${flags} -o ${WORK}/hello_pc)
+  run("hello (pkg-config)" ${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${WORK}/hello_pc)
+  message(STATUS "hello (pkg-config):\n${out}")
+else()
+  message(STATUS "SKIPPED the pkg-config half: no pkg-config on this machine (apt-get install pkg-config)")
+endif()
+
+# 4. add_subdirectory from a parent project, tests off by default there
+file(MAKE_DIRECTORY ${WORK}/parent)
+file(WRITE ${WORK}/parent/CMakeLists.txt "cmake_minimum_required(VERSION 3.25)
+project(parent LANGUAGES C)
+enable_testing()
+add_subdirectory(\"${SRC}\" flce)
+foreach(t test_api flce_det_cost replay_problem)
+  if(TARGET \${t})
+    message(FATAL_ERROR \"subproject flce defined \${t}: tests and benchmarks must be off\")
+  endif()
+endforeach()
+add_executable(hello \"${SRC}/examples/hello.c\")
+target_link_libraries(hello PRIVATE flce::flce)
+")
+run("configure the add_subdirectory parent" ${CMAKE_COMMAND} -S ${WORK}/parent -B ${WORK}/parent/build
+  -G ${GENERATOR} -DCMAKE_C_COMPILER=${CC} -DCMAKE_BUILD_TYPE=Release)
+run("build the add_subdirectory parent" ${CMAKE_COMMAND} --build ${WORK}/parent/build --target hello
+  --parallel 2)
+run("hello (add_subdirectory)" ${WORK}/parent/build/hello)
+message(STATUS "hello (add_subdirectory):\n${out}")
+run("ctest -N in the parent" ${CMAKE_CTEST_COMMAND} -N --test-dir ${WORK}/parent/build)
+if(NOT out MATCHES "Total Tests: 0")
+  message(FATAL_ERROR "the parent project got flce's tests:\n${out}")
+endif()
+file(REMOVE_RECURSE ${WORK})
+message(STATUS "install_and_consume: install, find_package, pkg-config and add_subdirectory all work")
