@@ -34,10 +34,8 @@ else()
 endif()
 list(TRANSFORM CMAKE_DL_LIBS PREPEND "-l" OUTPUT_VARIABLE flce_dl)
 string(REPLACE ";" " " flce_dl "${flce_dl}")
-set(FLCE_PC_LIBS_PRIVATE "-L${CUDAToolkit_LIBRARY_DIR} -lnvrtc ${flce_dl} -pthread -lm")
-if(FLCE_HAVE_NCCL)
-  string(APPEND FLCE_PC_LIBS_PRIVATE " ${FLCE_NCCL_LIBRARY}")
-endif()
+# NVRTC and NCCL are opened at run time (runtime/dynload.c): not link requirements.
+set(FLCE_PC_LIBS_PRIVATE "${flce_dl} -pthread -lm")
 # The prefix line is written at install time, from the prefix actually installed to (file(INSTALL)
 # adds DESTDIR itself).
 file(WRITE ${PROJECT_BINARY_DIR}/flce.pc.body

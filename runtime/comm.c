@@ -5,12 +5,66 @@
 #include "error.h"
 
 #if FLCE_HAVE_NCCL
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include <nccl.h>
+
+#include "dynload.h"
+
+/* NCCL is opened on the first collective (dynload.h): a machine without it loads libflce and runs
+ * everything but tensor parallelism with its own communicator. FLCE_NCCL_LIBRARY names the file. */
+static struct {
+    ncclResult_t (*GetVersion)(int *);
+    const char *(*GetLastError)(ncclComm_t);
+    const char *(*GetErrorString)(ncclResult_t);
+    ncclResult_t (*CommCount)(const ncclComm_t, int *);
+    ncclResult_t (*CommUserRank)(const ncclComm_t, int *);
+    ncclResult_t (*GroupStart)(void);
+    ncclResult_t (*GroupEnd)(void);
+    ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*ReduceScatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                  cudaStream_t);
+} nc;
+static int nc_loaded;
+static char nc_why[1024];
+static pthread_once_t nc_once = PTHREAD_ONCE_INIT;
+
+static void nc_load(void)
+{
+    static const char *const libs[] = {"libnccl.so.2", "libnccl.so", NULL};
+    static const char *const syms[] = {"ncclGetVersion", "ncclGetLastError", "ncclGetErrorString",
+                                       "ncclCommCount", "ncclCommUserRank", "ncclGroupStart",
+                                       "ncclGroupEnd", "ncclAllGather", "ncclAllReduce", "ncclReduceScatter"};
+    enum { N = sizeof syms / sizeof syms[0] };
+    _Static_assert(sizeof nc == N * sizeof(void *), "one slot per symbol");
+    void *lib = dyn_open(libs, getenv("FLCE_NCCL_LIBRARY"), nc_why, sizeof nc_why);
+    void *fns[N];
+    if (!lib || !dyn_syms(lib, syms, fns, N, nc_why, sizeof nc_why)) return;
+    memcpy(&nc, fns, sizeof nc); /* POSIX: dlsym's pointers are the functions' */
+    nc_loaded = 1;
+}
+
+static flce_status nc_require(void)
+{
+    pthread_once(&nc_once, nc_load);
+    if (nc_loaded) return FLCE_OK;
+    return err_set(FLCE_ERR_UNSUPPORTED,
+                   "tensors.comm: NCCL could not be loaded: %s. Install NCCL 2 (libnccl.so.2: apt install "
+                   "libnccl2, or pip install nvidia-nccl) or set FLCE_NCCL_LIBRARY to the file", nc_why);
+}
 
 const char *comm_nccl_version(char *out, size_t cap)
 {
     int v = 0;
-    if (ncclGetVersion(&v) != ncclSuccess) {
+    pthread_once(&nc_once, nc_load);
+    if (!nc_loaded) {
+        snprintf(out, cap, "NCCL not loaded (%s)", nc_why);
+        return out;
+    }
+    if (nc.GetVersion(&v) != ncclSuccess) {
         snprintf(out, cap, "NCCL (version unknown)");
         return out;
     }
@@ -21,16 +75,17 @@ const char *comm_nccl_version(char *out, size_t cap)
 
 static flce_status nccl_error(ncclResult_t r, ncclComm_t comm, const char *what)
 {
-    const char *last = comm ? ncclGetLastError(comm) : "";
-    return err_set(FLCE_ERR_CUDA, "NCCL failed in %s: %s%s%s", what, ncclGetErrorString(r),
+    const char *last = comm ? nc.GetLastError(comm) : "";
+    return err_set(FLCE_ERR_CUDA, "NCCL failed in %s: %s%s%s", what, nc.GetErrorString(r),
                    last && *last ? ": " : "", last ? last : "");
 }
 
 flce_status comm_check(void *comm, int tp_rank, int tp_size)
 {
     int count = 0, rank = 0;
-    ncclResult_t r = ncclCommCount((ncclComm_t)comm, &count);
-    if (r == ncclSuccess) r = ncclCommUserRank((ncclComm_t)comm, &rank);
+    TRY(nc_require());
+    ncclResult_t r = nc.CommCount((ncclComm_t)comm, &count);
+    if (r == ncclSuccess) r = nc.CommUserRank((ncclComm_t)comm, &rank);
     if (r != ncclSuccess) return nccl_error(r, (ncclComm_t)comm, "reading tensors.comm");
     if (count != tp_size || rank != tp_rank)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
@@ -41,27 +96,31 @@ flce_status comm_check(void *comm, int tp_rank, int tp_size)
 
 flce_status comm_group_start(void)
 {
-    ncclResult_t r = ncclGroupStart();
+    TRY(nc_require());
+    ncclResult_t r = nc.GroupStart();
     return r == ncclSuccess ? FLCE_OK : nccl_error(r, NULL, "ncclGroupStart");
 }
 
 flce_status comm_group_end(void)
 {
-    ncclResult_t r = ncclGroupEnd();
+    TRY(nc_require());
+    ncclResult_t r = nc.GroupEnd();
     return r == ncclSuccess ? FLCE_OK : nccl_error(r, NULL, "ncclGroupEnd");
 }
 
 flce_status comm_all_gather(void *comm, const void *send, void *recv, uint64_t bytes, void *stream,
                             const char *what)
 {
-    ncclResult_t r = ncclAllGather(send, recv, (size_t)bytes, ncclUint8, (ncclComm_t)comm,
+    TRY(nc_require());
+    ncclResult_t r = nc.AllGather(send, recv, (size_t)bytes, ncclUint8, (ncclComm_t)comm,
                                    (cudaStream_t)stream);
     return r == ncclSuccess ? FLCE_OK : nccl_error(r, (ncclComm_t)comm, what);
 }
 
 flce_status comm_all_reduce_f32(void *comm, float *buf, uint64_t count, void *stream, const char *what)
 {
-    ncclResult_t r = ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclSum, (ncclComm_t)comm,
+    TRY(nc_require());
+    ncclResult_t r = nc.AllReduce(buf, buf, (size_t)count, ncclFloat32, ncclSum, (ncclComm_t)comm,
                                    (cudaStream_t)stream);
     return r == ncclSuccess ? FLCE_OK : nccl_error(r, (ncclComm_t)comm, what);
 }
@@ -70,7 +129,8 @@ flce_status comm_reduce_scatter_f32(void *comm, float *buf, uint64_t count, int 
                                     const char *what)
 {
     /* NCCL's in-place form: the receive buffer is this rank's slice of the send buffer. */
-    ncclResult_t r = ncclReduceScatter(buf, buf + (uint64_t)rank * count, (size_t)count, ncclFloat32,
+    TRY(nc_require());
+    ncclResult_t r = nc.ReduceScatter(buf, buf + (uint64_t)rank * count, (size_t)count, ncclFloat32,
                                        ncclSum, (ncclComm_t)comm, (cudaStream_t)stream);
     return r == ncclSuccess ? FLCE_OK : nccl_error(r, (ncclComm_t)comm, what);
 }

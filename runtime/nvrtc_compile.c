@@ -6,10 +6,57 @@
 
 #include <nvrtc.h>
 
+#include "dynload.h"
 #include "fault.h"
 #include "log.h"
 #include "nvrtc_compile.h"
 #include "spec.h"
+
+/* NVRTC is opened on first use (dynload.h), so the library loads where NVRTC is missing or of another
+ * CUDA major version than the build's; nvrtc.h gives the prototypes. FLCE_NVRTC_LIBRARY names the
+ * file explicitly (a pip wheel's libnvrtc, say). */
+static struct {
+    nvrtcResult (*Version)(int *, int *);
+    const char *(*GetErrorString)(nvrtcResult);
+    nvrtcResult (*CreateProgram)(nvrtcProgram *, const char *, const char *, int, const char *const *,
+                                 const char *const *);
+    nvrtcResult (*CompileProgram)(nvrtcProgram, int, const char *const *);
+    nvrtcResult (*GetCUBINSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*GetCUBIN)(nvrtcProgram, char *);
+    nvrtcResult (*GetProgramLogSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*GetProgramLog)(nvrtcProgram, char *);
+    nvrtcResult (*DestroyProgram)(nvrtcProgram *);
+} nv;
+static int nv_loaded;
+static char nv_why[1024];
+static pthread_once_t nv_once = PTHREAD_ONCE_INIT;
+
+static void nv_load(void)
+{
+    static const char *const libs[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", NULL};
+    static const char *const syms[] = {"nvrtcVersion", "nvrtcGetErrorString", "nvrtcCreateProgram",
+                                       "nvrtcCompileProgram", "nvrtcGetCUBINSize", "nvrtcGetCUBIN",
+                                       "nvrtcGetProgramLogSize", "nvrtcGetProgramLog", "nvrtcDestroyProgram"};
+    enum { N = sizeof syms / sizeof syms[0] };
+    _Static_assert(sizeof nv == N * sizeof(void *), "one slot per symbol");
+    void *lib = dyn_open(libs, getenv("FLCE_NVRTC_LIBRARY"), nv_why, sizeof nv_why);
+    void *fns[N];
+    if (!lib || !dyn_syms(lib, syms, fns, N, nv_why, sizeof nv_why)) return;
+    memcpy(&nv, fns, sizeof nv); /* POSIX: dlsym's pointers are the functions' */
+    nv_loaded = 1;
+}
+
+/* FLCE_OK once NVRTC is loaded; else FLCE_ERR_COMPILE saying what was tried and how to get it. */
+static flce_status nv_require(void)
+{
+    pthread_once(&nv_once, nv_load);
+    if (nv_loaded) return FLCE_OK;
+    return err_set(FLCE_ERR_COMPILE,
+                   "NVRTC (the CUDA runtime compiler flce compiles its kernels with) could not be loaded: "
+                   "%s. Install it (the CUDA toolkit's libnvrtc, e.g. apt install cuda-nvrtc-13-0, or pip "
+                   "install nvidia-cuda-nvrtc) and put it on the library path, or set FLCE_NVRTC_LIBRARY "
+                   "to the file", nv_why);
+}
 
 enum { NVRTC_MAX_OPTS = 8 };
 
@@ -47,7 +94,8 @@ static char nvrtc_version_buf[32];
 static void nvrtc_version_init(void)
 {
     int major = 0, minor = 0;
-    if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) major = minor = 0;
+    pthread_once(&nv_once, nv_load);
+    if (!nv_loaded || nv.Version(&major, &minor) != NVRTC_SUCCESS) major = minor = 0;
     snprintf(nvrtc_version_buf, sizeof nvrtc_version_buf, "%d.%d", major, minor);
 }
 
@@ -61,15 +109,15 @@ static flce_status nvrtc_fail(nvrtcProgram prog, nvrtcResult r, const char *name
 {
     size_t log_len = 0;
     char *log = NULL;
-    if (nvrtcGetProgramLogSize(prog, &log_len) == NVRTC_SUCCESS && log_len > 1) {
+    if (nv.GetProgramLogSize(prog, &log_len) == NVRTC_SUCCESS && log_len > 1) {
         log = malloc(log_len);
-        if (log && nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS) log[0] = '\0';
+        if (log && nv.GetProgramLog(prog, log) != NVRTC_SUCCESS) log[0] = '\0';
     }
     flce_status st = err_set(FLCE_ERR_COMPILE, "NVRTC could not compile %s for %s: %s%s%s", name,
-                             spec_arch_name(sm), nvrtcGetErrorString(r), log ? "\n" : "",
+                             spec_arch_name(sm), nv.GetErrorString(r), log ? "\n" : "",
                              log ? log : "");
     free(log);
-    nvrtcDestroyProgram(&prog);
+    nv.DestroyProgram(&prog);
     return st;
 }
 
@@ -80,30 +128,31 @@ flce_status nvrtc_compile(const char *src, const char *name, int sm, void **cubi
     if (fault_fire(FAULT_NVRTC_COMPILE))
         return err_set(FLCE_ERR_COMPILE, "injected fault: NVRTC compile of %s for %s", name,
                        spec_arch_name(sm));
+    TRY(nv_require());
     nvrtcProgram prog;
-    nvrtcResult r = nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL);
+    nvrtcResult r = nv.CreateProgram(&prog, src, name, 0, NULL, NULL);
     if (r != NVRTC_SUCCESS)
-        return err_set(FLCE_ERR_COMPILE, "nvrtcCreateProgram(%s): %s", name, nvrtcGetErrorString(r));
+        return err_set(FLCE_ERR_COMPILE, "nvrtcCreateProgram(%s): %s", name, nv.GetErrorString(r));
     const char *opts[NVRTC_MAX_OPTS];
     char arch[64];
     int n = nvrtc_options(sm, opts, arch, sizeof arch);
-    r = nvrtcCompileProgram(prog, n, opts);
+    r = nv.CompileProgram(prog, n, opts);
     if (r != NVRTC_SUCCESS) return nvrtc_fail(prog, r, name, sm);
     size_t size = 0;
-    r = nvrtcGetCUBINSize(prog, &size);
+    r = nv.GetCUBINSize(prog, &size);
     if (r != NVRTC_SUCCESS || size == 0) return nvrtc_fail(prog, r, name, sm);
     void *bin = malloc(size);
     if (!bin) {
-        nvrtcDestroyProgram(&prog);
+        nv.DestroyProgram(&prog);
         return err_set(FLCE_ERR_OUT_OF_MEMORY, "compiling %s: no host memory for a %zu-byte cubin",
                        name, size);
     }
-    r = nvrtcGetCUBIN(prog, bin);
+    r = nv.GetCUBIN(prog, bin);
     if (r != NVRTC_SUCCESS) {
         free(bin);
         return nvrtc_fail(prog, r, name, sm);
     }
-    nvrtcDestroyProgram(&prog);
+    nv.DestroyProgram(&prog);
     *cubin = bin;
     *len = size;
     return FLCE_OK;

@@ -64,8 +64,10 @@ if(READELF)
   if(NOT out MATCHES "\\(SONAME\\)[^\n]*\\[libflce\\.so\\.0\\]")
     message(FATAL_ERROR "SONAME of libflce.so is not libflce.so.0:\n${out}")
   endif()
-  if(out MATCHES "libcuda")
-    message(FATAL_ERROR "libflce.so records libcuda as a load-time dependency:\n${out}")
+  # The driver, NVRTC and NCCL are all opened at run time: none is a load-time dependency, so the
+  # library loads beside any CUDA major version and where NCCL is absent (issue 17).
+  if(out MATCHES "NEEDED[^\n]*(libcuda|libnvrtc|libnccl)" OR out MATCHES "R(UN)?PATH")
+    message(FATAL_ERROR "libflce.so records a CUDA library or a search path at load time:\n${out}")
   endif()
 else()
   message(STATUS "no readelf: SONAME not checked")

@@ -5,7 +5,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "jit.h"
@@ -105,8 +107,34 @@ static void prepare_names_its_bad_arguments(void)
           strstr(flce_last_error(), "ctx: NULL"));
 }
 
+/* NVRTC is opened on first use (runtime/dynload.c): without it the compile fails with a message that
+ * names what was tried and how to get NVRTC, and nothing else breaks. Run in a child, since the
+ * library is opened once per process. */
+static void missing_nvrtc_is_a_compile_error_that_says_how_to_get_it(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("FLCE_NVRTC_LIBRARY", "/nonexistent/libnvrtc.so.13", 1);
+        char dir[TEST_PATH_MAX];
+        make_tmpdir_named(dir, "flce-jit-nonvrtc");
+        setenv("FLCE_CACHE_DIR", dir, 1);
+        kernel_spec s[N];
+        call_specs(s);
+        jit_result r;
+        flce_status st = jit_build(&s[0], &r);
+        int ok = st == FLCE_ERR_COMPILE && strstr(flce_last_error(), "NVRTC") &&
+                 strstr(flce_last_error(), "/nonexistent/libnvrtc.so.13") && strstr(flce_last_error(), "FLCE_NVRTC_LIBRARY");
+        if (!ok) fprintf(stderr, "  %s: %s\n", flce_status_name(st), flce_last_error());
+        remove_tree(dir);
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(void)
 {
+    RUN(missing_nvrtc_is_a_compile_error_that_says_how_to_get_it);
     RUN(parallel_builds_match_one_at_a_time);
     RUN(a_failing_kernel_fails_the_set_with_its_message);
     RUN(prepare_names_its_bad_arguments);

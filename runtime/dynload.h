@@ -1,0 +1,20 @@
+/*
+ * dynload.h — opens a shared library at run time by its usual names, so libflce.so needs NVRTC only
+ * when it compiles and NCCL only for collectives (issue 17): one build loads beside CUDA 12 and 13
+ * applications and on machines without NCCL. Used by nvrtc_compile.c and comm.c.
+ */
+#ifndef FLCE_DYNLOAD_H
+#define FLCE_DYNLOAD_H
+
+#include <stddef.h>
+
+/* The first of `names` (NULL-terminated) that dlopen finds, else the same names in the toolkit
+ * library directory the build saw (FLCE_TOOLKIT_LIB_DIR); `override`, when set and non-empty, is
+ * the only path tried. NULL when none loads: `why` then lists what was tried and dlerror's words. */
+void *dyn_open(const char *const *names, const char *override, char *why, size_t cap);
+
+/* Each of n symbol names into the matching slot of fns (void pointers); 0 and the missing name in
+ * `why` when one is absent. */
+int dyn_syms(void *lib, const char *const *names, void **fns, int n, char *why, size_t cap);
+
+#endif
