@@ -136,11 +136,15 @@ _load_lock = threading.Lock()
 
 
 def _candidates():
+    # $FLCE_LIBRARY when set (an explicit choice wins), else the library shipped inside the
+    # installed package (pyproject.toml's package data), else a build tree, else the system's.
     env = os.environ.get("FLCE_LIBRARY")
     if env:
         return [env], True
-    here = os.path.dirname(os.path.abspath(__file__))          # python/flce
+    here = os.path.dirname(os.path.abspath(__file__))          # python/flce, or site-packages/flce
     paths = [
+        os.path.join(here, "libflce.so.0"),                      # shipped beside the package
+        os.path.join(here, "libflce.so"),
         os.path.join(here, "..", "build", "libflce.so"),         # python/build (package-relative)
         os.path.join(here, "..", "..", "build", "libflce.so"),   # repository build/ (python/flce in the tree)
     ]
@@ -206,8 +210,9 @@ def lib():
             return _lib
         where = "FLCE_LIBRARY" if from_env else "the default places"
         raise FlceLibraryNotFound(
-            f"libflce.so not found in {where} (build the CMake target `flce`, or set FLCE_LIBRARY "
-            f"to its path): " + "; ".join(errors))
+            f"libflce.so not found in {where} (build the CMake target `flce` and set FLCE_LIBRARY "
+            f"to build/libflce.so, or copy it into the flce package before `pip install ./python`): "
+            + "; ".join(errors))
 
 
 def library_path():
