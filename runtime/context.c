@@ -182,13 +182,6 @@ flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs,
     return FLCE_OK;
 }
 
-flce_status ctx_kernels(flce_context *ctx, const kernel_spec *s, CUfunction *fns)
-{
-    CUfunction one[1][CTX_MAX_KERNELS];
-    TRY(ctx_kernels_many(ctx, &s, 1, one));
-    memcpy(fns, one[0], sizeof one[0]);
-    return FLCE_OK;
-}
 
 flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CUdeviceptr *out)
 {

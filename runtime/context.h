@@ -41,11 +41,9 @@ struct flce_context {
 flce_status ctx_enter(flce_context *ctx, CUcontext *prev);
 void ctx_leave(CUcontext prev);
 
-/* The kernels of a spec's module, in emit_kernel_names(role) order, loading (JIT) on first use.
- * Call with ctx->lock held. */
-flce_status ctx_kernels(flce_context *ctx, const kernel_spec *s, CUfunction *fns);
-/* ctx_kernels of n ≤ 8 specs, the missing ones compiled in parallel (jit_build_many); fns[i]
- * receives specs[i]'s kernels. Call with ctx->lock held. */
+/* The kernels of each of n ≤ 8 specs' modules, fns[i] in emit_kernel_names(role) order for specs[i],
+ * loading on first use; the missing ones compile in parallel (jit_build_many). Call with
+ * ctx->lock held. */
 flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs, int n,
                              CUfunction (*fns)[CTX_MAX_KERNELS]);
 
