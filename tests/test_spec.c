@@ -379,6 +379,37 @@ static void workspace_regions_do_not_overlap(void)
     }
 }
 
+/* The largest problem flce_problem_validate accepts (INT32_MAX tokens, D = 2^20, V_r = 8M) plans
+ * with every region inside a workspace that did not wrap around, for each op, strategy and dtype,
+ * and AUTO's estimates stay finite (issue 15: the planner's arithmetic far from 64-bit overflow). */
+static void the_largest_problems_plan_without_overflow(void)
+{
+    const int64_t shapes[][3] = {{2147483647, 1 << 20, 8000000}, {2147483647, 8, 1}, {1, 1 << 20, 8000000}};
+    const flce_op ops[] = {FLCE_OP_FORWARD, FLCE_OP_LOSS_AND_GRAD, FLCE_OP_BACKWARD};
+    for (size_t i = 0; i < 3; i++)
+        for (int dt = 0; dt < 3; dt++)
+            for (int strat = FLCE_STRATEGY_AUTO; strat <= FLCE_STRATEGY_RECOMPUTE; strat++)
+                for (size_t o = 0; o < 3; o++) {
+                    if (strat == FLCE_STRATEGY_FORWARD) continue;
+                    flce_problem p = problem(shapes[i][0], shapes[i][1], shapes[i][2], (flce_dtype)dt);
+                    p.strategy = (flce_strategy)strat, p.memory_budget = 1ull << 40;
+                    CHECK(flce_problem_validate(&p) == FLCE_OK);
+                    plan pl;
+                    flce_status st = plan_make(&p, ops[o], 90, 132, NULL, &pl);
+                    char what[96];
+                    snprintf(what, sizeof what, "shape %zu dtype %d strategy %d op %d", i, dt, strat, (int)ops[o]);
+                    CHECKF(st == FLCE_OK, "%s: %s", what, flce_last_error());
+                    if (st != FLCE_OK) continue;
+                    CHECKF(pl.workspace_bytes < (1ull << 62), "%s: workspace %llu", what,
+                           (unsigned long long)pl.workspace_bytes);
+                    region r[PLAN_REGIONS];
+                    if (ops[o] == FLCE_OP_LOSS_AND_GRAD) /* the regions plan_regions models */
+                        check_disjoint(r, plan_regions(&pl, r), pl.workspace_bytes, what);
+                    CHECK(pl.est_chunked_ms == pl.est_chunked_ms && pl.est_chunked_ms < 1e30 &&
+                          pl.est_recompute_ms == pl.est_recompute_ms && pl.est_recompute_ms < 1e30);
+                }
+}
+
 int main(void)
 {
     RUN(default_specs_validate_for_every_arch_and_dtype);
@@ -399,5 +430,6 @@ int main(void)
     RUN(auto_recomputes_when_token_chunks_are_short);
     RUN(too_small_a_budget_is_an_error_naming_it);
     RUN(workspace_regions_do_not_overlap);
+    RUN(the_largest_problems_plan_without_overflow);
     FINISH();
 }
