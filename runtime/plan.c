@@ -139,7 +139,6 @@ static int raster_rows(void)
     return g > 0 && g <= 4096 ? g : 0;
 }
 
-
 /* A setting that is on unless the environment says NAME=0 (the side-by-side timing knobs). */
 static int env_on(const char *name)
 {
