@@ -53,7 +53,7 @@ const char *spec_role_name(spec_role role)
     return "unknown";
 }
 
-static const char *dtype_name(flce_dtype t)
+const char *spec_dtype_name(flce_dtype t)
 {
     switch (t) {
     case FLCE_DTYPE_F32: return "f32";
@@ -95,13 +95,13 @@ void spec_summary(const kernel_spec *s, char *out, size_t cap)
     options_text(s, opts, sizeof opts);
     if (s->role == ROLE_ROWOPS) {
         snprintf(out, cap, "%s %s V=%lld labels=i%d reduction=%s %s%s", spec_role_name(s->role),
-                 dtype_name(s->dtype), (long long)s->vocab_shard, s->label_bits,
+                 spec_dtype_name(s->dtype), (long long)s->vocab_shard, s->label_bits,
                  reduction_name(s->reduction), spec_arch_name(s->sm), opts);
         return;
     }
     const spec_tile *t = &s->tile;
     snprintf(out, cap, "%s%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s%s",
-             spec_role_name(s->role), s->fused_dz ? "+dz" : s->compact ? "+compact" : "", dtype_name(s->dtype), (long long)s->hidden,
+             spec_role_name(s->role), s->fused_dz ? "+dz" : s->compact ? "+compact" : "", spec_dtype_name(s->dtype), (long long)s->hidden,
              (long long)s->vocab_shard, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk,
              t->stages, t->warps_m, t->warps_n,
              t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "", opts,
@@ -278,7 +278,7 @@ static flce_status validate_tile(const kernel_spec *s)
     if (t->bk < bk_unit || t->bk % bk_unit || t->bk > 128)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tile.bk=%d: must be a multiple of %d between %d and 128 for %s", t->bk,
-                       bk_unit, bk_unit, dtype_name(s->dtype));
+                       bk_unit, bk_unit, spec_dtype_name(s->dtype));
     if (t->stages < 2 || t->stages > 8)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.stages=%d: must be 2 to 8", t->stages);
     long long acc = (long long)(t->bm / t->warps_m) * (t->bn / t->warps_n) / 32;

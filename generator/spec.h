@@ -67,6 +67,8 @@ int spec_parse_arch(const char *s);
 int spec_arch_supported(int sm);
 
 const char *spec_role_name(spec_role role);
+/* "f32", "f16", "bf16" (also the autotune table's dtype tokens); "?" for anything else. */
+const char *spec_dtype_name(flce_dtype t);
 /* One line that identifies the spec to a person ("logits bf16 D=4096 V=32768 sm_90a 128x128x32 s3 w2x4"). */
 void spec_summary(const kernel_spec *s, char *out, size_t cap);
 

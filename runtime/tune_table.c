@@ -86,16 +86,6 @@ uint64_t tune_generator_version(void)
     return h;
 }
 
-static const char *dtype_token(flce_dtype t)
-{
-    switch (t) {
-    case FLCE_DTYPE_F32: return "f32";
-    case FLCE_DTYPE_F16: return "f16";
-    case FLCE_DTYPE_BF16: return "bf16";
-    }
-    return "?";
-}
-
 /* The main-loop kind of a tile, indexed by wgmma | tma << 1 | tcgen05 << 2: one distinct token per
  * combination, so that a tile reads back with the bits it was written from and spec_validate (not
  * the text) decides whether it fits the arch. Before issue 15 the text had no tcgen05 (and lost a
@@ -196,7 +186,7 @@ flce_status tune_line_format(const tune_entry *e, char *out, size_t cap)
     int n = snprintf(out, cap,
                      "%s sm_%d %s D=%lld V=%lld N=%lld opts=%x L=%d logits=%s dh=%s dw=%s ms=%.4f "
                      "flce=%s gen=%016llx",
-                     dev, e->key.sm, dtype_token(e->key.dtype), (long long)e->key.hidden,
+                     dev, e->key.sm, spec_dtype_name(e->key.dtype), (long long)e->key.hidden,
                      (long long)e->key.vocab, (long long)e->key.bucket, e->key.opts,
                      e->key.label_bits, tiles[0], tiles[1], tiles[2], ms, FLCE_VERSION_STRING,
                      (unsigned long long)tune_generator_version());
@@ -251,7 +241,7 @@ static int field_tile(const tune_token *t, const char *prefix, spec_tile *tile)
 static int parse_dtype_token(const tune_token *t, flce_dtype *d)
 {
     for (int k = 0; k < 3; k++)
-        if (t->len == strlen(dtype_token((flce_dtype)k)) && !memcmp(t->p, dtype_token((flce_dtype)k), t->len)) {
+        if (t->len == strlen(spec_dtype_name((flce_dtype)k)) && !memcmp(t->p, spec_dtype_name((flce_dtype)k), t->len)) {
             *d = (flce_dtype)k;
             return 1;
         }
