@@ -99,6 +99,12 @@ static void nvrtc_version_init(void)
     snprintf(nvrtc_version_buf, sizeof nvrtc_version_buf, "%d.%d", major, minor);
 }
 
+const char *nvrtc_load_error(void)
+{
+    pthread_once(&nv_once, nv_load);
+    return nv_loaded ? NULL : nv_why;
+}
+
 const char *nvrtc_version_text(void)
 {
     pthread_once(&nvrtc_version_once, nvrtc_version_init);

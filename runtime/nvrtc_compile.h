@@ -13,7 +13,9 @@
 flce_status nvrtc_compile(const char *src, const char *name, int sm, void **cubin, size_t *len);
 /* The options nvrtc_compile passes for `sm`, joined by spaces (part of the cache key). */
 const char *nvrtc_options_text(int sm, char *out, size_t cap);
-/* "13.0" */
+/* "13.0" ("0.0" when NVRTC could not be loaded) */
 const char *nvrtc_version_text(void);
+/* NULL once NVRTC is loaded (it is opened at run time, runtime/dynload.h), else what was tried. */
+const char *nvrtc_load_error(void);
 
 #endif

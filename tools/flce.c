@@ -36,9 +36,11 @@ static void usage(FILE *f)
 
 static int cmd_info(void)
 {
-    char nccl[64];
+    char nccl[1200];
     printf("flce %s\n", flce_version());
-    printf("NVRTC %s, %s\n", nvrtc_version_text(), comm_nccl_version(nccl, sizeof nccl));
+    if (nvrtc_load_error()) printf("NVRTC: not loaded: %s\n", nvrtc_load_error());
+    else printf("NVRTC %s\n", nvrtc_version_text());
+    printf("%s\n", comm_nccl_version(nccl, sizeof nccl));
     char table[4096];
     if (tune_table_path(table, sizeof table) == FLCE_OK) printf("autotune table: %s\n", table);
     int n = devmem_gpu_count();
