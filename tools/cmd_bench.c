@@ -272,6 +272,25 @@ static void auto_why(flce_problem p, int sm, int sms, char *out, size_t cap)
                  pl.recompute ? pl.est_chunked_ms : pl.est_recompute_ms);
 }
 
+/* A "+fp32z" row plans and runs with FLCE_COMPACT=0 (the planner reads it at every call);
+ * fp32z_end puts the caller's setting back. fp32z_begin returns what to pass to it. */
+static char *fp32z_begin(int k)
+{
+    if (!STRATEGIES[k].fp32z) return NULL;
+    const char *was = getenv("FLCE_COMPACT");
+    char *saved = was ? strdup(was) : NULL;
+    setenv("FLCE_COMPACT", "0", 1);
+    return saved;
+}
+
+static void fp32z_end(int k, char *saved)
+{
+    if (!STRATEGIES[k].fp32z) return;
+    if (saved) setenv("FLCE_COMPACT", saved, 1);
+    else unsetenv("FLCE_COMPACT");
+    free(saved);
+}
+
 static int bench_list(const bench_opts *o)
 {
     enum { LIST_SMS = 132 }; /* an H100 SXM's SM count: plans depend on it only through vocab splits */
@@ -287,9 +306,9 @@ static int bench_list(const bench_opts *o)
             flce_problem p = bench_problem(o, s, k);
             flce_op op = STRATEGIES[k].forward ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD;
             plan pl;
-            if (STRATEGIES[k].fp32z) setenv("FLCE_COMPACT", "0", 1);
+            char *saved = fp32z_begin(k);
             flce_status st = plan_make(&p, op, o->sm, LIST_SMS, NULL, &pl);
-            if (STRATEGIES[k].fp32z) unsetenv("FLCE_COMPACT");
+            fp32z_end(k, saved);
             if (st != FLCE_OK) {
                 printf("| %s | error: %s | | | | |\n", STRATEGIES[k].name, flce_last_error());
                 continue;
@@ -384,18 +403,11 @@ static void bench_tensors(const bench_run *b, int set, int forward, flce_tensors
  * this strategy needs (workspace, modules), not what an earlier row left in the context. */
 static int bench_row_run_now(bench_run *b, int k, bench_row *row);
 
-/* A "+fp32z" row runs with FLCE_COMPACT=0 (the planner reads it at every call); the caller's
- * setting is put back afterwards. */
 static int bench_row_run(bench_run *b, int k, bench_row *row)
 {
-    if (!STRATEGIES[k].fp32z) return bench_row_run_now(b, k, row);
-    const char *was = getenv("FLCE_COMPACT");
-    char *saved = was ? strdup(was) : NULL;
-    setenv("FLCE_COMPACT", "0", 1);
+    char *saved = fp32z_begin(k);
     int ok = bench_row_run_now(b, k, row);
-    if (saved) setenv("FLCE_COMPACT", saved, 1);
-    else unsetenv("FLCE_COMPACT");
-    free(saved);
+    fp32z_end(k, saved);
     return ok;
 }
 
