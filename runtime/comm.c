@@ -40,11 +40,7 @@ static void nc_load(void)
                                        "ncclGroupEnd", "ncclAllGather", "ncclAllReduce", "ncclReduceScatter"};
     enum { N = sizeof syms / sizeof syms[0] };
     _Static_assert(sizeof nc == N * sizeof(void *), "one slot per symbol");
-    void *lib = dyn_open(libs, getenv("FLCE_NCCL_LIBRARY"), nc_why, sizeof nc_why);
-    void *fns[N];
-    if (!lib || !dyn_syms(lib, syms, fns, N, nc_why, sizeof nc_why)) return;
-    memcpy(&nc, fns, sizeof nc); /* POSIX: dlsym's pointers are the functions' */
-    nc_loaded = 1;
+    nc_loaded = dyn_load_table(libs, getenv("FLCE_NCCL_LIBRARY"), syms, N, &nc, nc_why, sizeof nc_why);
 }
 
 static flce_status nc_require(void)

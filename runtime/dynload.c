@@ -38,14 +38,19 @@ void *dyn_open(const char *const *names, const char *override, char *why, size_t
     return NULL;
 }
 
-int dyn_syms(void *lib, const char *const *names, void **fns, int n, char *why, size_t cap)
+int dyn_load_table(const char *const *libs, const char *override, const char *const *syms, int n,
+                   void *table, char *why, size_t cap)
 {
+    void *lib = dyn_open(libs, override, why, cap);
+    if (!lib) return 0;
     for (int i = 0; i < n; i++) {
-        fns[i] = dlsym(lib, names[i]);
-        if (!fns[i]) {
-            snprintf(why, cap, "symbol %s not found", names[i]);
+        void *fn = dlsym(lib, syms[i]);
+        if (!fn) {
+            snprintf(why, cap, "symbol %s not found", syms[i]);
             return 0;
         }
+        /* POSIX: the object pointer dlsym returns is the function's address */
+        memcpy((char *)table + (size_t)i * sizeof fn, &fn, sizeof fn);
     }
     return 1;
 }

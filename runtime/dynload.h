@@ -13,8 +13,10 @@
  * the only path tried. NULL when none loads: `why` then lists what was tried and dlerror's words. */
 void *dyn_open(const char *const *names, const char *override, char *why, size_t cap);
 
-/* Each of n symbol names into the matching slot of fns (void pointers); 0 and the missing name in
- * `why` when one is absent. */
-int dyn_syms(void *lib, const char *const *names, void **fns, int n, char *why, size_t cap);
+/* dyn_open, then each of the n symbol names into the matching slot of `table`, a struct of n function
+ * pointers in the same order. 1 when all loaded; else 0 with what was tried or the missing symbol
+ * in `why`. */
+int dyn_load_table(const char *const *libs, const char *override, const char *const *syms, int n,
+                   void *table, char *why, size_t cap);
 
 #endif

@@ -39,11 +39,7 @@ static void nv_load(void)
                                        "nvrtcGetProgramLogSize", "nvrtcGetProgramLog", "nvrtcDestroyProgram"};
     enum { N = sizeof syms / sizeof syms[0] };
     _Static_assert(sizeof nv == N * sizeof(void *), "one slot per symbol");
-    void *lib = dyn_open(libs, getenv("FLCE_NVRTC_LIBRARY"), nv_why, sizeof nv_why);
-    void *fns[N];
-    if (!lib || !dyn_syms(lib, syms, fns, N, nv_why, sizeof nv_why)) return;
-    memcpy(&nv, fns, sizeof nv); /* POSIX: dlsym's pointers are the functions' */
-    nv_loaded = 1;
+    nv_loaded = dyn_load_table(libs, getenv("FLCE_NVRTC_LIBRARY"), syms, N, &nv, nv_why, sizeof nv_why);
 }
 
 /* FLCE_OK once NVRTC is loaded; else FLCE_ERR_COMPILE saying what was tried and how to get it. */
