@@ -103,15 +103,7 @@ static int assemble(const fz_case *c, const fz_data *x, const int64_t *labels, i
     if (x->n_loss == 1)
         g->zl[0] = noisy(rng, q.reduction == FLCE_REDUCTION_MEAN ? (den > 0 ? zsum / den : 0) : zsum);
     free(gs), free(dz), free(loss);
-    /* drop what the case did not ask for */
-    unsigned out = c->outputs;
-    if (!(out & FZ_OUT_LOSS)) free(g->loss), g->loss = NULL;
-    if (!(out & FZ_OUT_LSE)) free(g->lse), g->lse = NULL;
-    if (!(out & FZ_OUT_LOSS_PER_TOKEN)) free(g->lpt), g->lpt = NULL;
-    if (!(out & FZ_OUT_Z_LOSS)) free(g->zl), g->zl = NULL;
-    if (!(out & FZ_OUT_LOGPROB)) free(g->logprob), g->logprob = NULL;
-    if (!(out & FZ_OUT_ENTROPY)) free(g->entropy), g->entropy = NULL;
-    if (!(out & FZ_OUT_ARGMAX)) free(g->argmax), g->argmax = NULL;
+    fz_got_drop_unasked(c, g);
     return 0;
 }
 

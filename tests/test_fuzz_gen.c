@@ -138,7 +138,6 @@ static void simulate(const fz_case *c, const fz_data *x, const fz_sample *s, sim
     ref_loss_and_grad(&q, &e, n, d, v, x->h, x->w, x->b, x->ref_labels, x->go, loss, lse, o->full_dh,
                       o->full_dw, o->full_db);
     fz_got *g = &o->g;
-    unsigned out = c->outputs;
     double zsum = 0, den = 0;
     g->lse = calloc((size_t)n, 8), g->lpt = calloc((size_t)n, 8), g->logprob = calloc((size_t)n, 8);
     g->entropy = calloc((size_t)n, 8), g->argmax = calloc((size_t)n, 8);
@@ -154,14 +153,7 @@ static void simulate(const fz_case *c, const fz_data *x, const fz_sample *s, sim
     }
     for (int64_t i = 0; i < x->n_loss; i++) g->loss[i] = (float)loss[i];
     if (x->n_loss == 1) g->zl[0] = (float)(q.reduction == FLCE_REDUCTION_MEAN ? (den > 0 ? zsum / den : 0) : zsum);
-    /* drop what the case did not ask for */
-    if (!(out & FZ_OUT_LOSS)) free(g->loss), g->loss = NULL;
-    if (!(out & FZ_OUT_LSE)) free(g->lse), g->lse = NULL;
-    if (!(out & FZ_OUT_LOSS_PER_TOKEN)) free(g->lpt), g->lpt = NULL;
-    if (!(out & FZ_OUT_Z_LOSS)) free(g->zl), g->zl = NULL;
-    if (!(out & FZ_OUT_LOGPROB)) free(g->logprob), g->logprob = NULL;
-    if (!(out & FZ_OUT_ENTROPY)) free(g->entropy), g->entropy = NULL;
-    if (!(out & FZ_OUT_ARGMAX)) free(g->argmax), g->argmax = NULL;
+    fz_got_drop_unasked(c, g);
     store_grads(c, x, s, o);
     free(loss), free(lse);
 }

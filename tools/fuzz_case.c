@@ -778,6 +778,18 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
     free(acc), free(mag), free(h2), free(mag32);
 }
 
+void fz_got_drop_unasked(const fz_case *c, fz_got *g)
+{
+    unsigned out = c->outputs;
+    if (!(out & FZ_OUT_LOSS)) free(g->loss), g->loss = NULL;
+    if (!(out & FZ_OUT_LSE)) free(g->lse), g->lse = NULL;
+    if (!(out & FZ_OUT_LOSS_PER_TOKEN)) free(g->lpt), g->lpt = NULL;
+    if (!(out & FZ_OUT_Z_LOSS)) free(g->zl), g->zl = NULL;
+    if (!(out & FZ_OUT_LOGPROB)) free(g->logprob), g->logprob = NULL;
+    if (!(out & FZ_OUT_ENTROPY)) free(g->entropy), g->entropy = NULL;
+    if (!(out & FZ_OUT_ARGMAX)) free(g->argmax), g->argmax = NULL;
+}
+
 int fz_check(const fz_case *c, const fz_data *x, const fz_sample *s, const fz_got *g, fz_result *r)
 {
     for (int q = 0; q < FZ_Q_COUNT; q++) r->err[q] = -1, r->tol[q] = 0;

@@ -93,6 +93,10 @@ typedef struct fz_got {
     int nonfinite;         /* set by the caller: NaN/Inf/poison anywhere in the outputs it scanned */
 } fz_got;
 
+/* Frees (and NULLs) the per-token arrays of g that case c did not ask for, as a GPU run leaves them
+ * absent (the checker's model tests build every array first). */
+void fz_got_drop_unasked(const fz_case *c, fz_got *g);
+
 /* The rows that are compared: tokens and vocab rows (shard-local ids). */
 typedef struct fz_sample {
     int64_t *tok, *voc;
