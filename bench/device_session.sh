@@ -102,7 +102,7 @@ for stage in "${stages[@]}"; do
     ;;
   gpu)
     step "gpu tests"
-    (cd build && timeout "$(left)" ctest --output-on-failure --timeout 300 -L gpu -j4) > "$OUT/ctest-gpu.log" 2>&1
+    (cd build && timeout "$(left)" ctest --output-on-failure -L gpu -j4) > "$OUT/ctest-gpu.log" 2>&1
     tail -15 "$OUT/ctest-gpu.log" | tee -a "$LOG"
     ;;
   profile)
