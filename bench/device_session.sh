@@ -9,8 +9,8 @@
 #   gpu      the GPU CTests (both single-GPU suites, fault, concurrency, fuzz smoke)
 #   profile  per-kernel durations (ncu, clocks and caches left alone) of one loss-and-grad call per
 #            strategy in $PROFILE_STRATEGIES at $PROFILE_SHAPE (bench/ncu_summary.py tables)
-#   timeline nsys per-call spans, gaps and kernel times of `flce bench` for each of $TIMELINE_STRATEGIES
-#            at $TIMELINE_SHAPE, SM clock and power sampled beside it
+#   timeline `flce bench --timeline` (each kernel's in-run time, each run's time and input set) for
+#            each of $TIMELINE_STRATEGIES at $TIMELINE_SHAPE, SM clock and power sampled beside it
 #   detail   ncu's speed-of-light, memory and warp-stall sections for one launch each of flce_logits
 #            (the forward pass), flce_dh and flce_dw in a recompute call at $PROFILE_SHAPE
 #   ab       `flce bench` of this tree and of prev/ (an older tree carried beside it) alternately,
@@ -119,21 +119,20 @@ for stage in "${stages[@]}"; do
     done
     ;;
   timeline)
-    # nsys (kernels not serialized, unlike ncu): per call span, busy time, gaps and each kernel's
-    # time in a real run, with the SM clock and power sampled beside it (bench/timeline_summary.py)
+    # Each kernel's time inside a real run (flce bench --timeline: CUDA events between launches;
+    # nsys does not run on these machines and ncu replays kernels alone at idle clocks), each run's
+    # time with its input set, and the SM clock and power sampled beside it.
     ts=${TIMELINE_SHAPE:-8192x4096x128256}
     for st in ${TIMELINE_STRATEGIES:-chunked}; do
-      step "nsys: flce bench --strategies $st at $ts"
+      step "timeline: flce bench --strategies $st at $ts"
       nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 100 > "$OUT/clocks-$st.csv" 2>&1 &
       smi=$!
-      timeout "$(left)" nsys profile --trace=cuda --force-overwrite true -o "/tmp/tl-$st" ./build/flce bench --shapes "$ts" \
-        --strategies "$st" --logit-std 4 --iters ${TIMELINE_ITERS:-10} > "$OUT/timeline-$st.md" 2> "$OUT/timeline-$st.log"
+      timeout "$(left)" ./build/flce bench --shapes "$ts" --strategies "$st" --logit-std 4 --iters ${TIMELINE_ITERS:-20} \
+        --timeline > "$OUT/timeline-$st.md" 2> "$OUT/timeline-$st.log"
       kill $smi 2>/dev/null
-      nsys stats --report cuda_gpu_trace --format csv --output - "/tmp/tl-$st.nsys-rep" 2>>"$OUT/timeline-$st.log" \
-        | python3 bench/timeline_summary.py > "$OUT/timeline-$st.txt" 2>&1
       grep -h '^|' "$OUT/timeline-$st.md" | tail -1 | tee -a "$LOG"
-      tail -25 "$OUT/timeline-$st.txt" | tee -a "$LOG"
-      awk -F', ' 'NR>1 {c+=$2; p+=$3; n++} END {if (n) printf "mean SM clock %.0f MHz, power %.0f W over %d samples\n", c/n, p/n, n}' \
+      grep -h '^timeline' "$OUT/timeline-$st.log" | tee -a "$LOG"
+      awk -F', ' 'NR>1 && $2+0>0 {c+=$2; p+=$3; n++} END {if (n) printf "mean SM clock %.0f MHz, power %.0f W over %d samples\n", c/n, p/n, n}' \
         "$OUT/clocks-$st.csv" | tee -a "$LOG"
     done
     ;;

@@ -13,6 +13,7 @@
 #include "comm.h"
 #include "launch.h"
 #include "params.h"
+#include "timeline.h"
 #include "tma.h"
 
 enum { K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6 };
@@ -62,8 +63,11 @@ static flce_status launch(CUfunction fn, int64_t gx, int64_t gy, int threads, si
         return err_set(FLCE_ERR_UNSUPPORTED, "%s: grid %lld x %lld exceeds the device's limits", what,
                        (long long)gx, (long long)gy);
     void *args[] = {params};
+    int timed = timeline_enabled();
+    if (timed) timeline_before(stream, what);
     CUresult r = drv.LaunchKernel(fn, (unsigned)gx, (unsigned)gy, 1, (unsigned)threads, 1, 1,
                                   (unsigned)smem, stream, args, NULL);
+    if (timed) timeline_after(stream);
     if (r != CUDA_SUCCESS) return drv_error(r, what);
     return FLCE_OK;
 }

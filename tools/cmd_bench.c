@@ -14,6 +14,7 @@
 #include "devmem.h"
 #include "host.h"
 #include "plan.h"
+#include "timeline.h"
 
 #define BENCH_MAX_SHAPES 16
 #define BENCH_MAX_STDS 4
@@ -52,7 +53,7 @@ typedef struct bench_opts {
     int n_stds;
     int strat[N_STRATEGIES];
     int n_strat;
-    int warmup, iters, sets, samples, list, sm;
+    int warmup, iters, sets, samples, list, sm, timeline;
     const char *json;
 } bench_opts;
 
@@ -70,7 +71,9 @@ static void bench_usage(FILE *f)
     fprintf(f, "usage: flce bench [--list] [--shapes NxDxV,...] [--dtype bf16|f16|f32] [--logit-std 4,0.5]\n"
                "                  [--strategies auto,chunked,chunked-128MiB,recompute,forward,chunked+fp32z]\n"
                "                  [--warmup 3] [--iters 10] [--sets 2] [--samples 8] [--json FILE]\n"
-               "                  [--arch sm_90a (--list only)]\n");
+               "                  [--arch sm_90a (--list only)] [--timeline]\n"
+               "--timeline: on stderr, each timed run with its input set and each kernel's time inside the\n"
+               "run (CUDA events between launches)\n");
 }
 
 static int parse_shapes(bench_opts *o, const char *s)
@@ -199,6 +202,7 @@ static int bench_parse(bench_opts *o, int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--list")) { o->list = 1; continue; }
+        if (!strcmp(k, "--timeline")) { o->timeline = 1; continue; }
         if (!strcmp(k, "-h") || !strcmp(k, "--help")) { bench_usage(stdout); return 0; }
         if (!v) {
             fprintf(stderr, "flce bench: %s: missing value or unknown option\n", k);
@@ -411,6 +415,39 @@ static int bench_row_run(bench_run *b, int k, bench_row *row)
     return ok;
 }
 
+/* --timeline, on stderr: each timed run's milliseconds with its input set, then every kernel's
+ * in-run time per call (CUDA events between launches: runtime/timeline.h), to set against ncu's
+ * one-kernel-at-a-time durations and find what a sequence loses to clocks and tails. */
+static void print_timeline(const bench_run *b, const bench_strategy *st, const double *ms)
+{
+    enum { MAX_ENTRIES = 8192, MAX_NAMES = 16 };
+    static timeline_entry e[MAX_ENTRIES];
+    int n = timeline_take(e, MAX_ENTRIES);
+    fprintf(stderr, "timeline %s: runs (ms, input set):", st->name);
+    for (int r = 0; r < b->o->iters; r++) fprintf(stderr, " %.3f/%d", ms[r], (b->o->warmup + r) % b->sets);
+    fprintf(stderr, "\n");
+    if (n < 0) {
+        fprintf(stderr, "timeline %s: the kernel events could not be read\n", st->name);
+        return;
+    }
+    const char *names[MAX_NAMES];
+    double total[MAX_NAMES], sum = 0;
+    int launches[MAX_NAMES], k = 0;
+    for (int i = 0; i < n; i++) {
+        int j = 0;
+        while (j < k && strcmp(names[j], e[i].what)) j++;
+        if (j == k) {
+            if (k == MAX_NAMES) continue;
+            names[k] = e[i].what, total[k] = 0, launches[k] = 0, k++;
+        }
+        total[j] += e[i].ms, launches[j]++, sum += e[i].ms;
+    }
+    for (int j = 0; j < k; j++)
+        fprintf(stderr, "timeline %s: %-18s %5.1f launches/call %8.3f ms/call\n", st->name, names[j],
+                (double)launches[j] / b->o->iters, total[j] / b->o->iters);
+    fprintf(stderr, "timeline %s: %-18s %8.3f ms/call\n", st->name, "all kernels", sum / b->o->iters);
+}
+
 static int bench_row_run_now(bench_run *b, int k, bench_row *row)
 {
     const bench_strategy *st = &STRATEGIES[k];
@@ -440,6 +477,7 @@ static int bench_row_run_now(bench_run *b, int k, bench_row *row)
     }
     double *ms = calloc((size_t)b->o->iters, sizeof(double));
     ok = ok && ms && devmem_sync() == FLCE_OK;
+    timeline_enable(b->o->timeline);
     for (int r = 0; ok && r < b->o->iters; r++) {
         /* Continue the rotation after the warm-up: no run reads the operands of the run before. */
         bench_tensors(b, (b->o->warmup + r) % b->sets, st->forward, &t);
@@ -453,6 +491,8 @@ static int bench_row_run_now(bench_run *b, int k, bench_row *row)
         ok = ok && devmem_timer_stop(tm, &one) == FLCE_OK;
         if (ok) ms[r] = one;
     }
+    timeline_enable(0);
+    if (ok && b->o->timeline) print_timeline(b, st, ms);
     if (ok) {
         qsort(ms, (size_t)b->o->iters, sizeof ms[0], cmp_double);
         row->ms = ms[b->o->iters / 2], row->ms_min = ms[0], row->ms_max = ms[b->o->iters - 1];
