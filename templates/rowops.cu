@@ -229,26 +229,31 @@ __device__ __forceinline__ float token_scale(const flce_row_params &p, long long
 #endif
 }
 
-// dZ of 4 consecutive columns j… of row i from the compact logits (common.cuh): p = p̃·2^-15·
-// exp(m − lse) with one exp per group, except at the label, whose p comes from the exact fp32 target
-// logit (p_y ≈ 1 on confident rows: a 16-bit p̃ would cancel badly against the −1). z itself is
-// rebuilt only for softcap's chain rule, clamped to [−c, c] where p̃ underflowed to 0.
+// dZ of DZ_COMPACT_COLS consecutive columns j… of row i from the compact logits (common.cuh):
+// p = p̃·2^-15·exp(m − lse) with one exp per group, except at the label, whose p comes from the
+// exact fp32 target logit (p_y ≈ 1 on confident rows: a 16-bit p̃ would cancel badly against the
+// −1). z itself is rebuilt only for softcap's chain rule, clamped to [−c, c] where p̃ underflowed
+// to 0. 8 columns are one 16-byte load and store: this pass is pure memory traffic (2 + 2 bytes
+// per logit), and 8-byte accesses left it at ~2.1 TB/s on an H100.
+#define DZ_COMPACT_COLS 8
 __device__ __forceinline__ void dz_compact(const flce_row_params &p, long long i, long long j, float lse, float a,
-                                           long long local_y, float wy, float g, bool valid, float (&d)[4])
+                                           long long local_y, float wy, float g, bool valid,
+                                           float (&d)[DZ_COMPACT_COLS])
 {
-    uint2 raw = *(const uint2 *)((const unsigned short *)p.z + i * p.ldz + j);
-    const unsigned short pt[4] = {(unsigned short)(raw.x & 0xffff), (unsigned short)(raw.x >> 16),
-                                  (unsigned short)(raw.y & 0xffff), (unsigned short)(raw.y >> 16)};
-    // 4 | tile_cols, so the 4 columns share one m (a column past cols reads a valid m or is unused).
+    uint4 raw = *(const uint4 *)((const unsigned short *)p.z + i * p.ldz + j);
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+    // DZ_COMPACT_COLS | tile_cols (a warp tile is a multiple of 8 columns wide), so the group
+    // shares one m (a column past cols reads a valid m or is unused).
     const float m = j < p.cols ? ((const float *)p.tile_max)[i * p.tile_max_ld + j / p.tile_cols] : 0.f;
     const float scale = expf(m - lse) * (1.f / COMPACT_SCALE);
 #pragma unroll
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < DZ_COMPACT_COLS; c++) {
         long long col = j + c;
         d[c] = 0.f;
         if (col >= p.cols || !valid) continue;
+        unsigned short half = (unsigned short)(c & 1 ? words[c / 2] >> 16 : words[c / 2] & 0xffff);
         float pt_f;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(pt_f) : "h"(pt[c]));
+        asm("cvt.f32.f16 %0, %1;" : "=f"(pt_f) : "h"(half));
         float prob = pt_f * scale, z = 0.f;
         if (col == local_y) {
             z = ((const float *)p.target)[i];
@@ -260,11 +265,13 @@ __device__ __forceinline__ void dz_compact(const flce_row_params &p, long long i
     }
 }
 
-// grid: (rows, column blocks); each thread turns 4 consecutive logits into 4 gradients.
+// grid: (rows, column blocks); each thread turns 4 consecutive logits (DZ_COMPACT_COLS from compact
+// logits: p.tile_max set, launch.c sizes the grid to match) into as many gradients.
 extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params p)
 {
     long long i = blockIdx.x;
-    long long j = ((long long)blockIdx.y * blockDim.x + threadIdx.x) * 4;
+    const int width = p.tile_max ? DZ_COMPACT_COLS : 4;
+    long long j = ((long long)blockIdx.y * blockDim.x + threadIdx.x) * width;
     if (j >= p.ldz) return;
     long long y = load_label(p.labels, p.row0 + i);
     bool valid = label_valid(y, p);
@@ -273,20 +280,29 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
     float wy = valid ? class_weight(p, y) : 0.f;
     float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
     long long local_y = valid ? y - p.chunk_offset : -1;
-    float d[4];
+#if FLCE_DTYPE != DTYPE_F32
     if (p.tile_max) {
+        float d[DZ_COMPACT_COLS];
         dz_compact(p, i, j, lse, a, local_y, wy, g, valid, d);
-    } else {
-        float4 z = *(const float4 *)((const float *)p.z + i * p.ldz + j);
-        float zs[4] = {z.x, z.y, z.z, z.w};
+        uint4 packed;
+        unsigned *w = &packed.x;
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            long long col = j + c;
-            float v = 0.f;
-            if (col < p.cols && valid)
-                v = dz_value(zs[c], lse, a, col == local_y, wy, class_weight(p, p.chunk_offset + col), g, p.vocab_total);
-            d[c] = v;
-        }
+        for (int c = 0; c < DZ_COMPACT_COLS / 2; c++)
+            w[c] = (unsigned)from_f32(d[2 * c]) | ((unsigned)from_f32(d[2 * c + 1]) << 16);
+        *(uint4 *)((elem_t *)p.dz + i * p.ldz + j) = packed;
+        return;
+    }
+#endif
+    float d[4];
+    float4 z = *(const float4 *)((const float *)p.z + i * p.ldz + j);
+    float zs[4] = {z.x, z.y, z.z, z.w};
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        long long col = j + c;
+        float v = 0.f;
+        if (col < p.cols && valid)
+            v = dz_value(zs[c], lse, a, col == local_y, wy, class_weight(p, p.chunk_offset + col), g, p.vocab_total);
+        d[c] = v;
     }
 #if FLCE_DTYPE == DTYPE_F32
     *(float4 *)((float *)p.dz + i * p.ldz + j) = make_float4(d[0], d[1], d[2], d[3]);

@@ -31,11 +31,11 @@ typedef struct bench_strategy {
 
 /* The named rows; --strategies also takes any of the first four with a budget, "chunked-1536MiB",
  * and "+fp32z" for side-by-side timing of the compact store (parse_strategy). */
-static const bench_strategy BASE_STRATEGIES[] = {
-    {"auto", FLCE_STRATEGY_AUTO, 512ull << 20, 0, 0},
-    {"chunked", FLCE_STRATEGY_CHUNKED, 512ull << 20, 0, 0},
-    {"recompute", FLCE_STRATEGY_RECOMPUTE, 512ull << 20, 0, 0},
-    {"forward", FLCE_STRATEGY_AUTO, 512ull << 20, 1, 0},
+static const bench_strategy BASE_STRATEGIES[] = { /* budget 0: the library's default, as a caller gets */
+    {"auto", FLCE_STRATEGY_AUTO, 0, 0, 0},
+    {"chunked", FLCE_STRATEGY_CHUNKED, 0, 0, 0},
+    {"recompute", FLCE_STRATEGY_RECOMPUTE, 0, 0, 0},
+    {"forward", FLCE_STRATEGY_AUTO, 0, 1, 0},
 };
 enum { N_STRATEGIES = 16 };
 static bench_strategy STRATEGIES[N_STRATEGIES];
@@ -117,7 +117,7 @@ static int parse_strategy(const char *tok)
         *plus = 0, st.fp32z = 1;
     }
     char *dash = strchr(base, '-');
-    long long mib = 512;
+    long long mib = 0; /* 0: the library's default budget */
     if (dash) {
         char *end = NULL;
         mib = strtoll(dash + 1, &end, 10);
