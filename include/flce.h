@@ -219,6 +219,15 @@ FLCE_API flce_status flce_loss_and_grad(flce_context *ctx, const flce_problem *p
 FLCE_API flce_status flce_backward(flce_context *ctx, const flce_problem *problem,
                                    const flce_tensors *t, void *stream);
 
+/* Multiplies, in place, the gradients an earlier flce_loss_and_grad call wrote (t->grad_hidden,
+ * t->grad_weight, t->grad_bias: whichever are set; same problem) by the fp32 scalar at
+ * t->grad_output in device memory: the upstream gradient an autograd backward receives after the
+ * gradients of 1 · loss were computed in forward. One pass over the gradients (rounded once in
+ * their dtype, as x.mul_(g) would), or none when the scalar is exactly 1 (the kernel reads it:
+ * no host synchronization). Reductions mean and sum only; not with accumulate_grad_*. */
+FLCE_API flce_status flce_scale_gradients(flce_context *ctx, const flce_problem *problem,
+                                          const flce_tensors *t, void *stream);
+
 /* Tensor and sequence parallelism (DESIGN.md §2)
  * Each of tp_size ranks holds the weight rows [vocab_offset, vocab_offset + vocab_shard) of a vocab
  * of vocab_total ids (which must be set); the shards, in rank order, must tile [0, vocab_total).

@@ -443,6 +443,48 @@ flce_status flce_backward(flce_context *ctx, const flce_problem *p, const flce_t
     return run_op(ctx, p, t, stream, FLCE_OP_BACKWARD, PART_ALL, NULL);
 }
 
+flce_status flce_scale_gradients(flce_context *ctx, const flce_problem *problem, const flce_tensors *tensors,
+                                 void *stream)
+{
+    err_clear();
+    if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
+    flce_problem p;
+    flce_tensors t;
+    TRY(normalize_problem(problem, &p));
+    TRY(flce_problem_validate(&p));
+    TRY(normalize_tensors(tensors, &t));
+    if (p.reduction == FLCE_REDUCTION_NONE)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.reduction=none: the upstream gradient is one value per token; pass it as "
+                       "tensors.grad_output to flce_loss_and_grad or flce_backward instead");
+    if (p.accumulate_grad_hidden || p.accumulate_grad_weight)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.accumulate_grad_%s=1: gradients added into a caller's fp32 buffer cannot be "
+                       "scaled afterwards; pass the upstream gradient as tensors.grad_output with the call",
+                       p.accumulate_grad_hidden ? "hidden" : "weight");
+    TRY(check_ptr(t.grad_output, "grad_output", 4, 1));
+    TRY(check_ptr(t.grad_hidden, "grad_hidden", 16, 0));
+    TRY(check_ptr(t.grad_weight, "grad_weight", 16, 0));
+    TRY(check_ptr(t.grad_bias, "grad_bias", 4, 0));
+    if (t.grad_bias && !p.has_bias)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.grad_bias: given, but problem.has_bias is 0");
+    if (!t.grad_hidden && !t.grad_weight && !t.grad_bias)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.grad_hidden, grad_weight and grad_bias: all NULL, nothing to scale");
+    p.strategy = FLCE_STRATEGY_AUTO; /* only the plan's shapes and row-kernel spec are used */
+    plan pl;
+    TRY(plan_make_on(&p, FLCE_OP_LOSS_AND_GRAD, ctx->name, ctx->sm, ctx->num_sms, NULL, &pl));
+    pthread_mutex_lock(&ctx->lock);
+    CUcontext prev = NULL;
+    flce_status st = ctx_enter(ctx, &prev);
+    if (st == FLCE_OK) {
+        st = launch_scale(ctx, &pl, &t, (CUstream)stream);
+        ctx_leave(prev);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
 flce_status flce_tp_stats_bytes(const flce_problem *problem, uint64_t *bytes)
 {
     err_clear();

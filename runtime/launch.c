@@ -521,3 +521,31 @@ flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,
     if (pl->sp) TRY(sp_scatter_outputs(&r, t));
     return FLCE_OK;
 }
+
+flce_status launch_scale(flce_context *ctx, const plan *pl, const flce_tensors *t, CUstream stream)
+{
+    const kernel_spec *rowops = &pl->rowops;
+    CUfunction fns[1][CTX_MAX_KERNELS];
+    TRY(ctx_kernels_many(ctx, &rowops, 1, fns));
+    size_t es = pl->logits.dtype == FLCE_DTYPE_F32 ? 4 : 2;
+    const struct {
+        const void *ptr;
+        long long count;
+        const char *what;
+    } grads[] = {
+        {t->grad_hidden, (long long)pl->n_local * pl->d, "scale kernel (grad_hidden)"},
+        {t->grad_weight, (long long)pl->v * pl->d, "scale kernel (grad_weight)"},
+        {t->grad_bias, (long long)pl->v, "scale kernel (grad_bias)"},
+    };
+    for (size_t i = 0; i < sizeof grads / sizeof grads[0]; i++) {
+        if (!grads[i].ptr || grads[i].count < 1) continue;
+        struct flce_row_params rp;
+        memset(&rp, 0, sizeof rp);
+        rp.cast_dst = addr(grads[i].ptr), rp.cast_count = grads[i].count;
+        rp.cast_scale = addr(t->grad_output);
+        /* A few resident CTAs per SM, grid-stride: when the scale is 1 each exits at once. */
+        int64_t blocks = ceil_div(ceil_div(grads[i].count * (long long)es, 16), 256), cap = 8ll * ctx->num_sms;
+        TRY(launch(fns[0][K_CAST], blocks < cap ? blocks : cap, 1, 256, 0, stream, &rp, grads[i].what));
+    }
+    return FLCE_OK;
+}

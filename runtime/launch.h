@@ -24,4 +24,8 @@ flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,
                        const flce_tensors *t, CUdeviceptr ws, CUstream stream, launch_part part,
                        CUdeviceptr tp_buffer);
 
+/* flce_scale_gradients: the dtype gradients t names, in place, times the fp32 scalar at
+ * t->grad_output (read on the device; nothing moves when it is 1). Call with ctx->lock held. */
+flce_status launch_scale(flce_context *ctx, const plan *pl, const flce_tensors *t, CUstream stream);
+
 #endif

@@ -124,6 +124,9 @@ struct flce_row_params {
     unsigned long long tile_max;
     long long tile_max_ld;
     long long tile_cols;
+    /* flce_cast in place (flce_scale_gradients): cast_dst *= the fp32 scalar at cast_scale, in the
+     * dtype; the kernel reads it first and does nothing when it is exactly 1. 0: a plain cast. */
+    unsigned long long cast_scale;
 };
 
 #endif

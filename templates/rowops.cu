@@ -193,9 +193,33 @@ extern "C" __global__ void __launch_bounds__(256) flce_combine(const flce_row_pa
     if (OPT_ARGMAX && p.argmax) ((long long *)p.argmax)[row] = a.arg;
 }
 
+// dst[0, count) *= g in place, in the dtype (rounded once, as x.mul_(g) would). 16 bytes per thread
+// and step; a tail of count % 8 (a bias of odd length) goes element by element.
+__device__ __forceinline__ void scale_in_place(const flce_row_params &p, float g)
+{
+    elem_t *dst = (elem_t *)p.cast_dst;
+    const int per = 16 / (int)sizeof(elem_t);
+    long long vec = p.cast_count / per * per;
+    long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x, threads = (long long)gridDim.x * blockDim.x;
+    for (long long j = first * per; j < vec; j += threads * per) {
+        uint4 raw = *(const uint4 *)(dst + j);
+        elem_t *e = (elem_t *)&raw;
+#pragma unroll
+        for (int c = 0; c < per; c++) e[c] = from_f32(to_f32(e[c]) * g);
+        *(uint4 *)(dst + j) = raw;
+    }
+    for (long long j = vec + first; j < p.cast_count; j += threads) dst[j] = from_f32(to_f32(dst[j]) * g);
+}
+
 // Grid-stride over cast_count values, 4 at a time (counts are multiples of D, a multiple of 8).
+// With cast_scale: the in-place scaling of flce_scale_gradients instead.
 extern "C" __global__ void __launch_bounds__(256) flce_cast(const flce_row_params p)
 {
+    if (p.cast_scale) {
+        const float g = *(const float *)p.cast_scale;
+        if (g != 1.f) scale_in_place(p, g);
+        return;
+    }
     long long stride = (long long)gridDim.x * blockDim.x * 4;
     for (long long j = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; j < p.cast_count; j += stride) {
         float4 v = *(const float4 *)((const float *)p.cast_src + j);

@@ -163,6 +163,7 @@ static void null_context_and_outputs_are_named(void)
     flce_strategy strategy;
     CHECK(flce_strategy_of(NULL, &p, FLCE_OP_LOSS_AND_GRAD, &strategy) == FLCE_ERR_INVALID_ARGUMENT && says("ctx"));
     CHECK(flce_check(NULL, NULL) == FLCE_ERR_INVALID_ARGUMENT);
+    CHECK(flce_scale_gradients(NULL, &p, &t, NULL) == FLCE_ERR_INVALID_ARGUMENT && says("ctx"));
     CHECK(flce_context_create(0, NULL) == FLCE_ERR_INVALID_ARGUMENT && says("out"));
     CHECK(flce_context_destroy(NULL) == FLCE_OK);
     int sm;
