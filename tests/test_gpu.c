@@ -1,6 +1,8 @@
 /* test_gpu.c — loss, lse and both gradients on the GPU against the fp64 reference, for every
  * dtype and reduction, on awkward shapes, with fresh random data each run and every output
- * poisoned (NaN) before the call so an unwritten element shows. Exits 77 (skipped) without a GPU. */
+ * poisoned (NaN) before the call so an unwritten element shows. Exits 77 (skipped) without a GPU.
+ * The cases run in FLCE_TEST_JOBS forked shards (tests/shard.h): each small test function is one
+ * unit, each case of the table-driven ones (those run with RUN_CASES) is one. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,7 @@
 #include "error.h"
 #include "host.h"
 #include "ref.h"
+#include "shard.h"
 
 static flce_context *ctx;
 static host_rng rng;
@@ -174,6 +177,7 @@ static void every_dtype_and_reduction_matches_the_reference(void)
     for (int dt = 0; dt < 3; dt++)
         for (int red = 0; red < 3; red++)
             for (int sd = 0; sd < 2; sd++) {
+                if (!shard_mine()) continue;
                 char name[96];
                 snprintf(name, sizeof name, "%s %s logit-sd %s", dt_name[dt], red_name[red], sd ? "4" : "0.5");
                 gcase c = {name, 133, 72, 1001, (flce_dtype)dt, (flce_reduction)red, sd ? 4.0 : 0.5, 0.1, 32, 0, 1, 0, 0};
@@ -196,6 +200,7 @@ static void awkward_shapes_match_the_reference(void)
             {"large hidden 1024, V 5000", 64, 1024, 5000, (flce_dtype)dt, FLCE_REDUCTION_MEAN, 4, 0.05, 32, 0, 1, 0, 0},
         };
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            if (!shard_mine()) continue;
             char name[96];
             snprintf(name, sizeof name, "%s %s", dt_name[dt], cases[i].name);
             cases[i].name = name;
@@ -208,6 +213,7 @@ static void awkward_shapes_match_the_reference(void)
 static void all_labels_ignored_mean_is_zero(void)
 {
     for (int dt = 0; dt < 3; dt++) {
+        if (!shard_mine()) continue;
         gcase c = {"all ignored", 50, 32, 300, (flce_dtype)dt, FLCE_REDUCTION_MEAN, 2, 1.0, 32, 0, 0, 0, 0};
         check_case(&c);
     }
@@ -438,7 +444,8 @@ static void check_options_dtype(const ocase *c, flce_dtype dt, flce_reduction re
 static void check_options(const ocase *c)
 {
     for (int dt = 0; dt < 3; dt++)
-        for (int red = 0; red < 3; red++) check_options_dtype(c, (flce_dtype)dt, (flce_reduction)red);
+        for (int red = 0; red < 3; red++)
+            if (shard_mine()) check_options_dtype(c, (flce_dtype)dt, (flce_reduction)red);
 }
 
 static void every_option_alone_matches_the_reference(void)
@@ -566,6 +573,7 @@ static void det_poison(det_run *d)
 static void ten_runs_are_bitwise_identical(void)
 {
     for (int red = 0; red < 3; red++) {
+        if (!shard_mine()) continue;
         det_run d;
         CHECK(det_setup(&d, (flce_reduction)red));
         unsigned char *first = NULL;
@@ -694,29 +702,60 @@ static void bad_tensors_are_named(void)
     devmem_free(buf);
 }
 
-int main(void)
+static void run_all(void)
 {
-    int rc = 0;
-    if (!gpu_ready(1, &rc)) return rc;
-    uint64_t seed = host_fresh_seed();
-    printf("seed %llu (FLCE_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
-    host_rng_seed(&rng, seed);
+    RUN_CASES(every_dtype_and_reduction_matches_the_reference);
+    RUN_CASES(awkward_shapes_match_the_reference);
+    RUN_CASES(all_labels_ignored_mean_is_zero);
+    RUN_UNIT(forward_matches_loss_and_grad);
+    RUN_UNIT(out_of_range_label_is_reported_not_read);
+    RUN_UNIT(bad_tensors_are_named);
+    RUN_CASES(every_option_alone_matches_the_reference);
+    RUN_CASES(recipe_combinations_match_the_reference);
+    RUN_CASES(accumulate_and_recompute_modes_match_the_reference);
+    RUN_UNIT(nan_input_stays_in_its_token);
+    RUN_CASES(ten_runs_are_bitwise_identical);
+    RUN_UNIT(graph_capture_replays_identically);
+}
+
+static uint64_t test_seed;
+
+/* Shard k's share of the tests (all of them when there are no shards), on its own context and its
+ * own random stream: seed + k. The caller made device 0's primary context current. */
+static int run_tests(int k)
+{
+    host_rng_seed(&rng, test_seed + (uint64_t)k);
     if (flce_context_create(0, &ctx) != FLCE_OK || devmem_use(0) != FLCE_OK) {
         printf("FAIL: context: %s\n", flce_last_error());
         return 1;
     }
-    RUN(every_dtype_and_reduction_matches_the_reference);
-    RUN(awkward_shapes_match_the_reference);
-    RUN(all_labels_ignored_mean_is_zero);
-    RUN(forward_matches_loss_and_grad);
-    RUN(out_of_range_label_is_reported_not_read);
-    RUN(bad_tensors_are_named);
-    RUN(every_option_alone_matches_the_reference);
-    RUN(recipe_combinations_match_the_reference);
-    RUN(accumulate_and_recompute_modes_match_the_reference);
-    RUN(nan_input_stays_in_its_token);
-    RUN(ten_runs_are_bitwise_identical);
-    RUN(graph_capture_replays_identically);
+    run_all();
     flce_context_destroy(ctx);
-    FINISH();
+    return check_failed ? 1 : 0;
+}
+
+/* A shard's child: CUDA starts here, never in the parent (shard.h). */
+static int shard_body(int k)
+{
+    int rc = 0;
+    if (!gpu_ready(1, &rc)) return rc;
+    return run_tests(k);
+}
+
+int main(void)
+{
+    int jobs = shard_jobs(), rc = 0;
+    if (jobs == 1 ? !gpu_ready(1, &rc) : (rc = shard_gpu_check(1)) != 0) return rc;
+    test_seed = host_fresh_seed();
+    if (jobs == 1) {
+        printf("seed %llu (FLCE_SEED=%llu reproduces)\n", (unsigned long long)test_seed,
+               (unsigned long long)test_seed);
+        run_tests(0);
+        FINISH();
+    }
+    /* Which cases a shard runs and the data it draws depend on the count too. */
+    printf("seed %llu (FLCE_SEED=%llu FLCE_TEST_JOBS=%d reproduces; shard k draws from seed + k)\n",
+           (unsigned long long)test_seed, (unsigned long long)test_seed, jobs);
+    printf("%d shards, each its own process and context (FLCE_TEST_JOBS)\n", jobs);
+    return shard_finish(shard_run(jobs, shard_body));
 }
