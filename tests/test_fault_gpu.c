@@ -5,6 +5,10 @@
  * must give a clean status with a message, keep the context usable (the same call without the
  * fault then gives results that match the fp64 reference) and leak nothing: no half-registered
  * module, no workspace, and device memory back to what it was before the context (cuMemGetInfo).
+ * The workspace is the library's only device allocation in a call (context.c, ctx_workspace), so
+ * "every allocation" is every workspace allocation of a sequence of calls: the chunked strategy
+ * over many token chunks and the recompute strategy over many vocab chunks (issue 15 item 5), each
+ * failure naming the bytes it needed. A caller's workspace one byte short is refused by name.
  *
  * fault.c counts calls per process from the moment FLCE_FAULT takes a value, so every nth runs in
  * a child process of its own (as tests/test_fault.c does); the parent never touches CUDA, so the
@@ -21,12 +25,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench_data.h"
 #include "check.h"
 #include "context.h"
 #include "devmem.h"
+#include "error.h"
 #include "gpu_ready.h"
 #include "host.h"
 #include "ref.h"
+#include "shard.h"
 
 /* Child exit codes: the fault fired and everything held; no call reached the nth point. */
 enum { CHILD_FAULTED = 0, CHILD_FAILED = 1, CHILD_NOT_REACHED = 3 };
@@ -200,22 +207,27 @@ static int child_case(const char *point, int nth)
     return failed_at ? CHILD_FAULTED : CHILD_NOT_REACHED;
 }
 
-static int run_child(const char *point, int nth)
+/* fn(point, nth) in a child process of its own (fault.c counts per process); its exit code. */
+static int run_child(int (*fn)(const char *, int), const char *point, int nth)
 {
     fflush(stdout), fflush(stderr);
     pid_t pid = fork();
-    if (pid == 0) _exit(child_case(point, nth));
+    if (pid == 0) {
+        int rc = fn(point, nth);
+        fflush(stdout), fflush(stderr);
+        _exit(rc);
+    }
     int status = 0;
     waitpid(pid, &status, 0);
     return WIFEXITED(status) ? WEXITSTATUS(status) : CHILD_FAILED;
 }
 
 /* nth = 1, 2, … : each fails cleanly until one passes untouched. */
-static void fault_at_each_point(const char *point, int min_faults)
+static void fault_each_nth(int (*fn)(const char *, int), const char *point, int min_faults)
 {
     int faults = 0, done = 0;
     for (int nth = 1; nth <= 12 && !done; nth++) {
-        int rc = run_child(point, nth);
+        int rc = run_child(fn, point, nth);
         CHECKF(rc == CHILD_FAULTED || rc == CHILD_NOT_REACHED, "%s:%d: child exit %d", point, nth, rc);
         if (rc == CHILD_FAULTED) faults++;
         if (rc != CHILD_FAULTED) done = 1;
@@ -224,40 +236,208 @@ static void fault_at_each_point(const char *point, int min_faults)
     CHECKF(done && faults >= min_faults, "%s: %d faults, done %d", point, faults, done);
 }
 
+static void fault_at_each_point(const char *point, int min_faults) { fault_each_nth(child_case, point, min_faults); }
+
 /* Two calls load 4 modules each time a new problem class appears (logits, dH, dW, rowops). */
 static void module_load_failure_at_each_load_is_clean(void) { fault_at_each_point("module_load", 4); }
 /* The workspace: the first call allocates it, the second grows it. */
 static void device_alloc_failure_at_each_allocation_is_clean(void) { fault_at_each_point("device_alloc", 2); }
 
-/* The GPU check runs in a child too: the parent must not initialize CUDA before forking. The
- * child's exit code is gpu_ready's (0, 77 or 1); a child that dies is a failure, never a skip. */
-static int gpu_check_in_child(void)
+/* ---- the chunked and recompute strategies, many chunks each (issue 15 item 5) ---------------- */
+
+enum { STRAT_SAMPLES = 16 };
+
+static const char *strat_name(flce_strategy s) { return s == FLCE_STRATEGY_CHUNKED ? "chunked" : "recompute"; }
+
+/* 2048 tokens × 4096 vocab × 64 hidden at a 1 MiB budget: 16 token chunks of 2-byte logits
+ * (chunked, with its fp32 dW accumulator) or 16 vocab chunks of dZ (recompute, with its fp32 dH
+ * accumulator). */
+static int strat_setup(bench_data *d, flce_strategy s, uint64_t seed)
 {
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int rc;
-        gpu_ready(1, &rc);
-        fflush(stdout);
-        _exit(rc);
-    }
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid) {
-        printf("FAIL: could not run the GPU check in a child process\n");
-        return 1;
-    }
-    if (WIFSIGNALED(status)) {
-        printf("FAIL: the GPU check's child died of signal %d\n", WTERMSIG(status));
-        return 1;
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+    memset(d, 0, sizeof *d);
+    flce_problem_init(&d->p);
+    d->p.tokens = 2048, d->p.hidden = 64, d->p.vocab_shard = 4096, d->p.dtype = FLCE_DTYPE_BF16;
+    d->p.strategy = s, d->p.memory_budget = 1u << 20;
+    return bench_data_fill(d, seed, 3.0) && bench_data_upload(d) == FLCE_OK;
 }
+
+/* One loss-and-grad call with every output poisoned first; ws NULL lets the context allocate. */
+static flce_status strat_run(flce_context *ctx, const bench_data *d, void *ws, uint64_t ws_bytes)
+{
+    TRY(bench_data_poison_outputs(d));
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = d->d_h, t.weight = d->d_w, t.labels = d->d_labels, t.loss = d->d_loss, t.lse = d->d_lse;
+    t.grad_hidden = d->d_dh, t.grad_weight = d->d_dw, t.loss_per_token = d->d_loss_rows;
+    t.workspace = ws, t.workspace_bytes = ws_bytes;
+    TRY(flce_loss_and_grad(ctx, &d->p, &t, NULL));
+    return flce_check(ctx, NULL);
+}
+
+/* The outputs of the last strat_run against the fp64 reference of sampled rows (bench_data.h). */
+static int strat_correct(const bench_data *d)
+{
+    host_rng rng;
+    host_rng_seed(&rng, 77);
+    bench_ref r;
+    float *lse = malloc((size_t)d->p.tokens * 4);
+    if (!lse || !bench_ref_tokens(&r, d, &rng, STRAT_SAMPLES)) {
+        free(lse);
+        fprintf(stderr, "    the reference: out of host memory\n");
+        return 0;
+    }
+    devmem_download(lse, d->d_lse, (size_t)d->p.tokens * 4);
+    bench_ref_vocab(&r, d, &rng, lse);
+    bench_errors e;
+    bench_ref_compare(&r, d, 1, &e);
+    bench_ref_free(&r);
+    free(lse);
+    /* written as x < tol so that a NaN fails */
+    int ok = e.mean < 1e-5 && e.lse < 1e-5 && e.loss_row < 1e-4 && e.dh < 4e-3 && e.dw < 4e-3;
+    if (!ok)
+        fprintf(stderr, "    %s: wrong results: mean %.2e lse %.2e loss rows %.2e dH %.2e dW %.2e\n",
+                strat_name(d->p.strategy), e.mean, e.lse, e.loss_row, e.dh, e.dw);
+    return ok;
+}
+
+/* A failed call at nth: FLCE_ERR_OUT_OF_MEMORY naming the workspace and its bytes, no workspace
+ * kept; then the same call without the fault works and is right. 1 when all of that held. */
+static int strat_failure_clean(flce_context *ctx, const bench_data *d, flce_status st, uint64_t need,
+                               const char *setting)
+{
+    char bytes[48];
+    snprintf(bytes, sizeof bytes, "%llu bytes", (unsigned long long)need);
+    const char *msg = flce_last_error();
+    printf("    %s, %s call: %s: %s\n", setting, strat_name(d->p.strategy), flce_status_name(st), msg);
+    int ok = 1;
+    if (st != FLCE_ERR_OUT_OF_MEMORY || !strstr(msg, "workspace") || !strstr(msg, bytes))
+        ok = 0, fprintf(stderr, "    expected %s naming the workspace and '%s'\n",
+                        flce_status_name(FLCE_ERR_OUT_OF_MEMORY), bytes);
+    if (ctx->workspace != 0 || ctx->workspace_bytes != 0)
+        ok = 0, fprintf(stderr, "    the context kept a workspace after a failed allocation\n");
+    unsetenv("FLCE_FAULT");
+    st = strat_run(ctx, d, NULL, 0);
+    if (st != FLCE_OK) ok = 0, fprintf(stderr, "    retry without the fault: %s\n", flce_last_error());
+    if (st == FLCE_OK && !strat_correct(d)) ok = 0;
+    setenv("FLCE_FAULT", setting, 1);
+    return ok;
+}
+
+/* The child of one nth: the two strategies on one context, in the order their workspaces grow,
+ * under FLCE_FAULT=<point>:<nth>; then both again against the reference, and device memory back
+ * to where it was once the context is gone. */
+static int child_strategies(const char *point, int nth)
+{
+    if (devmem_use(0) != FLCE_OK) return CHILD_FAILED;
+    bench_data c, r;
+    if (!strat_setup(&c, FLCE_STRATEGY_CHUNKED, 21) || !strat_setup(&r, FLCE_STRATEGY_RECOMPUTE, 22))
+        return CHILD_FAILED;
+    flce_context *ctx = NULL;
+    /* kernels loaded once in a throwaway context, so the memory compare sees only this one */
+    int ok = flce_context_create(0, &ctx) == FLCE_OK && strat_run(ctx, &c, NULL, 0) == FLCE_OK &&
+             strat_run(ctx, &r, NULL, 0) == FLCE_OK;
+    flce_context_destroy(ctx), ctx = NULL;
+    if (!ok) {
+        fprintf(stderr, "    warm-up: %s\n", flce_last_error());
+        return CHILD_FAILED;
+    }
+    size_t before = free_mem();
+    if (flce_context_create(0, &ctx) != FLCE_OK) return CHILD_FAILED;
+    bench_data *seq[2] = {&c, &r};
+    uint64_t need[2] = {0, 0};
+    for (int i = 0; i < 2; i++) flce_workspace_size(ctx, &seq[i]->p, FLCE_OP_LOSS_AND_GRAD, &need[i]);
+    if (need[1] < need[0]) {
+        bench_data *t = seq[0];
+        uint64_t n = need[0];
+        seq[0] = seq[1], seq[1] = t, need[0] = need[1], need[1] = n;
+    }
+    if (nth == 1)
+        printf("    workspaces: %s %llu bytes, then %s %llu bytes (%s)\n", strat_name(seq[0]->p.strategy),
+               (unsigned long long)need[0], strat_name(seq[1]->p.strategy), (unsigned long long)need[1],
+               need[1] > need[0] ? "two allocations" : "one allocation");
+    char setting[64];
+    snprintf(setting, sizeof setting, "%s:%d", point, nth);
+    setenv("FLCE_FAULT", setting, 1);
+    int failed_at = 0, bad = 0;
+    for (int i = 0; i < 2 && !bad; i++) {
+        flce_status st = strat_run(ctx, seq[i], NULL, 0);
+        if (st == FLCE_OK) continue;
+        failed_at = i + 1;
+        bad = !strat_failure_clean(ctx, seq[i], st, need[i], setting);
+    }
+    unsetenv("FLCE_FAULT");
+    for (int i = 0; i < 2 && !bad; i++)
+        if (strat_run(ctx, seq[i], NULL, 0) != FLCE_OK || !strat_correct(seq[i])) bad = 1;
+    flce_context_destroy(ctx);
+    if (!mem_back(before, free_mem(), "after destroy")) bad = 1;
+    bench_data_free(&c), bench_data_free(&r);
+    if (bad) return CHILD_FAILED;
+    return failed_at ? CHILD_FAULTED : CHILD_NOT_REACHED;
+}
+
+/* A caller's workspace one byte short of flce_workspace_size: refused before anything runs, the
+ * message naming both sizes; the exact size then works, with no workspace of the context's own. */
+static int child_short_workspace(const char *unused, int strategy)
+{
+    (void)unused;
+    if (devmem_use(0) != FLCE_OK) return CHILD_FAILED;
+    bench_data d;
+    flce_context *ctx = NULL;
+    uint64_t need = 0;
+    void *ws = NULL;
+    if (!strat_setup(&d, (flce_strategy)strategy, 23) || flce_context_create(0, &ctx) != FLCE_OK ||
+        flce_workspace_size(ctx, &d.p, FLCE_OP_LOSS_AND_GRAD, &need) != FLCE_OK || need == 0 ||
+        devmem_alloc(&ws, need) != FLCE_OK)
+        return CHILD_FAILED;
+    int bad = 0;
+    flce_status st = strat_run(ctx, &d, ws, need - 1);
+    const char *msg = flce_last_error(), *at;
+    char given[64], needed[32];
+    snprintf(given, sizeof given, "workspace_bytes=%llu", (unsigned long long)(need - 1));
+    snprintf(needed, sizeof needed, "%llu", (unsigned long long)need);
+    printf("    %s, a workspace of %llu bytes: %s: %s\n", strat_name(d.p.strategy),
+           (unsigned long long)(need - 1), flce_status_name(st), msg);
+    if (st != FLCE_ERR_INVALID_ARGUMENT || !(at = strstr(msg, given)) || !strstr(at + strlen(given), needed))
+        bad = 1, fprintf(stderr, "    expected %s naming '%s' and %s\n",
+                         flce_status_name(FLCE_ERR_INVALID_ARGUMENT), given, needed);
+    float loss = 0;
+    devmem_download(&loss, d.d_loss, 4);
+    if (!isnan(loss)) bad = 1, fprintf(stderr, "    the refused call wrote the loss (%g)\n", loss);
+    st = strat_run(ctx, &d, ws, need);
+    if (st != FLCE_OK) bad = 1, fprintf(stderr, "    with %llu bytes: %s\n", (unsigned long long)need, flce_last_error());
+    if (st == FLCE_OK && !strat_correct(&d)) bad = 1;
+    if (ctx->workspace != 0) bad = 1, fprintf(stderr, "    the context allocated a workspace of its own\n");
+    flce_context_destroy(ctx);
+    devmem_free(ws);
+    bench_data_free(&d);
+    return bad ? CHILD_FAILED : CHILD_FAULTED;
+}
+
+/* Chunked over 16 token chunks and recompute over 16 vocab chunks: at least the first call's
+ * allocation, and the second's when its workspace is larger. */
+static void device_alloc_failure_in_chunked_and_recompute_is_clean(void)
+{
+    fault_each_nth(child_strategies, "device_alloc", 1);
+}
+
+static void caller_workspace_one_byte_short_is_refused(void)
+{
+    flce_strategy s[] = {FLCE_STRATEGY_CHUNKED, FLCE_STRATEGY_RECOMPUTE};
+    for (int i = 0; i < 2; i++) {
+        int rc = run_child(child_short_workspace, "", (int)s[i]);
+        CHECKF(rc == CHILD_FAULTED, "%s: child exit %d", strat_name(s[i]), rc);
+    }
+}
+
 
 int main(void)
 {
-    int rc = gpu_check_in_child();
+    /* The parent must not initialize CUDA before forking: the check runs in a child too. */
+    int rc = shard_gpu_check(1);
     if (rc != 0) return rc;
     RUN(module_load_failure_at_each_load_is_clean);
     RUN(device_alloc_failure_at_each_allocation_is_clean);
+    RUN(device_alloc_failure_in_chunked_and_recompute_is_clean);
+    RUN(caller_workspace_one_byte_short_is_refused);
     FINISH();
 }
