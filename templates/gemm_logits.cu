@@ -96,7 +96,7 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                     const int j = ni * 8 + c;
                     float z = acc[mi][ni][2 * h + c];
                     if (FULL || j < lim) {
-                        float e = expf(z - tile.m);
+                        float e = exp_le0(z - tile.m);
                         en[c] = e;
                         tile.s += e;
                         if (OPT_ENTROPY) tile.t += e * z;

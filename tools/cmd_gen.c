@@ -1,5 +1,6 @@
 /* cmd_gen.c — `flce gen`: prints the exact CUDA source NVRTC compiles for a problem's kernels, or
  * with --compile compiles them (through the disk cache) and reports sizes and times. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,8 +81,11 @@ static void gen_usage(FILE *f)
     fprintf(f,
             "usage: flce gen [--role logits|dh|dw|rowops] [--compile] [--arch sm_90a] [--dtype bf16]\n"
             "                [--tokens N] [--hidden D] [--vocab V] [--labels 32|64] [--reduction mean]\n"
+            "                [--typical]\n"
             "Prints the CUDA source NVRTC compiles for the problem's kernels (all roles unless\n"
-            "--role); with --compile, compiles them through the cache and reports instead.\n");
+            "--role); with --compile, compiles them through the cache and reports instead.\n"
+            "--typical: the kernels of a call asking for loss, lse, dH and dW (default: every output,\n"
+            "entropy and argmax included).\n");
 }
 
 static int gen_one(const kernel_spec *s, int compile)
@@ -113,6 +117,7 @@ int cmd_gen(int argc, char **argv)
 {
     tool_opts o;
     tool_opts_init(&o);
+    int typical = 0;
     for (int i = 1; i < argc;) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             gen_usage(stdout);
@@ -120,6 +125,10 @@ int cmd_gen(int argc, char **argv)
         }
         if (!strcmp(argv[i], "--compile")) {
             o.compile = 1, i++;
+            continue;
+        }
+        if (!strcmp(argv[i], "--typical")) {
+            typical = 1, i++;
             continue;
         }
         if (!strcmp(argv[i], "--role") && i + 1 < argc) {
@@ -142,8 +151,15 @@ int cmd_gen(int argc, char **argv)
         fprintf(stderr, "flce gen: %s\n", flce_last_error());
         return 2;
     }
+    /* --typical: the kernels of a call asking for loss, lse, dH and dW only (no entropy or argmax,
+     * which select other variants); without it, the worst case: every output. */
+    static const char mark;
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.loss = t.lse = (float *)(uintptr_t)&mark;
+    t.grad_hidden = t.grad_weight = (void *)(uintptr_t)&mark;
     plan pl;
-    if (plan_make(&o.problem, FLCE_OP_LOSS_AND_GRAD, o.sm, 132, NULL, &pl) != FLCE_OK) {
+    if (plan_make(&o.problem, FLCE_OP_LOSS_AND_GRAD, o.sm, 132, typical ? &t : NULL, &pl) != FLCE_OK) {
         fprintf(stderr, "flce gen: %s\n", flce_last_error());
         return 2;
     }
