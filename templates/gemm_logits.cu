@@ -57,7 +57,7 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
-            const int lj = label_col(lab[mi][h], c0);
+            const int lj = p.target ? label_col(lab[mi][h], c0) : -1; // −1: no target store here
             row_stats tile;
             tile.m = NEG_INF, tile.s = 0.f, tile.t = 0.f, tile.zs = 0.f;
             int arg = -1; // j of the first maximum
@@ -103,7 +103,7 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                         if (OPT_ZSUM)
                             tile.zs += OPT_WEIGHTS ? ((const float *)p.class_weights)[p.vocab_offset + c0 + j] * z : z;
                     }
-                    if (j == lj && p.target) ((float *)p.target)[row] = z;
+                    if (j == lj) ((float *)p.target)[row] = z;
                 }
 #if FLCE_COMPACT
                 if (store && (FULL || ni * 8 < zlim)) pt_row[ni * 4] = pack_f16x2(en[0] * COMPACT_SCALE, en[1] * COMPACT_SCALE);
