@@ -516,6 +516,174 @@ static void nan_input_stays_in_its_token(void)
     free(h), free(w), free(dh);
 }
 
+/* ---- ±Inf in an input (issue 15 item 6) ---- */
+
+enum { INF_N = 200, INF_D = 32, INF_V = 777 };
+
+/* What PyTorch gives for cross_entropy(h @ w.T, y, reduction='none') and its backward when logits
+ * are infinite: log_softmax's plain formula in IEEE fp64 with every product computed (a GEMM
+ * computes 0·inf, which is NaN): m = max_j z_j, lse = m + log Σ_j exp(z_j − m), loss = lse − z_y,
+ * dz_j = exp(z_j − lse) − [j = y], dH = dZ·W, dW = dZᵀ·H. A row whose max is +inf is NaN
+ * throughout (inf − inf); a −inf logit is a probability of 0 (a loss of +inf when it is the
+ * label's). tools/ref.c is not this: its online max and its skipping of zero dz are exact only
+ * for finite logits. Labels must all be valid. */
+static void torch_ref(int64_t n, int64_t d, int64_t v, const double *h, const double *w,
+                      const int64_t *labels, double *loss, double *lse, double *dh, double *dw)
+{
+    double *z = dalloc(v);
+    memset(dh, 0, sizeof(double) * (size_t)(n * d));
+    memset(dw, 0, sizeof(double) * (size_t)(v * d));
+    for (int64_t i = 0; i < n; i++) {
+        const double *hi = h + i * d;
+        double m = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < v; j++) {
+            z[j] = 0;
+            for (int64_t k = 0; k < d; k++) z[j] += hi[k] * w[j * d + k];
+            m = z[j] > m || isnan(z[j]) ? z[j] : m; /* torch's max propagates NaN */
+        }
+        for (int64_t j = 0; j < v; j++) sum += exp(z[j] - m);
+        lse[i] = m + log(sum);
+        loss[i] = lse[i] - z[labels[i]];
+        for (int64_t j = 0; j < v; j++) {
+            double dz = exp(z[j] - lse[i]) - (j == labels[i]);
+            for (int64_t k = 0; k < d; k++) {
+                dh[i * d + k] += dz * w[j * d + k];
+                dw[j * d + k] += dz * hi[k];
+            }
+        }
+    }
+    free(z);
+}
+
+/* got against PyTorch's want: NaN where want is NaN (or +inf, with posinf_ok: torch.logsumexp's
+ * answer for a row whose max is +inf), the same infinity where want is infinite, finite
+ * elsewhere; `wrong` counts the misses, num/den the finite entries' squared error and norm. */
+typedef struct pattern_err {
+    int64_t wrong, nonfinite;
+    double num, den;
+} pattern_err;
+
+static void pattern_add(pattern_err *e, const double *want, const double *got, size_t n, int posinf_ok)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(want[i])) {
+            e->nonfinite++;
+            e->wrong += !(isnan(got[i]) || (posinf_ok && got[i] == INFINITY));
+        } else if (isinf(want[i])) {
+            e->nonfinite++;
+            e->wrong += got[i] != want[i];
+        } else if (!isfinite(got[i])) {
+            e->wrong++;
+        } else {
+            e->num += (got[i] - want[i]) * (got[i] - want[i]), e->den += want[i] * want[i];
+        }
+    }
+}
+
+static double pattern_rel(const pattern_err *e) { return e->den > 0 ? sqrt(e->num / e->den) : sqrt(e->num); }
+
+/* One loss-and-grad call (reduction none) on host inputs h, w; outputs back in fp64. */
+static int inf_run(const flce_problem *p, const double *h, const double *w, const int64_t *labels,
+                   double *loss, double *lse, double *dh, double *dw)
+{
+    gcase g = {"inf", INF_N, INF_D, INF_V, p->dtype, FLCE_REDUCTION_NONE, 2, 0, 32, 0, 0, 0, 0};
+    bufs b = {0};
+    flce_status st = upload_all(&g, &b, h, w, labels, NULL, 0);
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = b.h, t.weight = b.w, t.labels = b.labels, t.loss = b.loss, t.lse = b.lse;
+    t.grad_hidden = b.dh, t.grad_weight = b.dw;
+    if (st == FLCE_OK) st = flce_loss_and_grad(ctx, p, &t, NULL);
+    if (st == FLCE_OK) st = flce_check(ctx, NULL);
+    CHECKF(st == FLCE_OK, "inf: %s", flce_last_error());
+    if (st == FLCE_OK) {
+        down_f32(b.loss, loss, INF_N);
+        down_f32(b.lse, lse, INF_N);
+        download_f64(p->dtype, b.dh, dh, INF_N * INF_D);
+        download_f64(p->dtype, b.dw, dw, INF_V * INF_D);
+    }
+    free_all(&b);
+    return st == FLCE_OK;
+}
+
+/* Rows other than the two poisoned ones: loss, lse and dH row as in the clean run. */
+static int64_t inf_rows_moved(const double *cl, const double *clse, const double *cdh, const double *gl,
+                              const double *glse, const double *gdh, int64_t *bitwise)
+{
+    int64_t moved = 0;
+    *bitwise = 0;
+    for (int64_t i = 0; i < INF_N; i++) {
+        if (i == 5 || i == 9) continue;
+        const double *a = cdh + i * INF_D, *b = gdh + i * INF_D;
+        moved += !(fabs(gl[i] - cl[i]) <= 1e-6 * fabs(cl[i]) && fabs(glse[i] - clse[i]) <= 1e-6 * fabs(clse[i]) &&
+                   ref_rel_l2(a, b, INF_D) <= 1e-3);
+        *bitwise += gl[i] == cl[i] && glse[i] == clse[i] && !memcmp(a, b, sizeof(double) * INF_D);
+    }
+    return moved;
+}
+
+/* +inf and −inf in hidden rows 5 and 9 (in_weight 0), or +inf in weight row 17 (in_weight 1): the
+ * outputs follow PyTorch's (torch_ref) entry for entry, and with a poisoned hidden row every other
+ * token's loss, lse and dH row is what the clean run gave. Several token chunks (chunked) or
+ * vocab chunks (recompute), so a chunk's running max starting at −inf shows. */
+static void inf_case(int in_weight, flce_dtype dt, flce_strategy strategy)
+{
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = INF_N, p.hidden = INF_D, p.vocab_shard = INF_V, p.dtype = dt;
+    p.reduction = FLCE_REDUCTION_NONE, p.strategy = strategy, p.memory_budget = 1 << 16;
+    size_t nh = INF_N * INF_D, nw = INF_V * INF_D;
+    double *h = dalloc((int64_t)nh), *w = dalloc((int64_t)nw);
+    int64_t labels[INF_N];
+    gcase g = {"inf", INF_N, INF_D, INF_V, dt, FLCE_REDUCTION_NONE, 2, 0, 32, 0, 0, 0, 0};
+    fill(&g, h, w, labels, NULL, 0);
+    double *cl = dalloc(INF_N), *clse = dalloc(INF_N), *cdh = dalloc((int64_t)nh), *cdw = dalloc((int64_t)nw);
+    double *gl = dalloc(INF_N), *glse = dalloc(INF_N), *gdh = dalloc((int64_t)nh), *gdw = dalloc((int64_t)nw);
+    double *rl = dalloc(INF_N), *rlse = dalloc(INF_N), *rdh = dalloc((int64_t)nh), *rdw = dalloc((int64_t)nw);
+    char name[96];
+    snprintf(name, sizeof name, "%s %s, %s", dt_name[dt], in_weight ? "+inf in weight row 17" : "+inf/-inf in hidden rows 5, 9",
+             strategy == FLCE_STRATEGY_CHUNKED ? "chunked" : "recompute");
+    int ok = inf_run(&p, h, w, labels, cl, clse, cdh, cdw);
+    if (in_weight) w[17 * INF_D + 3] = INFINITY;
+    else h[5 * INF_D + 7] = INFINITY, h[9 * INF_D + 3] = -INFINITY;
+    if (ok && inf_run(&p, h, w, labels, gl, glse, gdh, gdw)) {
+        torch_ref(INF_N, INF_D, INF_V, h, w, labels, rl, rlse, rdh, rdw);
+        pattern_err el = {0}, es = {0}, eh = {0}, ew = {0};
+        pattern_add(&el, rl, gl, INF_N, 0);
+        pattern_add(&es, rlse, glse, INF_N, 1);
+        pattern_add(&eh, rdh, gdh, nh, 0);
+        pattern_add(&ew, rdw, gdw, nw, 0);
+        double tg = tol_grad(dt);
+        printf("  %-52s loss %.1e lse %.1e dH %.1e dW %.1e; non-finite as PyTorch: %lld/%lld/%lld/%lld\n", name,
+               pattern_rel(&el), pattern_rel(&es), pattern_rel(&eh), pattern_rel(&ew), (long long)el.nonfinite,
+               (long long)es.nonfinite, (long long)eh.nonfinite, (long long)ew.nonfinite);
+        CHECKF(el.wrong == 0 && pattern_rel(&el) <= 1e-5, "%s: loss: %lld entries not PyTorch's, finite rel err %.2e",
+               name, (long long)el.wrong, pattern_rel(&el));
+        CHECKF(es.wrong == 0 && pattern_rel(&es) <= 1e-5, "%s: lse: %lld entries not PyTorch's, finite rel err %.2e",
+               name, (long long)es.wrong, pattern_rel(&es));
+        CHECKF(eh.wrong == 0 && pattern_rel(&eh) <= tg, "%s: dH: %lld entries not PyTorch's, finite rel err %.2e",
+               name, (long long)eh.wrong, pattern_rel(&eh));
+        CHECKF(ew.wrong == 0 && pattern_rel(&ew) <= tg, "%s: dW: %lld entries not PyTorch's, finite rel err %.2e",
+               name, (long long)ew.wrong, pattern_rel(&ew));
+        if (!in_weight) {
+            int64_t bitwise = 0, moved = inf_rows_moved(cl, clse, cdh, gl, glse, gdh, &bitwise);
+            printf("     other tokens: %lld of %d bitwise as in the clean run\n", (long long)bitwise, INF_N - 2);
+            CHECKF(moved == 0, "%s: %lld other tokens' loss, lse or dH row moved from the clean run", name, (long long)moved);
+        }
+    }
+    free(h), free(w), free(cl), free(clse), free(cdh), free(cdw), free(gl), free(glse), free(gdh), free(gdw);
+    free(rl), free(rlse), free(rdh), free(rdw);
+}
+
+static void inf_input_follows_pytorch_and_stays_in_its_token(void)
+{
+    const flce_strategy strategies[] = {FLCE_STRATEGY_CHUNKED, FLCE_STRATEGY_RECOMPUTE};
+    for (int in_weight = 0; in_weight < 2; in_weight++)
+        for (int dt = 0; dt < 3; dt++)
+            for (int s = 0; s < 2; s++)
+                if (shard_mine()) inf_case(in_weight, (flce_dtype)dt, strategies[s]);
+}
+
 /* ---- graph capture and determinism (issue 7) ---- */
 
 typedef struct det_run {
@@ -714,6 +882,7 @@ static void run_all(void)
     RUN_CASES(recipe_combinations_match_the_reference);
     RUN_CASES(accumulate_and_recompute_modes_match_the_reference);
     RUN_UNIT(nan_input_stays_in_its_token);
+    RUN_CASES(inf_input_follows_pytorch_and_stays_in_its_token);
     RUN_CASES(ten_runs_are_bitwise_identical);
     RUN_UNIT(graph_capture_replays_identically);
 }
