@@ -107,8 +107,8 @@ typedef void (*cache_visit_fn)(void *user, const char *file_name, uint64_t bytes
 
 flce_status cache_list(const char *dir, cache_visit_fn visit, void *user);
 flce_status cache_stat(const char *dir, cache_stats *out);
-/* Removes every entry, temporary file and lock file of ours in `dir` (nothing else); *removed
- * counts them. */
+/* Removes every entry, temporary file and lock file of ours in `dir`, and its stats file (so the
+ * persistent counters restart); nothing else. *removed counts them. */
 flce_status cache_clear(const char *dir, uint64_t *removed);
 
 /* $FLCE_CACHE_MAX_MIB in bytes (CACHE_DEFAULT_MAX_MIB when unset or not a number); 0 = no cap. */
@@ -141,5 +141,47 @@ typedef struct cache_counters {
 void cache_counters_get(cache_counters *out);
 /* The JIT reports each compile that followed a miss, for the counters. */
 void cache_note_compile(double ms);
+
+/* ---- persistent counters of a directory (`flce cache stats`) -----------------------------------
+ * Every process that looks kernels up in a directory adds what it saw to "<dir>/stats.log": one
+ * text line per process and flush, appended with O_APPEND (one write() of < 256 bytes, so lines of
+ * processes flushing together do not interleave on a local file system), read back and summed by
+ * cache_dir_counters_read. A process keeps its counts in memory and flushes them when it exits
+ * normally (atexit), every CACHE_STATS_FLUSH_EVENTS lookups in a directory, and on
+ * cache_stats_flush; a process killed loses what it had not flushed, and a forked child never
+ * flushes its parent's counts. A flush that finds the file over CACHE_STATS_COMPACT_BYTES folds it
+ * into one line (under flock; appenders hold it shared, so no line is lost). A directory that
+ * cannot be written keeps no counts; nothing here ever fails a call. cache_clear removes the file
+ * (the counters restart with the cache). $FLCE_CACHE_STATS=0 turns recording off. */
+#define CACHE_STATS_FILE "stats.log"
+#define CACHE_STATS_FLUSH_EVENTS 64
+#define CACHE_STATS_COMPACT_BYTES (64u * 1024u)
+
+typedef enum cache_outcome {
+    CACHE_OUTCOME_HIT = 0,    /* found at the first look (this directory or a read-only layer) */
+    CACHE_OUTCOME_WAITED = 1, /* missed, then loaded the entry another process or thread compiled */
+    CACHE_OUTCOME_COMPILED = 2 /* missed and compiled here */
+} cache_outcome;
+
+typedef struct cache_dir_counters {
+    uint64_t lookups;    /* kernels looked up (hits + misses) */
+    uint64_t hits;       /* found at the first look */
+    uint64_t misses;     /* not found at the first look (waited + compiled + failed compiles) */
+    uint64_t waited;     /* misses served by another process's (or thread's) compile */
+    uint64_t compiles;   /* misses compiled by the process that missed */
+    double compile_ms;   /* the compiles' NVRTC time, summed (not wall: compiles overlap) */
+    double wait_ms;      /* time misses spent waiting for another process's compile lock */
+    uint64_t evicted;    /* entries removed for the size cap by stores of these processes */
+    uint64_t records;    /* lines merged (about one per process) */
+} cache_dir_counters;
+
+/* One kernel lookup of the JIT in `dir`: its outcome, the compile's NVRTC ms (COMPILED) and the
+ * time waited for another holder of the entry's compile lock (any outcome). Never fails. */
+void cache_stats_note(const char *dir, cache_outcome outcome, double compile_ms, double wait_ms);
+/* Appends this process's unflushed counts of every directory to their stats files. */
+void cache_stats_flush(void);
+/* The sum of `dir`'s stats file plus this process's unflushed counts there. A missing file is all
+ * zeros; FLCE_ERR_IO only when the file exists but cannot be read. */
+flce_status cache_dir_counters_read(const char *dir, cache_dir_counters *out);
 
 #endif

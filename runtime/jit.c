@@ -62,7 +62,8 @@ flce_status jit_build(const kernel_spec *s, jit_result *out)
         /* A miss: take the entry's compile lock, so that processes missing it together compile it
          * once (the others wait in cache_lock_entry), then look again: the holder waited for has
          * stored it. Without the lock (read-only directory, timeout) this compiles anyway. */
-        if (st == FLCE_OK && !out->cubin) {
+        int missed = st == FLCE_OK && !out->cubin;
+        if (missed) {
             cache_lock_entry(dir, key, key_len, &lock);
             st = cache_load(dir, key, key_len, &out->cubin, &out->len);
         }
@@ -70,7 +71,11 @@ flce_status jit_build(const kernel_spec *s, jit_result *out)
         if (out->cubin) {
             out->origin = JIT_DISK_HIT;
             out->ms = now_ms() - t0;
-            log_msg(LOG_INFO, "kernel %s: disk cache hit (%.1f ms)", summary, out->ms);
+            /* The directory's persistent counters (flce cache stats): a hit, or a miss that
+             * another process's (or thread's) compile served. */
+            cache_stats_note(dir, missed ? CACHE_OUTCOME_WAITED : CACHE_OUTCOME_HIT, 0, lock.waited_ms);
+            log_msg(LOG_INFO, "kernel %s: disk cache hit (%.1f ms%s)", summary, out->ms,
+                    missed ? ", after waiting for another compile of it" : "");
             goto done;
         }
     } else {
@@ -86,7 +91,9 @@ flce_status jit_build(const kernel_spec *s, jit_result *out)
     }
     out->origin = JIT_COMPILED;
     out->ms = now_ms() - t0;
-    cache_note_compile(now_ms() - tc);
+    double compile_ms = now_ms() - tc;
+    cache_note_compile(compile_ms);
+    if (have_dir) cache_stats_note(dir, CACHE_OUTCOME_COMPILED, compile_ms, lock.waited_ms);
     log_msg(LOG_INFO, "kernel %s: compiled in %.0f ms (%zu-byte cubin, cache miss)", summary, out->ms,
             out->len);
     if (have_dir) st = cache_store(dir, key, key_len, out->cubin, out->len);

@@ -4,7 +4,7 @@
  * the directory's environment variables, and list/stat/clear; the compile lock (processes that
  * miss one kernel together compile it once; killed, hung and stale holders), the size cap's
  * least-recently-used eviction, prune, read-only layers, the temp-directory fallback, the
- * counters, and `flce warmup` followed by `flce gen --compile` (all hits). Every case works in its
+ * counters (this process's, and each directory's persistent ones in stats.log), and `flce warmup` followed by `flce gen --compile` (all hits). Every case works in its
  * own mkdtemp directory under /tmp and removes it afterwards.
  */
 #ifndef _POSIX_C_SOURCE
@@ -756,6 +756,7 @@ static int build_and_report(int index, void *arg)
     }
     char c = r.origin == JIT_COMPILED ? 'C' : 'H';
     free(r.cubin);
+    cache_stats_flush(); /* run_children ends with _exit, which skips the atexit flush */
     return write(a->report_fd, &c, 1) == 1 ? 0 : 1;
 }
 
@@ -780,7 +781,18 @@ static void four_processes_missing_one_kernel_compile_it_once(void)
     for (ssize_t i = 0; i < n; i++) compiled += got[i] == 'C', hits += got[i] == 'H';
     CHECKF(n == PROCESSES && compiled == 1 && hits == PROCESSES - 1,
            "%d processes: %d compiled, %d loaded the entry (%s)", PROCESSES, compiled, hits, got);
-    CHECKF(count_files(dir, NULL) == 1, "%d files left (one entry expected, no lock or temp file)",
+    /* The directory's counters say the same: one compile, the others served by it. */
+    cache_dir_counters c;
+    CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK);
+    CHECKF(c.records == PROCESSES && c.lookups == PROCESSES && c.compiles == 1 &&
+               c.hits + c.waited == PROCESSES - 1 && c.compile_ms > 0,
+           "counters: %llu records, %llu lookups, %llu compiles, %llu hits, %llu waited",
+           (unsigned long long)c.records, (unsigned long long)c.lookups,
+           (unsigned long long)c.compiles, (unsigned long long)c.hits, (unsigned long long)c.waited);
+    char stats[TEST_PATH_MAX];
+    join(stats, dir, CACHE_STATS_FILE);
+    CHECKF(count_files(dir, NULL) == 2 && file_exists(stats),
+           "%d files left (one entry and stats.log expected, no lock or temp file)",
            count_files(dir, NULL));
     restore_env(&env_dir);
     restore_env(&env_timeout);
@@ -1214,6 +1226,149 @@ static void counters_count_this_process_calls(void)
     remove_tree(dir);
 }
 
+/* ---- persistent counters (flce cache stats) ---------------------------------------------- */
+
+static int note_three_and_flush(int index, void *arg)
+{
+    const char *dir = arg;
+    (void)index;
+    cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0);
+    cache_stats_note(dir, CACHE_OUTCOME_COMPILED, 100.0, 5.0);
+    cache_stats_note(dir, CACHE_OUTCOME_WAITED, 0, 20.0);
+    cache_stats_flush();
+    return 0;
+}
+
+/* Each process's counts land in the directory's stats file and are summed on read, with this
+ * process's unflushed ones added. */
+static void counters_of_processes_persist_and_sum(void)
+{
+    enum { PROCESSES = 4 };
+    char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
+    cache_dir_counters c;
+    make_tmpdir(dir);
+    join(path, dir, CACHE_STATS_FILE);
+    CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK && c.lookups == 0 && c.records == 0);
+    CHECK(run_children(PROCESSES, note_three_and_flush, dir) == 0);
+    CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK);
+    CHECKF(c.records == PROCESSES && c.hits == PROCESSES && c.compiles == PROCESSES &&
+               c.waited == PROCESSES && c.misses == 2 * PROCESSES && c.lookups == 3 * PROCESSES,
+           "%llu records, %llu hits, %llu compiles, %llu waited", (unsigned long long)c.records,
+           (unsigned long long)c.hits, (unsigned long long)c.compiles, (unsigned long long)c.waited);
+    CHECK(c.compile_ms > 399.9 && c.compile_ms < 400.1 && c.wait_ms > 99.9 && c.wait_ms < 100.1);
+    /* Unflushed counts of this process count too, and reach the file when it flushes. */
+    cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0);
+    long before = file_size(path);
+    CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK && c.hits == PROCESSES + 1 &&
+          c.records == PROCESSES + 1);
+    CHECK(file_size(path) == before);
+    cache_stats_flush();
+    CHECK(file_size(path) > before);
+    CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK && c.hits == PROCESSES + 1);
+    /* clear restarts them. */
+    uint64_t removed = 0;
+    CHECK(cache_clear(dir, &removed) == FLCE_OK && removed == 1 && !file_exists(path));
+    CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK && c.lookups == 0);
+    remove_tree(dir);
+}
+
+static int flush_only(int index, void *arg)
+{
+    (void)index;
+    (void)arg;
+    cache_stats_flush();
+    return 0;
+}
+
+/* A forked child holds a copy of its parent's unflushed counts: it must not write them. */
+static void forked_child_does_not_write_its_parents_counts(void)
+{
+    char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
+    cache_dir_counters c;
+    make_tmpdir(dir);
+    join(path, dir, CACHE_STATS_FILE);
+    cache_stats_note(dir, CACHE_OUTCOME_COMPILED, 10.0, 0);
+    CHECK(run_children(2, flush_only, NULL) == 0);
+    CHECK(!file_exists(path));
+    cache_stats_flush();
+    CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK && c.compiles == 1 && c.records == 1);
+    remove_tree(dir);
+}
+
+static int append_many(int index, void *arg)
+{
+    const char *dir = arg;
+    (void)index;
+    for (int i = 0; i < 1500; i++) {
+        cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0);
+        cache_stats_flush();
+    }
+    return 0;
+}
+
+/* Processes appending at once while the file is compacted again and again lose no line. */
+static void concurrent_appends_and_compactions_lose_nothing(void)
+{
+    enum { PROCESSES = 4 };
+    char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
+    cache_dir_counters c;
+    make_tmpdir(dir);
+    join(path, dir, CACHE_STATS_FILE);
+    CHECK(run_children(PROCESSES, append_many, dir) == 0);
+    CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK);
+    CHECKF(c.hits == PROCESSES * 1500 && c.records == PROCESSES * 1500,
+           "%llu hits, %llu records (%d expected)", (unsigned long long)c.hits,
+           (unsigned long long)c.records, PROCESSES * 1500);
+    /* 6000 lines of ~45 bytes would be ~270 KB: compactions kept it near the threshold. */
+    CHECKF(file_size(path) > 0 && file_size(path) <= (long)CACHE_STATS_COMPACT_BYTES + 256,
+           "stats.log is %ld bytes", file_size(path));
+    CHECK(count_files(dir, ".tmp.") == 0);
+    remove_tree(dir);
+}
+
+/* Torn, foreign and future-format lines are skipped; the rest still count. */
+static void malformed_lines_are_skipped(void)
+{
+    char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
+    cache_dir_counters c;
+    make_tmpdir(dir);
+    join(path, dir, CACHE_STATS_FILE);
+    const char text[] = "flce-stats 1 1 2 0 1 50.0 0.0 0 123\n"
+                        "garbage\n"
+                        "flce-stats 1 1 -x\n"
+                        "flce-stats 2 1 100 0 0 0 0 0 1\n"
+                        "\n"
+                        "flce-stats 1 1 7 0 0 0.0 0.0 0 124"; /* an append in progress */
+    CHECK(write_file(path, text, sizeof text - 1) == 0);
+    CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK);
+    CHECKF(c.records == 1 && c.hits == 2 && c.compiles == 1 && c.compile_ms == 50.0,
+           "%llu records, %llu hits", (unsigned long long)c.records, (unsigned long long)c.hits);
+    remove_tree(dir);
+}
+
+/* Recording never fails: a missing or unwritable directory keeps no counts, and
+ * FLCE_CACHE_STATS=0 turns recording off. */
+static void counters_degrade_quietly(void)
+{
+    char dir[TEST_PATH_MAX], path[TEST_PATH_MAX], missing[TEST_PATH_MAX];
+    cache_dir_counters c;
+    saved_env env = save_env("FLCE_CACHE_STATS");
+    make_tmpdir(dir);
+    join(path, dir, CACHE_STATS_FILE);
+    join(missing, dir, "no/such/dir");
+    cache_stats_note(missing, CACHE_OUTCOME_HIT, 0, 0);
+    cache_stats_note("/proc/flce-no-such-dir", CACHE_OUTCOME_COMPILED, 1.0, 0);
+    cache_stats_flush();
+    CHECK(!file_exists(missing));
+    CHECK(cache_dir_counters_read("/proc/flce-no-such-dir", &c) == FLCE_OK && c.compiles == 0);
+    setenv("FLCE_CACHE_STATS", "0", 1);
+    cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0);
+    cache_stats_flush();
+    CHECK(!file_exists(path));
+    restore_env(&env);
+    remove_tree(dir);
+}
+
 /* ---- flce warmup ------------------------------------------------------------------------ */
 
 /* The flce tool of this build tree: <build>/flce next to <build>/tests/test_cache. */
@@ -1294,6 +1449,13 @@ static void warmup_then_gen_compile_finds_every_kernel_cached(void)
     int compiled = count_lines_starting(log1, "  compiled");
     CHECKF(rc == 0 && compiled >= 4 && count_lines_starting(log1, "  cached") == 0,
            "warmup: exit %d, %d compiled", rc, compiled);
+    /* The tool exited normally, so its atexit flush left its counts in the directory. */
+    cache_dir_counters c;
+    CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK);
+    CHECKF(c.records == 1 && c.compiles == (uint64_t)compiled && c.hits == 0 && c.compile_ms > 0,
+           "counters after warmup: %llu records, %llu compiles (%d compiled), %llu hits",
+           (unsigned long long)c.records, (unsigned long long)c.compiles, compiled,
+           (unsigned long long)c.hits);
     rc = run_tool(tool, dir, gen, log2);
     int hits = count_lines_starting(log2, "cached");
     CHECKF(rc == 0 && hits == compiled && count_lines_starting(log2, "compiled") == 0,
@@ -1302,6 +1464,11 @@ static void warmup_then_gen_compile_finds_every_kernel_cached(void)
     CHECKF(rc == 0 && count_lines_starting(log3, "  cached") == compiled &&
                count_lines_starting(log3, "  compiled") == 0,
            "second warmup: exit %d", rc);
+    CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK);
+    CHECKF(c.records == 3 && c.compiles == (uint64_t)compiled && c.hits == 2 * (uint64_t)compiled &&
+               c.lookups == 3 * (uint64_t)compiled,
+           "counters after gen and a second warmup: %llu records, %llu compiles, %llu hits",
+           (unsigned long long)c.records, (unsigned long long)c.compiles, (unsigned long long)c.hits);
     if (check_case_failed) {
         print_file(log1);
         print_file(log2);
@@ -1349,6 +1516,11 @@ int main(void)
     RUN(read_only_layers_are_searched_after_the_directory);
     RUN(unusable_default_directory_falls_back_to_a_private_temp_directory);
     RUN(counters_count_this_process_calls);
+    RUN(counters_of_processes_persist_and_sum);
+    RUN(forked_child_does_not_write_its_parents_counts);
+    RUN(concurrent_appends_and_compactions_lose_nothing);
+    RUN(malformed_lines_are_skipped);
+    RUN(counters_degrade_quietly);
     RUN(warmup_then_gen_compile_finds_every_kernel_cached);
     FINISH();
 }

@@ -14,12 +14,15 @@
 #include "flce.h"
 
 static const char cmd_cache_usage[] =
-    "usage: flce cache ls|stats|prune|clear [--dir DIR] [--max-mib N]\n"
+    "usage: flce cache ls|stats|prune|clear [--dir DIR] [--max-mib N] [--json]\n"
     "  ls     one line per entry: file, bytes, ok/invalid, the key's first line\n"
-    "  stats  directory, entries, total bytes, size cap, invalid entries, temporary and lock files\n"
+    "  stats  directory, entries, total bytes, size cap, invalid entries, temporary and lock files,\n"
+    "         and the counters every process that used the directory left in its stats.log:\n"
+    "         kernel lookups, hits, misses, compiles and their NVRTC seconds, waits for another\n"
+    "         process's compile, evictions (--json: one JSON object)\n"
     "  prune  remove invalid entries, temporary and lock files left by killed processes (older\n"
     "         than 10 minutes), then the least recently used entries until the rest fit the cap\n"
-    "  clear  remove every cache entry, temporary and lock file (nothing else)\n"
+    "  clear  remove every cache entry, temporary and lock file, and the counters (nothing else)\n"
     "  --dir  use DIR instead of $FLCE_CACHE_DIR, $XDG_CACHE_HOME/flce, ~/.cache/flce\n"
     "  --max-mib N  prune's cap in MiB (default $FLCE_CACHE_MAX_MIB, else 2048; 0: no eviction)\n";
 
@@ -50,19 +53,59 @@ static int cmd_cache_ls(const char *dir)
     return 0;
 }
 
-static int cmd_cache_stats(const char *dir)
+/* dir as a JSON string body (quotes, backslashes and control bytes escaped). */
+static void cmd_cache_json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c < 0x20) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
+static int cmd_cache_stats(const char *dir, int json)
 {
     cache_stats st;
+    cache_dir_counters c;
     if (cache_stat(dir, &st) != FLCE_OK) return cmd_cache_fail();
+    if (cache_dir_counters_read(dir, &c) != FLCE_OK) return cmd_cache_fail();
+    uint64_t cap = cache_max_bytes();
+    if (json) {
+        printf("{\"directory\": ");
+        cmd_cache_json_str(dir);
+        printf(", \"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"cap_bytes\": %" PRIu64
+               ", \"invalid\": %" PRIu64 ", \"temp_files\": %" PRIu64 ", \"lock_files\": %" PRIu64
+               ", \"lookups\": %" PRIu64 ", \"hits\": %" PRIu64 ", \"misses\": %" PRIu64
+               ", \"waited\": %" PRIu64 ", \"compiles\": %" PRIu64
+               ", \"compile_s\": %.3f, \"wait_s\": %.3f, \"evicted\": %" PRIu64
+               ", \"records\": %" PRIu64 "}\n",
+               st.entries, st.bytes, cap, st.invalid, st.temp_files, st.lock_files, c.lookups,
+               c.hits, c.misses, c.waited, c.compiles, c.compile_ms / 1e3, c.wait_ms / 1e3,
+               c.evicted, c.records);
+        return 0;
+    }
     printf("directory:   %s\n", dir);
     printf("entries:     %" PRIu64 "\n", st.entries);
     printf("total bytes: %" PRIu64 " (%.2f MiB)\n", st.bytes, (double)st.bytes / (1024.0 * 1024.0));
-    uint64_t cap = cache_max_bytes();
     if (cap) printf("size cap:    %" PRIu64 " MiB (FLCE_CACHE_MAX_MIB; least recently used entries go first)\n", cap >> 20);
     else printf("size cap:    none (FLCE_CACHE_MAX_MIB=0)\n");
     printf("invalid:     %" PRIu64 "\n", st.invalid);
     printf("temp files:  %" PRIu64 "\n", st.temp_files);
     printf("lock files:  %" PRIu64 "\n", st.lock_files);
+    /* What every process that used this directory recorded (cache.h, "persistent counters"). */
+    printf("lookups:     %" PRIu64 " kernels looked up by %" PRIu64 " process flush%s (since the "
+           "last clear)\n", c.lookups, c.records, c.records == 1 ? "" : "es");
+    printf("hits:        %" PRIu64 "%s\n", c.hits, c.lookups ? "" : " (FLCE_CACHE_STATS=0 turns counting off)");
+    printf("misses:      %" PRIu64 ": %" PRIu64 " compiled, %" PRIu64
+           " loaded after another process's compile\n", c.misses, c.compiles, c.waited);
+    printf("compiles:    %" PRIu64 ", %.2f s of NVRTC in all%s", c.compiles, c.compile_ms / 1e3,
+           c.compiles ? "" : "\n");
+    if (c.compiles) printf(" (%.2f s each on average)\n", c.compile_ms / 1e3 / (double)c.compiles);
+    printf("waits:       %.2f s waiting for other processes' compiles\n", c.wait_ms / 1e3);
+    printf("evicted:     %" PRIu64 " entries for the size cap\n", c.evicted);
     return 0;
 }
 
@@ -99,6 +142,7 @@ int cmd_cache(int argc, char **argv)
     const char *sub = NULL;
     const char *dir_opt = NULL;
     const char *max_opt = NULL;
+    int json = 0;
     char dir[CACHE_PATH_MAX];
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -110,6 +154,8 @@ int cmd_cache(int argc, char **argv)
             dir_opt = argv[i];
         } else if (!strncmp(argv[i], "--dir=", 6)) {
             dir_opt = argv[i] + 6;
+        } else if (!strcmp(argv[i], "--json")) {
+            json = 1;
         } else if (!strcmp(argv[i], "--max-mib")) {
             if (++i == argc) return cmd_cache_misuse("--max-mib needs a number", NULL);
             max_opt = argv[i];
@@ -122,6 +168,7 @@ int cmd_cache(int argc, char **argv)
     if (!sub) return cmd_cache_misuse(NULL, NULL);
     if (strcmp(sub, "ls") && strcmp(sub, "stats") && strcmp(sub, "prune") && strcmp(sub, "clear"))
         return cmd_cache_misuse("unknown subcommand", sub);
+    if (json && strcmp(sub, "stats")) return cmd_cache_misuse("--json is for stats", NULL);
     uint64_t max_bytes = cache_max_bytes();
     if (max_opt) {
         char *end;
@@ -139,7 +186,7 @@ int cmd_cache(int argc, char **argv)
         return cmd_cache_fail();
     }
     if (!strcmp(sub, "ls")) return cmd_cache_ls(dir);
-    if (!strcmp(sub, "stats")) return cmd_cache_stats(dir);
+    if (!strcmp(sub, "stats")) return cmd_cache_stats(dir, json);
     if (!strcmp(sub, "prune")) return cmd_cache_prune(dir, max_bytes);
     return cmd_cache_clear(dir);
 }
