@@ -55,9 +55,7 @@ typedef struct recipe {
     double tok_loss[TOK_SAMPLES], tok_lse[TOK_SAMPLES];
     double dh[TOK_SAMPLES * 128], dw[ROW_SAMPLES * 128];
     uint64_t seed;
-    int ref_ok;
-    double *h, *w;    /* host inputs until the upload */
-    int32_t *labels;
+    int ok;           /* reference computed, inputs uploaded */
 } recipe;
 
 static recipe *recipes;
@@ -123,11 +121,13 @@ static void make_recipes(uint64_t seed)
                         }
 }
 
-/* Inputs of recipe i, uploaded, and the fp64 reference of its sampled rows (on host threads). */
+/* Inputs of recipe i, uploaded, and the fp64 reference of its sampled rows (on host threads:
+ * each makes the primary context current for its uploads). */
 static void recipe_setup(void *arg, int64_t i)
 {
     (void)arg;
     recipe *c = &recipes[i];
+    drv.CtxSetCurrent(ctx->primary);
     const flce_problem *p = &c->p;
     int64_t n = p->tokens, d = p->hidden, v = p->vocab_shard, nl = p->reduction == FLCE_REDUCTION_NONE ? n : 1;
     host_rng rng;
@@ -147,7 +147,7 @@ static void recipe_setup(void *arg, int64_t i)
     }
     for (int s = 0; s < TOK_SAMPLES; s++) c->tok[s] = s == 0 ? 0 : s == 1 ? n - 1 : host_rng_below(&rng, n);
     for (int s = 0; s < ROW_SAMPLES; s++) c->vrow[s] = s == 0 ? 0 : s == 1 ? v - 1 : host_rng_below(&rng, v);
-    c->ref_ok = ref_loss_and_grad(p, NULL, n, d, v, h, w, NULL, labels, NULL, loss, lse, dh, dw, NULL) == 0;
+    c->ok = ref_loss_and_grad(p, NULL, n, d, v, h, w, NULL, labels, NULL, loss, lse, dh, dw, NULL) == 0;
     c->loss = loss[0];
     for (int s = 0; s < TOK_SAMPLES; s++) {
         c->tok_lse[s] = lse[c->tok[s]];
@@ -155,22 +155,16 @@ static void recipe_setup(void *arg, int64_t i)
         memcpy(c->dh + s * d, dh + c->tok[s] * d, sizeof(double) * (size_t)d);
     }
     for (int s = 0; s < ROW_SAMPLES; s++) memcpy(c->dw + s * d, dw + c->vrow[s] * d, sizeof(double) * (size_t)d);
-    free(loss), free(lse), free(dh), free(dw), free(labels);
-    /* uploaded by the main thread, where the primary context is current */
-    c->h = h, c->w = w, c->labels = l32;
+    c->d_h = upload_dtype(p->dtype, h, n * d), c->d_w = upload_dtype(p->dtype, w, v * d);
+    if (devmem_alloc(&c->d_labels, (size_t)n * 4) == FLCE_OK) devmem_upload(c->d_labels, l32, (size_t)n * 4);
+    c->ok = c->ok && c->d_h && c->d_w && c->d_labels;
+    free(h), free(w), free(loss), free(lse), free(dh), free(dw), free(labels), free(l32);
 }
 
-static int recipes_upload(void)
+static int recipes_ready(void)
 {
-    for (int i = 0; i < n_recipes; i++) {
-        recipe *c = &recipes[i];
-        int64_t n = c->p.tokens, d = c->p.hidden, v = c->p.vocab_shard;
-        c->d_h = upload_dtype(c->p.dtype, c->h, n * d), c->d_w = upload_dtype(c->p.dtype, c->w, v * d);
-        if (devmem_alloc(&c->d_labels, (size_t)n * 4) == FLCE_OK) devmem_upload(c->d_labels, c->labels, (size_t)n * 4);
-        free(c->h), free(c->w), free(c->labels);
-        c->h = c->w = NULL, c->labels = NULL;
-        if (!c->d_h || !c->d_w || !c->d_labels || !c->ref_ok) return 0;
-    }
+    for (int i = 0; i < n_recipes; i++)
+        if (!recipes[i].ok) return 0;
     return 1;
 }
 
@@ -452,7 +446,7 @@ static void soak_stays_right_and_flat(void)
     double t0 = host_now_s();
     make_recipes(seed);
     host_parallel_for(n_recipes, 0, recipe_setup, NULL);
-    int ok = recipes_upload();
+    int ok = recipes_ready();
     CHECKF(ok, "recipes: %s", flce_last_error());
     printf("  %d recipes and their fp64 reference: %.1f s\n", n_recipes, host_now_s() - t0);
     t0 = host_now_s();
