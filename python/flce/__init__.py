@@ -2,7 +2,13 @@
 
 A thin ctypes binding over libflce.so (no compiled extension): `linear_cross_entropy(hidden,
 weight, labels)` computes cross_entropy(hidden @ weight.T, labels) without materializing the
-tokens x vocab logits, as a torch.autograd.Function. See python/README.md.
+tokens x vocab logits. The library calls are torch.library custom ops (flce::forward,
+flce::backward, flce::scale_gradients_; python/flce/_ops.py) with fake kernels and autograd
+formulas, so torch.compile(fullgraph=True) traces through them. See python/README.md.
+
+Other argument conventions: flce.functional.linear_cross_entropy (PyTorch's
+F.linear_cross_entropy names), flce.cce.linear_cross_entropy (Cut Cross-Entropy's names);
+Hugging Face causal LMs: flce.patch_hf(model).
 """
 import operator
 from typing import NamedTuple, Optional
@@ -12,8 +18,9 @@ import torch
 from . import _lib
 from ._lib import FlceError, FlceLibraryNotFound  # noqa: F401  (public)
 
-__all__ = ["linear_cross_entropy", "LinearCrossEntropy", "FlceError", "FlceLibraryNotFound",
-           "check", "version", "library_path", "vocab_parallel_cross_entropy", "NcclComm"]
+__all__ = ["linear_cross_entropy", "LinearCrossEntropy", "LinearCrossEntropyOutput", "FlceError",
+           "FlceLibraryNotFound", "check", "version", "library_path", "vocab_parallel_cross_entropy",
+           "NcclComm", "patch_hf", "unpatch_hf"]
 
 _DTYPES = {torch.float32: _lib.FLCE_DTYPE_F32, torch.float16: _lib.FLCE_DTYPE_F16,
            torch.bfloat16: _lib.FLCE_DTYPE_BF16}
@@ -104,6 +111,47 @@ def _check_args(hidden, weight, labels, reduction, strategy, memory_budget):
             raise ValueError(f"memory_budget: {memory_budget!r}; expected a positive number of bytes or None")
 
 
+def _check_extra(hidden, weight, bias, class_weights, vocab_total, grad_hidden_acc, grad_weight_acc):
+    """The optional tensors: bias (V_r,) in the dtype, class weights (vocab_total,) floating, fp32
+    accumulators shaped like hidden and weight."""
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias: expected a torch.Tensor or None, got {type(bias).__name__}")
+        if bias.device != hidden.device:
+            raise ValueError(f"bias: on {bias.device}, hidden is on {hidden.device} (must be the same device)")
+        if bias.dtype != hidden.dtype:
+            raise ValueError(f"bias: dtype {bias.dtype}, hidden is {hidden.dtype} (must be the same)")
+        if tuple(bias.shape) != (weight.shape[0],):
+            raise ValueError(f"bias: shape {tuple(bias.shape)}, expected ({weight.shape[0]},) (one per weight row)")
+        if not bias.is_contiguous():
+            raise ValueError("bias: must be contiguous (call .contiguous() first)")
+    if class_weights is not None:
+        if not isinstance(class_weights, torch.Tensor):
+            raise TypeError(f"weight (class weights): expected a torch.Tensor or None, got "
+                            f"{type(class_weights).__name__}")
+        if class_weights.device != hidden.device:
+            raise ValueError(f"weight (class weights): on {class_weights.device}, hidden is on {hidden.device}")
+        if not class_weights.is_floating_point():
+            raise ValueError(f"weight (class weights): dtype {class_weights.dtype}; expected a floating dtype")
+        if tuple(class_weights.shape) != (vocab_total,):
+            raise ValueError(f"weight (class weights): shape {tuple(class_weights.shape)}, expected "
+                             f"({vocab_total},) (one per class)")
+    for name, acc, like in (("grad_hidden_accumulator", grad_hidden_acc, hidden),
+                            ("grad_weight_accumulator", grad_weight_acc, weight)):
+        if acc is None:
+            continue
+        if not isinstance(acc, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(acc).__name__}")
+        if acc.dtype != torch.float32:
+            raise ValueError(f"{name}: dtype {acc.dtype}; must be float32 (flce adds its gradient into it)")
+        if acc.device != hidden.device:
+            raise ValueError(f"{name}: on {acc.device}, hidden is on {hidden.device} (must be the same device)")
+        if tuple(acc.shape) != tuple(like.shape):
+            raise ValueError(f"{name}: shape {tuple(acc.shape)}, expected {tuple(like.shape)}")
+        if not acc.is_contiguous():
+            raise ValueError(f"{name}: must be contiguous")
+
+
 # ---- the library calls -----------------------------------------------------------------------
 
 class _Options(NamedTuple):
@@ -118,29 +166,50 @@ class _Options(NamedTuple):
     temperature: float
 
 
-class _Call:
-    """The problem of hidden (N, D), weight (V, D), labels (N,) and the options; calls ops on the
-    current stream of the tensors' device."""
+def _problem(n, d, v, dtype, label_dtype, opts, tp=None, has_bias=False, has_class_weights=False):
+    """flce_problem of n tokens, hidden size d, v weight rows (this rank's), torch dtypes and the
+    options; tp: None, or (rank, size, vocab_offset, vocab_total, comm pointer or None)."""
+    rank, size, offset, total, _ = tp or (0, 1, 0, v, None)
+    fields = dict(
+        tokens=n, hidden=d, vocab_shard=v, vocab_offset=offset, vocab_total=total, tp_rank=rank, tp_size=size,
+        dtype=_DTYPES[dtype], label_bits=_LABEL_BITS[label_dtype], reduction=_lib.REDUCTIONS[opts.reduction],
+        ignore_index=int(opts.ignore_index), memory_budget=operator.index(opts.memory_budget or 0),
+        label_smoothing=float(opts.label_smoothing), z_loss=float(opts.z_loss),
+        softcap=float(opts.softcap), temperature=float(opts.temperature))
+    if has_bias:
+        fields["has_bias"] = 1
+    if has_class_weights:
+        fields["has_class_weights"] = 1
+    return _lib.new_problem(**fields)
 
-    def __init__(self, hidden, weight, labels, opts, tp=None):
+
+# Alignment flce.h asks of each output (or extra input) buffer.
+_ALIGN = {"loss": 4, "lse": 4, "grad_output": 4, "grad_hidden": 16, "grad_weight": 16, "grad_bias": 4,
+          "loss_per_token": 4, "z_loss_out": 4, "target_logprob": 4, "entropy": 4, "argmax": 8}
+
+
+class _Call:
+    """The problem of hidden (N, D), weight (V, D), labels (N,), optional bias (V,) and fp32 class
+    weights (vocab_total,), and the options; calls ops on the current stream of the tensors' device."""
+
+    def __init__(self, hidden, weight, labels, opts, tp=None, bias=None, class_weights=None):
         """tp: None, or (rank, size, vocab_offset, vocab_total, comm pointer or None) for a
         vocab-parallel call (python/flce/parallel.py)."""
         self.device = hidden.device
-        rank, size, offset, total, self.comm = tp or (0, 1, 0, weight.shape[0], None)
-        self.problem = _lib.new_problem(
-            tokens=hidden.shape[0], hidden=hidden.shape[1], vocab_shard=weight.shape[0],
-            vocab_offset=offset, vocab_total=total, tp_rank=rank, tp_size=size, dtype=_DTYPES[hidden.dtype],
-            label_bits=_LABEL_BITS[labels.dtype], reduction=_lib.REDUCTIONS[opts.reduction],
-            ignore_index=int(opts.ignore_index), memory_budget=operator.index(opts.memory_budget or 0),
-            label_smoothing=float(opts.label_smoothing), z_loss=float(opts.z_loss),
-            softcap=float(opts.softcap), temperature=float(opts.temperature))
+        self.comm = tp[4] if tp else None
+        self.problem = _problem(hidden.shape[0], hidden.shape[1], weight.shape[0], hidden.dtype, labels.dtype,
+                                opts, tp, bias is not None, class_weights is not None)
         self.hidden, self.weight, self.labels = hidden, weight, labels
+        self.bias, self.class_weights = bias, class_weights
+
+    def _context(self):
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return _lib.context(index)
 
     def strategy_of(self, op, strategy):
         """What the library runs `op` with for `strategy` ('chunked' or 'recompute' for AUTO)."""
         self.problem.strategy = _lib.STRATEGIES[strategy]
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        return _lib.strategy_of(_lib.context(index), self.problem, op)
+        return _lib.strategy_of(self._context(), self.problem, op)
 
     def validate(self, strategy):
         self.problem.strategy = _lib.STRATEGIES[strategy]
@@ -151,16 +220,20 @@ class _Call:
         tensors (or None). The workspace is a torch uint8 tensor, so PyTorch's caching allocator
         owns it and frees it in stream order."""
         self.problem.strategy = _lib.STRATEGIES[strategy]
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        ctx = _lib.context(index)
+        ctx = self._context()
         ws_bytes = _lib.workspace_size(ctx, self.problem, op)
         workspace = torch.empty(max(ws_bytes, 256), dtype=torch.uint8, device=self.device)
         fields = {name: None if t is None else _ptr(t, name, _ALIGN[name]) for name, t in outs.items()}
+        extra = {}
+        if self.bias is not None:
+            extra["bias"] = _ptr(self.bias, "bias", 16)
+        if self.class_weights is not None:
+            extra["class_weights"] = _ptr(self.class_weights, "class_weights", 4)
         t = _lib.new_tensors(
             hidden=_ptr(self.hidden, "hidden", 16), weight=_ptr(self.weight, "weight", 16),
             labels=_ptr(self.labels, "labels", self.labels.element_size()),
             workspace=_ptr(workspace, "workspace", 256), workspace_bytes=workspace.numel(),
-            comm=self.comm if half is None else None, **fields)
+            comm=self.comm if half is None else None, **extra, **fields)
         if half is None:
             _lib.run(op, ctx, self.problem, t, _stream(self.device))
         else:  # one half of the split-phase TP forward; buffer: this rank's stats or all ranks'
@@ -168,10 +241,14 @@ class _Call:
         # `workspace` goes back to the caching allocator here; later work on this stream is ordered
         # after the kernels just enqueued, so reusing the memory is safe.
 
-
-# Alignment flce.h asks of each output (or extra input) buffer.
-_ALIGN = {"loss": 4, "lse": 4, "grad_output": 4, "grad_hidden": 16, "grad_weight": 16}
-
+    def scale(self, grad_output, grad_hidden=None, grad_weight=None, grad_bias=None):
+        """flce_scale_gradients: the given gradients of an earlier loss-and-grad call on this
+        problem times the fp32 scalar grad_output, in place."""
+        self.problem.strategy = _lib.FLCE_STRATEGY_AUTO
+        outs = {"grad_output": grad_output, "grad_hidden": grad_hidden, "grad_weight": grad_weight,
+                "grad_bias": grad_bias}
+        t = _lib.new_tensors(**{k: None if v is None else _ptr(v, k, _ALIGN[k]) for k, v in outs.items()})
+        _lib.scale_gradients(self._context(), self.problem, t, _stream(self.device))
 
 
 def _loss_tensor(n, reduction, device):
@@ -185,134 +262,268 @@ def _grad_out(grad, n, reduction):
     return g.reshape(n) if reduction == "none" else g.reshape(())
 
 
-class _EagerGrads(torch.autograd.Function):
-    """mean / sum: one flce_loss_and_grad call in forward computes the loss and the gradients of
-    (1 · loss); backward scales them by the upstream scalar."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, labels, opts, need_dh, need_dw, tp=None):
-        call = _Call(hidden, weight, labels, opts, tp)
-        loss = _loss_tensor(hidden.shape[0], opts.reduction, hidden.device)
-        dh = torch.empty_like(hidden) if need_dh else None
-        dw = torch.empty_like(weight) if need_dw else None
-        call(_lib.FLCE_OP_LOSS_AND_GRAD, opts.strategy, loss=loss, grad_hidden=dh, grad_weight=dw)
-        ctx.save_for_backward(dh, dw)
-        ctx.used = False
-        return loss
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss):
-        if ctx.used:
-            raise RuntimeError("flce.linear_cross_entropy computed its gradients in forward and scales "
-                               "them in place: backward can run only once per forward (retain_graph "
-                               "is not supported; use strategy='recompute' for that)")
-        ctx.used = True
-        dh, dw = ctx.saved_tensors
-        g = grad_loss.to(torch.float32)
-        # In place: these buffers belong to this graph node only. Multiplying by an exact 1
-        # (loss.backward()) leaves them bit-identical.
-        if dh is not None:
-            dh.mul_(g)
-        if dw is not None:
-            dw.mul_(g)
-        return dh, dw, None, None, None, None, None
-
-
-class _DeferredGrads(torch.autograd.Function):
-    """reduction 'none' (the gradient depends on a per-token upstream gradient) or strategy
-    'recompute': flce_forward in forward saves lse; flce_backward in backward recomputes the logits
-    and takes the upstream gradient as grad_output."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, labels, opts, need_dh, need_dw, tp=None):
-        call = _Call(hidden, weight, labels, opts, tp)
-        # Fail now, not in the middle of backward, if the library refuses the backward request.
-        call.validate(opts.strategy)
-        n = hidden.shape[0]
-        loss = _loss_tensor(n, opts.reduction, hidden.device)
-        lse = torch.empty((n,), dtype=torch.float32, device=hidden.device)
-        call(_lib.FLCE_OP_FORWARD, "auto", loss=loss, lse=lse)
-        ctx.save_for_backward(hidden, weight, labels, lse)
-        ctx.opts, ctx.need, ctx.tp = opts, (need_dh, need_dw), tp
-        return loss
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss):
-        hidden, weight, labels, lse = ctx.saved_tensors
-        opts, (need_dh, need_dw) = ctx.opts, ctx.need
-        g = _grad_out(grad_loss, hidden.shape[0], opts.reduction)
-        dh = torch.empty_like(hidden) if need_dh else None
-        dw = torch.empty_like(weight) if need_dw else None
-        if dh is not None or dw is not None:
-            _Call(hidden, weight, labels, opts, ctx.tp)(_lib.FLCE_OP_BACKWARD, opts.strategy, grad_output=g,
-                                                        lse=lse, grad_hidden=dh, grad_weight=dw)
-        return dh, dw, None, None, None, None, None
-
-
 def _no_grad_loss(hidden, weight, labels, opts, tp=None):
     loss = _loss_tensor(hidden.shape[0], opts.reduction, hidden.device)
     _Call(hidden, weight, labels, opts, tp)(_lib.FLCE_OP_FORWARD, "auto", loss=loss)
     return loss
 
 
+# ---- how the gradients are computed ----------------------------------------------------------
+
 # Up to this many tokens AUTO's gradients go to backward (flce_backward, an extra logits pass of
-# 2·N·V·D) instead of being computed in forward and scaled in place by the upstream gradient in
-# backward (a pass over dW, V·D, whatever N is). Measured through this binding on an H100
-# (bench/results/compare-…-2026-11-23-7ab2a98): 512×4096×128256 eager 5.66 ms vs deferred 4.27;
-# 4096×2048×32000 eager 2.90 vs 3.13; 8192×4096×128256 eager 46.2 vs 51.3.
+# 2·N·V·D) instead of being computed in forward and scaled by the upstream gradient in backward
+# (a pass over dW, V·D, whatever N is, unless the library's flce_scale_gradients finds the upstream
+# gradient is exactly 1). Measured through this binding on an H100 before flce_scale_gradients
+# existed (bench/results/compare-…-2026-11-23-7ab2a98): 512×4096×128256 eager 5.66 ms vs deferred
+# 4.27; 4096×2048×32000 eager 2.90 vs 3.13; 8192×4096×128256 eager 46.2 vs 51.3.
 _DEFER_TOKENS = 1024
 
 
-def linear_cross_entropy(hidden, weight, labels, *, ignore_index=-100, reduction="mean",
-                         memory_budget=None, strategy="auto", label_smoothing=0.0, z_loss=0.0,
-                         softcap=0.0, temperature=1.0):
-    """cross_entropy(hidden @ weight.T, labels) without materializing the logits.
+def _auto_choice_now(device_index, n, d, v, dtype, label_dtype, opts, tp, has_bias, has_class_weights):
+    problem = _problem(n, d, v, dtype, label_dtype, opts, tp, has_bias, has_class_weights)
+    problem.strategy = _lib.FLCE_STRATEGY_AUTO
+    return _lib.strategy_of(_lib.context(device_index), problem, _lib.FLCE_OP_LOSS_AND_GRAD)
+
+
+@torch.compiler.assume_constant_result
+def _auto_choice(device_index, n, d, v, dtype, label_dtype, opts, tp, has_bias, has_class_weights):
+    """The strategy ('chunked' or 'recompute') the library's AUTO picks for a loss-and-grad call
+    (flce_strategy_of: host arithmetic, no GPU work). torch.compile evaluates it once while tracing
+    (static shapes) and keeps the answer as a constant: it only chooses between two ways of
+    computing the same values."""
+    return _auto_choice_now(device_index, n, d, v, dtype, label_dtype, opts, tp, has_bias, has_class_weights)
+
+
+def _static_dims(*dims):
+    """The dims as ints: themselves in eager mode and for static shapes under torch.compile; for
+    dynamic (symbolic) ones, the value of the call being traced (size_hint, no guard); None when
+    there is none (data-dependent sizes)."""
+    try:
+        from torch.fx.experimental.symbolic_shapes import has_static_value, size_hint
+    except ImportError:  # older PyTorch: every dim is an int outside a trace
+        return dims if all(type(x) is int for x in dims) else None
+    if all(has_static_value(x) for x in dims):
+        return dims
+    try:
+        return tuple(size_hint(x) for x in dims)
+    except Exception:  # noqa: BLE001  (an unbacked size has no hint)
+        return None
+
+
+def _plan_options(opts):
+    """opts with constants where torch.compile(dynamic=True) made them symbols (it does so even
+    for defaults like ignore_index=-100 and z_loss=0.0): what AUTO's choice depends on is kept
+    (whether smoothing, z-loss and softcap are on, under a guard), the rest is a stand-in."""
+    try:
+        from torch.fx.experimental.symbolic_shapes import has_static_value, size_hint
+    except ImportError:
+        return opts
+
+    def num(x, on):
+        if has_static_value(x):
+            return x
+        if isinstance(x, float) or type(x).__name__ == "SymFloat":
+            return on if x > 0 else 0.0
+        return size_hint(x)
+    budget = None if opts.memory_budget is None else num(opts.memory_budget, 0)
+    return _Options(num(opts.ignore_index, 0), opts.reduction, opts.strategy, budget,
+                    num(opts.label_smoothing, 0.5), num(opts.z_loss, 1e-4), num(opts.softcap, 1.0),
+                    num(opts.temperature, 1.0))
+
+
+def _grads_in_forward(h2, weight, y1, opts, tp, bias, class_weights):
+    """True: one loss-and-grad call in forward (gradients of 1·loss, scaled in backward); False:
+    forward saves lse and backward runs flce_backward. Only asked for mean/sum without accumulators
+    or differentiable per-token outputs. Both compute the same values; which is faster depends on
+    the shapes (the library's AUTO, flce_strategy_of). Under torch.compile with a dynamic token
+    count the library is asked about the token count of the call being traced, and the compiled
+    graph keeps that choice for the other counts it runs (apart from the N <= _DEFER_TOKENS guard)."""
+    if opts.strategy == "recompute":
+        return False
+    if opts.strategy == "chunked" or tp is not None:  # vocab-parallel with flce's NCCL: as before
+        return True
+    if h2.shape[0] <= _DEFER_TOKENS:
+        return False
+    dims = _static_dims(h2.shape[0], h2.shape[1], weight.shape[0])
+    if dims is None:
+        return True
+    n, d, v = dims
+    opts = _plan_options(opts)
+    index = h2.device.index if h2.device.index is not None else \
+        (torch.cuda.current_device() if h2.is_cuda else -1)
+    return _auto_choice(index, n, d, v, h2.dtype, y1.dtype, opts, tp, bias is not None,
+                        class_weights is not None) != "recompute"
+
+
+class LinearCrossEntropyOutput(NamedTuple):
+    """What linear_cross_entropy returns when a return_* option is set. Per-token fields have
+    labels' shape (fp32; argmax int64) and are None unless asked for.
+
+    loss            as without the options (scalar for mean/sum, per token for none)
+    lse             log Σ_j exp(z_j) of each token (all tokens, ignored ones too)
+    logprobs        z_y − lse: log-probability of the label (0 for ignored tokens); differentiable
+    entropy         lse − Σ_j p_j z_j (all tokens); not differentiable (flce has no entropy gradient)
+    argmax          id of the largest logit (first on ties)
+    z_loss          the z_loss·w_y·lse² part of the loss, reduced like the loss; not differentiable
+    loss_per_token  loss_i before the reduction (0 for ignored tokens); differentiable
+    """
+    loss: torch.Tensor
+    lse: Optional[torch.Tensor] = None
+    logprobs: Optional[torch.Tensor] = None
+    entropy: Optional[torch.Tensor] = None
+    argmax: Optional[torch.Tensor] = None
+    z_loss: Optional[torch.Tensor] = None
+    loss_per_token: Optional[torch.Tensor] = None
+
+
+def _shift_labels(labels, shift, ignore_index):
+    """labels[..., s:] followed by s ignored positions: hidden position t is scored against the
+    label at t + s, without slicing (and copying) hidden."""
+    s = operator.index(shift)
+    if labels.dim() < 1 or not 0 <= s < labels.shape[-1]:
+        raise ValueError(f"shift: {shift!r}; must be in [0, {labels.shape[-1] if labels.dim() else 0}) "
+                         f"(the last dim of labels)")
+    if s == 0:
+        return labels
+    pad = torch.full(tuple(labels.shape[:-1]) + (s,), ignore_index, dtype=labels.dtype, device=labels.device)
+    return torch.cat([labels[..., s:], pad], dim=-1).contiguous()
+
+
+def _unshift(x, s, fill=0):
+    """Per-token values of hidden positions moved to their labels' positions (t + s); the first s
+    positions, which no hidden position predicts, get `fill`."""
+    if s == 0:
+        return x
+    return torch.nn.functional.pad(x[..., :-s], (s, 0), value=fill)
+
+
+def linear_cross_entropy(hidden, weight, labels, *, bias=None, class_weights=None, ignore_index=-100,
+                         reduction="mean", memory_budget=None, strategy="auto", label_smoothing=0.0,
+                         z_loss=0.0, softcap=0.0, temperature=1.0, shift=0, grad_weight_accumulator=None,
+                         grad_hidden_accumulator=None, return_lse=False, return_logprobs=False,
+                         return_entropy=False, return_argmax=False, return_z_loss=False,
+                         return_loss_per_token=False):
+    """cross_entropy(hidden @ weight.T + bias, labels) without materializing the logits.
 
     hidden:  (N, D) or (..., D), float32 / float16 / bfloat16, contiguous, on a CUDA device.
-    weight:  (V, D), same dtype and device, contiguous.
+    weight:  (V, D), same dtype and device, contiguous (the output layer, e.g. lm_head.weight).
     labels:  hidden's leading shape, int32 or int64; labels == ignore_index contribute nothing.
+    bias:    None or (V,) in the dtype; differentiable (its gradient Σ_i dZ_i).
+    class_weights: None or (V,) floating (used as fp32): F.cross_entropy's `weight=`; the mean
+        divides by the sum of the valid tokens' label weights. Not differentiable.
     reduction: 'mean' (over non-ignored tokens; 0 when there are none), 'sum' or 'none'.
-    memory_budget: bytes of workspace the chunked strategy may use (None: the library's 512 MiB).
+    memory_budget: bytes of workspace the chunked strategy may use (None: the library's default).
     strategy: 'auto'; 'chunked' (loss and grads in one pass, 6NVD); 'recompute' (forward now,
         backward recomputes the logits from the saved lse, 8NVD, no workspace that grows with V).
-    label_smoothing (PyTorch's), z_loss (adds z_loss * lse^2), softcap (logits -> c*tanh(z/c)),
-        temperature (logits / T): see include/flce.h; the library checks their ranges.
+    label_smoothing (PyTorch's), z_loss (adds z_loss * lse^2), softcap (logits -> c*tanh(z/c); None
+        or 0: off), temperature (logits / T): see include/flce.h; the library checks their ranges.
+    shift: s > 0 scores hidden position t against labels[..., t + s] (causal LM: s = 1, as Cut
+        Cross-Entropy's shift) without copying hidden[..., :-s, :]; per-token outputs stay aligned
+        with labels (position t + s), and the first s positions are 0 (argmax: -1).
+    grad_weight_accumulator / grad_hidden_accumulator: float32 tensors shaped like weight / hidden
+        (Megatron's main_grad): backward adds dW / dH into them in fp32 (one rounding less than a
+        16-bit .grad) and weight's / hidden's autograd gradient is then None.
+    return_lse, return_logprobs, return_entropy, return_argmax, return_z_loss,
+        return_loss_per_token: also return these per-token values (see LinearCrossEntropyOutput);
+        then the result is a LinearCrossEntropyOutput instead of the loss tensor. logprobs and
+        loss_per_token are differentiable (RL objectives: temperature applies), lse, entropy and
+        z_loss are not: a gradient reaching them raises NotImplementedError (detach them or compute
+        them under torch.no_grad()).
 
-    Returns the loss in float32: a scalar, or labels.shape for 'none'. Differentiable in hidden
-    and weight. With 'mean'/'sum' and strategy chunked (or auto when the library picks chunked)
-    the gradients are computed in the forward call, so backward is cheap but can run only once;
-    when auto picks recompute (many tokens x vocab for the memory budget), forward saves lse and
-    backward recomputes the logits. Needs a GPU of sm_80 or newer.
+    Returns the loss in float32: a scalar, or labels.shape for 'none'. Differentiable in hidden,
+    weight and bias. With 'mean'/'sum' and strategy chunked (or auto, when the library picks chunked
+    for more than 1024 tokens) the gradients are computed in the forward call and backward scales
+    them by the upstream gradient (in place through flce_scale_gradients, with no pass at all when
+    it is 1; a second backward through the same graph then raises); otherwise forward saves lse and
+    backward recomputes the logits. Works under torch.compile(fullgraph=True) and CUDA-graph
+    capture. Needs a GPU of sm_80 or newer.
     """
     _check_args(hidden, weight, labels, reduction, strategy, memory_budget)
-    opts = _Options(ignore_index, reduction, strategy, memory_budget, label_smoothing, z_loss, softcap,
-                    temperature)
+    softcap = 0.0 if softcap is None else softcap
+    vocab_total = weight.shape[0]
+    _check_extra(hidden, weight, bias, class_weights, vocab_total, grad_hidden_accumulator, grad_weight_accumulator)
+    s = operator.index(shift)
+    labels = _shift_labels(labels, s, ignore_index)
+    opts = _Options(ignore_index, reduction, strategy, memory_budget, label_smoothing, z_loss, softcap, temperature)
+    want = dict(lse=return_lse, logprobs=return_logprobs, entropy=return_entropy, argmax=return_argmax,
+                z_loss=return_z_loss, loss_per_token=return_loss_per_token)
+    return _apply(hidden, weight, labels, opts, None, bias, class_weights, grad_hidden_accumulator,
+                  grad_weight_accumulator, want, s)
+
+
+def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc, want, s=0):
+    """Checked arguments -> the custom ops (python/flce/_ops.py) -> the loss or a
+    LinearCrossEntropyOutput."""
+    want = {k: bool(want.get(k, False)) for k in LinearCrossEntropyOutput._fields[1:]}
     lead = labels.shape
     h2 = hidden.reshape(-1, hidden.shape[-1])
     y1 = labels.reshape(-1)
-    need_dh = torch.is_grad_enabled() and hidden.requires_grad
-    need_dw = torch.is_grad_enabled() and weight.requires_grad
+    cw = None if class_weights is None else class_weights.to(torch.float32).contiguous()
+    grad_on = torch.is_grad_enabled()
+    need_dh = grad_on and hidden.requires_grad
+    need_dw = grad_on and weight.requires_grad
+    need_db = grad_on and bias is not None and bias.requires_grad
+    need_any = need_dh or need_dw or need_db
+    n = h2.shape[0]
 
-    if h2.shape[0] == 0:  # no tokens: loss 0 (the library's convention for a mean over none)
-        zero = h2.float().sum(-1) * 0 if reduction == "none" else (h2.float().sum() + weight.float().sum()) * 0
-        return zero.reshape(lead) if reduction == "none" else zero
+    if n == 0:  # no tokens: loss 0 (the library's convention for a mean over none)
+        anchor = h2.float().sum() + weight.float().sum() * 0 + (0 if bias is None else bias.float().sum() * 0)
+        if opts.reduction == "none":
+            loss = (h2.float().sum(-1) * 0).reshape(lead)
+        else:
+            loss = anchor * 0
+        if not any(want.values()):
+            return loss
+        per = torch.zeros(lead, dtype=torch.float32, device=hidden.device)
+        return LinearCrossEntropyOutput(
+            loss, *(per.clone() if want[k] else None for k in ("lse", "logprobs", "entropy")),
+            torch.zeros(lead, dtype=torch.int64, device=hidden.device) if want["argmax"] else None,
+            (loss.detach() * 0) if want["z_loss"] else None,
+            (per.clone() + loss.sum() * 0) if want["loss_per_token"] else None)
 
-    if not (need_dh or need_dw):
-        loss = _no_grad_loss(h2, weight, y1, opts)
-    elif reduction == "none" or strategy == "recompute":
-        loss = _DeferredGrads.apply(h2, weight, y1, opts, need_dh, need_dw)
-    elif strategy == "auto" and (h2.shape[0] <= _DEFER_TOKENS or _Call(h2, weight, y1, opts).strategy_of(
-            _lib.FLCE_OP_LOSS_AND_GRAD, "auto") == "recompute"):
-        # AUTO recomputes the logits for the gradients anyway: forward now and flce_backward in
-        # backward do the same work as one loss-and-grad call, without scaling dW and dH by the
-        # upstream gradient afterwards and without holding them from forward to backward. With
-        # few tokens that scaling pass over dW costs more than recomputing the logits does.
-        loss = _DeferredGrads.apply(h2, weight, y1, opts._replace(strategy="recompute"), need_dh, need_dw)
-    else:
-        loss = _EagerGrads.apply(h2, weight, y1, opts, need_dh, need_dw)
-    return loss.reshape(lead) if reduction == "none" else loss
+    outputs = (_ops.OUT_LOGPROB * bool(want["logprobs"]) | _ops.OUT_ENTROPY * bool(want["entropy"]) |
+               _ops.OUT_ARGMAX * bool(want["argmax"]) | _ops.OUT_ZLOSS * bool(want["z_loss"]) |
+               _ops.OUT_LOSS_PER_TOKEN * bool(want["loss_per_token"]))
+    grads = 0
+    if need_any and opts.reduction != "none" and gh_acc is None and gw_acc is None and \
+            not (want["logprobs"] or want["loss_per_token"]) and \
+            _grads_in_forward(h2, weight, y1, opts, tp, bias, cw):
+        grads = (_ops.GRAD_HIDDEN * need_dh | _ops.GRAD_WEIGHT * need_dw | _ops.GRAD_BIAS * need_db)
+    strategy = opts.strategy
+    if need_any and not grads and strategy == "auto":
+        # AUTO recomputes the logits for the gradients anyway (or there are few tokens): forward
+        # now and flce_backward later do the same work as one loss-and-grad call, without scaling
+        # dW and dH by the upstream gradient afterwards and without holding them in between.
+        strategy = "recompute"
+    rank, size, offset, total, comm = tp or (0, 1, 0, weight.shape[0], None)
+    res = _ops.forward_op(
+        h2, weight, y1, bias, cw, gh_acc, gw_acc, opts.reduction, int(opts.ignore_index),
+        float(opts.label_smoothing), float(opts.z_loss), float(opts.softcap), float(opts.temperature),
+        strategy, int(opts.memory_budget or 0), outputs, grads, rank, size, offset, total, int(comm or 0))
+    loss, lse, logprob, entropy, argmax, zl, lpt = res[:7]
+
+    if opts.reduction == "none":
+        loss = _unshift(loss.reshape(lead), s)
+    if not any(want.values()):
+        return loss
+    anchor = (h2 if h2.requires_grad else weight if weight.requires_grad else bias) if need_any else None
+
+    def per_token(x, name, differentiable=True, fill=0):
+        x = x.reshape(lead)
+        if need_any and not differentiable:
+            x = _ops.not_differentiable(x, anchor, name)
+        return _unshift(x, s, fill)
+
+    return LinearCrossEntropyOutput(
+        loss,
+        per_token(lse, "lse", False) if want["lse"] else None,
+        per_token(logprob, "logprobs") if want["logprobs"] else None,
+        per_token(entropy, "entropy", False) if want["entropy"] else None,
+        _unshift(argmax.reshape(lead), s, -1) if want["argmax"] else None,
+        ((per_token(zl, "z_loss", False) if opts.reduction == "none" else
+          _ops.not_differentiable(zl, anchor, "z_loss") if need_any else zl)
+         if want["z_loss"] else None),
+        per_token(lpt, "loss_per_token") if want["loss_per_token"] else None)
 
 
 class LinearCrossEntropy(torch.nn.Module):
@@ -327,11 +538,26 @@ class LinearCrossEntropy(torch.nn.Module):
             raise TypeError(f"LinearCrossEntropy: unknown options {sorted(unknown)}")
         self.options = dict(linear_cross_entropy.__kwdefaults__, **options)
 
-    def forward(self, hidden, weight, labels):
-        return linear_cross_entropy(hidden, weight, labels, **self.options)
+    def forward(self, hidden, weight, labels, bias=None):
+        options = self.options if bias is None else dict(self.options, bias=bias)
+        return linear_cross_entropy(hidden, weight, labels, **options)
 
     def extra_repr(self):
-        return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return ", ".join(f"{k}={v!r}" for k, v in self.options.items() if v is not None)
 
 
-from .parallel import NcclComm, vocab_parallel_cross_entropy  # noqa: E402  (needs the names above)
+def patch_hf(model, **options):
+    """Routes a Hugging Face causal LM's training loss through flce (python/flce/hf.py)."""
+    from .hf import patch_hf as _patch
+    return _patch(model, **options)
+
+
+def unpatch_hf(model):
+    """Undoes patch_hf(model)."""
+    from .hf import unpatch_hf as _unpatch
+    return _unpatch(model)
+
+
+from . import _ops  # noqa: E402  (needs the names above)
+from .parallel import NcclComm, vocab_parallel_cross_entropy  # noqa: E402
+from . import functional, cce  # noqa: E402,F401

@@ -181,6 +181,20 @@ def _declare(lib):
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
+    # Newer entry points: a library built before them still loads; has(name) says whether it has them.
+    optional = {
+        "flce_scale_gradients": (st, [vp, P, T, vp]),
+    }
+    for name, (res, args) in optional.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = res
+            fn.argtypes = args
+
+
+def has(name):
+    """Whether the loaded library exports `name` (entry points added after the first release)."""
+    return getattr(lib(), name, None) is not None
 
 
 def lib():
@@ -351,6 +365,13 @@ def run(op, ctx, problem, tensors, stream):
     name = _OPS[op]
     check_status(getattr(lib(), name)(ctx, ctypes.byref(problem), ctypes.byref(tensors),
                                       ctypes.c_void_p(stream or None)), name)
+
+
+def scale_gradients(ctx, problem, tensors, stream):
+    """flce_scale_gradients: tensors.grad_hidden/grad_weight/grad_bias *= the fp32 scalar at
+    tensors.grad_output, in place, on `stream` (no pass when it is exactly 1)."""
+    check_status(lib().flce_scale_gradients(ctx, ctypes.byref(problem), ctypes.byref(tensors),
+                                            ctypes.c_void_p(stream or None)), "flce_scale_gradients")
 
 
 def tp_stats_bytes(problem):

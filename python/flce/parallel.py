@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from . import _lib
-from . import _Call, _DeferredGrads, _EagerGrads, _Options, _check_args, _grad_out, _loss_tensor, _no_grad_loss
+from . import _Call, _Options, _apply, _check_args, _grad_out, _loss_tensor
 
 
 class _UniqueId(ctypes.Structure):
@@ -118,10 +118,6 @@ def vocab_parallel_cross_entropy(hidden, weight, labels, *, vocab_offset, vocab_
     need_dw = torch.is_grad_enabled() and weight.requires_grad
     if comm is None:
         loss = _SplitPhase.apply(h2, weight, y1, opts, need_dh, need_dw, tp, group)
-    elif not (need_dh or need_dw):
-        loss = _no_grad_loss(h2, weight, y1, opts, tp)
-    elif reduction == "none" or strategy == "recompute":
-        loss = _DeferredGrads.apply(h2, weight, y1, opts, need_dh, need_dw, tp)
-    else:
-        loss = _EagerGrads.apply(h2, weight, y1, opts, need_dh, need_dw, tp)
-    return loss.reshape(lead) if reduction == "none" else loss
+        return loss.reshape(lead) if reduction == "none" else loss
+    # flce's own collectives: the same custom ops as linear_cross_entropy, with the TP fields
+    return _apply(hidden, weight, labels, opts, tp, None, None, None, None, {})

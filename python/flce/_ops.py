@@ -1,0 +1,335 @@
+"""_ops.py — the library calls as torch.library custom ops, so that torch.compile, AOTAutograd,
+torch.export and FakeTensor see them as opaque functional operators with known output shapes:
+
+  flce::forward            flce_forward, or flce_loss_and_grad when `grads` asks for gradients
+                           in forward; every output is a new tensor (empty (0,) when not asked for)
+  flce::backward           flce_backward: gradients from the saved lse and the upstream gradient;
+                           mutates only the caller's fp32 accumulators (declared)
+  flce::scale_gradients_   flce_scale_gradients: gradients from forward times the upstream scalar,
+                           in place (declared); used by the eager backward only
+  flce::not_differentiable a copy whose backward raises NotImplementedError: lse, entropy and the
+                           z-loss part, whose gradients the library does not compute
+
+Each has a fake (meta) kernel that only computes shapes and an autograd formula
+(register_autograd). The kernels call the library through python/flce/__init__.py's _Call, on the
+current stream of the tensors' device; they never synchronize, so CUDA-graph capture works.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib
+
+# flce::forward's `outputs` bits (lse is always computed) and `grads` bits.
+OUT_LOGPROB, OUT_ENTROPY, OUT_ARGMAX, OUT_ZLOSS, OUT_LOSS_PER_TOKEN = 1, 2, 4, 8, 16
+GRAD_HIDDEN, GRAD_WEIGHT, GRAD_BIAS = 1, 2, 4
+
+
+def _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget):
+    from . import _Options
+    return _Options(ignore_index, reduction, strategy, memory_budget or None, label_smoothing, z_loss, softcap,
+                    temperature)
+
+
+def _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm):
+    """_Call's tp tuple: None without tensor parallelism."""
+    return None if tp_size == 1 and comm == 0 else (tp_rank, tp_size, vocab_offset, vocab_total, comm or None)
+
+
+def _empty(shape, dtype, device):
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _forward_outputs(hidden, weight, bias, reduction, outputs, grads):
+    n, dev, f32 = hidden.shape[0], hidden.device, torch.float32
+    loss_shape = (n,) if reduction == "none" else ()
+
+    def per(bit, dtype=f32):
+        return _empty((n,) if outputs & bit else (0,), dtype, dev)
+
+    return (_empty(loss_shape, f32, dev),                                   # loss
+            _empty((n,), f32, dev),                                         # lse
+            per(OUT_LOGPROB), per(OUT_ENTROPY), per(OUT_ARGMAX, torch.int64),
+            _empty(loss_shape if outputs & OUT_ZLOSS else (0,), f32, dev),  # z_loss
+            per(OUT_LOSS_PER_TOKEN),
+            _empty(hidden.shape if grads & GRAD_HIDDEN else (0,), hidden.dtype, dev),
+            _empty(weight.shape if grads & GRAD_WEIGHT else (0,), weight.dtype, dev),
+            _empty(bias.shape if grads & GRAD_BIAS and bias is not None else (0,), hidden.dtype, dev))
+
+
+def _given(t):
+    return t if t is not None and t.numel() > 0 else None
+
+
+# ---- flce::forward -------------------------------------------------------------------------------
+
+@torch.library.custom_op("flce::forward", mutates_args=())
+def forward_op(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[Tensor],
+               class_weights: Optional[Tensor], grad_hidden_acc: Optional[Tensor], grad_weight_acc: Optional[Tensor],
+               reduction: str, ignore_index: int, label_smoothing: float, z_loss: float, softcap: float,
+               temperature: float, strategy: str, memory_budget: int, outputs: int, grads: int,
+               tp_rank: int, tp_size: int, vocab_offset: int, vocab_total: int, comm: int
+               ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Returns (loss, lse, logprob, entropy, argmax, z_loss, loss_per_token, dh, dw, db): loss () or
+    (N,) for 'none'; lse (N,); the per-token outputs (N,) when their `outputs` bit is set, else (0,);
+    dh, dw, db the gradients of 1·loss when `grads` asks for them (one flce_loss_and_grad call),
+    else (0,). Differentiable: loss, and logprob and loss_per_token unless `grads` is set. The accumulators are not touched here (flce::backward adds into them); they are
+    inputs so that the autograd formula can hand them to flce::backward."""
+    from . import _Call
+    opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget)
+    res = _forward_outputs(hidden, weight, bias, reduction, outputs, grads)
+    loss, lse, logprob, entropy, argmax, zl, lpt, dh, dw, db = res
+    call = _Call(hidden, weight, labels, opts, _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm),
+                 bias=bias, class_weights=class_weights)
+    op = _lib.FLCE_OP_LOSS_AND_GRAD if grads else _lib.FLCE_OP_FORWARD
+    call(op, strategy if grads else "auto", loss=loss, lse=lse, target_logprob=_given(logprob),
+         entropy=_given(entropy), argmax=_given(argmax), z_loss_out=_given(zl), loss_per_token=_given(lpt),
+         **({"grad_hidden": _given(dh), "grad_weight": _given(dw), "grad_bias": _given(db)} if grads else {}))
+    return res
+
+
+@forward_op.register_fake
+def _forward_fake(hidden, weight, labels, bias, class_weights, grad_hidden_acc, grad_weight_acc, reduction,
+                  ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget, outputs,
+                  grads, tp_rank, tp_size, vocab_offset, vocab_total, comm):
+    return _forward_outputs(hidden, weight, bias, reduction, outputs, grads)
+
+
+_OPTION_NAMES = ("reduction", "ignore_index", "label_smoothing", "z_loss", "softcap", "temperature", "strategy",
+                 "memory_budget", "outputs", "grads", "tp_rank", "tp_size", "vocab_offset", "vocab_total", "comm")
+
+
+def _forward_setup(ctx, inputs, output):
+    hidden, weight, labels, bias, class_weights, gh_acc, gw_acc = inputs[:7]
+    ctx.o = dict(zip(_OPTION_NAMES, inputs[7:]))
+    loss, lse, logprob, entropy, argmax, zl, lpt, dh, dw, db = output
+    # Gradients flow only through loss, logprob and loss_per_token; the others are marked so, and
+    # outputs nobody differentiates arrive in backward as None (not as zeros to allocate).
+    ctx.mark_non_differentiable(lse, entropy, argmax, zl, dh, dw, db)
+    if ctx.o["grads"]:
+        # gradients computed in forward are those of the loss alone
+        ctx.mark_non_differentiable(logprob, lpt)
+    ctx.set_materialize_grads(False)
+    ctx.shapes = (hidden.shape, weight.shape, None if bias is None else bias.shape)
+    ctx.types = (hidden.dtype, labels.dtype, bias is not None, class_weights is not None)
+    # The accumulators are kept as attributes, not saved tensors: other micro-batches add into them
+    # between this forward and its backward, which a saved tensor's version check would refuse.
+    ctx.acc = (gh_acc, gw_acc)
+    if ctx.o["grads"]:
+        ctx.save_for_backward(dh, dw, db)
+    else:
+        ctx.save_for_backward(hidden, weight, labels, bias, class_weights, lse)
+
+
+def _traced(t):
+    """True while AOTAutograd / make_fx / FakeTensor trace (tensor subclasses or functional
+    wrappers), False for a real tensor in eager mode."""
+    from torch._subclasses.fake_tensor import is_fake
+    return type(t) is not torch.Tensor or torch._is_functional_tensor(t) or is_fake(t)
+
+
+def _scale(ctx, g, dh, dw, db):
+    """dh, dw, db (the gradients of 1·loss from forward) times the upstream scalar g."""
+    present = [t for t in (dh, dw, db) if t is not None]
+    if not present:
+        return dh, dw, db
+    g = g.to(torch.float32).reshape(())
+    if not _traced(g) and not any(_traced(t) for t in present) and _lib.has("flce_scale_gradients"):
+        # Eager: in place through the library, which reads g on the device and moves nothing when
+        # it is 1 (the usual loss.backward()). The saved tensors' versions move on, so a second
+        # backward through this graph raises instead of scaling twice.
+        o = ctx.o
+        scale_gradients_(dh, dw, db, g.contiguous(), ctx.shapes[0][0], ctx.shapes[0][1], ctx.shapes[1][0],
+                         ctx.types[0], ctx.types[1], o["reduction"], o["ignore_index"], o["label_smoothing"],
+                         o["z_loss"], o["softcap"], o["temperature"], o["memory_budget"], ctx.types[2],
+                         ctx.types[3], o["tp_rank"], o["tp_size"], o["vocab_offset"], o["vocab_total"])
+        return dh, dw, db
+    # Traced (torch.compile) or without the library's in-place scaling: new tensors (rounded once
+    # in the dtype, like the in-place product); Inductor fuses each into one pass.
+    return tuple(None if t is None else t * g for t in (dh, dw, db))
+
+
+def _valid_weight(labels, class_weights, ignore_index, vocab_total):
+    """Per token: the mean's weight of a valid label (w_y, or 1), 0 for ignored or out-of-range ones."""
+    valid = (labels != ignore_index) & (labels >= 0) & (labels < vocab_total)
+    if class_weights is None:
+        return valid.to(torch.float32)
+    return torch.where(valid, class_weights[labels.clamp(0, vocab_total - 1).long()], 0.0)
+
+
+def _forward_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_argmax, g_zl, g_lpt, g_dh, g_dw, g_db):
+    o = ctx.o
+    if not o["outputs"] & OUT_LOGPROB:
+        g_logprob = None  # the (0,) placeholder output
+    if not o["outputs"] & OUT_LOSS_PER_TOKEN:
+        g_lpt = None
+    need = ctx.needs_input_grad
+    need_dh, need_dw, need_db = need[0], need[1], len(need) > 3 and need[3]
+    if len(need) > 4 and need[4]:
+        raise NotImplementedError("flce: class weights (weight=) are not differentiable (as in "
+                                  "F.cross_entropy); pass them detached")
+    none = (None,) * 22
+    if o["grads"]:
+        dh, dw, db = ctx.saved_tensors
+        if g_loss is None:
+            return none
+        dh, dw, db = (t if t is not None and t.numel() else None for t in (dh, dw, db))
+        dh, dw, db = _scale(ctx, g_loss, dh, dw, db)
+        return (dh if need_dh else None, dw if need_dw else None, None, db if need_db else None) + none[4:]
+
+    hidden, weight, labels, bias, class_weights, lse = ctx.saved_tensors
+    gh_acc, gw_acc = ctx.acc
+    n = hidden.shape[0]
+    grads = GRAD_HIDDEN * bool(need_dh) | GRAD_WEIGHT * bool(need_dw) | GRAD_BIAS * bool(need_db)
+    if not grads:
+        return none
+    plain = o["label_smoothing"] == 0 and o["z_loss"] == 0 and class_weights is None
+    terms = []  # (reduction, upstream gradient, plain problem?)
+    if g_logprob is None and g_lpt is None:
+        if g_loss is None:
+            return none
+        terms.append((o["reduction"], g_loss, False))
+    else:
+        # d(Σ_i g_i·loss_i) is what flce_backward computes (reduction 'none'); loss_per_token is
+        # loss_i, and logprob_i = z_y − lse = −(loss_i of the plain problem: no smoothing, z-loss
+        # or class weights), so their upstream gradients fold into one per-token g.
+        g = None
+        if g_loss is not None:
+            if o["reduction"] == "none":
+                g = g_loss.to(torch.float32).reshape(n)
+            elif o["reduction"] == "sum":
+                g = g_loss.to(torch.float32).reshape(()).expand(n)
+            else:
+                wv = _valid_weight(labels, class_weights, o["ignore_index"], o["vocab_total"])
+                den = wv.sum()
+                g = (g_loss.to(torch.float32) * torch.where(den != 0, 1.0 / den, 0.0)).expand(n)
+        if g_lpt is not None:
+            g = g_lpt.to(torch.float32).reshape(n) if g is None else g + g_lpt.to(torch.float32).reshape(n)
+        if g_logprob is not None:
+            glp = g_logprob.to(torch.float32).reshape(n)
+            if plain:
+                g = -glp if g is None else g - glp
+            else:
+                terms.append(("none", -glp, True))
+        if g is not None:
+            terms.append(("none", g, False))
+    dh = dw = db = None
+    for reduction, g, plain_term in terms:
+        g = g.to(torch.float32).contiguous()
+        r = backward_op(hidden, weight, labels, bias, None if plain_term else class_weights, lse, g, reduction,
+                        o["ignore_index"], 0.0 if plain_term else o["label_smoothing"],
+                        0.0 if plain_term else o["z_loss"], o["softcap"], o["temperature"], o["strategy"],
+                        o["memory_budget"], grads, o["tp_rank"], o["tp_size"], o["vocab_offset"], o["vocab_total"],
+                        o["comm"], gh_acc if need_dh else None, gw_acc if need_dw else None)
+        r = [t if t.numel() else None for t in r]
+        dh = r[0] if dh is None else (dh if r[0] is None else dh + r[0])
+        dw = r[1] if dw is None else (dw if r[1] is None else dw + r[1])
+        db = r[2] if db is None else (db if r[2] is None else db + r[2])
+    return (dh if need_dh and gh_acc is None else None, dw if need_dw and gw_acc is None else None, None,
+            db if need_db else None) + none[4:]
+
+
+forward_op.register_autograd(_forward_backward, setup_context=_forward_setup)
+
+
+# ---- flce::backward ------------------------------------------------------------------------------
+
+def _backward_outputs(hidden, weight, bias, grads, gh_acc, gw_acc):
+    dev = hidden.device
+    return (_empty(hidden.shape if grads & GRAD_HIDDEN and gh_acc is None else (0,), hidden.dtype, dev),
+            _empty(weight.shape if grads & GRAD_WEIGHT and gw_acc is None else (0,), weight.dtype, dev),
+            _empty(bias.shape if grads & GRAD_BIAS and bias is not None else (0,), hidden.dtype, dev))
+
+
+@torch.library.custom_op("flce::backward", mutates_args=("grad_hidden_acc", "grad_weight_acc"))
+def backward_op(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[Tensor],
+                class_weights: Optional[Tensor], lse: Tensor, grad_output: Tensor, reduction: str,
+                ignore_index: int, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
+                strategy: str, memory_budget: int, grads: int, tp_rank: int, tp_size: int, vocab_offset: int,
+                vocab_total: int, comm: int, grad_hidden_acc: Optional[Tensor],
+                grad_weight_acc: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dh, dw, db) of Σ_i g_i·loss_i from the lse of an earlier forward: grad_output is g (one fp32
+    value for mean/sum, N for none). A gradient whose `grads` bit is clear, or that goes into an
+    accumulator (+= in fp32), comes back as an empty (0,) tensor."""
+    from . import _Call
+    opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget)
+    dh, dw, db = _backward_outputs(hidden, weight, bias, grads, grad_hidden_acc, grad_weight_acc)
+    call = _Call(hidden, weight, labels, opts, _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm),
+                 bias=bias, class_weights=class_weights)
+    gh = grad_hidden_acc if grads & GRAD_HIDDEN and grad_hidden_acc is not None else _given(dh)
+    gw = grad_weight_acc if grads & GRAD_WEIGHT and grad_weight_acc is not None else _given(dw)
+    if gh is not None and grad_hidden_acc is not None and gh is grad_hidden_acc:
+        call.problem.accumulate_grad_hidden = 1
+    if gw is not None and grad_weight_acc is not None and gw is grad_weight_acc:
+        call.problem.accumulate_grad_weight = 1
+    if gh is None and gw is None:
+        # flce_backward needs dH or dW; only the bias gradient was asked for: a scratch dH
+        gh = torch.empty_like(hidden)
+    call(_lib.FLCE_OP_BACKWARD, strategy, grad_output=grad_output, lse=lse, grad_hidden=gh, grad_weight=gw,
+         grad_bias=_given(db))
+    return dh, dw, db
+
+
+@backward_op.register_fake
+def _backward_fake(hidden, weight, labels, bias, class_weights, lse, grad_output, reduction, ignore_index,
+                   label_smoothing, z_loss, softcap, temperature, strategy, memory_budget, grads, tp_rank, tp_size,
+                   vocab_offset, vocab_total, comm, grad_hidden_acc, grad_weight_acc):
+    return _backward_outputs(hidden, weight, bias, grads, grad_hidden_acc, grad_weight_acc)
+
+
+# ---- flce::scale_gradients_ ----------------------------------------------------------------------
+
+@torch.library.custom_op("flce::scale_gradients_", mutates_args=("grad_hidden", "grad_weight", "grad_bias"))
+def scale_gradients_(grad_hidden: Optional[Tensor], grad_weight: Optional[Tensor], grad_bias: Optional[Tensor],
+                     grad_output: Tensor, tokens: int, hidden: int, vocab: int, dtype: torch.dtype,
+                     label_dtype: torch.dtype, reduction: str, ignore_index: int, label_smoothing: float,
+                     z_loss: float, softcap: float, temperature: float, memory_budget: int, has_bias: bool,
+                     has_class_weights: bool, tp_rank: int, tp_size: int, vocab_offset: int,
+                     vocab_total: int) -> None:
+    """The gradients an flce::forward with `grads` wrote, times the fp32 scalar grad_output, in
+    place (flce_scale_gradients; the problem's fields must be the forward's)."""
+    from . import _Call, _problem
+    opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, "auto", memory_budget)
+    call = _Call.__new__(_Call)
+    call.device = grad_output.device
+    call.problem = _problem(tokens, hidden, vocab, dtype, label_dtype, opts,
+                            _tp(tp_rank, tp_size, vocab_offset, vocab_total, 0), has_bias, has_class_weights)
+    call.comm = None
+    call.scale(grad_output, grad_hidden, grad_weight, grad_bias)
+
+
+@scale_gradients_.register_fake
+def _scale_fake(*args):
+    return None
+
+
+# ---- flce::not_differentiable --------------------------------------------------------------------
+
+@torch.library.custom_op("flce::not_differentiable", mutates_args=())
+def not_differentiable(x: Tensor, anchor: Tensor, what: str) -> Tensor:
+    """A copy of x that takes part in autograd (through `anchor`, an input that requires grad) so
+    that a gradient reaching it raises NotImplementedError instead of silently being dropped."""
+    return x.clone()
+
+
+@not_differentiable.register_fake
+def _not_differentiable_fake(x, anchor, what):
+    return torch.empty_like(x)
+
+
+def _nd_setup(ctx, inputs, output):
+    ctx.what = inputs[2]
+
+
+def _nd_backward(ctx, grad):
+    if grad is None:
+        return None, None, None
+    raise NotImplementedError(
+        f"flce: a gradient reached the per-token output '{ctx.what}', which is not differentiable "
+        f"(libflce computes the gradients of the loss, logprobs and loss_per_token only). Use "
+        f"{ctx.what}.detach() (under torch.compile: return it detached from the compiled function) or "
+        f"compute it under torch.no_grad(); for a z-loss term use the z_loss= option.")
+
+
+not_differentiable.register_autograd(_nd_backward, setup_context=_nd_setup)
