@@ -5,9 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cache.h"
 #include "emit.h"
+#include "hash.h"
 #include "jit.h"
 #include "log.h"
 #include "nvrtc_compile.h"
@@ -149,4 +151,122 @@ flce_status jit_build_many(const kernel_spec *const *specs, int n, jit_result *o
     }
     err_clear(); /* a worker on this thread may have left a note from a degraded cache */
     return FLCE_OK;
+}
+
+/* ---- background prefetch ------------------------------------------------------------------- */
+
+typedef struct jit_prefetch_job {
+    int n;
+    kernel_spec spec[8];
+} jit_prefetch_job;
+
+static pthread_mutex_t jit_prefetch_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t jit_prefetch_done = PTHREAD_COND_INITIALIZER;
+static uint64_t jit_prefetched[JIT_PREFETCH_MAX]; /* hash64 of the summaries queued */
+static int jit_prefetched_count;
+static int jit_prefetch_running; /* threads not finished yet */
+static pid_t jit_prefetch_pid;   /* the process they run in (a forked child has none of them) */
+static pthread_once_t jit_prefetch_once = PTHREAD_ONCE_INIT;
+
+static void jit_prefetch_at_exit(void)
+{
+    if (!jit_prefetch_wait(JIT_PREFETCH_EXIT_WAIT_S))
+        log_msg(LOG_WARN, "prefetch: a background compile was still running %.0f s after exit began",
+                JIT_PREFETCH_EXIT_WAIT_S);
+}
+
+static void jit_prefetch_register(void) { (void)atexit(jit_prefetch_at_exit); }
+
+static void *jit_prefetch_worker(void *arg)
+{
+    jit_prefetch_job *job = arg;
+    const kernel_spec *ptr[8];
+    jit_result res[8];
+    for (int i = 0; i < job->n; i++) ptr[i] = &job->spec[i];
+    double t0 = now_ms();
+    if (jit_build_many(ptr, job->n, res) == FLCE_OK) {
+        int compiled = 0;
+        for (int i = 0; i < job->n; i++) compiled += res[i].origin == JIT_COMPILED, free(res[i].cubin);
+        log_msg(LOG_INFO, "prefetch: %d kernel%s in the background, %d compiled (%.0f ms)", job->n,
+                job->n == 1 ? "" : "s", compiled, now_ms() - t0);
+    } else {
+        log_msg(LOG_DEBUG, "prefetch: %s (the call that needs these kernels will say it again)",
+                err_message());
+        err_clear();
+    }
+    free(job);
+    pthread_mutex_lock(&jit_prefetch_lock);
+    jit_prefetch_running--;
+    pthread_cond_broadcast(&jit_prefetch_done);
+    pthread_mutex_unlock(&jit_prefetch_lock);
+    return NULL;
+}
+
+int jit_prefetch(const kernel_spec *const *specs, int n)
+{
+    const char *off = getenv("FLCE_PREFETCH");
+    if ((off && !strcmp(off, "0")) || n <= 0 || n > 8 || !specs) return 0;
+    jit_prefetch_job *job = calloc(1, sizeof *job);
+    if (!job) return 0;
+    pthread_mutex_lock(&jit_prefetch_lock);
+    for (int i = 0; i < n; i++) {
+        char summary[256];
+        spec_summary(specs[i], summary, sizeof summary);
+        uint64_t h = hash64(summary, strlen(summary), 0x7072656665746368ull);
+        int seen = 0;
+        for (int k = 0; k < jit_prefetched_count && !seen; k++) seen = jit_prefetched[k] == h;
+        if (seen || jit_prefetched_count == JIT_PREFETCH_MAX) continue;
+        jit_prefetched[jit_prefetched_count++] = h;
+        job->spec[job->n++] = *specs[i];
+    }
+    if (job->n) {
+        if (jit_prefetch_pid != getpid()) jit_prefetch_running = 0, jit_prefetch_pid = getpid();
+        jit_prefetch_running++;
+    }
+    pthread_mutex_unlock(&jit_prefetch_lock);
+    char dir[CACHE_PATH_MAX];
+    int queued = job->n;
+    if (queued && cache_dir_writable(dir, sizeof dir) != FLCE_OK) {
+        err_clear(); /* memory only: a compile here would be thrown away */
+        queued = 0;
+    }
+    pthread_t th;
+    pthread_attr_t attr;
+    if (queued) {
+        pthread_once(&jit_prefetch_once, jit_prefetch_register);
+        if (pthread_attr_init(&attr) != 0) {
+            queued = 0;
+        } else {
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            if (pthread_create(&th, &attr, jit_prefetch_worker, job) != 0) queued = 0;
+            pthread_attr_destroy(&attr);
+        }
+    }
+    if (!queued) {
+        pthread_mutex_lock(&jit_prefetch_lock);
+        if (job->n) jit_prefetch_running--;
+        pthread_cond_broadcast(&jit_prefetch_done);
+        pthread_mutex_unlock(&jit_prefetch_lock);
+        free(job);
+        return 0;
+    }
+    log_msg(LOG_DEBUG, "prefetch: %d kernel%s queued", queued, queued == 1 ? "" : "s");
+    return queued;
+}
+
+int jit_prefetch_wait(double timeout_s)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double whole = (double)(time_t)timeout_s;
+    until.tv_sec += (time_t)timeout_s;
+    until.tv_nsec += (long)((timeout_s - whole) * 1e9);
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&jit_prefetch_lock);
+    if (jit_prefetch_pid != getpid()) jit_prefetch_running = 0; /* a forked child: no such threads */
+    while (jit_prefetch_running > 0)
+        if (pthread_cond_timedwait(&jit_prefetch_done, &jit_prefetch_lock, &until) != 0) break;
+    int idle = jit_prefetch_running == 0;
+    pthread_mutex_unlock(&jit_prefetch_lock);
+    return idle;
 }

@@ -26,6 +26,23 @@ flce_status jit_build(const kernel_spec *s, jit_result *out);
  * status and message are returned. */
 flce_status jit_build_many(const kernel_spec *const *specs, int n, jit_result *out);
 
+/* Compiles specs (n ≤ 8) into the disk cache on one detached background thread (they build at once
+ * there, through the compile lock), so that a later call needing them loads them instead of
+ * compiling: issue 16's "the backward's kernels when the forward is called". Returns at once, the
+ * number of kernels queued; never waits for NVRTC, never touches a context, a stream or a lock of
+ * the caller. Each spec (by its summary line, the identity context.c keeps modules under) is queued
+ * at most once per process, so calling it on every step costs a table lookup; a failed build is
+ * logged (debug) and not retried. Nothing is queued when FLCE_PREFETCH=0, when there is no cache
+ * directory (nothing to fill) or after JIT_PREFETCH_MAX distinct specs. A call that needs a kernel
+ * while it is being prefetched waits for it on the entry's compile lock rather than compiling it
+ * again. At exit the process waits (up to JIT_PREFETCH_EXIT_WAIT_S) for a prefetch in progress, so
+ * it never unloads NVRTC under a running compile. */
+#define JIT_PREFETCH_MAX 256
+#define JIT_PREFETCH_EXIT_WAIT_S 60.0
+int jit_prefetch(const kernel_spec *const *specs, int n);
+/* Waits up to timeout_s for every prefetch queued so far to finish; 1 when none is left running. */
+int jit_prefetch_wait(double timeout_s);
+
 /* The cache key of a spec: its summary line, the toolchain identity, then the full source.
  * *key is malloc'd. */
 flce_status jit_key(const kernel_spec *s, char **key, size_t *len);

@@ -1,5 +1,6 @@
 /* nvrtc_compile.c — source → cubin through NVRTC (see nvrtc_compile.h). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +57,25 @@ static flce_status nv_require(void)
 
 enum { NVRTC_MAX_OPTS = 8 };
 
+/* FLCE_NVRTC_FAST: "1" or "mid" adds --Ofast-compile=mid, "min" and "max" those levels; unset,
+ * "" or "0" adds nothing (the default). bench/NOTES.md ("Cold start: where NVRTC time goes")
+ * measured mid at a quarter of the compile time of 8192x4096x128256's kernels with worse SASS
+ * (stack frames, local loads and stores in the GEMM main loops, half the wgmma unrolled): an
+ * opt-in for jobs that compile far more than they run, until a GPU A/B says what it costs. The
+ * option text is part of every cache key, so fast and full-speed kernels never mix in the cache. */
+static const char *nvrtc_fast_option(void)
+{
+    const char *v = getenv("FLCE_NVRTC_FAST");
+    if (!v || !*v || !strcmp(v, "0")) return NULL;
+    if (!strcmp(v, "1") || !strcmp(v, "mid")) return "--Ofast-compile=mid";
+    if (!strcmp(v, "min")) return "--Ofast-compile=min";
+    if (!strcmp(v, "max")) return "--Ofast-compile=max";
+    static atomic_int warned;
+    if (!atomic_exchange(&warned, 1))
+        log_msg(LOG_WARN, "FLCE_NVRTC_FAST=%s is not 0, 1, min, mid or max: ignored", v);
+    return NULL;
+}
+
 static int nvrtc_options(int sm, const char **opts, char *arch_buf, size_t cap)
 {
     int n = 0;
@@ -65,6 +85,8 @@ static int nvrtc_options(int sm, const char **opts, char *arch_buf, size_t cap)
     /* Exact math: the loss and softmax use accurate expf/logf (DESIGN §8 tolerances). */
     opts[n++] = "--fmad=true";
     opts[n++] = "-default-device";
+    const char *fast = nvrtc_fast_option();
+    if (fast) opts[n++] = fast;
     return n;
 }
 

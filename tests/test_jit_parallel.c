@@ -1,7 +1,8 @@
 /* test_jit_parallel.c — jit_build_many (runtime/jit.c), which compiles a call's missing kernels at
  * once (issue 16): the same cubins as one-at-a-time builds, all compiled on a cold cache, all or
  * nothing on a failure with the failing kernel's message, and faster than one after another where
- * the machine has cores to spare (reported, not asserted: CI machines are shared). No GPU needed. */
+ * the machine has cores to spare (reported, not asserted: CI machines are shared); jit_prefetch
+ * (background compiles into the cache, once each) and FLCE_NVRTC_FAST's keys. No GPU needed. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache.h"
 #include "check.h"
 #include "jit.h"
 #include "plan.h"
@@ -132,11 +134,95 @@ static void missing_nvrtc_is_a_compile_error_that_says_how_to_get_it(void)
     CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* jit_prefetch (issue 16: the backward's kernels compiled while the forward runs): the kernels land
+ * in the cache in the background, a build of one of them meanwhile waits for it instead of
+ * compiling it again, and asking again queues nothing. */
+static void prefetch_fills_the_cache_once(void)
+{
+    kernel_spec s[N];
+    call_specs(s);
+    const kernel_spec *ptr[2] = {&s[1], &s[2]};
+    char dir[TEST_PATH_MAX];
+    make_tmpdir_named(dir, "flce-jit-prefetch");
+    setenv("FLCE_CACHE_DIR", dir, 1);
+    unsetenv("FLCE_PREFETCH");
+    cache_counters a, b;
+    cache_counters_get(&a);
+    double t0 = now_s();
+    CHECK(jit_prefetch(ptr, 2) == 2);
+    double queued_s = now_s() - t0;
+    CHECKF(queued_s < 0.5, "jit_prefetch took %.3f s: it must return at once", queued_s);
+    CHECK(jit_prefetch(ptr, 2) == 0); /* already queued */
+    jit_result r;
+    CHECK(jit_build(&s[2], &r) == FLCE_OK && r.cubin);
+    free(r.cubin);
+    CHECK(jit_prefetch_wait(300) == 1);
+    cache_counters_get(&b);
+    CHECKF(b.compiles == a.compiles + 2, "%llu compiles for 2 kernels (one built while prefetched)",
+           (unsigned long long)(b.compiles - a.compiles));
+    cache_stats st;
+    CHECK(cache_stat(dir, &st) == FLCE_OK && st.entries == 2 && st.lock_files == 0 && st.temp_files == 0);
+    CHECK(jit_build(&s[1], &r) == FLCE_OK && r.origin == JIT_DISK_HIT);
+    free(r.cubin);
+    remove_tree(dir);
+    unsetenv("FLCE_CACHE_DIR");
+}
+
+static void prefetch_off_queues_nothing(void)
+{
+    kernel_spec s[N];
+    call_specs(s);
+    s[0].vocab_shard = 1003; /* a spec no other case queued */
+    const kernel_spec *ptr[1] = {&s[0]};
+    char dir[TEST_PATH_MAX];
+    make_tmpdir_named(dir, "flce-jit-prefetch-off");
+    setenv("FLCE_CACHE_DIR", dir, 1);
+    setenv("FLCE_PREFETCH", "0", 1);
+    CHECK(jit_prefetch(ptr, 1) == 0);
+    CHECK(jit_prefetch(ptr, 0) == 0 && jit_prefetch(NULL, 1) == 0);
+    CHECK(jit_prefetch_wait(10) == 1);
+    cache_stats st;
+    CHECK(cache_stat(dir, &st) == FLCE_OK && st.entries == 0);
+    unsetenv("FLCE_PREFETCH");
+    remove_tree(dir);
+    unsetenv("FLCE_CACHE_DIR");
+}
+
+/* FLCE_NVRTC_FAST=1 compiles with --Ofast-compile=mid under keys of their own; other values than
+ * 0, 1, min, mid and max are ignored (same key as the default). */
+static void nvrtc_fast_has_keys_of_its_own(void)
+{
+    kernel_spec s[N];
+    call_specs(s);
+    char *k0 = NULL, *k1 = NULL, *k2 = NULL;
+    size_t n0 = 0, n1 = 0, n2 = 0;
+    unsetenv("FLCE_NVRTC_FAST");
+    CHECK(jit_key(&s[0], &k0, &n0) == FLCE_OK);
+    setenv("FLCE_NVRTC_FAST", "1", 1);
+    CHECK(jit_key(&s[0], &k1, &n1) == FLCE_OK);
+    CHECK(k1 && strstr(k1, "--Ofast-compile=mid") && (n0 != n1 || memcmp(k0, k1, n0)));
+    char dir[TEST_PATH_MAX];
+    make_tmpdir_named(dir, "flce-jit-fast");
+    setenv("FLCE_CACHE_DIR", dir, 1);
+    jit_result r;
+    CHECK(jit_build(&s[0], &r) == FLCE_OK && r.origin == JIT_COMPILED && r.cubin);
+    free(r.cubin);
+    setenv("FLCE_NVRTC_FAST", "fastest", 1);
+    CHECK(jit_key(&s[0], &k2, &n2) == FLCE_OK && n2 == n0 && !memcmp(k0, k2, n0));
+    unsetenv("FLCE_NVRTC_FAST");
+    free(k0), free(k1), free(k2);
+    remove_tree(dir);
+    unsetenv("FLCE_CACHE_DIR");
+}
+
 int main(void)
 {
     RUN(missing_nvrtc_is_a_compile_error_that_says_how_to_get_it);
     RUN(parallel_builds_match_one_at_a_time);
     RUN(a_failing_kernel_fails_the_set_with_its_message);
     RUN(prepare_names_its_bad_arguments);
+    RUN(prefetch_fills_the_cache_once);
+    RUN(prefetch_off_queues_nothing);
+    RUN(nvrtc_fast_has_keys_of_its_own);
     FINISH();
 }
