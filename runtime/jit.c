@@ -26,11 +26,12 @@ static flce_status key_from_source(const kernel_spec *s, const char *src, char *
     char summary[256], opts[256];
     spec_summary(s, summary, sizeof summary);
     nvrtc_options_text(s->sm, opts, sizeof opts);
-    size_t cap = strlen(summary) + strlen(opts) + strlen(src) + 256;
+    size_t cap = strlen(summary) + strlen(opts) + strlen(src) + 512;
     char *k = malloc(cap);
     if (!k) return err_set(FLCE_ERR_OUT_OF_MEMORY, "building a cache key: out of host memory");
-    int n = snprintf(k, cap, "%s\nflce %s | nvrtc %s | %s | %s\n%s", summary, FLCE_VERSION_STRING,
-                     nvrtc_version_text(), spec_arch_name(s->sm), opts, src);
+    int n = snprintf(k, cap, "%s\nflce %s | nvrtc %s build %s | %s | %s\n%s", summary,
+                     FLCE_VERSION_STRING, nvrtc_version_text(), nvrtc_build_text(),
+                     spec_arch_name(s->sm), opts, src);
     *key = k;
     *len = (size_t)n;
     return FLCE_OK;

@@ -1,4 +1,9 @@
 /* nvrtc_compile.c — source → cubin through NVRTC (see nvrtc_compile.h). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* dl_iterate_phdr and struct dl_phdr_info (link.h) */
+#endif
+#include <elf.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -115,6 +120,61 @@ static void nvrtc_version_init(void)
     pthread_once(&nv_once, nv_load);
     if (!nv_loaded || nv.Version(&major, &minor) != NVRTC_SUCCESS) major = minor = 0;
     snprintf(nvrtc_version_buf, sizeof nvrtc_version_buf, "%d.%d", major, minor);
+}
+
+/* The GNU build ID of the loaded libnvrtc (hex), so that cache keys tell apart two builds of one
+ * major.minor (a toolkit update in place: 13.0.1 and 13.0.2 both say "13.0"; issue 16 item 4). Read
+ * from the ELF note of the loaded object that holds nvrtcVersion: no file I/O, the same on every
+ * host with the same library, "none" where there is no such note. */
+static pthread_once_t nvrtc_build_once = PTHREAD_ONCE_INIT;
+static char nvrtc_build_buf[2 * 64 + 1] = "none";
+
+static int nvrtc_build_visit(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    uintptr_t want = (uintptr_t)data;
+    int mine = 0;
+    for (int i = 0; i < info->dlpi_phnum && !mine; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+        mine = ph->p_type == PT_LOAD && want >= lo && want < lo + ph->p_memsz;
+    }
+    if (!mine) return 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_NOTE) continue;
+        const unsigned char *p = (const unsigned char *)(info->dlpi_addr + ph->p_vaddr);
+        const unsigned char *end = p + ph->p_memsz;
+        while (p + sizeof(ElfW(Nhdr)) <= end) {
+            const ElfW(Nhdr) *nh = (const ElfW(Nhdr) *)(const void *)p;
+            const unsigned char *name = p + sizeof *nh;
+            const unsigned char *desc = name + ((nh->n_namesz + 3u) & ~3u);
+            const unsigned char *next = desc + ((nh->n_descsz + 3u) & ~3u);
+            if (next > end) break;
+            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && !memcmp(name, "GNU", 4) &&
+                nh->n_descsz > 0 && nh->n_descsz <= 64) {
+                for (unsigned k = 0; k < nh->n_descsz; k++)
+                    snprintf(nvrtc_build_buf + 2 * k, 3, "%02x", desc[k]);
+                return 1;
+            }
+            p = next;
+        }
+    }
+    return 1; /* the right object, without a build ID */
+}
+
+static void nvrtc_build_init(void)
+{
+    pthread_once(&nv_once, nv_load);
+    if (!nv_loaded) return;
+    union { nvrtcResult (*fn)(int *, int *); void *p; } sym = {nv.Version};
+    dl_iterate_phdr(nvrtc_build_visit, sym.p);
+}
+
+const char *nvrtc_build_text(void)
+{
+    pthread_once(&nvrtc_build_once, nvrtc_build_init);
+    return nvrtc_build_buf;
 }
 
 const char *nvrtc_load_error(void)

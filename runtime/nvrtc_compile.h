@@ -15,6 +15,9 @@ flce_status nvrtc_compile(const char *src, const char *name, int sm, void **cubi
 const char *nvrtc_options_text(int sm, char *out, size_t cap);
 /* "13.0" ("0.0" when NVRTC could not be loaded) */
 const char *nvrtc_version_text(void);
+/* The loaded libnvrtc's GNU build ID in hex ("none" when it has none or NVRTC is not loaded): part of
+ * every cache key, so a toolkit update that keeps major.minor still misses the old entries. */
+const char *nvrtc_build_text(void);
 /* NULL once NVRTC is loaded (it is opened at run time, runtime/dynload.h), else what was tried. */
 const char *nvrtc_load_error(void);
 

@@ -13,6 +13,7 @@
 #include "cache.h"
 #include "check.h"
 #include "jit.h"
+#include "nvrtc_compile.h"
 #include "plan.h"
 #include "tmpdir.h"
 
@@ -188,8 +189,8 @@ static void prefetch_off_queues_nothing(void)
     unsetenv("FLCE_CACHE_DIR");
 }
 
-/* FLCE_NVRTC_FAST=1 compiles with --Ofast-compile=mid under keys of their own; other values than
- * 0, 1, min, mid and max are ignored (same key as the default). */
+/* The key names the NVRTC build; FLCE_NVRTC_FAST=1 compiles with --Ofast-compile=mid under keys of
+ * their own; other values than 0, 1, min, mid and max are ignored (same key as the default). */
 static void nvrtc_fast_has_keys_of_its_own(void)
 {
     kernel_spec s[N];
@@ -198,6 +199,15 @@ static void nvrtc_fast_has_keys_of_its_own(void)
     size_t n0 = 0, n1 = 0, n2 = 0;
     unsetenv("FLCE_NVRTC_FAST");
     CHECK(jit_key(&s[0], &k0, &n0) == FLCE_OK);
+    /* The key names the NVRTC build (its GNU build ID), not only major.minor (issue 16 item 4). */
+    const char *build = nvrtc_build_text();
+    size_t bl = strlen(build);
+    int hex = bl == 40;
+    for (size_t i = 0; i < bl && hex; i++) hex = (build[i] >= '0' && build[i] <= '9') || (build[i] >= 'a' && build[i] <= 'f');
+    char want[128];
+    snprintf(want, sizeof want, "nvrtc %s build %s |", nvrtc_version_text(), build);
+    CHECKF((hex || !strcmp(build, "none")) && k0 && strstr(k0, want), "build '%s', key line: %.200s", build,
+           k0 ? strchr(k0, '\n') : "");
     setenv("FLCE_NVRTC_FAST", "1", 1);
     CHECK(jit_key(&s[0], &k1, &n1) == FLCE_OK);
     CHECK(k1 && strstr(k1, "--Ofast-compile=mid") && (n0 != n1 || memcmp(k0, k1, n0)));
