@@ -8,6 +8,8 @@ flce.h's math (flce/_reference.py) in float64.
                                         # kernels and autograd, torch.compile with aot_eager), with
                                         # the kernels replaced by a float64 stand-in (standin.py)
   python3 python/test_binding.py -k compile   # only the cases whose name contains 'compile'
+  FLCE_TEST_COMPILE_BACKEND=inductor ...       # the torch.compile backend (default: inductor on a
+                                               # GPU, aot_eager without one)
 
 Covers: values and gradients against torch (dtypes, reductions, strategies, budgets); the custom
 ops (torch.library.opcheck); torch.compile(fullgraph=True) against eager, no graph breaks
@@ -39,7 +41,7 @@ GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
 # Inductor on the GPU (what users run); aot_eager without one (the same AOTAutograd tracing and
 # functionalization, no C++ compile on the CPU).
-BACKEND = "inductor" if GPU else "aot_eager"
+BACKEND = os.environ.get("FLCE_TEST_COMPILE_BACKEND", "inductor" if GPU else "aot_eager")
 passed, failed = 0, 0
 ONLY = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
 
@@ -664,7 +666,7 @@ def main():
             return 77
         import standin
         standin.install()
-        print("no CUDA device: the binding, custom ops and torch.compile (aot_eager) on the CPU, with a float64 "
+        print(f"no CUDA device: the binding, custom ops and torch.compile ({BACKEND}) on the CPU, with a float64 "
               "stand-in for the kernels")
     else:
         print(f"{torch.cuda.get_device_name()}: flce {flce.version()} from {flce.library_path()}, torch "

@@ -58,6 +58,15 @@ def _forward_outputs(hidden, weight, bias, reduction, outputs, grads):
             _empty(bias.shape if grads & GRAD_BIAS and bias is not None else (0,), hidden.dtype, dev))
 
 
+def _dense(t, align=16):
+    """t itself when it is contiguous and aligned as flce.h asks (always, from the Python wrapper,
+    which checks contiguity), else a contiguous copy: a compiled graph may hand the op a padded or
+    offset layout that eager mode would not have."""
+    if t is None or (t.is_contiguous() and t.data_ptr() % align == 0):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _given(t):
     return t if t is not None and t.numel() > 0 else None
 
@@ -77,6 +86,8 @@ def forward_op(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[Te
     else (0,). Differentiable: loss, and logprob and loss_per_token unless `grads` is set. The accumulators are not touched here (flce::backward adds into them); they are
     inputs so that the autograd formula can hand them to flce::backward."""
     from . import _Call
+    hidden, weight, bias, class_weights = _dense(hidden), _dense(weight), _dense(bias), _dense(class_weights, 4)
+    labels = _dense(labels, labels.element_size())
     opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget)
     res = _forward_outputs(hidden, weight, bias, reduction, outputs, grads)
     loss, lse, logprob, entropy, argmax, zl, lpt, dh, dw, db = res
@@ -253,6 +264,11 @@ def backward_op(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[T
     value for mean/sum, N for none). A gradient whose `grads` bit is clear, or that goes into an
     accumulator (+= in fp32), comes back as an empty (0,) tensor."""
     from . import _Call
+    hidden, weight, bias, class_weights = _dense(hidden), _dense(weight), _dense(bias), _dense(class_weights, 4)
+    labels, lse, grad_output = _dense(labels, labels.element_size()), _dense(lse, 4), _dense(grad_output, 4)
+    for name, acc in (("grad_hidden_acc", grad_hidden_acc), ("grad_weight_acc", grad_weight_acc)):
+        if acc is not None and not (acc.is_contiguous() and acc.data_ptr() % 16 == 0):
+            raise ValueError(f"{name}: must be contiguous and 16-byte aligned (flce adds into it in place)")
     opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget)
     dh, dw, db = _backward_outputs(hidden, weight, bias, grads, grad_hidden_acc, grad_weight_acc)
     call = _Call(hidden, weight, labels, opts, _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm),
