@@ -121,6 +121,17 @@ def _all_ignored(dtype):
     assert out.item() == 0 and h.grad.abs().max().item() == 0 and w.grad.abs().max().item() == 0
 
 
+def _no_tokens(dtype):
+    h = torch.randn(0, 16, device=DEV).to(dtype).requires_grad_()
+    w = torch.randn(40, 16, device=DEV).to(dtype).requires_grad_()
+    y = torch.zeros(0, dtype=torch.int64, device=DEV)
+    for reduction in ("mean", "none"):
+        out = flce.linear_cross_entropy(h, w, y, reduction=reduction, return_logprobs=True, return_argmax=True)
+        assert out.loss.shape == (() if reduction == "mean" else (0,)) and out.logprobs.shape == (0,)
+        out.loss.sum().backward()
+    assert w.grad.abs().max().item() == 0
+
+
 def basic_cases():
     dtypes = [torch.float32, torch.bfloat16] if GPU else [torch.float32]
     for dtype in dtypes:
@@ -142,6 +153,7 @@ def basic_cases():
         case(f"{dtype} N=1", lambda: check_against_torch(1, 8, 50, dtype, "mean", "auto", torch.int64))
         case(f"{dtype} V=1", lambda: check_against_torch(17, 8, 1, dtype, "sum", "auto", torch.int64))
         case(f"{dtype} all ignored", lambda: _all_ignored(dtype))
+        case(f"{dtype} no tokens", lambda: _no_tokens(dtype))
         case(f"{dtype} ignore_index=7", lambda: check_against_torch(100, 16, 50, dtype, "mean", "auto", torch.int64,
                                                                     ignore_index=7))
 

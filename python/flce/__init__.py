@@ -380,7 +380,9 @@ def _shift_labels(labels, shift, ignore_index):
     """labels[..., s:] followed by s ignored positions: hidden position t is scored against the
     label at t + s, without slicing (and copying) hidden."""
     s = operator.index(shift)
-    if labels.dim() < 1 or not 0 <= s < labels.shape[-1]:
+    if s == 0:
+        return labels
+    if labels.dim() < 1 or not 0 < s < labels.shape[-1]:
         raise ValueError(f"shift: {shift!r}; must be in [0, {labels.shape[-1] if labels.dim() else 0}) "
                          f"(the last dim of labels)")
     if s == 0:
@@ -466,20 +468,20 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
     need_any = need_dh or need_dw or need_db
     n = h2.shape[0]
 
-    if n == 0:  # no tokens: loss 0 (the library's convention for a mean over none)
-        anchor = h2.float().sum() + weight.float().sum() * 0 + (0 if bias is None else bias.float().sum() * 0)
-        if opts.reduction == "none":
-            loss = (h2.float().sum(-1) * 0).reshape(lead)
-        else:
-            loss = anchor * 0
+    if n == 0:  # no tokens: loss 0 (the library's convention for a mean over none), still a graph node
+        zero = h2.float().sum() * 0 + weight.float().sum() * 0
+        if bias is not None:
+            zero = zero + bias.float().sum() * 0
+        per = torch.zeros(lead, dtype=torch.float32, device=hidden.device)
+        loss = per + zero if opts.reduction == "none" else zero
         if not any(want.values()):
             return loss
-        per = torch.zeros(lead, dtype=torch.float32, device=hidden.device)
         return LinearCrossEntropyOutput(
-            loss, *(per.clone() if want[k] else None for k in ("lse", "logprobs", "entropy")),
+            loss, per if want["lse"] else None, per + zero if want["logprobs"] else None,
+            per if want["entropy"] else None,
             torch.zeros(lead, dtype=torch.int64, device=hidden.device) if want["argmax"] else None,
-            (loss.detach() * 0) if want["z_loss"] else None,
-            (per.clone() + loss.sum() * 0) if want["loss_per_token"] else None)
+            torch.zeros_like(loss).detach() if want["z_loss"] else None,
+            per + zero if want["loss_per_token"] else None)
 
     outputs = (_ops.OUT_LOGPROB * bool(want["logprobs"]) | _ops.OUT_ENTROPY * bool(want["entropy"]) |
                _ops.OUT_ARGMAX * bool(want["argmax"]) | _ops.OUT_ZLOSS * bool(want["z_loss"]) |

@@ -26,6 +26,7 @@ import inspect
 import types
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from . import linear_cross_entropy
 
@@ -104,8 +105,6 @@ def unpatch_hf(model):
 
 
 def _loss_forward(model, call, options):
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
     labels = call.pop("labels")
     loss_kw = {k: call.pop(k) for k in _LOSS_KWARGS if k in call}
     for k in ("logits_to_keep", "num_logits_to_keep"):
