@@ -135,6 +135,16 @@ def check_family(cfg_cls, model_cls, extra):
         out = model(*args)
         out_ref = ref(input_ids=ids, attention_mask=mask, labels=labels)
     assert out.logits is None and rel(out.loss, out_ref.loss) < 1e-5, "labels given positionally"
+    # eval mode with labels: the model's own forward (logits for metrics), unless eval_logits=False
+    model.eval()
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        assert out.logits is not None and out.loss is not None, "eval mode should keep the logits"
+        lean = flce.patch_hf(copy.deepcopy(flce.unpatch_hf(copy.deepcopy(model))), eval_logits=False)
+        lean.eval()
+        out2 = lean(input_ids=ids, attention_mask=mask, labels=labels)
+        assert out2.logits is None and rel(out2.loss, out.loss) < 1e-5, "eval_logits=False"
+    model.train()
     # without labels: the model's own forward, logits bit for bit
     with torch.no_grad():
         a, b = model(input_ids=ids, attention_mask=mask).logits, ref(input_ids=ids, attention_mask=mask).logits

@@ -491,6 +491,8 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
             not (want["logprobs"] or want["loss_per_token"]) and \
             _grads_in_forward(h2, weight, y1, opts, tp, bias, cw):
         grads = (_ops.GRAD_HIDDEN * need_dh | _ops.GRAD_WEIGHT * need_dw | _ops.GRAD_BIAS * need_db)
+        if not grads & (_ops.GRAD_HIDDEN | _ops.GRAD_WEIGHT):
+            grads = 0  # the bias alone: flce_backward (with a scratch dH), as the C API wants dH or dW
     strategy = opts.strategy
     if need_any and not grads and strategy == "auto":
         # AUTO recomputes the logits for the gradients anyway (or there are few tokens): forward

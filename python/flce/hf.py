@@ -4,7 +4,7 @@
     flce.patch_hf(model)              # this model instance only; returns it
     out = model(input_ids, labels=labels)   # out.loss from flce, out.logits is None
 
-When `labels` are given (and logits_to_keep is 0, the default), the patched forward runs the
+When `labels` are given in training mode (and logits_to_keep is 0, the default), the patched forward runs the
 decoder (model.model) for the last hidden states and computes the loss with
 flce.linear_cross_entropy on lm_head's weight (and bias), exactly as the model's own loss
 (transformers' ForCausalLMLoss) defines it:
@@ -13,8 +13,9 @@ flce.linear_cross_entropy on lm_head's weight (and bias), exactly as the model's
   - `num_items_in_batch` (the Trainer's gradient-accumulation count): the summed loss divided by
     it; without it, the mean over non-ignored tokens;
   - Gemma 2/3: config.final_logit_softcapping becomes flce's softcap.
-The logits are never made: out.logits is None. Without labels (generation, scoring with logits)
-the model's own forward runs unchanged.
+The logits are never made: out.logits is None. Without labels (generation, scoring with logits),
+and by default in eval mode (evaluation with metrics needs the logits), the model's own forward
+runs unchanged.
 
 Model families checked against the unpatched model (python/test_hf.py): Llama, Mistral, Qwen2,
 Qwen3, Gemma, Gemma 2 and Gemma 3 (text, Gemma3ForCausalLM). Others are refused unless
@@ -46,9 +47,12 @@ def _base_model(model):
     return base
 
 
-def patch_hf(model, *, strategy="auto", memory_budget=None, allow_unknown=False):
+def patch_hf(model, *, strategy="auto", memory_budget=None, allow_unknown=False, eval_logits=True):
     """Routes `model`'s loss through flce when labels are given (see the module doc). strategy and
-    memory_budget go to flce.linear_cross_entropy. Returns the model. Patching twice is a no-op."""
+    memory_budget go to flce.linear_cross_entropy. eval_logits (default True): in eval mode
+    (model.training False) a call with labels still runs the model's own forward, logits and all,
+    since evaluation with metrics (the Trainer's prediction_step) needs the logits, as Liger does;
+    False sends eval losses through flce too. Returns the model. Patching twice is a no-op."""
     if getattr(model, "_flce_original_forward", None) is not None:
         return model
     config = getattr(model, "config", None)
@@ -71,7 +75,7 @@ def patch_hf(model, *, strategy="auto", memory_budget=None, allow_unknown=False)
             return original(*args, **kwargs)  # let the model report the bad call
         call = dict(zip(names, args))
         call.update(kwargs)
-        if call.get("labels") is None:
+        if call.get("labels") is None or (eval_logits and not self.training):
             return original(*args, **kwargs)
         keep = call.get("logits_to_keep", call.get("num_logits_to_keep", 0))
         if not (isinstance(keep, int) and keep == 0):
