@@ -164,12 +164,14 @@ for stage in "${stages[@]}"; do
     done; done
     ;;
   python)
-    step "python binding: check_layout.py, test_binding.py"
+    step "python binding: check_layout.py, test_binding.py, test_hf.py"
     FLCE_LIBRARY=$PWD/build/libflce.so timeout "$(left)" python3 python/check_layout.py > "$OUT/py-layout.log" 2>&1
     tail -2 "$OUT/py-layout.log" | tee -a "$LOG"
-    FLCE_LIBRARY=$PWD/build/libflce.so timeout "$(left)" python3 python/test_binding.py > "$OUT/py-binding.log" 2>&1
-    echo "status $?" >> "$OUT/py-binding.log"
-    grep -E 'FAIL|passed|failed|status' "$OUT/py-binding.log" | tail -8 | tee -a "$LOG"
+    for py in test_binding test_hf; do
+      FLCE_LIBRARY=$PWD/build/libflce.so timeout "$(left)" python3 python/$py.py > "$OUT/py-$py.log" 2>&1
+      echo "status $?" >> "$OUT/py-$py.log"
+      grep -E 'FAIL|passed|failed|status' "$OUT/py-$py.log" | tail -8 | sed "s/^/$py: /" | tee -a "$LOG"
+    done
     ;;
   portable)
     step "mma.sync ceiling"
