@@ -78,6 +78,8 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     sb_printf(b, "#define ROLE_IS_DW %d\n", s->role == ROLE_DW);
     if (s->fused_dz) sb_text(b, "#define FLCE_FUSED_DZ 1\n");
     if (s->compact) sb_text(b, "#define FLCE_COMPACT 1\n");
+    if (s->role != ROLE_ROWOPS && s->cluster > 1)
+        sb_printf(b, "#define FLCE_CLUSTER %d  // CTAs per cluster: the B tile is multicast to all of them\n", s->cluster);
     sb_printf(b, "#define OPT_BIAS %d\n", !!(s->opts & SPEC_OPT_BIAS));
     sb_printf(b, "#define OPT_WEIGHTS %d\n", !!(s->opts & SPEC_OPT_WEIGHTS));
     sb_printf(b, "#define OPT_ZSUM %d\n", !!(s->opts & SPEC_OPT_ZSUM));
@@ -144,28 +146,37 @@ static int starts_with(const char *line, const char *end, const char *word)
     return (size_t)(end - line) >= n && !memcmp(line, word, n);
 }
 
-/* Appends a template with its `#if FLCE_TCGEN05` blocks already resolved for the spec: the lines of
- * the branch the spec takes stay, the directives and the other branch go. Sources of the Hopper
- * and portable specs therefore hold no line of the Blackwell path (templates/gemm_tcgen05.cu is one
- * such block, header included), and its edits leave their JIT cache keys alone. The block opens
- * with a line starting `#if FLCE_TCGEN05`, may have one `#else` and closes at its `#endif`;
- * preprocessor conditionals nested inside are copied through untouched. */
-static void sb_template(sbuf *b, const char *text, int tcgen05)
+/* Appends a template with its `#if FLCE_TCGEN05` and `#if FLCE_CLUSTER` blocks already resolved for
+ * the spec: the lines of the branch the spec takes stay, the directives and the other branch go.
+ * Sources of the Hopper and portable specs therefore hold no line of the Blackwell path
+ * (templates/gemm_tcgen05.cu is one such block, header included), those without clusters no line of
+ * the 2-CTA cluster path, and edits to either leave the other specs' JIT cache keys alone. A block
+ * opens with a line starting `#if FLCE_TCGEN05` or `#if FLCE_CLUSTER`, may have one `#else` and
+ * closes at its `#endif`; such blocks may nest in each other, and other preprocessor conditionals
+ * inside or around them are copied through untouched (when their lines are kept). */
+static void sb_template(sbuf *b, const char *text, int tcgen05, int cluster)
 {
-    int in_block = 0, keep = 1, depth = 0;
+    enum { MAX_DEPTH = 64 };
+    struct {
+        char resolved, keep; /* resolved: one of our blocks (directives dropped); keep: branch taken */
+    } stack[MAX_DEPTH];
+    int depth = 0, hidden = 0; /* hidden: resolved blocks on the stack whose current branch is dropped */
     for (const char *line = text; *line;) {
         const char *nl = strchr(line, '\n');
         const char *end = nl ? nl + 1 : line + strlen(line);
-        int copy = keep;
-        if (!in_block && starts_with(line, end, "#if FLCE_TCGEN05")) {
-            in_block = 1, depth = 0, keep = tcgen05, copy = 0;
-        } else if (in_block && (starts_with(line, end, "#if") || starts_with(line, end, "# if"))) {
-            depth++;
-        } else if (in_block && depth == 0 && starts_with(line, end, "#else")) {
-            keep = !tcgen05, copy = 0;
-        } else if (in_block && starts_with(line, end, "#endif")) {
-            if (depth == 0) in_block = 0, keep = 1, copy = 0;
-            else depth--;
+        int copy = !hidden;
+        int flag = starts_with(line, end, "#if FLCE_TCGEN05") ? tcgen05 : starts_with(line, end, "#if FLCE_CLUSTER") ? cluster : -1;
+        if (flag >= 0 && depth < MAX_DEPTH) {
+            stack[depth].resolved = 1, stack[depth].keep = (char)!!flag;
+            hidden += !flag, depth++, copy = 0;
+        } else if ((starts_with(line, end, "#if") || starts_with(line, end, "# if")) && depth < MAX_DEPTH) {
+            stack[depth].resolved = 0, stack[depth].keep = 1, depth++;
+        } else if (depth > 0 && stack[depth - 1].resolved && starts_with(line, end, "#else")) {
+            hidden += stack[depth - 1].keep ? 1 : -1;
+            stack[depth - 1].keep = (char)!stack[depth - 1].keep, copy = 0;
+        } else if (depth > 0 && starts_with(line, end, "#endif")) {
+            depth--;
+            if (stack[depth].resolved) hidden -= !stack[depth].keep, copy = 0;
         }
         if (copy) sb_append(b, line, (size_t)(end - line));
         line = end;
@@ -186,7 +197,7 @@ flce_status emit_source(const kernel_spec *s, char **src)
     if (s->role != ROLE_ROWOPS && s->tile.wgmma) emit_wgmma(&b, s);
     if (tcgen05) emit_tcgen05(&b, s);
     if (s->role == ROLE_ROWOPS) sb_text(&b, tmpl_rowops_cu);
-    else sb_template(&b, tmpl_gemm_cu, tcgen05);
+    else sb_template(&b, tmpl_gemm_cu, tcgen05, s->role != ROLE_ROWOPS && s->cluster > 1);
     if (b.oom) {
         free(b.p);
         return err_set(FLCE_ERR_OUT_OF_MEMORY, "emitting kernel source: out of host memory");

@@ -32,6 +32,9 @@ typedef struct drv_table {
     CUresult (*FuncGetAttribute)(int *, CUfunction_attribute, CUfunction);
     CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void **, void **);
+    /* 2-CTA cluster launches of the dH/dW kernels (spec cluster; runtime/launch.c) */
+    CUresult (*LaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
+    CUresult (*OccupancyMaxActiveClusters)(int *, CUfunction, const CUlaunchConfig *);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*MemHostAlloc)(void **, size_t, unsigned int);

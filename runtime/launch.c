@@ -8,6 +8,7 @@
  * the per-row statistics, dH builds up in fp32 and is all-reduced (reduce-scattered under
  * sequence parallelism, which first all-gathers hidden states and labels) before it is rounded.
  * No host synchronization anywhere. */
+#include <pthread.h>
 #include <string.h>
 
 #include "comm.h"
@@ -70,6 +71,76 @@ static flce_status launch(CUfunction fn, int64_t gx, int64_t gy, int threads, si
     if (timed) timeline_after(stream);
     if (r != CUDA_SUCCESS) return drv_error(r, what);
     return FLCE_OK;
+}
+
+/* A launch in clusters of `cluster` CTAs along x (cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION):
+ * the dH/dW kernels of spec cluster = 2; launch() for cluster <= 1. gx must be a multiple of it. */
+static flce_status launch_cluster(CUfunction fn, int64_t gx, int64_t gy, int cluster, int threads, size_t smem,
+                                  CUstream stream, void *params, const char *what)
+{
+    if (cluster <= 1) return launch(fn, gx, gy, threads, smem, stream, params, what);
+    if (gx < 1 || gy < 1) return FLCE_OK;
+    if (gx > 0x7fffffff || gy > 65535 || gx % cluster)
+        return err_set(FLCE_ERR_UNSUPPORTED, "%s: grid %lld x %lld in clusters of %d: beyond the device's limits or "
+                       "not a multiple of the cluster", what, (long long)gx, (long long)gy, cluster);
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = (unsigned)cluster, attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = (unsigned)gx, cfg.gridDimY = (unsigned)gy, cfg.gridDimZ = 1;
+    cfg.blockDimX = (unsigned)threads, cfg.blockDimY = 1, cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = (unsigned)smem, cfg.hStream = stream, cfg.attrs = &attr, cfg.numAttrs = 1;
+    void *args[] = {params};
+    int timed = timeline_enabled();
+    if (timed) timeline_before(stream, what);
+    CUresult r = drv.LaunchKernelEx(&cfg, fn, args, NULL);
+    if (timed) timeline_after(stream);
+    if (r != CUDA_SUCCESS) return drv_error(r, what);
+    return FLCE_OK;
+}
+
+/* The CTA slots of a persistent dH/dW launch (tma_prepare_gemm's num_sms): the SMs, or for spec
+ * cluster = 2 twice the clusters of 2 resident at once: cuOccupancyMaxActiveClusters, asked once
+ * per function (an H100 SXM has 132 SMs; GPCs with an odd number of them leave one idle), or the
+ * SMs rounded down to even when the driver does not say. Only the grid's size depends on it. */
+static int grad_slots(const flce_context *ctx, const kernel_spec *s, CUfunction fn)
+{
+    enum { CACHED = 16 };
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static struct {
+        CUfunction fn;
+        int slots;
+    } cache[CACHED];
+    static int next;
+    int sms = ctx->num_sms, fallback = sms / 2 * 2;
+    if (s->cluster <= 1) return sms;
+    int slots = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < CACHED; i++)
+        if (cache[i].fn == fn) slots = cache[i].slots;
+    pthread_mutex_unlock(&lock);
+    if (slots > 0) return slots;
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = (unsigned)s->cluster, attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = (unsigned)(s->cluster * (sms > 0 ? sms : 1)), cfg.gridDimY = 1, cfg.gridDimZ = 1;
+    cfg.blockDimX = (unsigned)spec_threads(s), cfg.blockDimY = 1, cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = (unsigned)spec_smem_bytes(s), cfg.attrs = &attr, cfg.numAttrs = 1;
+    int clusters = 0;
+    if (drv.OccupancyMaxActiveClusters(&clusters, fn, &cfg) != CUDA_SUCCESS || clusters < 1 ||
+        clusters * s->cluster > fallback)
+        return fallback;
+    slots = clusters * s->cluster;
+    pthread_mutex_lock(&lock);
+    cache[next].fn = fn, cache[next].slots = slots;
+    next = (next + 1) % CACHED;
+    pthread_mutex_unlock(&lock);
+    return slots;
 }
 
 typedef struct run {
@@ -261,8 +332,9 @@ static flce_status run_dh(run *r, const block *b)
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(b->rows, pl->dh.tile.bm);
-    TRY(tma_prepare_gemm(&pl->dh, &g, r->ctx->num_sms, &gx, &gy));
-    return launch(r->k.dh, gx, gy, spec_threads(&pl->dh), spec_smem_bytes(&pl->dh), r->stream, &g, "dH kernel");
+    TRY(tma_prepare_gemm(&pl->dh, &g, grad_slots(r->ctx, &pl->dh, r->k.dh), &gx, &gy));
+    return launch_cluster(r->k.dh, gx, gy, pl->dh.cluster, spec_threads(&pl->dh), spec_smem_bytes(&pl->dh), r->stream,
+                          &g, "dH kernel");
 }
 
 /* dW[cols] (+)= dZᵀ · H[rows]: A = dZ stored [k = token][m = vocab], B = H stored [k][n]. */
@@ -283,8 +355,9 @@ static flce_status run_dw(run *r, const block *b)
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     int64_t gx = ceil_div(pl->d, pl->dw.tile.bn), gy = ceil_div(b->cols, pl->dw.tile.bm);
-    TRY(tma_prepare_gemm(&pl->dw, &g, r->ctx->num_sms, &gx, &gy));
-    return launch(r->k.dw, gx, gy, spec_threads(&pl->dw), spec_smem_bytes(&pl->dw), r->stream, &g, "dW kernel");
+    TRY(tma_prepare_gemm(&pl->dw, &g, grad_slots(r->ctx, &pl->dw, r->k.dw), &gx, &gy));
+    return launch_cluster(r->k.dw, gx, gy, pl->dw.cluster, spec_threads(&pl->dw), spec_smem_bytes(&pl->dw), r->stream,
+                          &g, "dW kernel");
 }
 
 static flce_status run_rows(run *r, int kernel, const block *b)

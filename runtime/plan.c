@@ -139,6 +139,19 @@ static int raster_rows(void)
     return g > 0 && g <= 4096 ? g : 0;
 }
 
+/* FLCE_CLUSTER=2 (plan.h cluster): the dH/dW specs on the wgmma TMA path (after the tune table)
+ * take 2-CTA clusters with the B tile multicast; other paths (tcgen05, cp.async, mma.sync) ignore it. */
+static void plan_cluster(plan *pl)
+{
+    const char *e = getenv("FLCE_CLUSTER");
+    pl->cluster = e && !strcmp(e, "2") ? 2 : 0;
+    kernel_spec *grads[2] = {&pl->dh, &pl->dw};
+    for (int i = 0; i < 2; i++) {
+        const spec_tile *t = &grads[i]->tile;
+        grads[i]->cluster = t->wgmma && t->tma && !t->tcgen05 ? pl->cluster : 0;
+    }
+}
+
 /* A setting that is on unless the environment says NAME=0 (the side-by-side timing knobs). */
 static int env_on(const char *name)
 {
@@ -397,6 +410,7 @@ flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, 
     const char *red = getenv("FLCE_RED_ACC");
     pl->red_acc = red && !strcmp(red, "1");
     tune_apply(p, device, sm, pl); /* the autotune table, when it has this class */
+    plan_cluster(pl);
     if (op == FLCE_OP_FORWARD) {
         pl->chunk_rows = pl->n, pl->n_chunks = 1;
         pl->chunk_cols = pl->v, pl->n_vchunks = 1;

@@ -58,6 +58,9 @@ typedef struct plan {
      * load-add-store's bits (but subnormals flush to zero). FLCE_RED_ACC=1 turns it on (not yet
      * measured on a GPU). */
     int red_acc;
+    /* FLCE_CLUSTER=2: the dH/dW kernels on the wgmma TMA path run in 2-CTA clusters that load their
+     * shared B tile once by TMA multicast (spec cluster; 0 = off, the default: not yet measured). */
+    int cluster;
     /* AUTO: plan_estimate_ms of the chunked and the recompute plan it chose between (0: that plan
      * did not fit the budget, or the strategy was forced). */
     double est_chunked_ms, est_recompute_ms;

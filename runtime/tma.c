@@ -51,7 +51,13 @@ flce_status tma_prepare_gemm(const kernel_spec *s, struct flce_gemm_params *g, i
                a_kmajor ? (unsigned)s->tile.bm : bk, "tensor map of the GEMM's A operand"));
     TRY(encode(&g->tmap_b, s->dtype, g->b, g->b_rows, g->b_cols, g->ldb, b_kmajor ? bk : 64,
                b_kmajor ? (unsigned)s->tile.bn : bk, "tensor map of the GEMM's B operand"));
-    if (s->role != ROLE_LOGITS && *gx > 0 && *gy > 0) { /* the logits grid is the planner's splits */
+    if (s->role != ROLE_LOGITS && *gx > 0 && *gy > 0 && s->cluster > 1) {
+        /* clusters of 2 walk pair tiles (two row blocks × one column tile, templates/gemm_entry.cu):
+         * as many clusters as pairs, at most the num_sms / 2 that run at once */
+        int64_t pairs = *gx * ((*gy + 1) / 2), slots = num_sms / 2;
+        *gx = 2 * (slots > 0 && pairs > slots ? slots : pairs);
+        *gy = 1;
+    } else if (s->role != ROLE_LOGITS && *gx > 0 && *gy > 0) { /* the logits grid is the planner's splits */
         int64_t tiles = *gx * *gy;
         *gx = num_sms > 0 && tiles > num_sms ? num_sms : tiles;
         *gy = 1;

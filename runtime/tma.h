@@ -13,8 +13,9 @@
 /* For a spec with tile.tma (wgmma or tcgen05), fills g->tmap_a and g->tmap_b from g's operand fields (a/b, *_rows,
  * *_cols, ld*) with the boxes gemm.cu loads: K-major operands one box of 64 k × the tile's rows,
  * MN-major ones boxes of 64 × 64; and turns the (column tiles, row tiles) grid *gx × *gy of a dH/dW
- * launch into the persistent grid the kernel walks (min(tiles, num_sms) × 1). Does nothing for
- * other specs. FLCE_ERR_INVALID_ARGUMENT when an operand is not 16-byte aligned,
+ * launch into the persistent grid the kernel walks (min(tiles, num_sms) × 1; for spec cluster = 2
+ * 2 × min(pair tiles, num_sms / 2) × 1, num_sms then being the CTA slots the launch's clusters
+ * have: twice the clusters that fit at once). Does nothing for other specs. FLCE_ERR_INVALID_ARGUMENT when an operand is not 16-byte aligned,
  * FLCE_ERR_UNSUPPORTED past TMA's 32-bit coordinates. */
 flce_status tma_prepare_gemm(const kernel_spec *s, struct flce_gemm_params *g, int num_sms, int64_t *gx,
                              int64_t *gy);

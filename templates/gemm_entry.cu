@@ -136,6 +136,25 @@ __device__ __forceinline__ void tile_origin(const flce_gemm_params &p, long long
     m0 = (first + w % rows_here) * BM, n0 = w / rows_here * BN;
 }
 
+#if FLCE_CLUSTER
+// 2-CTA clusters (FLCE_CLUSTER = 2, gemm_wgmma_tma.cu): the unit of the persistent walk is a pair
+// tile, row blocks 2·pr and 2·pr + 1 of one BN-column tile (the cluster's CTA of rank r takes row
+// block 2·pr + r), walked like tile_origin walks tiles: groups of ceil(raster_rows / 2) pair rows
+// (the same row blocks per group) × all column tiles, pair rows fastest; column tiles fastest over
+// all pair rows when raster_rows is 0. A bijection onto pair_rows × tiles_n.
+__device__ __forceinline__ void pair_origin(const flce_gemm_params &p, long long q, long long pair_rows,
+                                            long long tiles_n, long long &pr, long long &n0)
+{
+    if (p.raster_rows <= 0) {
+        pr = q / tiles_n, n0 = q % tiles_n * BN;
+        return;
+    }
+    const long long g = (p.raster_rows + 1) / 2, per = g * tiles_n, first = q / per * g, w = q % per;
+    const long long rows_here = pair_rows - first < g ? pair_rows - first : g;
+    pr = first + w % rows_here, n0 = w / rows_here * BN;
+}
+
+#endif
 // grid: (column tiles, row tiles). On the TMA path a persistent grid instead (gridDim.y = 1, at
 // most one CTA per SM, runtime/tma.c) walks the same tiles in the same order, column tiles
 // fastest: tile t = blockIdx.x + i·gridDim.x. Its producer loads the next tile's first stages
@@ -168,6 +187,45 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = tile_smem(smem_raw);
+#if FLCE_CLUSTER
+    // Launched in clusters of 2 along x (runtime/launch.c), gridDim.x even and at most twice the
+    // clusters that fit at once (runtime/tma.c): cluster c walks pair tiles c, c + clusters, …, so
+    // both of its CTAs make the same number of passes, also where the row blocks are odd in number
+    // (the last pair row's second tile is a dummy: its CTA loads the first tile's A rows to keep the
+    // B multicast and both CTAs' barriers going, multiplies, and stores nothing).
+    const long long tiles_n = (p.n + BN - 1) / BN, tiles_m = (p.m + BM - 1) / BM;
+    const long long pair_rows = (tiles_m + 1) / 2, pairs = pair_rows * tiles_n;
+    const long long cluster = cluster_index(), clusters = cluster_count();
+    const unsigned rank = cluster_ctarank();
+    int it = 0;
+    pipe_init(smem);
+    if (threadIdx.x < PRODUCER_THREADS) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            for (long long q = cluster; q < pairs; q += clusters) {
+                long long pr, n0;
+                pair_origin(p, q, pair_rows, tiles_n, pr, n0);
+                const long long rb = 2 * pr + rank; // this CTA's row block
+                if (rb < tiles_m) prefetch_addend(p, rb * BM, n0);
+                produce_pair(p, smem, (rb < tiles_m ? rb : 2 * pr) * BM, n0, rank, it);
+            }
+            drain_pair(smem, it); // this CTA stays until the peer is done arriving on its barriers
+        }
+        return;
+    }
+    setmaxnreg_inc<CONSUMER_REGS>();
+    const int warp = (threadIdx.x - PRODUCER_THREADS) / 32, lane = threadIdx.x % 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const float scale = grad_scale(p);
+    float acc[MI][NI][4];
+    for (long long q = cluster; q < pairs; q += clusters) {
+        long long pr, n0;
+        pair_origin(p, q, pair_rows, tiles_n, pr, n0);
+        const long long rb = 2 * pr + rank;
+        mainloop(acc, smem, p, it, wm / 4);
+        if (rb < tiles_m) grad_epilogue(acc, p, rb * BM, n0, wm, wn, lane, scale);
+    }
+#else
 #if FLCE_TMA
     const long long tiles_n = (p.n + BN - 1) / BN, tiles_m = (p.m + BM - 1) / BM, tiles = tiles_n * tiles_m;
     int it = 0;
@@ -209,5 +267,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
     mainloop(acc, smem, p, m0, n0, wm, wn, lane);
     grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
 #endif
+#endif // FLCE_CLUSTER
 }
 #endif // ROLE_IS_LOGITS

@@ -60,9 +60,100 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const flce_tmap *map, 
 }
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+#if FLCE_CLUSTER
+// ---- 2-CTA clusters (dH/dW, FLCE_CLUSTER = 2): one B tile for two CTAs, by TMA multicast --------
+// The two CTAs of a cluster work on vertically adjacent output tiles, row blocks 2i and 2i + 1 of
+// the same BN columns (gemm_entry.cu, pair_origin), so at every k they need the same B tile (W for
+// dH, H for dW; MN-major, BN/64 boxes of 64 × 64 k). The CTA of rank r loads the boxes b with
+// b % 2 == r with .multicast::cluster to both CTAs: the copy engine writes each box at the same
+// offset in both CTAs' shared memory and completes its bytes on the full barrier at the same offset
+// in each. A is loaded by each CTA for itself. So each CTA's full[s] still expects STAGE_BYTES per
+// use (its A, its half of B, the peer's half) from one arrival, its own producer's expect_tx; the
+// peer's bytes may land before that arrival (the tx-count goes below zero for a while; the phase
+// cannot complete without the arrival).
+// Either producer writes into both CTAs, so a stage is free again only when the consumers of BOTH
+// CTAs are done with it: empty[s] counts CLUSTER_CTAS × CONSUMER_WGS arrivals, each consumer
+// warpgroup arriving on its own CTA's barrier and (mapa + a remote arrive) on the peer's; so a
+// producer that sees its own empty[s] complete knows both CTAs' copies of stage s are free. Both
+// CTAs walk the same tiles' k-tiles in the same order (a row block past the matrix is a dummy tile:
+// loaded, multiplied, not stored), so their pipeline positions `it` agree at every step and the
+// u-th use of stage s is the same k-tile in both.
+// A cluster barrier after the barrier init, before any copy or remote arrive can reach the peer. At
+// the end the producer thread outlives the peer's last remote arrivals on this CTA's barriers
+// (drain_pair), which keeps this CTA's shared memory; everything else aimed at it (the peer's
+// multicast copies) completes on full barriers its consumers waited for.
+static_assert(FLCE_CLUSTER == 2 && !ROLE_IS_LOGITS && !B_KMAJOR, "clusters: pairs of dH/dW CTAs, B MN-major");
+constexpr int CLUSTER_CTAS = FLCE_CLUSTER;
+__device__ __forceinline__ unsigned cluster_ctarank()
+{
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned cluster_index()
+{
+    unsigned r;
+    asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned cluster_count()
+{
+    unsigned r;
+    asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+    return r;
+}
+// Every thread of the cluster, with release/acquire at cluster scope.
+__device__ __forceinline__ void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Arrives on the mbarrier at the same shared-memory offset as `bar` in the cluster's CTA `rank`.
+// Default semantics (release, CTA scope), as CUTLASS's ClusterBarrier::arrive(cta_id) uses: what it
+// orders is the completion of this warpgroup's wgmma reads of the stage (wgmma.wait_group, before
+// it) against the peer producer's next TMA write, and the arrival cannot happen before them. At
+// cluster scope ptxas puts MEMBAR.ALL.GPU in front of every such arrival (seen in the SASS), on the
+// consumers' k-tile path; the producers' waits likewise stay at CTA scope (acquire.cluster adds an
+// L1 invalidation, CCTL.IVALL, after each).
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank)
+{
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(rank)
+                 : "memory");
+}
+// tma_load_2d into the same offset `dst` of every CTA in `mask`, completing on `bar` of each.
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const flce_tmap *map, int x, int y, unsigned bar,
+                                                      unsigned short mask)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 ::"r"(dst), "l"((unsigned long long)map), "r"(x), "r"(y), "r"(bar), "h"(mask)
+                 : "memory");
+}
+// A consumer warpgroup is done with stage s: its own CTA's producer and the peer's may refill it.
+__device__ __forceinline__ void release_stage(unsigned char *smem, int s)
+{
+    const unsigned bar = empty_bar(smem, s);
+    mbar_arrive(bar);
+    mbar_arrive_cluster(bar, cluster_ctarank() ^ 1);
+}
+#endif // FLCE_CLUSTER
 
 #if FLCE_TCGEN05
 // (tcgen05: its pipe_init also allocates tensor memory, gemm_tcgen05.cu)
+#else
+#if FLCE_CLUSTER
+// Called by every thread of both CTAs before the role split: each empty[s] waits for the consumer
+// warpgroups of both CTAs, and the cluster barrier puts both CTAs' barriers in place before either
+// CTA's copies or remote arrivals can reach them.
+__device__ __forceinline__ void pipe_init(unsigned char *smem)
+{
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++)
+            mbar_init(full_bar(smem, s), 1), mbar_init(empty_bar(smem, s), CLUSTER_CTAS * CONSUMER_WGS);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the copy engine and the peer
+    }
+    cluster_sync();
+}
 #else
 // Called by every thread before the role split.
 __device__ __forceinline__ void pipe_init(unsigned char *smem)
@@ -73,6 +164,7 @@ __device__ __forceinline__ void pipe_init(unsigned char *smem)
     }
     __syncthreads();
 }
+#endif // FLCE_CLUSTER
 
 #endif // FLCE_TCGEN05
 // One operand's tile of a stage: K-major one box of 64 k × ROWS, MN-major ROWS/64 boxes of 64 × 64 k.
@@ -104,6 +196,37 @@ __device__ void produce(const flce_gemm_params &p, unsigned char *smem, long lon
             tma_operand<BN, B_KMAJOR>(stage + A_BYTES, &p.tmap_b, (int)(n0 + t * BN), kt * BK, full);
         }
 }
+#if FLCE_CLUSTER
+// Producer (one thread) of a CTA in a cluster: every k-tile of one output tile, A at row m0 for
+// this CTA alone, and this CTA's half of the B boxes at column n0 for both CTAs (the peer issues
+// the other half for the same n0 and k-tile at the same `it`).
+__device__ void produce_pair(const flce_gemm_params &p, unsigned char *smem, long long m0, long long n0, unsigned rank,
+                             int &it)
+{
+    const int ktiles = (int)((p.k + BK - 1) / BK);
+    for (int kt = 0; kt < ktiles; kt++, it++) {
+        const int s = it % STAGES;
+        mbar_wait(empty_bar(smem, s), ((it / STAGES) & 1) ^ 1); // free in both CTAs
+        const unsigned full = full_bar(smem, s);
+        mbar_arrive_expect_tx(full, STAGE_BYTES); // A + all of B, half of it from the peer
+        unsigned char *stage = smem + s * STAGE_BYTES;
+        tma_operand<BM, A_KMAJOR>(stage, &p.tmap_a, (int)m0, kt * BK, full);
+#pragma unroll
+        for (int b = 0; b < BN / 64; b++)
+            if (b % CLUSTER_CTAS == (int)rank)
+                tma_load_2d_multicast(smem_addr(stage + A_BYTES + b * (BK * 128)), &p.tmap_b, (int)(n0 + 64 * b), kt * BK,
+                                      full, (unsigned short)((1u << CLUSTER_CTAS) - 1));
+    }
+}
+// The producer thread after its last produce_pair: waits, as if to load STAGES more k-tiles, until
+// the consumers of both CTAs have released every stage, so that this CTA (whose consumers may have
+// exited) stays until the peer's last remote arrivals on its empty barriers have landed (CUTLASS's
+// load_tail, DeepGEMM's final round of empty waits). Stages never used pass at once.
+__device__ void drain_pair(unsigned char *smem, int it)
+{
+    for (int i = it; i < it + STAGES; i++) mbar_wait(empty_bar(smem, i % STAGES), ((i / STAGES) & 1) ^ 1);
+}
+#endif // FLCE_CLUSTER
 
 #if FLCE_TCGEN05
 // (tcgen05: warp 1 issues the MMAs, the consumers' mainloop reads tensor memory, gemm_tcgen05.cu)
@@ -125,11 +248,19 @@ __device__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
         compute_stage(acc, smem + s * STAGE_BYTES, wg);
         // This k-tile's wgmmas stay in flight; the previous one's are done, so its stage goes back.
         wgmma_wait<1>();
+#if FLCE_CLUSTER
+        if (kt > 0 && signals) release_stage(smem, (it - 1) % STAGES); // in both CTAs
+#else
         if (kt > 0 && signals) mbar_arrive(empty_bar(smem, (it - 1) % STAGES));
+#endif
     }
     wgmma_wait<0>();
     fence_acc(acc);
+#if FLCE_CLUSTER
+    if (ktiles > 0 && signals) release_stage(smem, (it - 1) % STAGES);
+#else
     if (ktiles > 0 && signals) mbar_arrive(empty_bar(smem, (it - 1) % STAGES));
+#endif
 }
 #endif // FLCE_TCGEN05
 #endif // FLCE_WGMMA && FLCE_TMA
