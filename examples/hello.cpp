@@ -3,6 +3,7 @@
 //   pkg-config:  c++ hello.cpp $(pkg-config --cflags --libs flce) -o hello_cpp
 #include <flce.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>

@@ -402,7 +402,8 @@ static flce_status run_op(flce_context *ctx, const flce_problem *problem,
     TRY(plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, t, &pl));
     if (t->workspace && t->workspace_bytes < pl.workspace_bytes)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tensors.workspace_bytes=%llu: this call needs %llu (flce_workspace_size)",
+                       "tensors.workspace_bytes=%llu: this call needs %llu (flce_workspace_size gives the "
+                       "most any call of this problem needs)",
                        (unsigned long long)t->workspace_bytes,
                        (unsigned long long)pl.workspace_bytes);
 

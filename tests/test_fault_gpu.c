@@ -274,6 +274,20 @@ static flce_status strat_run(flce_context *ctx, const bench_data *d, void *ws, u
     return flce_check(ctx, NULL);
 }
 
+/* The workspace this exact call needs (its outputs can make it less than flce_workspace_size, the
+ * bound for a call asking every output): the refusal of a 256-byte workspace names it. 0 when the
+ * refusal did not come or did not say. */
+static uint64_t strat_need(flce_context *ctx, const bench_data *d)
+{
+    void *ws = NULL;
+    if (devmem_alloc(&ws, 256) != FLCE_OK) return 0;
+    flce_status st = strat_run(ctx, d, ws, 256);
+    devmem_free(ws);
+    const char *at = strstr(flce_last_error(), "needs ");
+    if (st != FLCE_ERR_INVALID_ARGUMENT || !at) return 0;
+    return strtoull(at + 6, NULL, 10);
+}
+
 /* The outputs of the last strat_run against the fp64 reference of sampled rows (bench_data.h). */
 static int strat_correct(const bench_data *d)
 {
@@ -344,8 +358,16 @@ static int child_strategies(const char *point, int nth)
     size_t before = free_mem();
     if (flce_context_create(0, &ctx) != FLCE_OK) return CHILD_FAILED;
     bench_data *seq[2] = {&c, &r};
-    uint64_t need[2] = {0, 0};
-    for (int i = 0; i < 2; i++) flce_workspace_size(ctx, &seq[i]->p, FLCE_OP_LOSS_AND_GRAD, &need[i]);
+    uint64_t need[2] = {0, 0}, bound = 0;
+    for (int i = 0; i < 2; i++) {
+        need[i] = strat_need(ctx, seq[i]);
+        if (!need[i] || flce_workspace_size(ctx, &seq[i]->p, FLCE_OP_LOSS_AND_GRAD, &bound) != FLCE_OK ||
+            need[i] > bound) {
+            fprintf(stderr, "    %s: the call's workspace (%llu bytes) is unknown or above flce_workspace_size "
+                    "(%llu)\n", strat_name(seq[i]->p.strategy), (unsigned long long)need[i], (unsigned long long)bound);
+            return CHILD_FAILED;
+        }
+    }
     if (need[1] < need[0]) {
         bench_data *t = seq[0];
         uint64_t n = need[0];
@@ -375,8 +397,9 @@ static int child_strategies(const char *point, int nth)
     return failed_at ? CHILD_FAULTED : CHILD_NOT_REACHED;
 }
 
-/* A caller's workspace one byte short of flce_workspace_size: refused before anything runs, the
- * message naming both sizes; the exact size then works, with no workspace of the context's own. */
+/* A caller's workspace one byte short of what the call needs (at most flce_workspace_size, the bound
+ * for every output): refused before anything runs, the message naming both sizes; the exact size
+ * then works, with no workspace of the context's own. */
 static int child_short_workspace(const char *unused, int strategy)
 {
     (void)unused;
@@ -385,10 +408,14 @@ static int child_short_workspace(const char *unused, int strategy)
     flce_context *ctx = NULL;
     uint64_t need = 0;
     void *ws = NULL;
+    uint64_t bound = 0;
     if (!strat_setup(&d, (flce_strategy)strategy, 23) || flce_context_create(0, &ctx) != FLCE_OK ||
-        flce_workspace_size(ctx, &d.p, FLCE_OP_LOSS_AND_GRAD, &need) != FLCE_OK || need == 0 ||
-        devmem_alloc(&ws, need) != FLCE_OK)
+        flce_workspace_size(ctx, &d.p, FLCE_OP_LOSS_AND_GRAD, &bound) != FLCE_OK || !(need = strat_need(ctx, &d)) ||
+        need > bound || devmem_alloc(&ws, need) != FLCE_OK) {
+        fprintf(stderr, "    %s: the call's workspace (%llu bytes) is unknown or above flce_workspace_size (%llu)\n",
+                strat_name(d.p.strategy), (unsigned long long)need, (unsigned long long)bound);
         return CHILD_FAILED;
+    }
     int bad = 0;
     flce_status st = strat_run(ctx, &d, ws, need - 1);
     const char *msg = flce_last_error(), *at;
