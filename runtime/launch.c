@@ -186,8 +186,11 @@ static void init_row_params(run *r)
     if (pl->need_loss_rows) rp->loss_rows = r->ws + pl->off_loss_rows;
     else rp->loss_rows = reduced ? addr(t->loss_per_token) : addr(t->loss);
     if (t->loss_per_token && rp->loss_rows != addr(t->loss_per_token)) rp->loss_copy = addr(t->loss_per_token);
-    if (r->p->z_loss > 0)
-        rp->zloss_rows = pl->need_zloss_rows ? r->ws + pl->off_zloss_rows : (reduced ? 0 : addr(t->z_loss_out));
+    /* Reduction none writes each token's z-loss part into the caller's z_loss_out, zeros when
+     * z_loss is 0 (the Python suite found it left unwritten then); reduced, the reduce kernel
+     * writes the sum, 0 without z-loss rows. */
+    if (pl->need_zloss_rows) rp->zloss_rows = r->ws + pl->off_zloss_rows;
+    else if (!reduced) rp->zloss_rows = addr(t->z_loss_out);
     rp->loss_out = reduced ? addr(t->loss) : 0;
     rp->zloss_out = reduced ? addr(t->z_loss_out) : 0;
     rp->logprob = addr(t->target_logprob);
