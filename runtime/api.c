@@ -7,6 +7,7 @@
 
 #include "comm.h"
 #include "context.h"
+#include "jit.h"
 #include "launch.h"
 #include "log.h"
 #include "plan.h"
@@ -376,6 +377,30 @@ flce_status flce_strategy_of(flce_context *ctx, const flce_problem *problem, flc
     return FLCE_OK;
 }
 
+/* A forward that saves lse is one whose backward may follow (an inference forward asks for the
+ * loss only): the backward's kernels start compiling into the disk cache now, on jit_prefetch's
+ * thread, so the first flce_backward loads them instead of paying NVRTC (issue 16). It starts after
+ * the forward's own kernels are loaded, takes no lock of ours and touches no stream; any problem
+ * only means the backward compiles as before, so it never fails the forward. FLCE_PREFETCH=0: off. */
+static void prefetch_backward(flce_context *ctx, const flce_problem *p, const flce_tensors *t)
+{
+    static const char mark;
+    /* The backward call as the bindings make it: inputs, lse and both gradients, nothing else. */
+    flce_tensors b;
+    flce_tensors_init(&b);
+    b.hidden = t->hidden, b.weight = t->weight, b.labels = t->labels, b.bias = t->bias;
+    b.class_weights = t->class_weights, b.lse = t->lse, b.comm = t->comm;
+    b.grad_hidden = b.grad_weight = (void *)(uintptr_t)&mark;
+    flce_problem q = *p;
+    if (q.strategy == FLCE_STRATEGY_FORWARD) q.strategy = FLCE_STRATEGY_AUTO;
+    plan bp;
+    if (plan_make_on(&q, FLCE_OP_BACKWARD, ctx->name, ctx->sm, ctx->num_sms, &b, &bp) == FLCE_OK) {
+        const kernel_spec *s[3] = {bp.fused_dz ? &bp.logits_dz : &bp.logits, &bp.dh, &bp.dw};
+        jit_prefetch(s, 3);
+    }
+    err_clear();
+}
+
 static flce_status run_op(flce_context *ctx, const flce_problem *problem,
                           const flce_tensors *tensors, void *stream, flce_op op, launch_part part,
                           const void *tp_buffer)
@@ -425,6 +450,7 @@ static flce_status run_op(flce_context *ctx, const flce_problem *problem,
         ctx_leave(prev);
     }
     pthread_mutex_unlock(&ctx->lock);
+    if (st == FLCE_OK && op == FLCE_OP_FORWARD && part == PART_ALL && t->lse) prefetch_backward(ctx, &p, t);
     return st;
 }
 
