@@ -1,5 +1,5 @@
 /*
- * test_fuzz_check.c — mutation test of the GPU fuzzer's checker (fz_check, tools/fuzz_case.c),
+ * test_fuzz_check.c — mutation test of the GPU fuzzer's checker (fz_check, testing/fuzz_case.c),
  * issue 15. No GPU: "GPU outputs" are assembled here from the fp64 reference (ref_row's dZ per
  * token, the token scales g_i, dH = g·dZ·W, dW = (g·dZ)ᵀ·H), and the checker must
  *   - pass them with tiny noise on every entry (1e-7 relative: far inside every tolerance);

@@ -1,5 +1,5 @@
 /*
- * test_fuzz_gen.c — the CPU half of `flce fuzz` (tools/fuzz_case.c), no GPU: case K of seed S is
+ * test_fuzz_gen.c — the CPU half of `flce fuzz` (testing/fuzz_case.c), no GPU: case K of seed S is
  * the same problem and data every time; the cases cover the ranges and options issue 7 names and
  * every one plans; and the checker passes outputs simulated from the full fp64 reference (rounded
  * like the GPU's) on both its paths (whole reference, sampled rows) and fails them once corrupted.

@@ -525,7 +525,7 @@ enum { INF_N = 200, INF_D = 32, INF_V = 777 };
  * computes 0·inf, which is NaN): m = max_j z_j, lse = m + log Σ_j exp(z_j − m), loss = lse − z_y,
  * dz_j = exp(z_j − lse) − [j = y], dH = dZ·W, dW = dZᵀ·H. A row whose max is +inf is NaN
  * throughout (inf − inf); a −inf logit is a probability of 0 (a loss of +inf when it is the
- * label's). tools/ref.c is not this: its online max and its skipping of zero dz are exact only
+ * label's). testing/ref.c is not this: its online max and its skipping of zero dz are exact only
  * for finite logits. Labels must all be valid. */
 static void torch_ref(int64_t n, int64_t d, int64_t v, const double *h, const double *w,
                       const int64_t *labels, double *loss, double *lse, double *dh, double *dw)

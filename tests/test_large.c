@@ -9,7 +9,7 @@
  * An element index kept in 32 bits anywhere (a row offset, a chunk's base, a TMA coordinate, the
  * compact logits' address) wraps in one of them. Each runs forward (loss, lse, per-token losses),
  * then loss-and-grad chunked and recompute, each at the default budget and at 16 GiB, every output
- * poisoned first; all checked against the fp64 reference on sampled rows (tools/bench_data.h:
+ * poisoned first; all checked against the fp64 reference on sampled rows (testing/bench_data.h:
  * sampled tokens' lse, loss and dH rows; sampled vocab rows' dW, the first and last always) and
  * on the last valid token (the highest hidden and dH addresses).
  *

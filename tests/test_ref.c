@@ -1,8 +1,8 @@
 /*
- * test_ref.c — checks the oracle itself: the fp64 reference of DESIGN.md §1 (tools/ref.c) by
+ * test_ref.c — checks the oracle itself: the fp64 reference of DESIGN.md §1 (testing/ref.c) by
  * central finite differences for every option and reduction, against a direct two-pass
  * (log-softmax) formula, on edge cases (ignored labels, huge logits, hand-computed values), and
- * the host helpers (tools/host.c): 16-bit conversions, the random generator, rel_l2.
+ * the host helpers (testing/host.c): 16-bit conversions, the random generator, rel_l2.
  * Fresh random data every run; FLCE_SEED=<printed seed> replays a run. CTest label: cpu.
  */
 #include <math.h>

@@ -1,6 +1,6 @@
 /*
  * cmd_fuzz.c — `flce fuzz`: the GPU differential fuzzer of issue 7. Random problems with every
- * option (tools/fuzz_case.c) run on the GPU with poisoned outputs and are compared with the fp64
+ * option (testing/fuzz_case.c) run on the GPU with poisoned outputs and are compared with the fp64
  * reference on sampled rows. A failing case prints one line that reproduces it
  * (`flce fuzz --seed S --case K`) and its table of errors.
  *
