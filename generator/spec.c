@@ -121,7 +121,7 @@ size_t spec_smem_bytes(const kernel_spec *s)
     if (t->wgmma || t->tcgen05) /* swizzled tiles without padding, plus room to align them to 1024
                                  * bytes, plus TMA's two 8-byte mbarriers per stage; tcgen05 adds two
                                  * mbarriers per accumulator buffer (2) and the 4-byte tensor-memory
-                                 * address, 36 bytes kept 16-aligned (gemm.cu, tmem_slot) */
+                                 * address, 36 bytes kept 16-aligned (gemm_tcgen05.cu, tmem_slot) */
         return (size_t)t->stages * (size_t)(t->bm + t->bn) * (size_t)t->bk * 2 + 1024 +
                (t->tma ? 16u * (size_t)t->stages : 0) + (t->tcgen05 ? 48u : 0);
     size_t vec = (size_t)(16 / elem_bytes(s->dtype));
@@ -159,17 +159,11 @@ int spec_tmem_columns(const kernel_spec *s)
     return cols;
 }
 
-/* FLCE_ENABLE_SM100=1: the tcgen05 path compiles (CI) but has not run on a Blackwell GPU yet, so it
- * is opt-in; without it sm_100 runs the portable mma.sync kernels. */
-static int sm100_enabled(void)
+/* k.enable_sm100 (FLCE_ENABLE_SM100=1): the tcgen05 path compiles (CI) but has not run on a
+ * Blackwell GPU yet, so it is opt-in; without it sm_100 runs the portable mma.sync kernels. */
+spec_tile spec_tile_pick(int sm, flce_dtype dtype, spec_role role, spec_knobs k)
 {
-    const char *env = getenv("FLCE_ENABLE_SM100");
-    return env && !strcmp(env, "1");
-}
-
-spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role)
-{
-    if (sm == 100 && dtype != FLCE_DTYPE_F32 && sm100_enabled()) {
+    if (sm == 100 && dtype != FLCE_DTYPE_F32 && k.enable_sm100) {
         /* The Hopper TMA tile's shape and pipeline (128×256×64, 4 stages, producer warpgroup + two
          * consumer warpgroups); tcgen05.mma accumulates in tensor memory, two 256-column buffers,
          * so the next tile's MMAs run during this tile's epilogue. */
@@ -180,9 +174,8 @@ spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role)
         /* wgmma: two warpgroups of 64 rows, 4 stages, 128×256 tiles (a third less L2 traffic per
          * FLOP than 128×128). With TMA a producer warpgroup gives its registers to the consumers
          * (setmaxnreg), so the logits epilogue fits beside 128 accumulators; on the cp.async path
-         * it spills at 128×256 and keeps 128×128 (bench/NOTES.md v2). */
-        const char *env = getenv("FLCE_TMA");
-        int tma = !(env && !strcmp(env, "0"));
+         * (k.tma = 0, FLCE_TMA=0) it spills at 128×256 and keeps 128×128 (bench/NOTES.md v2). */
+        int tma = k.tma != 0;
         spec_tile w = {128, role == ROLE_LOGITS && !tma ? 128 : 256, 64, 4, 8, 1, 1, tma};
         return w;
     }

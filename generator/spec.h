@@ -88,10 +88,18 @@ enum { SPEC_TMEM_COLUMNS_SM100 = 512 };
 /* FLCE_OK, or FLCE_ERR_INVALID_ARGUMENT / FLCE_ERR_UNSUPPORTED with a message naming the field. */
 flce_status spec_validate(const kernel_spec *s);
 
-/* The default tile of a role and dtype on an arch (the built-in heuristic). On sm_90 16-bit it is
- * the TMA wgmma tile; FLCE_TMA=0 in the environment selects the cp.async wgmma tile instead. On
- * sm_100 16-bit it is the tcgen05 tile only when FLCE_ENABLE_SM100=1 is set (that path has not run
- * on hardware yet), else the portable tile. */
+/* The settings that choose among the built-in tiles, passed as data (runtime/config.h fills them
+ * from FLCE_TMA and FLCE_ENABLE_SM100; the generator reads no environment). */
+typedef struct spec_knobs {
+    int tma;          /* sm_90 16-bit: 1 the TMA wgmma tile (default), 0 the cp.async wgmma tile */
+    int enable_sm100; /* sm_100 16-bit: 1 the tcgen05 tile (not yet run on hardware), 0 the portable
+                       * tile (default) */
+} spec_knobs;
+
+/* The default tile of a role and dtype on an arch (the built-in heuristic) under knobs k. */
+spec_tile spec_tile_pick(int sm, flce_dtype dtype, spec_role role, spec_knobs k);
+
+/* spec_tile_pick under the process's settings (config_get's tiles; defined in runtime/config.c). */
 spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role);
 
 #endif

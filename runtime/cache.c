@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "config.h"
 #include "fault.h"
 #include "hash.h"
 #include "log.h"
@@ -1205,8 +1206,7 @@ static pthread_once_t cache_stats_once = PTHREAD_ONCE_INIT;
 
 static int cache_stats_enabled(void)
 {
-    const char *v = getenv("FLCE_CACHE_STATS");
-    return !(v && !strcmp(v, "0"));
+    return config_parse_bool("FLCE_CACHE_STATS", getenv("FLCE_CACHE_STATS"), 1); /* read at each use */
 }
 
 static int cache_stats_pending(const cache_dir_counters *c)

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "config.h"
 #include "emit.h"
 #include "hash.h"
 #include "jit.h"
@@ -205,8 +206,7 @@ static void *jit_prefetch_worker(void *arg)
 
 int jit_prefetch(const kernel_spec *const *specs, int n)
 {
-    const char *off = getenv("FLCE_PREFETCH");
-    if ((off && !strcmp(off, "0")) || n <= 0 || n > 8 || !specs) return 0;
+    if (!config_get()->prefetch || n <= 0 || n > 8 || !specs) return 0;
     jit_prefetch_job *job = calloc(1, sizeof *job);
     if (!job) return 0;
     pthread_mutex_lock(&jit_prefetch_lock);

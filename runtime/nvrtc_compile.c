@@ -12,6 +12,7 @@
 
 #include <nvrtc.h>
 
+#include "config.h"
 #include "dynload.h"
 #include "fault.h"
 #include "log.h"
@@ -70,15 +71,8 @@ enum { NVRTC_MAX_OPTS = 8 };
  * option text is part of every cache key, so fast and full-speed kernels never mix in the cache. */
 static const char *nvrtc_fast_option(void)
 {
-    const char *v = getenv("FLCE_NVRTC_FAST");
-    if (!v || !*v || !strcmp(v, "0")) return NULL;
-    if (!strcmp(v, "1") || !strcmp(v, "mid")) return "--Ofast-compile=mid";
-    if (!strcmp(v, "min")) return "--Ofast-compile=min";
-    if (!strcmp(v, "max")) return "--Ofast-compile=max";
-    static atomic_int warned;
-    if (!atomic_exchange(&warned, 1))
-        log_msg(LOG_WARN, "FLCE_NVRTC_FAST=%s is not 0, 1, min, mid or max: ignored", v);
-    return NULL;
+    static const char *const opt[] = {NULL, "--Ofast-compile=min", "--Ofast-compile=mid", "--Ofast-compile=max"};
+    return opt[config_get()->nvrtc_fast]; /* config.c parses and warns */
 }
 
 static int nvrtc_options(int sm, const char **opts, char *arch_buf, size_t cap)

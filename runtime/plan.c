@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "error.h"
 #include "params.h"
 #include "plan.h"
@@ -20,7 +21,7 @@ static uint64_t take(uint64_t *cursor, uint64_t bytes)
 /* Which per-token outputs the kernels must produce: all of them when planning the worst case. */
 static int wants(const flce_tensors *t, const void *field) { return !t || field != NULL; }
 
-static void plan_specs(const flce_problem *p, const flce_tensors *t, int sm, plan *pl)
+static void plan_specs(const flce_problem *p, const flce_tensors *t, int sm, const flce_config *cfg, plan *pl)
 {
     kernel_spec base;
     memset(&base, 0, sizeof base);
@@ -35,15 +36,14 @@ static void plan_specs(const flce_problem *p, const flce_tensors *t, int sm, pla
     pl->dh.role = ROLE_DH;
     pl->dw.role = ROLE_DW;
     pl->rowops.role = ROLE_ROWOPS;
-    pl->logits.tile = spec_default_tile(sm, p->dtype, ROLE_LOGITS);
-    pl->dh.tile = spec_default_tile(sm, p->dtype, ROLE_DH);
-    pl->dw.tile = spec_default_tile(sm, p->dtype, ROLE_DW);
+    pl->logits.tile = spec_tile_pick(sm, p->dtype, ROLE_LOGITS, cfg->tiles);
+    pl->dh.tile = spec_tile_pick(sm, p->dtype, ROLE_DH, cfg->tiles);
+    pl->dw.tile = spec_tile_pick(sm, p->dtype, ROLE_DW, cfg->tiles);
     /* FLCE_PORTABLE=1 keeps Hopper on the mma.sync path (comparisons, a fallback). */
-    const char *portable = getenv("FLCE_PORTABLE");
-    if (portable && *portable && strcmp(portable, "0") != 0) {
+    if (cfg->portable) {
         /* the portable tile (sized for Hopper's shared memory); never wgmma, TMA or tcgen05 */
         int psm = sm == 90 || sm == 100 ? 89 : sm;
-        pl->logits.tile = spec_default_tile(psm, p->dtype, ROLE_LOGITS);
+        pl->logits.tile = spec_tile_pick(psm, p->dtype, ROLE_LOGITS, cfg->tiles);
         pl->logits.tile.stages = pl->dh.tile.stages = pl->dw.tile.stages = 4;
         pl->dh.tile = pl->dw.tile = pl->logits.tile;
         pl->logits.tile.stages = 4;
@@ -130,21 +130,14 @@ uint64_t plan_tp_block_bytes(int64_t rows)
  * blocks fastest (templates/gemm_entry.cu, tile_origin): CTAs launched next to each other, which stay
  * close in k, then share the larger B tile in L2. Measured on an H100 (bench/NOTES.md v10): dH
  * DRAM traffic 72 % → 39 % of peak, loss+grad 54.5 → 51.3 ms at 8192×4096×128256, 63.7 → 61.1 at
- * 8192×2304×256000. FLCE_RASTER=G overrides (0: column tiles fastest, the old order). */
-static int raster_rows(void)
-{
-    const char *e = getenv("FLCE_RASTER");
-    if (!e || !*e) return PLAN_RASTER_ROWS;
-    int g = atoi(e);
-    return g > 0 && g <= 4096 ? g : 0;
-}
+ * 8192×2304×256000. FLCE_RASTER=G overrides (0: column tiles fastest, the old order): config's
+ * raster_rows. */
 
 /* FLCE_CLUSTER=2 (plan.h cluster): the dH/dW specs on the wgmma TMA path (after the tune table)
  * take 2-CTA clusters with the B tile multicast; other paths (tcgen05, cp.async, mma.sync) ignore it. */
-static void plan_cluster(plan *pl)
+static void plan_cluster(const flce_config *cfg, plan *pl)
 {
-    const char *e = getenv("FLCE_CLUSTER");
-    pl->cluster = e && !strcmp(e, "2") ? 2 : 0;
+    pl->cluster = cfg->cluster;
     kernel_spec *grads[2] = {&pl->dh, &pl->dw};
     for (int i = 0; i < 2; i++) {
         const spec_tile *t = &grads[i]->tile;
@@ -152,28 +145,16 @@ static void plan_cluster(plan *pl)
     }
 }
 
-/* A setting that is on unless the environment says NAME=0 (the side-by-side timing knobs). */
-static int env_on(const char *name)
-{
-    const char *e = getenv(name);
-    return !(e && strcmp(e, "0") == 0);
-}
-
-/* FLCE_COMPACT=0 keeps the chunked strategy's fp32 Z store. */
-static int compact_enabled(void) { return env_on("FLCE_COMPACT"); }
-/* FLCE_FUSED_DZ=0 keeps the separate Z store and dz pass in recompute. */
-static int fused_dz_enabled(void) { return env_on("FLCE_FUSED_DZ"); }
-
 /* Whether the chunked strategy may store compact logits: a training call (the statistics pass
  * writes the exact target logit the label's dZ needs) with 16-bit inputs. Softcap with label
  * smoothing is left out: its dZ needs every z, also where p̃ underflowed to 0. */
-static int compact_allowed(const flce_problem *p, const plan *pl)
+static int compact_allowed(const flce_problem *p, const flce_config *cfg, const plan *pl)
 {
-    return compact_enabled() && pl->op == FLCE_OP_LOSS_AND_GRAD && p->dtype != FLCE_DTYPE_F32 &&
+    return cfg->compact && pl->op == FLCE_OP_LOSS_AND_GRAD && p->dtype != FLCE_DTYPE_F32 &&
            !(p->softcap > 0 && p->label_smoothing > 0);
 }
 
-static flce_status plan_chunks(const flce_problem *p, plan *pl)
+static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, plan *pl)
 {
     uint64_t budget = p->memory_budget ? p->memory_budget : PLAN_DEFAULT_BUDGET;
     /* Under TP every rank must cut the tokens alike (each chunk is one all-gather), so the chunk
@@ -182,7 +163,7 @@ static flce_status plan_chunks(const flce_problem *p, plan *pl)
     int64_t v_rows = pl->tp > 1 ? ceil_div(p->vocab_total, pl->tp) : pl->v;
     uint64_t es = p->dtype == FLCE_DTYPE_F32 ? 4 : 2;
     uint64_t per_elem = 4 + (es == 4 ? 0 : 2); /* fp32 Z + dZ in the dtype */
-    pl->fused_dz = pl->recompute && fused_dz_enabled();
+    pl->fused_dz = pl->recompute && cfg->fused_dz; /* FLCE_FUSED_DZ=0: Z store + dz pass */
     if (pl->fused_dz) per_elem = es; /* dZ only */
     if (pl->recompute) {
         uint64_t per_col = (uint64_t)pl->n * per_elem;
@@ -193,7 +174,7 @@ static flce_status plan_chunks(const flce_problem *p, plan *pl)
         pl->chunk_rows = pl->n, pl->n_chunks = 1;
     } else {
         int64_t ld = ceil_div(v_rows, 8) * 8;
-        pl->compact = compact_allowed(p, pl);
+        pl->compact = compact_allowed(p, cfg, pl); /* FLCE_COMPACT=0: fp32 Z store */
         pl->tile_cols = pl->logits.tile.bn / pl->logits.tile.warps_n; /* one warp tile's width */
         pl->tile_max_ld = pl->compact ? ceil_div(ceil_div(pl->v, 8) * 8, pl->tile_cols) : 0;
         uint64_t per_row = (uint64_t)ld * per_elem;
@@ -269,12 +250,12 @@ double plan_estimate_ms(const flce_problem *p, const plan *pl, int num_sms)
 
 /* The smallest budget any plan of a loss-and-grad call accepts: one token row (chunked) or all
  * tokens × 8 columns (recompute), whichever is less. */
-static flce_status no_plan_fits(const flce_problem *p, const plan *pl)
+static flce_status no_plan_fits(const flce_problem *p, const flce_config *cfg, const plan *pl)
 {
     uint64_t budget = p->memory_budget ? p->memory_budget : PLAN_DEFAULT_BUDGET;
     int64_t v_rows = pl->tp > 1 ? ceil_div(p->vocab_total, pl->tp) : pl->v, ld = ceil_div(v_rows, 8) * 8;
     uint64_t row = (uint64_t)ld * 2 + 4 * (uint64_t)ceil_div(ld, pl->logits.tile.bn / pl->logits.tile.warps_n);
-    if (!compact_allowed(p, pl)) row = (uint64_t)ld * (p->dtype == FLCE_DTYPE_F32 ? 4 : 6);
+    if (!compact_allowed(p, cfg, pl)) row = (uint64_t)ld * (p->dtype == FLCE_DTYPE_F32 ? 4 : 6);
     uint64_t cols8 = (uint64_t)pl->n * 8 * (p->dtype == FLCE_DTYPE_F32 ? 4 : 2);
     return err_set(FLCE_ERR_INVALID_ARGUMENT,
                    "memory_budget=%llu bytes: too small for any strategy; the smallest that works is %llu "
@@ -285,14 +266,14 @@ static flce_status no_plan_fits(const flce_problem *p, const plan *pl)
 
 /* Chunks of the forced strategy, or AUTO's choice: the plan (chunked or recompute) that fits the
  * budget and has the smaller estimate. */
-static flce_status plan_auto(const flce_problem *p, int num_sms, plan *pl)
+static flce_status plan_auto(const flce_problem *p, int num_sms, const flce_config *cfg, plan *pl)
 {
-    if (p->strategy != FLCE_STRATEGY_AUTO) return plan_chunks(p, pl);
+    if (p->strategy != FLCE_STRATEGY_AUTO) return plan_chunks(p, cfg, pl);
     plan chunked = *pl, recompute = *pl;
     recompute.recompute = 1;
-    int ok_c = plan_chunks(p, &chunked) == FLCE_OK, ok_r = plan_chunks(p, &recompute) == FLCE_OK;
+    int ok_c = plan_chunks(p, cfg, &chunked) == FLCE_OK, ok_r = plan_chunks(p, cfg, &recompute) == FLCE_OK;
     err_clear();
-    if (!ok_c && !ok_r) return no_plan_fits(p, &chunked);
+    if (!ok_c && !ok_r) return no_plan_fits(p, cfg, &chunked);
     double est_c = ok_c ? plan_estimate_ms(p, &chunked, num_sms) : 0;
     double est_r = ok_r ? plan_estimate_ms(p, &recompute, num_sms) : 0;
     *pl = ok_c && (!ok_r || est_c <= est_r) ? chunked : recompute;
@@ -384,14 +365,9 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
     pl->workspace_bytes = cur;
 }
 
-flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, const flce_tensors *t,
-                      plan *pl)
-{
-    return plan_make_on(p, op, NULL, sm, num_sms, t, pl);
-}
-
-flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
-                         const flce_tensors *t, plan *pl)
+/* The plan up to its tiles: specs with the built-in tiles and the knobs config gives. */
+static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_config *cfg, const flce_tensors *t,
+                       plan *pl)
 {
     memset(pl, 0, sizeof *pl);
     pl->op = op;
@@ -402,21 +378,24 @@ flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, 
     pl->n_local = p->tokens;
     pl->n = pl->sp ? p->tokens * p->tp_size : p->tokens;
     pl->d = p->hidden, pl->v = p->vocab_shard;
-    plan_specs(p, t, sm, pl);
-    pl->raster_rows = raster_rows();
+    plan_specs(p, t, sm, cfg, pl);
+    pl->raster_rows = cfg->raster_rows;
     /* Off: measured slower (bench/NOTES.md v12); FLCE_ACC_PREFETCH=1 for side-by-side runs. */
-    const char *pf = getenv("FLCE_ACC_PREFETCH");
-    pl->acc_prefetch = pf && !strcmp(pf, "1");
-    const char *red = getenv("FLCE_RED_ACC");
-    pl->red_acc = red && !strcmp(red, "1");
-    tune_apply(p, device, sm, pl); /* the autotune table, when it has this class */
-    plan_cluster(pl);
+    pl->acc_prefetch = cfg->acc_prefetch;
+    pl->red_acc = cfg->red_acc;
+}
+
+/* The rest, once the tiles are final (built-in or tuned). */
+static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, const flce_config *cfg,
+                               const flce_tensors *t, plan *pl)
+{
+    plan_cluster(cfg, pl);
     if (op == FLCE_OP_FORWARD) {
         pl->chunk_rows = pl->n, pl->n_chunks = 1;
         pl->chunk_cols = pl->v, pl->n_vchunks = 1;
         pl->ldz = ceil_div(pl->v, 8) * 8;
     } else {
-        TRY(plan_auto(p, num_sms, pl));
+        TRY(plan_auto(p, num_sms, cfg, pl));
     }
     if (pl->compact) pl->logits.compact = 1; /* the chunked pass's only logits kernel */
     if (pl->fused_dz) {
@@ -436,4 +415,27 @@ flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, 
     plan_vocab_splits(pl, stat_rows, pl->v, num_sms, &pl->splits, &pl->tiles_per_split);
     plan_layout(p, t, pl);
     return FLCE_OK;
+}
+
+flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
+                         const flce_tensors *t, plan *pl)
+{
+    const flce_config *cfg = config_get();
+    plan_start(p, op, sm, cfg, t, pl);
+    tune_apply(p, device, sm, pl); /* the autotune table, when it has this class */
+    return plan_finish(p, op, num_sms, cfg, t, pl);
+}
+
+flce_status plan_build(const flce_problem *p, flce_op op, int sm, int num_sms, const flce_config *cfg,
+                       const spec_tile *tuned, const flce_tensors *t, plan *pl)
+{
+    plan_start(p, op, sm, cfg, t, pl);
+    if (tuned) pl->logits.tile = tuned[0], pl->dh.tile = tuned[1], pl->dw.tile = tuned[2];
+    return plan_finish(p, op, num_sms, cfg, t, pl);
+}
+
+flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, const flce_tensors *t,
+                      plan *pl)
+{
+    return plan_make_on(p, op, NULL, sm, num_sms, t, pl);
 }

@@ -1,8 +1,10 @@
 /*
  * plan.h — how one call will run: which kernel specs, how the tokens (chunked strategy) or the
  * vocab (recompute strategy) are cut into chunks that fit the memory budget, how the logits GEMM
- * splits the vocab across CTAs, and where each scratch array sits in the workspace. Pure
- * arithmetic (no GPU), so the cpu tests check budgets and layouts.
+ * splits the vocab across CTAs, and where each scratch array sits in the workspace. No GPU, so the
+ * cpu tests check budgets and layouts. plan_build is a pure function of the problem, the device
+ * facts, the settings (config.h) and a tune entry's tiles; plan_make_on binds it to the process's
+ * settings and to tune_apply (the tune table and the thread's forced tiles).
  */
 #ifndef FLCE_PLAN_H
 #define FLCE_PLAN_H
@@ -88,6 +90,16 @@ flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, co
  * tiles only (offline plans, flce gen). */
 flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
                          const flce_tensors *t, plan *out);
+
+/* The pure planner: plan_make_on is plan_build with the process's settings (config_get) and the
+ * tiles tune.c picks (tune table or the tuner's forced tiles). Here everything is an argument: the
+ * problem, the device facts (sm, num_sms), the settings cfg (config.h: compact, fused_dz, tiles,
+ * portable, raster, cluster, accumulator knobs) and tuned, the logits/dH/dW tiles of a tune entry
+ * (TUNE_ROLES of them, already checked with spec_validate by the caller) or NULL for the built-in
+ * tiles. Reads no environment, file or global: the same arguments give the same plan. */
+struct flce_config;
+flce_status plan_build(const flce_problem *p, flce_op op, int sm, int num_sms, const struct flce_config *cfg,
+                       const spec_tile *tuned, const flce_tensors *t, plan *out);
 
 /* AUTO's cost model of loss-and-grad plan pl (plan.c says what it counts), in ms on an H100. */
 double plan_estimate_ms(const flce_problem *p, const plan *pl, int num_sms);

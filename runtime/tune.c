@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cache.h"
+#include "config.h"
 #include "log.h"
 #include "tune.h"
 
@@ -77,12 +78,6 @@ int tune_have(const tune_key *k)
     return tune_lookup(k, &e, path, sizeof path);
 }
 
-static int env_set(const char *name, const char *off)
-{
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, off) != 0;
-}
-
 /* Logs the choice at info when the class (or the choice) differs from the last one logged, so a
  * training loop's calls do not print a line each. */
 static void tune_log_choice(const tune_key *k, int tuned, const char *what)
@@ -131,7 +126,7 @@ void tune_apply(const flce_problem *p, const char *device, int sm, plan *pl)
     if (!device) return; /* offline plans (flce gen, cpu tests): the built-in heuristic */
     tune_key k;
     tune_key_make(p, pl->n, device, sm, &k);
-    if (env_set("FLCE_PORTABLE", "0") || (getenv("FLCE_TMA") && !strcmp(getenv("FLCE_TMA"), "0"))) {
+    if (config_get()->portable || !config_get()->tiles.tma) {
         tune_log_choice(&k, 0, "default tiles (FLCE_PORTABLE or FLCE_TMA=0 set: tune table not consulted)");
         return;
     }
@@ -149,7 +144,7 @@ void tune_apply(const flce_problem *p, const char *device, int sm, plan *pl)
     tune_log_choice(&k, 1, msg);
 }
 
-int tune_on_first_use(void) { return env_set("FLCE_TUNE", "0"); }
+int tune_on_first_use(void) { return config_get()->tune; }
 
 /* ---- candidates -------------------------------------------------------------------------- */
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "config.h"
 #include "compile_pool.h"
 #include "jit.h"
 #include "nvrtc_compile.h"
@@ -141,6 +142,7 @@ static void every_dispatchable_spec_compiles_for_sm_100a(void)
 static void tcgen05_specs_compile_for_sm_100a_when_enabled(void)
 {
     setenv("FLCE_ENABLE_SM100", "1", 1);
+    config_reload(); /* the settings are read once per process */
     n_specs = failures = 0;
     add_arch(100);
     int tc[3][3] = {{0}}; /* [dtype][role] */
@@ -166,6 +168,7 @@ static void tcgen05_specs_compile_for_sm_100a_when_enabled(void)
         for (int i = 0; i < n_specs; i++) CHECKF(!specs[i].tile.tcgen05, "sm_%d chose tcgen05", sms[a]);
     }
     unsetenv("FLCE_ENABLE_SM100");
+    config_reload();
     n_specs = failures = 0;
     add_arch(100);
     for (int i = 0; i < n_specs; i++) CHECKF(!specs[i].tile.tcgen05, "sm_100 chose tcgen05 without FLCE_ENABLE_SM100");

@@ -12,6 +12,7 @@
 
 #include "cache.h"
 #include "check.h"
+#include "config.h"
 #include "jit.h"
 #include "nvrtc_compile.h"
 #include "plan.h"
@@ -147,6 +148,7 @@ static void prefetch_fills_the_cache_once(void)
     make_tmpdir_named(dir, "flce-jit-prefetch");
     setenv("FLCE_CACHE_DIR", dir, 1);
     unsetenv("FLCE_PREFETCH");
+    config_reload(); /* the settings are read once per process */
     cache_counters a, b;
     cache_counters_get(&a);
     double t0 = now_s();
@@ -179,12 +181,14 @@ static void prefetch_off_queues_nothing(void)
     make_tmpdir_named(dir, "flce-jit-prefetch-off");
     setenv("FLCE_CACHE_DIR", dir, 1);
     setenv("FLCE_PREFETCH", "0", 1);
+    config_reload();
     CHECK(jit_prefetch(ptr, 1) == 0);
     CHECK(jit_prefetch(ptr, 0) == 0 && jit_prefetch(NULL, 1) == 0);
     CHECK(jit_prefetch_wait(10) == 1);
     cache_stats st;
     CHECK(cache_stat(dir, &st) == FLCE_OK && st.entries == 0);
     unsetenv("FLCE_PREFETCH");
+    config_reload();
     remove_tree(dir);
     unsetenv("FLCE_CACHE_DIR");
 }
@@ -198,6 +202,7 @@ static void nvrtc_fast_has_keys_of_its_own(void)
     char *k0 = NULL, *k1 = NULL, *k2 = NULL;
     size_t n0 = 0, n1 = 0, n2 = 0;
     unsetenv("FLCE_NVRTC_FAST");
+    config_reload(); /* the settings are read once per process */
     CHECK(jit_key(&s[0], &k0, &n0) == FLCE_OK);
     /* The key names the NVRTC build (its GNU build ID), not only major.minor (issue 16 item 4). */
     const char *build = nvrtc_build_text();
@@ -209,6 +214,7 @@ static void nvrtc_fast_has_keys_of_its_own(void)
     CHECKF((hex || !strcmp(build, "none")) && k0 && strstr(k0, want), "build '%s', key line: %.200s", build,
            k0 ? strchr(k0, '\n') : "");
     setenv("FLCE_NVRTC_FAST", "1", 1);
+    config_reload();
     CHECK(jit_key(&s[0], &k1, &n1) == FLCE_OK);
     CHECK(k1 && strstr(k1, "--Ofast-compile=mid") && (n0 != n1 || memcmp(k0, k1, n0)));
     char dir[TEST_PATH_MAX];
@@ -218,8 +224,10 @@ static void nvrtc_fast_has_keys_of_its_own(void)
     CHECK(jit_build(&s[0], &r) == FLCE_OK && r.origin == JIT_COMPILED && r.cubin);
     free(r.cubin);
     setenv("FLCE_NVRTC_FAST", "fastest", 1);
+    config_reload();
     CHECK(jit_key(&s[0], &k2, &n2) == FLCE_OK && n2 == n0 && !memcmp(k0, k2, n0));
     unsetenv("FLCE_NVRTC_FAST");
+    config_reload();
     free(k0), free(k1), free(k2);
     remove_tree(dir);
     unsetenv("FLCE_CACHE_DIR");

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "config.h"
 #include "emit.h"
 #include "plan.h"
 #include "regions.h"
@@ -86,28 +87,28 @@ static void tma_tiles_are_the_hopper_default_and_need_wgmma(void)
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.wgmma=1"));
 }
 
-/* The tcgen05 tile: only on sm_100 16-bit with FLCE_ENABLE_SM100=1; validation names the field. */
+/* The tcgen05 tile: only on sm_100 16-bit with FLCE_ENABLE_SM100=1 (spec_knobs enable_sm100);
+ * validation names the field. */
 static void tcgen05_tiles_are_opt_in_blackwell_16_bit_only(void)
 {
-    unsetenv("FLCE_ENABLE_SM100");
+    spec_knobs off = {1, 0}, on = {1, 1};
     CHECK(spec_default_tile(100, FLCE_DTYPE_BF16, ROLE_LOGITS).tcgen05 == 0);
-    setenv("FLCE_ENABLE_SM100", "1", 1);
+    CHECK(spec_tile_pick(100, FLCE_DTYPE_BF16, ROLE_LOGITS, off).tcgen05 == 0);
     kernel_spec s = good_gemm(ROLE_DW, FLCE_DTYPE_F16);
     s.sm = 100;
-    s.tile = spec_default_tile(100, FLCE_DTYPE_F16, ROLE_DW);
+    s.tile = spec_tile_pick(100, FLCE_DTYPE_F16, ROLE_DW, on);
     CHECK(s.tile.tcgen05 == 1 && s.tile.tma == 1 && s.tile.wgmma == 0 && s.tile.bn == 256);
     CHECK(spec_validate(&s) == FLCE_OK);
     CHECK(spec_threads(&s) == 384 && spec_tmem_columns(&s) == 512);
     CHECK(spec_smem_bytes(&s) <= spec_smem_limit(100));
-    CHECK(spec_default_tile(100, FLCE_DTYPE_F32, ROLE_DW).tcgen05 == 0);
-    CHECK(spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_DW).tcgen05 == 0);
-    CHECK(spec_default_tile(80, FLCE_DTYPE_BF16, ROLE_DW).tcgen05 == 0);
+    CHECK(spec_tile_pick(100, FLCE_DTYPE_F32, ROLE_DW, on).tcgen05 == 0);
+    CHECK(spec_tile_pick(90, FLCE_DTYPE_BF16, ROLE_DW, on).tcgen05 == 0);
+    CHECK(spec_tile_pick(80, FLCE_DTYPE_BF16, ROLE_DW, on).tcgen05 == 0);
     char *src = NULL;
     CHECK(emit_source(&s, &src) == FLCE_OK);
     CHECK(src && strstr(src, "tcgen05.mma.cta_group::1.kind::f16") && strstr(src, "#define FLCE_TCGEN05 1"));
     CHECK(src && !strstr(src, "#if FLCE_TCGEN05") && !strstr(src, "wgmma.mma_async"));
     free(src);
-    unsetenv("FLCE_ENABLE_SM100");
     kernel_spec h = good_gemm(ROLE_DW, FLCE_DTYPE_F16);
     h.tile = spec_default_tile(90, FLCE_DTYPE_F16, ROLE_DW);
     CHECK(emit_source(&h, &src) == FLCE_OK);
@@ -293,10 +294,11 @@ static void recompute_writes_dz_in_the_logits_pass(void)
     flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
     p.strategy = FLCE_STRATEGY_RECOMPUTE, p.has_class_weights = 1, p.reduction = FLCE_REDUCTION_SUM;
     plan fused, split;
+    flce_config cfg;
+    config_defaults(&cfg);
     CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &fused) == FLCE_OK);
-    setenv("FLCE_FUSED_DZ", "0", 1);
-    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &split) == FLCE_OK);
-    unsetenv("FLCE_FUSED_DZ");
+    cfg.fused_dz = 0; /* FLCE_FUSED_DZ=0 */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &split) == FLCE_OK);
     CHECK(fused.fused_dz && !split.fused_dz && fused.off_z == 0 && split.off_z != 0);
     CHECKF(fused.chunk_cols >= 3 * split.chunk_cols - fused.logits.tile.bn, "chunk columns %lld vs %lld",
            (long long)fused.chunk_cols, (long long)split.chunk_cols);
@@ -314,17 +316,18 @@ static void recompute_writes_dz_in_the_logits_pass(void)
 }
 
 /* The dH/dW tile order is the plan's: groups of PLAN_RASTER_ROWS row blocks unless FLCE_RASTER says
- * otherwise (0: column tiles fastest; nonsense: also 0). */
+ * otherwise (0: column tiles fastest; out of 0..4096: a warning and the default, test_config). */
 static void gradient_tile_order_comes_from_the_plan(void)
 {
     flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+    flce_config cfg;
+    config_defaults(&cfg);
     plan pl;
     CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.raster_rows == PLAN_RASTER_ROWS);
-    setenv("FLCE_RASTER", "16", 1);
-    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.raster_rows == 16);
-    setenv("FLCE_RASTER", "-3", 1);
-    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.raster_rows == 0);
-    unsetenv("FLCE_RASTER");
+    cfg.raster_rows = 16;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && pl.raster_rows == 16);
+    cfg.raster_rows = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && pl.raster_rows == 0);
 }
 
 /* The accumulator knobs are off unless set to 1: the L2 prefetch measured slower (NOTES v12), the
@@ -334,11 +337,12 @@ static void accumulator_knobs_are_off_by_default(void)
     flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
     plan pl;
     CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && !pl.acc_prefetch && !pl.red_acc);
-    setenv("FLCE_RED_ACC", "1", 1);
-    setenv("FLCE_ACC_PREFETCH", "yes", 1);
-    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.red_acc && !pl.acc_prefetch);
-    unsetenv("FLCE_RED_ACC");
-    unsetenv("FLCE_ACC_PREFETCH");
+    flce_config cfg;
+    config_defaults(&cfg);
+    cfg.red_acc = 1; /* FLCE_RED_ACC=1 */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && pl.red_acc && !pl.acc_prefetch);
+    cfg.red_acc = 0, cfg.acc_prefetch = 1; /* FLCE_ACC_PREFETCH=1 */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && !pl.red_acc && pl.acc_prefetch);
 }
 
 static void small_problems_take_one_chunk_and_no_accumulator(void)

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "config.h"
 #include "error.h"
 #include "hash.h"
 #include "tmpdir.h"
@@ -113,9 +114,7 @@ static void round_trip_keeps_every_field(void)
 static void blackwell_tile_round_trips_as_tcgen05(void)
 {
     char dir[TEST_PATH_MAX], path[TEST_PATH_MAX], text[64];
-    setenv("FLCE_ENABLE_SM100", "1", 1);
-    spec_tile bw = spec_default_tile(100, FLCE_DTYPE_BF16, ROLE_LOGITS);
-    unsetenv("FLCE_ENABLE_SM100");
+    spec_tile bw = spec_tile_pick(100, FLCE_DTYPE_BF16, ROLE_LOGITS, (spec_knobs){1, 1}); /* FLCE_ENABLE_SM100=1 */
     CHECK(bw.tcgen05 == 1 && bw.tma == 1 && bw.wgmma == 0);
     tune_tile_text(&bw, text, sizeof text);
     CHECKF(strstr(text, "/tcgen05+tma") != NULL, "%s", text);
@@ -163,9 +162,7 @@ static void blackwell_tile_round_trips_as_tcgen05(void)
  * without a warpgroup path) is rejected with validation's words, never used. */
 static void tile_kind_not_of_the_arch_is_rejected(void)
 {
-    setenv("FLCE_ENABLE_SM100", "1", 1);
-    spec_tile bw = spec_default_tile(100, FLCE_DTYPE_BF16, ROLE_DH);
-    unsetenv("FLCE_ENABLE_SM100");
+    spec_tile bw = spec_tile_pick(100, FLCE_DTYPE_BF16, ROLE_DH, (spec_knobs){1, 1}); /* FLCE_ENABLE_SM100=1 */
     tune_entry on90 = sample_entry(90), on100 = sample_entry(100), tma_only = sample_entry(80);
     on90.tile[1] = bw;
     for (int r = 0; r < TUNE_ROLES; r++) on100.tile[r] = bw;
@@ -325,13 +322,16 @@ static void a_valid_line_changes_the_dispatchers_tiles(void)
     plan_for("NVIDIA H200", 90, &other_gpu);
     CHECK(!memcmp(&other_gpu.logits.tile, &before.logits.tile, sizeof a.tile[0]));
     setenv("FLCE_PORTABLE", "1", 1);
+    config_reload(); /* the settings are read once per process */
     plan_for(DEVICE, 90, &portable);
     CHECK(!portable.logits.tile.wgmma);
     unsetenv("FLCE_PORTABLE");
     setenv("FLCE_TMA", "0", 1);
+    config_reload();
     plan_for(DEVICE, 90, &no_tma);
     CHECK(no_tma.logits.tile.wgmma && !no_tma.logits.tile.tma && no_tma.dw.tile.bn == 256);
     unsetenv("FLCE_TMA");
+    config_reload();
     /* forced tiles (the tuner's hook) win over everything, and clear */
     spec_tile forced[3] = {a.tile[2], a.tile[2], a.tile[2]};
     tune_force_tiles(forced);
@@ -450,6 +450,7 @@ int main(void)
 {
     unsetenv("FLCE_PORTABLE");
     unsetenv("FLCE_TMA");
+    config_reload();
     RUN(round_trip_keeps_every_field);
     RUN(blackwell_tile_round_trips_as_tcgen05);
     RUN(tile_kind_not_of_the_arch_is_rejected);

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "bench_data.h"
+#include "config.h"
 #include "context.h"
 #include "devmem.h"
 #include "host.h"
@@ -276,7 +277,7 @@ static void auto_why(flce_problem p, int sm, int sms, char *out, size_t cap)
                  pl.recompute ? pl.est_chunked_ms : pl.est_recompute_ms);
 }
 
-/* A "+fp32z" row plans and runs with FLCE_COMPACT=0 (the planner reads it at every call);
+/* A "+fp32z" row plans and runs with FLCE_COMPACT=0 (config_reload: the settings are read once);
  * fp32z_end puts the caller's setting back. fp32z_begin returns what to pass to it. */
 static char *fp32z_begin(int k)
 {
@@ -284,6 +285,7 @@ static char *fp32z_begin(int k)
     const char *was = getenv("FLCE_COMPACT");
     char *saved = was ? strdup(was) : NULL;
     setenv("FLCE_COMPACT", "0", 1);
+    config_reload();
     return saved;
 }
 
@@ -292,6 +294,7 @@ static void fp32z_end(int k, char *saved)
     if (!STRATEGIES[k].fp32z) return;
     if (saved) setenv("FLCE_COMPACT", saved, 1);
     else unsetenv("FLCE_COMPACT");
+    config_reload();
     free(saved);
 }
 

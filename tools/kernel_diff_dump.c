@@ -11,6 +11,17 @@
 #include "nvrtc_compile.h"
 #include "spec.h"
 
+/* The settings are read once per process since issue 18 (runtime/config.c): re-read them after each
+ * setenv below. Weak, so this file still builds against a libflce.a from before config.c, which
+ * read the environment at every call. */
+void config_reload(void) __attribute__((weak));
+static void env_put(const char *name, const char *value)
+{
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+    if (config_reload) config_reload();
+}
+
 static const char *outdir;
 static int want_cubin = 1, only = -1, count, invalid;
 static FILE *index_file;
@@ -117,8 +128,8 @@ int main(int argc, char **argv)
     const flce_dtype dts[] = {FLCE_DTYPE_BF16, FLCE_DTYPE_F16, FLCE_DTYPE_F32};
     const char *dtn[] = {"bf16", "f16", "f32"};
     char kind[64];
-    unsetenv("FLCE_ENABLE_SM100");
-    unsetenv("FLCE_TMA");
+    env_put("FLCE_ENABLE_SM100", NULL);
+    env_put("FLCE_TMA", NULL);
     for (int d = 0; d < 3; d++) {
         /* sm_80: mma.sync (16-bit) and exact FFMA (f32) */
         snprintf(kind, sizeof kind, "mma_%s", dtn[d]);
@@ -128,12 +139,12 @@ int main(int argc, char **argv)
         gemms(90, dts[d], kind, NULL);
     }
     /* sm_90a, FLCE_TMA=0: wgmma fed by cp.async; FLCE_PORTABLE's tile: mma.sync on Hopper */
-    setenv("FLCE_TMA", "0", 1);
+    env_put("FLCE_TMA", "0");
     for (int d = 0; d < 2; d++) {
         snprintf(kind, sizeof kind, "cpasync_%s", dtn[d]);
         gemms(90, dts[d], kind, NULL);
     }
-    unsetenv("FLCE_TMA");
+    env_put("FLCE_TMA", NULL);
     for (int d = 0; d < 2; d++) {
         spec_tile t = spec_default_tile(89, dts[d], ROLE_LOGITS);
         t.stages = 4;
@@ -153,7 +164,7 @@ int main(int argc, char **argv)
         gemms(80, FLCE_DTYPE_F32, "mma64_f32", &m);
     }
     /* sm_100a: tcgen05 (FLCE_ENABLE_SM100=1, 16-bit), FFMA (f32); without the opt-in, mma.sync */
-    setenv("FLCE_ENABLE_SM100", "1", 1);
+    env_put("FLCE_ENABLE_SM100", "1");
     for (int d = 0; d < 3; d++) {
         snprintf(kind, sizeof kind, "%s_%s", d < 2 ? "tcgen05" : "mma", dtn[d]);
         gemms(100, dts[d], kind, NULL);
@@ -163,7 +174,7 @@ int main(int argc, char **argv)
         t.bn = 128, t.stages = 6;
         gemms(100, FLCE_DTYPE_BF16, "tcgen05_128_bf16", &t);
     }
-    unsetenv("FLCE_ENABLE_SM100");
+    env_put("FLCE_ENABLE_SM100", NULL);
     gemms(100, FLCE_DTYPE_BF16, "mma_bf16", NULL);
     /* rowops (rowops.cu is not part of the split: a control) */
     for (int d = 0; d < 3; d++) {

@@ -1,0 +1,137 @@
+/* config.c — the FLCE_* settings read once per process, their parsers and their log line (config.h). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config.h"
+#include "log.h"
+#include "plan.h"
+
+void config_defaults(flce_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->tiles.tma = 1;
+    c->tiles.enable_sm100 = 0;
+    c->compact = 1;
+    c->fused_dz = 1;
+    c->raster_rows = PLAN_RASTER_ROWS;
+    c->prefetch = 1;
+}
+
+/* 1 and *out set when s is one of the on/off words, else 0. */
+static int bool_word(const char *s, int *out)
+{
+    static const char *const on[] = {"1", "on", "true", "yes"}, *const off[] = {"0", "off", "false", "no"};
+    for (int i = 0; i < 4; i++) {
+        if (!strcasecmp(s, on[i])) return *out = 1, 1;
+        if (!strcasecmp(s, off[i])) return *out = 0, 1;
+    }
+    return 0;
+}
+
+int config_parse_bool(const char *name, const char *value, int def)
+{
+    int v;
+    if (!value || !*value) return def;
+    if (bool_word(value, &v)) return v;
+    log_msg(LOG_WARN, "%s=%s: not 1/0, on/off, true/false or yes/no; the default (%s) is used", name, value,
+            def ? "on" : "off");
+    return def;
+}
+
+int config_parse_int(const char *name, const char *value, int lo, int hi, int def)
+{
+    if (!value || !*value) return def;
+    char *end;
+    errno = 0;
+    long v = strtol(value, &end, 10);
+    if (end != value && !*end && !errno && v >= lo && v <= hi) return (int)v;
+    log_msg(LOG_WARN, "%s=%s: not an integer in %d..%d; the default (%d) is used", name, value, lo, hi, def);
+    return def;
+}
+
+/* FLCE_NVRTC_FAST: an on/off word (on: mid) or one of the levels min, mid, max. */
+static config_nvrtc_fast parse_nvrtc_fast(const char *value)
+{
+    int on;
+    if (!value || !*value) return CONFIG_NVRTC_FAST_OFF;
+    if (bool_word(value, &on)) return on ? CONFIG_NVRTC_FAST_MID : CONFIG_NVRTC_FAST_OFF;
+    if (!strcasecmp(value, "min")) return CONFIG_NVRTC_FAST_MIN;
+    if (!strcasecmp(value, "mid")) return CONFIG_NVRTC_FAST_MID;
+    if (!strcasecmp(value, "max")) return CONFIG_NVRTC_FAST_MAX;
+    log_msg(LOG_WARN, "FLCE_NVRTC_FAST=%s: not an on/off word, min, mid or max; the default (off) is used", value);
+    return CONFIG_NVRTC_FAST_OFF;
+}
+
+void config_from_env(flce_config *c)
+{
+    config_defaults(c);
+    c->portable = config_parse_bool("FLCE_PORTABLE", getenv("FLCE_PORTABLE"), c->portable);
+    c->tiles.tma = config_parse_bool("FLCE_TMA", getenv("FLCE_TMA"), c->tiles.tma);
+    c->tiles.enable_sm100 = config_parse_bool("FLCE_ENABLE_SM100", getenv("FLCE_ENABLE_SM100"), c->tiles.enable_sm100);
+    c->compact = config_parse_bool("FLCE_COMPACT", getenv("FLCE_COMPACT"), c->compact);
+    c->fused_dz = config_parse_bool("FLCE_FUSED_DZ", getenv("FLCE_FUSED_DZ"), c->fused_dz);
+    c->acc_prefetch = config_parse_bool("FLCE_ACC_PREFETCH", getenv("FLCE_ACC_PREFETCH"), c->acc_prefetch);
+    c->red_acc = config_parse_bool("FLCE_RED_ACC", getenv("FLCE_RED_ACC"), c->red_acc);
+    /* a 1-CTA cluster is no cluster: 0 and 1 both leave it off */
+    c->cluster = config_parse_int("FLCE_CLUSTER", getenv("FLCE_CLUSTER"), 0, 2, c->cluster) == 2 ? 2 : 0;
+    c->raster_rows = config_parse_int("FLCE_RASTER", getenv("FLCE_RASTER"), 0, 4096, c->raster_rows);
+    c->tune = config_parse_bool("FLCE_TUNE", getenv("FLCE_TUNE"), c->tune);
+    c->prefetch = config_parse_bool("FLCE_PREFETCH", getenv("FLCE_PREFETCH"), c->prefetch);
+    c->nvrtc_fast = parse_nvrtc_fast(getenv("FLCE_NVRTC_FAST"));
+}
+
+static const char *on_off(int v) { return v ? "on" : "off"; }
+
+void config_log(const flce_config *c)
+{
+    static const char *const fast[] = {"off", "min", "mid", "max"};
+    flce_config d;
+    config_defaults(&d);
+    if (!log_enabled(LOG_INFO)) return;
+#define CONFIG_LOG_ONE(NAME, FMT, VAL, DEF) \
+    log_msg(LOG_INFO, "config: " NAME "=" FMT "%s", VAL, (DEF) ? " (default)" : "")
+    CONFIG_LOG_ONE("FLCE_PORTABLE", "%s", on_off(c->portable), c->portable == d.portable);
+    CONFIG_LOG_ONE("FLCE_TMA", "%s", on_off(c->tiles.tma), c->tiles.tma == d.tiles.tma);
+    CONFIG_LOG_ONE("FLCE_ENABLE_SM100", "%s", on_off(c->tiles.enable_sm100),
+                   c->tiles.enable_sm100 == d.tiles.enable_sm100);
+    CONFIG_LOG_ONE("FLCE_COMPACT", "%s", on_off(c->compact), c->compact == d.compact);
+    CONFIG_LOG_ONE("FLCE_FUSED_DZ", "%s", on_off(c->fused_dz), c->fused_dz == d.fused_dz);
+    CONFIG_LOG_ONE("FLCE_ACC_PREFETCH", "%s", on_off(c->acc_prefetch), c->acc_prefetch == d.acc_prefetch);
+    CONFIG_LOG_ONE("FLCE_RED_ACC", "%s", on_off(c->red_acc), c->red_acc == d.red_acc);
+    CONFIG_LOG_ONE("FLCE_CLUSTER", "%d", c->cluster, c->cluster == d.cluster);
+    CONFIG_LOG_ONE("FLCE_RASTER", "%d", c->raster_rows, c->raster_rows == d.raster_rows);
+    CONFIG_LOG_ONE("FLCE_TUNE", "%s", on_off(c->tune), c->tune == d.tune);
+    CONFIG_LOG_ONE("FLCE_PREFETCH", "%s", on_off(c->prefetch), c->prefetch == d.prefetch);
+    CONFIG_LOG_ONE("FLCE_NVRTC_FAST", "%s", fast[c->nvrtc_fast], c->nvrtc_fast == d.nvrtc_fast);
+#undef CONFIG_LOG_ONE
+}
+
+static flce_config config_current;
+static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+
+static void config_init(void)
+{
+    config_from_env(&config_current);
+    config_log(&config_current);
+}
+
+const flce_config *config_get(void)
+{
+    pthread_once(&config_once, config_init);
+    return &config_current;
+}
+
+void config_reload(void)
+{
+    pthread_once(&config_once, config_init);
+    config_from_env(&config_current);
+}
+
+spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role)
+{
+    return spec_tile_pick(sm, dtype, role, config_get()->tiles);
+}

@@ -1,0 +1,62 @@
+/*
+ * config.h — the library's settings from the environment, in one place (README "Environment
+ * variables" lists them all). config_get() reads every knob below once per process, with one on/off
+ * convention (1/0, on/off, true/false, yes/no, any case; anything else: a warning under FLCE_LOG=warn
+ * and the default) and range-checked numbers, and logs the effective settings once under
+ * FLCE_LOG=info. Planning and the generator take these values as data (plan_build, spec_tile_pick),
+ * so they never read the environment themselves.
+ *
+ * Read at each use instead, by design: FLCE_LOG (log.c), FLCE_FAULT (fault.c, a test hook flipped
+ * between cases), the FLCE_CACHE_* variables (cache.c: tests point each case at its own directory),
+ * FLCE_NVRTC_LIBRARY and FLCE_NCCL_LIBRARY (read when that library is first opened, once per
+ * process). Internal: not part of include/flce.h.
+ */
+#ifndef FLCE_CONFIG_H
+#define FLCE_CONFIG_H
+
+#include "spec.h"
+
+typedef enum config_nvrtc_fast {
+    CONFIG_NVRTC_FAST_OFF = 0, /* full optimization (the default) */
+    CONFIG_NVRTC_FAST_MIN,     /* --Ofast-compile=min */
+    CONFIG_NVRTC_FAST_MID,     /* --Ofast-compile=mid (FLCE_NVRTC_FAST=1) */
+    CONFIG_NVRTC_FAST_MAX      /* --Ofast-compile=max */
+} config_nvrtc_fast;
+
+typedef struct flce_config {
+    int portable;      /* FLCE_PORTABLE: Hopper/Blackwell on the mma.sync tile (default off) */
+    spec_knobs tiles;  /* FLCE_TMA (default on), FLCE_ENABLE_SM100 (default off) */
+    int compact;       /* FLCE_COMPACT: chunked strategy stores compact p̃ (default on) */
+    int fused_dz;      /* FLCE_FUSED_DZ: recompute's logits pass writes dZ (default on) */
+    int acc_prefetch;  /* FLCE_ACC_PREFETCH: L2 prefetch of dH/dW addends (default off) */
+    int red_acc;       /* FLCE_RED_ACC: red.global.add into fp32 accumulators (default off) */
+    int cluster;       /* FLCE_CLUSTER: 0 (default) or 2-CTA clusters for dH/dW on wgmma + TMA */
+    int raster_rows;   /* FLCE_RASTER: dH/dW row blocks per tile group, 0..4096 (default 8) */
+    int tune;          /* FLCE_TUNE: tune an untuned class on first use (default off) */
+    int prefetch;      /* FLCE_PREFETCH: background compiles of the backward's kernels (default on) */
+    config_nvrtc_fast nvrtc_fast; /* FLCE_NVRTC_FAST (default off) */
+} flce_config;
+
+/* The process's settings, read from the environment on the first call (thread-safe). Never NULL;
+ * the struct lives until exit and must not be written. */
+const flce_config *config_get(void);
+
+/* Every setting at its default, as with an empty environment. */
+void config_defaults(flce_config *c);
+
+/* Fills c from the environment now (warnings for values that do not parse). */
+void config_from_env(flce_config *c);
+
+/* Tests and the bench tool's side-by-side rows only: re-reads the environment into the process's
+ * settings after a setenv. Not safe while another thread plans or compiles. */
+void config_reload(void);
+
+/* The parsers every knob goes through. value NULL or "" gives def silently; a value that does not
+ * parse gives def and a warning that names the variable. */
+int config_parse_bool(const char *name, const char *value, int def);
+int config_parse_int(const char *name, const char *value, int lo, int hi, int def);
+
+/* One line per setting at FLCE_LOG=info: "config: FLCE_TMA=on (default)". */
+void config_log(const flce_config *c);
+
+#endif

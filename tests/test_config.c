@@ -1,0 +1,259 @@
+/* test_config.c — the FLCE_* settings (runtime/config.c): one on/off convention, range-checked
+ * numbers, defaults for anything else with a warning; and planning as a pure function of problem,
+ * device facts, settings and tune tiles (plan_build). cpu. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "config.h"
+#include "plan.h"
+
+/* What config_parse_bool(name, value, def) printed to stderr under FLCE_LOG=warn (static). */
+static const char *warned;
+static int parse_bool_capturing(const char *value, int def)
+{
+    static char text[4096];
+    char path[] = "/tmp/flce-config-err.XXXXXX";
+    int fd = mkstemp(path);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    setenv("FLCE_LOG", "warn", 1);
+    int v = config_parse_bool("FLCE_X", value, def);
+    unsetenv("FLCE_LOG");
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    lseek(fd, 0, SEEK_SET);
+    ssize_t n = read(fd, text, sizeof text - 1);
+    text[n > 0 ? n : 0] = '\0';
+    close(fd);
+    unlink(path);
+    warned = text;
+    return v;
+}
+
+static void every_on_off_word_parses_in_any_case(void)
+{
+    static const struct { const char *text; int want; } words[] = {
+        {"1", 1}, {"on", 1}, {"ON", 1}, {"true", 1}, {"True", 1}, {"yes", 1}, {"YES", 1},
+        {"0", 0}, {"off", 0}, {"Off", 0}, {"false", 0}, {"FALSE", 0}, {"no", 0}, {"No", 0},
+    };
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+        for (int def = 0; def < 2; def++) {
+            int got = parse_bool_capturing(words[i].text, def);
+            CHECKF(got == words[i].want && !*warned, "%s (default %d): %d, warned '%s'", words[i].text, def, got,
+                   warned);
+        }
+}
+
+static void unset_or_empty_is_the_default_without_a_word(void)
+{
+    for (int def = 0; def < 2; def++) {
+        CHECK(parse_bool_capturing(NULL, def) == def && !*warned);
+        CHECK(parse_bool_capturing("", def) == def && !*warned);
+    }
+}
+
+static void any_other_value_is_the_default_with_a_warning_naming_it(void)
+{
+    static const char *bad[] = {"2", "-1", "maybe", " 1", "1 ", "onn", "y", "enable"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        for (int def = 0; def < 2; def++) {
+            int got = parse_bool_capturing(bad[i], def);
+            CHECKF(got == def, "%s: %d, default %d", bad[i], got, def);
+            char want[64];
+            snprintf(want, sizeof want, "FLCE_X=%s:", bad[i]);
+            CHECKF(strstr(warned, want) && strstr(warned, def ? "default (on)" : "default (off)"), "%s", warned);
+        }
+}
+
+static void integers_outside_their_range_are_the_default(void)
+{
+    CHECK(config_parse_int("FLCE_X", NULL, 0, 4096, 8) == 8);
+    CHECK(config_parse_int("FLCE_X", "", 0, 4096, 8) == 8);
+    CHECK(config_parse_int("FLCE_X", "0", 0, 4096, 8) == 0);
+    CHECK(config_parse_int("FLCE_X", "16", 0, 4096, 8) == 16);
+    CHECK(config_parse_int("FLCE_X", "4096", 0, 4096, 8) == 4096);
+    static const char *bad[] = {"-3", "4097", "abc", "12x", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECKF(config_parse_int("FLCE_X", bad[i], 0, 4096, 8) == 8, "%s", bad[i]);
+}
+
+static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM100", "FLCE_COMPACT",
+                                    "FLCE_FUSED_DZ", "FLCE_ACC_PREFETCH", "FLCE_RED_ACC", "FLCE_CLUSTER",
+                                    "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_NVRTC_FAST"};
+
+static void clear_knobs(void)
+{
+    for (size_t i = 0; i < sizeof KNOBS / sizeof KNOBS[0]; i++) unsetenv(KNOBS[i]);
+}
+
+/* The defaults are today's behaviour: TMA, compact, fused dZ and prefetch on; raster groups of 8. */
+static void an_empty_environment_gives_the_defaults(void)
+{
+    clear_knobs();
+    flce_config d, e;
+    config_defaults(&d);
+    config_from_env(&e);
+    CHECK(!memcmp(&d, &e, sizeof d));
+    CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
+    CHECK(!d.acc_prefetch && !d.red_acc && d.cluster == 0 && d.raster_rows == PLAN_RASTER_ROWS);
+    CHECK(!d.tune && d.prefetch && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF);
+}
+
+static void every_knob_reads_its_variable(void)
+{
+    clear_knobs();
+    setenv("FLCE_PORTABLE", "yes", 1), setenv("FLCE_TMA", "off", 1), setenv("FLCE_ENABLE_SM100", "true", 1);
+    setenv("FLCE_COMPACT", "0", 1), setenv("FLCE_FUSED_DZ", "no", 1), setenv("FLCE_ACC_PREFETCH", "1", 1);
+    setenv("FLCE_RED_ACC", "on", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
+    setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
+    flce_config c;
+    config_from_env(&c);
+    CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
+    CHECK(c.acc_prefetch && c.red_acc && c.cluster == 2 && c.raster_rows == 16);
+    CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX);
+    clear_knobs();
+}
+
+static void cluster_and_nvrtc_fast_take_their_own_values(void)
+{
+    static const struct { const char *text; int want; } cluster[] = {
+        {"0", 0}, {"1", 0}, {"2", 2}, {"4", 0}, {"two", 0}};
+    static const struct { const char *text; config_nvrtc_fast want; } fast[] = {
+        {"0", CONFIG_NVRTC_FAST_OFF}, {"1", CONFIG_NVRTC_FAST_MID}, {"yes", CONFIG_NVRTC_FAST_MID},
+        {"min", CONFIG_NVRTC_FAST_MIN}, {"mid", CONFIG_NVRTC_FAST_MID}, {"MAX", CONFIG_NVRTC_FAST_MAX},
+        {"fastest", CONFIG_NVRTC_FAST_OFF}};
+    flce_config c;
+    clear_knobs();
+    for (size_t i = 0; i < sizeof cluster / sizeof cluster[0]; i++) {
+        setenv("FLCE_CLUSTER", cluster[i].text, 1);
+        config_from_env(&c);
+        CHECKF(c.cluster == cluster[i].want, "FLCE_CLUSTER=%s: %d", cluster[i].text, c.cluster);
+    }
+    for (size_t i = 0; i < sizeof fast / sizeof fast[0]; i++) {
+        setenv("FLCE_NVRTC_FAST", fast[i].text, 1);
+        config_from_env(&c);
+        CHECKF(c.nvrtc_fast == fast[i].want, "FLCE_NVRTC_FAST=%s: %d", fast[i].text, (int)c.nvrtc_fast);
+    }
+    clear_knobs();
+}
+
+/* config_get reads the environment once; config_reload (tests, bench +fp32z rows) again. */
+static void the_process_settings_change_only_on_reload(void)
+{
+    clear_knobs();
+    config_reload();
+    CHECK(config_get()->compact == 1);
+    setenv("FLCE_COMPACT", "off", 1);
+    CHECK(config_get()->compact == 1);
+    config_reload();
+    CHECK(config_get()->compact == 0);
+    unsetenv("FLCE_COMPACT");
+    config_reload();
+    CHECK(config_get()->compact == 1);
+}
+
+static flce_problem problem(int64_t n, int64_t d, int64_t v, flce_dtype t)
+{
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = n, p.hidden = d, p.vocab_shard = v, p.dtype = t;
+    return p;
+}
+
+/* Same problem, device facts, settings and tiles: the same plan, byte for byte, whatever the
+ * environment says meanwhile; and plan_make (offline) is plan_build under the process's settings. */
+static void planning_is_a_pure_function_of_its_inputs(void)
+{
+    clear_knobs();
+    config_reload();
+    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+    flce_config cfg;
+    config_defaults(&cfg);
+    plan a, b, offline;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &a) == FLCE_OK);
+    setenv("FLCE_COMPACT", "0", 1), setenv("FLCE_TMA", "0", 1), setenv("FLCE_RASTER", "3", 1);
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &b) == FLCE_OK);
+    clear_knobs();
+    CHECK(!memcmp(&a, &b, sizeof a));
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &offline) == FLCE_OK);
+    CHECK(!memcmp(&a, &offline, sizeof a));
+    CHECK(a.compact && a.logits.tile.tma && a.raster_rows == PLAN_RASTER_ROWS);
+}
+
+static void each_setting_reaches_the_plan(void)
+{
+    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+    flce_config cfg;
+    plan pl;
+    config_defaults(&cfg);
+    cfg.compact = 0;
+    p.strategy = FLCE_STRATEGY_CHUNKED;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.compact && !pl.logits.compact && pl.off_z != pl.off_dz);
+    config_defaults(&cfg);
+    cfg.fused_dz = 0;
+    p.strategy = FLCE_STRATEGY_RECOMPUTE;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.recompute && !pl.fused_dz && pl.off_z != 0);
+    p.strategy = FLCE_STRATEGY_AUTO;
+    config_defaults(&cfg);
+    cfg.portable = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.logits.tile.wgmma && !pl.dh.tile.wgmma && !pl.dw.tile.tma);
+    config_defaults(&cfg);
+    cfg.tiles.tma = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.logits.tile.wgmma && !pl.logits.tile.tma && pl.logits.tile.bn == 128 && pl.dw.tile.bn == 256);
+    config_defaults(&cfg);
+    cfg.tiles.enable_sm100 = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 100, 148, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.logits.tile.tcgen05 && pl.dh.tile.tcgen05);
+    config_defaults(&cfg);
+    cfg.cluster = 2, cfg.red_acc = 1, cfg.acc_prefetch = 1, cfg.raster_rows = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.cluster == 2 && pl.dh.cluster == 2 && pl.dw.cluster == 2 && pl.logits.cluster == 0);
+    CHECK(pl.red_acc && pl.acc_prefetch && pl.raster_rows == 0);
+    /* clusters only on the wgmma TMA path */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 80, 108, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.cluster == 2 && pl.dh.cluster == 0 && pl.dw.cluster == 0);
+}
+
+/* A tune entry's tiles are an input like the others: they replace the built-in tiles, and the
+ * vocab splits follow their BN. */
+static void tune_tiles_are_an_input(void)
+{
+    flce_problem p = problem(8192, 4096, 32768, FLCE_DTYPE_BF16);
+    flce_config cfg;
+    config_defaults(&cfg);
+    spec_tile tuned[3];
+    for (int r = 0; r < 3; r++) tuned[r] = spec_tile_pick(90, FLCE_DTYPE_BF16, (spec_role)r, cfg.tiles);
+    tuned[0].bn = 128, tuned[1].stages = 3;
+    plan pl, again;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, tuned, NULL, &pl) == FLCE_OK);
+    CHECK(!memcmp(&pl.logits.tile, &tuned[0], sizeof tuned[0]) && !memcmp(&pl.dh.tile, &tuned[1], sizeof tuned[1]));
+    CHECK((int64_t)pl.splits * pl.tiles_per_split * 128 >= 32768);
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, tuned, NULL, &again) == FLCE_OK);
+    CHECK(!memcmp(&pl, &again, sizeof pl));
+}
+
+int main(void)
+{
+    RUN(every_on_off_word_parses_in_any_case);
+    RUN(unset_or_empty_is_the_default_without_a_word);
+    RUN(any_other_value_is_the_default_with_a_warning_naming_it);
+    RUN(integers_outside_their_range_are_the_default);
+    RUN(an_empty_environment_gives_the_defaults);
+    RUN(every_knob_reads_its_variable);
+    RUN(cluster_and_nvrtc_fast_take_their_own_values);
+    RUN(the_process_settings_change_only_on_reload);
+    RUN(planning_is_a_pure_function_of_its_inputs);
+    RUN(each_setting_reaches_the_plan);
+    RUN(tune_tiles_are_an_input);
+    FINISH();
+}
