@@ -14,24 +14,14 @@
 # extras only, for a second device call when both do not fit in one.
 # Usage, from anywhere: bash bench/device_ci.sh
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-$PWD/device-ci-out}
+. "$(dirname "$0")/device_lib.sh"
+device_begin device-ci-out
 PARTS=${DEVICE_CI_PARTS:-readme extras}
 # One sanitizer run: small enough for memcheck's and racecheck's slowdown, several token chunks.
 SANITIZE_DEMO=${SANITIZE_DEMO:-./build/flce demo --tokens 1024 --hidden 1024 --vocab 8192 --budget-mib 8}
 SANITIZE_TIMEOUT=${SANITIZE_TIMEOUT:-120}
-mkdir -p "$OUT"
 export FLCE_REQUIRE_GPU=1
-
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  # A device's copy of the tree may have no .git: bench/stamp-commit.sh writes .device-commit.
-  echo "commit: $(git describe --always --dirty 2>/dev/null || cat .device-commit 2>/dev/null || echo unknown)"
-  echo "device:"
-  nvidia-smi -L 2>&1 | sed 's/^/  /'
-  echo "FLCE_REQUIRE_GPU=$FLCE_REQUIRE_GPU"
-  echo "parts: $PARTS"
-} | tee "$OUT/env.txt"
+device_env "$OUT/env.txt" "FLCE_REQUIRE_GPU=$FLCE_REQUIRE_GPU" "parts: $PARTS"
 
 failed=0
 extras_failed=0

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# device_session.sh — one single-GPU device call doing the stages named on the command line, in
-# order, each under its own time limit, logs under $OUT (default ./device-out):
+# device_session.sh — one device call doing the stages named on the command line, in order, each
+# under its own time limit, logs under $OUT (default ./device-out). Every device job is a list of
+# these stages (bench/device_ci.sh is the README's commands and the GPU extras):
 #   fuzz     `flce fuzz --seed 20261122 --cases 2000` (issue 7: the differential fuzzer)
 #   tune     for each --tune-shapes shape: `flce bench` with the built-in tiles (cold cache, then warm),
 #            `flce tune`, `flce bench` again with the table (FLCE_LOG=info names the tiles) (issue 6)
 #   bench    `flce bench` over --bench-shapes at logit std 4 and 0.5 (issue 4)
 #   compare  bench/compare.py over --compare-shapes (flce vs cuBLAS floors, torch eager, torch.compile)
-#   gpu      the GPU CTests (both single-GPU suites, fault, concurrency, fuzz smoke)
+#   gpu      the GPU CTests (both single-GPU suites, fault, concurrency, fuzz smoke; test_tp with 2+ GPUs)
+#   demo     `flce demo` (every strategy of one shape against the fp64 reference of sampled rows)
+#   hazards  test_gpu's recipe and accumulate cases twice more (the ones that caught races before)
+#   detcost  what problem.deterministic costs (flce_det_cost, issue 7)
+#   tp       with 2 or more GPUs: test_tp, then bench/tp_compare.py under torchrun at tp = 2 and 4
+#            (as many as there are GPUs; NCCL's collectives logged), multicast (NVLS) off (issue 5)
 #   profile  per-kernel durations (ncu, clocks and caches left alone) of one loss-and-grad call per
 #            strategy in $PROFILE_STRATEGIES at $PROFILE_SHAPE (bench/ncu_summary.py tables)
 #   timeline `flce bench --timeline` (each kernel's in-run time, each run's time and input set) for
@@ -15,7 +21,7 @@
 #            (the forward pass), flce_dh and flce_dw in a recompute call at $PROFILE_SHAPE
 #   ab       `flce bench` of this tree and of prev/ (an older tree carried beside it) alternately,
 #            twice, over --bench-shapes (BENCH_ARGS as for bench); with AB_ENV=NAME=value, this
-#            tree with that setting stands in for prev/
+#            tree with that setting stands in for prev/ (AB_ENV=FLCE_TMA=0: TMA vs cp.async)
 #   python   the binding's layout check and python/test_binding.py against PyTorch
 #   portable the mma.sync ceiling (flce_mma_peak) and `flce bench` with FLCE_PORTABLE=1 (the Ampere
 #            path on this GPU, issue 6)
@@ -23,12 +29,16 @@
 # $OUT/logs.tgz.
 # Usage: bash bench/stamp-commit.sh (here), then on the device:
 #   bash bench/device_session.sh fuzz tune [--tune-shapes 8192x4096x128256] [--budget 560]
+# The whole tree on a 2- or 4-GPU machine: bash bench/device_session.sh gpu tp demo fuzz
 set -uo pipefail
-cd "$(dirname "$0")/.."
-TOP=${OUT:-$PWD/device-out}
+. "$(dirname "$0")/device_lib.sh"
+device_begin device-out
+TOP=$OUT
 OUT=$TOP/logs
 mkdir -p "$OUT"
 export FLCE_CACHE_DIR=${FLCE_CACHE_DIR:-/tmp/flce-cache} PYTHONUNBUFFERED=1
+# Multicast (NVLS) stays off on these shared machines (device notes).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 start=$(date +%s)
 budget=560
 tune_shapes=8192x4096x128256
@@ -47,15 +57,9 @@ done
 LOG=$TOP/session.log
 left() { echo $(( budget - ($(date +%s) - start) )); }
 step() { echo "== $1 ($(date +%T), $(left) s left)" | tee -a "$LOG"; }
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(cat .device-commit 2>/dev/null || echo unknown)"
-  echo "stages: ${stages[*]}"
-  nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1
-  nproc
-} | tee "$OUT/env.txt"
+device_env "$OUT/env.txt" "stages: ${stages[*]}"
 step build
-(cmake --preset default && cmake --build --preset default -j "$(nproc)") > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+device_build "$OUT/build.log" || exit 1
 
 for stage in "${stages[@]}"; do
   case $stage in
@@ -107,6 +111,42 @@ for stage in "${stages[@]}"; do
     (cd build && timeout "$(left)" ctest --output-on-failure -L gpu -j4) > "$OUT/ctest-gpu.log" 2>&1
     tail -15 "$OUT/ctest-gpu.log" | tee -a "$LOG"
     ;;
+  demo)
+    step "flce demo"
+    timeout "$(left)" ./build/flce demo > "$OUT/demo.log" 2>&1
+    echo "status $?" >> "$OUT/demo.log"
+    tail -4 "$OUT/demo.log" | tee -a "$LOG"
+    ;;
+  hazards)
+    for i in 1 2; do for f in recipe accumulate; do
+      step "hazards $i: FLCE_TEST_FILTER=$f test_gpu"
+      FLCE_TEST_FILTER=$f timeout "$(left)" ./build/tests/test_gpu > "$OUT/hazards-$f-$i.log" 2>&1
+      grep -E 'FAIL|passed' "$OUT/hazards-$f-$i.log" | tail -3 | sed "s/^/$f#$i /" | tee -a "$LOG"
+    done; done
+    ;;
+  detcost)
+    step "flce_det_cost"
+    timeout "$(left)" ./build/flce_det_cost > "$OUT/det-cost.log" 2>&1
+    tail -8 "$OUT/det-cost.log" | tee -a "$LOG"
+    ;;
+  tp)
+    gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+    if [ "$gpus" -lt 2 ]; then step "tp: skipped, $gpus GPU"; continue; fi
+    step "test_tp"
+    (cd build && timeout "$(left)" ./tests/test_tp) > "$OUT/test_tp.log" 2>&1
+    echo "status $?" >> "$OUT/test_tp.log"
+    grep -E '^(ok|FAIL)|passed|status' "$OUT/test_tp.log" | tail -20 | tee -a "$LOG"
+    for tp in 2 4; do
+      [ "$tp" -le "$gpus" ] || continue
+      step "tp_compare tp=$tp"
+      rm -f /tmp/nccl.*.log
+      NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL NCCL_DEBUG_FILE=/tmp/nccl.%p.log FLCE_LIBRARY=$PWD/build/libflce.so \
+        timeout "$(left)" torchrun --nproc_per_node=$tp bench/tp_compare.py --out "$OUT" ${TP_ARGS:-} \
+        > "$OUT/tp_compare-$tp.log" 2>&1
+      cat /tmp/nccl.*.log 2>/dev/null | head -c 2000000 > "$OUT/nccl-coll-$tp.log"
+      grep '^|' "$OUT/tp_compare-$tp.log" | tee -a "$LOG"
+    done
+    ;;
   profile)
     ps=${PROFILE_SHAPE:-8192x4096x128256}
     for st in ${PROFILE_STRATEGIES:-recompute chunked}; do
@@ -152,7 +192,7 @@ for stage in "${stages[@]}"; do
     # AB_ENV="NAME=value": this tree without and with that environment setting instead of prev/
     if [ -z "${AB_ENV:-}" ]; then
       step "build prev/ ($(cat prev/.device-commit 2>/dev/null || echo '?'))"
-      (cd prev && cmake --preset default && cmake --build --preset default -j "$(nproc)") > "$OUT/build-prev.log" 2>&1 || echo "prev build failed" | tee -a "$LOG"
+      (cd prev && device_build "$OUT/build-prev.log") > /dev/null || echo "prev build failed" | tee -a "$LOG"
     fi
     for i in 1 2; do for side in new old; do
       tree=.; envs=()
