@@ -409,11 +409,11 @@ static void problem_valid(void)
     emit_problem("ok_f32_forward_none_sm80_rowops", &x);
     x = base_problem();
     x.p.dtype = FLCE_DTYPE_F16, x.op = FLCE_OP_BACKWARD, x.sm = 86, x.num_sms = 84;
-    x.flags |= PI_TENSORS, x.outputs = PI_OUT_LSE | PI_OUT_GRAD_WEIGHT, x.s.role = ROLE_DW;
+    x.flags |= PI_TENSORS, x.outputs = TENSOR_LSE | TENSOR_GRAD_WEIGHT, x.s.role = ROLE_DW;
     emit_problem("ok_f16_backward_sm86_tensors_dw", &x);
     x = base_problem();
     x.p.tokens = 5000, x.p.memory_budget = 1u << 20, x.s.role = ROLE_DH;
-    x.flags |= PI_TENSORS, x.outputs = PI_OUT_LOSS | PI_OUT_GRAD_HIDDEN | PI_OUT_GRAD_WEIGHT;
+    x.flags |= PI_TENSORS, x.outputs = TENSOR_LOSS | TENSOR_GRAD_HIDDEN | TENSOR_GRAD_WEIGHT;
     emit_problem("ok_bf16_1mib_budget_many_chunks_dw_acc_dh", &x);
     x = base_problem();
     x.p.tokens = 1, x.p.hidden = 8, x.p.vocab_shard = 1, x.sm = 120, x.num_sms = 1;
@@ -441,12 +441,12 @@ static void problem_valid(void)
     emit_problem("ok_every_option_loss_and_grad_rowops", &x);
     x = base_problem();
     x.p.label_smoothing = 0.1f, x.p.has_class_weights = 1, x.op = FLCE_OP_FORWARD;
-    x.flags |= PI_TENSORS, x.outputs = PI_OUT_LOSS | PI_OUT_ENTROPY | PI_OUT_ARGMAX |
-                                       PI_OUT_TARGET_LOGPROB | PI_OUT_CLASS_WEIGHTS;
+    x.flags |= PI_TENSORS, x.outputs = TENSOR_LOSS | TENSOR_ENTROPY | TENSOR_ARGMAX |
+                                       TENSOR_TARGET_LOGPROB | TENSOR_CLASS_WEIGHTS;
     emit_problem("ok_forward_smoothing_weights_per_token_outputs", &x);
     x = base_problem();
     x.p.z_loss = 1e-4f, x.p.reduction = FLCE_REDUCTION_SUM, x.flags |= PI_TENSORS;
-    x.outputs = PI_OUT_LOSS | PI_OUT_Z_LOSS | PI_OUT_GRAD_HIDDEN | PI_OUT_LOSS_PER_TOKEN;
+    x.outputs = TENSOR_LOSS | TENSOR_Z_LOSS | TENSOR_GRAD_HIDDEN | TENSOR_LOSS_PER_TOKEN;
     emit_problem("ok_z_loss_out_sum_tensors", &x);
     x = base_problem();
     x.p.strategy = FLCE_STRATEGY_RECOMPUTE, x.op = FLCE_OP_BACKWARD, x.p.memory_budget = 1u << 20;
@@ -456,7 +456,7 @@ static void problem_valid(void)
     x.p.strategy = FLCE_STRATEGY_RECOMPUTE, x.op = FLCE_OP_LOSS_AND_GRAD, x.p.has_bias = 1;
     x.p.accumulate_grad_hidden = 1, x.p.accumulate_grad_weight = 1, x.p.memory_budget = 4u << 20;
     x.p.tokens = 2048, x.p.vocab_shard = 32000;
-    x.flags |= PI_TENSORS, x.outputs = PI_OUT_GRAD_HIDDEN | PI_OUT_GRAD_WEIGHT | PI_OUT_GRAD_BIAS;
+    x.flags |= PI_TENSORS, x.outputs = TENSOR_GRAD_HIDDEN | TENSOR_GRAD_WEIGHT | TENSOR_GRAD_BIAS;
     emit_problem("ok_recompute_loss_and_grad_bias_accumulate", &x);
     x = base_problem();
     x.p.has_bias = 1, x.p.tokens = 5000, x.p.memory_budget = 1u << 20, x.s.role = ROLE_DW;

@@ -99,17 +99,17 @@ const flce_tensors *problem_case_tensors(const problem_case *c, flce_tensors *t)
     if (!(c->flags & PI_TENSORS)) return NULL;
     flce_tensors_init(t);
     unsigned m = c->outputs;
-    if (m & PI_OUT_LOSS) t->loss = dummy;
-    if (m & PI_OUT_LSE) t->lse = dummy;
-    if (m & PI_OUT_GRAD_HIDDEN) t->grad_hidden = dummy;
-    if (m & PI_OUT_GRAD_WEIGHT) t->grad_weight = dummy;
-    if (m & PI_OUT_GRAD_BIAS) t->grad_bias = dummy;
-    if (m & PI_OUT_LOSS_PER_TOKEN) t->loss_per_token = dummy;
-    if (m & PI_OUT_Z_LOSS) t->z_loss_out = dummy;
-    if (m & PI_OUT_TARGET_LOGPROB) t->target_logprob = dummy;
-    if (m & PI_OUT_ENTROPY) t->entropy = dummy;
-    if (m & PI_OUT_ARGMAX) t->argmax = (int64_t *)(void *)dummy;
-    if (m & PI_OUT_CLASS_WEIGHTS) t->class_weights = dummy;
+    if (m & TENSOR_LOSS) t->loss = dummy;
+    if (m & TENSOR_LSE) t->lse = dummy;
+    if (m & TENSOR_GRAD_HIDDEN) t->grad_hidden = dummy;
+    if (m & TENSOR_GRAD_WEIGHT) t->grad_weight = dummy;
+    if (m & TENSOR_GRAD_BIAS) t->grad_bias = dummy;
+    if (m & TENSOR_LOSS_PER_TOKEN) t->loss_per_token = dummy;
+    if (m & TENSOR_Z_LOSS) t->z_loss_out = dummy;
+    if (m & TENSOR_TARGET_LOGPROB) t->target_logprob = dummy;
+    if (m & TENSOR_ENTROPY) t->entropy = dummy;
+    if (m & TENSOR_ARGMAX) t->argmax = (int64_t *)(void *)dummy;
+    if (m & TENSOR_CLASS_WEIGHTS) t->class_weights = dummy;
     return t;
 }
 

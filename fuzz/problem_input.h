@@ -18,7 +18,7 @@
  *            reduction, i64 ignore_index, f32 label_smoothing z_loss softcap temperature,
  *            i32 has_bias tp_rank tp_size allow_tf32 deterministic strategy, u64 memory_budget,
  *            i32 has_class_weights accumulate_grad_hidden accumulate_grad_weight sequence_parallel
- *   plan:    u8 op (mod 3), i32 sm, i32 num_sms, u16 outputs mask (PI_OUT_*)
+ *   plan:    u8 op (mod 3), i32 sm, i32 num_sms, u16 outputs mask (TENSOR_*, testing/tensor_fields.h)
  *   spec:    i32 sm dtype, i64 hidden vocab_shard, i32 role bm bn bk stages warps_m warps_n
  *            wgmma tma tcgen05 label_bits reduction, u32 opts, f32 softcap temperature smoothing z_loss
  */
@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "plan.h"
+#include "tensor_fields.h"
 
 enum {
     PI_SIZE_HONEST = 0,
@@ -41,27 +42,12 @@ enum {
     PI_TENSORS = 1 << 4
 };
 
-/* The flce_tensors fields a caller may leave NULL, one bit each. */
-enum {
-    PI_OUT_LOSS = 1 << 0,
-    PI_OUT_LSE = 1 << 1,
-    PI_OUT_GRAD_HIDDEN = 1 << 2,
-    PI_OUT_GRAD_WEIGHT = 1 << 3,
-    PI_OUT_GRAD_BIAS = 1 << 4,
-    PI_OUT_LOSS_PER_TOKEN = 1 << 5,
-    PI_OUT_Z_LOSS = 1 << 6,
-    PI_OUT_TARGET_LOGPROB = 1 << 7,
-    PI_OUT_ENTROPY = 1 << 8,
-    PI_OUT_ARGMAX = 1 << 9,
-    PI_OUT_CLASS_WEIGHTS = 1 << 10
-};
-
 typedef struct problem_case {
     unsigned flags;
     flce_problem problem; /* struct_size holds what the caller claims, which may be a lie */
     flce_op op;
     int sm, num_sms;
-    unsigned outputs;     /* PI_OUT_* */
+    unsigned outputs;     /* TENSOR_* */
     kernel_spec spec;     /* raw; see problem_case_pick_spec */
 } problem_case;
 

@@ -96,8 +96,8 @@ static void fz_class(host_rng *r, int pooled, fz_case *c)
     p->accumulate_grad_hidden = c->mode != FZ_FORWARD && fz_coin(r, 0.25);
     p->accumulate_grad_weight = c->mode != FZ_FORWARD && fz_coin(r, 0.25);
     unsigned o = 0;
-    if (fz_coin(r, 0.5)) o |= FZ_OUT_ENTROPY;
-    if (fz_coin(r, 0.5)) o |= FZ_OUT_ARGMAX;
+    if (fz_coin(r, 0.5)) o |= TENSOR_ENTROPY;
+    if (fz_coin(r, 0.5)) o |= TENSOR_ARGMAX;
     c->outputs = o;
 }
 
@@ -142,28 +142,28 @@ static void fz_vocab_place(host_rng *r, fz_case *c)
 static void fz_outputs(host_rng *r, fz_case *c)
 {
     unsigned o = c->outputs;
-    if (fz_coin(r, 0.9)) o |= FZ_OUT_LOSS;
-    if (fz_coin(r, 0.7)) o |= FZ_OUT_LSE;
-    if (fz_coin(r, 0.5)) o |= FZ_OUT_LOSS_PER_TOKEN;
-    if (c->p.z_loss > 0 && fz_coin(r, 0.5)) o |= FZ_OUT_Z_LOSS;
-    if (fz_coin(r, 0.5)) o |= FZ_OUT_LOGPROB;
+    if (fz_coin(r, 0.9)) o |= TENSOR_LOSS;
+    if (fz_coin(r, 0.7)) o |= TENSOR_LSE;
+    if (fz_coin(r, 0.5)) o |= TENSOR_LOSS_PER_TOKEN;
+    if (c->p.z_loss > 0 && fz_coin(r, 0.5)) o |= TENSOR_Z_LOSS;
+    if (fz_coin(r, 0.5)) o |= TENSOR_TARGET_LOGPROB;
     if (c->mode != FZ_FORWARD) {
-        if (fz_coin(r, 0.85)) o |= FZ_OUT_DH;
-        if (fz_coin(r, 0.85)) o |= FZ_OUT_DW;
-        if (c->p.has_bias && fz_coin(r, 0.8)) o |= FZ_OUT_DB;
-        if (!(o & (FZ_OUT_DH | FZ_OUT_DW))) o |= fz_coin(r, 0.5) ? FZ_OUT_DH : FZ_OUT_DW;
+        if (fz_coin(r, 0.85)) o |= TENSOR_GRAD_HIDDEN;
+        if (fz_coin(r, 0.85)) o |= TENSOR_GRAD_WEIGHT;
+        if (c->p.has_bias && fz_coin(r, 0.8)) o |= TENSOR_GRAD_BIAS;
+        if (!(o & (TENSOR_GRAD_HIDDEN | TENSOR_GRAD_WEIGHT))) o |= fz_coin(r, 0.5) ? TENSOR_GRAD_HIDDEN : TENSOR_GRAD_WEIGHT;
     }
     /* A forward with nothing to compute is an argument error, not a case. */
-    if (!(o & (FZ_OUT_LOSS | FZ_OUT_LSE | FZ_OUT_LOSS_PER_TOKEN | FZ_OUT_LOGPROB | FZ_OUT_ENTROPY |
-               FZ_OUT_ARGMAX | FZ_OUT_Z_LOSS)))
-        o |= FZ_OUT_LOSS;
+    if (!(o & (TENSOR_LOSS | TENSOR_LSE | TENSOR_LOSS_PER_TOKEN | TENSOR_TARGET_LOGPROB | TENSOR_ENTROPY |
+               TENSOR_ARGMAX | TENSOR_Z_LOSS)))
+        o |= TENSOR_LOSS;
     /* Backward reads the lse its forward saved. */
-    if (c->mode == FZ_BACKWARD) o |= FZ_OUT_LSE;
+    if (c->mode == FZ_BACKWARD) o |= TENSOR_LSE;
     /* Sampled cases: dW rows need every token's lse, and a reduced loss is checked through the
      * per-token losses (the reference cannot afford every row). */
     if (!c->full_ref) {
-        o |= FZ_OUT_LSE;
-        if ((o & FZ_OUT_LOSS) && c->p.reduction != FLCE_REDUCTION_NONE) o |= FZ_OUT_LOSS_PER_TOKEN;
+        o |= TENSOR_LSE;
+        if ((o & TENSOR_LOSS) && c->p.reduction != FLCE_REDUCTION_NONE) o |= TENSOR_LOSS_PER_TOKEN;
     }
     c->outputs = o;
 }
@@ -212,8 +212,6 @@ double fz_case_work(const fz_case *c)
     return (double)c->p.tokens * (double)c->p.vocab_shard * (double)c->p.hidden;
 }
 
-static const char *fz_dt_name(flce_dtype t) { return host_dtype_name(t); }
-
 void fz_case_describe(const fz_case *c, char *out, size_t len)
 {
     static const char *modes[] = {"forward", "loss_and_grad", "backward"};
@@ -224,7 +222,7 @@ void fz_case_describe(const fz_case *c, char *out, size_t len)
              "N=%lld D=%lld V=%lld off=%lld total=%lld %s %s %s/%s budget=%llu i%d ign=%lld(%.2f,%d) "
              "eps=%g zl=%g cap=%g T=%g bias=%d cw=%d acc=%d%d tf32=%d det=%d sd=%.2f go=%d out=0x%x %s pool=%lld",
              (long long)p->tokens, (long long)p->hidden, (long long)p->vocab_shard,
-             (long long)p->vocab_offset, (long long)p->vocab_total, fz_dt_name(p->dtype),
+             (long long)p->vocab_offset, (long long)p->vocab_total, host_dtype_name(p->dtype),
              red[p->reduction], modes[c->mode], strat[p->strategy],
              (unsigned long long)p->memory_budget, p->label_bits, (long long)p->ignore_index,
              c->ignore_frac, c->ignore_layout, (double)p->label_smoothing, (double)p->z_loss,
@@ -316,11 +314,11 @@ int fz_data_make(const fz_case *c, fz_data *x)
         for (int64_t i = 0; i < x->n_loss; i++) x->go[i] = (float)(0.5 + host_rng_uniform(&r));
     }
     fz_make_labels(c, &r, x);
-    if (p->accumulate_grad_hidden && (c->outputs & FZ_OUT_DH)) {
+    if (p->accumulate_grad_hidden && (c->outputs & TENSOR_GRAD_HIDDEN)) {
         if (!(x->acc_h = malloc(sizeof(float) * (size_t)nd))) return -1;
         for (int64_t i = 0; i < nd; i++) x->acc_h[i] = (float)(1e-2 * host_rng_normal(&r));
     }
-    if (p->accumulate_grad_weight && (c->outputs & FZ_OUT_DW)) {
+    if (p->accumulate_grad_weight && (c->outputs & TENSOR_GRAD_WEIGHT)) {
         if (!(x->acc_w = malloc(sizeof(float) * (size_t)vd))) return -1;
         for (int64_t i = 0; i < vd; i++) x->acc_w[i] = (float)(1e-2 * host_rng_normal(&r));
     }
@@ -781,13 +779,13 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
 void fz_got_drop_unasked(const fz_case *c, fz_got *g)
 {
     unsigned out = c->outputs;
-    if (!(out & FZ_OUT_LOSS)) free(g->loss), g->loss = NULL;
-    if (!(out & FZ_OUT_LSE)) free(g->lse), g->lse = NULL;
-    if (!(out & FZ_OUT_LOSS_PER_TOKEN)) free(g->lpt), g->lpt = NULL;
-    if (!(out & FZ_OUT_Z_LOSS)) free(g->zl), g->zl = NULL;
-    if (!(out & FZ_OUT_LOGPROB)) free(g->logprob), g->logprob = NULL;
-    if (!(out & FZ_OUT_ENTROPY)) free(g->entropy), g->entropy = NULL;
-    if (!(out & FZ_OUT_ARGMAX)) free(g->argmax), g->argmax = NULL;
+    if (!(out & TENSOR_LOSS)) free(g->loss), g->loss = NULL;
+    if (!(out & TENSOR_LSE)) free(g->lse), g->lse = NULL;
+    if (!(out & TENSOR_LOSS_PER_TOKEN)) free(g->lpt), g->lpt = NULL;
+    if (!(out & TENSOR_Z_LOSS)) free(g->zl), g->zl = NULL;
+    if (!(out & TENSOR_TARGET_LOGPROB)) free(g->logprob), g->logprob = NULL;
+    if (!(out & TENSOR_ENTROPY)) free(g->entropy), g->entropy = NULL;
+    if (!(out & TENSOR_ARGMAX)) free(g->argmax), g->argmax = NULL;
 }
 
 int fz_check(const fz_case *c, const fz_data *x, const fz_sample *s, const fz_got *g, fz_result *r)

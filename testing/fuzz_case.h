@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "flce.h"
+#include "tensor_fields.h"
 
 /* Bounds of the random problems (issue 7). */
 #define FZ_MAX_TOKENS 40000
@@ -29,26 +30,12 @@ typedef enum fz_mode {
     FZ_BACKWARD = 2       /* flce_forward, then flce_backward from the saved lse */
 } fz_mode;
 
-/* Which outputs the case asks for (a NULL pointer otherwise). */
-enum {
-    FZ_OUT_LOSS = 1 << 0,
-    FZ_OUT_LSE = 1 << 1,
-    FZ_OUT_LOSS_PER_TOKEN = 1 << 2,
-    FZ_OUT_Z_LOSS = 1 << 3,
-    FZ_OUT_LOGPROB = 1 << 4,
-    FZ_OUT_ENTROPY = 1 << 5,
-    FZ_OUT_ARGMAX = 1 << 6,
-    FZ_OUT_DH = 1 << 7,
-    FZ_OUT_DW = 1 << 8,
-    FZ_OUT_DB = 1 << 9
-};
-
 typedef struct fz_case {
     uint64_t seed, index;
     int64_t pool;          /* kernel-sharing class (see fuzz_case.c), -1 = a class of its own */
     flce_problem p;        /* what the GPU gets: global labels, vocab_offset, ignore_index */
     fz_mode mode;
-    unsigned outputs;      /* FZ_OUT_* */
+    unsigned outputs;      /* the TENSOR_* it asks for (a NULL pointer otherwise) */
     int grad_output;       /* pass an upstream gradient (1 value, or N for reduction none) */
     double logit_sd;       /* standard deviation of h·w */
     double ignore_frac;    /* share of tokens labelled ignore_index */

@@ -14,6 +14,7 @@
 
 #include "check.h"
 #include "devmem.h"
+#include "gpu_io.h"
 #include "gpu_ready.h"
 #include "host.h"
 #include "ref.h"
@@ -53,25 +54,12 @@ static void job_problem(job *j, int kind)
     }
 }
 
-static void *to_dev(flce_dtype t, const double *x, int64_t n)
-{
-    size_t es = host_dtype_size(t);
-    void *tmp = malloc((size_t)n * es), *dev = NULL;
-    host_to_dtype(t, x, tmp, (size_t)n);
-    if (devmem_alloc(&dev, (size_t)n * es) == FLCE_OK) devmem_upload(dev, tmp, (size_t)n * es);
-    free(tmp);
-    return dev;
-}
-
 static double dev_err(flce_dtype t, const void *dev, const double *ref, int64_t n)
 {
-    size_t es = host_dtype_size(t);
-    void *tmp = malloc((size_t)n * es);
-    double *got = malloc(sizeof(double) * (size_t)n);
-    devmem_download(tmp, dev, (size_t)n * es);
-    host_from_dtype(t, tmp, got, (size_t)n);
+    double *got = dalloc(n);
+    download_f64(t, dev, got, (size_t)n);
     double e = ref_rel_l2(ref, got, (size_t)n);
-    free(tmp), free(got);
+    free(got);
     return e;
 }
 
@@ -95,7 +83,7 @@ static int job_round(job *j, void *stream, host_rng *r)
     }
     size_t es = host_dtype_size(p->dtype);
     void *dl = NULL, *dloss = NULL, *ddh = NULL, *ddw = NULL, *ws = NULL;
-    void *dh = to_dev(p->dtype, h, n * d), *dw = to_dev(p->dtype, w, v * d);
+    void *dh = upload_dtype(p->dtype, h, n * d), *dw = upload_dtype(p->dtype, w, v * d);
     devmem_alloc(&dl, (size_t)n * 4), devmem_upload(dl, l32, (size_t)n * 4);
     devmem_alloc(&dloss, (size_t)nl * 4), devmem_poison(dloss, (size_t)nl * 4);
     devmem_alloc(&ddh, (size_t)(n * d) * es), devmem_poison(ddh, (size_t)(n * d) * es);

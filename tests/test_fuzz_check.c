@@ -114,7 +114,7 @@ static int sample_grads(const fz_case *c, const fz_data *x, const fz_sample *s, 
 {
     int64_t d = x->d, v = x->v;
     fz_got *g = &o->g;
-    if (c->outputs & FZ_OUT_DH) {
+    if (c->outputs & TENSOR_GRAD_HIDDEN) {
         if (!(g->dh_rows = malloc(sizeof(double) * (size_t)(s->n_tok * d)))) return -1;
         for (int64_t t = 0; t < s->n_tok; t++)
             for (int64_t k = 0; k < d; k++) {
@@ -122,7 +122,7 @@ static int sample_grads(const fz_case *c, const fz_data *x, const fz_sample *s, 
                 g->dh_rows[t * d + k] = noisy(rng, dh_scale * o->dh[at]) + (x->acc_h ? x->acc_h[at] : 0);
             }
     }
-    if (c->outputs & FZ_OUT_DW) {
+    if (c->outputs & TENSOR_GRAD_WEIGHT) {
         if (!(g->dw_rows = malloc(sizeof(double) * (size_t)(s->n_voc * d)))) return -1;
         for (int64_t t = 0; t < s->n_voc; t++)
             for (int64_t k = 0; k < d; k++) {
@@ -130,7 +130,7 @@ static int sample_grads(const fz_case *c, const fz_data *x, const fz_sample *s, 
                 g->dw_rows[t * d + k] = noisy(rng, dw_scale * o->dw[from]) + (x->acc_w ? x->acc_w[j * d + k] : 0);
             }
     }
-    if (c->outputs & FZ_OUT_DB) {
+    if (c->outputs & TENSOR_GRAD_BIAS) {
         if (!(g->db_rows = malloc(sizeof(double) * (size_t)s->n_voc))) return -1;
         for (int64_t t = 0; t < s->n_voc; t++) g->db_rows[t] = noisy(rng, o->db[s->voc[t]]);
     }
@@ -218,20 +218,20 @@ static void mutate_case(const fz_case *c, const fz_data *x, const fz_sample *s, 
         switch (m) {
         case M_NONE: break;
         case M_SCALE_DH: /* a gradient the checker sees, and not all zeros (all tokens ignored) */
-            applicable = (out & FZ_OUT_DH) && sampled_norm(good.dh, s->tok, s->n_tok, d) > 0;
+            applicable = (out & TENSOR_GRAD_HIDDEN) && sampled_norm(good.dh, s->tok, s->n_tok, d) > 0;
             dh_scale = 1.01;
             break;
         case M_SCALE_DW:
-            applicable = (out & FZ_OUT_DW) && sampled_norm(good.dw, s->voc, s->n_voc, d) > 0;
+            applicable = (out & TENSOR_GRAD_WEIGHT) && sampled_norm(good.dw, s->voc, s->n_voc, d) > 0;
             dw_scale = 1.01;
             break;
         case M_SHIFT_DW: /* needs two rows that differ */
-            applicable = (out & FZ_OUT_DW) && v > 1 &&
+            applicable = (out & TENSOR_GRAD_WEIGHT) && v > 1 &&
                          shifted_diff(good.dw, s->voc, s->n_voc, d, v) > 0.1 * sampled_norm(good.dw, s->voc, s->n_voc, d);
             dw_shift = 1;
             break;
         case M_SHIFT_DZ:
-            applicable = (out & FZ_OUT_DH) && v > 1 && sampled_norm(good.dh, s->tok, s->n_tok, d) > 0;
+            applicable = (out & TENSOR_GRAD_HIDDEN) && v > 1 && sampled_norm(good.dh, s->tok, s->n_tok, d) > 0;
             dz_shift = 1;
             break;
         case M_IGNORE: {
@@ -240,9 +240,9 @@ static void mutate_case(const fz_case *c, const fz_data *x, const fz_sample *s, 
             int64_t ti = -1;
             for (int64_t k = 0; k < s->n_tok && ti < 0; k++)
                 if (x->ref_labels[s->tok[k]] < 0) ti = s->tok[k];
-            applicable = ti >= 0 && (out & (FZ_OUT_LOSS | FZ_OUT_LOSS_PER_TOKEN | FZ_OUT_LOGPROB |
-                                            FZ_OUT_DH | FZ_OUT_DW | FZ_OUT_DB |
-                                            (c->p.z_loss > 0 ? FZ_OUT_Z_LOSS : 0)));
+            applicable = ti >= 0 && (out & (TENSOR_LOSS | TENSOR_LOSS_PER_TOKEN | TENSOR_TARGET_LOGPROB |
+                                            TENSOR_GRAD_HIDDEN | TENSOR_GRAD_WEIGHT | TENSOR_GRAD_BIAS |
+                                            (c->p.z_loss > 0 ? TENSOR_Z_LOSS : 0)));
             if (!applicable) break;
             if (!(moved = malloc(sizeof(int64_t) * (size_t)x->n))) {
                 CHECK(!"host memory");
@@ -335,9 +335,9 @@ static void checker_passes_noise_and_flags_each_mutation(void)
             for (int path = 0; path < 2; path++) {
                 if (path == 1) { /* the sampled path (as for big cases) asks for lse and per-token losses */
                     c.full_ref = 0;
-                    c.outputs |= FZ_OUT_LSE;
-                    if ((c.outputs & FZ_OUT_LOSS) && c.p.reduction != FLCE_REDUCTION_NONE)
-                        c.outputs |= FZ_OUT_LOSS_PER_TOKEN;
+                    c.outputs |= TENSOR_LSE;
+                    if ((c.outputs & TENSOR_LOSS) && c.p.reduction != FLCE_REDUCTION_NONE)
+                        c.outputs |= TENSOR_LOSS_PER_TOKEN;
                 }
                 fz_data x;
                 fz_sample s;

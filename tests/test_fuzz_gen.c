@@ -77,8 +77,8 @@ static void cases_cover_the_ranges_and_all_plan(void)
         cv.ign_valid_id += p->ignore_index >= 0;
         cv.eps += p->label_smoothing > 0, cv.zl += p->z_loss > 0, cv.cap += p->softcap > 0;
         cv.temp += p->temperature != 1, cv.bias += p->has_bias, cv.cw += p->has_class_weights;
-        cv.acc_h += p->accumulate_grad_hidden && (c.outputs & FZ_OUT_DH);
-        cv.acc_w += p->accumulate_grad_weight && (c.outputs & FZ_OUT_DW);
+        cv.acc_h += p->accumulate_grad_hidden && (c.outputs & TENSOR_GRAD_HIDDEN);
+        cv.acc_w += p->accumulate_grad_weight && (c.outputs & TENSOR_GRAD_WEIGHT);
         cv.small_budget += p->memory_budget > 0 && p->memory_budget < (64u << 20);
         cv.tf32 += p->allow_tf32, cv.det += p->deterministic, cv.go += c.grad_output;
         cv.dense_ignore += c.ignore_frac == 1, cv.no_ignore += c.ignore_frac == 0;
@@ -173,15 +173,15 @@ static void store_grads(const fz_case *c, const fz_data *x, const fz_sample *s, 
     for (int64_t j = 0; j < v; j++) o->full_db[j] = round_dt(t, o->full_db[j]);
     free(g->dh_rows), free(g->dw_rows), free(g->db_rows);
     g->dh_rows = g->dw_rows = g->db_rows = NULL;
-    if (out & FZ_OUT_DH) {
+    if (out & TENSOR_GRAD_HIDDEN) {
         g->dh_rows = malloc(sizeof(double) * (size_t)(s->n_tok * d));
         for (int64_t k = 0; k < s->n_tok; k++) memcpy(g->dh_rows + k * d, o->full_dh + s->tok[k] * d, (size_t)d * 8);
     }
-    if (out & FZ_OUT_DW) {
+    if (out & TENSOR_GRAD_WEIGHT) {
         g->dw_rows = malloc(sizeof(double) * (size_t)(s->n_voc * d));
         for (int64_t k = 0; k < s->n_voc; k++) memcpy(g->dw_rows + k * d, o->full_dw + s->voc[k] * d, (size_t)d * 8);
     }
-    if (out & FZ_OUT_DB) {
+    if (out & TENSOR_GRAD_BIAS) {
         g->db_rows = malloc(sizeof(double) * (size_t)s->n_voc);
         for (int64_t k = 0; k < s->n_voc; k++) g->db_rows[k] = o->full_db[s->voc[k]];
     }
@@ -399,8 +399,8 @@ static void checker_passes_the_reference_and_fails_corruptions(void)
         for (int path = 0; path < 2; path++) {
             if (path == 1) {
                 c.full_ref = 0;
-                c.outputs |= FZ_OUT_LSE;
-                if ((c.outputs & FZ_OUT_LOSS) && c.p.reduction != FLCE_REDUCTION_NONE) c.outputs |= FZ_OUT_LOSS_PER_TOKEN;
+                c.outputs |= TENSOR_LSE;
+                if ((c.outputs & TENSOR_LOSS) && c.p.reduction != FLCE_REDUCTION_NONE) c.outputs |= TENSOR_LOSS_PER_TOKEN;
             }
             fz_data x;
             fz_sample s;

@@ -16,6 +16,7 @@
 #include "host.h"
 #include "ref.h"
 #include "shard.h"
+#include "spec.h"
 
 static flce_context *ctx;
 static host_rng rng;
@@ -169,7 +170,6 @@ static void check_case(const gcase *c)
     free(gl), free(glse), free(gdh), free(gdw);
 }
 
-static const char *dt_name[] = {"f32", "f16", "bf16"};
 static const char *red_name[] = {"mean", "sum", "none"};
 
 static void every_dtype_and_reduction_matches_the_reference(void)
@@ -179,7 +179,7 @@ static void every_dtype_and_reduction_matches_the_reference(void)
             for (int sd = 0; sd < 2; sd++) {
                 if (!shard_mine()) continue;
                 char name[96];
-                snprintf(name, sizeof name, "%s %s logit-sd %s", dt_name[dt], red_name[red], sd ? "4" : "0.5");
+                snprintf(name, sizeof name, "%s %s logit-sd %s", spec_dtype_name((flce_dtype)dt), red_name[red], sd ? "4" : "0.5");
                 gcase c = {name, 133, 72, 1001, (flce_dtype)dt, (flce_reduction)red, sd ? 4.0 : 0.5, 0.1, 32, 0, 1, 0, 0};
                 check_case(&c);
             }
@@ -202,7 +202,7 @@ static void awkward_shapes_match_the_reference(void)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             if (!shard_mine()) continue;
             char name[96];
-            snprintf(name, sizeof name, "%s %s", dt_name[dt], cases[i].name);
+            snprintf(name, sizeof name, "%s %s", spec_dtype_name((flce_dtype)dt), cases[i].name);
             cases[i].name = name;
             check_case(&cases[i]);
         }
@@ -359,7 +359,7 @@ static void check_options_dtype(const ocase *c, flce_dtype dt, flce_reduction re
     }
     if (st == FLCE_OK) st = flce_check(ctx, NULL);
     char name[160];
-    snprintf(name, sizeof name, "%s %s %s", dt_name[dt], red_name[red], c->name);
+    snprintf(name, sizeof name, "%s %s %s", spec_dtype_name((flce_dtype)dt), red_name[red], c->name);
     CHECKF(st == FLCE_OK, "%s: %s", name, flce_last_error());
     if (st == FLCE_OK) {
         ref_extra x = {c->weights ? cw : NULL};
@@ -641,7 +641,7 @@ static void inf_case(int in_weight, flce_dtype dt, flce_strategy strategy)
     double *gl = dalloc(INF_N), *glse = dalloc(INF_N), *gdh = dalloc((int64_t)nh), *gdw = dalloc((int64_t)nw);
     double *rl = dalloc(INF_N), *rlse = dalloc(INF_N), *rdh = dalloc((int64_t)nh), *rdw = dalloc((int64_t)nw);
     char name[96];
-    snprintf(name, sizeof name, "%s %s, %s", dt_name[dt], in_weight ? "+inf in weight row 17" : "+inf/-inf in hidden rows 5, 9",
+    snprintf(name, sizeof name, "%s %s, %s", spec_dtype_name((flce_dtype)dt), in_weight ? "+inf in weight row 17" : "+inf/-inf in hidden rows 5, 9",
              strategy == FLCE_STRATEGY_CHUNKED ? "chunked" : "recompute");
     int ok = inf_run(&p, h, w, labels, cl, clse, cdh, cdw);
     if (in_weight) w[17 * INF_D + 3] = INFINITY;

@@ -28,6 +28,7 @@
 #include "context.h"
 #include "devmem.h"
 #include "driver.h"
+#include "gpu_io.h"
 #include "gpu_ready.h"
 #include "host.h"
 #include "ref.h"
@@ -62,31 +63,6 @@ static recipe *recipes;
 static int n_recipes;
 
 static double tol_grad(flce_dtype t) { return t == FLCE_DTYPE_F32 ? 1e-4 : 4e-3; }
-
-/* (tests/gpu_io.h has these too, among helpers this file does not use.) */
-static double *dalloc(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(double)); }
-
-static void *upload_dtype(flce_dtype t, const double *x, int64_t n)
-{
-    size_t es = host_dtype_size(t);
-    void *tmp = malloc((size_t)n * es), *dev = NULL;
-    host_to_dtype(t, x, tmp, (size_t)n);
-    if (tmp && devmem_alloc(&dev, (size_t)n * es) == FLCE_OK) devmem_upload(dev, tmp, (size_t)n * es);
-    free(tmp);
-    return dev;
-}
-
-/* n values of dtype t (fp32 for the float outputs) at dev, as doubles. */
-static void download_f64(flce_dtype t, const void *dev, double *out, size_t n)
-{
-    size_t es = host_dtype_size(t);
-    void *tmp = malloc((n > 0 ? n : 1) * es);
-    devmem_download(tmp, dev, n * es);
-    host_from_dtype(t, tmp, out, n);
-    free(tmp);
-}
-
-static void down_f32(const void *dev, double *out, int64_t n) { download_f64(FLCE_DTYPE_F32, dev, out, (size_t)n); }
 
 /* 2 shapes × 3 dtypes × 2 reductions × 2 option sets = 24 kernel families, × 5 kinds × 2 token
  * counts. The second option set (smoothing, z-loss and softcap) also turns the chunked strategy's

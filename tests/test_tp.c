@@ -19,6 +19,7 @@
 #include "gpu_ready.h"
 #include "host.h"
 #include "ref.h"
+#include "spec.h"
 
 enum { OP_LOSS_AND_GRAD, OP_FORWARD, OP_FWD_THEN_BWD, OP_SPLIT_PHASE };
 enum { O_SMOOTH = 1, O_ZLOSS = 2, O_SOFTCAP = 4, O_TEMP = 8, O_WEIGHTS = 16, O_BIAS = 32, O_TOKENS = 64 };
@@ -58,7 +59,6 @@ typedef struct rank_io {
 static host_rng rng;
 static int n_gpus;
 static flce_context *ctxs[8];
-static const char *dt_name[] = {"f32", "f16", "bf16"};
 
 static double tol_grad(flce_dtype t) { return t == FLCE_DTYPE_F32 ? 1e-4 : 4e-3; }
 
@@ -282,7 +282,7 @@ static void run_ranks(rank_io *io, int tp)
 static void check_case(const tcase *c, int tp, ncclComm_t *comms)
 {
     char name[200];
-    snprintf(name, sizeof name, "tp=%d %s%s %s", tp, c->sp ? "SP " : "", dt_name[c->dtype], c->name);
+    snprintf(name, sizeof name, "tp=%d %s%s %s", tp, c->sp ? "SP " : "", spec_dtype_name(c->dtype), c->name);
     int64_t n = c->n, d = c->d, v = c->v, rows = c->sp ? n / tp : n;
     int none = c->red == FLCE_REDUCTION_NONE, grads = c->op != OP_FORWARD;
     gdata g;

@@ -114,16 +114,16 @@ static flce_status fz_upload(const fz_case *c, const fz_data *x, fz_dev *d)
     if (x->go) TRY(fz_put_f32(&d->go, x->go, x->n_loss));
     unsigned o = c->outputs;
     size_t nl = (size_t)x->n_loss * 4;
-    if (o & FZ_OUT_LOSS) TRY(fz_out_buf(&d->loss, nl, NULL));
-    if (o & FZ_OUT_LSE) TRY(fz_out_buf(&d->lse, n * 4, NULL));
-    if (o & FZ_OUT_LOSS_PER_TOKEN) TRY(fz_out_buf(&d->lpt, n * 4, NULL));
-    if (o & FZ_OUT_Z_LOSS) TRY(fz_out_buf(&d->zl, nl, NULL));
-    if (o & FZ_OUT_LOGPROB) TRY(fz_out_buf(&d->logprob, n * 4, NULL));
-    if (o & FZ_OUT_ENTROPY) TRY(fz_out_buf(&d->entropy, n * 4, NULL));
-    if (o & FZ_OUT_ARGMAX) TRY(fz_out_buf(&d->argmax, n * 8, NULL));
-    if (o & FZ_OUT_DH) TRY(fz_out_buf(&d->dh, nd * (x->acc_h ? 4 : es), x->acc_h));
-    if (o & FZ_OUT_DW) TRY(fz_out_buf(&d->dw, vd * (x->acc_w ? 4 : es), x->acc_w));
-    if (o & FZ_OUT_DB) TRY(fz_out_buf(&d->db, (size_t)x->v * es, NULL));
+    if (o & TENSOR_LOSS) TRY(fz_out_buf(&d->loss, nl, NULL));
+    if (o & TENSOR_LSE) TRY(fz_out_buf(&d->lse, n * 4, NULL));
+    if (o & TENSOR_LOSS_PER_TOKEN) TRY(fz_out_buf(&d->lpt, n * 4, NULL));
+    if (o & TENSOR_Z_LOSS) TRY(fz_out_buf(&d->zl, nl, NULL));
+    if (o & TENSOR_TARGET_LOGPROB) TRY(fz_out_buf(&d->logprob, n * 4, NULL));
+    if (o & TENSOR_ENTROPY) TRY(fz_out_buf(&d->entropy, n * 4, NULL));
+    if (o & TENSOR_ARGMAX) TRY(fz_out_buf(&d->argmax, n * 8, NULL));
+    if (o & TENSOR_GRAD_HIDDEN) TRY(fz_out_buf(&d->dh, nd * (x->acc_h ? 4 : es), x->acc_h));
+    if (o & TENSOR_GRAD_WEIGHT) TRY(fz_out_buf(&d->dw, vd * (x->acc_w ? 4 : es), x->acc_w));
+    if (o & TENSOR_GRAD_BIAS) TRY(fz_out_buf(&d->db, (size_t)x->v * es, NULL));
     return FLCE_OK;
 }
 
