@@ -9,8 +9,8 @@
  *    tensor.data_ptr() returns). They must be 16-byte aligned unless said otherwise.
  *  - Streams are CUstream / cudaStream_t values passed as void*; NULL is the legacy stream.
  *    Calls enqueue work and return without synchronizing the host (see flce_check).
- *  - Structs that may grow carry struct_size; initialize them with the _init functions (or the
- *    FLCE_*_INIT macros) so that fields added later get their defaults.
+ *  - Structs that may grow carry struct_size; initialize them with the _init functions
+ *    (flce_problem_init, flce_tensors_init) so that fields added later get their defaults.
  *
  * The math (per token i, global vocab of size V; DESIGN.md §1):
  *    z_ij   = (h_i · w_j + b_j) / T           logits (never stored whole); bias b, temperature T

@@ -24,6 +24,23 @@ void ctx_leave(CUcontext prev)
     if (drv.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != prev) drv.CtxSetCurrent(prev);
 }
 
+static flce_status ctx_create_failed(flce_context *ctx, flce_status st);
+
+/* The device's compute capability, SM count and name; a failing query is an error naming it (a
+ * zero left in num_sms would size grids of no CTA). */
+static flce_status ctx_device_facts(flce_context *ctx, int *major, int *minor)
+{
+    CUresult r = drv.DeviceGetAttribute(major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, ctx->dev);
+    if (r != CUDA_SUCCESS) return drv_error(r, "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)");
+    r = drv.DeviceGetAttribute(minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, ctx->dev);
+    if (r != CUDA_SUCCESS) return drv_error(r, "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)");
+    r = drv.DeviceGetAttribute(&ctx->num_sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ctx->dev);
+    if (r != CUDA_SUCCESS) return drv_error(r, "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)");
+    r = drv.DeviceGetName(ctx->name, sizeof ctx->name, ctx->dev);
+    if (r != CUDA_SUCCESS) return drv_error(r, "cuDeviceGetName");
+    return FLCE_OK;
+}
+
 flce_status flce_context_create(int device, flce_context **out)
 {
     err_clear();
@@ -48,16 +65,13 @@ flce_status flce_context_create(int device, flce_context **out)
         return st;
     }
     int major = 0, minor = 0;
-    drv.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, ctx->dev);
-    drv.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, ctx->dev);
-    drv.DeviceGetAttribute(&ctx->num_sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ctx->dev);
-    drv.DeviceGetName(ctx->name, sizeof ctx->name, ctx->dev);
+    st = ctx_device_facts(ctx, &major, &minor);
+    if (st != FLCE_OK) return ctx_create_failed(ctx, st);
     ctx->sm = major * 10 + minor;
     if (ctx->sm < 80) {
         st = err_set(FLCE_ERR_UNSUPPORTED, "device %d (%s) is sm_%d: flce needs sm_80 or newer",
                      device, ctx->name, ctx->sm);
-        flce_context_destroy(ctx);
-        return st;
+        return ctx_create_failed(ctx, st);
     }
     CUcontext prev;
     st = ctx_enter(ctx, &prev);
@@ -72,31 +86,55 @@ flce_status flce_context_create(int device, flce_context **out)
         if (r != CUDA_SUCCESS) st = drv_error(r, "allocating the host-mapped error flag");
         ctx_leave(prev);
     }
-    if (st != FLCE_OK) {
-        flce_context_destroy(ctx);
-        return st;
-    }
+    if (st != FLCE_OK) return ctx_create_failed(ctx, st);
     log_msg(LOG_INFO, "context on device %d: %s, sm_%d, %d SMs", device, ctx->name, ctx->sm,
             ctx->num_sms);
     *out = ctx;
     return FLCE_OK;
 }
 
+/* Releases everything ctx holds, whatever fails; the first failure is the status (each is logged). */
+static flce_status ctx_free(flce_context *ctx)
+{
+    CUcontext prev = NULL;
+    int entered = ctx->primary && ctx_enter(ctx, &prev) == FLCE_OK;
+    flce_status st = FLCE_OK, s;
+    for (size_t i = 0; i < ctx->n_modules; i++) {
+        s = drv_release(drv.ModuleUnload(ctx->modules[i].module), "cuModuleUnload");
+        if (st == FLCE_OK) st = s;
+    }
+    free(ctx->modules);
+    s = ctx->workspace ? drv_release(drv.MemFree(ctx->workspace), "cuMemFree (workspace)") : FLCE_OK;
+    if (st == FLCE_OK) st = s;
+    s = ctx->flag_host ? drv_release(drv.MemFreeHost((void *)ctx->flag_host), "cuMemFreeHost (error flag)")
+                       : FLCE_OK;
+    if (st == FLCE_OK) st = s;
+    if (entered) ctx_leave(prev);
+    s = ctx->primary ? drv_release(drv.DevicePrimaryCtxRelease(ctx->dev), "cuDevicePrimaryCtxRelease")
+                     : FLCE_OK;
+    if (st == FLCE_OK) st = s;
+    pthread_mutex_destroy(&ctx->lock);
+    free(ctx);
+    return st;
+}
+
 flce_status flce_context_destroy(flce_context *ctx)
 {
     err_clear();
     if (!ctx) return FLCE_OK;
-    CUcontext prev = NULL;
-    int entered = ctx->primary && ctx_enter(ctx, &prev) == FLCE_OK;
-    for (size_t i = 0; i < ctx->n_modules; i++) drv.ModuleUnload(ctx->modules[i].module);
-    free(ctx->modules);
-    if (ctx->workspace) drv.MemFree(ctx->workspace);
-    if (ctx->flag_host) drv.MemFreeHost((void *)ctx->flag_host);
-    if (entered) ctx_leave(prev);
-    if (ctx->primary) drv.DevicePrimaryCtxRelease(ctx->dev);
-    pthread_mutex_destroy(&ctx->lock);
-    free(ctx);
-    return FLCE_OK;
+    flce_status st = ctx_free(ctx);
+    if (st == FLCE_OK) err_clear(); /* the message of an enter that failed: nothing was left undone */
+    return st;
+}
+
+/* flce_context_create's way out after the primary context is retained: frees ctx and returns st
+ * with the message that explains it (not one of the release's). */
+static flce_status ctx_create_failed(flce_context *ctx, flce_status st)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", err_message());
+    ctx_free(ctx);
+    return err_set(st, "%s", msg);
 }
 
 flce_status flce_context_arch(const flce_context *ctx, int *sm)
@@ -124,7 +162,7 @@ static flce_status ctx_load_module(const kernel_spec *s, jit_result *jr, ctx_mod
             r = drv.FuncSetAttribute(m->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                      (int)smem);
         if (r != CUDA_SUCCESS) {
-            drv.ModuleUnload(m->module);
+            drv_release(drv.ModuleUnload(m->module), "cuModuleUnload"); /* logged if it fails too */
             return drv_error(r, names[i]);
         }
     }
@@ -209,8 +247,9 @@ flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CU
     if (ctx->workspace) {
         /* The old buffer may still be in use by queued work on another stream: wait for the device. */
         DRV_TRY(drv.CtxSynchronize());
-        drv.MemFree(ctx->workspace);
+        flce_status st = drv_release(drv.MemFree(ctx->workspace), "cuMemFree (the smaller workspace)");
         ctx->workspace = 0, ctx->workspace_bytes = 0;
+        TRY(st);
     }
     CUresult r = fault_fire(FAULT_DEVICE_ALLOC) ? CUDA_ERROR_OUT_OF_MEMORY
                                                 : drv.MemAlloc(&ctx->workspace, bytes);

@@ -99,8 +99,10 @@ static void drv_load_once(void)
         return;
     }
     int version = 0;
-    drv.DriverGetVersion(&version);
-    log_msg(LOG_INFO, "CUDA driver %d.%d loaded", version / 1000, version % 1000 / 10);
+    if (drv.DriverGetVersion(&version) == CUDA_SUCCESS)
+        log_msg(LOG_INFO, "CUDA driver %d.%d loaded", version / 1000, version % 1000 / 10);
+    else /* the version is only logged: nothing depends on it */
+        log_msg(LOG_INFO, "CUDA driver loaded (cuDriverGetVersion failed)");
     drv_status = FLCE_OK;
 }
 
@@ -117,6 +119,14 @@ int drv_device_count(void)
     if (drv_load() != FLCE_OK) return 0;
     if (drv.DeviceGetCount(&n) != CUDA_SUCCESS) return 0;
     return n;
+}
+
+flce_status drv_release(CUresult r, const char *what)
+{
+    if (r == CUDA_SUCCESS) return FLCE_OK;
+    flce_status st = drv_error(r, what);
+    log_msg(LOG_WARN, "%s", flce_last_error());
+    return st;
 }
 
 flce_status drv_error(CUresult r, const char *what)

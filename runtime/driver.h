@@ -79,6 +79,10 @@ int drv_device_count(void);
 /* Converts a failed CUresult into an flce_status (OUT_OF_MEMORY for CUDA_ERROR_OUT_OF_MEMORY,
  * CUDA otherwise) with "<what>: <driver error name>: <driver's description>". */
 flce_status drv_error(CUresult r, const char *what);
+/* For the calls that release something (cuMemFree, cuModuleUnload, cuEventDestroy …), where the
+ * caller goes on releasing the rest: FLCE_OK, or drv_error's status for `what` with the message
+ * also logged as a warning (a release path often has no caller left to read it). */
+flce_status drv_release(CUresult r, const char *what);
 
 #define DRV_TRY(call)                                                                              \
     do {                                                                                           \

@@ -377,7 +377,7 @@ static flce_status run_rows(run *r, int kernel, const block *b)
     rp.first = b->first, rp.last = b->last;
     switch (kernel) {
     case K_PREPARE:
-        return launch(r->k.row[K_PREPARE], 1, 1, 1024, 0, r->stream, &rp, "prepare kernel");
+        return launch(r->k.row[K_PREPARE], 1, 1, FLCE_ROW_CTA_THREADS, 0, r->stream, &rp, "prepare kernel");
     case K_COMBINE:
         return launch(r->k.row[K_COMBINE], ceil_div(b->rows, 256), 1, 256, 0, r->stream, &rp,
                       "combine kernel");
@@ -392,7 +392,7 @@ static flce_status run_rows(run *r, int kernel, const block *b)
         return launch(r->k.row[K_DBIAS], ceil_div(b->cols, 256), 1, 256, 0, r->stream, &rp,
                       "dbias kernel");
     default:
-        return launch(r->k.row[K_REDUCE], 1, 1, 1024, 0, r->stream, &rp, "reduce kernel");
+        return launch(r->k.row[K_REDUCE], 1, 1, FLCE_ROW_CTA_THREADS, 0, r->stream, &rp, "reduce kernel");
     }
 }
 

@@ -9,6 +9,7 @@ enum { TIMELINE_MAX = 8192 };
 typedef struct mark {
     const char *what;
     CUevent start, stop;
+    int failed; /* the stop event was not recorded */
 } mark;
 
 static pthread_mutex_t tl_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -26,14 +27,14 @@ void timeline_before(CUstream stream, const char *what)
     pthread_mutex_lock(&tl_lock);
     if (tl_on && tl_count < TIMELINE_MAX) {
         mark *m = &tl_marks[tl_count];
-        m->what = what, m->start = m->stop = NULL;
+        m->what = what, m->start = m->stop = NULL, m->failed = 0;
         if (drv.EventCreate(&m->start, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
             drv.EventCreate(&m->stop, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
             drv.EventRecord(m->start, stream) == CUDA_SUCCESS)
             tl_open = tl_count++;
         else {
-            if (m->start) drv.EventDestroy(m->start);
-            if (m->stop) drv.EventDestroy(m->stop);
+            if (m->start) drv_release(drv.EventDestroy(m->start), "cuEventDestroy (timeline)");
+            if (m->stop) drv_release(drv.EventDestroy(m->stop), "cuEventDestroy (timeline)");
         }
     }
     pthread_mutex_unlock(&tl_lock);
@@ -42,7 +43,8 @@ void timeline_before(CUstream stream, const char *what)
 void timeline_after(CUstream stream)
 {
     pthread_mutex_lock(&tl_lock);
-    if (tl_open >= 0) drv.EventRecord(tl_marks[tl_open].stop, stream);
+    if (tl_open >= 0 && drv.EventRecord(tl_marks[tl_open].stop, stream) != CUDA_SUCCESS)
+        tl_marks[tl_open].failed = 1; /* timeline_take reports it as a failure */
     tl_open = -1;
     pthread_mutex_unlock(&tl_lock);
 }
@@ -54,12 +56,13 @@ int timeline_take(timeline_entry *out, int cap)
     for (int i = 0; i < tl_count; i++) {
         mark *m = &tl_marks[i];
         float ms = 0;
-        if (drv.EventSynchronize(m->stop) != CUDA_SUCCESS || drv.EventElapsedTime(&ms, m->start, m->stop) != CUDA_SUCCESS)
+        if (m->failed || drv.EventSynchronize(m->stop) != CUDA_SUCCESS ||
+            drv.EventElapsedTime(&ms, m->start, m->stop) != CUDA_SUCCESS)
             bad = 1;
         else if (n < cap)
             out[n].what = m->what, out[n].ms = ms, n++;
-        drv.EventDestroy(m->start);
-        drv.EventDestroy(m->stop);
+        bad |= drv_release(drv.EventDestroy(m->start), "cuEventDestroy (timeline)") != FLCE_OK;
+        bad |= drv_release(drv.EventDestroy(m->stop), "cuEventDestroy (timeline)") != FLCE_OK;
     }
     tl_count = 0, tl_open = -1;
     pthread_mutex_unlock(&tl_lock);

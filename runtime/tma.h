@@ -11,7 +11,7 @@
 #include "spec.h"
 
 /* For a spec with tile.tma (wgmma or tcgen05), fills g->tmap_a and g->tmap_b from g's operand fields (a/b, *_rows,
- * *_cols, ld*) with the boxes gemm.cu loads: K-major operands one box of 64 k × the tile's rows,
+ * *_cols, ld*) with the boxes gemm_wgmma_tma.cu's producer loads (tcgen05 shares it): K-major operands one box of 64 k × the tile's rows,
  * MN-major ones boxes of 64 × 64; and turns the (column tiles, row tiles) grid *gx × *gy of a dH/dW
  * launch into the persistent grid the kernel walks (min(tiles, num_sms) × 1; for spec cluster = 2
  * 2 × min(pair tiles, num_sms / 2) × 1, num_sms then being the CTA slots the launch's clusters

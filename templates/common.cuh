@@ -148,7 +148,7 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
 #define REDUCTION_NONE 2
 
 // ---- dZ of one logit (the math in rowops.cu's header), written once: flce_dz (rowops.cu) and the
-// recompute pass's logits epilogue (gemm.cu, FLCE_FUSED_DZ) both call these, so both give the same
+// recompute pass's logits epilogue (gemm_logits.cu, FLCE_FUSED_DZ) both call these, so both give the same
 // bits for the same z and lse. They use the generated constants (SMOOTHING, ZLOSS, INV_TEMP,
 // SOFTCAP, FLCE_REDUCTION), which every template defines before including this file.
 // a_i of a valid row: wy = w_y, wsum = Σ_j w_j (stats[1]).

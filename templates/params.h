@@ -81,6 +81,11 @@ struct flce_gemm_params {
 #define FLCE_FLAG_TP_TOTAL 2    /* ranks disagree on vocab_total */
 #define FLCE_FLAG_TP_TOKENS 4   /* ranks disagree on the token count */
 
+/* Threads of the one-CTA row kernels (rowops.cu flce_prepare and flce_reduce): their launch bounds,
+ * shared scratch and fixed summation tree, and the block size launch.c launches them with. A power
+ * of two (the tree halves it) and at most the 1024 threads a CTA can have. */
+#define FLCE_ROW_CTA_THREADS 1024
+
 /* The row kernels of rowops.cu: prepare, combine, dz, reduce. Row-indexed arrays named "(all)"
  * hold all N tokens and are indexed by row0 + i; the others belong to the current chunk. */
 struct flce_row_params {

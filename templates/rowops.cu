@@ -42,12 +42,13 @@ __device__ __forceinline__ float class_weight(const flce_row_params &p, long lon
     return OPT_WEIGHTS ? ((const float *)p.class_weights)[id] : 1.f;
 }
 
-// Sums a value over a 1024-thread CTA in a fixed order; the result is valid in thread 0.
+// Sums a value over a CTA of FLCE_ROW_CTA_THREADS threads in a fixed order; the result is valid
+// in thread 0.
 __device__ float block_sum_1024(float v, float *scratch)
 {
     scratch[threadIdx.x] = v;
     __syncthreads();
-    for (int width = 512; width > 0; width >>= 1) {
+    for (int width = FLCE_ROW_CTA_THREADS / 2; width > 0; width >>= 1) {
         if ((int)threadIdx.x < width) scratch[threadIdx.x] += scratch[threadIdx.x + width];
         __syncthreads();
     }
@@ -56,10 +57,10 @@ __device__ float block_sum_1024(float v, float *scratch)
     return total;
 }
 
-// One CTA of 1024 threads: deterministic sums.
-extern "C" __global__ void __launch_bounds__(1024) flce_prepare(const flce_row_params p)
+// One CTA of FLCE_ROW_CTA_THREADS threads: deterministic sums.
+extern "C" __global__ void __launch_bounds__(FLCE_ROW_CTA_THREADS) flce_prepare(const flce_row_params p)
 {
-    __shared__ float scratch[1024];
+    __shared__ float scratch[FLCE_ROW_CTA_THREADS];
     float denom = 0.f;
     for (long long i = threadIdx.x; i < p.tokens; i += blockDim.x) {
         long long y = load_label(p.labels, i);
@@ -349,10 +350,11 @@ __device__ __forceinline__ float mean_scale(const flce_row_params &p)
 #endif
 }
 
-// One CTA of 1024 threads: strided partial sums, then a fixed tree. Same order every run.
-extern "C" __global__ void __launch_bounds__(1024) flce_reduce(const flce_row_params p)
+// One CTA of FLCE_ROW_CTA_THREADS threads: strided partial sums, then a fixed tree. Same order
+// every run.
+extern "C" __global__ void __launch_bounds__(FLCE_ROW_CTA_THREADS) flce_reduce(const flce_row_params p)
 {
-    __shared__ float scratch[1024];
+    __shared__ float scratch[FLCE_ROW_CTA_THREADS];
     float s = 0.f, z = 0.f;
     for (long long i = threadIdx.x; i < p.tokens; i += blockDim.x) {
         s += ((const float *)p.loss_rows)[i];
