@@ -169,14 +169,27 @@ static flce_status ctx_load_module(const kernel_spec *s, jit_result *jr, ctx_mod
     return FLCE_OK;
 }
 
-/* The loaded module of spec s, or NULL. */
-static const ctx_module *ctx_find(const flce_context *ctx, const kernel_spec *s)
+/* The index of the loaded module of spec s, or -1. The bytes of the spec it was loaded for are
+ * the fast path every call takes; other specs are looked up by the hash of their source (what the
+ * disk cache names the entry by): a spec whose source is already loaded finds that module. *hash
+ * receives s's hash when it was computed (*hashed = 1). */
+static flce_status ctx_find(const flce_context *ctx, const kernel_spec *s, long *index, uint64_t hash[2],
+                            int *hashed)
 {
-    char summary[256];
-    spec_summary(s, summary, sizeof summary);
+    *index = -1, *hashed = 0;
     for (size_t i = 0; i < ctx->n_modules; i++)
-        if (!strcmp(ctx->modules[i].summary, summary)) return &ctx->modules[i];
-    return NULL;
+        if (!memcmp(&ctx->modules[i].spec, s, sizeof *s)) {
+            *index = (long)i;
+            return FLCE_OK;
+        }
+    TRY(jit_key_hash(s, hash));
+    *hashed = 1;
+    for (size_t i = 0; i < ctx->n_modules; i++)
+        if (!memcmp(ctx->modules[i].hash, hash, 2 * sizeof hash[0])) {
+            *index = (long)i;
+            return FLCE_OK;
+        }
+    return FLCE_OK;
 }
 
 flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs, int n, CUfunction (*fns)[CTX_MAX_KERNELS])
@@ -184,12 +197,20 @@ flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs,
     enum { MAX_SPECS = 8 };
     if (n > MAX_SPECS) return err_set(FLCE_ERR_INTERNAL, "ctx_kernels_many: %d specs, at most %d", n, MAX_SPECS);
     const kernel_spec *missing[MAX_SPECS];
+    uint64_t missing_hash[MAX_SPECS][2];
+    long index[MAX_SPECS]; /* loaded module, or -1 - k for missing[k] */
     int m = 0;
     for (int i = 0; i < n; i++) {
-        int dup = 0; /* the same spec twice in one request compiles once */
-        for (int k = 0; k < m; k++) dup |= !memcmp(missing[k], specs[i], sizeof *specs[i]);
-        if (!ctx_find(ctx, specs[i]) && !dup) missing[m++] = specs[i];
+        uint64_t h[2];
+        int hashed = 0;
+        TRY(ctx_find(ctx, specs[i], &index[i], h, &hashed));
+        if (index[i] >= 0) continue;
+        int k = 0; /* the same source twice in one request compiles once */
+        while (k < m && memcmp(missing_hash[k], h, sizeof h)) k++;
+        if (k == m) missing[m] = specs[i], memcpy(missing_hash[m], h, sizeof h), m++;
+        index[i] = -1 - k;
     }
+    size_t first_new = ctx->n_modules;
     if (m > 0) {
         if (ctx->n_modules + (size_t)m > ctx->cap_modules) {
             size_t cap = ctx->cap_modules ? 2 * ctx->cap_modules : 16;
@@ -210,16 +231,19 @@ flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs,
             }
             ctx_module *mod = &ctx->modules[ctx->n_modules];
             memset(mod, 0, sizeof *mod);
-            spec_summary(missing[k], mod->summary, sizeof mod->summary);
+            mod->spec = *missing[k];
+            memcpy(mod->hash, missing_hash[k], sizeof mod->hash);
             st = ctx_load_module(missing[k], &built[k], mod);
             if (st == FLCE_OK) ctx->n_modules++;
         }
         TRY(st);
     }
-    for (int i = 0; i < n; i++) memcpy(fns[i], ctx_find(ctx, specs[i])->fn, sizeof fns[i]);
+    for (int i = 0; i < n; i++) {
+        size_t at = index[i] >= 0 ? (size_t)index[i] : first_new + (size_t)(-1 - index[i]);
+        memcpy(fns[i], ctx->modules[at].fn, sizeof fns[i]);
+    }
     return FLCE_OK;
 }
-
 
 flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CUdeviceptr *out)
 {

@@ -1,6 +1,7 @@
 /*
  * context.h — what an flce_context holds (internal): the device and its primary context, the
- * kernels loaded so far (memory cache: spec summary → module), an owned workspace, and the
+ * kernels loaded so far (memory cache keyed by the hash of the source and toolchain, jit_key_hash),
+ * an owned workspace, and the
  * host-mapped error flag that kernels raise and every call reads without synchronizing.
  */
 #ifndef FLCE_CONTEXT_H
@@ -15,7 +16,8 @@
 enum { CTX_MAX_KERNELS = 7 };
 
 typedef struct ctx_module {
-    char summary[256];
+    uint64_t hash[2];  /* jit_key_hash of the source: the module's identity */
+    kernel_spec spec;  /* the spec it was loaded for: equal bytes find it without emitting source */
     CUmodule module;
     CUfunction fn[CTX_MAX_KERNELS];
 } ctx_module;

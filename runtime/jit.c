@@ -47,6 +47,16 @@ flce_status jit_key(const kernel_spec *s, char **key, size_t *len)
     return st;
 }
 
+flce_status jit_key_hash(const kernel_spec *s, uint64_t out[2])
+{
+    char *key = NULL;
+    size_t len = 0;
+    TRY(jit_key(s, &key, &len));
+    hash128(key, len, out);
+    free(key);
+    return FLCE_OK;
+}
+
 flce_status jit_build(const kernel_spec *s, jit_result *out)
 {
     memset(out, 0, sizeof *out);
@@ -58,6 +68,7 @@ flce_status jit_build(const kernel_spec *s, jit_result *out)
     TRY(emit_source(s, &src));
     flce_status st = key_from_source(s, src, &key, &key_len);
     if (st != FLCE_OK) goto done;
+    hash128(key, key_len, out->key_hash);
 
     double t0 = now_ms();
     int have_dir = cache_dir_writable(dir, sizeof dir) == FLCE_OK;

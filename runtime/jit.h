@@ -6,6 +6,7 @@
 #define FLCE_JIT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "spec.h"
 
@@ -16,6 +17,7 @@ typedef struct jit_result {
     size_t len;
     jit_origin origin;
     double ms;          /* time spent (compile or disk read) */
+    uint64_t key_hash[2]; /* jit_key_hash of the spec */
 } jit_result;
 
 flce_status jit_build(const kernel_spec *s, jit_result *out);
@@ -30,7 +32,7 @@ flce_status jit_build_many(const kernel_spec *const *specs, int n, jit_result *o
  * there, through the compile lock), so that a later call needing them loads them instead of
  * compiling: issue 16's "the backward's kernels when the forward is called". Returns at once, the
  * number of kernels queued; never waits for NVRTC, never touches a context, a stream or a lock of
- * the caller. Each spec (by its summary line, the identity context.c keeps modules under) is queued
+ * the caller. Each spec (by its summary line) is queued
  * at most once per process, so calling it on every step costs a table lookup; a failed build is
  * logged (debug) and not retried. Nothing is queued when FLCE_PREFETCH=0, when there is no cache
  * directory (nothing to fill) or after JIT_PREFETCH_MAX distinct specs. A call that needs a kernel
@@ -46,5 +48,8 @@ int jit_prefetch_wait(double timeout_s);
 /* The cache key of a spec: its summary line, the toolchain identity, then the full source.
  * *key is malloc'd. */
 flce_status jit_key(const kernel_spec *s, char **key, size_t *len);
+/* hash128 of jit_key: the name of the spec's disk cache entry, and the identity a context keeps a
+ * loaded module under (context.c): equal hashes, equal source and toolchain. Emits the source. */
+flce_status jit_key_hash(const kernel_spec *s, uint64_t out[2]);
 
 #endif
