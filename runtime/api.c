@@ -292,27 +292,6 @@ static flce_status check_strategy(const flce_problem *p, flce_op op)
     return FLCE_OK;
 }
 
-/* FLCE_LOG=debug: what a call runs and, when AUTO chose, why (the cost model's two estimates).
- * Debug, not info: the Python binding asks flce_strategy_of on every step. */
-static void log_plan(const plan *pl)
-{
-    if (pl->op == FLCE_OP_FORWARD) {
-        log_msg(LOG_DEBUG, "forward: one pass over %lld tokens", (long long)pl->n);
-        return;
-    }
-    char why[128] = "";
-    if (pl->est_chunked_ms > 0 && pl->est_recompute_ms > 0)
-        snprintf(why, sizeof why, "; AUTO's estimates: chunked %.1f ms, recompute %.1f ms",
-                 pl->est_chunked_ms, pl->est_recompute_ms);
-    if (pl->recompute)
-        log_msg(LOG_DEBUG, "recompute: %lld vocab chunk(s) of %lld columns, workspace %.1f MiB%s",
-                (long long)pl->n_vchunks, (long long)pl->chunk_cols, (double)pl->workspace_bytes / (1 << 20), why);
-    else
-        log_msg(LOG_DEBUG, "chunked%s: %lld token chunk(s) of %lld rows, workspace %.1f MiB%s",
-                pl->compact ? " (compact fp16 logits)" : "", (long long)pl->n_chunks, (long long)pl->chunk_rows,
-                (double)pl->workspace_bytes / (1 << 20), why);
-}
-
 /* The plan of `op` for `problem` on ctx's device, as flce_workspace_size, flce_strategy_of and
  * flce_prepare see it: t says which outputs the call asks for (NULL: the worst case). */
 static flce_status plan_for(flce_context *ctx, const flce_problem *problem, flce_op op,
@@ -373,7 +352,7 @@ flce_status flce_strategy_of(flce_context *ctx, const flce_problem *problem, flc
     *strategy = op == FLCE_OP_FORWARD ? FLCE_STRATEGY_FORWARD
                 : pl.recompute        ? FLCE_STRATEGY_RECOMPUTE
                                       : FLCE_STRATEGY_CHUNKED;
-    log_plan(&pl);
+    launch_log_plan(&pl);
     return FLCE_OK;
 }
 
@@ -423,33 +402,7 @@ static flce_status run_op(flce_context *ctx, const flce_problem *problem,
         tt.comm = NULL; /* the caller owns the collective */
     }
     if (part == PART_ALL) TRY(tune_first_use(ctx, &p, op, t, stream)); /* FLCE_TUNE=1 */
-    plan pl;
-    TRY(plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, t, &pl));
-    if (t->workspace && t->workspace_bytes < pl.workspace_bytes)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tensors.workspace_bytes=%llu: this call needs %llu (flce_workspace_size gives the "
-                       "most any call of this problem needs)",
-                       (unsigned long long)t->workspace_bytes,
-                       (unsigned long long)pl.workspace_bytes);
-
-    pthread_mutex_lock(&ctx->lock);
-    CUcontext prev = NULL;
-    flce_status st = ctx_take_flag(ctx);
-    if (st == FLCE_OK) st = ctx_enter(ctx, &prev);
-    if (st == FLCE_OK) {
-        CUdeviceptr ws = (CUdeviceptr)(uintptr_t)t->workspace;
-        st = launch_prepare_kernels(ctx, &pl);
-        if (st == FLCE_OK && !ws) st = ctx_workspace(ctx, pl.workspace_bytes, (CUstream)stream, &ws);
-        if (st == FLCE_OK) {
-            log_msg(LOG_DEBUG, "op %d: N=%lld D=%lld V=%lld, %d vocab splits", (int)op, (long long)pl.n,
-                    (long long)pl.d, (long long)pl.v, pl.splits);
-            log_plan(&pl);
-            st = launch_run(ctx, &pl, &p, t, ws, (CUstream)stream, part,
-                            (CUdeviceptr)(uintptr_t)tp_buffer);
-        }
-        ctx_leave(prev);
-    }
-    pthread_mutex_unlock(&ctx->lock);
+    flce_status st = launch_call(ctx, &p, op, t, (CUstream)stream, part, (CUdeviceptr)(uintptr_t)tp_buffer);
     if (st == FLCE_OK && op == FLCE_OP_FORWARD && part == PART_ALL && t->lse) prefetch_backward(ctx, &p, t);
     return st;
 }

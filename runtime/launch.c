@@ -9,10 +9,13 @@
  * sequence parallelism, which first all-gathers hidden states and labels) before it is rounded.
  * No host synchronization anywhere. */
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "comm.h"
 #include "launch.h"
+#include "log.h"
 #include "params.h"
 #include "timeline.h"
 #include "tma.h"
@@ -624,4 +627,57 @@ flce_status launch_scale(flce_context *ctx, const plan *pl, const flce_tensors *
         TRY(launch(fns[0][K_CAST], blocks < cap ? blocks : cap, 1, 256, 0, stream, &rp, grads[i].what));
     }
     return FLCE_OK;
+}
+
+/* FLCE_LOG=debug: what a call runs and, when AUTO chose, why (the cost model's two estimates).
+ * Debug, not info: the Python binding asks flce_strategy_of on every step. */
+void launch_log_plan(const plan *pl)
+{
+    if (pl->op == FLCE_OP_FORWARD) {
+        log_msg(LOG_DEBUG, "forward: one pass over %lld tokens", (long long)pl->n);
+        return;
+    }
+    char why[128] = "";
+    if (pl->est_chunked_ms > 0 && pl->est_recompute_ms > 0)
+        snprintf(why, sizeof why, "; AUTO's estimates: chunked %.1f ms, recompute %.1f ms",
+                 pl->est_chunked_ms, pl->est_recompute_ms);
+    if (pl->recompute)
+        log_msg(LOG_DEBUG, "recompute: %lld vocab chunk(s) of %lld columns, workspace %.1f MiB%s",
+                (long long)pl->n_vchunks, (long long)pl->chunk_cols, (double)pl->workspace_bytes / (1 << 20), why);
+    else
+        log_msg(LOG_DEBUG, "chunked%s: %lld token chunk(s) of %lld rows, workspace %.1f MiB%s",
+                pl->compact ? " (compact fp16 logits)" : "", (long long)pl->n_chunks, (long long)pl->chunk_rows,
+                (double)pl->workspace_bytes / (1 << 20), why);
+}
+
+flce_status launch_call(flce_context *ctx, const flce_problem *p, flce_op op, const flce_tensors *t,
+                        CUstream stream, launch_part part, CUdeviceptr tp_buffer)
+{
+    plan pl;
+    TRY(plan_make_on(p, op, ctx->name, ctx->sm, ctx->num_sms, t, &pl));
+    if (t->workspace && t->workspace_bytes < pl.workspace_bytes)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.workspace_bytes=%llu: this call needs %llu (flce_workspace_size gives the "
+                       "most any call of this problem needs)",
+                       (unsigned long long)t->workspace_bytes,
+                       (unsigned long long)pl.workspace_bytes);
+
+    pthread_mutex_lock(&ctx->lock);
+    CUcontext prev = NULL;
+    flce_status st = ctx_take_flag(ctx);
+    if (st == FLCE_OK) st = ctx_enter(ctx, &prev);
+    if (st == FLCE_OK) {
+        CUdeviceptr ws = (CUdeviceptr)(uintptr_t)t->workspace;
+        st = launch_prepare_kernels(ctx, &pl);
+        if (st == FLCE_OK && !ws) st = ctx_workspace(ctx, pl.workspace_bytes, stream, &ws);
+        if (st == FLCE_OK) {
+            log_msg(LOG_DEBUG, "op %d: N=%lld D=%lld V=%lld, %d vocab splits", (int)op, (long long)pl.n,
+                    (long long)pl.d, (long long)pl.v, pl.splits);
+            launch_log_plan(&pl);
+            st = launch_run(ctx, &pl, p, t, ws, stream, part, tp_buffer);
+        }
+        ctx_leave(prev);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
 }

@@ -24,6 +24,18 @@ flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,
                        const flce_tensors *t, CUdeviceptr ws, CUstream stream, launch_part part,
                        CUdeviceptr tp_buffer);
 
+/* One call after api.c's checks, the library's internal launch path: plans it (tune_apply's tiles,
+ * the tuner's forced ones included), refuses a passed workspace smaller than the plan needs, then
+ * under ctx->lock reports a raised error flag, loads the kernels, grows the owned workspace when
+ * none was passed and enqueues the kernels on `stream`. p and t are normalized and checked
+ * (api.c run_op); the tuner (tune_run.c) calls it for its timed calls, so they never come back
+ * through flce_forward's FLCE_TUNE=1 hook. */
+flce_status launch_call(flce_context *ctx, const flce_problem *p, flce_op op, const flce_tensors *t,
+                        CUstream stream, launch_part part, CUdeviceptr tp_buffer);
+
+/* FLCE_LOG=debug: what a planned call runs and why (launch_call, flce_strategy_of). */
+void launch_log_plan(const plan *pl);
+
 /* flce_scale_gradients: the dtype gradients t names, in place, times the fp32 scalar at
  * t->grad_output (read on the device; nothing moves when it is 1). Call with ctx->lock held. */
 flce_status launch_scale(flce_context *ctx, const plan *pl, const flce_tensors *t, CUstream stream);

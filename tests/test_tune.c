@@ -1,7 +1,7 @@
 /* test_tune.c — the autotune table (runtime/tune_table.c) and the dispatcher's use of it
  * (runtime/tune.c, plan_make_on): round trip, every kind of bad line ignored with a warning,
  * a valid line changing the plan's tiles, the env switches winning over it, concurrent writers,
- * and the candidate lists. No GPU. */
+ * and the candidate lists, the same for both fronts of the tuner (runtime/tune_run.h). No GPU. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +14,7 @@
 #include "error.h"
 #include "hash.h"
 #include "tmpdir.h"
-#include "tune.h"
+#include "tune_run.h"
 
 #define DEVICE "NVIDIA H100 80GB HBM3"
 
@@ -446,6 +446,42 @@ static void candidates_validate_and_start_with_the_default(void)
     CHECK(tune_candidates(90, FLCE_DTYPE_BF16, ROLE_LOGITS, 4096, 32768, c, 128) == 10); /* BN 256 × 5 stages overflows shared memory */
 }
 
+/* `flce tune` lists tune_cands_make(its problem, arch, --max-candidates) and FLCE_TUNE=1 times
+ * tune_first_use_cands(the caller's problem, arch)'s logits list: one list for one class, whatever
+ * options, strategy or token count the caller's problem has; FLCE_TUNE=1's is the CLI's cut at its
+ * cap, and every role's is tune_candidates' with the built-in tile first. */
+static void both_tuner_fronts_share_one_candidate_list(void)
+{
+    static const int sms[] = {80, 90, 100};
+    static const flce_dtype dts[] = {FLCE_DTYPE_BF16, FLCE_DTYPE_F16, FLCE_DTYPE_F32};
+    static tune_cands cli, cli16, first;
+    for (size_t i = 0; i < sizeof sms / sizeof sms[0]; i++)
+        for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+            flce_problem p, q;
+            flce_problem_init(&p);
+            p.tokens = 8192, p.hidden = 4096, p.vocab_shard = 32768, p.dtype = dts[d];
+            q = p; /* a caller's forward with every option */
+            q.tokens = 3000, q.strategy = FLCE_STRATEGY_FORWARD, q.reduction = FLCE_REDUCTION_NONE;
+            q.softcap = 30.f, q.temperature = 0.7f, q.label_smoothing = 0.1f, q.z_loss = 1e-4f;
+            CHECK(tune_cands_make(&p, sms[i], TUNE_MAX_CAND, &cli) == FLCE_OK);
+            CHECK(tune_cands_make(&p, sms[i], TUNE_FIRST_USE_CAND, &cli16) == FLCE_OK);
+            CHECK(tune_first_use_cands(&q, sms[i], &first) == FLCE_OK);
+            int n0 = cli.n[0] < TUNE_FIRST_USE_CAND ? cli.n[0] : TUNE_FIRST_USE_CAND;
+            CHECKF(first.n[0] == n0 && !memcmp(first.tile[0], cli.tile[0], (size_t)n0 * sizeof(spec_tile)),
+                   "sm %d dtype %d: FLCE_TUNE=1 lists %d logits tiles, the CLI %d", sms[i], (int)dts[d],
+                   first.n[0], cli.n[0]);
+            CHECK(!memcmp(first.tile, cli16.tile, sizeof first.tile) && !memcmp(first.n, cli16.n, sizeof first.n));
+            for (int r = 0; r < TUNE_ROLES; r++) {
+                spec_tile c[TUNE_MAX_CAND];
+                int n = tune_candidates(sms[i], dts[d], cli.base[r].role, p.hidden, p.vocab_shard, c, TUNE_MAX_CAND);
+                spec_tile def = spec_default_tile(sms[i], dts[d], cli.base[r].role);
+                CHECKF(cli.n[r] == n && n >= 1 && !memcmp(cli.tile[r], c, (size_t)n * sizeof c[0]) &&
+                           !memcmp(&cli.tile[r][0], &def, sizeof def),
+                       "sm %d dtype %d role %d", sms[i], (int)dts[d], r);
+            }
+        }
+}
+
 int main(void)
 {
     unsetenv("FLCE_PORTABLE");
@@ -464,5 +500,6 @@ int main(void)
     RUN(unwritable_directory_is_an_io_error_with_the_path);
     RUN(token_bucket_is_the_power_of_two_below);
     RUN(candidates_validate_and_start_with_the_default);
+    RUN(both_tuner_fronts_share_one_candidate_list);
     FINISH();
 }

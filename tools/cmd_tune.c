@@ -1,10 +1,11 @@
-/* cmd_tune.c — `flce tune` (issue 6): for one problem class, compiles every candidate tile
- * configuration (tune_candidates) in parallel through the disk cache, times each on the device
- * with CUDA events on real-size random data, checks each candidate's loss, lse, dH and dW
- * against the first candidate's (the built-in tiles) before trusting its time, shows progress on
- * stderr, and writes the winner to the autotune table (runtime/tune_table.h). Roles are tuned
- * one after another (logits, then dH with the best logits tile, then dW): the sum of the
- * candidate counts, not their product. --dry-run lists and compiles the candidates only (no GPU). */
+/* cmd_tune.c — `flce tune` (issue 6): the command-line front of the library's tuner
+ * (runtime/tune_run.h, which FLCE_TUNE=1 shares). For one problem class it lists the candidate
+ * tiles (tune_cands_make), compiles them in parallel through the disk cache, makes real-size
+ * random data, and has tune_search check each candidate's loss, lse, dH and dW against the first
+ * candidate's (the built-in tiles) and time it with CUDA events, role after role (logits, then dH
+ * with the best logits tile, then dW: the sum of the candidate counts, not their product); it
+ * shows progress on stderr and stores the winner with tune_store_winner. --dry-run lists and
+ * compiles the candidates only (no GPU). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -19,22 +20,12 @@
 #include "devmem.h"
 #include "host.h"
 #include "jit.h"
-#include "tune.h"
-
-#define TUNE_MAX_CAND 64
+#include "tune_run.h"
 
 typedef struct tune_opts {
     tool_opts t;
     int device, jobs, runs, max_cand, dry_run;
 } tune_opts;
-
-typedef struct tune_cands {
-    spec_tile tile[TUNE_ROLES][TUNE_MAX_CAND];
-    int n[TUNE_ROLES];
-    kernel_spec base[TUNE_ROLES]; /* the plan's specs (options included) the tiles go into */
-    int fused_dz;                 /* the plan's recompute pass uses logits_dz with the logits tile */
-    kernel_spec logits_dz;
-} tune_cands;
 
 /* ---- progress ---------------------------------------------------------------------------- */
 
@@ -130,9 +121,6 @@ typedef struct tune_data {
     flce_problem p;
     size_t es, nh, nw; /* element size; elements of H (= dH) and W (= dW) */
     void *d_h, *d_w, *d_labels, *d_loss, *d_lse, *d_dh, *d_dw;
-    /* the first candidate's outputs, and the current one's, on the host */
-    float ref_loss, *ref_lse, *lse;
-    void *ref_dh, *ref_dw, *dh, *dw;
     flce_tensors t;
 } tune_data;
 
@@ -164,144 +152,53 @@ static int fill_random(tune_data *d)
          devmem_upload(d->d_h, h, d->nh * d->es) == FLCE_OK && devmem_upload(d->d_w, w, d->nw * d->es) == FLCE_OK &&
          devmem_upload(d->d_labels, labels, (size_t)p->tokens * 4) == FLCE_OK;
     free(h), free(w), free(labels), free(row);
-    d->ref_lse = malloc((size_t)p->tokens * 4), d->lse = malloc((size_t)p->tokens * 4);
-    d->ref_dh = malloc(d->nh * d->es), d->dh = malloc(d->nh * d->es);
-    d->ref_dw = malloc(d->nw * d->es), d->dw = malloc(d->nw * d->es);
-    ok = ok && d->ref_lse && d->lse && d->ref_dh && d->dh && d->ref_dw && d->dw;
     flce_tensors_init(&d->t);
     d->t.hidden = d->d_h, d->t.weight = d->d_w, d->t.labels = d->d_labels;
     d->t.loss = d->d_loss, d->t.lse = d->d_lse, d->t.grad_hidden = d->d_dh, d->t.grad_weight = d->d_dw;
     return ok;
 }
 
-/* ‖a − b‖ / ‖b‖ over n elements of dtype t, converted in blocks. */
-static double rel_l2(flce_dtype t, const void *a, const void *b, size_t n)
-{
-    enum { BLOCK = 4096 };
-    double x[BLOCK], y[BLOCK], num = 0, den = 0;
-    size_t es = host_dtype_size(t);
-    for (size_t i = 0; i < n; i += BLOCK) {
-        size_t m = n - i < BLOCK ? n - i : BLOCK;
-        host_from_dtype(t, (const char *)a + i * es, x, m);
-        host_from_dtype(t, (const char *)b + i * es, y, m);
-        for (size_t k = 0; k < m; k++) num += (x[k] - y[k]) * (x[k] - y[k]), den += y[k] * y[k];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static flce_status download(tune_data *d, float *loss, float *lse, void *dh, void *dw)
-{
-    TRY(devmem_download(loss, d->d_loss, 4));
-    TRY(devmem_download(lse, d->d_lse, (size_t)d->p.tokens * 4));
-    TRY(devmem_download(dh, d->d_dh, d->nh * d->es));
-    return devmem_download(dw, d->d_dw, d->nw * d->es);
-}
-
-/* Relative L2 the 16-bit gradients may differ by between tilings: only the fp32 summation order
- * changes, so the outputs move by about one rounding of the dtype on some elements. */
-static double grad_tolerance(flce_dtype t)
-{
-    return t == FLCE_DTYPE_BF16 ? 1e-2 : t == FLCE_DTYPE_F16 ? 2e-3 : 1e-4;
-}
-
-/* Checks the current outputs against the reference; on a mismatch *why says which. */
-static int outputs_agree(tune_data *d, char *why, size_t cap)
-{
-    float loss;
-    if (download(d, &loss, d->lse, d->dh, d->dw) != FLCE_OK) {
-        snprintf(why, cap, "download: %s", flce_last_error());
-        return 0;
-    }
-    double e_loss = fabs((double)loss - d->ref_loss) / fmax(fabs((double)d->ref_loss), 1e-30);
-    double e_lse = rel_l2(FLCE_DTYPE_F32, d->lse, d->ref_lse, (size_t)d->p.tokens);
-    double e_dh = rel_l2(d->p.dtype, d->dh, d->ref_dh, d->nh);
-    double e_dw = rel_l2(d->p.dtype, d->dw, d->ref_dw, d->nw);
-    double tol = grad_tolerance(d->p.dtype);
-    snprintf(why, cap, "relative L2 vs the first candidate: loss %.2e lse %.2e dH %.2e dW %.2e (tolerance %.0e, %.0e for fp32 outputs)",
-             e_loss, e_lse, e_dh, e_dw, tol, 1e-4);
-    return isfinite(loss) && e_loss <= 1e-4 && e_lse <= 1e-4 && e_dh <= tol && e_dw <= tol;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* One candidate: a first call (module load), the check, then `runs` timed calls; median ms, or
- * a negative value when it failed or disagreed. */
-static double time_candidate(flce_context *ctx, tune_data *d, const spec_tile tiles[TUNE_ROLES],
-                             int runs, int is_reference)
-{
-    char why[512];
-    tune_force_tiles(tiles);
-    double ms[32], result = -1;
-    if (flce_loss_and_grad(ctx, &d->p, &d->t, NULL) != FLCE_OK || flce_check(ctx, NULL) != FLCE_OK) {
-        fprintf(stderr, "\nflce tune: candidate failed: %s\n", flce_last_error());
-        goto out;
-    }
-    if (is_reference) {
-        if (download(d, &d->ref_loss, d->ref_lse, d->ref_dh, d->ref_dw) != FLCE_OK) goto out;
-    } else if (!outputs_agree(d, why, sizeof why)) {
-        fprintf(stderr, "\nflce tune: candidate rejected, its results disagree: %s\n", why);
-        goto out;
-    }
-    if (runs > 32) runs = 32;
-    for (int r = 0; r < runs; r++) {
-        devmem_timer *tm;
-        float one = 0;
-        if (devmem_timer_start(&tm) != FLCE_OK || flce_loss_and_grad(ctx, &d->p, &d->t, NULL) != FLCE_OK ||
-            devmem_timer_stop(tm, &one) != FLCE_OK)
-            goto out;
-        ms[r] = one;
-    }
-    qsort(ms, (size_t)runs, sizeof ms[0], cmp_double);
-    result = ms[runs / 2];
-out:
-    tune_force_tiles(NULL);
-    return result;
-}
-
-/* Coordinate descent over the roles; best[] ends as the winner, *best_ms its time. */
-static int time_all(flce_context *ctx, tune_data *d, const tune_cands *c, int runs,
-                    spec_tile best[TUNE_ROLES], double *best_ms, double *builtin_ms)
-{
-    progress prog = {0, c->n[0] + c->n[1] + c->n[2], host_now_s(), 0, "", "timing"};
-    for (int r = 0; r < TUNE_ROLES; r++) best[r] = c->tile[r][0];
-    *best_ms = -1;
-    for (int r = 0; r < TUNE_ROLES; r++)
-        for (int k = 0; k < c->n[r]; k++) {
-            spec_tile tiles[TUNE_ROLES];
-            memcpy(tiles, best, sizeof tiles);
-            tiles[r] = c->tile[r][k];
-            char what[96], text[48];
-            tune_tile_text(&tiles[r], text, sizeof text);
-            snprintf(what, sizeof what, "%s %s", spec_role_name(c->base[r].role), text);
-            int is_ref = r == 0 && k == 0;
-            /* later roles' first candidate is the current best again: its time is known */
-            double ms = r > 0 && k == 0 ? *best_ms : time_candidate(ctx, d, tiles, runs, is_ref);
-            if (is_ref && ms < 0) {
-                fprintf(stderr, "flce tune: the built-in tiles themselves fail; nothing to compare with\n");
-                return 1;
-            }
-            if (is_ref) *builtin_ms = ms;
-            if (ms > 0 && (*best_ms < 0 || ms < *best_ms)) {
-                *best_ms = ms;
-                best[r] = tiles[r];
-                snprintf(prog.best, sizeof prog.best, "%s", what);
-                prog.best_ms = ms;
-            }
-            prog.done++;
-            progress_draw(&prog, what);
-        }
-    return 0;
-}
-
 static void free_data(tune_data *d)
 {
     void *dev[] = {d->d_h, d->d_w, d->d_labels, d->d_loss, d->d_lse, d->d_dh, d->d_dw};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) devmem_free(dev[i]);
-    free(d->ref_lse), free(d->lse), free(d->ref_dh), free(d->dh), free(d->ref_dw), free(d->dw);
+}
+
+/* ---- timing on the device: tune_search, with the progress bar ------------------------------- */
+
+typedef struct timing {
+    const tune_cands *c;
+    progress prog;
+} timing;
+
+static void timing_report(void *arg, int role, const spec_tile *tile, double ms, const char *why)
+{
+    timing *tm = arg;
+    char what[96], text[48];
+    tune_tile_text(tile, text, sizeof text);
+    snprintf(what, sizeof what, "%s %s", spec_role_name(tm->c->base[role].role), text);
+    if (ms <= 0 && why[0]) fprintf(stderr, "\nflce tune: candidate %s\n", why);
+    if (ms > 0 && (tm->prog.best_ms <= 0 || ms < tm->prog.best_ms)) {
+        snprintf(tm->prog.best, sizeof tm->prog.best, "%s", what);
+        tm->prog.best_ms = ms;
+    }
+    tm->prog.done++;
+    progress_draw(&tm->prog, what);
+}
+
+static int time_all(flce_context *ctx, tune_data *d, const tune_cands *c, int runs,
+                    spec_tile best[TUNE_ROLES], double *best_ms, double *builtin_ms)
+{
+    timing tm = {c, {0, c->n[0] + c->n[1] + c->n[2], host_now_s(), 0, "", "timing"}};
+    tune_bench b;
+    memset(&b, 0, sizeof b);
+    b.ctx = ctx, b.p = d->p, b.op = FLCE_OP_LOSS_AND_GRAD, b.t = d->t, b.stream = NULL;
+    b.runs = runs, b.roles = TUNE_ROLES, b.report = timing_report, b.arg = &tm;
+    if (tune_search(&b, c, best, best_ms, builtin_ms) != FLCE_OK) {
+        fprintf(stderr, "flce tune: %s\n", flce_last_error());
+        return 1;
+    }
+    return 0;
 }
 
 /* ---- the command ---------------------------------------------------------------------------- */
@@ -373,22 +270,11 @@ static int parse_args(tune_opts *o, int argc, char **argv)
 
 static int list_candidates(const tune_opts *o, int sm, tune_cands *c)
 {
-    /* The kernels of the timed calls: loss and gradients, no entropy or argmax outputs (a plan
-     * without tensors would assume every output and time heavier logits epilogues than the calls
-     * the table's winner is used for, and leave their kernels uncompiled). */
-    flce_tensors none;
-    flce_tensors_init(&none);
-    plan pl;
-    if (plan_make(&o->t.problem, FLCE_OP_LOSS_AND_GRAD, sm, 132, &none, &pl) != FLCE_OK) {
+    if (tune_cands_make(&o->t.problem, sm, o->max_cand, c) != FLCE_OK) {
         fprintf(stderr, "flce tune: %s\n", flce_last_error());
         return 0;
     }
-    c->base[0] = pl.logits, c->base[1] = pl.dh, c->base[2] = pl.dw;
-    c->fused_dz = pl.fused_dz, c->logits_dz = pl.logits_dz;
-    int cap = o->max_cand < TUNE_MAX_CAND ? o->max_cand : TUNE_MAX_CAND;
     for (int r = 0; r < TUNE_ROLES; r++) {
-        c->n[r] = tune_candidates(sm, o->t.problem.dtype, c->base[r].role, o->t.problem.hidden,
-                                  o->t.problem.vocab_shard, c->tile[r], cap);
         printf("%s: %d candidates:", spec_role_name(c->base[r].role), c->n[r]);
         for (int k = 0; k < c->n[r]; k++) {
             char text[48];
@@ -406,15 +292,10 @@ static int tune_store(const tune_opts *o, const char *device, int sm, const spec
 {
     char dir[CACHE_PATH_MAX];
     tune_entry e;
-    memset(&e, 0, sizeof e);
-    tune_key_make(&o->t.problem, o->t.problem.tokens, device, sm, &e.key);
-    memcpy(e.tile, best, sizeof e.tile);
-    e.ms = ms;
-    if (cache_dir(dir, sizeof dir) != FLCE_OK || tune_table_store(dir, &e) != FLCE_OK) {
+    if (tune_store_winner(&o->t.problem, device, sm, best, ms, &e, dir, sizeof dir) != FLCE_OK) {
         fprintf(stderr, "flce tune: storing the winner: %s\n", flce_last_error());
         return 1;
     }
-    tune_forget();
     char line[TUNE_LINE_MAX + 2];
     tune_line_format(&e, line, sizeof line);
     printf("winner (%.3f ms per loss-and-grad call) stored in %s/%s:\n%s\n", ms, dir, TUNE_TABLE_FILE, line);
