@@ -7,33 +7,27 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "capture.h"
 #include "check.h"
 #include "config.h"
 #include "plan.h"
 
 /* What config_parse_bool(name, value, def) printed to stderr under FLCE_LOG=warn (static). */
 static const char *warned;
+struct bool_call {
+    const char *value;
+    int def, got;
+};
+static void call_parse_bool(void *arg)
+{
+    struct bool_call *c = arg;
+    c->got = config_parse_bool("FLCE_X", c->value, c->def);
+}
 static int parse_bool_capturing(const char *value, int def)
 {
-    static char text[4096];
-    char path[] = "/tmp/flce-config-err.XXXXXX";
-    int fd = mkstemp(path);
-    fflush(stderr);
-    int saved = dup(2);
-    dup2(fd, 2);
-    setenv("FLCE_LOG", "warn", 1);
-    int v = config_parse_bool("FLCE_X", value, def);
-    unsetenv("FLCE_LOG");
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    lseek(fd, 0, SEEK_SET);
-    ssize_t n = read(fd, text, sizeof text - 1);
-    text[n > 0 ? n : 0] = '\0';
-    close(fd);
-    unlink(path);
-    warned = text;
-    return v;
+    struct bool_call c = {value, def, 0};
+    warned = capture_stderr("warn", call_parse_bool, &c);
+    return c.got;
 }
 
 static void every_on_off_word_parses_in_any_case(void)

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "capture.h"
 #include "check.h"
 #include "config.h"
 #include "error.h"
@@ -39,27 +40,10 @@ static tune_entry sample_entry(int sm)
     return e;
 }
 
-/* Runs fn with stderr going to a file and FLCE_LOG=level; returns what it printed (static). */
+/* What fn printed under FLCE_LOG=level (tests/capture.h). */
 static const char *captured_at(const char *level, void (*fn)(void *), void *arg)
 {
-    static char text[1 << 16];
-    char path[] = "/tmp/flce-tune-err.XXXXXX";
-    int fd = mkstemp(path);
-    fflush(stderr);
-    int saved = dup(2);
-    dup2(fd, 2);
-    setenv("FLCE_LOG", level, 1);
-    fn(arg);
-    unsetenv("FLCE_LOG");
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    lseek(fd, 0, SEEK_SET);
-    ssize_t n = read(fd, text, sizeof text - 1);
-    text[n > 0 ? n : 0] = '\0';
-    close(fd);
-    unlink(path);
-    return text;
+    return capture_stderr(level, fn, arg);
 }
 
 static const char *captured(void (*fn)(void *), void *arg) { return captured_at("warn", fn, arg); }
