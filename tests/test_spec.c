@@ -345,6 +345,42 @@ static void accumulator_knobs_are_off_by_default(void)
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && !pl.red_acc && pl.acc_prefetch);
 }
 
+/* The default budget keeps all tokens in one chunk when their compact logits take no more than
+ * 512 MiB plus the fp32 dW accumulator several chunks would need (plan.c), and only then: an
+ * explicit budget, a caller's fp32 dW buffer, fp32 inputs or a larger N keep their chunks. */
+static void default_budget_takes_one_chunk_when_it_costs_no_more_memory(void)
+{
+    struct {
+        int64_t n, d, v;
+        uint64_t budget;
+        int acc_dw;
+        flce_dtype dt;
+        int one_chunk;
+    } cases[] = {
+        {8192, 4096, 128256, 0, 0, FLCE_DTYPE_BF16, 1},          /* 2.0 GiB ≤ 0.5 + 2.0 */
+        {8192, 4096, 128256, 512ull << 20, 0, FLCE_DTYPE_BF16, 0}, /* an explicit budget is kept */
+        {8192, 4096, 128256, 0, 1, FLCE_DTYPE_BF16, 0},          /* no accumulator to save */
+        {32768, 4096, 128256, 0, 0, FLCE_DTYPE_BF16, 0},         /* 8.4 GiB > 2.5 */
+        {8192, 2304, 256000, 0, 0, FLCE_DTYPE_BF16, 0},          /* 4.2 GiB > 0.5 + 2.2 */
+        {8192, 4096, 128256, 0, 0, FLCE_DTYPE_F32, 0},           /* not compact */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        flce_problem p = problem(cases[i].n, cases[i].d, cases[i].v, cases[i].dt);
+        p.memory_budget = cases[i].budget, p.accumulate_grad_weight = cases[i].acc_dw;
+        p.strategy = FLCE_STRATEGY_CHUNKED;
+        plan pl;
+        CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
+        CHECKF((pl.n_chunks == 1) == cases[i].one_chunk, "case %zu: %lld chunks of %lld rows", i,
+               (long long)pl.n_chunks, (long long)pl.chunk_rows);
+        if (cases[i].one_chunk) {
+            uint64_t acc = (uint64_t)cases[i].v * (uint64_t)cases[i].d * 4;
+            CHECKF(pl.workspace_bytes < (512ull << 20) + acc, "case %zu: workspace %llu", i,
+                   (unsigned long long)pl.workspace_bytes);
+            CHECK(!pl.need_dw_acc);
+        }
+    }
+}
+
 static void small_problems_take_one_chunk_and_no_accumulator(void)
 {
     flce_problem p = problem(1, 8, 1, FLCE_DTYPE_F16);
@@ -431,6 +467,7 @@ int main(void)
     RUN(chunks_fit_the_memory_budget);
     RUN(vocab_splits_fill_whole_waves);
     RUN(small_problems_take_one_chunk_and_no_accumulator);
+    RUN(default_budget_takes_one_chunk_when_it_costs_no_more_memory);
     RUN(auto_recomputes_when_token_chunks_are_short);
     RUN(too_small_a_budget_is_an_error_naming_it);
     RUN(workspace_regions_do_not_overlap);
