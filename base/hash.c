@@ -1,6 +1,7 @@
 /*
  * hash.c — flce's own non-cryptographic hashes (see hash.h). Used by cache.c for entry names
- * (hash128 of the key) and entry checksums (hash64 chained over header, key and value).
+ * (hash128 of the key) and entry checksums (hash64 chained over header, key and value), by jit.c
+ * for module identities, by atomic_file.c for temporary file names.
  *
  * The output is part of the on-disk cache format: entry names and checksums written on one machine
  * are read on another, so the bytes are always read as little-endian words and every constant

@@ -24,8 +24,9 @@
  * Other files of ours in the directory: "<32 hex>.cubin.tmp.<pid>.<nonce>" (a store in progress,
  * or left by a killed writer) and "<32 hex>.lock" (a compile in progress; its holder removes it,
  * one killed leaves it, unheld), "stats.log" (the directory's persistent counters, appended by
- * every process that looked kernels up there; cache.h) and "stats.log.tmp.<pid>" (its compaction
- * in progress). Anything else there (the tune table) is never touched.
+ * every process that looked kernels up there; cache.h) and "stats.log.tmp.<pid>.<nonce>" (its
+ * compaction in progress); both temporary names are base/atomic_file.h's. Anything else there
+ * (the tune table) is never touched.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
@@ -35,7 +36,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "atomic_file.h"
 #include "cache.h"
 #include "config.h"
 #include "fault.h"
@@ -57,7 +58,7 @@
 #define CACHE_CHECKSUM_SEED 0x5fd3a1c9e04b7263ull
 #define CACHE_HEX_DIGITS 32
 #define CACHE_SUFFIX ".cubin"
-#define CACHE_TEMP_INFIX ".tmp."
+#define CACHE_TEMP_INFIX ATOMIC_FILE_TEMP_INFIX
 #define CACHE_LOCK_SUFFIX ".lock"
 /* A hit refreshes the entry's mtime (its recency for the cap) when it is older than this; newer
  * ones are left alone so that ranks loading one kernel together do not all write its inode. */
@@ -76,9 +77,6 @@
 #define CACHE_KEY_HEAD_MAX 512
 /* Distinct unusable directories one process warns about; past that it keeps quiet. */
 #define CACHE_WARN_SLOTS 64
-/* O_EXCL retries when a temp name is taken (only another host sharing the directory over a
- * network file system, with the same pid, could cause one). */
-#define CACHE_TEMP_TRIES 8
 
 typedef enum cache_read_result {
     CACHE_READ_VALID,      /* well-formed, checksum matches, and the key matches if one was given */
@@ -113,7 +111,6 @@ typedef struct cache_scan_state {
 static pthread_mutex_t cache_warn_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t cache_warned[CACHE_WARN_SLOTS]; /* hash64 of each directory warned about */
 static size_t cache_warned_count;
-static atomic_uint_fast64_t cache_temp_counter;
 
 static pthread_mutex_t cache_scan_lock = PTHREAD_MUTEX_INITIALIZER;
 static cache_scan_state cache_scans[CACHE_SCAN_SLOTS];
@@ -471,44 +468,6 @@ int cache_make_dirs(const char *dir)
     return 0;
 }
 
-/* 0 on success; short writes are retried. */
-static int cache_write_all(int fd, const void *buf, size_t n)
-{
-    const unsigned char *p = buf;
-    while (n) {
-        ssize_t put = write(fd, p, n);
-        if (put < 0 && errno == EINTR) continue;
-        if (put < 0) return -1;
-        p += put;
-        n -= (size_t)put;
-    }
-    return 0;
-}
-
-/* Unique among this process's threads (counter), processes (pid) and, with high probability,
- * hosts sharing the directory (clock); O_EXCL turns the rest into a retry. */
-static int cache_open_temp(char *tmp, const char *path)
-{
-    for (int attempt = 0; attempt < CACHE_TEMP_TRIES; attempt++) {
-        struct timespec ts;
-        uint64_t seed[3];
-        clock_gettime(CLOCK_REALTIME, &ts);
-        seed[0] = (uint64_t)ts.tv_sec;
-        seed[1] = (uint64_t)ts.tv_nsec;
-        seed[2] = atomic_fetch_add(&cache_temp_counter, 1);
-        uint64_t nonce = hash64(seed, sizeof seed, (uint64_t)getpid());
-        int n = snprintf(tmp, CACHE_PATH_MAX, "%s%s%ld.%016llx", path, CACHE_TEMP_INFIX,
-                         (long)getpid(), (unsigned long long)nonce);
-        if (n <= 0 || n >= CACHE_PATH_MAX) {
-            errno = ENAMETOOLONG;
-            return -1;
-        }
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (fd >= 0 || errno != EEXIST) return fd;
-    }
-    return -1;
-}
-
 /* Writes the whole entry to fd; 0 on success, else -1 with errno. */
 static int cache_write_entry(int fd, const void *key, size_t key_len, const void *blob, size_t len)
 {
@@ -522,30 +481,44 @@ static int cache_write_entry(int fd, const void *key, size_t key_len, const void
     sum = hash64(key, key_len, sum);
     sum = hash64(blob, len, sum);
     cache_put_u64(trailer, sum);
-    if (cache_write_all(fd, header, sizeof header) != 0) return -1;
-    if (cache_write_all(fd, key, key_len) != 0) return -1;
-    if (cache_write_all(fd, blob, len) != 0) return -1;
-    return cache_write_all(fd, trailer, sizeof trailer);
+    if (atomic_file_write_all(fd, header, sizeof header) != 0) return -1;
+    if (atomic_file_write_all(fd, key, key_len) != 0) return -1;
+    if (atomic_file_write_all(fd, blob, len) != 0) return -1;
+    return atomic_file_write_all(fd, trailer, sizeof trailer);
 }
 
-/* cache_write_entry, or the disk-full fault of fault.h: a few bytes land, then ENOSPC (or, for
- * the stall variant, the writer blocks there until a test kills it). */
-static int cache_write_entry_hooked(int fd, const void *key, size_t key_len, const void *blob,
-                                    size_t len)
+typedef struct cache_entry_data {
+    const void *key, *blob;
+    size_t key_len, len;
+} cache_entry_data;
+
+/* atomic_file_writer.fill: cache_write_entry, or the disk-full fault of fault.h: a few bytes land,
+ * then ENOSPC (or, for the stall variant, the writer blocks there until a test kills it). */
+static int cache_fill_entry(int fd, void *arg)
 {
+    const cache_entry_data *d = arg;
     fault_action f = fault_fire(FAULT_CACHE_WRITE);
-    if (f == FAULT_PASS) return cache_write_entry(fd, key, key_len, blob, len);
-    (void)cache_write_all(fd, CACHE_MAGIC, 4);
+    if (f == FAULT_PASS) return cache_write_entry(fd, d->key, d->key_len, d->blob, d->len);
+    (void)atomic_file_write_all(fd, CACHE_MAGIC, 4);
     while (f == FAULT_STALL) pause();
     errno = ENOSPC;
+    return -1;
+}
+
+/* atomic_file_writer.before_rename: the rename fault of fault.h. */
+static int cache_before_rename(void *arg)
+{
+    (void)arg;
+    if (!fault_fire(FAULT_CACHE_RENAME)) return 0;
+    errno = EACCES;
     return -1;
 }
 
 static void cache_after_store(const char *dir, const char *kept, uint64_t bytes);
 static void cache_stats_note_evicted(const char *dir, uint64_t evicted);
 
-/* fsync is skipped on purpose: after a crash a torn entry fails its checksum and is recompiled,
- * which is cheaper than an fsync per kernel on every rank's file system. */
+/* No fsync (atomic_file.h): after a crash a torn entry fails its checksum and is recompiled, which
+ * is cheaper than an fsync per kernel on every rank's file system. */
 flce_status cache_store(const char *dir, const void *key, size_t key_len, const void *blob,
                         size_t len)
 {
@@ -563,29 +536,16 @@ flce_status cache_store(const char *dir, const void *key, size_t key_len, const 
         cache_warn_unusable(dir, "cannot create it", errno);
         return FLCE_OK;
     }
-    int fd = cache_open_temp(tmp, path);
-    if (fd < 0) {
+    cache_entry_data data = {key, blob, key_len, len};
+    atomic_file_writer w = {cache_fill_entry, cache_before_rename, &data};
+    atomic_file_stage stage = atomic_file_write(path, &w, tmp, sizeof tmp);
+    if (stage == ATOMIC_FILE_CREATE) {
         cache_warn_unusable(dir, "cannot create a file in it", errno);
         return FLCE_OK;
     }
-    int failed = cache_write_entry_hooked(fd, key, key_len, blob, len);
-    int err = errno;
-    /* close can be where a network file system reports a failed write. */
-    if (close(fd) != 0 && !failed) {
-        failed = 1;
-        err = errno;
-    }
-    if (!failed && fault_fire(FAULT_CACHE_RENAME)) {
-        failed = 1;
-        err = EACCES;
-    }
-    if (!failed && rename(tmp, path) != 0) {
-        failed = 1;
-        err = errno;
-    }
-    if (failed) {
-        log_msg(LOG_WARN, "cache: writing %s failed (%s); kernel not cached", path, strerror(err));
-        (void)unlink(tmp);
+    if (stage != ATOMIC_FILE_DONE) {
+        log_msg(LOG_WARN, "cache: writing %s failed (%s); kernel not cached", path,
+                strerror(errno));
         return FLCE_OK;
     }
     uint64_t bytes = 32u + (uint64_t)key_len + (uint64_t)len;
@@ -1288,6 +1248,18 @@ static int cache_stats_flock(int fd, int op)
     }
 }
 
+typedef struct cache_stats_text {
+    const char *p;
+    size_t n;
+} cache_stats_text;
+
+/* atomic_file_writer.fill of the compacted stats.log. */
+static int cache_stats_fill(int fd, void *arg)
+{
+    const cache_stats_text *t = arg;
+    return atomic_file_write_all(fd, t->p, t->n);
+}
+
 /* Folds the file at `path` into one line, unless someone else is compacting it. Appenders hold
  * the lock shared while they write, so no line lands in the old file after it was read. */
 static void cache_stats_compact(const char *path)
@@ -1308,12 +1280,10 @@ static void cache_stats_compact(const char *path)
     free(text);
     char line[CACHE_STATS_LINE_MAX], tmp[CACHE_PATH_MAX + 32];
     int len = cache_stats_format(line, sizeof line, &sum, sum.records);
-    int k = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    if (text && len && k > 0 && k < (int)sizeof tmp) {
-        int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        int ok = out >= 0 && cache_write_all(out, line, (size_t)len) == 0;
-        if (out >= 0 && close(out) != 0) ok = 0;
-        if (!ok || rename(tmp, path) != 0) (void)unlink(tmp);
+    if (text && len) {
+        cache_stats_text t = {line, (size_t)len};
+        atomic_file_writer w = {cache_stats_fill, NULL, &t};
+        (void)atomic_file_write(path, &w, tmp, sizeof tmp); /* a failure leaves the long file */
     }
     close(fd);
 }
@@ -1332,7 +1302,7 @@ static void cache_stats_append(const char *dir, const char *line, size_t n)
             close(fd); /* a compaction replaced the file since we opened it: append to the new one */
             continue;
         }
-        int ok = cache_write_all(fd, line, n) == 0;
+        int ok = atomic_file_write_all(fd, line, n) == 0;
         uint64_t size = fstat(fd, &mine) == 0 ? (uint64_t)mine.st_size : 0;
         close(fd);
         if (!ok) log_msg(LOG_DEBUG, "cache: could not append to %s: %s", path, strerror(errno));

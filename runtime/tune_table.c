@@ -8,7 +8,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "atomic_file.h"
 #include "cache.h"
 #include "hash.h"
 #include "log.h"
@@ -27,8 +27,6 @@
 
 /* The embedded templates (build/templates_embedded.c): what the kernels are made of. */
 extern const char tmpl_params_h[], tmpl_common_cuh[], tmpl_gemm_cu[], tmpl_rowops_cu[];
-
-static atomic_uint_fast64_t tune_temp_counter;
 
 int64_t tune_bucket(int64_t tokens)
 {
@@ -468,18 +466,6 @@ static flce_status io_error(const char *what, const char *path)
     return err_set(FLCE_ERR_IO, "tune table: %s %s: %s", what, path, strerror(errno));
 }
 
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* Writes header, the old entries not of e's class (last of each class only), then e. */
 static int write_table(int fd, const tune_table *old, const tune_entry *e)
 {
@@ -488,17 +474,29 @@ static int write_table(int fd, const tune_table *old, const tune_entry *e)
     snprintf(head, sizeof head,
              "%s\n# written by flce %s (flce tune); format: runtime/tune_table.h. Edited lines fail "
              "their checksum.\n", TUNE_TABLE_HEADER, FLCE_VERSION_STRING);
-    if (write_all(fd, head, strlen(head)) != 0) return -1;
+    if (atomic_file_write_all(fd, head, strlen(head)) != 0) return -1;
     for (size_t i = 0; i < old->count; i++) {
         const tune_entry *o = &old->entries[i];
         if (tune_key_equal(&o->key, &e->key) || tune_table_find(old, &o->key) != o) continue;
         if (tune_line_format(o, line, sizeof line - 1) != FLCE_OK) continue;
         strcat(line, "\n");
-        if (write_all(fd, line, strlen(line)) != 0) return -1;
+        if (atomic_file_write_all(fd, line, strlen(line)) != 0) return -1;
     }
     if (tune_line_format(e, line, sizeof line - 1) != FLCE_OK) return -1;
     strcat(line, "\n");
-    return write_all(fd, line, strlen(line));
+    return atomic_file_write_all(fd, line, strlen(line));
+}
+
+typedef struct tune_table_data {
+    const tune_table *old;
+    const tune_entry *e;
+} tune_table_data;
+
+/* atomic_file_writer.fill */
+static int fill_table(int fd, void *arg)
+{
+    const tune_table_data *d = arg;
+    return write_table(fd, d->old, d->e);
 }
 
 static flce_status store_locked(const char *dir, const char *path, const tune_entry *e)
@@ -506,28 +504,17 @@ static flce_status store_locked(const char *dir, const char *path, const tune_en
     char tmp[CACHE_PATH_MAX];
     tune_table old = {0};
     TRY(tune_table_load(path, 1, &old));
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int n = snprintf(tmp, sizeof tmp, "%s/%s.tmp.%ld.%llx.%llx", dir, TUNE_TABLE_FILE, (long)getpid(),
-                     (unsigned long long)ts.tv_nsec,
-                     (unsigned long long)atomic_fetch_add(&tune_temp_counter, 1));
-    if (n < 0 || (size_t)n >= sizeof tmp) {
-        tune_table_free(&old);
-        return err_set(FLCE_ERR_IO, "tune table: directory path %s too long", dir);
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        tune_table_free(&old);
-        return io_error("creating", tmp);
-    }
-    int failed = write_table(fd, &old, e);
+    tune_table_data data = {&old, e};
+    atomic_file_writer w = {fill_table, NULL, &data};
+    atomic_file_stage stage = atomic_file_write(path, &w, tmp, sizeof tmp);
+    int err = errno;
     tune_table_free(&old);
-    if (close(fd) != 0) failed = 1;
-    if (failed || rename(tmp, path) != 0) {
-        flce_status st = io_error(failed ? "writing" : "renaming into place", tmp);
-        unlink(tmp);
-        return st;
-    }
+    errno = err;
+    if (stage == ATOMIC_FILE_CREATE && !tmp[0])
+        return err_set(FLCE_ERR_IO, "tune table: directory path %s too long", dir);
+    if (stage == ATOMIC_FILE_CREATE) return io_error("creating", tmp);
+    if (stage == ATOMIC_FILE_WRITE) return io_error("writing", tmp);
+    if (stage == ATOMIC_FILE_RENAME) return io_error("renaming into place", tmp);
     return FLCE_OK;
 }
 

@@ -112,8 +112,9 @@ void tune_table_free(tune_table *t);
 /* "<dir>/tune-table.txt" of the kernel cache directory. */
 flce_status tune_table_path(char *out, size_t cap);
 /* Merges e into the table of `dir` (replacing its class) under an exclusive flock on
- * "<dir>/tune-table.lock", writing a temp file renamed into place: readers never see a partial
- * table and concurrent writers lose no class. Stale and invalid lines are dropped on the way.
+ * "<dir>/tune-table.lock", writing a temp file renamed into place (base/atomic_file.h): readers
+ * never see a partial table and concurrent writers lose no class. Stale and invalid lines are
+ * dropped on the way.
  * FLCE_ERR_IO with the path and errno's words when the directory cannot be written. */
 flce_status tune_table_store(const char *dir, const tune_entry *e);
 
