@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "comm.h"
+#include "config.h"
 #include "context.h"
 #include "jit.h"
 #include "launch.h"
@@ -360,9 +361,11 @@ flce_status flce_strategy_of(flce_context *ctx, const flce_problem *problem, flc
  * loss only): the backward's kernels start compiling into the disk cache now, on jit_prefetch's
  * thread, so the first flce_backward loads them instead of paying NVRTC (issue 16). It starts after
  * the forward's own kernels are loaded, takes no lock of ours and touches no stream; any problem
- * only means the backward compiles as before, so it never fails the forward. FLCE_PREFETCH=0: off. */
+ * only means the backward compiles as before, so it never fails the forward. FLCE_PREFETCH=0: off
+ * (checked first: each such forward otherwise plans the backward once more, microseconds). */
 static void prefetch_backward(flce_context *ctx, const flce_problem *p, const flce_tensors *t)
 {
+    if (!config_get()->prefetch) return; /* nothing to plan for */
     static const char mark;
     /* The backward call as the bindings make it: inputs, lse and both gradients, nothing else. */
     flce_tensors b;
