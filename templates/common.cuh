@@ -117,12 +117,13 @@ __device__ __forceinline__ long long load_label(unsigned long long base, long lo
 // instructions instead of expf's ten (PTX ISA: ex2.approx.ftz.f32 within 2^-22.5 relative; results
 // below 2^-126 flush to 0, where p adds nothing; NaN stays NaN, −inf gives 0). Every epilogue's
 // per-logit exp uses it; expf stays where one value per row or group is formed.
-__device__ __forceinline__ float exp_le0(float x)
+__device__ __forceinline__ float ex2_approx(float x)
 {
     float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+__device__ __forceinline__ float exp_le0(float x) { return ex2_approx(x * 1.4426950408889634f); }
 
 // Merges two (max, Σexp(x − max)) pairs. Empty pairs carry max = −inf and sum = 0.
 __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2)

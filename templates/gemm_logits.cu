@@ -69,8 +69,21 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                     const bool in = FULL || j < lim;
                     float z = in ? transform_logit(acc[mi][ni][2 * h + c], c0 + j, p) : 0.f;
                     acc[mi][ni][2 * h + c] = z;
-                    if (in && z > tile.m) tile.m = z, arg = j;
+                    if (!OPT_ARGMAX) {
+                        if (in) tile.m = fmaxf(tile.m, z); // one FMNMX; NaN z left out as below
+                    } else if (in && z > tile.m) {
+                        tile.m = z, arg = j;
+                    }
                 }
+            // The target logit: one warp-uniform vote per row pair, since a label lies in one vocab
+            // tile of ~500 and a per-element test costs a compare and a predicated store each.
+            if (__any_sync(0xffffffffu, lj >= 0)) {
+                float zy = 0.f; // the lane's columns are ni·8 + {0, 1}: lj picks ni and the pair half
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++)
+                    zy = ni == lj >> 3 ? ((lj & 1) ? acc[mi][ni][2 * h + 1] : acc[mi][ni][2 * h]) : zy;
+                if (lj >= 0) ((float *)p.target)[row] = zy;
+            }
 #if FLCE_COMPACT
             // One m per (row, warp tile): the 4 lanes sharing the row agree on their maximum, so
             // the exps below are both the statistics' and the stored p̃. A lane whose own maximum
@@ -88,6 +101,13 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
             if (store && t == 0 && (FULL || lim > 0))
                 ((float *)p.tile_max)[row * p.ld_tile_max + (c0 - 2 * t) / WTN] = tile.m;
 #endif
+#if FLCE_COMPACT
+            // exp(z − m)·2^15, the stored p̃, as one FFMA and one ex2: 2^(z·log2e − (m·log2e − 15)).
+            // The sums below are then in units of 2^-15 and scaled back once per row and tile
+            // (exactly: a power of two). m·log2e rounds once (≤ 2^-24 relative, ~4e-6 of p at
+            // |m| = 60), far below p̃'s fp16 step; m = ±inf gives what exp_le0(z − m) gives.
+            const float mb = tile.m * 1.4426950408889634f - 15.f;
+#endif
 #pragma unroll
             for (int ni = 0; ni < NI; ni++) {
                 float en[2] = {0.f, 0.f};
@@ -96,21 +116,28 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                     const int j = ni * 8 + c;
                     float z = acc[mi][ni][2 * h + c];
                     if (FULL || j < lim) {
+#if FLCE_COMPACT
+                        float e = ex2_approx(fmaf(z, 1.4426950408889634f, -mb));
+#else
                         float e = exp_le0(z - tile.m);
+#endif
                         en[c] = e;
                         tile.s += e;
                         if (OPT_ENTROPY) tile.t += e * z;
                         if (OPT_ZSUM)
                             tile.zs += OPT_WEIGHTS ? ((const float *)p.class_weights)[p.vocab_offset + c0 + j] * z : z;
                     }
-                    if (j == lj) ((float *)p.target)[row] = z;
                 }
 #if FLCE_COMPACT
-                if (store && (FULL || ni * 8 < zlim)) pt_row[ni * 4] = pack_f16x2(en[0] * COMPACT_SCALE, en[1] * COMPACT_SCALE);
+                if (store && (FULL || ni * 8 < zlim)) pt_row[ni * 4] = pack_f16x2(en[0], en[1]);
 #else
                 (void)en;
 #endif
             }
+#if FLCE_COMPACT
+            tile.s *= 1.f / COMPACT_SCALE;
+            if (OPT_ENTROPY) tile.t *= 1.f / COMPACT_SCALE;
+#endif
             tile.arg = arg < 0 ? 0x7fffffffffffffffLL : p.vocab_offset + c0 + arg;
             if (tile.s != tile.s || tile.m != NEG_INF) stats_merge(run[mi][h], tile);
             if (!FLCE_COMPACT && p.out && row < p.m) {
