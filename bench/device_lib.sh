@@ -11,8 +11,12 @@ device_begin() {
   mkdir -p "$OUT"
 }
 
+# The stamp first: a `git archive` export run from inside another checkout (a .dev/ folder) would
+# otherwise report the outer checkout's commit. Inside such an export the tree's own .gitignore
+# applies, so the device tool does not carry .device-commit there: write device-commit.txt instead.
 device_commit() {
-  git describe --always --dirty 2>/dev/null || cat .device-commit 2>/dev/null || echo unknown
+  cat .device-commit 2>/dev/null || cat device-commit.txt 2>/dev/null || git describe --always --dirty 2>/dev/null ||
+    echo unknown
 }
 
 # device_env FILE [LINE...]: writes the record to FILE (and shows it), the caller's LINEs after the

@@ -190,13 +190,17 @@ for stage in "${stages[@]}"; do
     ;;
   ab)
     # AB_ENV="NAME=value": this tree without and with that environment setting instead of prev/
+    # AB_TREE: the older tree's folder (default prev; inside a .dev/ export use another name, e.g.
+    # base: the export's own .gitignore lists /prev/, so the device tool leaves it behind).
+    ab_tree=${AB_TREE:-prev}
     if [ -z "${AB_ENV:-}" ]; then
-      step "build prev/ ($(cat prev/.device-commit 2>/dev/null || echo '?'))"
-      (cd prev && device_build "$OUT/build-prev.log") > /dev/null || echo "prev build failed" | tee -a "$LOG"
+      [ -d "$ab_tree" ] || { echo "ab: no $ab_tree/ beside this tree" | tee -a "$LOG"; continue; }
+      step "build $ab_tree/ ($(cd "$ab_tree" && device_commit))"
+      (cd "$ab_tree" && device_build "$OUT/build-prev.log") > /dev/null || echo "$ab_tree build failed" | tee -a "$LOG"
     fi
     for i in 1 2; do for side in new old; do
       tree=.; envs=()
-      if [ "$side" = old ]; then if [ -n "${AB_ENV:-}" ]; then envs=("$AB_ENV"); else tree=prev; fi; fi
+      if [ "$side" = old ]; then if [ -n "${AB_ENV:-}" ]; then envs=("$AB_ENV"); else tree=$ab_tree; fi; fi
       step "ab $i: $side ($tree ${envs[*]}) flce bench --shapes $bench_shapes"
       (cd $tree && env "${envs[@]}" timeout "$(left)" ./build/flce bench --shapes "$bench_shapes" --logit-std 4 ${BENCH_ARGS:-}) \
         > "$OUT/ab-$i-$side.md" 2>&1

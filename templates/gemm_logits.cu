@@ -77,12 +77,15 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                 }
             // The target logit: one warp-uniform vote per row pair, since a label lies in one vocab
             // tile of ~500 and a per-element test costs a compare and a predicated store each.
+            // lj is relative to this lane's first column, and the lane holds columns ni·8 + {0, 1}
+            // only: one of the 4 lanes sharing the row owns the label's column, the others see
+            // lj % 8 in 2..7 and must not store.
             if (__any_sync(0xffffffffu, lj >= 0)) {
-                float zy = 0.f; // the lane's columns are ni·8 + {0, 1}: lj picks ni and the pair half
+                float zy = 0.f;
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++)
                     zy = ni == lj >> 3 ? ((lj & 1) ? acc[mi][ni][2 * h + 1] : acc[mi][ni][2 * h]) : zy;
-                if (lj >= 0) ((float *)p.target)[row] = zy;
+                if (lj >= 0 && (lj & 6) == 0) ((float *)p.target)[row] = zy;
             }
 #if FLCE_COMPACT
             // One m per (row, warp tile): the 4 lanes sharing the row agree on their maximum, so

@@ -102,7 +102,9 @@ static void one_costs_no_pass(void)
     CHECK(devmem_poison(dw, (size_t)(v * d) * 2) == FLCE_OK);
     double best[2] = {1e9, 1e9};
     const float gs[2] = {1.0f, 0.5f};
-    for (int rep = 0; rep < 5; rep++)
+    /* The best of many: under `ctest -j` other GPU tests share the device, and a time slice of
+     * theirs inside one sample made the best of 5 read 0.068 ms against 0.248 (H100, 2026-11-23). */
+    for (int rep = 0; rep < 30; rep++)
         for (int k = 0; k < 2; k++) {
             CHECK(devmem_upload(g_dev, &gs[k], 4) == FLCE_OK && devmem_sync() == FLCE_OK);
             double t0 = host_now_s();
