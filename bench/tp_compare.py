@@ -9,6 +9,10 @@
                all-gather of per-token statistics per token chunk, dH all-reduced in fp32), 6NVD.
   flce-split   the same through torch.distributed (split phase: one all-gather; backward
                recomputes the logits, 8NVD; dH all-reduced in fp32).
+  flce-local   flce.linear_cross_entropy on this rank's shard alone (labels folded into the shard),
+               no collective and no merge: what the step's kernels cost by themselves, so that
+               flce-nccl − flce-local is what tensor parallelism adds (collectives, waits, merge).
+               Its loss and gradients are another problem's: no error columns.
 
 Run with torchrun, one process per GPU, NCCL's collective log on (it counts collectives):
   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL NCCL_DEBUG_FILE=/tmp/nccl.%p.log NCCL_NVLS_ENABLE=0 \\
@@ -134,6 +138,22 @@ def global_rel(got, ref, group, sharded):
     return float((num / den.clamp(min=1e-300)).sqrt())
 
 
+def _commit():
+    """The tree's commit: its git HEAD, else the device stamp (bench/device_lib.sh)."""
+    for f in (".device-commit", "device-commit.txt"):
+        try:
+            with open(os.path.join(REPO, f)) as fh:
+                return fh.read().strip()
+        except OSError:
+            pass
+    try:
+        import subprocess
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
 def time_steps(step, iters, warmup):
     for _ in range(warmup):
         step()
@@ -209,6 +229,7 @@ def main():
     del w_full
     y = torch.randint(0, v, (n,), device=dev, generator=g)
     y[torch.rand(n, device=dev, generator=g) < 0.05] = IGNORE
+    y_local = torch.where(y == IGNORE, y, y % shard)
     comm = flce.NcclComm(group)
 
     def make(provider):
@@ -217,6 +238,9 @@ def main():
             w = w0.detach().requires_grad_()
             if provider == "megatron":
                 loss = megatron_step(h, w, y, offset, group)
+            elif provider == "flce-local":
+                loss = flce.linear_cross_entropy(h, w, y_local)
+                loss.backward()
             else:
                 loss = flce.vocab_parallel_cross_entropy(
                     h, w, y, vocab_offset=offset, vocab_total=v, group=group,
@@ -229,7 +253,9 @@ def main():
     if os.environ.get("NCCL_DEBUG_FILE"):
         log_path = os.environ["NCCL_DEBUG_FILE"].replace("%p", str(os.getpid())).replace("%h", os.uname().nodename)
     rows, results = [], {}
-    for k, provider in enumerate(["megatron", "flce-nccl", "flce-split"]):
+    commit = os.environ.get("FLCE_COMMIT") or _commit()
+    date = datetime.date.today().isoformat()
+    for k, provider in enumerate(["megatron", "flce-nccl", "flce-split", "flce-local"]):
         step = make(provider)
         step()
         torch.cuda.synchronize()
@@ -250,12 +276,16 @@ def main():
         coll = count_collectives(log_path, 1000 + k, 2000 + k) if log_path else None
         rows.append({"shape": args.shape, "tp": size, "provider": provider, "ms": round(ms_max, 3),
                      "tflops": round(6 * n * v * d / (ms_max * 1e-3) / 1e12, 1), "extra_mib": round(peak_max, 1),
-                     "collectives": coll[0] if coll else None, "coll_bytes": coll[1] if coll else None})
+                     "collectives": coll[0] if coll else None, "coll_bytes": coll[1] if coll else None,
+                     "bytes_per_rank": coll[1] if coll else None, "date": date, "commit": commit})
         step.out = None
         torch.cuda.empty_cache()
 
     r_loss, r_dh, r_dw = fp64_reference(h0, w0, y, offset, group)
     for r in rows:
+        if r["provider"] == "flce-local":
+            r.update(loss=float(results["flce-local"][0]), err_loss=None, err_dh=None, err_dw=None)
+            continue
         got = results[r["provider"]]
         r["loss"] = float(got[0])
         r["err_loss"] = abs(float(got[0]) - float(r_loss)) / abs(float(r_loss))
@@ -267,11 +297,11 @@ def main():
     all_l = [torch.zeros_like(lt) for _ in range(size)]
     dist.all_gather(all_l, lt)
     for i, r in enumerate(rows):
-        r["loss_same_on_all_ranks"] = all(bool(x[i] == lt[i]) for x in all_l)
+        r["loss_same_on_all_ranks"] = (None if r["provider"] == "flce-local"  # each rank's own problem
+                                       else all(bool(x[i] == lt[i]) for x in all_l))
 
     if rank == 0:
         name = torch.cuda.get_device_name(dev).replace(" ", "-")
-        date = datetime.date.today().isoformat()
         md = [f"# Vocab-parallel loss+grad, {args.shape}, bf16, logit std {args.logit_std}, tp={size}",
               f"{torch.cuda.get_device_name(dev)} x{size}, {date}, torch {torch.__version__}, "
               f"flce {flce.version()}, median of {args.iters}, slowest rank", "",
@@ -279,9 +309,14 @@ def main():
               "| provider | ms | TFLOP/s (6NVD) | peak extra MiB | collectives/step | bytes/step/rank | loss | err loss | err dH | err dW | same loss on all ranks |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
+            e = lambda x: "–" if x is None else f"{x:.1e}"  # noqa: E731
             md.append(f"| {r['provider']} | {r['ms']:.2f} | {r['tflops']} | {r['extra_mib']:.0f} | "
-                      f"{r['collectives']} | {r['coll_bytes']} | {r['loss']:.6f} | {r['err_loss']:.1e} | "
-                      f"{r['err_dh']:.1e} | {r['err_dw']:.1e} | {r['loss_same_on_all_ranks']} |")
+                      f"{r['collectives']} | {r['coll_bytes']} | {r['loss']:.6f} | {e(r['err_loss'])} | "
+                      f"{e(r['err_dh'])} | {e(r['err_dw'])} | {r['loss_same_on_all_ranks']} |")
+        local = next(r for r in rows if r["provider"] == "flce-local")
+        nccl = next(r for r in rows if r["provider"] == "flce-nccl")
+        md += ["", f"Tensor parallelism adds {nccl['ms'] - local['ms']:.2f} ms to flce's kernels on the shard "
+               f"(flce-nccl {nccl['ms']:.2f} − flce-local {local['ms']:.2f}), commit {commit}."]
         text = "\n".join(md) + "\n"
         print(text)
         os.makedirs(args.out, exist_ok=True)
