@@ -34,6 +34,18 @@ really does):
   cublas-role-logits   role     H[NxD] . W[VxD]^T -> bf16 N x V (same as cublas-logits)
   cublas-role-dh       role     dZ[NxV] bf16 . W[VxD] -> N x D
   cublas-role-dw       role     dZ^T[VxN] . H[NxD] -> V x D   (dZ: a preallocated random bf16 N x V input)
+ and flce's own role kernels, each one's time per call inside flce's AUTO loss-and-grad (and forward)
+ calls, from `flce bench --timeline --json` run as a subprocess (--flce-bin; CUDA events between
+ launches, so in-run, back to back with the other kernels, where the cuBLAS role rows time one GEMM
+ in a loop; vs_role: ms / the cublas-inrun row of the same GEMM, else the cublas-role row):
+  cublas-inrun-logits, -dh, -dw  role  cublas-floor's three GEMMs back to back with events between them:
+                                each one's time inside the sequence (what the flce-role rows compare to)
+  flce-role-logits     role     the logits pass of AUTO's strategy (chunked: the compact-logits epilogue)
+  flce-role-logits-dz  role     recompute's logits pass writing dZ (when AUTO recomputes)
+  flce-role-logits-stats role   the forward's logits pass (statistics epilogue only)
+  flce-role-dz         role     the dZ pass over the compact logits (memory-bound: no TFLOP/s)
+  flce-role-dh         role     dH = dZ . W, all launches of one call
+  flce-role-dw         role     dW = dZ^T . H, all launches of one call
 
 Each row: shape, provider, mode, ms (median), ms_min, ms_max, tflops, vs_floor (ms / cublas-floor,
 forward rows / cublas-logits), extra_mib, err_loss, err_dh, err_dw, logit_std, strategy and
@@ -497,6 +509,120 @@ def run_provider(name, mode, factory, data, ref, state, monitor, args):
     return row
 
 
+# ---- flce's role kernels, in-run (flce bench --timeline) -------------------------------------
+
+FLCE_ROLE_OF = {  # (strategy row of flce bench, its timeline name) -> provider
+    ("auto", "logits kernel"): "flce-role-logits",
+    ("auto", "logits+dz kernel"): "flce-role-logits-dz",
+    ("forward", "logits kernel"): "flce-role-logits-stats",
+    ("auto", "dz kernel"): "flce-role-dz",
+    ("auto", "dH kernel"): "flce-role-dh",
+    ("auto", "dW kernel"): "flce-role-dw",
+}
+CUBLAS_ROLE_OF = {"flce-role-logits": "cublas-role-logits", "flce-role-logits-dz": "cublas-role-logits",
+                  "flce-role-logits-stats": "cublas-role-logits", "flce-role-dh": "cublas-role-dh",
+                  "flce-role-dw": "cublas-role-dw"}
+
+
+def flce_bin(args):
+    """The flce tool beside the library the binding loaded (build/flce), unless --flce-bin."""
+    if args.flce_bin:
+        return args.flce_bin
+    for cand in (os.path.join(os.path.dirname(flce.library_path() or ""), "flce"),
+                 os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "flce")):
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def flce_role_rows(shape, std, args):
+    """flce-role-* rows of one shape and std: `flce bench --strategies auto,forward --timeline` in a
+    subprocess (its own data; this process has freed its tensors), each kernel's in-run ms per call."""
+    import subprocess
+    import tempfile
+    tool = flce_bin(args)
+    if tool is None:
+        return [dict(new_row("flce-role-logits", "role"), error="no flce tool found (pass --flce-bin)")]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "bench.json")
+        cmd = [tool, "bench", "--shapes", shape, "--logit-std", f"{std:g}", "--strategies", "auto,forward",
+               "--iters", str(args.iters), "--warmup", str(args.warmup), "--timeline", "--json", out]
+        log(f"{shape} std {std_label(std)}: {' '.join(cmd[1:])}")
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            with open(out) as f:
+                bench = json.load(f)
+        except Exception as e:  # noqa: BLE001  (a result like any other failure)
+            return [dict(new_row("flce-role-logits", "role"), error=f"flce bench: {first_line(e)}")]
+    n, d, v = (int(x) for x in shape.split("x"))
+    rows = []
+    for b in bench:
+        for k in b.get("kernels") or []:
+            name = FLCE_ROLE_OF.get((b["strategy"], k["name"]))
+            if name is None or k.get("ms_per_call") is None:
+                continue
+            row = new_row(name, "role")
+            ms = k["ms_per_call"]
+            row.update(ms=round(ms, 3), strategy=b["strategy"], auto_choice=b.get("auto_choice"),
+                       tflops=None if name == "flce-role-dz" else round(2 * n * d * v / (ms * 1e-3) / 1e12, 1),
+                       note=f"in-run, {k['launches_per_call']:g} launch(es)/call; call {b['ms']:.3f} ms")
+            rows.append(row)
+    if not rows:
+        rows = [dict(new_row("flce-role-logits", "role"),
+                     error=f"flce bench gave no kernel times (exit {proc.returncode}): "
+                           f"{(proc.stderr.strip().splitlines() or [''])[-1][:300]}")]
+    return rows
+
+
+def cublas_inrun_rows(data, args):
+    """cublas-inrun-{logits,dh,dw}: cublas-floor's three GEMMs back to back, --iters times after
+    --warmup, with CUDA events between them: each GEMM's median time inside the sequence, the same
+    kind of number as flce's in-run role rows (the cublas-role rows time one GEMM in a loop)."""
+    h, w, _ = data
+    n, d = h.shape
+    v = w.shape[0]
+    names = ("cublas-inrun-logits", "cublas-inrun-dh", "cublas-inrun-dw")
+    try:
+        dz = random_dz(h, w)
+        gemms = (lambda: torch.matmul(h, w.T), lambda: torch.matmul(dz, w), lambda: torch.matmul(dz.T, h))
+        for _ in range(args.warmup):
+            for g in gemms:
+                g()
+        times = [[] for _ in gemms]
+        for _ in range(args.iters):
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(gemms) + 1)]
+            ev[0].record()
+            for i, g in enumerate(gemms):
+                g()
+                ev[i + 1].record()
+            torch.cuda.synchronize()
+            for i in range(len(gemms)):
+                times[i].append(ev[i].elapsed_time(ev[i + 1]))
+        dz = None
+        rows = []
+        for name, t in zip(names, times):
+            ms = statistics.median(t)
+            rows.append(dict(new_row(name, "role"), ms=round(ms, 3), ms_min=round(min(t), 3), ms_max=round(max(t), 3),
+                             tflops=round(2 * n * d * v / (ms * 1e-3) / 1e12, 1),
+                             note="in-run: inside cublas-floor's sequence"))
+        return rows
+    except Exception as e:  # noqa: BLE001
+        return [dict(new_row(name, "role"), error=first_line(e)) for name in names]
+    finally:
+        torch.cuda.empty_cache()
+
+
+def role_ratios(rows):
+    """vs_role of each flce-role row: its ms over cuBLAS's time for the same GEMM in-run (the
+    cublas-inrun rows), else alone (cublas-role)."""
+    by = {r["provider"]: r["ms"] for r in rows}
+    for r in rows:
+        alone = CUBLAS_ROLE_OF.get(r["provider"])
+        base = by.get(alone.replace("cublas-role", "cublas-inrun")) if alone else None
+        base = base or by.get(alone)
+        r["vs_role"] = round(r["ms"] / base, 3) if r.get("ms") and base else None
+
+
 # ---- output ----------------------------------------------------------------------------------
 
 def fmt(x, spec):
@@ -521,7 +647,8 @@ def markdown_table(shape, std, rows):
         if r["mode"] == "fwd" and not r["error"]:
             note = ("forward only; vs cublas-logits" + (f"; {note}" if note else ""))
         elif r["mode"] == "role" and not r["error"]:
-            note = "GEMM role, 2NVD" + (f"; {note}" if note else "")
+            note = "GEMM role, 2NVD" + (f"; {r['vs_role']:.3f}x its cuBLAS role" if r.get("vs_role") else "") \
+                + (f"; {note}" if note else "")
         clk = (f" {fmt(r.get('sm_mhz'), 'd')} / {fmt(r.get('power_w'), '.0f')} |" if clocks else "")
         lines.append(f"| {r['provider']} | {fmt(r['ms'], '.3f')} | {fmt(r['tflops'], '.1f')} | "
                      f"{fmt(r['vs_floor'], '.3f')} | {fmt(r['extra_mib'], '.0f')} | {fmt(r['err_loss'], '.2e')} | "
@@ -603,7 +730,10 @@ def main():
     ap.add_argument("--quick", action="store_true", help="two small shapes, 5 iters, 2 warm-ups")
     ap.add_argument("--providers", help="comma-separated subset of: " + ", ".join(p[0] for p in PROVIDERS)
                     + " (default: all but the cublas-role-* rows)")
-    ap.add_argument("--roles", action="store_true", help="add the cublas-role-{logits,dh,dw} rows")
+    ap.add_argument("--roles", action="store_true",
+                    help="add the cublas-role-{logits,dh,dw} rows and flce's in-run flce-role-* rows")
+    ap.add_argument("--flce-bin", default=os.environ.get("FLCE_BIN"),
+                    help="the flce tool for the flce-role-* rows (default: beside the loaded libflce)")
     ap.add_argument("--iters", type=int, default=None, help="timed runs per provider (default 10, quick 5)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up runs (default 3, quick 2)")
     ap.add_argument("--samples", type=int, default=64, help="sampled tokens / vocab rows for grad errors")
@@ -731,9 +861,20 @@ def main():
                             + f" ({time.time() - t1:.1f} s)")
                         rows.append(row)
                         save(rows, shape, std)
+                    if args.roles:
+                        rows += cublas_inrun_rows(data, args)
+                        save(rows, shape, std)
                 data = ref = None
                 gc.collect()
                 torch.cuda.empty_cache()
+                if args.roles:
+                    t1 = time.time()
+                    rows += flce_role_rows(shape, std, args)
+                    role_ratios(rows)
+                    log(f"{where} flce roles: " + ", ".join(
+                        f"{r['provider']} {r['ms']} ms" + (f" ({r['vs_role']}x)" if r.get("vs_role") else "")
+                        for r in rows if r["provider"].startswith("flce-role") and r["ms"] is not None)
+                        + f" ({time.time() - t1:.1f} s)")
                 save(rows, shape, std)
                 table = markdown_table(shape, std, rows)
                 print(table + "\n", file=sys.stderr, flush=True)

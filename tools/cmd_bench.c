@@ -58,6 +58,13 @@ typedef struct bench_opts {
     const char *json;
 } bench_opts;
 
+enum { BENCH_MAX_KERNELS = 16 };
+/* One kind of launch inside the timed runs (--timeline): its name and in-run time per call. */
+typedef struct bench_kernel {
+    const char *name; /* a string literal of runtime/launch.c ("dW kernel") */
+    double launches, ms;
+} bench_kernel;
+
 typedef struct bench_row {
     int shape, strat;
     double std;
@@ -65,6 +72,8 @@ typedef struct bench_row {
     double ms, ms_min, ms_max, first_ms, tflops, workspace_mib, extra_mib;
     bench_errors e;
     int ran, within;
+    int n_kernels; /* --timeline only */
+    bench_kernel kernels[BENCH_MAX_KERNELS];
 } bench_row;
 
 static void bench_usage(FILE *f)
@@ -74,7 +83,8 @@ static void bench_usage(FILE *f)
                "                  [--warmup 3] [--iters 10] [--sets 2] [--samples 8] [--json FILE]\n"
                "                  [--arch sm_90a (--list only)] [--timeline]\n"
                "--timeline: on stderr, each timed run with its input set and each kernel's time inside the\n"
-               "run (CUDA events between launches)\n");
+               "run (CUDA events between launches); with --json, each row's \"kernels\" (the per-role\n"
+               "times bench/compare.py --roles reports)\n");
 }
 
 static int parse_shapes(bench_opts *o, const char *s)
@@ -421,9 +431,9 @@ static int bench_row_run(bench_run *b, int k, bench_row *row)
 /* --timeline, on stderr: each timed run's milliseconds with its input set, then every kernel's
  * in-run time per call (CUDA events between launches: runtime/timeline.h), to set against ncu's
  * one-kernel-at-a-time durations and find what a sequence loses to clocks and tails. */
-static void print_timeline(const bench_run *b, const bench_strategy *st, const double *ms)
+static void print_timeline(const bench_run *b, const bench_strategy *st, const double *ms, bench_row *row)
 {
-    enum { MAX_ENTRIES = 8192, MAX_NAMES = 16 };
+    enum { MAX_ENTRIES = 8192, MAX_NAMES = BENCH_MAX_KERNELS };
     static timeline_entry e[MAX_ENTRIES];
     int n = timeline_take(e, MAX_ENTRIES);
     fprintf(stderr, "timeline %s: runs (ms, input set):", st->name);
@@ -445,9 +455,13 @@ static void print_timeline(const bench_run *b, const bench_strategy *st, const d
         }
         total[j] += e[i].ms, launches[j]++, sum += e[i].ms;
     }
-    for (int j = 0; j < k; j++)
-        fprintf(stderr, "timeline %s: %-18s %5.1f launches/call %8.3f ms/call\n", st->name, names[j],
-                (double)launches[j] / b->o->iters, total[j] / b->o->iters);
+    row->n_kernels = k;
+    for (int j = 0; j < k; j++) {
+        bench_kernel *bk = &row->kernels[j];
+        bk->name = names[j], bk->launches = (double)launches[j] / b->o->iters, bk->ms = total[j] / b->o->iters;
+        fprintf(stderr, "timeline %s: %-18s %5.1f launches/call %8.3f ms/call\n", st->name, bk->name, bk->launches,
+                bk->ms);
+    }
     fprintf(stderr, "timeline %s: %-18s %8.3f ms/call\n", st->name, "all kernels", sum / b->o->iters);
 }
 
@@ -495,7 +509,7 @@ static int bench_row_run_now(bench_run *b, int k, bench_row *row)
         if (ok) ms[r] = one;
     }
     timeline_enable(0);
-    if (ok && b->o->timeline) print_timeline(b, st, ms);
+    if (ok && b->o->timeline) print_timeline(b, st, ms, row);
     if (ok) {
         qsort(ms, (size_t)b->o->iters, sizeof ms[0], cmp_double);
         row->ms = ms[b->o->iters / 2], row->ms_min = ms[0], row->ms_max = ms[b->o->iters - 1];
@@ -683,7 +697,17 @@ static int write_json(const bench_opts *o, const bench_row *rows, int n)
         json_num(f, "extra_mib", r->ran ? r->extra_mib : NAN, ", ");
         json_num(f, "first_call_ms", r->ran ? r->first_ms : NAN, ", ");
         json_num(f, "err_loss", err_loss(r), ", "), json_num(f, "err_lse", r->e.lse, ", ");
-        json_num(f, "err_dh", r->e.dh, ", "), json_num(f, "err_dw", r->e.dw, "");
+        json_num(f, "err_dh", r->e.dh, ", "), json_num(f, "err_dw", r->e.dw, r->n_kernels ? ", " : "");
+        if (r->n_kernels) {
+            fprintf(f, "\"kernels\": [");
+            for (int j = 0; j < r->n_kernels; j++) {
+                fprintf(f, "{\"name\": \"%s\", ", r->kernels[j].name);
+                json_num(f, "launches_per_call", r->kernels[j].launches, ", ");
+                json_num(f, "ms_per_call", r->kernels[j].ms, "");
+                fprintf(f, "}%s", j + 1 < r->n_kernels ? ", " : "");
+            }
+            fprintf(f, "]");
+        }
         fprintf(f, "}%s\n", i + 1 < n ? "," : "");
     }
     fprintf(f, "]\n");
