@@ -191,7 +191,7 @@ for stage in "${stages[@]}"; do
   ab)
     # AB_ENV="NAME=value": this tree without and with that environment setting instead of prev/
     # AB_TREE: the older tree's folder (default prev; inside a .dev/ export use another name, e.g.
-    # base: the export's own .gitignore lists /prev/, so the device tool leaves it behind).
+    # abtree: the export's own .gitignore lists /prev/, so the device tool leaves it behind).
     ab_tree=${AB_TREE:-prev}
     if [ -z "${AB_ENV:-}" ]; then
       [ -d "$ab_tree" ] || { echo "ab: no $ab_tree/ beside this tree" | tee -a "$LOG"; continue; }
