@@ -2,25 +2,26 @@
 # device_ci.sh — the README's two commands, verbatim, on a fresh GPU machine, with
 # FLCE_REQUIRE_GPU=1 so that a GPU test which cannot find a working GPU fails instead of skipping
 # (tests/gpu_ready.h): what CI cannot check without a GPU. Then the GPU extras: the tests too long
-# for the README's run (CTest runs them only for the configuration Extra: test_large, test_soak)
-# and compute-sanitizer's four tools over a small `flce demo`, on the default and the portable
-# path. Every log goes to $OUT (default ./device-ci-out), with env.txt saying device, date and
-# commit; a summary with each step's time and verdict ends the output.
+# for the README's run (CTest runs them only for the configuration Extra: test_large, test_soak,
+# and sanitize: compute-sanitizer's four tools over every kernel path, strategy and awkward shape,
+# tests/sanitize.sh, its per-run logs and summary.txt in $OUT/sanitize). Every log goes to $OUT (default
+# ./device-ci-out), with env.txt saying device, date and commit; a summary with each step's time and
+# verdict ends the output.
 #
 # The exit status is the README part's alone (nonzero when the demo or the tests failed); the
 # extras say their own verdicts in the summary and on a last line, and change it only under
 # DEVICE_CI_STRICT=1. DEVICE_CI_PARTS picks what runs (default "readme extras"): "readme" is the
 # README part only; "extras" builds (cmake --preset default, as the README does) and runs the
-# extras only, for a second device call when both do not fit in one.
+# extras only, for a second device call when both do not fit in one. The sanitize test's own
+# settings pass through (tests/sanitize.sh): SANITIZE_TOOLS and SANITIZE_CASES split it over device
+# calls, SANITIZE_JOBS, SANITIZE_TIMEOUT.
 # Usage, from anywhere: bash bench/device_ci.sh
 set -uo pipefail
 . "$(dirname "$0")/device_lib.sh"
 device_begin device-ci-out
 PARTS=${DEVICE_CI_PARTS:-readme extras}
-# One sanitizer run: small enough for memcheck's and racecheck's slowdown, several token chunks.
-SANITIZE_DEMO=${SANITIZE_DEMO:-./build/flce demo --tokens 1024 --hidden 1024 --vocab 8192 --budget-mib 8}
-SANITIZE_TIMEOUT=${SANITIZE_TIMEOUT:-120}
 export FLCE_REQUIRE_GPU=1
+export SANITIZE_LOG_DIR=${SANITIZE_LOG_DIR:-$(cd "$OUT" && pwd)/sanitize} # CTest runs it in build/tests
 device_env "$OUT/env.txt" "FLCE_REQUIRE_GPU=$FLCE_REQUIRE_GPU" "parts: $PARTS"
 
 failed=0
@@ -63,33 +64,14 @@ else
   step build build.log 'cmake --preset default && cmake --build --preset default'
 fi
 
-# compute-sanitizer: on PATH, else the toolkit's usual places.
-sanitizer() {
-  local c
-  for c in "$(command -v compute-sanitizer 2>/dev/null)" "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \
-           /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
-    [ -n "$c" ] && [ -x "$c" ] && { echo "$c"; return 0; }
-  done
-  return 1
-}
-
 if has_part extras; then
   # The long GPU tests: registered for the configuration Extra only (tests/CMakeLists.txt).
   extra test_large large.log 'ctest --test-dir build -C Extra -L large --output-on-failure'
   extra test_soak soak.log 'ctest --test-dir build -C Extra -L soak --output-on-failure'
-  if cs=$(sanitizer); then
-    for path in default portable; do
-      env=""
-      [ "$path" = portable ] && env="FLCE_PORTABLE=1 "
-      for tool in memcheck racecheck synccheck initcheck; do
-        extra "sanitize-$tool-$path" "sanitize-$tool-$path.log" \
-          "${env}timeout $SANITIZE_TIMEOUT $cs --tool $tool --error-exitcode 1 $SANITIZE_DEMO" \
-          'flce demo: all checks passed'
-      done
-    done
-  else
-    summary+="$(printf '%-28s %4ss  %s' sanitize 0 'not available: no compute-sanitizer on PATH, in CUDA_HOME/bin or in /usr/local/cuda')"$'\n'
-  fi
+  # compute-sanitizer over every variant: the CTest sanitize (a failure, not a skip, without
+  # compute-sanitizer under FLCE_REQUIRE_GPU=1); one line per run in $SANITIZE_LOG_DIR/summary.txt,
+  # and in sanitize.log with the failures when it fails.
+  extra sanitize sanitize.log 'ctest --test-dir build -C Extra -L sanitize --output-on-failure --no-tests=error'
 fi
 
 echo
