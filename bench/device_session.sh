@@ -144,7 +144,12 @@ for stage in "${stages[@]}"; do
         timeout "$(left)" torchrun --nproc_per_node=$tp bench/tp_compare.py --out "$OUT" ${TP_ARGS:-} \
         > "$OUT/tp_compare-$tp.log" 2>&1
       cat /tmp/nccl.*.log 2>/dev/null | head -c 2000000 > "$OUT/nccl-coll-$tp.log"
-      grep '^|' "$OUT/tp_compare-$tp.log" | tee -a "$LOG"
+      grep '^|\|^Tensor par' "$OUT/tp_compare-$tp.log" | tee -a "$LOG"
+      # dH summed across ranks in bf16 (FLCE_TP_DH_16BIT, issue 20 item 2): time and error beside fp32
+      step "tp_compare tp=$tp, FLCE_TP_DH_16BIT=1"
+      FLCE_TP_DH_16BIT=1 FLCE_LIBRARY=$PWD/build/libflce.so timeout "$(left)" torchrun --nproc_per_node=$tp \
+        bench/tp_compare.py --out "$OUT" --providers flce-nccl --tag dh16 ${TP_ARGS:-} > "$OUT/tp_compare-$tp-dh16.log" 2>&1
+      grep '^| flce' "$OUT/tp_compare-$tp-dh16.log" | tee -a "$LOG"
     done
     ;;
   profile)

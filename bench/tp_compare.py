@@ -210,6 +210,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--logit-std", type=float, default=4.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--providers", default="megatron,flce-nccl,flce-split,flce-local",
+                    help="comma-separated subset, in this order")
+    ap.add_argument("--tag", default="", help="suffix of the result files and of the flce provider names, "
+                    "e.g. dh16 for a run under FLCE_TP_DH_16BIT=1")
     args = ap.parse_args()
     n, d, v = (int(x) for x in args.shape.split("x"))
 
@@ -255,7 +259,8 @@ def main():
     rows, results = [], {}
     commit = os.environ.get("FLCE_COMMIT") or _commit()
     date = datetime.date.today().isoformat()
-    for k, provider in enumerate(["megatron", "flce-nccl", "flce-split", "flce-local"]):
+    wanted = [x.strip() for x in args.providers.split(",") if x.strip()]
+    for k, provider in enumerate(p for p in ["megatron", "flce-nccl", "flce-split", "flce-local"] if p in wanted):
         step = make(provider)
         step()
         torch.cuda.synchronize()
@@ -274,7 +279,9 @@ def main():
         ms_max = max(float(x[0]) for x in all_t)
         peak_max = max(float(x[1]) for x in all_t)
         coll = count_collectives(log_path, 1000 + k, 2000 + k) if log_path else None
-        rows.append({"shape": args.shape, "tp": size, "provider": provider, "ms": round(ms_max, 3),
+        env = {k: os.environ[k] for k in ("FLCE_TP_DH_16BIT",) if k in os.environ}
+        rows.append({"shape": args.shape, "tp": size, "ms": round(ms_max, 3), "env": env, "base": provider,
+                     "provider": provider + (f"-{args.tag}" if args.tag and provider.startswith("flce") else ""),
                      "tflops": round(6 * n * v * d / (ms_max * 1e-3) / 1e12, 1), "extra_mib": round(peak_max, 1),
                      "collectives": coll[0] if coll else None, "coll_bytes": coll[1] if coll else None,
                      "bytes_per_rank": coll[1] if coll else None, "date": date, "commit": commit})
@@ -283,10 +290,10 @@ def main():
 
     r_loss, r_dh, r_dw = fp64_reference(h0, w0, y, offset, group)
     for r in rows:
-        if r["provider"] == "flce-local":
+        if r["base"] == "flce-local":
             r.update(loss=float(results["flce-local"][0]), err_loss=None, err_dh=None, err_dw=None)
             continue
-        got = results[r["provider"]]
+        got = results[r["base"]]
         r["loss"] = float(got[0])
         r["err_loss"] = abs(float(got[0]) - float(r_loss)) / abs(float(r_loss))
         r["err_dh"] = global_rel(got[1], r_dh, group, False)
@@ -297,7 +304,7 @@ def main():
     all_l = [torch.zeros_like(lt) for _ in range(size)]
     dist.all_gather(all_l, lt)
     for i, r in enumerate(rows):
-        r["loss_same_on_all_ranks"] = (None if r["provider"] == "flce-local"  # each rank's own problem
+        r["loss_same_on_all_ranks"] = (None if r["base"] == "flce-local"  # each rank's own problem
                                        else all(bool(x[i] == lt[i]) for x in all_l))
 
     if rank == 0:
@@ -313,14 +320,18 @@ def main():
             md.append(f"| {r['provider']} | {r['ms']:.2f} | {r['tflops']} | {r['extra_mib']:.0f} | "
                       f"{r['collectives']} | {r['coll_bytes']} | {r['loss']:.6f} | {e(r['err_loss'])} | "
                       f"{e(r['err_dh'])} | {e(r['err_dw'])} | {r['loss_same_on_all_ranks']} |")
-        local = next(r for r in rows if r["provider"] == "flce-local")
-        nccl = next(r for r in rows if r["provider"] == "flce-nccl")
-        md += ["", f"Tensor parallelism adds {nccl['ms'] - local['ms']:.2f} ms to flce's kernels on the shard "
-               f"(flce-nccl {nccl['ms']:.2f} − flce-local {local['ms']:.2f}), commit {commit}."]
+        local = next((r for r in rows if r["base"] == "flce-local"), None)
+        nccl = next((r for r in rows if r["base"] == "flce-nccl"), None)
+        if local and nccl:
+            md += ["", f"Tensor parallelism adds {nccl['ms'] - local['ms']:.2f} ms to flce's kernels on the shard "
+                   f"({nccl['provider']} {nccl['ms']:.2f} − {local['provider']} {local['ms']:.2f})."]
+        if any(r["env"] for r in rows):
+            md += ["", "Settings: " + "; ".join(f"{r['provider']} {r['env']}" for r in rows if r["env"])]
+        md += ["", f"commit {commit}"]
         text = "\n".join(md) + "\n"
         print(text)
         os.makedirs(args.out, exist_ok=True)
-        stem = os.path.join(args.out, f"tp-compare-{name}-x{size}-{date}")
+        stem = os.path.join(args.out, f"tp-compare-{name}-x{size}-{date}" + (f"-{args.tag}" if args.tag else ""))
         with open(stem + ".md", "w") as f:
             f.write(text)
         with open(stem + ".json", "w") as f:

@@ -121,6 +121,14 @@ flce_status comm_all_reduce_f32(void *comm, float *buf, uint64_t count, void *st
     return r == ncclSuccess ? FLCE_OK : nccl_error(r, (ncclComm_t)comm, what);
 }
 
+flce_status comm_all_reduce_16(void *comm, void *buf, uint64_t count, int bf16, void *stream, const char *what)
+{
+    TRY(nc_require());
+    ncclResult_t r = nc.AllReduce(buf, buf, (size_t)count, bf16 ? ncclBfloat16 : ncclFloat16, ncclSum,
+                                   (ncclComm_t)comm, (cudaStream_t)stream);
+    return r == ncclSuccess ? FLCE_OK : nccl_error(r, (ncclComm_t)comm, what);
+}
+
 flce_status comm_reduce_scatter_f32(void *comm, float *buf, uint64_t count, int rank, void *stream,
                                     const char *what)
 {
@@ -158,6 +166,11 @@ flce_status comm_all_gather(void *comm, const void *send, void *recv, uint64_t b
 flce_status comm_all_reduce_f32(void *comm, float *buf, uint64_t count, void *stream, const char *what)
 {
     (void)comm, (void)buf, (void)count, (void)stream, (void)what;
+    return no_nccl();
+}
+flce_status comm_all_reduce_16(void *comm, void *buf, uint64_t count, int bf16, void *stream, const char *what)
+{
+    (void)comm, (void)buf, (void)count, (void)bf16, (void)stream, (void)what;
     return no_nccl();
 }
 flce_status comm_reduce_scatter_f32(void *comm, float *buf, uint64_t count, int rank, void *stream,

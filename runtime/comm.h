@@ -26,6 +26,9 @@ flce_status comm_all_gather(void *comm, const void *send, void *recv, uint64_t b
                             const char *what);
 /* In place: buf[0 .. count) = Σ over ranks, fp32. */
 flce_status comm_all_reduce_f32(void *comm, float *buf, uint64_t count, void *stream, const char *what);
+/* In place: buf[0 .. count) = Σ over ranks, in bf16 (bf16 = 1) or fp16 (NCCL adds in fp32 and
+ * rounds each partial sum back; every rank ends with the same bits). */
+flce_status comm_all_reduce_16(void *comm, void *buf, uint64_t count, int bf16, void *stream, const char *what);
 /* In place: this rank's buf[rank·count .. +count) = Σ over ranks of that slice, fp32. */
 flce_status comm_reduce_scatter_f32(void *comm, float *buf, uint64_t count, int rank, void *stream,
                                     const char *what);

@@ -34,6 +34,7 @@ typedef struct flce_config {
     int raster_rows;   /* FLCE_RASTER: dH/dW row blocks per tile group, 0..4096 (default 8) */
     int tune;          /* FLCE_TUNE: tune an untuned class on first use (default off) */
     int prefetch;      /* FLCE_PREFETCH: background compiles of the backward's kernels (default on) */
+    int tp_dh_16bit;   /* FLCE_TP_DH_16BIT: TP's dH summed across ranks in the input dtype (default off: fp32) */
     config_nvrtc_fast nvrtc_fast; /* FLCE_NVRTC_FAST (default off) */
 } flce_config;
 

@@ -475,6 +475,16 @@ static flce_status finish_dh(run *r)
     if (!pl->need_dh_tp || !r->t->grad_hidden) return FLCE_OK;
     float *buf = (float *)(uintptr_t)(r->ws + pl->off_dh_tp);
     uint64_t local = (uint64_t)pl->n_local * (uint64_t)pl->d;
+    block none = {0, 0, 0, 0, 1, 1};
+    if (pl->dh_reduce_16bit) { /* round this rank's part once, then sum the 16-bit parts */
+        r->rp.cast_src = addr(buf);
+        r->rp.cast_dst = addr(r->t->grad_hidden);
+        r->rp.cast_count = (long long)local;
+        r->rp.cast_accumulate = 0;
+        TRY(run_rows(r, K_CAST, &none));
+        return comm_all_reduce_16(r->t->comm, (void *)r->t->grad_hidden, local, r->p->dtype == FLCE_DTYPE_BF16,
+                                  r->stream, "the dH all-reduce (16-bit)");
+    }
     if (pl->sp) {
         TRY(comm_reduce_scatter_f32(r->t->comm, buf, local, pl->rank, r->stream, "the dH reduce-scatter"));
         buf += (uint64_t)pl->rank * local;
@@ -485,7 +495,6 @@ static flce_status finish_dh(run *r)
     r->rp.cast_dst = addr(r->t->grad_hidden);
     r->rp.cast_count = (long long)local;
     r->rp.cast_accumulate = r->p->accumulate_grad_hidden;
-    block none = {0, 0, 0, 0, 1, 1};
     return run_rows(r, K_CAST, &none);
 }
 

@@ -383,6 +383,8 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     /* Off: measured slower (bench/NOTES.md v12); FLCE_ACC_PREFETCH=1 for side-by-side runs. */
     pl->acc_prefetch = cfg->acc_prefetch;
     pl->red_acc = cfg->red_acc;
+    pl->dh_reduce_16bit = cfg->tp_dh_16bit && pl->collective && !pl->sp && !p->accumulate_grad_hidden &&
+                          p->dtype != FLCE_DTYPE_F32;
 }
 
 /* The rest, once the tiles are final (built-in or tuned). */

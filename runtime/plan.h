@@ -76,6 +76,11 @@ typedef struct plan {
      * is all-reduced (or reduce-scattered); SP: the gathered inputs and all-token outputs. */
     uint64_t tp_block_bytes, off_tp_send, off_tp_recv, off_dh_tp;
     int need_dh_tp;
+    /* FLCE_TP_DH_16BIT=1: the summed dH crosses ranks in the input dtype (half the bytes, as
+     * Megatron's all-reduce) instead of fp32: each rank's fp32 dH is rounded into grad_hidden and
+     * all-reduced there. Only for a plain all-reduce (no SP, no accumulate_grad_hidden, 16-bit
+     * inputs); off by default until tp_compare shows its error. */
+    int dh_reduce_16bit;
     uint64_t off_sp_hidden, off_sp_labels, off_sp_go, off_sp_lse, off_sp_out[SP_OUTPUTS];
     uint64_t workspace_bytes;
 } plan;

@@ -79,7 +79,8 @@ static void integers_outside_their_range_are_the_default(void)
 
 static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM100", "FLCE_COMPACT",
                                     "FLCE_FUSED_DZ", "FLCE_ACC_PREFETCH", "FLCE_RED_ACC", "FLCE_CLUSTER",
-                                    "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_NVRTC_FAST"};
+                                    "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_NVRTC_FAST",
+                                    "FLCE_TP_DH_16BIT"};
 
 static void clear_knobs(void)
 {
@@ -96,7 +97,7 @@ static void an_empty_environment_gives_the_defaults(void)
     CHECK(!memcmp(&d, &e, sizeof d));
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
     CHECK(!d.acc_prefetch && !d.red_acc && d.cluster == 0 && d.raster_rows == PLAN_RASTER_ROWS);
-    CHECK(!d.tune && d.prefetch && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF);
+    CHECK(!d.tune && d.prefetch && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit);
 }
 
 static void every_knob_reads_its_variable(void)
@@ -106,11 +107,12 @@ static void every_knob_reads_its_variable(void)
     setenv("FLCE_COMPACT", "0", 1), setenv("FLCE_FUSED_DZ", "no", 1), setenv("FLCE_ACC_PREFETCH", "1", 1);
     setenv("FLCE_RED_ACC", "on", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
+    setenv("FLCE_TP_DH_16BIT", "yes", 1);
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
     CHECK(c.acc_prefetch && c.red_acc && c.cluster == 2 && c.raster_rows == 16);
-    CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX);
+    CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit);
     clear_knobs();
 }
 
@@ -220,6 +222,38 @@ static void each_setting_reaches_the_plan(void)
 
 /* A tune entry's tiles are an input like the others: they replace the built-in tiles, and the
  * vocab splits follow their BN. */
+/* FLCE_TP_DH_16BIT reaches only the plain TP all-reduce of a 16-bit dH: not one GPU, not SP (a
+ * reduce-scatter), not a caller's fp32 dH accumulator, not fp32 inputs. */
+static void the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only(void)
+{
+    flce_config cfg;
+    config_defaults(&cfg);
+    cfg.tp_dh_16bit = 1;
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = 512, p.hidden = 256, p.vocab_shard = 4096, p.vocab_total = 8192, p.dtype = FLCE_DTYPE_BF16;
+    p.tp_rank = 1, p.tp_size = 2, p.vocab_offset = 4096;
+    plan pl;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.collective && pl.need_dh_tp && pl.dh_reduce_16bit);
+    config_defaults(&cfg);
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.dh_reduce_16bit); /* fp32 unless asked */
+    cfg.tp_dh_16bit = 1;
+    p.accumulate_grad_hidden = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.dh_reduce_16bit);
+    p.accumulate_grad_hidden = 0, p.sequence_parallel = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.sp && !pl.dh_reduce_16bit);
+    p.sequence_parallel = 0, p.dtype = FLCE_DTYPE_F32;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.dh_reduce_16bit);
+    p.dtype = FLCE_DTYPE_BF16, p.tp_rank = 0, p.tp_size = 1, p.vocab_offset = 0, p.vocab_total = 4096;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.collective && !pl.dh_reduce_16bit);
+}
+
 static void tune_tiles_are_an_input(void)
 {
     flce_problem p = problem(8192, 4096, 32768, FLCE_DTYPE_BF16);
@@ -249,5 +283,6 @@ int main(void)
     RUN(planning_is_a_pure_function_of_its_inputs);
     RUN(each_setting_reaches_the_plan);
     RUN(tune_tiles_are_an_input);
+    RUN(the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only);
     FINISH();
 }
