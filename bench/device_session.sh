@@ -22,7 +22,9 @@
 #   ab       `flce bench` of this tree and of prev/ (an older tree carried beside it) alternately,
 #            twice, over --bench-shapes (BENCH_ARGS as for bench); with AB_ENV=NAME=value, this
 #            tree with that setting stands in for prev/ (AB_ENV=FLCE_TMA=0: TMA vs cp.async)
-#   python   the binding's layout check and python/test_binding.py against PyTorch
+#   python   the binding's layout check, python/test_binding.py and test_hf.py against PyTorch (from
+#            the tree), then the package pip-installed with the library inside (--target, offline)
+#            and python/test_installed.py against that installed copy (torch.compile models, issue 17)
 #   portable the mma.sync ceiling (flce_mma_peak) and `flce bench` with FLCE_PORTABLE=1 (the Ampere
 #            path on this GPU, issue 6)
 # Only a few files come back from a device call: session.log has the summary, everything else is in
@@ -221,6 +223,21 @@ for stage in "${stages[@]}"; do
       echo "status $?" >> "$OUT/py-$py.log"
       grep -E 'FAIL|passed|failed|status' "$OUT/py-$py.log" | tail -8 | sed "s/^/$py: /" | tee -a "$LOG"
     done
+    # issue 17: the package as users get it: pip install (the built libflce.so.0 inside, as
+    # tests/python_package.sh does; offline) into a scratch target, then test_installed.py with
+    # FLCE_LIBRARY unset and only the target on PYTHONPATH (it checks flce comes from there)
+    step "python package: pip install --target, test_installed.py"
+    pysrc=/tmp/flce-pip-src pysite=/tmp/flce-pip-site
+    rm -rf "$pysrc" "$pysite"
+    { cp -r python "$pysrc" && rm -rf "$pysrc/build" "$pysrc"/*.egg-info "$pysrc/flce/__pycache__" &&
+      cp build/libflce.so.0 "$pysrc/flce/libflce.so.0" &&
+      python3 -m pip install --no-deps --no-build-isolation --no-index --target "$pysite" "$pysrc"; } \
+      > "$OUT/py-installed.log" 2>&1
+    echo "pip status $?" >> "$OUT/py-installed.log"
+    env -u FLCE_LIBRARY PYTHONPATH="$pysite" timeout "$(left)" python3 python/test_installed.py --target "$pysite" \
+      >> "$OUT/py-installed.log" 2>&1
+    echo "status $?" >> "$OUT/py-installed.log"
+    grep -E '^  flce |FAIL|passed|failed|skipped|^(pip )?status' "$OUT/py-installed.log" | tail -8 | sed "s/^/installed: /" | tee -a "$LOG"
     ;;
   portable)
     step "mma.sync ceiling"
