@@ -138,6 +138,10 @@ for stage in "${stages[@]}"; do
     (cd build && timeout "$(left)" ./tests/test_tp) > "$OUT/test_tp.log" 2>&1
     echo "status $?" >> "$OUT/test_tp.log"
     grep -E '^(ok|FAIL)|passed|status' "$OUT/test_tp.log" | tail -20 | tee -a "$LOG"
+    step "test_tp, FLCE_TP_OVERLAP=1 (dH reduced beside dW, dW tiles from a counter)"
+    (cd build && FLCE_TP_OVERLAP=1 timeout "$(left)" ./tests/test_tp) > "$OUT/test_tp-overlap.log" 2>&1
+    echo "status $?" >> "$OUT/test_tp-overlap.log"
+    grep -E '^(ok|FAIL)|passed|status' "$OUT/test_tp-overlap.log" | tail -20 | tee -a "$LOG"
     for tp in 2 4; do
       [ "$tp" -le "$gpus" ] || continue
       step "tp_compare tp=$tp"
@@ -152,6 +156,11 @@ for stage in "${stages[@]}"; do
       FLCE_TP_DH_16BIT=1 FLCE_LIBRARY=$PWD/build/libflce.so timeout "$(left)" torchrun --nproc_per_node=$tp \
         bench/tp_compare.py --out "$OUT" --providers flce-nccl --tag dh16 ${TP_ARGS:-} > "$OUT/tp_compare-$tp-dh16.log" 2>&1
       grep '^| flce' "$OUT/tp_compare-$tp-dh16.log" | tee -a "$LOG"
+      step "tp_compare tp=$tp, FLCE_TP_OVERLAP=1"
+      FLCE_TP_OVERLAP=1 FLCE_LIBRARY=$PWD/build/libflce.so timeout "$(left)" torchrun --nproc_per_node=$tp \
+        bench/tp_compare.py --out "$OUT" --providers flce-nccl,flce-local --tag ovl ${TP_ARGS:-} \
+        > "$OUT/tp_compare-$tp-ovl.log" 2>&1
+      grep '^| flce\|^Tensor par' "$OUT/tp_compare-$tp-ovl.log" | tee -a "$LOG"
     done
     ;;
   profile)

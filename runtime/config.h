@@ -35,6 +35,7 @@ typedef struct flce_config {
     int tune;          /* FLCE_TUNE: tune an untuned class on first use (default off) */
     int prefetch;      /* FLCE_PREFETCH: background compiles of the backward's kernels (default on) */
     int tp_dh_16bit;   /* FLCE_TP_DH_16BIT: TP's dH summed across ranks in the input dtype (default off: fp32) */
+    int tp_overlap;    /* FLCE_TP_OVERLAP: TP's dH reduction on a side stream beside dW (default off) */
     config_nvrtc_fast nvrtc_fast; /* FLCE_NVRTC_FAST (default off) */
 } flce_config;
 

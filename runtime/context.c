@@ -109,6 +109,12 @@ static flce_status ctx_free(flce_context *ctx)
     s = ctx->flag_host ? drv_release(drv.MemFreeHost((void *)ctx->flag_host), "cuMemFreeHost (error flag)")
                        : FLCE_OK;
     if (st == FLCE_OK) st = s;
+    s = ctx->fork ? drv_release(drv.EventDestroy(ctx->fork), "cuEventDestroy (side stream fork)") : FLCE_OK;
+    if (st == FLCE_OK) st = s;
+    s = ctx->join ? drv_release(drv.EventDestroy(ctx->join), "cuEventDestroy (side stream join)") : FLCE_OK;
+    if (st == FLCE_OK) st = s;
+    s = ctx->side ? drv_release(drv.StreamDestroy(ctx->side), "cuStreamDestroy (side stream)") : FLCE_OK;
+    if (st == FLCE_OK) st = s;
     if (entered) ctx_leave(prev);
     s = ctx->primary ? drv_release(drv.DevicePrimaryCtxRelease(ctx->dev), "cuDevicePrimaryCtxRelease")
                      : FLCE_OK;
@@ -312,4 +318,15 @@ flce_status ctx_take_flag(flce_context *ctx)
                        "ignore_index; those tokens were treated as ignored");
     }
     return FLCE_OK;
+}
+
+flce_status ctx_side_stream(flce_context *ctx)
+{
+    if (ctx->side && ctx->fork && ctx->join) return FLCE_OK;
+    int least = 0, greatest = 0;
+    CUresult r = drv.CtxGetStreamPriorityRange(&least, &greatest);
+    if (r == CUDA_SUCCESS && !ctx->side) r = drv.StreamCreateWithPriority(&ctx->side, CU_STREAM_NON_BLOCKING, greatest);
+    if (r == CUDA_SUCCESS && !ctx->fork) r = drv.EventCreate(&ctx->fork, CU_EVENT_DISABLE_TIMING);
+    if (r == CUDA_SUCCESS && !ctx->join) r = drv.EventCreate(&ctx->join, CU_EVENT_DISABLE_TIMING);
+    return r == CUDA_SUCCESS ? FLCE_OK : drv_error(r, "creating the side stream of the overlapped dH reduction");
 }

@@ -37,6 +37,12 @@ struct flce_context {
     CUstream workspace_stream; /* the stream the last call that used it was enqueued on */
     volatile int *flag_host; /* host-mapped int[2] (templates/params.h): kernels raise, the host reads */
     CUdeviceptr flag_dev;
+    /* Tensor parallelism's overlapped dH reduction (launch.c): a non-blocking stream of the highest
+     * priority, so its NCCL kernel gets SMs before the dW tiles that wait, and the fork and join
+     * events that tie it to the caller's stream (graph-capturable). Made on first use, with the
+     * context's lock held, as every launch is. */
+    CUstream side;
+    CUevent fork, join;
 };
 
 /* Makes the context's primary context current on this thread; *prev receives the old one. */
@@ -52,6 +58,8 @@ flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs,
 /* Scratch of at least `bytes`, owned by the context (grown outside graph capture only). */
 flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CUdeviceptr *out);
 
+/* The side stream and its two events, made on first use. Call with ctx->lock held, inside ctx_enter. */
+flce_status ctx_side_stream(flce_context *ctx);
 /* Reports (and clears) a raised device flag: FLCE_ERR_BAD_LABEL. */
 flce_status ctx_take_flag(flce_context *ctx);
 

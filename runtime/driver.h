@@ -56,6 +56,10 @@ typedef struct drv_table {
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
+    /* the side stream of tensor parallelism's overlapped dH reduction (runtime/launch.c) */
+    CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned int);
+    CUresult (*StreamCreateWithPriority)(CUstream *, unsigned int, int);
+    CUresult (*CtxGetStreamPriorityRange)(int *, int *);
     /* graph capture: used by tests and tools to prove calls are capturable */
     CUresult (*StreamBeginCapture)(CUstream, CUstreamCaptureMode);
     CUresult (*StreamEndCapture)(CUstream, CUgraph *);

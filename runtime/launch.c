@@ -156,6 +156,7 @@ typedef struct run {
     size_t es; /* bytes of one input-dtype element */
     kernels k;
     struct flce_row_params rp; /* fields common to every row kernel */
+    int forked;                /* the side stream has work the caller's stream must wait for */
 } run;
 
 static unsigned long long ws_at(const run *r, uint64_t off, int needed)
@@ -360,6 +361,11 @@ static flce_status run_dw(run *r, const block *b)
     g.ldo = pl->d;
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
+    if (pl->tp_overlap && b->rows > 0) { /* tiles from a counter: see plan.h, tp_overlap */
+        g.tile_counter = r->ws + pl->off_tile_counter;
+        CUresult res = drv.MemsetD32Async((CUdeviceptr)g.tile_counter, 0, 2, r->stream);
+        if (res != CUDA_SUCCESS) return drv_error(res, "zeroing dW's tile counter");
+    }
     int64_t gx = ceil_div(pl->d, pl->dw.tile.bn), gy = ceil_div(b->cols, pl->dw.tile.bm);
     TRY(tma_prepare_gemm(&pl->dw, &g, grad_slots(r->ctx, &pl->dw, r->k.dw), &gx, &gy));
     return launch_cluster(r->k.dw, gx, gy, pl->dw.cluster, spec_threads(&pl->dw), spec_smem_bytes(&pl->dw), r->stream,
@@ -402,10 +408,13 @@ static flce_status run_rows(run *r, int kernel, const block *b)
 /* dZ of one block and the gradient GEMMs that consume it. `rows_step` and `cols_step` carry the
  * accumulation state (first/last) of the outputs indexed by rows (dH) and by vocab columns (dW,
  * db): token chunks complete their dH rows at once and build dW up; vocab chunks the reverse. */
+static flce_status overlap_dh(run *r, const block *rows_done);
+
 static flce_status run_grads(run *r, const block *rows_step, const block *cols_step)
 {
     if (!r->pl->fused_dz) TRY(run_rows(r, K_DZ, rows_step)); /* else the logits pass wrote dZ */
     if (r->t->grad_hidden) TRY(run_dh(r, rows_step));
+    if (r->t->grad_hidden && r->pl->tp_overlap && rows_step->last) TRY(overlap_dh(r, rows_step));
     if (r->t->grad_weight) TRY(run_dw(r, cols_step));
     if (r->p->has_bias && r->t->grad_bias) TRY(run_rows(r, K_DBIAS, cols_step));
     return FLCE_OK;
@@ -467,34 +476,77 @@ static flce_status run_recompute(run *r)
     return FLCE_OK;
 }
 
+/* dH rows [row0, row0 + rows) summed over the ranks and rounded once into the caller's grad_hidden
+ * (or added to it in accumulate mode), on `stream`: fp32 all-reduce then the cast, or under
+ * FLCE_TP_DH_16BIT the cast of this rank's part then a 16-bit all-reduce in grad_hidden. */
+static flce_status reduce_dh_rows(run *r, int64_t row0, int64_t rows, CUstream stream)
+{
+    const plan *pl = r->pl;
+    uint64_t at = (uint64_t)row0 * (uint64_t)pl->d, count = (uint64_t)rows * (uint64_t)pl->d;
+    float *buf = (float *)(uintptr_t)(r->ws + pl->off_dh_tp) + at;
+    CUdeviceptr dst = addr(r->t->grad_hidden) + at * (r->p->accumulate_grad_hidden ? 4 : r->es);
+    block none = {0, 0, 0, 0, 1, 1};
+    CUstream caller = r->stream;
+    flce_status st = FLCE_OK;
+    r->rp.cast_src = addr(buf), r->rp.cast_dst = dst, r->rp.cast_count = (long long)count;
+    r->rp.cast_accumulate = r->p->accumulate_grad_hidden;
+    r->stream = stream;
+    if (pl->dh_reduce_16bit) { /* round this rank's part once, then sum the 16-bit parts */
+        r->rp.cast_accumulate = 0;
+        st = run_rows(r, K_CAST, &none);
+        if (st == FLCE_OK)
+            st = comm_all_reduce_16(r->t->comm, (void *)(uintptr_t)dst, count, r->p->dtype == FLCE_DTYPE_BF16, stream,
+                                    "the dH all-reduce (16-bit)");
+    } else {
+        st = comm_all_reduce_f32(r->t->comm, buf, count, stream, "the dH all-reduce");
+        if (st == FLCE_OK) st = run_rows(r, K_CAST, &none);
+    }
+    r->stream = caller;
+    return st;
+}
+
+/* FLCE_TP_OVERLAP (plan.h, tp_overlap): the dH rows of `rows_done` are final on this rank; their
+ * reduction goes to the side stream, after everything the caller's stream holds so far, and the
+ * caller's stream goes on with dW. launch_run joins the two before it returns. */
+static flce_status overlap_dh(run *r, const block *rows_done)
+{
+    flce_context *ctx = r->ctx;
+    TRY(ctx_side_stream(ctx));
+    CUresult res = drv.EventRecord(ctx->fork, r->stream);
+    if (res == CUDA_SUCCESS) res = drv.StreamWaitEvent(ctx->side, ctx->fork, 0);
+    if (res != CUDA_SUCCESS) return drv_error(res, "handing the dH reduction to the side stream");
+    r->forked = 1;
+    return reduce_dh_rows(r, rows_done->row0, rows_done->rows, ctx->side);
+}
+
+/* The caller's stream waits for the side stream's work (also after a failure: a stream capture
+ * must end joined). */
+static flce_status side_join(run *r)
+{
+    if (!r->forked) return FLCE_OK;
+    r->forked = 0;
+    CUresult res = drv.EventRecord(r->ctx->join, r->ctx->side);
+    if (res == CUDA_SUCCESS) res = drv.StreamWaitEvent(r->stream, r->ctx->join, 0);
+    return res == CUDA_SUCCESS ? FLCE_OK : drv_error(res, "joining the side stream of the dH reduction");
+}
+
 /* dH summed over the ranks in fp32 (all-reduce; reduce-scatter to this rank's rows under SP),
- * then rounded once into the caller's grad_hidden (or added to it in accumulate mode). */
+ * then rounded once into the caller's grad_hidden (or added to it in accumulate mode); with
+ * tp_overlap already done on the side stream, chunk by chunk. */
 static flce_status finish_dh(run *r)
 {
     const plan *pl = r->pl;
-    if (!pl->need_dh_tp || !r->t->grad_hidden) return FLCE_OK;
+    if (!pl->need_dh_tp || !r->t->grad_hidden || pl->tp_overlap) return FLCE_OK;
+    if (!pl->sp) return reduce_dh_rows(r, 0, pl->n_local, r->stream);
     float *buf = (float *)(uintptr_t)(r->ws + pl->off_dh_tp);
     uint64_t local = (uint64_t)pl->n_local * (uint64_t)pl->d;
-    block none = {0, 0, 0, 0, 1, 1};
-    if (pl->dh_reduce_16bit) { /* round this rank's part once, then sum the 16-bit parts */
-        r->rp.cast_src = addr(buf);
-        r->rp.cast_dst = addr(r->t->grad_hidden);
-        r->rp.cast_count = (long long)local;
-        r->rp.cast_accumulate = 0;
-        TRY(run_rows(r, K_CAST, &none));
-        return comm_all_reduce_16(r->t->comm, (void *)r->t->grad_hidden, local, r->p->dtype == FLCE_DTYPE_BF16,
-                                  r->stream, "the dH all-reduce (16-bit)");
-    }
-    if (pl->sp) {
-        TRY(comm_reduce_scatter_f32(r->t->comm, buf, local, pl->rank, r->stream, "the dH reduce-scatter"));
-        buf += (uint64_t)pl->rank * local;
-    } else {
-        TRY(comm_all_reduce_f32(r->t->comm, buf, local, r->stream, "the dH all-reduce"));
-    }
+    TRY(comm_reduce_scatter_f32(r->t->comm, buf, local, pl->rank, r->stream, "the dH reduce-scatter"));
+    buf += (uint64_t)pl->rank * local;
     r->rp.cast_src = addr(buf);
     r->rp.cast_dst = addr(r->t->grad_hidden);
     r->rp.cast_count = (long long)local;
     r->rp.cast_accumulate = r->p->accumulate_grad_hidden;
+    block none = {0, 0, 0, 0, 1, 1};
     return run_rows(r, K_CAST, &none);
 }
 
@@ -597,10 +649,11 @@ flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,
         if (part == PART_TP_STATS) return FLCE_OK;
     } else if (pl->op == FLCE_OP_FORWARD) {
         TRY(run_forward(&r));
-    } else if (pl->recompute) {
-        TRY(run_recompute(&r));
     } else {
-        TRY(run_chunked(&r));
+        flce_status st = pl->recompute ? run_recompute(&r) : run_chunked(&r);
+        flce_status joined = side_join(&r); /* the overlapped dH reductions (tp_overlap) */
+        TRY(st);
+        TRY(joined);
     }
     int reduced = p->reduction != FLCE_REDUCTION_NONE;
     if (pl->op != FLCE_OP_BACKWARD && reduced && (r.t->loss || r.t->z_loss_out))

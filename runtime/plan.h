@@ -81,6 +81,13 @@ typedef struct plan {
      * all-reduced there. Only for a plain all-reduce (no SP, no accumulate_grad_hidden, 16-bit
      * inputs); off by default until tp_compare shows its error. */
     int dh_reduce_16bit;
+    /* FLCE_TP_OVERLAP=1 (overlap_wanted): each token chunk's summed dH rows (all rows after the last
+     * vocab chunk in recompute) are reduced across ranks on the context's side stream while dW runs,
+     * dW taking its tiles from a counter (off_tile_counter, zeroed before each dW launch) so that
+     * the CTAs held back by NCCL's kernel take fewer tiles. Where: a plain all-reduce (no SP) and a
+     * dW on the wgmma TMA path without clusters (tp_overlap). */
+    int overlap_wanted, tp_overlap;
+    uint64_t off_tile_counter;
     uint64_t off_sp_hidden, off_sp_labels, off_sp_go, off_sp_lse, off_sp_out[SP_OUTPUTS];
     uint64_t workspace_bytes;
 } plan;

@@ -232,6 +232,27 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
     pipe_init(smem);
     if (threadIdx.x < PRODUCER_THREADS) {
         setmaxnreg_dec<PRODUCER_REGS>();
+#if FLCE_TCGEN05 // (none on the Blackwell path; generator/emit.c resolves only this form)
+#else
+        if (threadIdx.x == 0 && p.tile_counter) {
+            // Dynamic order: this CTA's first tile is blockIdx.x, the others come from the counter
+            // (tiles gridDim.x, gridDim.x + 1, … in the order CTAs ask), each computed by one CTA
+            // with the same k order as in the static walk: the same bits either way.
+            unsigned long long *counter = (unsigned long long *)p.tile_counter;
+            for (int i = 0;; i++) {
+                const long long t = i == 0 ? (long long)blockIdx.x : (long long)gridDim.x + (long long)atomicAdd(counter, 1ull);
+                long long *slot = tile_ring(smem) + i % TILE_RING;
+                if (t >= tiles) {
+                    announce_end(smem, slot, it);
+                    break;
+                }
+                long long m0, n0;
+                tile_origin(p, t, tiles_m, tiles_n, m0, n0);
+                prefetch_addend(p, m0, n0);
+                produce(p, smem, m0, n0, 1, it, slot, t);
+            }
+        } else
+#endif
         if (threadIdx.x == 0)
             for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
                 long long m0, n0;
@@ -256,6 +277,18 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
     const float scale = grad_scale(p);
     float acc[MI][NI][4];
 #if FLCE_TMA
+#if FLCE_TCGEN05 // (none on the Blackwell path; generator/emit.c resolves only this form)
+#else
+    if (p.tile_counter) { // uniform: the producer's dynamic order, tile numbers from the ring
+        for (int i = 0;; i++) {
+            long long t, m0, n0;
+            if (!mainloop(acc, smem, p, it, wm / 4, tile_ring(smem) + i % TILE_RING, &t)) break;
+            tile_origin(p, t, tiles_m, tiles_n, m0, n0);
+            grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
+        }
+        return;
+    }
+#endif
     for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
         long long m0, n0;
         tile_origin(p, t, tiles_m, tiles_n, m0, n0);

@@ -179,22 +179,44 @@ __device__ __forceinline__ void tma_operand(unsigned char *dst, const flce_tmap 
     }
 }
 
+// Dynamic tile order (p.tile_counter, dH/dW): the producer thread picks each tile and tells the
+// consumers which one through a ring of TILE_RING slots after the barriers, written before the
+// arrival on the full barrier of the tile's first k-tile (the arrival releases it, the consumers'
+// wait acquires it). A slot is rewritten TILE_RING tiles later, by then at least STAGES k-tiles
+// on, after the consumers released the k-tile at which they read it. −1: no tile is left.
+constexpr int TILE_RING = STAGES + 1;
+__device__ __forceinline__ long long *tile_ring(unsigned char *smem)
+{
+    return (long long *)(smem + PIPE_BYTES + 16 * STAGES);
+}
+
 // Producer (one thread): every k-tile of n_tiles output tiles (m0, n0 + i·BN), in the consumers'
-// order; `it` carries the pipeline position from call to call.
+// order; `it` carries the pipeline position from call to call. With `slot`, the tile's number
+// `tile` goes into it with the first k-tile (dynamic tile order, one tile per call).
 __device__ void produce(const flce_gemm_params &p, unsigned char *smem, long long m0, long long n0, long long n_tiles,
-                        int &it)
+                        int &it, long long *slot = nullptr, long long tile = 0)
 {
     const int ktiles = (int)((p.k + BK - 1) / BK);
     for (long long t = 0; t < n_tiles; t++)
         for (int kt = 0; kt < ktiles; kt++, it++) {
             const int s = it % STAGES;
             mbar_wait(empty_bar(smem, s), ((it / STAGES) & 1) ^ 1);
+            if (slot && kt == 0) *(volatile long long *)slot = tile;
             const unsigned full = full_bar(smem, s);
             mbar_arrive_expect_tx(full, STAGE_BYTES);
             unsigned char *stage = smem + s * STAGE_BYTES;
             tma_operand<BM, A_KMAJOR>(stage, &p.tmap_a, (int)m0, kt * BK, full);
             tma_operand<BN, B_KMAJOR>(stage + A_BYTES, &p.tmap_b, (int)(n0 + t * BN), kt * BK, full);
         }
+}
+// Dynamic tile order: no tile is left; the consumers learn it at pipeline position `it` (a plain
+// arrival completes the full barrier's phase with no bytes) and stop.
+__device__ void announce_end(unsigned char *smem, long long *slot, int it)
+{
+    const int s = it % STAGES;
+    mbar_wait(empty_bar(smem, s), ((it / STAGES) & 1) ^ 1);
+    *(volatile long long *)slot = -1;
+    mbar_arrive(full_bar(smem, s));
 }
 #if FLCE_CLUSTER
 // Producer (one thread) of a CTA in a cluster: every k-tile of one output tile, A at row m0 for
@@ -232,9 +254,16 @@ __device__ void drain_pair(unsigned char *smem, int it)
 // (tcgen05: warp 1 issues the MMAs, the consumers' mainloop reads tensor memory, gemm_tcgen05.cu)
 #else
 // Consumer warpgroup wg: acc = this warpgroup's 64 rows of the next output tile. `it` carries the
-// pipeline position from tile to tile.
-__device__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flce_gemm_params &p, int &it, int wg)
+// pipeline position from tile to tile. With `slot` (dynamic tile order), *tile = the number the
+// producer put there with the first k-tile; false (nothing computed) when it says no tile is left.
+__device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flce_gemm_params &p, int &it, int wg,
+                         const long long *slot = nullptr, long long *tile = nullptr)
 {
+    if (slot) { // before any wgmma of this tile (the loop's first wait then passes at once)
+        mbar_wait(full_bar(smem, it % STAGES), (it / STAGES) & 1);
+        *tile = *(const volatile long long *)slot;
+        if (*tile < 0) return false;
+    }
 #pragma unroll
     for (int j = 0; j < NI; j++)
 #pragma unroll
@@ -261,6 +290,7 @@ __device__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
 #else
     if (ktiles > 0 && signals) mbar_arrive(empty_bar(smem, (it - 1) % STAGES));
 #endif
+    return true;
 }
 #endif // FLCE_TCGEN05
 #endif // FLCE_WGMMA && FLCE_TMA

@@ -63,6 +63,10 @@ struct flce_gemm_params {
                                      forget reductions (red.global.add) instead of load, add, store */
     unsigned long long scale_grad;  /* fp32 upstream gradient (1 value) or 0 for 1 */
     unsigned long long scale_count; /* float: Σ over valid tokens of w_y (the count without weights) */
+    /* dH/dW on the wgmma TMA path without clusters: 0, or a zeroed 64-bit counter from which the
+     * persistent CTAs take their tiles after the first (gemm_entry.cu), so that CTAs which start
+     * late (SMs held by an overlapping NCCL kernel) take fewer tiles instead of finishing late. */
+    unsigned long long tile_counter;
     /* TMA path (spec tile.tma): maps of the stored A and B with the tile's boxes, encoded per
      * launch by runtime/tma.c; unused (zero) otherwise. */
     struct flce_tmap tmap_a, tmap_b;

@@ -80,7 +80,7 @@ static void integers_outside_their_range_are_the_default(void)
 static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM100", "FLCE_COMPACT",
                                     "FLCE_FUSED_DZ", "FLCE_ACC_PREFETCH", "FLCE_RED_ACC", "FLCE_CLUSTER",
                                     "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_NVRTC_FAST",
-                                    "FLCE_TP_DH_16BIT"};
+                                    "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP"};
 
 static void clear_knobs(void)
 {
@@ -97,7 +97,7 @@ static void an_empty_environment_gives_the_defaults(void)
     CHECK(!memcmp(&d, &e, sizeof d));
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
     CHECK(!d.acc_prefetch && !d.red_acc && d.cluster == 0 && d.raster_rows == PLAN_RASTER_ROWS);
-    CHECK(!d.tune && d.prefetch && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit);
+    CHECK(!d.tune && d.prefetch && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && !d.tp_overlap);
 }
 
 static void every_knob_reads_its_variable(void)
@@ -107,12 +107,12 @@ static void every_knob_reads_its_variable(void)
     setenv("FLCE_COMPACT", "0", 1), setenv("FLCE_FUSED_DZ", "no", 1), setenv("FLCE_ACC_PREFETCH", "1", 1);
     setenv("FLCE_RED_ACC", "on", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
-    setenv("FLCE_TP_DH_16BIT", "yes", 1);
+    setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "on", 1);
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
     CHECK(c.acc_prefetch && c.red_acc && c.cluster == 2 && c.raster_rows == 16);
-    CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit);
+    CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && c.tp_overlap);
     clear_knobs();
 }
 
@@ -254,6 +254,47 @@ static void the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only(void)
     CHECK(!pl.collective && !pl.dh_reduce_16bit);
 }
 
+/* FLCE_TP_OVERLAP: the dH reduction beside dW where the plain all-reduce and the counter-fed dW
+ * tiles exist (wgmma + TMA, no clusters), with the counter in the workspace; nowhere else. */
+static void the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw(void)
+{
+    flce_config cfg;
+    config_defaults(&cfg);
+    cfg.tp_overlap = 1;
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = 8192, p.hidden = 4096, p.vocab_shard = 64128, p.vocab_total = 128256, p.dtype = FLCE_DTYPE_BF16;
+    p.tp_rank = 1, p.tp_size = 2, p.vocab_offset = 64128;
+    plan pl;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.tp_overlap && pl.off_tile_counter > 0 && pl.off_tile_counter + 8 <= pl.workspace_bytes);
+    CHECK(pl.off_tile_counter % 8 == 0);
+    p.strategy = FLCE_STRATEGY_RECOMPUTE;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.recompute && pl.tp_overlap);
+    p.strategy = FLCE_STRATEGY_AUTO;
+    config_defaults(&cfg);
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.tp_overlap && pl.off_tile_counter == 0); /* off unless asked */
+    cfg.tp_overlap = 1;
+    cfg.cluster = 2;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.tp_overlap);
+    cfg.cluster = 0, cfg.portable = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.tp_overlap);
+    cfg.portable = 0;
+    p.sequence_parallel = 1, p.tokens = 4096;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.tp_overlap);
+    p.sequence_parallel = 0;
+    CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.tp_overlap);
+    p.tp_rank = 0, p.tp_size = 1, p.vocab_offset = 0, p.vocab_shard = p.vocab_total;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.tp_overlap);
+}
+
 static void tune_tiles_are_an_input(void)
 {
     flce_problem p = problem(8192, 4096, 32768, FLCE_DTYPE_BF16);
@@ -284,5 +325,6 @@ int main(void)
     RUN(each_setting_reaches_the_plan);
     RUN(tune_tiles_are_an_input);
     RUN(the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only);
+    RUN(the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw);
     FINISH();
 }
