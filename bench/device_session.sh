@@ -25,6 +25,9 @@
 #   python   the binding's layout check, python/test_binding.py and test_hf.py against PyTorch (from
 #            the tree), then the package pip-installed with the library inside (--target, offline)
 #            and python/test_installed.py against that installed copy (torch.compile models, issue 17)
+#   pyinstalled  only the python stage's last part (pip install, test_installed.py)
+#   sanitize the CTest sanitize: compute-sanitizer over every path (SANITIZE_* as tests/sanitize.sh)
+#   coldstart bench/coldstart.sh (issue 16's JSON, breakdown and NVRTC-cache probes)
 #   portable the mma.sync ceiling (flce_mma_peak) and `flce bench` with FLCE_PORTABLE=1 (the Ampere
 #            path on this GPU, issue 6)
 # Only a few files come back from a device call: session.log has the summary, everything else is in
@@ -223,7 +226,8 @@ for stage in "${stages[@]}"; do
       grep -h '^|' "$OUT/ab-$i-$side.md" | sed "s/^/$side /" | tee -a "$LOG"
     done; done
     ;;
-  python)
+  python|pyinstalled)
+    if [ "$stage" = python ]; then
     step "python binding: check_layout.py, test_binding.py, test_hf.py"
     FLCE_LIBRARY=$PWD/build/libflce.so timeout "$(left)" python3 python/check_layout.py > "$OUT/py-layout.log" 2>&1
     tail -2 "$OUT/py-layout.log" | tee -a "$LOG"
@@ -232,6 +236,7 @@ for stage in "${stages[@]}"; do
       echo "status $?" >> "$OUT/py-$py.log"
       grep -E 'FAIL|passed|failed|status' "$OUT/py-$py.log" | tail -8 | sed "s/^/$py: /" | tee -a "$LOG"
     done
+    fi
     # issue 17: the package as users get it: pip install (the built libflce.so.0 inside, as
     # tests/python_package.sh does; offline) into a scratch target, then test_installed.py with
     # FLCE_LIBRARY unset and only the target on PYTHONPATH (it checks flce comes from there)
@@ -247,6 +252,22 @@ for stage in "${stages[@]}"; do
       >> "$OUT/py-installed.log" 2>&1
     echo "status $?" >> "$OUT/py-installed.log"
     grep -E '^  flce |FAIL|passed|failed|skipped|^(pip )?status' "$OUT/py-installed.log" | tail -8 | sed "s/^/installed: /" | tee -a "$LOG"
+    ;;
+  sanitize)
+    # issue 15: compute-sanitizer's four tools over every path (tests/sanitize.sh through CTest);
+    # SANITIZE_TOOLS / SANITIZE_CASES / SANITIZE_JOBS split it over calls; per-run lines in summary.txt
+    step "sanitize (ctest -C Extra -L sanitize)"
+    SANITIZE_LOG_DIR=$OUT/sanitize timeout "$(left)" ctest --test-dir build -C Extra -L sanitize --output-on-failure \
+      --no-tests=error > "$OUT/sanitize.log" 2>&1
+    echo "status $?" >> "$OUT/sanitize.log"
+    { grep -E 'FAIL|fail' "$OUT/sanitize/summary.txt" 2>/dev/null | head -20; grep -c ' ok' "$OUT/sanitize/summary.txt" 2>/dev/null;
+      grep -E 'tests passed|status' "$OUT/sanitize.log"; } | sed 's/^/sanitize: /' | tee -a "$LOG"
+    ;;
+  coldstart)
+    step "bench/coldstart.sh (issue 16)"
+    OUT=$OUT timeout "$(left)" bash bench/coldstart.sh > "$OUT/coldstart.log" 2>&1
+    echo "status $?" >> "$OUT/coldstart.log"
+    grep -E '^  (c|python|cli|probe)' "$OUT/coldstart.log" | head -30 | tee -a "$LOG"
     ;;
   portable)
     step "mma.sync ceiling"
