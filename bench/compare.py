@@ -46,6 +46,12 @@ really does):
   flce-role-dz         role     the dZ pass over the compact logits (memory-bound: no TFLOP/s)
   flce-role-dh         role     dH = dZ . W, all launches of one call
   flce-role-dw         role     dW = dZ^T . H, all launches of one call
+ with --portable, the Ampere path on this GPU (issue 19), from the same tools as subprocesses:
+  flce-portable-default fwd+bwd `FLCE_PORTABLE=1 flce bench --strategies auto` (the mma.sync tile,
+                                its own data; errors are flce bench's sampled ones)
+  flce-portable-forward fwd     the same, forward only
+  mma-sync-peak        peak     `flce_mma_peak bf16`: the mma.sync ceiling (tflops; vs_peak of the
+                                portable rows = their TFLOP/s over it)
 
 Each row: shape, provider, mode, ms (median), ms_min, ms_max, tflops, vs_floor (ms / cublas-floor,
 forward rows / cublas-logits), extra_mib, err_loss, err_dh, err_dw, logit_std, strategy and
@@ -612,6 +618,53 @@ def cublas_inrun_rows(data, args):
         torch.cuda.empty_cache()
 
 
+def portable_rows(shape, std, args):
+    """flce-portable-{default,forward} of one shape and std (FLCE_PORTABLE=1 is read once per
+    process: a subprocess) and, once per run, mma-sync-peak; vs_peak = TFLOP/s / the peak's."""
+    import subprocess
+    import tempfile
+    tool = flce_bin(args)
+    if tool is None:
+        return [dict(new_row("flce-portable-default", "fwd+bwd"), error="no flce tool found (pass --flce-bin)")]
+    rows = []
+    if args.portable_peak is None:
+        peak_tool = os.path.join(os.path.dirname(tool), "flce_mma_peak")
+        try:
+            out = subprocess.run([peak_tool, "bf16"], capture_output=True, text=True, timeout=300).stdout
+            m = re.search(r"([0-9.]+) TFLOP/s \(median of \d+, ([0-9.]+) ms\)", out)
+            args.portable_peak = float(m.group(1)) if m else 0.0
+            rows.append(dict(new_row("mma-sync-peak", "peak"), tflops=args.portable_peak or None,
+                             ms=float(m.group(2)) if m else None, note=out.strip().splitlines()[-1][:200] if out else None,
+                             error=None if m else "flce_mma_peak gave no figure"))
+        except Exception as e:  # noqa: BLE001
+            args.portable_peak = 0.0
+            rows.append(dict(new_row("mma-sync-peak", "peak"), error=first_line(e)))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "bench.json")
+        cmd = [tool, "bench", "--shapes", shape, "--logit-std", f"{std:g}", "--strategies", "auto,forward",
+               "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out]
+        log(f"{shape} std {std_label(std)}: FLCE_PORTABLE=1 {' '.join(cmd[1:])}")
+        try:
+            subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=dict(os.environ, FLCE_PORTABLE="1"))
+            with open(out) as f:
+                bench = json.load(f)
+        except Exception as e:  # noqa: BLE001
+            return rows + [dict(new_row("flce-portable-default", "fwd+bwd"), error=f"flce bench: {first_line(e)}")]
+    for b in bench:
+        name, mode = (("flce-portable-forward", "fwd") if b["strategy"] == "forward"
+                      else ("flce-portable-default", "fwd+bwd"))
+        row = new_row(name, mode)
+        row.update({k: b.get(k) for k in ("ms", "ms_min", "ms_max", "tflops", "err_dh", "err_dw", "extra_mib")})
+        row.update(strategy=b["strategy"], auto_choice=b.get("auto_choice"), err_loss=b.get("err_loss"))
+        if row["tflops"] and args.portable_peak:
+            row["vs_peak"] = round(row["tflops"] / args.portable_peak, 3)
+            row["note"] = f"{row['vs_peak']:.1%} of the mma.sync peak ({args.portable_peak:.0f} TFLOP/s); flce bench's data"
+        else:
+            row["note"] = "flce bench's data"
+        rows.append(row)
+    return rows
+
+
 def role_ratios(rows):
     """vs_role of each flce-role row: its ms over cuBLAS's time for the same GEMM in-run (the
     cublas-inrun rows), else alone (cublas-role)."""
@@ -732,6 +785,8 @@ def main():
                     + " (default: all but the cublas-role-* rows)")
     ap.add_argument("--roles", action="store_true",
                     help="add the cublas-role-{logits,dh,dw} rows and flce's in-run flce-role-* rows")
+    ap.add_argument("--portable", action="store_true",
+                    help="add flce-portable-{default,forward} (FLCE_PORTABLE=1, subprocess) and mma-sync-peak")
     ap.add_argument("--flce-bin", default=os.environ.get("FLCE_BIN"),
                     help="the flce tool for the flce-role-* rows (default: beside the loaded libflce)")
     ap.add_argument("--iters", type=int, default=None, help="timed runs per provider (default 10, quick 5)")
@@ -742,6 +797,7 @@ def main():
                     help="directory of the result files (default: $OUT, else .)")
     ap.add_argument("--tag", default="", help="suffix of the result file names")
     args = ap.parse_args()
+    args.portable_peak = None  # measured once, by the first portable_rows
     shapes = args.shapes or [parse_shape(s) for s in (QUICK_SHAPES if args.quick else ALL_SHAPES)]
     stds = args.stds or list(DEFAULT_STDS)
     args.iters = args.iters or (5 if args.quick else 10)
@@ -867,6 +923,12 @@ def main():
                 data = ref = None
                 gc.collect()
                 torch.cuda.empty_cache()
+                if args.portable:
+                    t1 = time.time()
+                    rows += portable_rows(shape, std, args)
+                    log(f"{where} portable: " + ", ".join(f"{r['provider']} {r['ms']} ms" for r in rows
+                        if r["provider"].startswith(("flce-portable", "mma-sync")) and r["ms"] is not None)
+                        + f" ({time.time() - t1:.1f} s)")
                 if args.roles:
                     t1 = time.time()
                     rows += flce_role_rows(shape, std, args)
