@@ -19,6 +19,7 @@ void config_defaults(flce_config *c)
     c->fused_dz = 1;
     c->raster_rows = PLAN_RASTER_ROWS;
     c->prefetch = 1;
+    c->grad_streams = 1;
 }
 
 /* 1 and *out set when s is one of the on/off words, else 0. */
@@ -83,6 +84,7 @@ void config_from_env(flce_config *c)
     c->prefetch = config_parse_bool("FLCE_PREFETCH", getenv("FLCE_PREFETCH"), c->prefetch);
     c->tp_dh_16bit = config_parse_bool("FLCE_TP_DH_16BIT", getenv("FLCE_TP_DH_16BIT"), c->tp_dh_16bit);
     c->tp_overlap = config_parse_bool("FLCE_TP_OVERLAP", getenv("FLCE_TP_OVERLAP"), c->tp_overlap);
+    c->grad_streams = config_parse_bool("FLCE_GRAD_STREAMS", getenv("FLCE_GRAD_STREAMS"), c->grad_streams);
     c->nvrtc_fast = parse_nvrtc_fast(getenv("FLCE_NVRTC_FAST"));
 }
 
@@ -110,6 +112,7 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_PREFETCH", "%s", on_off(c->prefetch), c->prefetch == d.prefetch);
     CONFIG_LOG_ONE("FLCE_TP_DH_16BIT", "%s", on_off(c->tp_dh_16bit), c->tp_dh_16bit == d.tp_dh_16bit);
     CONFIG_LOG_ONE("FLCE_TP_OVERLAP", "%s", on_off(c->tp_overlap), c->tp_overlap == d.tp_overlap);
+    CONFIG_LOG_ONE("FLCE_GRAD_STREAMS", "%s", on_off(c->grad_streams), c->grad_streams == d.grad_streams);
     CONFIG_LOG_ONE("FLCE_NVRTC_FAST", "%s", fast[c->nvrtc_fast], c->nvrtc_fast == d.nvrtc_fast);
 #undef CONFIG_LOG_ONE
 }

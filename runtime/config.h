@@ -36,6 +36,7 @@ typedef struct flce_config {
     int prefetch;      /* FLCE_PREFETCH: background compiles of the backward's kernels (default on) */
     int tp_dh_16bit;   /* FLCE_TP_DH_16BIT: TP's dH summed across ranks in the input dtype (default off: fp32) */
     int tp_overlap;    /* FLCE_TP_OVERLAP: TP's dH reduction on a side stream beside dW (default off) */
+    int grad_streams;  /* FLCE_GRAD_STREAMS: dH and dW launched on two streams at once (default on) */
     config_nvrtc_fast nvrtc_fast; /* FLCE_NVRTC_FAST (default off) */
 } flce_config;
 

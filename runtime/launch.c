@@ -361,7 +361,7 @@ static flce_status run_dw(run *r, const block *b)
     g.ldo = pl->d;
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
-    if (pl->tp_overlap && b->rows > 0) { /* tiles from a counter: see plan.h, tp_overlap */
+    if (pl->dw_dynamic && b->rows > 0) { /* tiles from a counter: see plan.h, dw_dynamic */
         g.tile_counter = r->ws + pl->off_tile_counter;
         CUresult res = drv.MemsetD32Async((CUdeviceptr)g.tile_counter, 0, 2, r->stream);
         if (res != CUDA_SUCCESS) return drv_error(res, "zeroing dW's tile counter");
@@ -409,10 +409,31 @@ static flce_status run_rows(run *r, int kernel, const block *b)
  * accumulation state (first/last) of the outputs indexed by rows (dH) and by vocab columns (dW,
  * db): token chunks complete their dH rows at once and build dW up; vocab chunks the reverse. */
 static flce_status overlap_dh(run *r, const block *rows_done);
+static flce_status side_fork(run *r);
+static flce_status side_join(run *r);
+
+/* FLCE_GRAD_STREAMS (plan.h, concurrent_grads): dH on the side stream, dW on the caller's, at once;
+ * the caller's stream waits for dH before it goes on (the next chunk overwrites dZ). */
+static flce_status run_dh_dw_at_once(run *r, const block *rows_step, const block *cols_step)
+{
+    TRY(side_fork(r));
+    CUstream caller = r->stream;
+    r->stream = r->ctx->side; /* launched first, higher priority: dH has every SM at its start */
+    flce_status st = run_dh(r, rows_step);
+    r->stream = caller;
+    if (st == FLCE_OK) st = run_dw(r, cols_step);
+    flce_status joined = side_join(r);
+    return st != FLCE_OK ? st : joined;
+}
 
 static flce_status run_grads(run *r, const block *rows_step, const block *cols_step)
 {
     if (!r->pl->fused_dz) TRY(run_rows(r, K_DZ, rows_step)); /* else the logits pass wrote dZ */
+    if (r->pl->concurrent_grads && r->t->grad_hidden && r->t->grad_weight) {
+        TRY(run_dh_dw_at_once(r, rows_step, cols_step));
+        if (r->p->has_bias && r->t->grad_bias) TRY(run_rows(r, K_DBIAS, cols_step));
+        return FLCE_OK;
+    }
     if (r->t->grad_hidden) TRY(run_dh(r, rows_step));
     if (r->t->grad_hidden && r->pl->tp_overlap && rows_step->last) TRY(overlap_dh(r, rows_step));
     if (r->t->grad_weight) TRY(run_dw(r, cols_step));
@@ -510,13 +531,20 @@ static flce_status reduce_dh_rows(run *r, int64_t row0, int64_t rows, CUstream s
  * caller's stream goes on with dW. launch_run joins the two before it returns. */
 static flce_status overlap_dh(run *r, const block *rows_done)
 {
+    TRY(side_fork(r));
+    return reduce_dh_rows(r, rows_done->row0, rows_done->rows, r->ctx->side);
+}
+
+/* The side stream waits for everything the caller's stream holds so far. */
+static flce_status side_fork(run *r)
+{
     flce_context *ctx = r->ctx;
     TRY(ctx_side_stream(ctx));
     CUresult res = drv.EventRecord(ctx->fork, r->stream);
     if (res == CUDA_SUCCESS) res = drv.StreamWaitEvent(ctx->side, ctx->fork, 0);
-    if (res != CUDA_SUCCESS) return drv_error(res, "handing the dH reduction to the side stream");
+    if (res != CUDA_SUCCESS) return drv_error(res, "handing work to the side stream");
     r->forked = 1;
-    return reduce_dh_rows(r, rows_done->row0, rows_done->rows, ctx->side);
+    return FLCE_OK;
 }
 
 /* The caller's stream waits for the side stream's work (also after a failure: a stream capture
@@ -527,7 +555,7 @@ static flce_status side_join(run *r)
     r->forked = 0;
     CUresult res = drv.EventRecord(r->ctx->join, r->ctx->side);
     if (res == CUDA_SUCCESS) res = drv.StreamWaitEvent(r->stream, r->ctx->join, 0);
-    return res == CUDA_SUCCESS ? FLCE_OK : drv_error(res, "joining the side stream of the dH reduction");
+    return res == CUDA_SUCCESS ? FLCE_OK : drv_error(res, "joining the side stream");
 }
 
 /* dH summed over the ranks in fp32 (all-reduce; reduce-scatter to this rank's rows under SP),

@@ -319,8 +319,11 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
      * before it is rounded once. */
     pl->need_dh_tp = grads && pl->collective && (!t || t->grad_hidden);
     const spec_tile *dwt = &pl->dw.tile;
-    pl->tp_overlap = pl->overlap_wanted && pl->need_dh_tp && !pl->sp && (!t || t->grad_weight) && dwt->wgmma &&
-                     dwt->tma && !dwt->tcgen05 && pl->dw.cluster == 0;
+    int dw_counter_ok = dwt->wgmma && dwt->tma && !dwt->tcgen05 && pl->dw.cluster == 0;
+    pl->tp_overlap = pl->overlap_wanted && pl->need_dh_tp && !pl->sp && (!t || t->grad_weight) && dw_counter_ok;
+    pl->concurrent_grads = pl->grad_streams_wanted && grads && !pl->tp_overlap && dw_counter_ok &&
+                           (!t || (t->grad_hidden && t->grad_weight));
+    pl->dw_dynamic = pl->tp_overlap || pl->concurrent_grads;
     pl->need_dh_acc = grads && pl->recompute && pl->n_vchunks > 1 && !f32 && !caller_dh &&
                       !pl->need_dh_tp && (!t || t->grad_hidden);
     pl->need_db_acc = grads && p->has_bias && pl->n_chunks > 1 && (!t || t->grad_bias);
@@ -358,7 +361,7 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
         if (pl->need_dh_acc) pl->off_dh_acc = take(&cur, n * (uint64_t)pl->d * 4);
         if (pl->need_db_acc) pl->off_db_acc = take(&cur, (uint64_t)pl->v * 4);
         if (pl->need_dh_tp) pl->off_dh_tp = take(&cur, n * (uint64_t)pl->d * 4);
-        if (pl->tp_overlap) pl->off_tile_counter = take(&cur, 8);
+        if (pl->dw_dynamic) pl->off_tile_counter = take(&cur, 8);
     }
     if (pl->collective && stats) {
         pl->tp_block_bytes = plan_tp_block_bytes(pl->stat_rows);
@@ -390,6 +393,7 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     pl->dh_reduce_16bit = cfg->tp_dh_16bit && pl->collective && !pl->sp && !p->accumulate_grad_hidden &&
                           p->dtype != FLCE_DTYPE_F32;
     pl->overlap_wanted = cfg->tp_overlap;
+    pl->grad_streams_wanted = cfg->grad_streams;
 }
 
 /* The rest, once the tiles are final (built-in or tuned). */

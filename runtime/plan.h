@@ -87,6 +87,15 @@ typedef struct plan {
      * the CTAs held back by NCCL's kernel take fewer tiles. Where: a plain all-reduce (no SP) and a
      * dW on the wgmma TMA path without clusters (tp_overlap). */
     int overlap_wanted, tp_overlap;
+    /* FLCE_GRAD_STREAMS (default on; grad_streams_wanted): dH on the context's side stream (the
+     * higher priority) and dW on the caller's, at once, joined before anything reads dZ again. A
+     * persistent dH of 1024 tiles leaves 32 of 132 SMs idle for its last 1.5 ms (7.76 waves at
+     * 8192×4096×128256); dW's CTAs fill them, taking tiles from the counter so that those that
+     * start late take fewer. Where both gradients are asked for, no TP overlap, and dW is on the
+     * wgmma TMA path without clusters (concurrent_grads). */
+    int grad_streams_wanted, concurrent_grads;
+    /* dW takes its tiles from the counter at off_tile_counter (tp_overlap or concurrent_grads). */
+    int dw_dynamic;
     uint64_t off_tile_counter;
     uint64_t off_sp_hidden, off_sp_labels, off_sp_go, off_sp_lse, off_sp_out[SP_OUTPUTS];
     uint64_t workspace_bytes;

@@ -80,7 +80,7 @@ static void integers_outside_their_range_are_the_default(void)
 static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM100", "FLCE_COMPACT",
                                     "FLCE_FUSED_DZ", "FLCE_ACC_PREFETCH", "FLCE_RED_ACC", "FLCE_CLUSTER",
                                     "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_NVRTC_FAST",
-                                    "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP"};
+                                    "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_GRAD_STREAMS"};
 
 static void clear_knobs(void)
 {
@@ -98,6 +98,7 @@ static void an_empty_environment_gives_the_defaults(void)
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
     CHECK(!d.acc_prefetch && !d.red_acc && d.cluster == 0 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && !d.tp_overlap);
+    CHECK(d.grad_streams);
 }
 
 static void every_knob_reads_its_variable(void)
@@ -107,12 +108,13 @@ static void every_knob_reads_its_variable(void)
     setenv("FLCE_COMPACT", "0", 1), setenv("FLCE_FUSED_DZ", "no", 1), setenv("FLCE_ACC_PREFETCH", "1", 1);
     setenv("FLCE_RED_ACC", "on", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
-    setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "on", 1);
+    setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "on", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
     CHECK(c.acc_prefetch && c.red_acc && c.cluster == 2 && c.raster_rows == 16);
     CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && c.tp_overlap);
+    CHECK(!c.grad_streams);
     clear_knobs();
 }
 
@@ -267,15 +269,16 @@ static void the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw(void)
     p.tp_rank = 1, p.tp_size = 2, p.vocab_offset = 64128;
     plan pl;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.tp_overlap && pl.off_tile_counter > 0 && pl.off_tile_counter + 8 <= pl.workspace_bytes);
-    CHECK(pl.off_tile_counter % 8 == 0);
+    CHECK(pl.tp_overlap && pl.dw_dynamic && !pl.concurrent_grads);
+    CHECK(pl.off_tile_counter > 0 && pl.off_tile_counter + 8 <= pl.workspace_bytes && pl.off_tile_counter % 8 == 0);
     p.strategy = FLCE_STRATEGY_RECOMPUTE;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.recompute && pl.tp_overlap);
     p.strategy = FLCE_STRATEGY_AUTO;
     config_defaults(&cfg);
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(!pl.tp_overlap && pl.off_tile_counter == 0); /* off unless asked */
+    CHECK(!pl.tp_overlap); /* off unless asked (dW and dH then run at once: FLCE_GRAD_STREAMS) */
+    CHECK(pl.concurrent_grads && pl.dw_dynamic && pl.off_tile_counter > 0);
     cfg.tp_overlap = 1;
     cfg.cluster = 2;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
@@ -293,6 +296,47 @@ static void the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw(void)
     p.tp_rank = 0, p.tp_size = 1, p.vocab_offset = 0, p.vocab_shard = p.vocab_total;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(!pl.tp_overlap);
+}
+
+/* FLCE_GRAD_STREAMS (default on): dH and dW at once where both are asked for and dW can take its
+ * tiles from the counter; the counter is in the workspace exactly then (or with the TP overlap). */
+static void dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted(void)
+{
+    flce_config cfg;
+    config_defaults(&cfg);
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = 8192, p.hidden = 4096, p.vocab_shard = p.vocab_total = 128256, p.dtype = FLCE_DTYPE_BF16;
+    plan pl;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.concurrent_grads && pl.dw_dynamic && pl.off_tile_counter > 0 && !pl.tp_overlap);
+    CHECK(pl.off_tile_counter + 8 <= pl.workspace_bytes);
+    CHECK(plan_build(&p, FLCE_OP_BACKWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.concurrent_grads);
+    CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.concurrent_grads && !pl.dw_dynamic && pl.off_tile_counter == 0);
+    /* a call asking for dH only (no dW to run beside it) */
+    static const char mark;
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = t.weight = t.labels = &mark;
+    t.loss = (float *)(uintptr_t)&mark, t.grad_hidden = (void *)(uintptr_t)&mark;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
+    CHECK(!pl.concurrent_grads && pl.off_tile_counter == 0);
+    t.grad_weight = (void *)(uintptr_t)&mark;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
+    CHECK(pl.concurrent_grads);
+    cfg.grad_streams = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.concurrent_grads && !pl.dw_dynamic && pl.off_tile_counter == 0);
+    config_defaults(&cfg);
+    cfg.portable = 1; /* mma.sync dW: a grid of tiles, no counter */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.concurrent_grads);
+    config_defaults(&cfg);
+    cfg.cluster = 2;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.concurrent_grads);
 }
 
 static void tune_tiles_are_an_input(void)
@@ -326,5 +370,6 @@ int main(void)
     RUN(tune_tiles_are_an_input);
     RUN(the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only);
     RUN(the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw);
+    RUN(dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted);
     FINISH();
 }
