@@ -35,7 +35,8 @@ really does):
   cublas-role-dh       role     dZ[NxV] bf16 . W[VxD] -> N x D
   cublas-role-dw       role     dZ^T[VxN] . H[NxD] -> V x D   (dZ: a preallocated random bf16 N x V input)
  and flce's own role kernels, each one's time per call inside flce's AUTO loss-and-grad (and forward)
- calls, from `flce bench --timeline --json` run as a subprocess (--flce-bin; CUDA events between
+ calls, from `FLCE_GRAD_STREAMS=0 flce bench --timeline --json` run as a subprocess (--flce-bin; dH
+ and dW one after the other so their times do not overlap; CUDA events between
  launches, so in-run, back to back with the other kernels, where the cuBLAS role rows time one GEMM
  in a loop; vs_role: ms / the cublas-inrun row of the same GEMM, else the cublas-role row):
   cublas-inrun-logits, -dh, -dw  role  cublas-floor's three GEMMs back to back with events between them:
@@ -553,9 +554,12 @@ def flce_role_rows(shape, std, args):
         out = os.path.join(tmp, "bench.json")
         cmd = [tool, "bench", "--shapes", shape, "--logit-std", f"{std:g}", "--strategies", "auto,forward",
                "--iters", str(args.iters), "--warmup", str(args.warmup), "--timeline", "--json", out]
-        log(f"{shape} std {std_label(std)}: {' '.join(cmd[1:])}")
+        log(f"{shape} std {std_label(std)}: FLCE_GRAD_STREAMS=0 {' '.join(cmd[1:])}")
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            # dH and dW one after the other: launched at once (the default) their events overlap
+            # and dH's row would span both kernels (bench/NOTES.md v18)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                                  env=dict(os.environ, FLCE_GRAD_STREAMS="0"))
             with open(out) as f:
                 bench = json.load(f)
         except Exception as e:  # noqa: BLE001  (a result like any other failure)
