@@ -1133,11 +1133,12 @@ void cache_counters_get(cache_counters *out)
     pthread_mutex_unlock(&cache_counter_lock);
 }
 
-void cache_note_compile(double ms)
+void cache_note_compile(double ms, double cpu_ms)
 {
     pthread_mutex_lock(&cache_counter_lock);
     cache_count.compiles++;
     cache_count.compile_ms += ms;
+    if (cpu_ms > 0) cache_count.compile_cpu_ms += cpu_ms;
     pthread_mutex_unlock(&cache_counter_lock);
 }
 
@@ -1174,13 +1175,16 @@ static int cache_stats_pending(const cache_dir_counters *c)
     return c->hits || c->waited || c->compiles || c->evicted || c->wait_ms > 0;
 }
 
-/* One line: tag, records, hits, waited, compiles, compile ms, wait ms, evicted, pid. */
+/* One line: tag, records, hits, waited, compiles, compile ms, wait ms, evicted, pid, compile CPU
+ * ms. The CPU ms came later than the rest, so it goes after the pid: a reader of the older format
+ * (which ignores what follows the pid) still counts these lines, and this one reads old lines,
+ * which end at the pid, with no CPU time. Further fields go after it, for the same reason. */
 static int cache_stats_format(char *line, size_t cap, const cache_dir_counters *c, uint64_t records)
 {
-    int n = snprintf(line, cap, CACHE_STATS_TAG "%llu %llu %llu %llu %.3f %.3f %llu %ld\n",
+    int n = snprintf(line, cap, CACHE_STATS_TAG "%llu %llu %llu %llu %.3f %.3f %llu %ld %.3f\n",
                      (unsigned long long)records, (unsigned long long)c->hits,
                      (unsigned long long)c->waited, (unsigned long long)c->compiles, c->compile_ms,
-                     c->wait_ms, (unsigned long long)c->evicted, (long)getpid());
+                     c->wait_ms, (unsigned long long)c->evicted, (long)getpid(), c->compile_cpu_ms);
     return n > 0 && (size_t)n < cap ? n : 0;
 }
 
@@ -1195,18 +1199,21 @@ static void cache_stats_parse(const char *text, size_t n, cache_dir_counters *su
         size_t len = (size_t)(nl - (text + at));
         char line[CACHE_STATS_LINE_MAX];
         unsigned long long rec, hits, waited, compiles, evicted;
-        double cms, wms;
+        double cms, wms, cpu = 0;
         long pid;
         if (len > tag && len < sizeof line && !memcmp(text + at, CACHE_STATS_TAG, tag)) {
             memcpy(line, text + at, len);
             line[len] = '\0';
-            if (sscanf(line + tag, "%llu %llu %llu %llu %lf %lf %llu %ld", &rec, &hits, &waited,
-                       &compiles, &cms, &wms, &evicted, &pid) == 8 && cms >= 0 && wms >= 0) {
+            /* 8 fields: a line of the format before the CPU time (cache_stats_format), cpu = 0. */
+            int got = sscanf(line + tag, "%llu %llu %llu %llu %lf %lf %llu %ld %lf", &rec, &hits, &waited,
+                             &compiles, &cms, &wms, &evicted, &pid, &cpu);
+            if ((got == 8 || got == 9) && cms >= 0 && wms >= 0 && cpu >= 0) {
                 sum->records += rec;
                 sum->hits += hits;
                 sum->waited += waited;
                 sum->compiles += compiles;
                 sum->compile_ms += cms;
+                sum->compile_cpu_ms += cpu;
                 sum->wait_ms += wms;
                 sum->evicted += evicted;
             }
@@ -1366,6 +1373,7 @@ static void cache_stats_add(const char *dir, const cache_dir_counters *d)
     s->c.waited += d->waited;
     s->c.compiles += d->compiles;
     s->c.compile_ms += d->compile_ms;
+    s->c.compile_cpu_ms += d->compile_cpu_ms;
     s->c.wait_ms += d->wait_ms;
     s->c.evicted += d->evicted;
     if (s == &spill || s->c.hits + s->c.waited + s->c.compiles >= CACHE_STATS_FLUSH_EVENTS)
@@ -1373,7 +1381,8 @@ static void cache_stats_add(const char *dir, const cache_dir_counters *d)
     pthread_mutex_unlock(&cache_stats_lock);
 }
 
-void cache_stats_note(const char *dir, cache_outcome outcome, double compile_ms, double wait_ms)
+void cache_stats_note(const char *dir, cache_outcome outcome, double compile_ms, double compile_cpu_ms,
+                      double wait_ms)
 {
     cache_dir_counters d;
     memset(&d, 0, sizeof d);
@@ -1381,6 +1390,7 @@ void cache_stats_note(const char *dir, cache_outcome outcome, double compile_ms,
     d.waited = outcome == CACHE_OUTCOME_WAITED;
     d.compiles = outcome == CACHE_OUTCOME_COMPILED;
     d.compile_ms = outcome == CACHE_OUTCOME_COMPILED && compile_ms > 0 ? compile_ms : 0;
+    d.compile_cpu_ms = outcome == CACHE_OUTCOME_COMPILED && compile_cpu_ms > 0 ? compile_cpu_ms : 0;
     d.wait_ms = wait_ms > 0 ? wait_ms : 0;
     cache_stats_add(dir, &d);
 }
@@ -1415,7 +1425,8 @@ flce_status cache_dir_counters_read(const char *dir, cache_dir_counters *out)
         const cache_dir_counters *c = &cache_stats_slots[i].c;
         if (strcmp(cache_stats_slots[i].dir, dir) || !cache_stats_pending(c)) continue;
         out->hits += c->hits, out->waited += c->waited, out->compiles += c->compiles;
-        out->compile_ms += c->compile_ms, out->wait_ms += c->wait_ms, out->evicted += c->evicted;
+        out->compile_ms += c->compile_ms, out->compile_cpu_ms += c->compile_cpu_ms;
+        out->wait_ms += c->wait_ms, out->evicted += c->evicted;
         out->records++;
     }
     pthread_mutex_unlock(&cache_stats_lock);

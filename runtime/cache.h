@@ -136,11 +136,13 @@ typedef struct cache_counters {
     uint64_t lock_waits;        /* cache_lock_entry calls that found the lock held */
     double lock_wait_ms;        /* time they waited */
     uint64_t compiles;          /* compiles the JIT reported (cache_note_compile) */
-    double compile_ms;          /* their time */
+    double compile_ms;          /* their wall time */
+    double compile_cpu_ms;      /* the compiling threads' CPU time in them */
 } cache_counters;
 void cache_counters_get(cache_counters *out);
-/* The JIT reports each compile that followed a miss, for the counters. */
-void cache_note_compile(double ms);
+/* The JIT reports each compile that followed a miss, for the counters: its wall ms and the CPU ms
+ * of the thread that ran it (negative: not measured, counted as 0). */
+void cache_note_compile(double ms, double cpu_ms);
 
 /* ---- persistent counters of a directory (`flce cache stats`) -----------------------------------
  * Every process that looks kernels up in a directory adds what it saw to "<dir>/stats.log": one
@@ -170,14 +172,22 @@ typedef struct cache_dir_counters {
     uint64_t waited;     /* misses served by another process's (or thread's) compile */
     uint64_t compiles;   /* misses compiled by the process that missed */
     double compile_ms;   /* the compiles' NVRTC time, summed (not wall: compiles overlap) */
+    /* The CPU time of the threads that ran those compiles, summed. Beside compile_ms it tells the
+     * two ways a compile's wall time misleads apart: wall well above CPU is a compile that waited
+     * for a core (contention); CPU far below what a compile normally costs is NVRTC 12.9+'s own
+     * cache (under CUDA_CACHE_PATH) serving it. Lines written before this field existed carry
+     * none, so over a directory that old processes also used it covers only the newer compiles. */
+    double compile_cpu_ms;
     double wait_ms;      /* time misses spent waiting for another process's compile lock */
     uint64_t evicted;    /* entries removed for the size cap by stores of these processes */
     uint64_t records;    /* lines merged (about one per process) */
 } cache_dir_counters;
 
-/* One kernel lookup of the JIT in `dir`: its outcome, the compile's NVRTC ms (COMPILED) and the
- * time waited for another holder of the entry's compile lock (any outcome). Never fails. */
-void cache_stats_note(const char *dir, cache_outcome outcome, double compile_ms, double wait_ms);
+/* One kernel lookup of the JIT in `dir`: its outcome, the compile's NVRTC wall and thread CPU ms
+ * (COMPILED; a negative one is not counted) and the time waited for another holder of the entry's
+ * compile lock (any outcome). Never fails. */
+void cache_stats_note(const char *dir, cache_outcome outcome, double compile_ms, double compile_cpu_ms,
+                      double wait_ms);
 /* Appends this process's unflushed counts of every directory to their stats files. */
 void cache_stats_flush(void);
 /* The sum of `dir`'s stats file plus this process's unflushed counts there. A missing file is all

@@ -785,7 +785,7 @@ static void four_processes_missing_one_kernel_compile_it_once(void)
     cache_dir_counters c;
     CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK);
     CHECKF(c.records == PROCESSES && c.lookups == PROCESSES && c.compiles == 1 &&
-               c.hits + c.waited == PROCESSES - 1 && c.compile_ms > 0,
+               c.hits + c.waited == PROCESSES - 1 && c.compile_ms > 0 && c.compile_cpu_ms > 0,
            "counters: %llu records, %llu lookups, %llu compiles, %llu hits, %llu waited",
            (unsigned long long)c.records, (unsigned long long)c.lookups,
            (unsigned long long)c.compiles, (unsigned long long)c.hits, (unsigned long long)c.waited);
@@ -1217,12 +1217,14 @@ static void counters_count_this_process_calls(void)
     CHECK(load_str(dir, KEY_A, VALUE_A) == 0);
     CHECK(store_str(dir, KEY_A, VALUE_A) == FLCE_OK);
     CHECK(load_str(dir, KEY_A, VALUE_A) == 1);
-    cache_note_compile(12.5);
+    cache_note_compile(12.5, 10.0);
+    cache_note_compile(1.0, -1.0); /* CPU time not measured: counts as none */
     cache_counters_get(&b);
     CHECK(b.misses == a.misses + 1 && b.hits == a.hits + 1 && b.stores == a.stores + 1);
     CHECK(b.hit_bytes == a.hit_bytes + strlen(VALUE_A));
     CHECK(b.store_bytes == a.store_bytes + 32 + strlen(KEY_A) + strlen(VALUE_A));
-    CHECK(b.compiles == a.compiles + 1 && b.compile_ms >= a.compile_ms + 12.5);
+    CHECK(b.compiles == a.compiles + 2 && b.compile_ms >= a.compile_ms + 13.5);
+    CHECK(b.compile_cpu_ms >= a.compile_cpu_ms + 10.0 && b.compile_cpu_ms < a.compile_cpu_ms + 10.5);
     remove_tree(dir);
 }
 
@@ -1232,9 +1234,9 @@ static int note_three_and_flush(int index, void *arg)
 {
     const char *dir = arg;
     (void)index;
-    cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0);
-    cache_stats_note(dir, CACHE_OUTCOME_COMPILED, 100.0, 5.0);
-    cache_stats_note(dir, CACHE_OUTCOME_WAITED, 0, 20.0);
+    cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0, 0);
+    cache_stats_note(dir, CACHE_OUTCOME_COMPILED, 100.0, 60.0, 5.0);
+    cache_stats_note(dir, CACHE_OUTCOME_WAITED, 0, 0, 20.0);
     cache_stats_flush();
     return 0;
 }
@@ -1256,8 +1258,9 @@ static void counters_of_processes_persist_and_sum(void)
            "%llu records, %llu hits, %llu compiles, %llu waited", (unsigned long long)c.records,
            (unsigned long long)c.hits, (unsigned long long)c.compiles, (unsigned long long)c.waited);
     CHECK(c.compile_ms > 399.9 && c.compile_ms < 400.1 && c.wait_ms > 99.9 && c.wait_ms < 100.1);
+    CHECKF(c.compile_cpu_ms > 239.9 && c.compile_cpu_ms < 240.1, "compile cpu %.3f ms", c.compile_cpu_ms);
     /* Unflushed counts of this process count too, and reach the file when it flushes. */
-    cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0);
+    cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0, 0);
     long before = file_size(path);
     CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK && c.hits == PROCESSES + 1 &&
           c.records == PROCESSES + 1);
@@ -1287,7 +1290,7 @@ static void forked_child_does_not_write_its_parents_counts(void)
     cache_dir_counters c;
     make_tmpdir(dir);
     join(path, dir, CACHE_STATS_FILE);
-    cache_stats_note(dir, CACHE_OUTCOME_COMPILED, 10.0, 0);
+    cache_stats_note(dir, CACHE_OUTCOME_COMPILED, 10.0, 5.0, 0);
     CHECK(run_children(2, flush_only, NULL) == 0);
     CHECK(!file_exists(path));
     cache_stats_flush();
@@ -1300,7 +1303,7 @@ static int append_many(int index, void *arg)
     const char *dir = arg;
     (void)index;
     for (int i = 0; i < 1500; i++) {
-        cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0);
+        cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0, 0);
         cache_stats_flush();
     }
     return 0;
@@ -1346,6 +1349,62 @@ static void malformed_lines_are_skipped(void)
     remove_tree(dir);
 }
 
+/* The compile CPU time came after the first format: it is a ninth field, after the pid. Lines
+ * without it (files written before it) still count, with no CPU time; lines with it are still
+ * lines of the old format to a reader that stops at the pid; a compaction keeps the sum. */
+static void compile_cpu_time_is_a_field_old_and_new_lines_share(void)
+{
+    char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
+    cache_dir_counters c;
+    make_tmpdir(dir);
+    join(path, dir, CACHE_STATS_FILE);
+    const char text[] = "flce-stats 1 1 2 0 1 50.0 0.0 0 123\n"          /* old: no CPU time */
+                        "flce-stats 1 1 0 0 2 80.0 1.0 0 124 30.5\n"     /* new */
+                        "flce-stats 1 1 9 0 1 10.0 0.0 0 125 -1.0\n"     /* negative: skipped */
+                        "flce-stats 1 1 0 0 1 10.0 0.0 0 126 4.0 7 8\n"; /* later fields: ignored */
+    CHECK(write_file(path, text, sizeof text - 1) == 0);
+    CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK);
+    CHECKF(c.records == 3 && c.hits == 2 && c.compiles == 4 && c.compile_ms == 140.0 &&
+               c.compile_cpu_ms == 34.5 && c.wait_ms == 1.0,
+           "%llu records, %llu hits, %llu compiles, %.3f ms, %.3f cpu ms", (unsigned long long)c.records,
+           (unsigned long long)c.hits, (unsigned long long)c.compiles, c.compile_ms, c.compile_cpu_ms);
+    /* A line this version writes, read the way the first format's reader reads it. */
+    unlink(path);
+    cache_stats_note(dir, CACHE_OUTCOME_COMPILED, 200.0, 150.25, 0);
+    cache_stats_flush();
+    char line[256] = "";
+    FILE *f = fopen(path, "r");
+    CHECK(f && fgets(line, sizeof line, f));
+    if (f) fclose(f);
+    unsigned long long rec = 0, hits = 0, waited = 0, compiles = 0, evicted = 0;
+    double cms = 0, wms = 0, cpu = 0;
+    long pid = 0;
+    CHECKF(sscanf(line, "flce-stats 1 %llu %llu %llu %llu %lf %lf %llu %ld", &rec, &hits, &waited,
+                  &compiles, &cms, &wms, &evicted, &pid) == 8 &&
+               rec == 1 && compiles == 1 && cms == 200.0 && pid == (long)getpid(),
+           "line: %s", line);
+    CHECKF(sscanf(line, "flce-stats 1 %*u %*u %*u %*u %*f %*f %*u %*d %lf", &cpu) == 1 && cpu == 150.25,
+           "line: %s", line);
+    /* Old lines past the compaction threshold: the flush that crosses it folds them, CPU included. */
+    unlink(path);
+    FILE *w = fopen(path, "w");
+    int lines = 0;
+    for (long size = 0; w && size <= (long)CACHE_STATS_COMPACT_BYTES; lines++)
+        size += fprintf(w, "flce-stats 1 1 1 0 1 2.0 0.0 0 %d\n", 1000 + lines);
+    CHECK(w && fclose(w) == 0);
+    cache_stats_note(dir, CACHE_OUTCOME_COMPILED, 3.0, 2.5, 0);
+    cache_stats_flush();
+    CHECKF(file_size(path) > 0 && file_size(path) < 256, "stats.log is %ld bytes after compaction",
+           file_size(path));
+    CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK);
+    CHECKF(c.records == (uint64_t)lines + 1 && c.compiles == (uint64_t)lines + 1 &&
+               c.compile_cpu_ms > 2.49 && c.compile_cpu_ms < 2.51 && c.compile_ms > 2.0 * lines + 2.99 &&
+               c.compile_ms < 2.0 * lines + 3.01,
+           "%llu records (%d expected), %.3f cpu ms", (unsigned long long)c.records, lines + 1,
+           c.compile_cpu_ms);
+    remove_tree(dir);
+}
+
 /* Recording never fails: a missing or unwritable directory keeps no counts, and
  * FLCE_CACHE_STATS=0 turns recording off. */
 static void counters_degrade_quietly(void)
@@ -1356,13 +1415,13 @@ static void counters_degrade_quietly(void)
     make_tmpdir(dir);
     join(path, dir, CACHE_STATS_FILE);
     join(missing, dir, "no/such/dir");
-    cache_stats_note(missing, CACHE_OUTCOME_HIT, 0, 0);
-    cache_stats_note("/proc/flce-no-such-dir", CACHE_OUTCOME_COMPILED, 1.0, 0);
+    cache_stats_note(missing, CACHE_OUTCOME_HIT, 0, 0, 0);
+    cache_stats_note("/proc/flce-no-such-dir", CACHE_OUTCOME_COMPILED, 1.0, 1.0, 0);
     cache_stats_flush();
     CHECK(!file_exists(missing));
     CHECK(cache_dir_counters_read("/proc/flce-no-such-dir", &c) == FLCE_OK && c.compiles == 0);
     setenv("FLCE_CACHE_STATS", "0", 1);
-    cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0);
+    cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0, 0);
     cache_stats_flush();
     CHECK(!file_exists(path));
     restore_env(&env);
@@ -1452,10 +1511,11 @@ static void warmup_then_gen_compile_finds_every_kernel_cached(void)
     /* The tool exited normally, so its atexit flush left its counts in the directory. */
     cache_dir_counters c;
     CHECK(cache_dir_counters_read(dir, &c) == FLCE_OK);
-    CHECKF(c.records == 1 && c.compiles == (uint64_t)compiled && c.hits == 0 && c.compile_ms > 0,
-           "counters after warmup: %llu records, %llu compiles (%d compiled), %llu hits",
+    CHECKF(c.records == 1 && c.compiles == (uint64_t)compiled && c.hits == 0 && c.compile_ms > 0 &&
+               c.compile_cpu_ms > 0,
+           "counters after warmup: %llu records, %llu compiles (%d compiled), %llu hits, %.1f cpu ms",
            (unsigned long long)c.records, (unsigned long long)c.compiles, compiled,
-           (unsigned long long)c.hits);
+           (unsigned long long)c.hits, c.compile_cpu_ms);
     rc = run_tool(tool, dir, gen, log2);
     int hits = count_lines_starting(log2, "cached");
     CHECKF(rc == 0 && hits == compiled && count_lines_starting(log2, "compiled") == 0,
@@ -1520,6 +1580,7 @@ int main(void)
     RUN(forked_child_does_not_write_its_parents_counts);
     RUN(concurrent_appends_and_compactions_lose_nothing);
     RUN(malformed_lines_are_skipped);
+    RUN(compile_cpu_time_is_a_field_old_and_new_lines_share);
     RUN(counters_degrade_quietly);
     RUN(warmup_then_gen_compile_finds_every_kernel_cached);
     FINISH();
