@@ -79,6 +79,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import flce  # noqa: E402
+import stamp  # noqa: E402  (bench/, the script's own folder)
 
 ALL_SHAPES = ["8192x4096x128256", "8192x2304x256000", "4096x2048x32000", "32768x4096x128256",
               "512x4096x128256"]
@@ -542,28 +543,33 @@ def flce_bin(args):
     return None
 
 
-def flce_role_rows(shape, std, args):
-    """flce-role-* rows of one shape and std: `flce bench --strategies auto,forward --timeline` in a
-    subprocess (its own data; this process has freed its tensors), each kernel's in-run ms per call."""
-    import subprocess
+def run_flce_bench(tool, shape, std, args, env, extra=()):
+    """`flce bench --strategies auto,forward` of one shape and std in a subprocess (its own data;
+    this process has freed its tensors) under the settings `env`: (its JSON rows, the finished
+    process). Raises on a failure to run or read, which the callers turn into an error row."""
     import tempfile
-    tool = flce_bin(args)
-    if tool is None:
-        return [dict(new_row("flce-role-logits", "role"), error="no flce tool found (pass --flce-bin)")]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
         cmd = [tool, "bench", "--shapes", shape, "--logit-std", f"{std:g}", "--strategies", "auto,forward",
-               "--iters", str(args.iters), "--warmup", str(args.warmup), "--timeline", "--json", out]
-        log(f"{shape} std {std_label(std)}: FLCE_GRAD_STREAMS=0 {' '.join(cmd[1:])}")
-        try:
-            # dH and dW one after the other: launched at once (the default) their events overlap
-            # and dH's row would span both kernels (bench/NOTES.md v18)
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                                  env=dict(os.environ, FLCE_GRAD_STREAMS="0"))
-            with open(out) as f:
-                bench = json.load(f)
-        except Exception as e:  # noqa: BLE001  (a result like any other failure)
-            return [dict(new_row("flce-role-logits", "role"), error=f"flce bench: {first_line(e)}")]
+               "--iters", str(args.iters), "--warmup", str(args.warmup), *extra, "--json", out]
+        log(f"{shape} std {std_label(std)}: {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(cmd[1:])}")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=dict(os.environ, **env))
+        with open(out) as f:
+            return json.load(f), proc
+
+
+def flce_role_rows(shape, std, args):
+    """flce-role-* rows of one shape and std: `flce bench --timeline` (run_flce_bench), each kernel's
+    in-run ms per call."""
+    tool = flce_bin(args)
+    if tool is None:
+        return [dict(new_row("flce-role-logits", "role"), error="no flce tool found (pass --flce-bin)")]
+    try:
+        # dH and dW one after the other: launched at once (the default) their events overlap and
+        # dH's row would span both kernels (bench/NOTES.md v18)
+        bench, proc = run_flce_bench(tool, shape, std, args, {"FLCE_GRAD_STREAMS": "0"}, ("--timeline",))
+    except Exception as e:  # noqa: BLE001  (a result like any other failure)
+        return [dict(new_row("flce-role-logits", "role"), error=f"flce bench: {first_line(e)}")]
     n, d, v = (int(x) for x in shape.split("x"))
     rows = []
     for b in bench:
@@ -625,8 +631,6 @@ def cublas_inrun_rows(data, args):
 def portable_rows(shape, std, args):
     """flce-portable-{default,forward} of one shape and std (FLCE_PORTABLE=1 is read once per
     process: a subprocess) and, once per run, mma-sync-peak; vs_peak = TFLOP/s / the peak's."""
-    import subprocess
-    import tempfile
     tool = flce_bin(args)
     if tool is None:
         return [dict(new_row("flce-portable-default", "fwd+bwd"), error="no flce tool found (pass --flce-bin)")]
@@ -643,17 +647,10 @@ def portable_rows(shape, std, args):
         except Exception as e:  # noqa: BLE001
             args.portable_peak = 0.0
             rows.append(dict(new_row("mma-sync-peak", "peak"), error=first_line(e)))
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "bench.json")
-        cmd = [tool, "bench", "--shapes", shape, "--logit-std", f"{std:g}", "--strategies", "auto,forward",
-               "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out]
-        log(f"{shape} std {std_label(std)}: FLCE_PORTABLE=1 {' '.join(cmd[1:])}")
-        try:
-            subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=dict(os.environ, FLCE_PORTABLE="1"))
-            with open(out) as f:
-                bench = json.load(f)
-        except Exception as e:  # noqa: BLE001
-            return rows + [dict(new_row("flce-portable-default", "fwd+bwd"), error=f"flce bench: {first_line(e)}")]
+    try:
+        bench, _ = run_flce_bench(tool, shape, std, args, {"FLCE_PORTABLE": "1"})
+    except Exception as e:  # noqa: BLE001
+        return rows + [dict(new_row("flce-portable-default", "fwd+bwd"), error=f"flce bench: {first_line(e)}")]
     for b in bench:
         name, mode = (("flce-portable-forward", "fwd") if b["strategy"] == "forward"
                       else ("flce-portable-default", "fwd+bwd"))
@@ -739,21 +736,6 @@ def summary_tables(rows, shapes, stds, providers):
     return "\n".join(out)
 
 
-def commit():
-    if os.environ.get("FLCE_COMMIT"):
-        return os.environ["FLCE_COMMIT"]
-    try:
-        with open(os.path.join(REPO, ".device-commit")) as f:
-            return f.read().strip()
-    except OSError:
-        pass
-    try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def clean(x):  # strict JSON: a NaN or infinite error becomes a string
     return str(x) if isinstance(x, float) and not math.isfinite(x) else x
 
@@ -825,7 +807,7 @@ def main():
     device_name = torch.cuda.get_device_name()
     slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
     date = datetime.date.today().isoformat()
-    meta = {"device": device_name, "date": date, "commit": commit(), "torch": torch.__version__,
+    meta = {"device": device_name, "date": date, "commit": stamp.commit(REPO), "torch": torch.__version__,
             "cuda": torch.version.cuda, "flce": flce.version(), "flce_library": flce.library_path()}
     try:
         import triton

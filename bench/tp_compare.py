@@ -36,6 +36,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import flce  # noqa: E402
+import stamp  # noqa: E402  (bench/, the script's own folder)
 
 IGNORE = -100
 MiB = 1 << 20
@@ -136,22 +137,6 @@ def global_rel(got, ref, group, sharded):
         dist.all_reduce(t, group=group)
         num, den = t[0], t[1]
     return float((num / den.clamp(min=1e-300)).sqrt())
-
-
-def _commit():
-    """The tree's commit: its git HEAD, else the device stamp (bench/device_lib.sh)."""
-    for f in (".device-commit", "device-commit.txt"):
-        try:
-            with open(os.path.join(REPO, f)) as fh:
-                return fh.read().strip()
-        except OSError:
-            pass
-    try:
-        import subprocess
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 def time_steps(step, iters, warmup):
@@ -257,7 +242,7 @@ def main():
     if os.environ.get("NCCL_DEBUG_FILE"):
         log_path = os.environ["NCCL_DEBUG_FILE"].replace("%p", str(os.getpid())).replace("%h", os.uname().nodename)
     rows, results = [], {}
-    commit = os.environ.get("FLCE_COMMIT") or _commit()
+    commit = stamp.commit(REPO)
     date = datetime.date.today().isoformat()
     wanted = [x.strip() for x in args.providers.split(",") if x.strip()]
     for k, provider in enumerate(p for p in ["megatron", "flce-nccl", "flce-split", "flce-local"] if p in wanted):

@@ -164,6 +164,14 @@ static flce_problem problem(int64_t n, int64_t d, int64_t v, flce_dtype t)
     return p;
 }
 
+/* Rank 1 of 2 of a bf16 problem whose vocab of v_total splits evenly. */
+static flce_problem tp2_problem(int64_t n, int64_t d, int64_t v_total)
+{
+    flce_problem p = problem(n, d, v_total / 2, FLCE_DTYPE_BF16);
+    p.vocab_total = v_total, p.vocab_offset = v_total / 2, p.tp_rank = 1, p.tp_size = 2;
+    return p;
+}
+
 /* Same problem, device facts, settings and tiles: the same plan, byte for byte, whatever the
  * environment says meanwhile; and plan_make (offline) is plan_build under the process's settings. */
 static void planning_is_a_pure_function_of_its_inputs(void)
@@ -231,10 +239,7 @@ static void the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only(void)
     flce_config cfg;
     config_defaults(&cfg);
     cfg.tp_dh_16bit = 1;
-    flce_problem p;
-    flce_problem_init(&p);
-    p.tokens = 512, p.hidden = 256, p.vocab_shard = 4096, p.vocab_total = 8192, p.dtype = FLCE_DTYPE_BF16;
-    p.tp_rank = 1, p.tp_size = 2, p.vocab_offset = 4096;
+    flce_problem p = tp2_problem(512, 256, 8192);
     plan pl;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.collective && pl.need_dh_tp && pl.dh_reduce_16bit);
@@ -263,10 +268,7 @@ static void the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw(void)
     flce_config cfg;
     config_defaults(&cfg);
     cfg.tp_overlap = 1;
-    flce_problem p;
-    flce_problem_init(&p);
-    p.tokens = 8192, p.hidden = 4096, p.vocab_shard = 64128, p.vocab_total = 128256, p.dtype = FLCE_DTYPE_BF16;
-    p.tp_rank = 1, p.tp_size = 2, p.vocab_offset = 64128;
+    flce_problem p = tp2_problem(8192, 4096, 128256);
     plan pl;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.tp_overlap && pl.dw_dynamic && !pl.concurrent_grads);
@@ -304,9 +306,8 @@ static void dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted(void)
 {
     flce_config cfg;
     config_defaults(&cfg);
-    flce_problem p;
-    flce_problem_init(&p);
-    p.tokens = 8192, p.hidden = 4096, p.vocab_shard = p.vocab_total = 128256, p.dtype = FLCE_DTYPE_BF16;
+    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+    p.vocab_total = 128256;
     plan pl;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.concurrent_grads && pl.dw_dynamic && pl.off_tile_counter > 0 && !pl.tp_overlap);

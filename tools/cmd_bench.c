@@ -714,17 +714,20 @@ static int write_json(const bench_opts *o, const bench_row *rows, int n)
     return fclose(f) == 0;
 }
 
-/* The commit: .device-commit (bench/stamp-commit.sh; the device's tree has no .git), else git. */
+/* The commit, as bench/stamp.py finds it: the device stamp (.device-commit from bench/stamp-commit.sh,
+ * device-commit.txt in a .dev/ export; the device's tree has no .git), else git. */
 static void bench_commit(char *out, size_t n)
 {
     snprintf(out, n, "unknown");
-    FILE *f = fopen(".device-commit", "r");
-    if (!f) f = popen("git rev-parse --short HEAD 2>/dev/null", "r");
-    else {
+    static const char *const stamps[] = {".device-commit", "device-commit.txt"};
+    for (size_t i = 0; i < sizeof stamps / sizeof stamps[0]; i++) {
+        FILE *f = fopen(stamps[i], "r");
+        if (!f) continue;
         if (fgets(out, (int)n, f)) out[strcspn(out, "\n")] = 0;
         fclose(f);
         return;
     }
+    FILE *f = popen("git rev-parse --short HEAD 2>/dev/null", "r");
     if (!f) return;
     if (!fgets(out, (int)n, f)) snprintf(out, n, "unknown");
     out[strcspn(out, "\n")] = 0;
