@@ -394,9 +394,11 @@ static flce_status run_rows(run *r, int kernel, const block *b)
         return launch(r->k.row[K_TP_PACK], ceil_div(b->rows, 256), 1, 256, 0, r->stream, &rp,
                       "tp_pack kernel");
     case K_DZ:
-        /* 8 columns per thread from compact logits (rowops.cu DZ_COMPACT_COLS), else 4. */
-        return launch(r->k.row[K_DZ], b->rows, ceil_div(r->pl->ldz / (r->pl->compact ? 8 : 4), 256), 256, 0, r->stream, &rp,
-                      "dz kernel");
+        /* From compact logits 4 groups of 8 columns per thread (rowops.cu DZ_COMPACT_GROUPS,
+         * DZ_COMPACT_COLS), else 4 columns. */
+        return launch(r->k.row[K_DZ], b->rows,
+                      r->pl->compact ? ceil_div(r->pl->ldz, 256 * 8 * 4) : ceil_div(r->pl->ldz / 4, 256), 256, 0,
+                      r->stream, &rp, "dz kernel");
     case K_DBIAS:
         return launch(r->k.row[K_DBIAS], ceil_div(b->cols, 256), 1, 256, 0, r->stream, &rp,
                       "dbias kernel");

@@ -62,6 +62,11 @@ __device__ __forceinline__ unsigned smem_addr(const void *p)
 
 // 16-byte global→shared copy that bypasses L1; when `valid` is false it writes zeros and reads
 // nothing (src-size 0), which is how tiles past the matrix edge are filled.
+// 16-byte global store of four words (a struct copy of uint4 may be split into four 4-byte ones).
+__device__ __forceinline__ void st_global_16(void *dst, unsigned x, unsigned y, unsigned z, unsigned w)
+{
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+}
 __device__ __forceinline__ void cp_async_16(void *dst, const void *src, bool valid)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),

@@ -85,7 +85,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
         if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, dr);
         else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, dr);
 #else
-        logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, run);
+        logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, run, smem);
 #endif
     }
 #if FLCE_FUSED_DZ

@@ -254,22 +254,24 @@ __device__ __forceinline__ float token_scale(const flce_row_params &p, long long
 #endif
 }
 
-// dZ of DZ_COMPACT_COLS consecutive columns j… of row i from the compact logits (common.cuh):
+// dZ of DZ_COMPACT_COLS consecutive columns j… of row i from the compact logits (common.cuh),
+// their 16 bytes `raw` and their group's maximum m already loaded:
 // p = p̃·2^-15·exp(m − lse) with one exp per group, except at the label, whose p comes from the
 // exact fp32 target logit (p_y ≈ 1 on confident rows: a 16-bit p̃ would cancel badly against the
 // −1). z itself is rebuilt only for softcap's chain rule, clamped to [−c, c] where p̃ underflowed
 // to 0. 8 columns are one 16-byte load and store: this pass is pure memory traffic (2 + 2 bytes
 // per logit), and 8-byte accesses left it at ~2.1 TB/s on an H100.
 #define DZ_COMPACT_COLS 8
-__device__ __forceinline__ void dz_compact(const flce_row_params &p, long long i, long long j, float lse, float a,
-                                           long long local_y, float wy, float g, bool valid,
+// Groups of 8 columns per thread, blockDim.x · 8 columns apart (each access stays coalesced): one
+// group per thread made 516 K CTAs of one 16-byte load each at 8192 × 128256, latency-bound at
+// ~2.1 TB/s (1.98 ms, bench/NOTES.md v19); all the groups' loads are issued before any store
+// (the store may alias the load: dZ is written in place).
+#define DZ_COMPACT_GROUPS 4
+__device__ __forceinline__ void dz_compact(const flce_row_params &p, long long i, long long j, uint4 raw, float m,
+                                           float lse, float a, long long local_y, float wy, float g, bool valid,
                                            float (&d)[DZ_COMPACT_COLS])
 {
-    uint4 raw = *(const uint4 *)((const unsigned short *)p.z + i * p.ldz + j);
     const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
-    // DZ_COMPACT_COLS | tile_cols (a warp tile is a multiple of 8 columns wide), so the group
-    // shares one m (a column past cols reads a valid m or is unused).
-    const float m = j < p.cols ? ((const float *)p.tile_max)[i * p.tile_max_ld + j / p.tile_cols] : 0.f;
     const float scale = expf(m - lse) * (1.f / COMPACT_SCALE);
 #pragma unroll
     for (int c = 0; c < DZ_COMPACT_COLS; c++) {
@@ -290,13 +292,51 @@ __device__ __forceinline__ void dz_compact(const flce_row_params &p, long long i
     }
 }
 
-// grid: (rows, column blocks); each thread turns 4 consecutive logits (DZ_COMPACT_COLS from compact
-// logits: p.tile_max set, launch.c sizes the grid to match) into as many gradients.
+// grid: (rows, column blocks); each thread turns 4 consecutive logits (from compact logits, p.tile_max
+// set: DZ_COMPACT_GROUPS groups of DZ_COMPACT_COLS; launch.c sizes the grid to match) into as many
+// gradients.
 extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params p)
 {
     long long i = blockIdx.x;
-    const int width = p.tile_max ? DZ_COMPACT_COLS : 4;
-    long long j = ((long long)blockIdx.y * blockDim.x + threadIdx.x) * width;
+#if FLCE_DTYPE != DTYPE_F32
+    if (p.tile_max) {
+        const long long span = (long long)blockDim.x * DZ_COMPACT_COLS; // columns between a thread's groups
+        const long long j0 = (long long)blockIdx.y * span * DZ_COMPACT_GROUPS + threadIdx.x * DZ_COMPACT_COLS;
+        if (j0 >= p.ldz) return;
+        long long y = load_label(p.labels, p.row0 + i);
+        bool valid = label_valid(y, p);
+        float g = token_scale(p, p.row0 + i, valid);
+        float lse = ((const float *)p.lse)[p.row0 + i];
+        float wy = valid ? class_weight(p, y) : 0.f;
+        float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
+        long long local_y = valid ? y - p.chunk_offset : -1;
+        uint4 raw[DZ_COMPACT_GROUPS];
+        float m[DZ_COMPACT_GROUPS];
+#pragma unroll
+        for (int q = 0; q < DZ_COMPACT_GROUPS; q++) {
+            const long long j = j0 + q * span;
+            if (j >= p.ldz) break;
+            raw[q] = *(const uint4 *)((const unsigned short *)p.z + i * p.ldz + j);
+            // DZ_COMPACT_COLS | tile_cols (a warp tile is a multiple of 8 columns wide), so the
+            // group shares one m (a column past cols reads a valid m or is unused).
+            m[q] = j < p.cols ? ((const float *)p.tile_max)[i * p.tile_max_ld + j / p.tile_cols] : 0.f;
+        }
+#pragma unroll
+        for (int q = 0; q < DZ_COMPACT_GROUPS; q++) {
+            const long long j = j0 + q * span;
+            if (j >= p.ldz) break;
+            float d[DZ_COMPACT_COLS];
+            dz_compact(p, i, j, raw[q], m[q], lse, a, local_y, wy, g, valid, d);
+            unsigned w[DZ_COMPACT_COLS / 2];
+#pragma unroll
+            for (int c = 0; c < DZ_COMPACT_COLS / 2; c++)
+                w[c] = (unsigned)from_f32(d[2 * c]) | ((unsigned)from_f32(d[2 * c + 1]) << 16);
+            st_global_16((elem_t *)p.dz + i * p.ldz + j, w[0], w[1], w[2], w[3]);
+        }
+        return;
+    }
+#endif
+    long long j = ((long long)blockIdx.y * blockDim.x + threadIdx.x) * 4;
     if (j >= p.ldz) return;
     long long y = load_label(p.labels, p.row0 + i);
     bool valid = label_valid(y, p);
@@ -305,19 +345,6 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
     float wy = valid ? class_weight(p, y) : 0.f;
     float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
     long long local_y = valid ? y - p.chunk_offset : -1;
-#if FLCE_DTYPE != DTYPE_F32
-    if (p.tile_max) {
-        float d[DZ_COMPACT_COLS];
-        dz_compact(p, i, j, lse, a, local_y, wy, g, valid, d);
-        uint4 packed;
-        unsigned *w = &packed.x;
-#pragma unroll
-        for (int c = 0; c < DZ_COMPACT_COLS / 2; c++)
-            w[c] = (unsigned)from_f32(d[2 * c]) | ((unsigned)from_f32(d[2 * c + 1]) << 16);
-        *(uint4 *)((elem_t *)p.dz + i * p.ldz + j) = packed;
-        return;
-    }
-#endif
     float d[4];
     float4 z = *(const float4 *)((const float *)p.z + i * p.ldz + j);
     float zs[4] = {z.x, z.y, z.z, z.w};
