@@ -62,6 +62,19 @@ __device__ __forceinline__ unsigned smem_addr(const void *p)
 
 // 16-byte global→shared copy that bypasses L1; when `valid` is false it writes zeros and reads
 // nothing (src-size 0), which is how tiles past the matrix edge are filled.
+#if FLCE_DTYPE != DTYPE_F32
+// Two floats rounded to the 16-bit dtype in one word, lo in the low half (what from_f32 gives each).
+__device__ __forceinline__ unsigned pack2_elem(float lo, float hi)
+{
+    unsigned r;
+#if FLCE_DTYPE == DTYPE_BF16
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+#endif
 // 16-byte global store of four words (a struct copy of uint4 may be split into four 4-byte ones).
 __device__ __forceinline__ void st_global_16(void *dst, unsigned x, unsigned y, unsigned z, unsigned w)
 {

@@ -273,6 +273,22 @@ __device__ __forceinline__ void dz_compact(const flce_row_params &p, long long i
 {
     const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
     const float scale = expf(m - lse) * (1.f / COMPACT_SCALE);
+    // The common group: inside the shard, not holding the label, no smoothing or softcap. Then dz
+    // is linear in p̃ with one factor per row and group, one multiply per logit: with the general
+    // path below for every logit the pass was bound by instruction issue (ncu: 88 % SM
+    // throughput, 20 of 32 lanes active after predication, 1.69 ms at a locked clock).
+    if (!OPT_ZSUM && SOFTCAP == 0.f && valid && j + DZ_COMPACT_COLS <= p.cols &&
+        (unsigned long long)(local_y - j) >= DZ_COMPACT_COLS) {
+        const float f = dz_value_p(scale, 0.f, a, false, wy, 1.f, g, p.vocab_total);
+#pragma unroll
+        for (int c = 0; c < DZ_COMPACT_COLS; c++) {
+            float pt_f;
+            const unsigned short half = (unsigned short)(c & 1 ? words[c / 2] >> 16 : words[c / 2] & 0xffff);
+            asm("cvt.f32.f16 %0, %1;" : "=f"(pt_f) : "h"(half));
+            d[c] = pt_f * f;
+        }
+        return;
+    }
 #pragma unroll
     for (int c = 0; c < DZ_COMPACT_COLS; c++) {
         long long col = j + c;
@@ -329,8 +345,7 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
             dz_compact(p, i, j, raw[q], m[q], lse, a, local_y, wy, g, valid, d);
             unsigned w[DZ_COMPACT_COLS / 2];
 #pragma unroll
-            for (int c = 0; c < DZ_COMPACT_COLS / 2; c++)
-                w[c] = (unsigned)from_f32(d[2 * c]) | ((unsigned)from_f32(d[2 * c + 1]) << 16);
+            for (int c = 0; c < DZ_COMPACT_COLS / 2; c++) w[c] = pack2_elem(d[2 * c], d[2 * c + 1]);
             st_global_16((elem_t *)p.dz + i * p.ldz + j, w[0], w[1], w[2], w[3]);
         }
         return;
