@@ -126,9 +126,10 @@ size_t spec_smem_bytes(const kernel_spec *s)
                (t->tma ? 16u * (size_t)t->stages : 0) + (t->tcgen05 ? 48u : 0) +
                /* dH/dW on wgmma + TMA: the dynamic tile order's ring of stages + 1 tile numbers */
                (t->tma && !t->tcgen05 && s->role != ROLE_LOGITS ? 8u * (size_t)(t->stages + 1) : 0) +
-               /* compact logits on wgmma + TMA: 128 bytes past the stages, a 2 KiB buffer per warp
-                * through which the fp16 p̃ is stored (templates/gemm_logits.cu, COMPACT_STAGED) */
-               (t->tma && !t->tcgen05 && s->role == ROLE_LOGITS && s->compact
+               /* compact logits, dH and dW on wgmma + TMA: a 2 KiB buffer per warp through which
+                * 16-bit tiles are stored, on a 128-byte boundary past the barriers and the ring
+                * (templates/gemm_wgmma_tma.cu, STAGED_STORE, STAGING_OFFSET) */
+               (t->tma && !t->tcgen05 && (s->role != ROLE_LOGITS || s->compact)
                     ? 128u + 2048u * (size_t)(t->warps_m * t->warps_n) : 0);
     size_t vec = (size_t)(16 / elem_bytes(s->dtype));
     size_t a = a_kmajor(s->role) ? (size_t)t->bm * (t->bk + vec) : (size_t)t->bk * (t->bm + vec);

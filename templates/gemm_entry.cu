@@ -223,7 +223,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
         pair_origin(p, q, pair_rows, tiles_n, pr, n0);
         const long long rb = 2 * pr + rank;
         mainloop(acc, smem, p, it, wm / 4);
-        if (rb < tiles_m) grad_epilogue(acc, p, rb * BM, n0, wm, wn, lane, scale);
+        if (rb < tiles_m) grad_epilogue(acc, p, rb * BM, n0, wm, wn, lane, scale, smem);
     }
 #else
 #if FLCE_TMA
@@ -284,7 +284,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
             long long t, m0, n0;
             if (!mainloop(acc, smem, p, it, wm / 4, tile_ring(smem) + i % TILE_RING, &t)) break;
             tile_origin(p, t, tiles_m, tiles_n, m0, n0);
-            grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
+            grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale, smem);
         }
         return;
     }
@@ -293,12 +293,12 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
         long long m0, n0;
         tile_origin(p, t, tiles_m, tiles_n, m0, n0);
         mainloop(acc, smem, p, it, wm / 4);
-        grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
+        grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale, smem);
     }
 #else
     const long long n0 = (long long)blockIdx.x * BN, m0 = (long long)blockIdx.y * BM;
     mainloop(acc, smem, p, m0, n0, wm, wn, lane);
-    grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
+    grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale, smem);
 #endif
 #endif // FLCE_CLUSTER
 }

@@ -44,12 +44,29 @@ __device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce
 }
 
 __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
-                                              long long n0, int wm, int wn, int lane, float scale)
+                                              long long n0, int wm, int wn, int lane, float scale,
+                                              unsigned char *smem)
 {
     if (p.red_addend) { // uniform across the CTA
         red_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
         return;
     }
+#if STAGED_STORE && FLCE_DTYPE != DTYPE_F32
+    // A full-width tile of a 16-bit output with no addend (a complete dH or dW: the one-chunk
+    // strategies' common case) goes out through shared memory, whole 128-byte rows per store
+    // (gemm_wgmma_tma.cu). Uniform across the CTA.
+    if (!p.addend && !p.out_f32 && n0 + BN <= p.n) {
+        unsigned pk[NI][2];
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) pk[ni][h] = pack2_elem(acc[0][ni][2 * h] * scale, acc[0][ni][2 * h + 1] * scale);
+        staged_store(pk, (unsigned short *)p.out, p.ldo, p.m, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
+        return;
+    }
+#else
+    (void)smem;
+#endif
     const int g = lane / 4, t = lane % 4;
     const float *addend = (const float *)p.addend;
     const long long c0 = n0 + wn * WTN + 2 * t; // even; n is a multiple of 8

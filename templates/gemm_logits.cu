@@ -12,66 +12,14 @@ __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi)
     return r;
 }
 #endif
-// The Hopper path stores the compact p̃ of a full tile through shared memory (COMPACT_STAGED):
-// straight from the accumulator fragments a warp store writes 16 bytes in each of 8 rows, half a
-// sector each (at 8192×4096×128256, 17 M store instructions, 136 M sectors; the pass ran 8.5 %
-// slower than the statistics-only one at a locked clock, bench/NOTES.md v19). stmatrix puts a
-// warp's 16 × 64 block in a 2 KiB buffer of its own, and each lane writes 16 bytes back out, so
-// one store instruction covers four whole 128-byte rows.
-#if FLCE_COMPACT && FLCE_WGMMA && FLCE_TMA
-#if FLCE_TCGEN05
-#define COMPACT_STAGED 0 // (its accumulators come from tensor memory in another layout)
-#else
+// The Hopper TMA path stores the compact p̃ of a full tile through shared memory (STAGED_STORE,
+// gemm_wgmma_tma.cu): straight from the fragments the pass ran 8.5 % slower than the
+// statistics-only one at a locked clock (bench/NOTES.md v19).
+#if FLCE_COMPACT && STAGED_STORE
 #define COMPACT_STAGED 1
-#endif
 #else
 #define COMPACT_STAGED 0
 #endif
-#if COMPACT_STAGED
-constexpr int STAGING_BYTES = 16 * 64 * 2; // per warp; the generator's spec_smem_bytes adds them
-static_assert(WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 8 == 0, "staged compact store: one warp tile of 16 rows");
-// The staging buffers follow the pipeline's barriers (gemm_wgmma_tma.cu), 128 bytes past the stages.
-__device__ __forceinline__ unsigned staging_addr(unsigned char *smem, int warp)
-{
-    return smem_addr(smem) + STAGES * STAGE_BYTES + 128 + warp * STAGING_BYTES;
-}
-// Rows of the buffer are 128 bytes; 16-byte chunk c of row r sits at chunk c ^ (r & 7), so the
-// 8 rows of one stmatrix matrix and the 8 lanes reading one row each hit distinct banks.
-__device__ __forceinline__ unsigned staging_at(unsigned buf, int row, int chunk)
-{
-    return buf + row * 128 + ((chunk ^ (row & 7)) << 4);
-}
-// The warp's 16 rows × 256 columns of packed p̃ pairs (word (ni, h) in pk[ni][h], the fragment
-// layout: row g + 8h, columns ni·8 + 2t…) to rows row0…, columns col0… of p.out, rows < p.m only.
-__device__ __forceinline__ void compact_store_staged(const unsigned (&pk)[NI][2], const flce_gemm_params &p,
-                                                     unsigned buf, long long row0, long long col0, int lane)
-{
-#pragma unroll
-    for (int q = 0; q < NI / 8; q++) { // 64 columns at a time
-#pragma unroll
-        for (int pi = 0; pi < 4; pi++) {
-            const int ni = q * 8 + 2 * pi, k = lane >> 3, r = (k & 1) * 8 + (lane & 7);
-            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
-                         ::"r"(staging_at(buf, r, 2 * pi + (k >> 1))), "r"(pk[ni][0]), "r"(pk[ni][1]),
-                         "r"(pk[ni + 1][0]), "r"(pk[ni + 1][1])
-                         : "memory");
-        }
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = i * 4 + (lane >> 3), c = lane & 7;
-            uint4 v;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                         : "r"(staging_at(buf, r, c))
-                         : "memory");
-            if (row0 + r < p.m) // (ldo is a multiple of 8 columns: 16-byte aligned rows)
-                st_global_16((unsigned short *)p.out + (row0 + r) * p.ldo + col0 + q * 64 + c * 8, v.x, v.y, v.z, v.w);
-        }
-        __syncwarp(); // the buffer is rewritten by the next 64 columns
-    }
-}
-#endif // COMPACT_STAGED
 // The logit transform of the math: bias, temperature, softcap — all compile-time optional.
 __device__ __forceinline__ float transform_logit(float acc, long long col, const flce_gemm_params &p)
 {
@@ -224,7 +172,7 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
             }
         }
 #if COMPACT_STAGED
-    if (STAGED && p.out) compact_store_staged(pk, p, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
+    if (STAGED && p.out) staged_store(pk, (unsigned short *)p.out, p.ldo, p.m, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
 #endif
 }
 

@@ -293,4 +293,63 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
     return true;
 }
 #endif // FLCE_TCGEN05
+
+// ---- 16-bit tiles stored through shared memory (STAGED_STORE) --------------------------------
+// Straight from the accumulator fragments a warp store writes 16 bytes in each of 8 rows, half a
+// sector each. stmatrix puts a warp's 16 × 64 block in a 2 KiB buffer of its own, and each lane
+// writes 16 bytes back out, so one store instruction covers four whole 128-byte rows (v19: the
+// compact logits pass's stores went from 17 M instructions and 136 M sectors to 4.7 M and 70 M).
+// Used by the compact logits epilogue and the dH/dW epilogue's 16-bit output.
+#if FLCE_TCGEN05
+#define STAGED_STORE 0 // (its accumulators come from tensor memory in another layout)
+#else
+#define STAGED_STORE 1
+#endif
+#if STAGED_STORE
+constexpr int STAGING_BYTES = 16 * 64 * 2; // per warp; the generator's spec_smem_bytes adds them
+// The staging buffers follow the barriers and the tile ring, on a 128-byte boundary (the
+// generator's spec_smem_bytes counts the same).
+constexpr int STAGING_OFFSET = PIPE_BYTES + (16 * STAGES + 8 * (STAGES + 1) + 127) / 128 * 128;
+__device__ __forceinline__ unsigned staging_addr(unsigned char *smem, int warp)
+{
+    return smem_addr(smem) + STAGING_OFFSET + warp * STAGING_BYTES;
+}
+// Rows of the buffer are 128 bytes; 16-byte chunk c of row r sits at chunk c ^ (r & 7), so the
+// 8 rows of one stmatrix matrix and the 8 lanes reading one row each hit distinct banks.
+__device__ __forceinline__ unsigned staging_at(unsigned buf, int row, int chunk)
+{
+    return buf + row * 128 + ((chunk ^ (row & 7)) << 4);
+}
+// A warp's 16 rows × WTN columns of packed 16-bit pairs (word (ni, h) in pk[ni][h], the fragment
+// layout: row g + 8h, columns ni·8 + 2t…) to rows row0…, columns col0… of out (row stride ld, a
+// multiple of 8 elements), rows below `rows` only. Every lane of the warp calls it.
+__device__ __forceinline__ void staged_store(const unsigned (&pk)[NI][2], unsigned short *out, long long ld,
+                                             long long rows, unsigned buf, long long row0, long long col0, int lane)
+{
+    static_assert(WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 8 == 0, "staged store: one warp tile of 16 rows");
+#pragma unroll
+    for (int q = 0; q < NI / 8; q++) { // 64 columns at a time
+#pragma unroll
+        for (int pi = 0; pi < 4; pi++) {
+            const int ni = q * 8 + 2 * pi, k = lane >> 3, r = (k & 1) * 8 + (lane & 7);
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                         ::"r"(staging_at(buf, r, 2 * pi + (k >> 1))), "r"(pk[ni][0]), "r"(pk[ni][1]),
+                         "r"(pk[ni + 1][0]), "r"(pk[ni + 1][1])
+                         : "memory");
+        }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = i * 4 + (lane >> 3), c = lane & 7;
+            unsigned v0, v1, v2, v3;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                         : "r"(staging_at(buf, r, c))
+                         : "memory");
+            if (row0 + r < rows) st_global_16(out + (row0 + r) * ld + col0 + q * 64 + c * 8, v0, v1, v2, v3);
+        }
+        __syncwarp(); // the buffer is rewritten by the next 64 columns
+    }
+}
+#endif // STAGED_STORE
 #endif // FLCE_WGMMA && FLCE_TMA
