@@ -12,7 +12,7 @@ static const char *const logits_names[] = {"flce_logits", NULL};
 static const char *const dh_names[] = {"flce_dh", NULL};
 static const char *const dw_names[] = {"flce_dw", NULL};
 static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
-                                           "flce_dbias", "flce_tp_pack", "flce_cast", NULL};
+                                           "flce_dbias", "flce_tp_pack", "flce_cast", "flce_dz_factors", NULL};
 
 const char *const *emit_kernel_names(spec_role role)
 {
@@ -78,6 +78,7 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     sb_printf(b, "#define ROLE_IS_DW %d\n", s->role == ROLE_DW);
     if (s->fused_dz) sb_text(b, "#define FLCE_FUSED_DZ 1\n");
     if (s->compact) sb_text(b, "#define FLCE_COMPACT 1\n");
+    if (s->dz_operand) sb_text(b, "#define FLCE_DZ_OPERAND 1  // A: compact logits, made dZ in shared memory\n");
     if (s->role != ROLE_ROWOPS && s->cluster > 1)
         sb_printf(b, "#define FLCE_CLUSTER %d  // CTAs per cluster: the B tile is multicast to all of them\n", s->cluster);
     sb_printf(b, "#define OPT_BIAS %d\n", !!(s->opts & SPEC_OPT_BIAS));

@@ -101,7 +101,7 @@ void spec_summary(const kernel_spec *s, char *out, size_t cap)
     }
     const spec_tile *t = &s->tile;
     snprintf(out, cap, "%s%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s%s%s",
-             spec_role_name(s->role), s->fused_dz ? "+dz" : s->compact ? "+compact" : "", spec_dtype_name(s->dtype), (long long)s->hidden,
+             spec_role_name(s->role), s->fused_dz ? "+dz" : s->compact ? "+compact" : s->dz_operand ? "+dzop" : "", spec_dtype_name(s->dtype), (long long)s->hidden,
              (long long)s->vocab_shard, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk,
              t->stages, t->warps_m, t->warps_n,
              t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "",
@@ -337,6 +337,10 @@ flce_status spec_validate(const kernel_spec *s)
                        s->compact);
     if (s->compact && s->dtype == FLCE_DTYPE_F32)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "compact=1: needs a 16-bit dtype (fp32 logits are stored as they are)");
+    if (s->dz_operand != 0 && (s->dz_operand != 1 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
+                               s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "dz_operand=%d: 0, or 1 for dH/dW on the wgmma TMA path with a 16-bit dtype", s->dz_operand);
     if (s->cluster != 0 && (s->cluster != 2 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
                             s->tile.tcgen05))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,

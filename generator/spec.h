@@ -50,6 +50,9 @@ typedef struct kernel_spec {
     int compact;         /* LOGITS, 16-bit dtypes: the statistics pass of the chunked strategy stores
                           * Z as fp16 p̃ = exp(z − m)·2^15 plus one fp32 m per (row, warp tile),
                           * 2 bytes per logit instead of 4 (templates/common.cuh) */
+    int dz_operand;      /* DH/DW on the wgmma TMA path, 16-bit: A is the compact logits, turned
+                          * into dZ in shared memory by the consumers before their wgmmas read it
+                          * (no dZ pass; templates/gemm_wgmma_tma.cu, FLCE_DZ_OPERAND) */
     int cluster;         /* DH/DW on the wgmma TMA path: 0 (none), or 2: CTAs in clusters of 2 that
                           * work on vertically adjacent tiles and load their shared B tile once,
                           * each half multicast to both (templates/gemm_wgmma_tma.cu, FLCE_CLUSTER) */

@@ -17,6 +17,7 @@ void config_defaults(flce_config *c)
     c->tiles.enable_sm100 = 0;
     c->compact = 1;
     c->fused_dz = 1;
+    c->dz_operand = 1;
     c->raster_rows = PLAN_RASTER_ROWS;
     c->prefetch = 1;
     c->grad_streams = 1;
@@ -75,6 +76,7 @@ void config_from_env(flce_config *c)
     c->tiles.enable_sm100 = config_parse_bool("FLCE_ENABLE_SM100", getenv("FLCE_ENABLE_SM100"), c->tiles.enable_sm100);
     c->compact = config_parse_bool("FLCE_COMPACT", getenv("FLCE_COMPACT"), c->compact);
     c->fused_dz = config_parse_bool("FLCE_FUSED_DZ", getenv("FLCE_FUSED_DZ"), c->fused_dz);
+    c->dz_operand = config_parse_bool("FLCE_DZ_OPERAND", getenv("FLCE_DZ_OPERAND"), c->dz_operand);
     c->acc_prefetch = config_parse_bool("FLCE_ACC_PREFETCH", getenv("FLCE_ACC_PREFETCH"), c->acc_prefetch);
     c->red_acc = config_parse_bool("FLCE_RED_ACC", getenv("FLCE_RED_ACC"), c->red_acc);
     /* a 1-CTA cluster is no cluster: 0 and 1 both leave it off */
@@ -104,6 +106,7 @@ void config_log(const flce_config *c)
                    c->tiles.enable_sm100 == d.tiles.enable_sm100);
     CONFIG_LOG_ONE("FLCE_COMPACT", "%s", on_off(c->compact), c->compact == d.compact);
     CONFIG_LOG_ONE("FLCE_FUSED_DZ", "%s", on_off(c->fused_dz), c->fused_dz == d.fused_dz);
+    CONFIG_LOG_ONE("FLCE_DZ_OPERAND", "%s", on_off(c->dz_operand), c->dz_operand == d.dz_operand);
     CONFIG_LOG_ONE("FLCE_ACC_PREFETCH", "%s", on_off(c->acc_prefetch), c->acc_prefetch == d.acc_prefetch);
     CONFIG_LOG_ONE("FLCE_RED_ACC", "%s", on_off(c->red_acc), c->red_acc == d.red_acc);
     CONFIG_LOG_ONE("FLCE_CLUSTER", "%d", c->cluster, c->cluster == d.cluster);

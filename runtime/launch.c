@@ -20,7 +20,7 @@
 #include "timeline.h"
 #include "tma.h"
 
-enum { K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6 };
+enum { K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6, K_DZ_FACTORS = 7 };
 
 typedef struct kernels {
     CUfunction logits, logits_dz, dh, dw, row[CTX_MAX_KERNELS];
@@ -286,6 +286,20 @@ static flce_status run_logits_dz(run *r, const block *b)
     return launch_logits(r, &r->pl->logits_dz, r->k.logits_dz, b, 0, &g, "logits+dz kernel");
 }
 
+/* dH/dW reading the compact logits as A and forming dZ themselves (plan.h dz_operand): the
+ * factors flce_dz_factors left in tile_max and target, and the labels of block b's rows. */
+static void set_dz_operand(const run *r, const block *b, struct flce_gemm_params *g)
+{
+    if (!r->pl->dz_operand) return;
+    int log2 = 0;
+    while ((1ll << log2) < r->pl->tile_cols) log2++;
+    g->tile_max = r->rp.tile_max, g->ld_tile_max = r->pl->tile_max_ld, g->tile_cols_log2 = log2;
+    g->target = r->rp.target;
+    g->labels = addr(r->t->labels) + (unsigned long long)b->row0 * (unsigned long long)(r->p->label_bits / 8);
+    g->vocab_offset = r->p->vocab_offset + b->col0;
+    g->vocab_total = r->rp.vocab_total, g->ignore_index = r->rp.ignore_index;
+}
+
 static void set_scale(const run *r, struct flce_gemm_params *g)
 {
     if (r->p->reduction == FLCE_REDUCTION_NONE) return; /* g_i already in dZ */
@@ -338,6 +352,7 @@ static flce_status run_dh(run *r, const block *b)
     g.ldo = pl->d;
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
+    set_dz_operand(r, b, &g);
     int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(b->rows, pl->dh.tile.bm);
     TRY(tma_prepare_gemm(&pl->dh, &g, grad_slots(r->ctx, &pl->dh, r->k.dh), &gx, &gy));
     return launch_cluster(r->k.dh, gx, gy, pl->dh.cluster, spec_threads(&pl->dh), spec_smem_bytes(&pl->dh), r->stream,
@@ -361,6 +376,7 @@ static flce_status run_dw(run *r, const block *b)
     g.ldo = pl->d;
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
+    set_dz_operand(r, b, &g);
     if (pl->dw_dynamic && b->rows > 0) { /* tiles from a counter: see plan.h, dw_dynamic */
         g.tile_counter = r->ws + pl->off_tile_counter;
         CUresult res = drv.MemsetD32Async((CUdeviceptr)g.tile_counter, 0, 2, r->stream);
@@ -399,6 +415,8 @@ static flce_status run_rows(run *r, int kernel, const block *b)
         return launch(r->k.row[K_DZ], b->rows,
                       r->pl->compact ? ceil_div(r->pl->ldz, 256 * 8 * 4) : ceil_div(r->pl->ldz / 4, 256), 256, 0,
                       r->stream, &rp, "dz kernel");
+    case K_DZ_FACTORS:
+        return launch(r->k.row[K_DZ_FACTORS], b->rows, 1, 256, 0, r->stream, &rp, "dz factors kernel");
     case K_DBIAS:
         return launch(r->k.row[K_DBIAS], ceil_div(b->cols, 256), 1, 256, 0, r->stream, &rp,
                       "dbias kernel");
@@ -430,7 +448,10 @@ static flce_status run_dh_dw_at_once(run *r, const block *rows_step, const block
 
 static flce_status run_grads(run *r, const block *rows_step, const block *cols_step)
 {
-    if (!r->pl->fused_dz) TRY(run_rows(r, K_DZ, rows_step)); /* else the logits pass wrote dZ */
+    /* dZ: written by recompute's logits pass (fused_dz), formed by dH and dW themselves from the
+     * factors (dz_operand), or by the dz pass */
+    if (r->pl->dz_operand) TRY(run_rows(r, K_DZ_FACTORS, rows_step));
+    else if (!r->pl->fused_dz) TRY(run_rows(r, K_DZ, rows_step));
     if (r->pl->concurrent_grads && r->t->grad_hidden && r->t->grad_weight) {
         TRY(run_dh_dw_at_once(r, rows_step, cols_step));
         if (r->p->has_bias && r->t->grad_bias) TRY(run_rows(r, K_DBIAS, cols_step));

@@ -145,6 +145,16 @@ static void plan_cluster(const flce_config *cfg, plan *pl)
     }
 }
 
+/* dH and dW forming dZ from the compact logits themselves (plan.h dz_operand). */
+static int wgmma_tma(const kernel_spec *s) { return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05; }
+static void plan_dz_operand(const flce_problem *p, const flce_config *cfg, plan *pl)
+{
+    pl->dz_operand = cfg->dz_operand && pl->compact && pl->tp <= 1 && !p->has_bias && p->label_smoothing == 0 &&
+                     !(p->softcap > 0) && wgmma_tma(&pl->dh) && wgmma_tma(&pl->dw) && pl->tile_cols > 0 &&
+                     (pl->tile_cols & (pl->tile_cols - 1)) == 0;
+    pl->dh.dz_operand = pl->dw.dz_operand = pl->dz_operand;
+}
+
 /* Whether the chunked strategy may store compact logits: a training call (the statistics pass
  * writes the exact target logit the label's dZ needs) with 16-bit inputs. Softcap with label
  * smoothing is left out: its dZ needs every z, also where p̃ underflowed to 0. */
@@ -409,6 +419,7 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
         TRY(plan_auto(p, num_sms, cfg, pl));
     }
     if (pl->compact) pl->logits.compact = 1; /* the chunked pass's only logits kernel */
+    plan_dz_operand(p, cfg, pl);
     if (pl->fused_dz) {
         pl->logits_dz = pl->logits; /* the same (possibly tuned) tile */
         pl->logits_dz.fused_dz = 1;

@@ -51,6 +51,12 @@ typedef struct plan {
      * FLCE_COMPACT=0 in the environment turns it off (side-by-side timing). */
     int compact;
     int64_t tile_cols, tile_max_ld;
+    /* With compact logits: dH and dW read p̃ itself and form dZ in shared memory (spec dz_operand,
+     * templates/gemm_wgmma_tma.cu), after flce_dz_factors turned the maxima into dz factors: no dz
+     * pass (its 4 bytes of DRAM traffic per logit). Where dz is linear in p̃ (no smoothing or
+     * softcap), without TP and bias gradients (both read the dZ buffer), and both gradient kernels
+     * on the wgmma TMA path. FLCE_DZ_OPERAND=0 in the environment turns it off. */
+    int dz_operand;
     /* dH/dW (TMA path): the producer prefetches an accumulating tile's fp32 addend into L2 while the
      * tile's main loop runs. Off unless FLCE_ACC_PREFETCH=1: measured 1.7 % slower (NOTES v12). */
     int acc_prefetch;

@@ -136,6 +136,16 @@ __device__ __forceinline__ void tile_origin(const flce_gemm_params &p, long long
     m0 = (first + w % rows_here) * BM, n0 = w / rows_here * BN;
 }
 
+#if FLCE_DZ_OPERAND
+// The first row of tile t of the persistent walk (the dZ operand's dynamic order, gemm_wgmma_tma.cu).
+__device__ long long dh_dw_tile_m0(const flce_gemm_params &p, long long t)
+{
+    long long m0, n0;
+    tile_origin(p, t, (p.m + BM - 1) / BM, (p.n + BN - 1) / BN, m0, n0);
+    return m0;
+}
+#endif
+
 #if FLCE_CLUSTER
 // 2-CTA clusters (FLCE_CLUSTER = 2, gemm_wgmma_tma.cu): the unit of the persistent walk is a pair
 // tile, row blocks 2·pr and 2·pr + 1 of one BN-column tile (the cluster's CTA of rank r takes row
@@ -222,7 +232,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
         long long pr, n0;
         pair_origin(p, q, pair_rows, tiles_n, pr, n0);
         const long long rb = 2 * pr + rank;
-        mainloop(acc, smem, p, it, wm / 4);
+        mainloop(acc, smem, p, it, wm / 4, nullptr, nullptr, (rb < tiles_m ? rb : 2 * pr) * BM);
         if (rb < tiles_m) grad_epilogue(acc, p, rb * BM, n0, wm, wn, lane, scale, smem);
     }
 #else
@@ -292,7 +302,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
     for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
         long long m0, n0;
         tile_origin(p, t, tiles_m, tiles_n, m0, n0);
-        mainloop(acc, smem, p, it, wm / 4);
+        mainloop(acc, smem, p, it, wm / 4, nullptr, nullptr, m0);
         grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale, smem);
     }
 #else

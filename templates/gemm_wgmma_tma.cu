@@ -250,20 +250,114 @@ __device__ void drain_pair(unsigned char *smem, int it)
 }
 #endif // FLCE_CLUSTER
 
+#ifndef FLCE_DZ_OPERAND
+#define FLCE_DZ_OPERAND 0
+#endif
+#if FLCE_DZ_OPERAND
+// ---- dZ formed in the operand path (dH/dW of the chunked strategy with compact logits) -------
+// A is the compact logits themselves: fp16 p̃ = exp(z − m)·2^15 (common.cuh). dZ = p̃ · F except
+// at the label, where F is one number per (token, column group): rowops.cu's flce_dz_factors
+// overwrote each group's maximum m in tile_max with F = dz of p = exp(m − lse)·2^-15 (the dz pass's
+// common-group factor, so the values are that pass's bits) and the chunk's target logit with the
+// label's exact dz. Each consumer warpgroup turns its own 64 rows × 64 columns of a stage (the only
+// part of A its wgmmas read: rows wg·64… for dH, box wg for dW) into dZ in the dtype, in place,
+// while its previous k-tile's wgmmas run; then fence.proxy.async (generic writes → the async
+// proxy wgmma reads through) and a warpgroup barrier. This replaces the dz pass: its 2 + 2 bytes
+// per logit of DRAM traffic (1.49 ms at 8192×4096×128256, bench/NOTES.md v22) and the dZ buffer's
+// write. The stage's rows are tokens (dH: m0 + wg·64 + r; dW: the k-tile's), 128 bytes each of
+// 64 vocab columns (dH: the k-tile's; dW: m0 + wg·64…), 16-byte chunk c at chunk c ^ (r & 7).
+static_assert(!ROLE_IS_LOGITS && FLCE_DTYPE != DTYPE_F32 && A_KMAJOR == (bool)ROLE_IS_DH, "dZ operand: dH/dW, 16-bit");
+__device__ long long dh_dw_tile_m0(const flce_gemm_params &p, long long t); // gemm_entry.cu
+// One thread: row r (0…63) of its warpgroup's region, chunks 4h… of it (rotated by r, so the 32
+// lanes of a warp spread over all banks), and that row's factor and label for the next k-tile.
+struct dz_operand {
+    long long m0; // the tile's first row: tokens (dH) or vocab columns (dW)
+    int wg, r, h;
+    float f, l;   // the row's factor for the k-tile; the label's dz
+    long long y;  // the label's column in the shard, or far from every column
+};
+__device__ __forceinline__ void dzop_load(dz_operand &o, const flce_gemm_params &p, int kt)
+{
+#if ROLE_IS_DH
+    const long long t = o.m0 + o.wg * 64 + o.r, v0 = (long long)kt * BK, rows = p.m, cols = p.k;
+#else
+    const long long t = (long long)kt * BK + o.r, v0 = o.m0 + o.wg * 64, rows = p.k, cols = p.m;
+#endif
+    o.f = 0.f, o.l = 0.f, o.y = -(1ll << 40); // rows and columns past the matrix: zeros, as loaded
+    if (t >= rows || v0 >= cols) return;
+    o.f = ((const float *)p.tile_max)[t * p.ld_tile_max + (v0 >> p.tile_cols_log2)];
+    const long long lab = load_label(p.labels, t), ly = lab - p.vocab_offset;
+    if (lab != p.ignore_index && lab >= 0 && lab < p.vocab_total && ly >= 0 && ly < cols)
+        o.y = ly, o.l = ((const float *)p.target)[t];
+}
+__device__ __forceinline__ void dzop_transform(const dz_operand &o, unsigned char *region, int kt)
+{
+    const unsigned row = smem_addr(region) + o.r * 128;
+#if ROLE_IS_DH
+    const long long vbase = (long long)kt * BK;
+#else
+    const long long vbase = o.m0 + o.wg * 64;
+    (void)kt;
+#endif
+#pragma unroll
+    for (int j2 = 0; j2 < 4; j2 += 2) { // two chunks at a time: the accumulators hold 128 registers
+        unsigned w[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(w[j][0]), "=r"(w[j][1]), "=r"(w[j][2]), "=r"(w[j][3])
+                         : "r"(row + (((4 * o.h + j2 + j + o.r) & 7) << 4))
+                         : "memory");
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int pc = (4 * o.h + j2 + j + o.r) & 7;
+            const long long v = vbase + ((pc ^ (o.r & 7)) << 3);
+            const bool has_label = (unsigned long long)(o.y - v) < 8;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float lo, hi;
+                asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((unsigned short)(w[j][q] & 0xffff)));
+                asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((unsigned short)(w[j][q] >> 16)));
+                lo *= o.f, hi *= o.f;
+                if (has_label) {
+                    if (o.y == v + 2 * q) lo = o.l;
+                    if (o.y == v + 2 * q + 1) hi = o.l;
+                }
+                w[j][q] = pack2_elem(lo, hi);
+            }
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row + (pc << 4)), "r"(w[j][0]), "r"(w[j][1]),
+                         "r"(w[j][2]), "r"(w[j][3])
+                         : "memory");
+        }
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + o.wg) : "memory"); // this warpgroup's 128 threads
+}
+#endif // FLCE_DZ_OPERAND
+
 #if FLCE_TCGEN05
 // (tcgen05: warp 1 issues the MMAs, the consumers' mainloop reads tensor memory, gemm_tcgen05.cu)
 #else
 // Consumer warpgroup wg: acc = this warpgroup's 64 rows of the next output tile. `it` carries the
 // pipeline position from tile to tile. With `slot` (dynamic tile order), *tile = the number the
 // producer put there with the first k-tile; false (nothing computed) when it says no tile is left.
+// m0: the tile's first row (static order; FLCE_DZ_OPERAND needs it).
 __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flce_gemm_params &p, int &it, int wg,
-                         const long long *slot = nullptr, long long *tile = nullptr)
+                         const long long *slot = nullptr, long long *tile = nullptr, long long m0 = 0)
 {
     if (slot) { // before any wgmma of this tile (the loop's first wait then passes at once)
         mbar_wait(full_bar(smem, it % STAGES), (it / STAGES) & 1);
         *tile = *(const volatile long long *)slot;
         if (*tile < 0) return false;
     }
+#if FLCE_DZ_OPERAND
+    dz_operand op;
+    op.m0 = slot ? dh_dw_tile_m0(p, *tile) : m0;
+    op.wg = wg, op.r = (threadIdx.x % 128) / 2, op.h = threadIdx.x % 2;
+    dzop_load(op, p, 0);
+#else
+    (void)m0;
+#endif
 #pragma unroll
     for (int j = 0; j < NI; j++)
 #pragma unroll
@@ -274,7 +368,13 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
     for (int kt = 0; kt < ktiles; kt++, it++) {
         const int s = it % STAGES;
         mbar_wait(full_bar(smem, s), (it / STAGES) & 1);
+#if FLCE_DZ_OPERAND
+        dzop_transform(op, smem + s * STAGE_BYTES + wg * (64 * 128), kt);
+#endif
         compute_stage(acc, smem + s * STAGE_BYTES, wg);
+#if FLCE_DZ_OPERAND
+        if (kt + 1 < ktiles) dzop_load(op, p, kt + 1); // its latency under this k-tile's wgmmas
+#endif
         // This k-tile's wgmmas stay in flight; the previous one's are done, so its stage goes back.
         wgmma_wait<1>();
 #if FLCE_CLUSTER

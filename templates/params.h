@@ -61,6 +61,10 @@ struct flce_gemm_params {
     int prefetch_addend;          /* dH/dW, TMA: the producer prefetches each tile's addend into L2 */
     int red_addend;               /* dH/dW with addend == out (fp32): out += scale·acc by fire-and-
                                      forget reductions (red.global.add) instead of load, add, store */
+    int tile_cols_log2;           /* dH/dW with FLCE_DZ_OPERAND: log2 of the compact logits' column
+                                     group; tile_max then holds each (row, group)'s dz factor, target
+                                     the label's dz, labels/vocab_offset/ignore_index/vocab_total
+                                     as for logits (gemm_wgmma_tma.cu) */
     unsigned long long scale_grad;  /* fp32 upstream gradient (1 value) or 0 for 1 */
     unsigned long long scale_count; /* float: Σ over valid tokens of w_y (the count without weights) */
     /* dH/dW on the wgmma TMA path without clusters: 0, or a zeroed 64-bit counter from which the

@@ -308,6 +308,31 @@ __device__ __forceinline__ void dz_compact(const flce_row_params &p, long long i
     }
 }
 
+// The dZ operand's factors (gemm_wgmma_tma.cu, FLCE_DZ_OPERAND), one CTA per chunk row, once lse
+// is known: each (row, column group) maximum m in tile_max becomes the factor F with dz = p̃ · F,
+// the dz of p = exp(m − lse)·2^-15 (dz_compact's common group, so dH and dW read the dz pass's
+// bits), 0 for an ignored row; the row's target logit becomes its label's exact dz. Options that
+// make dz non-linear in p̃ (smoothing, softcap) keep the dz pass (runtime/plan.c).
+extern "C" __global__ void __launch_bounds__(256) flce_dz_factors(const flce_row_params p)
+{
+    const long long i = blockIdx.x;
+    const long long y = load_label(p.labels, p.row0 + i);
+    const bool valid = label_valid(y, p);
+    const float g = token_scale(p, p.row0 + i, valid);
+    const float lse = ((const float *)p.lse)[p.row0 + i];
+    const float wy = valid ? class_weight(p, y) : 0.f;
+    const float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
+    float *f = (float *)p.tile_max + i * p.tile_max_ld;
+    for (long long t = threadIdx.x; t < p.tile_max_ld; t += blockDim.x)
+        f[t] = valid ? dz_value_p(expf(f[t] - lse) * (1.f / COMPACT_SCALE), 0.f, a, false, wy, 1.f, g, p.vocab_total) : 0.f;
+    const long long local_y = y - p.chunk_offset;
+    if (threadIdx.x == 0 && valid && local_y >= 0 && local_y < p.cols) {
+        float *target = (float *)p.target + i;
+        const float z = *target;
+        *target = dz_value_p(expf(z - lse), z, a, true, wy, class_weight(p, y), g, p.vocab_total);
+    }
+}
+
 // grid: (rows, column blocks); each thread turns 4 consecutive logits (from compact logits, p.tile_max
 // set: DZ_COMPACT_GROUPS groups of DZ_COMPACT_COLS; launch.c sizes the grid to match) into as many
 // gradients.

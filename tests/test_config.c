@@ -80,7 +80,8 @@ static void integers_outside_their_range_are_the_default(void)
 static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM100", "FLCE_COMPACT",
                                     "FLCE_FUSED_DZ", "FLCE_ACC_PREFETCH", "FLCE_RED_ACC", "FLCE_CLUSTER",
                                     "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_NVRTC_FAST",
-                                    "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_GRAD_STREAMS"};
+                                    "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_GRAD_STREAMS",
+                                    "FLCE_DZ_OPERAND"};
 
 static void clear_knobs(void)
 {
@@ -98,7 +99,7 @@ static void an_empty_environment_gives_the_defaults(void)
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
     CHECK(!d.acc_prefetch && !d.red_acc && d.cluster == 0 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && !d.tp_overlap);
-    CHECK(d.grad_streams);
+    CHECK(d.grad_streams && d.dz_operand);
 }
 
 static void every_knob_reads_its_variable(void)
@@ -109,12 +110,13 @@ static void every_knob_reads_its_variable(void)
     setenv("FLCE_RED_ACC", "on", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
     setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "on", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
+    setenv("FLCE_DZ_OPERAND", "0", 1);
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
     CHECK(c.acc_prefetch && c.red_acc && c.cluster == 2 && c.raster_rows == 16);
     CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && c.tp_overlap);
-    CHECK(!c.grad_streams);
+    CHECK(!c.grad_streams && !c.dz_operand);
     clear_knobs();
 }
 
@@ -228,6 +230,36 @@ static void each_setting_reaches_the_plan(void)
     /* clusters only on the wgmma TMA path */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 80, 108, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.cluster == 2 && pl.dh.cluster == 0 && pl.dw.cluster == 0);
+}
+
+/* dH/dW form dZ from the compact logits (plan.h dz_operand) where dz is linear in p̃ and both run
+ * on the wgmma TMA path; otherwise the dz pass stays, and FLCE_DZ_OPERAND=0 keeps it. */
+static void the_dz_operand_replaces_the_dz_pass_only_where_it_can(void)
+{
+    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+    flce_config cfg;
+    plan pl;
+    config_defaults(&cfg);
+    p.strategy = FLCE_STRATEGY_CHUNKED;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.compact && pl.dz_operand && pl.dh.dz_operand && pl.dw.dz_operand && !pl.logits.dz_operand);
+    CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.dz_operand && !pl.dh.dz_operand);
+    p.label_smoothing = 0.1f;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.compact && !pl.dz_operand && !pl.dw.dz_operand);
+    p.label_smoothing = 0, p.softcap = 30;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.compact && !pl.dz_operand);
+    p.softcap = 0, p.has_bias = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.dz_operand);
+    p.has_bias = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 80, 108, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand); /* mma.sync */
+    cfg.dz_operand = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand);
 }
 
 /* A tune entry's tiles are an input like the others: they replace the built-in tiles, and the
@@ -368,6 +400,7 @@ int main(void)
     RUN(the_process_settings_change_only_on_reload);
     RUN(planning_is_a_pure_function_of_its_inputs);
     RUN(each_setting_reaches_the_plan);
+    RUN(the_dz_operand_replaces_the_dz_pass_only_where_it_can);
     RUN(tune_tiles_are_an_input);
     RUN(the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only);
     RUN(the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw);
