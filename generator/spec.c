@@ -338,9 +338,10 @@ flce_status spec_validate(const kernel_spec *s)
     if (s->compact && s->dtype == FLCE_DTYPE_F32)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "compact=1: needs a 16-bit dtype (fp32 logits are stored as they are)");
     if (s->dz_operand != 0 && (s->dz_operand != 1 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
-                               s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32))
+                               s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32 || s->tile.stages < 3))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "dz_operand=%d: 0, or 1 for dH/dW on the wgmma TMA path with a 16-bit dtype", s->dz_operand);
+                       "dz_operand=%d: 0, or 1 for dH/dW on the wgmma TMA path with a 16-bit dtype and 3+ stages",
+                       s->dz_operand);
     if (s->cluster != 0 && (s->cluster != 2 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
                             s->tile.tcgen05))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,

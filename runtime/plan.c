@@ -146,7 +146,10 @@ static void plan_cluster(const flce_config *cfg, plan *pl)
 }
 
 /* dH and dW forming dZ from the compact logits themselves (plan.h dz_operand). */
-static int wgmma_tma(const kernel_spec *s) { return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05; }
+static int wgmma_tma(const kernel_spec *s)
+{
+    return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05 && s->tile.stages >= 3; /* (dz_operand's look-ahead) */
+}
 static void plan_dz_operand(const flce_problem *p, const flce_config *cfg, plan *pl)
 {
     pl->dz_operand = cfg->dz_operand && pl->compact && pl->tp <= 1 && !p->has_bias && p->label_smoothing == 0 &&

@@ -266,7 +266,8 @@ __device__ void drain_pair(unsigned char *smem, int it)
 // per logit of DRAM traffic (1.49 ms at 8192×4096×128256, bench/NOTES.md v22) and the dZ buffer's
 // write. The stage's rows are tokens (dH: m0 + wg·64 + r; dW: the k-tile's), 128 bytes each of
 // 64 vocab columns (dH: the k-tile's; dW: m0 + wg·64…), 16-byte chunk c at chunk c ^ (r & 7).
-static_assert(!ROLE_IS_LOGITS && FLCE_DTYPE != DTYPE_F32 && A_KMAJOR == (bool)ROLE_IS_DH, "dZ operand: dH/dW, 16-bit");
+static_assert(!ROLE_IS_LOGITS && FLCE_DTYPE != DTYPE_F32 && A_KMAJOR == (bool)ROLE_IS_DH && STAGES >= 3,
+              "dZ operand: dH/dW, 16-bit, 3 or more stages (the main loop waits one stage ahead)");
 __device__ long long dh_dw_tile_m0(const flce_gemm_params &p, long long t); // gemm_entry.cu
 // One thread: row r (0…63) of its warpgroup's region, chunks 4h… of it (rotated by r, so the 32
 // lanes of a warp spread over all banks), and that row's factor and label for the next k-tile.
@@ -350,11 +351,19 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
         *tile = *(const volatile long long *)slot;
         if (*tile < 0) return false;
     }
+    const int ktiles = (int)((p.k + BK - 1) / BK);
 #if FLCE_DZ_OPERAND
+    // The first k-tile's stage is made dZ here; every later one while the wgmmas of the k-tile
+    // before it run (below), so the conversion is never between a wgmma's end and the next's issue.
     dz_operand op;
     op.m0 = slot ? dh_dw_tile_m0(p, *tile) : m0;
     op.wg = wg, op.r = (threadIdx.x % 128) / 2, op.h = threadIdx.x % 2;
     dzop_load(op, p, 0);
+    if (ktiles > 0) {
+        mbar_wait(full_bar(smem, it % STAGES), (it / STAGES) & 1);
+        dzop_transform(op, smem + (it % STAGES) * STAGE_BYTES + wg * (64 * 128), 0);
+        if (ktiles > 1) dzop_load(op, p, 1);
+    }
 #else
     (void)m0;
 #endif
@@ -363,17 +372,23 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[0][j][e] = 0.f;
     fence_acc(acc);
-    const int ktiles = (int)((p.k + BK - 1) / BK);
     const bool signals = threadIdx.x % 128 == 0; // one arrival per warpgroup
     for (int kt = 0; kt < ktiles; kt++, it++) {
         const int s = it % STAGES;
+#if FLCE_DZ_OPERAND
+        compute_stage(acc, smem + s * STAGE_BYTES, wg); // (its stage waited for and converted before)
+        if (kt + 1 < ktiles) {
+            // The next k-tile's stage, converted under this one's wgmmas: it was loaded into a
+            // stage released STAGES − 1 ≥ 2 k-tiles ago, so waiting for it here cannot hold up the
+            // release below of the stage the producer needs next.
+            const int s1 = (it + 1) % STAGES;
+            mbar_wait(full_bar(smem, s1), ((it + 1) / STAGES) & 1);
+            dzop_transform(op, smem + s1 * STAGE_BYTES + wg * (64 * 128), kt + 1);
+            if (kt + 2 < ktiles) dzop_load(op, p, kt + 2); // its latency under the next wgmmas
+        }
+#else
         mbar_wait(full_bar(smem, s), (it / STAGES) & 1);
-#if FLCE_DZ_OPERAND
-        dzop_transform(op, smem + s * STAGE_BYTES + wg * (64 * 128), kt);
-#endif
         compute_stage(acc, smem + s * STAGE_BYTES, wg);
-#if FLCE_DZ_OPERAND
-        if (kt + 1 < ktiles) dzop_load(op, p, kt + 1); // its latency under this k-tile's wgmmas
 #endif
         // This k-tile's wgmmas stay in flight; the previous one's are done, so its stage goes back.
         wgmma_wait<1>();
