@@ -17,7 +17,6 @@ void config_defaults(flce_config *c)
     c->tiles.enable_sm100 = 0;
     c->compact = 1;
     c->fused_dz = 1;
-    c->dz_operand = 1;
     c->raster_rows = PLAN_RASTER_ROWS;
     c->prefetch = 1;
     c->grad_streams = 1;

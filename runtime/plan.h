@@ -55,7 +55,8 @@ typedef struct plan {
      * templates/gemm_wgmma_tma.cu), after flce_dz_factors turned the maxima into dz factors: no dz
      * pass (its 4 bytes of DRAM traffic per logit). Where dz is linear in p̃ (no smoothing or
      * softcap), without TP and bias gradients (both read the dZ buffer), and both gradient kernels
-     * on the wgmma TMA path. FLCE_DZ_OPERAND=0 in the environment turns it off. */
+     * on the wgmma TMA path. Off unless FLCE_DZ_OPERAND=1: correct, but measured 1.5x slower than
+     * the dz pass on an H100 (bench/NOTES.md v22: dH 19.3 ms, dW 27.8 in-run against ~12). */
     int dz_operand;
     /* dH/dW (TMA path): the producer prefetches an accumulating tile's fp32 addend into L2 while the
      * tile's main loop runs. Off unless FLCE_ACC_PREFETCH=1: measured 1.7 % slower (NOTES v12). */

@@ -99,7 +99,7 @@ static void an_empty_environment_gives_the_defaults(void)
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
     CHECK(!d.acc_prefetch && !d.red_acc && d.cluster == 0 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && !d.tp_overlap);
-    CHECK(d.grad_streams && d.dz_operand);
+    CHECK(d.grad_streams && !d.dz_operand);
 }
 
 static void every_knob_reads_its_variable(void)
@@ -110,13 +110,13 @@ static void every_knob_reads_its_variable(void)
     setenv("FLCE_RED_ACC", "on", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
     setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "on", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
-    setenv("FLCE_DZ_OPERAND", "0", 1);
+    setenv("FLCE_DZ_OPERAND", "1", 1);
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
     CHECK(c.acc_prefetch && c.red_acc && c.cluster == 2 && c.raster_rows == 16);
     CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && c.tp_overlap);
-    CHECK(!c.grad_streams && !c.dz_operand);
+    CHECK(!c.grad_streams && c.dz_operand);
     clear_knobs();
 }
 
@@ -232,8 +232,8 @@ static void each_setting_reaches_the_plan(void)
     CHECK(pl.cluster == 2 && pl.dh.cluster == 0 && pl.dw.cluster == 0);
 }
 
-/* dH/dW form dZ from the compact logits (plan.h dz_operand) where dz is linear in p̃ and both run
- * on the wgmma TMA path; otherwise the dz pass stays, and FLCE_DZ_OPERAND=0 keeps it. */
+/* With FLCE_DZ_OPERAND=1, dH/dW form dZ from the compact logits (plan.h dz_operand) where dz is
+ * linear in p̃ and both run on the wgmma TMA path; otherwise, and by default, the dz pass stays. */
 static void the_dz_operand_replaces_the_dz_pass_only_where_it_can(void)
 {
     flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
@@ -241,6 +241,9 @@ static void the_dz_operand_replaces_the_dz_pass_only_where_it_can(void)
     plan pl;
     config_defaults(&cfg);
     p.strategy = FLCE_STRATEGY_CHUNKED;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand); /* off by default */
+    cfg.dz_operand = 1;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.compact && pl.dz_operand && pl.dh.dz_operand && pl.dw.dz_operand && !pl.logits.dz_operand);
     CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
