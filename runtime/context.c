@@ -115,6 +115,8 @@ static flce_status ctx_free(flce_context *ctx)
     if (st == FLCE_OK) st = s;
     s = ctx->side ? drv_release(drv.StreamDestroy(ctx->side), "cuStreamDestroy (side stream)") : FLCE_OK;
     if (st == FLCE_OK) st = s;
+    s = ctx->fill ? drv_release(drv.StreamDestroy(ctx->fill), "cuStreamDestroy (fill stream)") : FLCE_OK;
+    if (st == FLCE_OK) st = s;
     if (entered) ctx_leave(prev);
     s = ctx->primary ? drv_release(drv.DevicePrimaryCtxRelease(ctx->dev), "cuDevicePrimaryCtxRelease")
                      : FLCE_OK;
@@ -329,4 +331,15 @@ flce_status ctx_side_stream(flce_context *ctx)
     if (r == CUDA_SUCCESS && !ctx->fork) r = drv.EventCreate(&ctx->fork, CU_EVENT_DISABLE_TIMING);
     if (r == CUDA_SUCCESS && !ctx->join) r = drv.EventCreate(&ctx->join, CU_EVENT_DISABLE_TIMING);
     return r == CUDA_SUCCESS ? FLCE_OK : drv_error(r, "creating the side stream of the overlapped dH reduction");
+}
+
+flce_status ctx_fill_stream(flce_context *ctx)
+{
+    if (ctx->fill && ctx->fork && ctx->join) return FLCE_OK;
+    int least = 0, greatest = 0;
+    CUresult r = drv.CtxGetStreamPriorityRange(&least, &greatest);
+    if (r == CUDA_SUCCESS && !ctx->fill) r = drv.StreamCreateWithPriority(&ctx->fill, CU_STREAM_NON_BLOCKING, least);
+    if (r == CUDA_SUCCESS && !ctx->fork) r = drv.EventCreate(&ctx->fork, CU_EVENT_DISABLE_TIMING);
+    if (r == CUDA_SUCCESS && !ctx->join) r = drv.EventCreate(&ctx->join, CU_EVENT_DISABLE_TIMING);
+    return r == CUDA_SUCCESS ? FLCE_OK : drv_error(r, "creating the stream dW runs on beside dH");
 }

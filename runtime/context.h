@@ -43,6 +43,10 @@ struct flce_context {
      * context's lock held, as every launch is. */
     CUstream side;
     CUevent fork, join;
+    /* FLCE_GRAD_STREAMS (launch.c): dW beside dH on a non-blocking stream of the lowest priority,
+     * so that dH, in the caller's stream, takes the SMs first and dW's CTAs only fill those dH's
+     * last wave leaves. Shares the fork and join events (never both in one call). */
+    CUstream fill;
 };
 
 /* Makes the context's primary context current on this thread; *prev receives the old one. */
@@ -60,6 +64,8 @@ flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CU
 
 /* The side stream and its two events, made on first use. Call with ctx->lock held, inside ctx_enter. */
 flce_status ctx_side_stream(flce_context *ctx);
+/* The fill stream (and the fork and join events), made on first use; same rules. */
+flce_status ctx_fill_stream(flce_context *ctx);
 /* Reports (and clears) a raised device flag: FLCE_ERR_BAD_LABEL. */
 flce_status ctx_take_flag(flce_context *ctx);
 

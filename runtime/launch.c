@@ -156,7 +156,8 @@ typedef struct run {
     size_t es; /* bytes of one input-dtype element */
     kernels k;
     struct flce_row_params rp; /* fields common to every row kernel */
-    int forked;                /* the side stream has work the caller's stream must wait for */
+    CUstream forked;           /* the side or fill stream, while it has work the caller's stream
+                                  must wait for; else 0 */
 } run;
 
 static unsigned long long ws_at(const run *r, uint64_t off, int needed)
@@ -429,19 +430,26 @@ static flce_status run_rows(run *r, int kernel, const block *b)
  * accumulation state (first/last) of the outputs indexed by rows (dH) and by vocab columns (dW,
  * db): token chunks complete their dH rows at once and build dW up; vocab chunks the reverse. */
 static flce_status overlap_dh(run *r, const block *rows_done);
+static flce_status fork_to(run *r, CUstream s);
 static flce_status side_fork(run *r);
 static flce_status side_join(run *r);
 
-/* FLCE_GRAD_STREAMS (plan.h, concurrent_grads): dH on the side stream, dW on the caller's, at once;
- * the caller's stream waits for dH before it goes on (the next chunk overwrites dZ). */
+/* FLCE_GRAD_STREAMS (plan.h, concurrent_grads): dH in the caller's stream, dW at once on the fill
+ * stream (lowest priority), which waits for dZ through an event; the caller's stream waits for dW
+ * before it goes on (the next chunk overwrites dZ). dH must get the SMs first: dW's persistent
+ * CTAs, once resident, keep their SMs until its tile counter runs dry, and stream priority never
+ * pre-empts them. With dH on a high-priority side stream and dW next in the caller's (v18), dW won:
+ * a kernel next in its own stream starts the moment its predecessor ends, one behind an event a
+ * little later. Now dH is that kernel, and dW's CTAs take the SMs dH's last, partial wave frees. */
 static flce_status run_dh_dw_at_once(run *r, const block *rows_step, const block *cols_step)
 {
-    TRY(side_fork(r));
-    CUstream caller = r->stream;
-    r->stream = r->ctx->side; /* launched first, higher priority: dH has every SM at its start */
+    TRY(ctx_fill_stream(r->ctx));
+    TRY(fork_to(r, r->ctx->fill));
     flce_status st = run_dh(r, rows_step);
-    r->stream = caller;
+    CUstream caller = r->stream;
+    r->stream = r->ctx->fill;
     if (st == FLCE_OK) st = run_dw(r, cols_step);
+    r->stream = caller;
     flce_status joined = side_join(r);
     return st != FLCE_OK ? st : joined;
 }
@@ -558,27 +566,32 @@ static flce_status overlap_dh(run *r, const block *rows_done)
     return reduce_dh_rows(r, rows_done->row0, rows_done->rows, r->ctx->side);
 }
 
-/* The side stream waits for everything the caller's stream holds so far. */
-static flce_status side_fork(run *r)
+/* Stream s (the side or the fill stream) waits for everything the caller's stream holds so far. */
+static flce_status fork_to(run *r, CUstream s)
 {
-    flce_context *ctx = r->ctx;
-    TRY(ctx_side_stream(ctx));
-    CUresult res = drv.EventRecord(ctx->fork, r->stream);
-    if (res == CUDA_SUCCESS) res = drv.StreamWaitEvent(ctx->side, ctx->fork, 0);
-    if (res != CUDA_SUCCESS) return drv_error(res, "handing work to the side stream");
-    r->forked = 1;
+    CUresult res = drv.EventRecord(r->ctx->fork, r->stream);
+    if (res == CUDA_SUCCESS) res = drv.StreamWaitEvent(s, r->ctx->fork, 0);
+    if (res != CUDA_SUCCESS) return drv_error(res, "handing work to a second stream");
+    r->forked = s;
     return FLCE_OK;
 }
 
-/* The caller's stream waits for the side stream's work (also after a failure: a stream capture
+static flce_status side_fork(run *r)
+{
+    TRY(ctx_side_stream(r->ctx));
+    return fork_to(r, r->ctx->side);
+}
+
+/* The caller's stream waits for the forked stream's work (also after a failure: a stream capture
  * must end joined). */
 static flce_status side_join(run *r)
 {
     if (!r->forked) return FLCE_OK;
+    CUstream s = r->forked;
     r->forked = 0;
-    CUresult res = drv.EventRecord(r->ctx->join, r->ctx->side);
+    CUresult res = drv.EventRecord(r->ctx->join, s);
     if (res == CUDA_SUCCESS) res = drv.StreamWaitEvent(r->stream, r->ctx->join, 0);
-    return res == CUDA_SUCCESS ? FLCE_OK : drv_error(res, "joining the side stream");
+    return res == CUDA_SUCCESS ? FLCE_OK : drv_error(res, "joining the second stream");
 }
 
 /* dH summed over the ranks in fp32 (all-reduce; reduce-scatter to this rank's rows under SP),

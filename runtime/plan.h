@@ -94,12 +94,12 @@ typedef struct plan {
      * the CTAs held back by NCCL's kernel take fewer tiles. Where: a plain all-reduce (no SP) and a
      * dW on the wgmma TMA path without clusters (tp_overlap). */
     int overlap_wanted, tp_overlap;
-    /* FLCE_GRAD_STREAMS (default on; grad_streams_wanted): dH on the context's side stream (the
-     * higher priority) and dW on the caller's, at once, joined before anything reads dZ again. A
-     * persistent dH of 1024 tiles leaves 32 of 132 SMs idle for its last 1.5 ms (7.76 waves at
-     * 8192×4096×128256); dW's CTAs fill them, taking tiles from the counter so that those that
-     * start late take fewer. Where both gradients are asked for, no TP overlap, and dW is on the
-     * wgmma TMA path without clusters (concurrent_grads). */
+    /* FLCE_GRAD_STREAMS (default on; grad_streams_wanted): dH in the caller's stream and dW at once
+     * on the context's fill stream (lowest priority), joined before anything reads dZ again. A
+     * persistent dH of 1024 tiles leaves 32 of 132 SMs idle for its last wave (7.76 waves at
+     * 8192×4096×128256); dW's CTAs, taking tiles from the counter, fill them (launch.c,
+     * run_dh_dw_at_once, says why dH must be the one in the caller's stream). Where both gradients
+     * are asked for and dW is on the wgmma TMA path without clusters (concurrent_grads). */
     int grad_streams_wanted, concurrent_grads;
     /* dW takes its tiles from the counter at off_tile_counter (tp_overlap or concurrent_grads). */
     int dw_dynamic;
