@@ -305,7 +305,7 @@ static flce_status plan_for(flce_context *ctx, const flce_problem *problem, flce
     TRY(normalize_problem(problem, &p));
     TRY(flce_problem_validate(&p));
     TRY(check_strategy(&p, op));
-    return plan_make_on(&p, op, ctx->name, ctx->sm, ctx->num_sms, t, pl);
+    return plan_make_dev(&p, op, ctx->name, ctx->sm, ctx->num_sms, ctx->mem_bytes, t, pl);
 }
 
 flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, flce_op op,
@@ -376,7 +376,8 @@ static void prefetch_backward(flce_context *ctx, const flce_problem *p, const fl
     flce_problem q = *p;
     if (q.strategy == FLCE_STRATEGY_FORWARD) q.strategy = FLCE_STRATEGY_AUTO;
     plan bp;
-    if (plan_make_on(&q, FLCE_OP_BACKWARD, ctx->name, ctx->sm, ctx->num_sms, &b, &bp) == FLCE_OK) {
+    if (plan_make_dev(&q, FLCE_OP_BACKWARD, ctx->name, ctx->sm, ctx->num_sms, ctx->mem_bytes, &b, &bp) ==
+        FLCE_OK) {
         const kernel_spec *s[3] = {bp.fused_dz ? &bp.logits_dz : &bp.logits, &bp.dh, &bp.dw};
         jit_prefetch(s, 3);
     }
@@ -456,7 +457,7 @@ flce_status flce_scale_gradients(flce_context *ctx, const flce_problem *problem,
                        "tensors.grad_hidden, grad_weight and grad_bias: all NULL, nothing to scale");
     p.strategy = FLCE_STRATEGY_AUTO; /* only the plan's shapes and row-kernel spec are used */
     plan pl;
-    TRY(plan_make_on(&p, FLCE_OP_LOSS_AND_GRAD, ctx->name, ctx->sm, ctx->num_sms, NULL, &pl));
+    TRY(plan_make_dev(&p, FLCE_OP_LOSS_AND_GRAD, ctx->name, ctx->sm, ctx->num_sms, ctx->mem_bytes, NULL, &pl));
     pthread_mutex_lock(&ctx->lock);
     CUcontext prev = NULL;
     flce_status st = ctx_enter(ctx, &prev);

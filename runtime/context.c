@@ -36,6 +36,10 @@ static flce_status ctx_device_facts(flce_context *ctx, int *major, int *minor)
     if (r != CUDA_SUCCESS) return drv_error(r, "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)");
     r = drv.DeviceGetAttribute(&ctx->num_sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ctx->dev);
     if (r != CUDA_SUCCESS) return drv_error(r, "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)");
+    size_t mem = 0;
+    r = drv.DeviceTotalMem(&mem, ctx->dev);
+    if (r != CUDA_SUCCESS) return drv_error(r, "cuDeviceTotalMem");
+    ctx->mem_bytes = mem;
     r = drv.DeviceGetName(ctx->name, sizeof ctx->name, ctx->dev);
     if (r != CUDA_SUCCESS) return drv_error(r, "cuDeviceGetName");
     return FLCE_OK;

@@ -28,6 +28,7 @@ struct flce_context {
     CUcontext primary;
     int sm;
     int num_sms;
+    uint64_t mem_bytes; /* the device's memory: AUTO's default budget may take 1/16 of it (plan.h) */
     char name[256];
     pthread_mutex_t lock;
     ctx_module *modules;

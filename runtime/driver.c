@@ -32,6 +32,7 @@ typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
 #define DRV_ENTRY_POINTS(X) \
     X(Init, 2000) X(DriverGetVersion, 2020) X(GetErrorString, 6000) X(GetErrorName, 6000) \
     X(DeviceGetCount, 2000) X(DeviceGet, 2000) X(DeviceGetName, 2000) X(DeviceGetAttribute, 2000) \
+    X(DeviceTotalMem, 3020) \
     X(DevicePrimaryCtxRetain, 7000) X(DevicePrimaryCtxRelease, 11000) X(CtxGetCurrent, 4000) \
     X(CtxSetCurrent, 4000) X(CtxSynchronize, 2000) X(ModuleLoadData, 2000) X(ModuleUnload, 2000) \
     X(ModuleGetFunction, 2000) X(FuncSetAttribute, 9000) X(FuncGetAttribute, 2020) \

@@ -41,6 +41,7 @@ typedef struct drv_table {
     CUresult (*MemHostGetDevicePointer)(CUdeviceptr *, void *, unsigned int);
     CUresult (*MemFreeHost)(void *);
     CUresult (*MemGetInfo)(size_t *, size_t *);
+    CUresult (*DeviceTotalMem)(size_t *, CUdevice);
     CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
     CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
     CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);

@@ -776,11 +776,26 @@ void launch_log_plan(const plan *pl)
                 (double)pl->workspace_bytes / (1 << 20), why);
 }
 
+/* A plan that took more than the default 512 MiB of logits because the device has room (plan.h
+ * mem_cap) but whose workspace could not be allocated (memory held by the caller's framework):
+ * the lean plan instead, as with no device share at all, so the job goes on. Its token chunks
+ * differ, so dW's bits may differ from a call that got the grown workspace. */
+static flce_status launch_lean_plan(flce_context *ctx, const flce_problem *p, flce_op op, const flce_tensors *t,
+                                    CUstream stream, plan *pl, CUdeviceptr *ws)
+{
+    log_msg(LOG_INFO, "%.1f MiB of workspace not available: falling back to the 512 MiB plan",
+            (double)pl->workspace_bytes / (1 << 20));
+    err_clear();
+    TRY(plan_make_dev(p, op, ctx->name, ctx->sm, ctx->num_sms, 0, t, pl));
+    TRY(launch_prepare_kernels(ctx, pl));
+    return ctx_workspace(ctx, pl->workspace_bytes, stream, ws);
+}
+
 flce_status launch_call(flce_context *ctx, const flce_problem *p, flce_op op, const flce_tensors *t,
                         CUstream stream, launch_part part, CUdeviceptr tp_buffer)
 {
     plan pl;
-    TRY(plan_make_on(p, op, ctx->name, ctx->sm, ctx->num_sms, t, &pl));
+    TRY(plan_make_dev(p, op, ctx->name, ctx->sm, ctx->num_sms, ctx->mem_bytes, t, &pl));
     if (t->workspace && t->workspace_bytes < pl.workspace_bytes)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tensors.workspace_bytes=%llu: this call needs %llu (flce_workspace_size gives the "
@@ -796,6 +811,7 @@ flce_status launch_call(flce_context *ctx, const flce_problem *p, flce_op op, co
         CUdeviceptr ws = (CUdeviceptr)(uintptr_t)t->workspace;
         st = launch_prepare_kernels(ctx, &pl);
         if (st == FLCE_OK && !ws) st = ctx_workspace(ctx, pl.workspace_bytes, stream, &ws);
+        if (st == FLCE_ERR_OUT_OF_MEMORY && pl.grown) st = launch_lean_plan(ctx, p, op, t, stream, &pl, &ws);
         if (st == FLCE_OK) {
             log_msg(LOG_DEBUG, "op %d: N=%lld D=%lld V=%lld, %d vocab splits", (int)op, (long long)pl.n,
                     (long long)pl.d, (long long)pl.v, pl.splits);

@@ -167,6 +167,27 @@ static int compact_allowed(const flce_problem *p, const flce_config *cfg, const 
            !(p->softcap > 0 && p->label_smoothing > 0);
 }
 
+/* The default budget of a compact chunked plan with its own dW (no TP: ranks must cut alike).
+ * Fewer token chunks are faster: each chunk beyond the first reads and rewrites the V×D fp32 dW
+ * accumulator (8 bytes per element; 16 chunks at 32768×4096×128256 move ~64 GB) and launches a dH
+ * of fewer tiles. So the block grows:
+ *  - to all tokens when their logits take no more than the default block plus the accumulator one
+ *    chunk makes unnecessary: less memory and no accumulator traffic (8192×4096×128256 on an
+ *    H100: 2.0 GiB instead of 2.5, 40.6 ms instead of 43.3; bench/NOTES.md v14);
+ *  - else up to the device's share pl->mem_cap (1/16 of its memory; 0 = unknown, no growth) for
+ *    the whole workspace: all tokens if they fit in it (8192×2304×256000: one 4.0 GiB block,
+ *    45.2 ms, instead of 8 chunks in 2.7 GiB, 54–62 ms; NOTES session 6), else the largest block
+ *    that leaves room for the accumulator.
+ * pl->grown says the cap was used, so that a failed allocation can fall back to the lean plan. */
+static uint64_t grown_budget(plan *pl, uint64_t budget, uint64_t all_rows)
+{
+    uint64_t acc = (uint64_t)pl->v * (uint64_t)pl->d * 4;
+    if (all_rows <= budget + acc) return all_rows;
+    if (pl->mem_cap >= all_rows) return pl->grown = 1, all_rows;
+    if (pl->mem_cap > acc && pl->mem_cap - acc > budget) return pl->grown = 1, pl->mem_cap - acc;
+    return budget;
+}
+
 static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, plan *pl)
 {
     uint64_t budget = p->memory_budget ? p->memory_budget : PLAN_DEFAULT_BUDGET;
@@ -195,13 +216,8 @@ static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, pl
         if (budget < per_row) return budget_error(budget, per_row, "token's row");
         /* Under TP the unit is fixed too: ranks with different (tuned) tiles must still agree. */
         int64_t unit = pl->tp > 1 ? 128 : pl->logits.tile.bm;
-        /* With the default budget, all tokens in one chunk when their logits take no more than the
-         * default block plus the fp32 dW accumulator that several chunks would add (V·D·4 bytes):
-         * less memory and no accumulator traffic (8192×4096×128256 on an H100: 2.0 GiB instead of
-         * 2.5, 40.6 ms instead of 43.3; bench/NOTES.md v14). An explicit budget is kept as given. */
-        if (!p->memory_budget && pl->compact && pl->tp <= 1 && !p->accumulate_grad_weight &&
-            (uint64_t)pl->n * per_row <= budget + (uint64_t)pl->v * (uint64_t)pl->d * 4)
-            budget = (uint64_t)pl->n * per_row;
+        if (!p->memory_budget && pl->compact && pl->tp <= 1 && !p->accumulate_grad_weight)
+            budget = grown_budget(pl, budget, (uint64_t)pl->n * per_row);
         pl->chunk_rows = balanced_chunk(pl->n, (int64_t)(budget / per_row), unit);
         pl->n_chunks = ceil_div(pl->n, pl->chunk_rows);
         pl->chunk_cols = pl->v, pl->n_vchunks = 1;
@@ -239,6 +255,19 @@ static double acc_bytes(double elems, int64_t steps, int caller_f32)
     return steps > 1 ? elems * (8.0 * (double)steps - 6) : 0;
 }
 
+/* Whether dW should run beside dH on the fill stream (FLCE_GRAD_STREAMS): where the call makes more
+ * than one dH launch, or its one launch leaves over 10 % of the SMs' time idle in its last wave.
+ * Measured on an H100 (bench/NOTES.md v23): 8 launches of 72 tiles (8192×2304×256000, chunked)
+ * -7.5 ms, 8 launches of 576 (recompute) -2.8 ms; one launch of 1024 tiles, 3 % idle
+ * (8192×4096×128256), +0.3-0.6 ms: there the two GEMMs only share L2. */
+static int grads_overlap(const plan *pl, int num_sms)
+{
+    int64_t launches = pl->recompute ? pl->n_vchunks : pl->n_chunks;
+    int64_t rows = pl->recompute ? pl->n : pl->chunk_rows;
+    int64_t tiles = ceil_div(rows, pl->dh.tile.bm) * ceil_div(pl->d, pl->dh.tile.bn);
+    return pl->grad_streams_wanted && (launches > 1 || wave_stretch(tiles, num_sms) > 1 / 0.9);
+}
+
 double plan_estimate_ms(const flce_problem *p, const plan *pl, int num_sms)
 {
     /* Under TP every rank must make the same choice: an even shard stands in for this rank's. */
@@ -250,7 +279,9 @@ double plan_estimate_ms(const flce_problem *p, const plan *pl, int num_sms)
     int64_t dh_tiles = ceil_div(dh_rows, pl->dh.tile.bm) * ceil_div(pl->d, pl->dh.tile.bn);
     /* recompute's own forward pass only in a training call: backward starts from the saved lse */
     int forward_pass = pl->recompute && pl->op == FLCE_OP_LOSS_AND_GRAD;
-    double passes = 2 + forward_pass + wave_stretch(dh_tiles, num_sms), bytes;
+    /* dH's idle SMs are dW's when the two run at once */
+    double stretch = grads_overlap(pl, num_sms) ? 1.0 : wave_stretch(dh_tiles, num_sms);
+    double passes = 2 + forward_pass + stretch, bytes;
     if (pl->recompute) {
         bytes = n * ldz * 2 + acc_bytes(n * d, vchunks, p->accumulate_grad_hidden) +
                 (p->accumulate_grad_weight ? v * d * 8 : 0);
@@ -334,7 +365,7 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
     const spec_tile *dwt = &pl->dw.tile;
     int dw_counter_ok = dwt->wgmma && dwt->tma && !dwt->tcgen05 && pl->dw.cluster == 0;
     pl->tp_overlap = pl->overlap_wanted && pl->need_dh_tp && !pl->sp && (!t || t->grad_weight) && dw_counter_ok;
-    pl->concurrent_grads = pl->grad_streams_wanted && grads && !pl->tp_overlap && dw_counter_ok &&
+    pl->concurrent_grads = grads_overlap(pl, pl->num_sms) && grads && !pl->tp_overlap && dw_counter_ok &&
                            (!t || (t->grad_hidden && t->grad_weight));
     pl->dw_dynamic = pl->tp_overlap || pl->concurrent_grads;
     pl->need_dh_acc = grads && pl->recompute && pl->n_vchunks > 1 && !f32 && !caller_dh &&
@@ -414,6 +445,7 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
                                const flce_tensors *t, plan *pl)
 {
     plan_cluster(cfg, pl);
+    pl->num_sms = num_sms;
     if (op == FLCE_OP_FORWARD) {
         pl->chunk_rows = pl->n, pl->n_chunks = 1;
         pl->chunk_cols = pl->v, pl->n_vchunks = 1;
@@ -442,13 +474,20 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
     return FLCE_OK;
 }
 
-flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
-                         const flce_tensors *t, plan *pl)
+flce_status plan_make_dev(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
+                          uint64_t mem_bytes, const flce_tensors *t, plan *pl)
 {
     const flce_config *cfg = config_get();
     plan_start(p, op, sm, cfg, t, pl);
+    pl->mem_cap = mem_bytes / 16;
     tune_apply(p, device, sm, pl); /* the autotune table, when it has this class */
     return plan_finish(p, op, num_sms, cfg, t, pl);
+}
+
+flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
+                         const flce_tensors *t, plan *pl)
+{
+    return plan_make_dev(p, op, device, sm, num_sms, 0, t, pl);
 }
 
 flce_status plan_build(const flce_problem *p, flce_op op, int sm, int num_sms, const flce_config *cfg,

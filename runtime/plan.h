@@ -95,12 +95,19 @@ typedef struct plan {
      * dW on the wgmma TMA path without clusters (tp_overlap). */
     int overlap_wanted, tp_overlap;
     /* FLCE_GRAD_STREAMS (default on; grad_streams_wanted): dH in the caller's stream and dW at once
-     * on the context's fill stream (lowest priority), joined before anything reads dZ again. A
-     * persistent dH of 1024 tiles leaves 32 of 132 SMs idle for its last wave (7.76 waves at
-     * 8192×4096×128256); dW's CTAs, taking tiles from the counter, fill them (launch.c,
-     * run_dh_dw_at_once, says why dH must be the one in the caller's stream). Where both gradients
-     * are asked for and dW is on the wgmma TMA path without clusters (concurrent_grads). */
+     * on the context's fill stream (lowest priority), joined before anything reads dZ again: dW's
+     * CTAs, taking tiles from the counter, fill the SMs dH leaves idle (launch.c, run_dh_dw_at_once,
+     * says why dH must be the one in the caller's stream). Where both gradients are asked for, dW is
+     * on the wgmma TMA path without clusters, and dH leaves SMs idle: several dH launches, or one
+     * whose last wave leaves over 10 % of the SM time empty (plan.c grads_overlap;
+     * concurrent_grads). */
     int grad_streams_wanted, concurrent_grads;
+    int num_sms; /* the device's, as planned for */
+    /* The default budget's ceiling for a compact chunked workspace: 1/16 of the device's memory
+     * (0: unknown, as in offline plans); grown: the plan took more than 512 MiB of logits because of
+     * it (plan.c grown_budget), so an allocation that fails may fall back to the lean plan. */
+    uint64_t mem_cap;
+    int grown;
     /* dW takes its tiles from the counter at off_tile_counter (tp_overlap or concurrent_grads). */
     int dw_dynamic;
     uint64_t off_tile_counter;
@@ -118,6 +125,11 @@ flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, co
  * tiles only (offline plans, flce gen). */
 flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
                          const flce_tensors *t, plan *out);
+
+/* plan_make_on on a device of mem_bytes of memory (cuDeviceTotalMem): the default budget may grow
+ * to 1/16 of it where fewer token chunks are faster (plan.c, grown_budget). */
+flce_status plan_make_dev(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
+                          uint64_t mem_bytes, const flce_tensors *t, plan *out);
 
 /* The pure planner: plan_make_on is plan_build with the process's settings (config_get) and the
  * tiles tune.c picks (tune table or the tuner's forced tiles). Here everything is an argument: the

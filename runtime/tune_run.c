@@ -320,7 +320,8 @@ static int first_use_skip(void *arg, const spec_tile tiles[TUNE_ROLES], char *wh
     if (!f->t->workspace) return 0;
     plan pl;
     tune_force_tiles(tiles);
-    flce_status st = plan_make_on(f->p, f->op, f->ctx->name, f->ctx->sm, f->ctx->num_sms, f->t, &pl);
+    flce_status st =
+        plan_make_dev(f->p, f->op, f->ctx->name, f->ctx->sm, f->ctx->num_sms, f->ctx->mem_bytes, f->t, &pl);
     tune_force_tiles(NULL);
     if (st == FLCE_OK && pl.workspace_bytes <= f->t->workspace_bytes) return 0;
     snprintf(why, cap, "skipped: needs more workspace than passed");

@@ -335,8 +335,9 @@ static void the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw(void)
     CHECK(!pl.tp_overlap);
 }
 
-/* FLCE_GRAD_STREAMS (default on): dH and dW at once where both are asked for and dW can take its
- * tiles from the counter; the counter is in the workspace exactly then (or with the TP overlap). */
+/* FLCE_GRAD_STREAMS (default on): dH and dW at once where both are asked for, dW can take its
+ * tiles from the counter and dH leaves SMs idle (several launches, or one with over 10 % of its
+ * last wave empty); the counter is in the workspace exactly then (or with the TP overlap). */
 static void dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted(void)
 {
     flce_config cfg;
@@ -344,6 +345,14 @@ static void dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted(void)
     flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
     p.vocab_total = 128256;
     plan pl;
+    /* one dH launch of 1024 tiles on 132 SMs: 7.76 waves, 3 % idle: dH alone */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.n_chunks == 1 && !pl.concurrent_grads && !pl.dw_dynamic && pl.off_tile_counter == 0);
+    p.memory_budget = 512ull << 20; /* 4 token chunks: 4 dH launches */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.n_chunks == 4 && pl.concurrent_grads && pl.dw_dynamic);
+    p = problem(512, 4096, 128256, FLCE_DTYPE_BF16); /* one dH launch of 64 tiles: half the SMs idle */
+    p.vocab_total = 128256;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.concurrent_grads && pl.dw_dynamic && pl.off_tile_counter > 0 && !pl.tp_overlap);
     CHECK(pl.off_tile_counter + 8 <= pl.workspace_bytes);

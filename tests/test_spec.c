@@ -250,15 +250,16 @@ static void auto_recomputes_when_token_chunks_are_short(void)
 }
 
 /* AUTO takes the plan its cost model says is faster: compact token chunks where they are long
- * (2048 rows at 512 MiB for V = 128k) or one chunk holds all tokens; recompute where the chunks
- * would be 1024 rows and dH's grid a single partial wave (8192×2304×256000: measured 64.4 ms
- * chunked vs 62.2 recompute on an H100). Every estimate is positive and each forced strategy is
- * left alone. */
+ * (2048 rows at 512 MiB for V = 128k) or one chunk holds all tokens, and also at 1024-row chunks
+ * now that dW fills the SMs dH's short launches leave idle (8192×2304×256000 on an H100 with an
+ * unknown memory size: chunked 54.4–54.8 ms vs recompute 57.4–57.7, bench/NOTES.md v23; without
+ * the fill stream recompute won, 62.2 vs 64.4). Every estimate is positive and each forced
+ * strategy is left alone. */
 static void auto_takes_the_cheaper_estimate(void)
 {
     const int64_t shapes[][3] = {{8192, 4096, 128256}, {8192, 2304, 256000}, {4096, 2048, 32000},
                                  {32768, 4096, 128256}, {512, 4096, 128256}};
-    const int want_recompute[] = {0, 1, 0, 0, 0};
+    const int want_recompute[] = {0, 0, 0, 0, 0};
     for (size_t i = 0; i < 5; i++) {
         flce_problem p = problem(shapes[i][0], shapes[i][1], shapes[i][2], FLCE_DTYPE_BF16);
         plan pl;
@@ -381,6 +382,52 @@ static void default_budget_takes_one_chunk_when_it_costs_no_more_memory(void)
     }
 }
 
+/* On a device of known memory the default budget may grow to 1/16 of it (plan.c grown_budget):
+ * all tokens when they fit, else the largest block beside the dW accumulator; never with an
+ * explicit budget, a caller's fp32 dW, TP, or an unknown device; the workspace stays within the
+ * share (but for a few floats per token) and `grown` marks the plans that used it. */
+static void default_budget_grows_to_a_sixteenth_of_the_device(void)
+{
+    const uint64_t gib = 1ull << 30, mem = 80 * gib, cap = mem / 16;
+    struct {
+        int64_t n, d, v;
+        uint64_t budget;
+        int acc_dw;
+        int64_t chunks; /* expected token chunks on an 80 GiB device */
+        int grown;
+    } cases[] = {
+        {8192, 2304, 256000, 0, 0, 1, 1},          /* 4.0 GiB of logits ≤ 5 GiB */
+        {32768, 4096, 128256, 0, 0, 3, 1},         /* 3 chunks + the 2.0 GiB accumulator ≤ 5 GiB */
+        {8192, 4096, 128256, 0, 0, 1, 0},          /* one chunk already by the 512 MiB + accumulator rule */
+        {8192, 2304, 256000, 512ull << 20, 0, 8, 0}, /* an explicit budget is kept */
+        {8192, 2304, 256000, 0, 1, 8, 0},          /* the caller's fp32 dW: the lean plan */
+        {4096, 2048, 32000, 0, 0, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        flce_problem p = problem(cases[i].n, cases[i].d, cases[i].v, FLCE_DTYPE_BF16);
+        p.memory_budget = cases[i].budget, p.accumulate_grad_weight = cases[i].acc_dw;
+        p.strategy = FLCE_STRATEGY_CHUNKED;
+        plan pl, lean;
+        CHECK(plan_make_dev(&p, FLCE_OP_LOSS_AND_GRAD, NULL, 90, 132, mem, NULL, &pl) == FLCE_OK);
+        CHECKF(pl.n_chunks == cases[i].chunks && pl.grown == cases[i].grown, "case %zu: %lld chunks, grown %d", i,
+               (long long)pl.n_chunks, pl.grown);
+        if (pl.grown)
+            CHECKF(pl.workspace_bytes <= cap + (uint64_t)cases[i].n * 64, "case %zu: workspace %.2f GiB", i,
+                   (double)pl.workspace_bytes / (double)gib);
+        CHECK(plan_make_dev(&p, FLCE_OP_LOSS_AND_GRAD, NULL, 90, 132, 0, NULL, &lean) == FLCE_OK);
+        CHECK(!lean.grown && lean.n_chunks >= pl.n_chunks && (pl.grown || lean.n_chunks == pl.n_chunks));
+        CHECK(pl.need_dw_acc == (pl.n_chunks > 1 && !cases[i].acc_dw));
+    }
+    /* AUTO on the grown plan: one chunk at 8192×2304×256000, estimated well under recompute */
+    flce_problem p = problem(8192, 2304, 256000, FLCE_DTYPE_BF16);
+    plan pl;
+    CHECK(plan_make_dev(&p, FLCE_OP_LOSS_AND_GRAD, NULL, 90, 132, mem, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.recompute && pl.n_chunks == 1 && pl.est_chunked_ms < pl.est_recompute_ms);
+    /* TP ranks must cut tokens alike whatever their devices: no growth */
+    p.tp_size = 2, p.tp_rank = 0, p.vocab_total = 256000, p.vocab_shard = 128000;
+    CHECK(plan_make_dev(&p, FLCE_OP_LOSS_AND_GRAD, NULL, 90, 132, mem, NULL, &pl) == FLCE_OK && !pl.grown);
+}
+
 static void small_problems_take_one_chunk_and_no_accumulator(void)
 {
     flce_problem p = problem(1, 8, 1, FLCE_DTYPE_F16);
@@ -468,6 +515,7 @@ int main(void)
     RUN(vocab_splits_fill_whole_waves);
     RUN(small_problems_take_one_chunk_and_no_accumulator);
     RUN(default_budget_takes_one_chunk_when_it_costs_no_more_memory);
+    RUN(default_budget_grows_to_a_sixteenth_of_the_device);
     RUN(auto_recomputes_when_token_chunks_are_short);
     RUN(too_small_a_budget_is_an_error_naming_it);
     RUN(workspace_regions_do_not_overlap);

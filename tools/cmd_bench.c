@@ -259,22 +259,22 @@ static int bench_parse(bench_opts *o, int argc, char **argv)
 }
 
 /* What AUTO would run for this problem (its budget), on a device named `device` (NULL: built-in
- * tiles only). */
-static const char *auto_choice(flce_problem p, int forward, const char *device, int sm, int sms)
+ * tiles only) with `mem` bytes of memory. */
+static const char *auto_choice(flce_problem p, int forward, const char *device, int sm, int sms, uint64_t mem)
 {
     if (forward) return "forward";
     p.strategy = FLCE_STRATEGY_AUTO;
     plan pl;
-    if (plan_make_on(&p, FLCE_OP_LOSS_AND_GRAD, device, sm, sms, NULL, &pl) != FLCE_OK) return "error";
+    if (plan_make_dev(&p, FLCE_OP_LOSS_AND_GRAD, device, sm, sms, mem, NULL, &pl) != FLCE_OK) return "error";
     return pl.recompute ? "recompute" : "chunked";
 }
 
 /* AUTO's choice for p with its reason: the cost model's estimates of both plans (plan.c). */
-static void auto_why(flce_problem p, int sm, int sms, char *out, size_t cap)
+static void auto_why(flce_problem p, int sm, int sms, uint64_t mem, char *out, size_t cap)
 {
     p.strategy = FLCE_STRATEGY_AUTO;
     plan pl;
-    if (plan_make(&p, FLCE_OP_LOSS_AND_GRAD, sm, sms, NULL, &pl) != FLCE_OK) {
+    if (plan_make_dev(&p, FLCE_OP_LOSS_AND_GRAD, NULL, sm, sms, mem, NULL, &pl) != FLCE_OK) {
         snprintf(out, cap, "error: %s", flce_last_error());
         return;
     }
@@ -310,8 +310,10 @@ static void fp32z_end(int k, char *saved)
 
 static int bench_list(const bench_opts *o)
 {
-    enum { LIST_SMS = 132 }; /* an H100 SXM's SM count: plans depend on it only through vocab splits */
-    printf("flce bench --list: plans for %s with %d SMs, %s (no GPU needed)\n", spec_arch_name(o->sm),
+    /* An H100 SXM: its SM count (vocab splits, dH's waves) and memory (the default budget's 1/16) */
+    enum { LIST_SMS = 132 };
+    const uint64_t list_mem = 80ull << 30;
+    printf("flce bench --list: plans for %s with %d SMs and 80 GiB, %s (no GPU needed)\n", spec_arch_name(o->sm),
            LIST_SMS, host_dtype_name(o->dtype));
     for (int s = 0; s < o->n_shapes; s++) {
         printf("\n### %lldx%lldx%lld (N × D × V)\n\n", (long long)o->shape[s][0], (long long)o->shape[s][1],
@@ -324,7 +326,7 @@ static int bench_list(const bench_opts *o)
             flce_op op = STRATEGIES[k].forward ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD;
             plan pl;
             char *saved = fp32z_begin(k);
-            flce_status st = plan_make(&p, op, o->sm, LIST_SMS, NULL, &pl);
+            flce_status st = plan_make_dev(&p, op, NULL, o->sm, LIST_SMS, list_mem, NULL, &pl);
             fp32z_end(k, saved);
             if (st != FLCE_OK) {
                 printf("| %s | error: %s | | | | |\n", STRATEGIES[k].name, flce_last_error());
@@ -343,7 +345,7 @@ static int bench_list(const bench_opts *o)
                                : pl.compact ? "chunked (compact fp16 logits)" : "chunked (fp32 logits)";
             char why[128] = "forward", est[24] = "";
             if (op != FLCE_OP_FORWARD) {
-                auto_why(p, o->sm, LIST_SMS, why, sizeof why);
+                auto_why(p, o->sm, LIST_SMS, list_mem, why, sizeof why);
                 snprintf(est, sizeof est, "%.1f", plan_estimate_ms(&p, &pl, LIST_SMS));
             }
             printf("| %s | %s | %s | %.1f | %s | %s |\n", STRATEGIES[k].name, runs, chunks,
@@ -472,7 +474,7 @@ static int bench_row_run_now(bench_run *b, int k, bench_row *row)
     p.strategy = st->strategy, p.memory_budget = st->budget;
     flce_context *ctx = NULL;
     if (flce_context_create(0, &ctx) != FLCE_OK) return 0;
-    row->auto_choice = auto_choice(p, st->forward, ctx->name, ctx->sm, ctx->num_sms);
+    row->auto_choice = auto_choice(p, st->forward, ctx->name, ctx->sm, ctx->num_sms, ctx->mem_bytes);
     uint64_t ws = 0;
     flce_op op = st->forward ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD;
     size_t free0 = 0, free1 = 0, total = 0;
