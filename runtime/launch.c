@@ -156,8 +156,9 @@ typedef struct run {
     size_t es; /* bytes of one input-dtype element */
     kernels k;
     struct flce_row_params rp; /* fields common to every row kernel */
-    CUstream forked;           /* the side or fill stream, while it has work the caller's stream
-                                  must wait for; else 0 */
+    CUstream forked[2];        /* the side and/or fill stream, while they have work the caller's
+                                  stream must wait for */
+    int n_forked;
 } run;
 
 static unsigned long long ws_at(const run *r, uint64_t off, int needed)
@@ -434,19 +435,25 @@ static flce_status fork_to(run *r, CUstream s);
 static flce_status side_fork(run *r);
 static flce_status side_join(run *r);
 
-/* FLCE_GRAD_STREAMS (plan.h, concurrent_grads): dH in the caller's stream, dW at once on the fill
- * stream (lowest priority), which waits for dZ through an event; the caller's stream waits for dW
+/* FLCE_GRAD_STREAMS (plan.h, concurrent_grads): dH on the side stream (highest priority) and dW on
+ * the fill stream (lowest), both behind one event after dZ; the caller's stream waits for both
  * before it goes on (the next chunk overwrites dZ). dH must get the SMs first: dW's persistent
- * CTAs, once resident, keep their SMs until its tile counter runs dry, and stream priority never
- * pre-empts them. With dH on a high-priority side stream and dW next in the caller's (v18), dW won:
- * a kernel next in its own stream starts the moment its predecessor ends, one behind an event a
- * little later. Now dH is that kernel, and dW's CTAs take the SMs dH's last, partial wave frees. */
+ * CTAs, once resident, keep their SMs until its tile counter runs dry, and priority never
+ * pre-empts them. With dH on the side stream and dW next in the caller's (v18), dW won: a kernel
+ * next in its own stream starts the moment its predecessor ends, one behind an event a little
+ * later. With dH next in the caller's stream and dW behind the event (v23) dH usually won, but not
+ * always: 512×4096×128256 took 2.4 or 2.9 ms from run to run (H100, session 6). Behind the same
+ * event, the block scheduler takes the higher priority's CTAs first, and dW's take the SMs dH
+ * leaves. */
 static flce_status run_dh_dw_at_once(run *r, const block *rows_step, const block *cols_step)
 {
     TRY(ctx_fill_stream(r->ctx));
+    TRY(ctx_side_stream(r->ctx));
+    TRY(fork_to(r, r->ctx->side));
     TRY(fork_to(r, r->ctx->fill));
-    flce_status st = run_dh(r, rows_step);
     CUstream caller = r->stream;
+    r->stream = r->ctx->side;
+    flce_status st = run_dh(r, rows_step);
     r->stream = r->ctx->fill;
     if (st == FLCE_OK) st = run_dw(r, cols_step);
     r->stream = caller;
@@ -572,7 +579,9 @@ static flce_status fork_to(run *r, CUstream s)
     CUresult res = drv.EventRecord(r->ctx->fork, r->stream);
     if (res == CUDA_SUCCESS) res = drv.StreamWaitEvent(s, r->ctx->fork, 0);
     if (res != CUDA_SUCCESS) return drv_error(res, "handing work to a second stream");
-    r->forked = s;
+    int known = 0;
+    for (int i = 0; i < r->n_forked; i++) known |= r->forked[i] == s;
+    if (!known) r->forked[r->n_forked++] = s;
     return FLCE_OK;
 }
 
@@ -586,11 +595,13 @@ static flce_status side_fork(run *r)
  * must end joined). */
 static flce_status side_join(run *r)
 {
-    if (!r->forked) return FLCE_OK;
-    CUstream s = r->forked;
-    r->forked = 0;
-    CUresult res = drv.EventRecord(r->ctx->join, s);
-    if (res == CUDA_SUCCESS) res = drv.StreamWaitEvent(r->stream, r->ctx->join, 0);
+    CUresult res = CUDA_SUCCESS;
+    for (int i = 0; i < r->n_forked; i++) { /* one event serves both: each wait takes its last record */
+        CUresult e = drv.EventRecord(r->ctx->join, r->forked[i]);
+        if (e == CUDA_SUCCESS) e = drv.StreamWaitEvent(r->stream, r->ctx->join, 0);
+        if (res == CUDA_SUCCESS) res = e;
+    }
+    r->n_forked = 0;
     return res == CUDA_SUCCESS ? FLCE_OK : drv_error(res, "joining the second stream");
 }
 
