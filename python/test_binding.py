@@ -147,7 +147,8 @@ def basic_cases():
             for need in ((True, False), (False, True)):
                 case(f"{dtype} {reduction} grads {need}",
                      lambda: check_against_torch(64, 32, 257, dtype, reduction, "auto", torch.int64, need=need))
-        # more than 1024 tokens: AUTO asks the library (gradients in forward when it picks chunked)
+        # more than 256 tokens (_DEFER_TOKENS): AUTO asks the library (gradients in forward when it
+        # picks chunked)
         case(f"{dtype} mean auto 1500 tokens", lambda: check_against_torch(1500, 64, 1000, dtype, "mean", "auto",
                                                                           torch.int64))
         case(f"{dtype} N=1", lambda: check_against_torch(1, 8, 50, dtype, "mean", "auto", torch.int64))
@@ -555,7 +556,7 @@ def op_cases():
         return make
 
     def compile_grads_in_forward():
-        # > 1024 tokens, mean: the gradients come from forward and are scaled by the upstream 2.0
+        # > 256 tokens, mean: the gradients come from forward and are scaled by the upstream 2.0
         torch._dynamo.reset()
         compiled_equals_eager(lambda h, w, y: 2 * flce.linear_cross_entropy(h, w, y, strategy="chunked"),
                               leaf_args(1500, 64, 1000, torch.bfloat16 if GPU else torch.float32))

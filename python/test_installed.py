@@ -125,7 +125,7 @@ def tiny_batch(b, t, seed):
 
 
 def compiled_tiny_lm(b, t):
-    # b x t tokens: <= 1024 computes the gradients in backward (flce_backward), more lets the
+    # b x t tokens: <= 256 computes the gradients in backward (flce_backward), more lets the
     # library's AUTO choose (loss and gradients in forward, scaled in backward, when chunked)
     def run():
         torch._dynamo.reset()

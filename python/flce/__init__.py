@@ -272,11 +272,13 @@ def _no_grad_loss(hidden, weight, labels, opts, tp=None):
 
 # Up to this many tokens AUTO's gradients go to backward (flce_backward, an extra logits pass of
 # 2·N·V·D) instead of being computed in forward and scaled by the upstream gradient in backward
-# (a pass over dW, V·D, whatever N is, unless the library's flce_scale_gradients finds the upstream
-# gradient is exactly 1). Measured through this binding on an H100 before flce_scale_gradients
-# existed (bench/results/compare-…-2026-11-23-7ab2a98): 512×4096×128256 eager 5.66 ms vs deferred
-# 4.27; 4096×2048×32000 eager 2.90 vs 3.13; 8192×4096×128256 eager 46.2 vs 51.3.
-_DEFER_TOKENS = 1024
+# (a pass over dW, V·D·4 bytes, whatever N is, unless the library's flce_scale_gradients finds the
+# upstream gradient is exactly 1, as after a plain loss.backward()). The two cost the same near
+# N = 430 on an H100 (650 TFLOP/s, 3 TB/s) when g != 1, and computing in forward always wins when
+# g = 1: at 512×4096×128256 on an H100 (2026-11-26, bench/results/2026-11-26-h100-session6)
+# deferring took 3.10 ms (compare.py), the loss-and-grad call 2.42 (flce bench). Until then this
+# was 1024, measured before flce_scale_gradients existed.
+_DEFER_TOKENS = 256
 
 
 def _auto_choice_now(device_index, n, d, v, dtype, label_dtype, opts, tp, has_bias, has_class_weights):
