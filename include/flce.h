@@ -112,9 +112,12 @@ typedef struct flce_problem {
     int32_t deterministic;   /* bitwise-identical results across runs (today's kernels always are) */
     flce_strategy strategy;  /* FLCE_STRATEGY_AUTO unless forcing one */
     uint64_t memory_budget;  /* bytes for one block of stored logits, which sets the chunk size;
-                                0 = 512 MiB, or (chunked, 16-bit, own dW) all tokens in one block
-                                when that takes no more than 512 MiB plus the dW accumulator it
-                                makes unnecessary. Per logit: chunked 2 bytes (16-bit training: fp16
+                                0 = 512 MiB, except (chunked, 16-bit, own dW, no TP): all tokens
+                                in one block when that takes no more than 512 MiB plus the dW
+                                accumulator it makes unnecessary, else fewer, longer chunks as
+                                long as the whole workspace stays within 1/16 of the device's
+                                memory (5 GiB on an 80 GB GPU; if that much cannot be allocated,
+                                the 512 MiB plan runs instead). Per logit: chunked 2 bytes (16-bit training: fp16
                                 p̃ that becomes dZ in place, + 4 bytes per row and 256 columns),
                                 else 6 (fp32 Z + dZ; fp32 inputs 4); recompute 2 (dZ; fp32 4).
                                 On top: an fp32 V×D dW accumulator (chunked, several chunks,
