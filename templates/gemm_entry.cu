@@ -288,21 +288,25 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
     float acc[MI][NI][4];
 #if FLCE_TMA
 #if FLCE_TCGEN05 // (none on the Blackwell path; generator/emit.c resolves only this form)
+    const bool dynamic = false;
 #else
-    if (p.tile_counter) { // uniform: the producer's dynamic order, tile numbers from the ring
-        for (int i = 0;; i++) {
-            long long t, m0, n0;
-            if (!mainloop(acc, smem, p, it, wm / 4, tile_ring(smem) + i % TILE_RING, &t)) break;
-            tile_origin(p, t, tiles_m, tiles_n, m0, n0);
-            grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale, smem);
-        }
-        return;
-    }
+    const bool dynamic = p.tile_counter != 0; // uniform: the producer's order, tile numbers from the ring
 #endif
-    for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
-        long long m0, n0;
-        tile_origin(p, t, tiles_m, tiles_n, m0, n0);
+    // One call site for the main loop and one for the epilogue, whichever order the tiles come in:
+    // each is inlined, and two copies of them (dynamic and static order) made this kernel 2x the
+    // code and its NVRTC compile the longest of a call's first compiles (issue 16).
+    for (int i = 0;; i++) {
+        long long t = blockIdx.x + (long long)i * gridDim.x, m0 = 0, n0 = 0;
+        if (!dynamic) {
+            if (t >= tiles) break;
+            tile_origin(p, t, tiles_m, tiles_n, m0, n0);
+        }
+#if FLCE_TCGEN05
         mainloop(acc, smem, p, it, wm / 4, nullptr, nullptr, m0);
+#else
+        if (!mainloop(acc, smem, p, it, wm / 4, dynamic ? tile_ring(smem) + i % TILE_RING : nullptr, &t, m0)) break;
+#endif
+        tile_origin(p, t, tiles_m, tiles_n, m0, n0);
         grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale, smem);
     }
 #else
