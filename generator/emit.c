@@ -79,6 +79,8 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     if (s->fused_dz) sb_text(b, "#define FLCE_FUSED_DZ 1\n");
     if (s->compact) sb_text(b, "#define FLCE_COMPACT 1\n");
     if (s->dz_operand) sb_text(b, "#define FLCE_DZ_OPERAND 1  // A: compact logits, made dZ in shared memory\n");
+    if (s->plain_out) sb_text(b, "#define FLCE_GRAD_PLAIN 1  // only complete 16-bit tiles, through shared memory\n");
+    if (s->red_acc) sb_text(b, "#define FLCE_GRAD_RED 1  // fp32 accumulators may be updated by red.global\n");
     if (s->role != ROLE_ROWOPS && s->cluster > 1)
         sb_printf(b, "#define FLCE_CLUSTER %d  // CTAs per cluster: the B tile is multicast to all of them\n", s->cluster);
     sb_printf(b, "#define OPT_BIAS %d\n", !!(s->opts & SPEC_OPT_BIAS));

@@ -100,12 +100,12 @@ void spec_summary(const kernel_spec *s, char *out, size_t cap)
         return;
     }
     const spec_tile *t = &s->tile;
-    snprintf(out, cap, "%s%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s%s%s",
+    snprintf(out, cap, "%s%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s%s%s%s%s",
              spec_role_name(s->role), s->fused_dz ? "+dz" : s->compact ? "+compact" : s->dz_operand ? "+dzop" : "", spec_dtype_name(s->dtype), (long long)s->hidden,
              (long long)s->vocab_shard, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk,
              t->stages, t->warps_m, t->warps_n,
              t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "",
-             s->cluster > 1 ? " cluster=2" : "", opts,
+             s->cluster > 1 ? " cluster=2" : "", s->plain_out ? " plain-out" : "", s->red_acc ? " red-acc" : "", opts,
              s->fused_dz ? (s->reduction == FLCE_REDUCTION_NONE ? " reduction=none" : " reduction=mean/sum") : "");
 }
 
@@ -342,6 +342,14 @@ flce_status spec_validate(const kernel_spec *s)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "dz_operand=%d: 0, or 1 for dH/dW on the wgmma TMA path with a 16-bit dtype and 3+ stages",
                        s->dz_operand);
+    if (s->plain_out != 0 && (s->plain_out != 1 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
+                              s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32 || s->hidden % s->tile.bn != 0))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "plain_out=%d: 0, or 1 for dH/dW on the wgmma TMA path with a 16-bit dtype and hidden a "
+                       "multiple of the tile's BN",
+                       s->plain_out);
+    if (s->red_acc != 0 && (s->red_acc != 1 || s->role == ROLE_LOGITS || s->plain_out))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "red_acc=%d: 0, or 1 for dH/dW without plain_out", s->red_acc);
     if (s->cluster != 0 && (s->cluster != 2 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
                             s->tile.tcgen05))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,

@@ -56,6 +56,14 @@ typedef struct kernel_spec {
     int cluster;         /* DH/DW on the wgmma TMA path: 0 (none), or 2: CTAs in clusters of 2 that
                           * work on vertically adjacent tiles and load their shared B tile once,
                           * each half multicast to both (templates/gemm_wgmma_tma.cu, FLCE_CLUSTER) */
+    /* DH/DW epilogue variants (templates/gemm_grad.cu), so that a kernel holds only the stores its
+     * launches make (each variant is unrolled over the whole accumulator tile; both cost ~40 % of
+     * the kernel's NVRTC time):
+     *   plain_out  1: only complete 16-bit tiles through shared memory: no fp32 addend or output,
+     *              n a multiple of BN (a 16-bit gradient computed in one pass; wgmma TMA path)
+     *   red_acc    1: the red.global path for fp32 accumulators updated in place (FLCE_RED_ACC) */
+    int plain_out;
+    int red_acc;
 } kernel_spec;
 
 enum {

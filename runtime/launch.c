@@ -332,6 +332,17 @@ static void set_output(const run *r, struct flce_gemm_params *g, unsigned long l
     }
 }
 
+/* A kernel compiled without some stores (spec plain_out, red_acc) must not be asked for them: the
+ * plan and set_output must agree, and a mismatch would silently drop gradients. */
+static flce_status check_grad_stores(const kernel_spec *s, const struct flce_gemm_params *g, const char *what)
+{
+    if ((s->plain_out && (g->addend || g->out_f32)) || (g->red_addend && !s->red_acc))
+        return err_set(FLCE_ERR_INTERNAL, "%s kernel: compiled for %s stores but launched with %s (a planning bug)",
+                       what, s->plain_out ? "complete 16-bit" : "no red.global",
+                       g->red_addend ? "red.global" : "an fp32 addend or output");
+    return FLCE_OK;
+}
+
 /* dH[rows] (+)= dZ · W[cols]: A = dZ stored K-major, B = W stored [k = vocab][n = hidden]. */
 static flce_status run_dh(run *r, const block *b)
 {
@@ -354,6 +365,7 @@ static flce_status run_dh(run *r, const block *b)
     g.ldo = pl->d;
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
+    TRY(check_grad_stores(&pl->dh, &g, "dH"));
     set_dz_operand(r, b, &g);
     int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(b->rows, pl->dh.tile.bm);
     TRY(tma_prepare_gemm(&pl->dh, &g, grad_slots(r->ctx, &pl->dh, r->k.dh), &gx, &gy));
@@ -378,6 +390,7 @@ static flce_status run_dw(run *r, const block *b)
     g.ldo = pl->d;
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
+    TRY(check_grad_stores(&pl->dw, &g, "dW"));
     set_dz_operand(r, b, &g);
     if (pl->dw_dynamic && b->rows > 0) { /* tiles from a counter: see plan.h, dw_dynamic */
         g.tile_counter = r->ws + pl->off_tile_counter;

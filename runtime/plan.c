@@ -416,6 +416,23 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
     pl->workspace_bytes = cur;
 }
 
+/* The dH/dW epilogue each kernel needs (spec plain_out, red_acc): plain where every launch writes
+ * a complete 16-bit tile with no addend (launch.c set_output: no caller fp32 buffer, no workspace
+ * accumulator, no TP fp32 dH), so the kernel leaves out the fp32 and partial-tile stores. */
+static int staged_tiles(const kernel_spec *s) { return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05; }
+
+static void plan_grad_stores(const flce_problem *p, plan *pl)
+{
+    int bits16 = p->dtype != FLCE_DTYPE_F32;
+    kernel_spec *dh = &pl->dh, *dw = &pl->dw;
+    int dh_plain = bits16 && !pl->need_dh_tp && !p->accumulate_grad_hidden && !pl->need_dh_acc;
+    int dw_plain = bits16 && !p->accumulate_grad_weight && !pl->need_dw_acc;
+    dh->plain_out = dh_plain && staged_tiles(dh) && pl->d % dh->tile.bn == 0;
+    dw->plain_out = dw_plain && staged_tiles(dw) && pl->d % dw->tile.bn == 0;
+    dh->red_acc = pl->red_acc && !dh->plain_out;
+    dw->red_acc = pl->red_acc && !dw->plain_out;
+}
+
 /* The plan up to its tiles: specs with the built-in tiles and the knobs config gives. */
 static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_config *cfg, const flce_tensors *t,
                        plan *pl)
@@ -471,6 +488,7 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
     int64_t stat_rows = op == FLCE_OP_FORWARD || pl->recompute ? pl->n : pl->chunk_rows;
     plan_vocab_splits(pl, stat_rows, pl->v, num_sms, &pl->splits, &pl->tiles_per_split);
     plan_layout(p, t, pl);
+    if (op != FLCE_OP_FORWARD) plan_grad_stores(p, pl);
     return FLCE_OK;
 }
 

@@ -43,19 +43,29 @@ __device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce
         }
 }
 
+// Which stores this kernel holds (generator/spec.h plain_out, red_acc): the runtime launches a
+// FLCE_GRAD_PLAIN kernel only with no addend, a 16-bit output and n a multiple of BN.
+#ifndef FLCE_GRAD_PLAIN
+#define FLCE_GRAD_PLAIN 0
+#endif
+#ifndef FLCE_GRAD_RED
+#define FLCE_GRAD_RED 0
+#endif
 __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
                                               long long n0, int wm, int wn, int lane, float scale,
                                               unsigned char *smem)
 {
+#if FLCE_GRAD_RED
     if (p.red_addend) { // uniform across the CTA
         red_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
         return;
     }
+#endif
 #if STAGED_STORE && FLCE_DTYPE != DTYPE_F32
     // A full-width tile of a 16-bit output with no addend (a complete dH or dW: the one-chunk
     // strategies' common case) goes out through shared memory, whole 128-byte rows per store
     // (gemm_wgmma_tma.cu). Uniform across the CTA.
-    if (!p.addend && !p.out_f32 && n0 + BN <= p.n) {
+    if (FLCE_GRAD_PLAIN || (!p.addend && !p.out_f32 && n0 + BN <= p.n)) {
         unsigned pk[NI][2];
 #pragma unroll
         for (int ni = 0; ni < NI; ni++)
@@ -65,8 +75,10 @@ __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flc
         return;
     }
 #else
+    static_assert(!FLCE_GRAD_PLAIN, "plain_out: the staged 16-bit store of the wgmma TMA path");
     (void)smem;
 #endif
+#if !FLCE_GRAD_PLAIN
     const int g = lane / 4, t = lane % 4;
     const float *addend = (const float *)p.addend;
     const long long c0 = n0 + wn * WTN + 2 * t; // even; n is a multiple of 8
@@ -100,6 +112,7 @@ __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flc
                 }
             }
         }
+#endif // !FLCE_GRAD_PLAIN
 }
 
 // The scalar g of mean/sum is applied in the epilogue rather than in dZ, so dZ keeps values in

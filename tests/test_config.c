@@ -384,6 +384,54 @@ static void dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted(void)
     CHECK(!pl.concurrent_grads);
 }
 
+/* dH/dW kernels hold only the stores their launches make (spec plain_out, red_acc): plain where
+ * each gradient is written once as complete 16-bit tiles; the fp32/partial-tile stores where an
+ * accumulator, a caller's fp32 buffer, fp32 inputs or a hidden size off the tile grid need them. */
+static void gradient_kernels_hold_only_the_stores_they_make(void)
+{
+    flce_config cfg;
+    config_defaults(&cfg);
+    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+    p.vocab_total = 128256;
+    plan pl;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.n_chunks == 1 && pl.dh.plain_out && pl.dw.plain_out && !pl.dh.red_acc && !pl.dw.red_acc);
+    CHECK(!pl.logits.plain_out && spec_validate(&pl.dh) == FLCE_OK && spec_validate(&pl.dw) == FLCE_OK);
+    p.memory_budget = 512ull << 20; /* 4 chunks: dW through the fp32 accumulator */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.n_chunks == 4 && pl.need_dw_acc && pl.dh.plain_out && !pl.dw.plain_out && !pl.dw.red_acc);
+    cfg.red_acc = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dw.red_acc && !pl.dh.red_acc && spec_validate(&pl.dw) == FLCE_OK);
+    config_defaults(&cfg);
+    p.memory_budget = 0, p.accumulate_grad_weight = 1; /* the caller's fp32 main_grad */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh.plain_out && !pl.dw.plain_out);
+    p.accumulate_grad_weight = 0, p.strategy = FLCE_STRATEGY_RECOMPUTE; /* dH over vocab chunks in fp32 */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.n_vchunks > 1 && pl.need_dh_acc && !pl.dh.plain_out && pl.dw.plain_out);
+    p = problem(8192, 4000, 128256, FLCE_DTYPE_BF16); /* D off the 256-column grid: a partial tile */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.dh.plain_out && !pl.dw.plain_out);
+    p = problem(1024, 256, 4096, FLCE_DTYPE_F32);
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.dh.plain_out && !pl.dw.plain_out);
+    p = problem(1024, 256, 4096, FLCE_DTYPE_BF16);
+    cfg.portable = 1; /* mma.sync: no staged store */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.dh.plain_out && !pl.dw.plain_out);
+    /* the spec says no otherwise */
+    config_defaults(&cfg);
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && pl.dh.plain_out);
+    kernel_spec s = pl.dh;
+    s.hidden = 200;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT);
+    s = pl.dh, s.red_acc = 1;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT);
+    s = pl.logits, s.plain_out = 1;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT);
+}
+
 static void tune_tiles_are_an_input(void)
 {
     flce_problem p = problem(8192, 4096, 32768, FLCE_DTYPE_BF16);
@@ -413,6 +461,7 @@ int main(void)
     RUN(planning_is_a_pure_function_of_its_inputs);
     RUN(each_setting_reaches_the_plan);
     RUN(the_dz_operand_replaces_the_dz_pass_only_where_it_can);
+    RUN(gradient_kernels_hold_only_the_stores_they_make);
     RUN(tune_tiles_are_an_input);
     RUN(the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only);
     RUN(the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw);
