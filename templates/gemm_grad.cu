@@ -71,7 +71,7 @@ __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flc
         for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int h = 0; h < 2; h++) pk[ni][h] = pack2_elem(acc[0][ni][2 * h] * scale, acc[0][ni][2 * h + 1] * scale);
-        staged_store(pk, (unsigned short *)p.out, p.ldo, p.m, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
+        staged_store(pk, (unsigned short *)p.out, p.ldo, p.m, p.n, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
         return;
     }
 #else

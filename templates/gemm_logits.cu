@@ -172,8 +172,32 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
             }
         }
 #if COMPACT_STAGED
-    if (STAGED && p.out) staged_store(pk, (unsigned short *)p.out, p.ldo, p.m, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
+    if (STAGED && p.out)
+        staged_store(pk, (unsigned short *)p.out, p.ldo, p.m, p.ldo, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
 #endif
+}
+
+// The last vocab tile of a shard whose V is not a multiple of BN through the full tile's code, so
+// that the epilogue is compiled once (a second, masked copy was a quarter of the compact logits
+// kernel's NVRTC time, the longest compile of a first call; issue 16). Where the epilogue only
+// takes maxima and exps of the logits, a column past the shard behaves as absent once its logit is
+// -FLT_MAX: it never sets a maximum, its exp is 0 (the p̃ stored for columns up to the row stride,
+// as the masked code stored) and the store stops at the row stride. Entropy (0·z), the z-sum, the
+// argmax and a logit transform (applied by the epilogue itself) keep the masked copy.
+constexpr bool ONE_EPILOGUE = COMPACT_STAGED && !OPT_BIAS && !OPT_ZSUM && !OPT_ARGMAX && !OPT_ENTROPY &&
+                              INV_TEMP == 1.f && SOFTCAP == 0.f;
+__device__ __forceinline__ void mask_past_shard(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long n0,
+                                                int wn, int lane)
+{
+    static_assert(!ONE_EPILOGUE || WARPS_N == 1, "one epilogue: a warp tile spans the CTA tile, so none is all past");
+    const int lim = cols_inside(p.n, n0 + wn * WTN + 2 * (lane % 4));
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (ni * 8 + (e & 1) >= lim) acc[mi][ni][e] = -3.402823466e38f;
 }
 
 __device__ __forceinline__ void logits_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p,
@@ -181,8 +205,15 @@ __device__ __forceinline__ void logits_epilogue(float (&acc)[MI][NI][4], const f
                                                 const long long (&lab)[MI][2], row_stats (&run)[MI][2],
                                                 unsigned char *smem)
 {
-    if (n0 + BN <= p.n) logits_epilogue_t<true>(acc, p, m0, n0, wm, wn, lane, lab, run, smem);
-    else logits_epilogue_t<false>(acc, p, m0, n0, wm, wn, lane, lab, run, smem);
+    const bool full = n0 + BN <= p.n;
+    if constexpr (ONE_EPILOGUE) {
+        if (!full) mask_past_shard(acc, p, n0, wn, lane);
+        logits_epilogue_t<true>(acc, p, m0, n0, wm, wn, lane, lab, run, smem);
+    } else if (full) {
+        logits_epilogue_t<true>(acc, p, m0, n0, wm, wn, lane, lab, run, smem);
+    } else {
+        logits_epilogue_t<false>(acc, p, m0, n0, wm, wn, lane, lab, run, smem);
+    }
 }
 
 #if FLCE_FUSED_DZ

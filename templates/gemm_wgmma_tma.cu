@@ -437,9 +437,11 @@ __device__ __forceinline__ unsigned staging_at(unsigned buf, int row, int chunk)
 }
 // A warp's 16 rows × WTN columns of packed 16-bit pairs (word (ni, h) in pk[ni][h], the fragment
 // layout: row g + 8h, columns ni·8 + 2t…) to rows row0…, columns col0… of out (row stride ld, a
-// multiple of 8 elements), rows below `rows` only. Every lane of the warp calls it.
+// multiple of 8 elements), rows below `rows` and columns below `cols` (a multiple of 8) only.
+// Every lane of the warp calls it.
 __device__ __forceinline__ void staged_store(const unsigned (&pk)[NI][2], unsigned short *out, long long ld,
-                                             long long rows, unsigned buf, long long row0, long long col0, int lane)
+                                             long long rows, long long cols, unsigned buf, long long row0,
+                                             long long col0, int lane)
 {
     static_assert(WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 8 == 0, "staged store: one warp tile of 16 rows");
 #pragma unroll
@@ -461,7 +463,8 @@ __device__ __forceinline__ void staged_store(const unsigned (&pk)[NI][2], unsign
                          : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
                          : "r"(staging_at(buf, r, c))
                          : "memory");
-            if (row0 + r < rows) st_global_16(out + (row0 + r) * ld + col0 + q * 64 + c * 8, v0, v1, v2, v3);
+            const long long col = col0 + q * 64 + c * 8;
+            if (row0 + r < rows && col < cols) st_global_16(out + (row0 + r) * ld + col, v0, v1, v2, v3);
         }
         __syncwarp(); // the buffer is rewritten by the next 64 columns
     }
