@@ -249,6 +249,10 @@ static flce_status launch_logits(run *r, const kernel_spec *spec, CUfunction fn,
                                  struct flce_gemm_params *g, const char *what)
 {
     const plan *pl = r->pl;
+    /* The compact pass is compiled for its shard's columns (gemm_logits.cu NO_PARTIAL_TILE). */
+    if (spec->compact && b->cols != spec->vocab_shard)
+        return err_set(FLCE_ERR_INTERNAL, "%s: compiled for %lld columns, launched with %lld (a planning bug)", what,
+                       (long long)spec->vocab_shard, (long long)b->cols);
     int splits = pl->splits, tps = pl->tiles_per_split;
     if (!stats) plan_vocab_splits(pl, b->rows, b->cols, r->ctx->num_sms, &splits, &tps);
     g->splits = splits;
