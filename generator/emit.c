@@ -64,7 +64,7 @@ static void sb_text(sbuf *b, const char *s) { sb_append(b, s, strlen(s)); }
 static void emit_preamble(sbuf *b, const kernel_spec *s)
 {
     char summary[256];
-    spec_summary(s, summary, sizeof summary);
+    spec_code_summary(s, summary, sizeof summary);
     sb_printf(b, "// flce %s generated kernel: %s\n", FLCE_VERSION_STRING, summary);
     sb_printf(b, "// Compile it alone with: nvcc -std=c++17 -arch=%s -c <this file>\n",
               spec_arch_name(s->sm));
@@ -81,6 +81,7 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     if (s->dz_operand) sb_text(b, "#define FLCE_DZ_OPERAND 1  // A: compact logits, made dZ in shared memory\n");
     if (s->plain_out) sb_text(b, "#define FLCE_GRAD_PLAIN 1  // only complete 16-bit tiles, through shared memory\n");
     if (s->red_acc) sb_text(b, "#define FLCE_GRAD_RED 1  // fp32 accumulators may be updated by red.global\n");
+    if (s->full_tiles) sb_text(b, "#define FLCE_FULL_TILES 1  // every launch's n is a multiple of BN\n");
     if (s->role != ROLE_ROWOPS && s->cluster > 1)
         sb_printf(b, "#define FLCE_CLUSTER %d  // CTAs per cluster: the B tile is multicast to all of them\n", s->cluster);
     sb_printf(b, "#define OPT_BIAS %d\n", !!(s->opts & SPEC_OPT_BIAS));
@@ -92,9 +93,7 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     sb_printf(b, "constexpr float SOFTCAP = %af, INV_TEMP = %af, SMOOTHING = %af, ZLOSS = %af;\n",
               (double)s->softcap, (double)(s->temperature > 0 ? 1.0f / s->temperature : 1.0f), (double)s->smoothing,
               (double)s->z_loss);
-    sb_printf(b, "constexpr long long VOCAB = %lldLL;  // rows of this vocab shard\n",
-              (long long)s->vocab_shard);
-    sb_printf(b, "constexpr long long HIDDEN = %lldLL;\n", (long long)s->hidden);
+    /* No D or V: the shapes are kernel parameters, so one kernel serves every shape (spec.h). */
     if (s->role != ROLE_ROWOPS) {
         const spec_tile *t = &s->tile;
         sb_printf(b, "constexpr int BM = %d, BN = %d, BK = %d, STAGES = %d, WARPS_M = %d, WARPS_N = %d;\n",

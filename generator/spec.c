@@ -89,25 +89,33 @@ static void options_text(const kernel_spec *s, char *out, size_t cap)
     if (s->z_loss > 0 && n < cap) snprintf(out + n, cap - n, " zloss=%.9g", (double)s->z_loss);
 }
 
-void spec_summary(const kernel_spec *s, char *out, size_t cap)
+/* with_shape: D and V too (logs); without, what the code depends on (source header, cache key). */
+static void summary_text(const kernel_spec *s, int with_shape, char *out, size_t cap)
 {
-    char opts[160];
+    char opts[160], shape[64] = "", v[40] = "";
     options_text(s, opts, sizeof opts);
+    if (with_shape) {
+        snprintf(shape, sizeof shape, " D=%lld V=%lld", (long long)s->hidden, (long long)s->vocab_shard);
+        snprintf(v, sizeof v, " V=%lld", (long long)s->vocab_shard);
+    }
     if (s->role == ROLE_ROWOPS) {
-        snprintf(out, cap, "%s %s V=%lld labels=i%d reduction=%s %s%s", spec_role_name(s->role),
-                 spec_dtype_name(s->dtype), (long long)s->vocab_shard, s->label_bits,
-                 reduction_name(s->reduction), spec_arch_name(s->sm), opts);
+        snprintf(out, cap, "%s %s%s labels=i%d reduction=%s %s%s", spec_role_name(s->role), spec_dtype_name(s->dtype),
+                 v, s->label_bits, reduction_name(s->reduction), spec_arch_name(s->sm), opts);
         return;
     }
     const spec_tile *t = &s->tile;
-    snprintf(out, cap, "%s%s %s D=%lld V=%lld labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s%s%s%s%s",
-             spec_role_name(s->role), s->fused_dz ? "+dz" : s->compact ? "+compact" : s->dz_operand ? "+dzop" : "", spec_dtype_name(s->dtype), (long long)s->hidden,
-             (long long)s->vocab_shard, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk,
-             t->stages, t->warps_m, t->warps_n,
-             t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "",
-             s->cluster > 1 ? " cluster=2" : "", s->plain_out ? " plain-out" : "", s->red_acc ? " red-acc" : "", opts,
+    snprintf(out, cap, "%s%s %s%s labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s%s%s%s%s%s",
+             spec_role_name(s->role), s->fused_dz ? "+dz" : s->compact ? "+compact" : s->dz_operand ? "+dzop" : "",
+             spec_dtype_name(s->dtype), shape, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk, t->stages,
+             t->warps_m, t->warps_n, t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "",
+             s->cluster > 1 ? " cluster=2" : "", s->plain_out ? " plain-out" : "", s->red_acc ? " red-acc" : "",
+             s->full_tiles ? " full-tiles" : "", opts,
              s->fused_dz ? (s->reduction == FLCE_REDUCTION_NONE ? " reduction=none" : " reduction=mean/sum") : "");
 }
+
+void spec_summary(const kernel_spec *s, char *out, size_t cap) { summary_text(s, 1, out, cap); }
+
+void spec_code_summary(const kernel_spec *s, char *out, size_t cap) { summary_text(s, 0, out, cap); }
 
 /* Operand layouts per role: logits reads H and W K-major; dH reads W as [k][n]; dW reads dZ as
  * [k][m] and H as [k][n] (see templates/gemm.cu). */
@@ -348,6 +356,11 @@ flce_status spec_validate(const kernel_spec *s)
                        "plain_out=%d: 0, or 1 for dH/dW on the wgmma TMA path with a 16-bit dtype and hidden a "
                        "multiple of the tile's BN",
                        s->plain_out);
+    if (s->full_tiles != 0 && (s->full_tiles != 1 || s->role != ROLE_LOGITS || !s->compact ||
+                               s->vocab_shard % s->tile.bn != 0))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "full_tiles=%d: 0, or 1 for the compact logits pass with vocab_shard a multiple of the tile's BN",
+                       s->full_tiles);
     if (s->red_acc != 0 && (s->red_acc != 1 || s->role == ROLE_LOGITS || s->plain_out))
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "red_acc=%d: 0, or 1 for dH/dW without plain_out", s->red_acc);
     if (s->cluster != 0 && (s->cluster != 2 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||

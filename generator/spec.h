@@ -64,6 +64,9 @@ typedef struct kernel_spec {
      *   red_acc    1: the red.global path for fp32 accumulators updated in place (FLCE_RED_ACC) */
     int plain_out;
     int red_acc;
+    /* LOGITS with compact: every launch covers the whole shard (its n is vocab_shard, a multiple
+     * of BN), so the kernel has no partial-tile code (templates/gemm_logits.cu, FLCE_FULL_TILES). */
+    int full_tiles;
 } kernel_spec;
 
 enum {
@@ -85,6 +88,10 @@ const char *spec_role_name(spec_role role);
 const char *spec_dtype_name(flce_dtype t);
 /* One line that identifies the spec to a person ("logits bf16 D=4096 V=32768 sm_90a 128x128x32 s3 w2x4"). */
 void spec_summary(const kernel_spec *s, char *out, size_t cap);
+/* spec_summary without D and V: the generated code does not depend on them (the shapes arrive as
+ * kernel parameters; what does depend on them is a flag: tiles, plain_out, full_tiles), so the
+ * source and the cache key carry this one and a new shape with the same flags finds its kernels. */
+void spec_code_summary(const kernel_spec *s, char *out, size_t cap);
 
 /* Dynamic shared memory bytes a GEMM spec needs (0 for ROWOPS). */
 size_t spec_smem_bytes(const kernel_spec *s);

@@ -39,7 +39,7 @@ static double thread_cpu_ms(void)
 static flce_status key_from_source(const kernel_spec *s, const char *src, char **key, size_t *len)
 {
     char summary[256], opts[256];
-    spec_summary(s, summary, sizeof summary);
+    spec_code_summary(s, summary, sizeof summary); /* no D or V: one entry for every shape */
     nvrtc_options_text(s->sm, opts, sizeof opts);
     size_t cap = strlen(summary) + strlen(opts) + strlen(src) + 512;
     char *k = malloc(cap);

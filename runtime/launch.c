@@ -249,10 +249,10 @@ static flce_status launch_logits(run *r, const kernel_spec *spec, CUfunction fn,
                                  struct flce_gemm_params *g, const char *what)
 {
     const plan *pl = r->pl;
-    /* The compact pass is compiled for its shard's columns (gemm_logits.cu NO_PARTIAL_TILE). */
-    if (spec->compact && b->cols != spec->vocab_shard)
-        return err_set(FLCE_ERR_INTERNAL, "%s: compiled for %lld columns, launched with %lld (a planning bug)", what,
-                       (long long)spec->vocab_shard, (long long)b->cols);
+    /* A full_tiles kernel has no code for a partial vocab tile (gemm_logits.cu NO_PARTIAL_TILE). */
+    if (spec->full_tiles && b->cols % spec->tile.bn != 0)
+        return err_set(FLCE_ERR_INTERNAL, "%s: compiled for whole %d-column tiles, launched over %lld columns "
+                       "(a planning bug)", what, spec->tile.bn, (long long)b->cols);
     int splits = pl->splits, tps = pl->tiles_per_split;
     if (!stats) plan_vocab_splits(pl, b->rows, b->cols, r->ctx->num_sms, &splits, &tps);
     g->splits = splits;

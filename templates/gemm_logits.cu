@@ -184,11 +184,14 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
 // -FLT_MAX: it never sets a maximum, its exp is 0 (the p̃ stored for columns up to the row stride,
 // as the masked code stored) and the store stops at the row stride. Entropy (0·z), the z-sum, the
 // argmax and a logit transform (applied by the epilogue itself) keep the masked copy.
-// Where the compact pass's shard (its n: runtime/launch.c run_logits gives it the whole shard,
-// VOCAB) is a multiple of BN, no tile is partial and neither copy nor mask is compiled: with the
-// mask compiled in (not taken), the pass ran 0.35 ms slower at 8192×4096×128256 on an H100
+// Where every launch's n is a multiple of BN (FLCE_FULL_TILES: the compact pass over a shard that
+// is; runtime/launch.c checks it), no tile is partial and neither copy nor mask is compiled: with
+// the mask compiled in (not taken), the pass ran 0.35 ms slower at 8192×4096×128256 on an H100
 // (bench/NOTES.md, session 6, d6).
-constexpr bool NO_PARTIAL_TILE = FLCE_COMPACT && VOCAB % BN == 0;
+#ifndef FLCE_FULL_TILES
+#define FLCE_FULL_TILES 0
+#endif
+constexpr bool NO_PARTIAL_TILE = FLCE_FULL_TILES;
 constexpr bool ONE_EPILOGUE = COMPACT_STAGED && !OPT_BIAS && !OPT_ZSUM && !OPT_ARGMAX && !OPT_ENTROPY &&
                               INV_TEMP == 1.f && SOFTCAP == 0.f;
 __device__ __forceinline__ void mask_past_shard(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long n0,

@@ -157,7 +157,7 @@ static void emitted_source_carries_the_spec_as_constants(void)
     s.vocab_shard = 128256;
     char *src = NULL;
     CHECK(emit_source(&s, &src) == FLCE_OK);
-    CHECK(src && strstr(src, "constexpr long long VOCAB = 128256LL"));
+    CHECK(src && !strstr(src, "VOCAB = 128256") && !strstr(src, "V=128256")); /* shapes are parameters */
     CHECK(src && strstr(src, "#define FLCE_DTYPE 2"));
     CHECK(src && strstr(src, "A_KMAJOR = false, B_KMAJOR = false"));
     CHECK(src && strstr(src, "#define ROLE_IS_DW 1"));
@@ -428,6 +428,38 @@ static void default_budget_grows_to_a_sixteenth_of_the_device(void)
     CHECK(plan_make_dev(&p, FLCE_OP_LOSS_AND_GRAD, NULL, 90, 132, mem, NULL, &pl) == FLCE_OK && !pl.grown);
 }
 
+/* The generated code does not depend on D or V (they are kernel parameters), so two shapes whose
+ * plans pick the same tiles and flags share their kernels' source, hence their cache entries: a new
+ * model or vocab shard of a known kind needs no compile (issue 16). What does depend on the shape
+ * is a flag in the source: full_tiles (V a multiple of the logits tile's BN), plain_out. */
+static void kernels_of_shapes_with_the_same_flags_are_shared(void)
+{
+    flce_problem a = problem(8192, 4096, 128256, FLCE_DTYPE_BF16), b = problem(4096, 2048, 64000, FLCE_DTYPE_BF16);
+    plan pa, pb;
+    CHECK(plan_make(&a, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pa) == FLCE_OK);
+    CHECK(plan_make(&b, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pb) == FLCE_OK);
+    CHECK(pa.logits.full_tiles && pb.logits.full_tiles && pa.dh.plain_out && pb.dh.plain_out);
+    const kernel_spec *sa[] = {&pa.logits, &pa.dh, &pa.dw, &pa.rowops}, *sb[] = {&pb.logits, &pb.dh, &pb.dw, &pb.rowops};
+    for (int i = 0; i < 4; i++) {
+        char *x = NULL, *y = NULL;
+        CHECK(emit_source(sa[i], &x) == FLCE_OK && emit_source(sb[i], &y) == FLCE_OK);
+        CHECKF(x && y && !strcmp(x, y), "role %d: the two shapes' sources differ", i);
+        CHECK(x && !strstr(x, "D=4096") && !strstr(x, "V=128256") && !strstr(x, "HIDDEN ="));
+        free(x), free(y);
+    }
+    /* V = 64128 is not a multiple of 256: its logits kernel keeps the partial-tile code */
+    flce_problem c = problem(8192, 4096, 64128, FLCE_DTYPE_BF16);
+    plan pc;
+    CHECK(plan_make(&c, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pc) == FLCE_OK && !pc.logits.full_tiles);
+    char *x = NULL, *y = NULL;
+    CHECK(emit_source(&pa.logits, &x) == FLCE_OK && emit_source(&pc.logits, &y) == FLCE_OK);
+    CHECK(x && y && strstr(x, "#define FLCE_FULL_TILES 1") && !strstr(y, "#define FLCE_FULL_TILES 1") && strcmp(x, y));
+    free(x), free(y);
+    kernel_spec s = pc.logits;
+    s.full_tiles = 1;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT);
+}
+
 static void small_problems_take_one_chunk_and_no_accumulator(void)
 {
     flce_problem p = problem(1, 8, 1, FLCE_DTYPE_F16);
@@ -516,6 +548,7 @@ int main(void)
     RUN(small_problems_take_one_chunk_and_no_accumulator);
     RUN(default_budget_takes_one_chunk_when_it_costs_no_more_memory);
     RUN(default_budget_grows_to_a_sixteenth_of_the_device);
+    RUN(kernels_of_shapes_with_the_same_flags_are_shared);
     RUN(auto_recomputes_when_token_chunks_are_short);
     RUN(too_small_a_budget_is_an_error_naming_it);
     RUN(workspace_regions_do_not_overlap);
