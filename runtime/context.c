@@ -108,6 +108,7 @@ static flce_status ctx_free(flce_context *ctx)
         if (st == FLCE_OK) st = s;
     }
     free(ctx->modules);
+    free(ctx->aliases);
     s = ctx->workspace ? drv_release(drv.MemFree(ctx->workspace), "cuMemFree (workspace)") : FLCE_OK;
     if (st == FLCE_OK) st = s;
     s = ctx->flag_host ? drv_release(drv.MemFreeHost((void *)ctx->flag_host), "cuMemFreeHost (error flag)")
@@ -181,12 +182,23 @@ static flce_status ctx_load_module(const kernel_spec *s, jit_result *jr, ctx_mod
     return FLCE_OK;
 }
 
-/* The index of the loaded module of spec s, or -1. The bytes of the spec it was loaded for are
- * the fast path every call takes; other specs are looked up by the hash of their source (what the
- * disk cache names the entry by): a spec whose source is already loaded finds that module. *hash
- * receives s's hash when it was computed (*hashed = 1). */
-static flce_status ctx_find(const flce_context *ctx, const kernel_spec *s, long *index, uint64_t hash[2],
-                            int *hashed)
+/* Remembers that spec s is served by module m (a failed allocation only costs a later hash). */
+static void ctx_add_alias(flce_context *ctx, const kernel_spec *s, size_t m)
+{
+    if (ctx->n_aliases >= CTX_MAX_ALIASES) return;
+    if (!ctx->aliases) {
+        ctx->aliases = calloc(CTX_MAX_ALIASES, sizeof *ctx->aliases);
+        if (!ctx->aliases) return;
+    }
+    ctx->aliases[ctx->n_aliases].spec = *s, ctx->aliases[ctx->n_aliases].module = m, ctx->n_aliases++;
+}
+
+/* The index of the loaded module of spec s, or -1. The bytes of the spec it was loaded for, or of
+ * one that found it before (an alias), are the fast path every call takes; other specs are looked
+ * up by the hash of their source (what the disk cache names the entry by): a spec whose source is
+ * already loaded (another shape's) finds that module and becomes an alias. *hash receives s's
+ * hash when it was computed (*hashed = 1). */
+static flce_status ctx_find(flce_context *ctx, const kernel_spec *s, long *index, uint64_t hash[2], int *hashed)
 {
     *index = -1, *hashed = 0;
     for (size_t i = 0; i < ctx->n_modules; i++)
@@ -194,11 +206,17 @@ static flce_status ctx_find(const flce_context *ctx, const kernel_spec *s, long 
             *index = (long)i;
             return FLCE_OK;
         }
+    for (size_t i = 0; i < ctx->n_aliases; i++)
+        if (!memcmp(&ctx->aliases[i].spec, s, sizeof *s)) {
+            *index = (long)ctx->aliases[i].module;
+            return FLCE_OK;
+        }
     TRY(jit_key_hash(s, hash));
     *hashed = 1;
     for (size_t i = 0; i < ctx->n_modules; i++)
         if (!memcmp(ctx->modules[i].hash, hash, 2 * sizeof hash[0])) {
             *index = (long)i;
+            ctx_add_alias(ctx, s, i);
             return FLCE_OK;
         }
     return FLCE_OK;

@@ -22,6 +22,8 @@ typedef struct ctx_module {
     CUfunction fn[CTX_MAX_KERNELS];
 } ctx_module;
 
+#define CTX_MAX_ALIASES 256
+
 struct flce_context {
     int ordinal;
     CUdevice dev;
@@ -33,6 +35,14 @@ struct flce_context {
     pthread_mutex_t lock;
     ctx_module *modules;
     size_t n_modules, cap_modules;
+    /* Specs that found a loaded module by their source's hash (kernels do not depend on D and V,
+     * so another shape's spec finds the same module): their bytes, so that the next lookup needs
+     * no source and no hash. At most CTX_MAX_ALIASES; beyond, lookups hash again. */
+    struct ctx_alias {
+        kernel_spec spec;
+        size_t module;
+    } *aliases;
+    size_t n_aliases;
     CUdeviceptr workspace; /* owned scratch, grown on demand */
     uint64_t workspace_bytes;
     CUstream workspace_stream; /* the stream the last call that used it was enqueued on */
