@@ -222,7 +222,17 @@ class _Call:
         self.problem.strategy = _lib.STRATEGIES[strategy]
         ctx = self._context()
         ws_bytes = _lib.workspace_size(ctx, self.problem, op)
-        workspace = torch.empty(max(ws_bytes, 256), dtype=torch.uint8, device=self.device)
+        try:
+            workspace = torch.empty(max(ws_bytes, 256), dtype=torch.uint8, device=self.device)
+        except torch.cuda.OutOfMemoryError:
+            # The default budget may plan up to 1/16 of the GPU where that is faster; next to what
+            # PyTorch holds it may not fit. Then the 512 MiB plan, as the library does with its own
+            # workspace (runtime/launch.c launch_lean_plan). An explicit budget is the caller's.
+            if self.problem.memory_budget != 0:
+                raise
+            self.problem.memory_budget = _LEAN_BUDGET
+            ws_bytes = _lib.workspace_size(ctx, self.problem, op)
+            workspace = torch.empty(max(ws_bytes, 256), dtype=torch.uint8, device=self.device)
         fields = {name: None if t is None else _ptr(t, name, _ALIGN[name]) for name, t in outs.items()}
         extra = {}
         if self.bias is not None:
@@ -279,6 +289,10 @@ def _no_grad_loss(hidden, weight, labels, opts, tp=None):
 # deferring took 3.10 ms (compare.py), the loss-and-grad call 2.42 (flce bench). Until then this
 # was 1024, measured before flce_scale_gradients existed.
 _DEFER_TOKENS = 256
+
+# The library's default budget without its device share (runtime/plan.h PLAN_DEFAULT_BUDGET): the
+# plan a call falls back to when the larger default workspace cannot be allocated.
+_LEAN_BUDGET = 512 << 20
 
 
 def _auto_choice_now(device_index, n, d, v, dtype, label_dtype, opts, tp, has_bias, has_class_weights):
