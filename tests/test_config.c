@@ -174,6 +174,17 @@ static flce_problem tp2_problem(int64_t n, int64_t d, int64_t v_total)
     return p;
 }
 
+/* The Llama-3 shape (8192 × 4096 × 128256 bf16) planned for an H100 under cfg: one chunk by
+ * default. */
+static flce_problem llama_plan(const flce_config *cfg, plan *pl)
+{
+    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+    p.vocab_total = 128256;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, cfg, NULL, NULL, pl) == FLCE_OK);
+    CHECK(pl->n_chunks == 1);
+    return p;
+}
+
 /* Same problem, device facts, settings and tiles: the same plan, byte for byte, whatever the
  * environment says meanwhile; and plan_make (offline) is plan_build under the process's settings. */
 static void planning_is_a_pure_function_of_its_inputs(void)
@@ -342,12 +353,10 @@ static void dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted(void)
 {
     flce_config cfg;
     config_defaults(&cfg);
-    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
-    p.vocab_total = 128256;
     plan pl;
+    flce_problem p = llama_plan(&cfg, &pl);
     /* one dH launch of 1024 tiles on 132 SMs: 7.76 waves, 3 % idle: dH alone */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.n_chunks == 1 && !pl.concurrent_grads && !pl.dw_dynamic && pl.off_tile_counter == 0);
+    CHECK(!pl.concurrent_grads && !pl.dw_dynamic && pl.off_tile_counter == 0);
     p.memory_budget = 512ull << 20; /* 4 token chunks: 4 dH launches */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.n_chunks == 4 && pl.concurrent_grads && pl.dw_dynamic);
@@ -391,11 +400,9 @@ static void gradient_kernels_hold_only_the_stores_they_make(void)
 {
     flce_config cfg;
     config_defaults(&cfg);
-    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
-    p.vocab_total = 128256;
     plan pl;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.n_chunks == 1 && pl.dh.plain_out && pl.dw.plain_out && !pl.dh.red_acc && !pl.dw.red_acc);
+    flce_problem p = llama_plan(&cfg, &pl);
+    CHECK(pl.dh.plain_out && pl.dw.plain_out && !pl.dh.red_acc && !pl.dw.red_acc);
     CHECK(!pl.logits.plain_out && spec_validate(&pl.dh) == FLCE_OK && spec_validate(&pl.dw) == FLCE_OK);
     p.memory_budget = 512ull << 20; /* 4 chunks: dW through the fp32 accumulator */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
