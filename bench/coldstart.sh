@@ -6,8 +6,10 @@
 #   warm        one more process on the directories cold filled (every kernel from flce's disk cache)
 #   nvrtc-warm  an empty flce directory but cold's NVRTC cache: what a machine whose flce cache was
 #               cleared (or whose flce version changed) but whose ~/.nv was kept gets
-#   new-shape   each of $NEW_SHAPES on warm's directories (default: N/2 tokens, which today's
-#               kernels do not depend on, and V/2, a vocab shard, on which every kernel depends)
+#   new-shape   each of $NEW_SHAPES on warm's directories (default: N/2 tokens, D/2 and V/2; since
+#               ecf001b no kernel's source depends on N, D or V, only on flags: N/2 and D/2 load
+#               warm's kernels, V/2 = 64128 compiles one, the logits kernel of a vocab that is not a
+#               multiple of 256)
 #   8-ranks     $RANKS processes started at once on new empty directories: each kernel must compile
 #               once (the compile lock), checked through the directory's counters (flce cache stats)
 # plus, for reference, `flce warmup` of the shape on empty directories (no GPU work: NVRTC wall on
@@ -65,7 +67,7 @@ PROBE=${PROBE:-1}
 PROC_TIMEOUT=${PROC_TIMEOUT:-90}
 FLCE=$BUILD/flce
 IFS=x read -r N D V <<<"$SHAPE"
-NEW_SHAPES=${NEW_SHAPES:-$((N / 2))x${D}x${V} ${N}x${D}x$((V / 2))}
+NEW_SHAPES=${NEW_SHAPES:-$((N / 2))x${D}x${V} ${N}x$((D / 2))x${V} ${N}x${D}x$((V / 2))}
 [ "$NEW_SHAPES" = none ] && NEW_SHAPES=
 
 if [ ! -x "$FLCE" ] || [ ! -f "$BUILD/libflce.so" ]; then
