@@ -53,6 +53,7 @@ really does):
   flce-portable-forward fwd     the same, forward only
   mma-sync-peak        peak     `flce_mma_peak bf16`: the mma.sync ceiling (tflops; vs_peak of the
                                 portable rows = their TFLOP/s over it)
+  ffma-peak            peak     `flce_mma_peak f32`: the fp32 FFMA ceiling, the fp32 path's reference
 
 Each row: shape, provider, mode, ms (median), ms_min, ms_max, tflops, vs_floor (ms / cublas-floor,
 forward rows / cublas-logits), extra_mib, err_loss, err_dh, err_dw, logit_std, strategy and
@@ -637,16 +638,21 @@ def portable_rows(shape, std, args):
     rows = []
     if args.portable_peak is None:
         peak_tool = os.path.join(os.path.dirname(tool), "flce_mma_peak")
-        try:
-            out = subprocess.run([peak_tool, "bf16"], capture_output=True, text=True, timeout=300).stdout
-            m = re.search(r"([0-9.]+) TFLOP/s \(median of \d+, ([0-9.]+) ms\)", out)
-            args.portable_peak = float(m.group(1)) if m else 0.0
-            rows.append(dict(new_row("mma-sync-peak", "peak"), tflops=args.portable_peak or None,
-                             ms=float(m.group(2)) if m else None, note=out.strip().splitlines()[-1][:200] if out else None,
-                             error=None if m else "flce_mma_peak gave no figure"))
-        except Exception as e:  # noqa: BLE001
-            args.portable_peak = 0.0
-            rows.append(dict(new_row("mma-sync-peak", "peak"), error=first_line(e)))
+        # the mma.sync ceiling (the portable 16-bit path's reference) and the fp32 FFMA one (the
+        # fp32 path's, issue 19): one row each, once per run
+        for provider, kind in (("mma-sync-peak", "bf16"), ("ffma-peak", "f32")):
+            try:
+                out = subprocess.run([peak_tool, kind], capture_output=True, text=True, timeout=300).stdout
+                m = re.search(r"([0-9.]+) TFLOP/s \(median of \d+, ([0-9.]+) ms\)", out)
+                peak = float(m.group(1)) if m else 0.0
+                rows.append(dict(new_row(provider, "peak"), tflops=peak or None, ms=float(m.group(2)) if m else None,
+                                 note=out.strip().splitlines()[-1][:200] if out else None,
+                                 error=None if m else "flce_mma_peak gave no figure"))
+            except Exception as e:  # noqa: BLE001
+                peak = 0.0
+                rows.append(dict(new_row(provider, "peak"), error=first_line(e)))
+            if kind == "bf16":
+                args.portable_peak = peak
     try:
         bench, _ = run_flce_bench(tool, shape, std, args, {"FLCE_PORTABLE": "1"})
     except Exception as e:  # noqa: BLE001

@@ -2,9 +2,11 @@
  * mma_peak.c — measures the device's mma.sync (m16n8k16, fp32 accumulate) throughput with a
  * register-only kernel (templates/bench_mma_peak.cu, compiled by NVRTC for the device's arch without
  * the 'a' features, as the Ampere path is). The Ampere path's TFLOP/s from `flce bench` under
- * FLCE_PORTABLE=1 divided by this is its fraction of the mma.sync ceiling (issue 6).
- *   usage: flce_mma_peak [bf16|f16]                  prints TFLOP/s: median of 11 timed launches
- *          flce_mma_peak [bf16|f16] --compile sm_NN  compiles the kernel only (no GPU; a cpu test)
+ * FLCE_PORTABLE=1 divided by this is its fraction of the mma.sync ceiling (issue 6). `f32` measures
+ * the fp32 FFMA ceiling instead (the same file's ffma_peak), the reference of the fp32 path
+ * (`flce bench --dtype f32`, exact FFMA on the mma.sync fragments; issue 19).
+ *   usage: flce_mma_peak [bf16|f16|f32]                  prints TFLOP/s: median of 11 timed launches
+ *          flce_mma_peak [bf16|f16|f32] --compile sm_NN  compiles the kernel only (no GPU; a cpu test)
  */
 #include <nvrtc.h>
 #include <stdio.h>
@@ -48,7 +50,8 @@ static char *compile_kernel(const char *type, int arch, size_t *len)
     }
     char arch_opt[64], def[64];
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=sm_%d", arch);
-    snprintf(def, sizeof def, "-DMMA_TYPE=\"%s\"", type);
+    /* f32: the module still holds the mma kernel, compiled for bf16, beside ffma_peak */
+    snprintf(def, sizeof def, "-DMMA_TYPE=\"%s\"", strcmp(type, "f32") ? type : "bf16");
     const char *opts[] = {arch_opt, def, "-std=c++17"};
     nvrtcProgram prog;
     char *cubin = NULL;
@@ -74,10 +77,12 @@ static char *compile_kernel(const char *type, int arch, size_t *len)
 int main(int argc, char **argv)
 {
     const char *type = argc > 1 ? argv[1] : "bf16";
-    if ((strcmp(type, "bf16") && strcmp(type, "f16")) || (argc > 2 && (argc != 4 || strcmp(argv[2], "--compile")))) {
-        fprintf(stderr, "usage: flce_mma_peak [bf16|f16] [--compile sm_NN]\n");
+    if ((strcmp(type, "bf16") && strcmp(type, "f16") && strcmp(type, "f32")) ||
+        (argc > 2 && (argc != 4 || strcmp(argv[2], "--compile")))) {
+        fprintf(stderr, "usage: flce_mma_peak [bf16|f16|f32] [--compile sm_NN]\n");
         return 2;
     }
+    const int ffma = !strcmp(type, "f32");
     size_t cubin_len = 0;
     if (argc == 4) { /* no GPU: the kernel compiles for that arch */
         int arch = atoi(argv[3] + (strncmp(argv[3], "sm_", 3) ? 0 : 3));
@@ -106,9 +111,9 @@ int main(int argc, char **argv)
     CUmodule mod;
     CUfunction fn;
     void *out = NULL;
-    enum { THREADS = 256, BLOCKS_PER_SM = 4, ITERS = 8192, CHAINS = 8, RUNS = 11 };
+    enum { THREADS = 256, BLOCKS_PER_SM = 4, ITERS = 8192, CHAINS = 8, FFMA_CHAINS = 16, RUNS = 11 };
     int blocks = sms * BLOCKS_PER_SM;
-    if (drv.ModuleLoadData(&mod, cubin) != CUDA_SUCCESS || drv.ModuleGetFunction(&fn, mod, "mma_peak") != CUDA_SUCCESS ||
+    if (drv.ModuleLoadData(&mod, cubin) != CUDA_SUCCESS || drv.ModuleGetFunction(&fn, mod, ffma ? "ffma_peak" : "mma_peak") != CUDA_SUCCESS ||
         devmem_alloc(&out, (size_t)blocks * THREADS * 4) != FLCE_OK) {
         fprintf(stderr, "flce_mma_peak: loading the kernel failed\n");
         return 1;
@@ -129,9 +134,14 @@ int main(int argc, char **argv)
         if (r >= 0) ms[r] = one;
     }
     qsort(ms, RUNS, sizeof ms[0], cmp_f);
-    double flops = (double)blocks * (THREADS / 32) * (double)ITERS * CHAINS * (2.0 * 16 * 8 * 16);
-    printf("mma.sync m16n8k16 %s, fp32 accumulate, %s (sm_%d%d, %d SMs): %.1f TFLOP/s (median of %d, %.3f ms)\n",
-           type, name, major, minor, sms, flops / (ms[RUNS / 2] * 1e-3) / 1e12, RUNS, ms[RUNS / 2]);
+    double flops = ffma ? (double)blocks * THREADS * (double)ITERS * FFMA_CHAINS * 2.0
+                        : (double)blocks * (THREADS / 32) * (double)ITERS * CHAINS * (2.0 * 16 * 8 * 16);
+    if (ffma)
+        printf("fp32 FFMA, %s (sm_%d%d, %d SMs): %.1f TFLOP/s (median of %d, %.3f ms)\n", name, major, minor, sms,
+               flops / (ms[RUNS / 2] * 1e-3) / 1e12, RUNS, ms[RUNS / 2]);
+    else
+        printf("mma.sync m16n8k16 %s, fp32 accumulate, %s (sm_%d%d, %d SMs): %.1f TFLOP/s (median of %d, %.3f ms)\n",
+               type, name, major, minor, sms, flops / (ms[RUNS / 2] * 1e-3) / 1e12, RUNS, ms[RUNS / 2]);
     devmem_free(out);
     drv.ModuleUnload(mod);
     free(cubin);

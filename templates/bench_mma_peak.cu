@@ -1,7 +1,9 @@
 // bench_mma_peak.cu — the device's mma.sync throughput ceiling for bench/mma_peak.c (issue 6: the
 // Ampere path is reported as a fraction of it). Every warp issues MMA_CHAINS independent
 // m16n8k16 bf16/fp16 → fp32 mma.sync per step on register operands only: no memory traffic, enough
-// independent accumulators to cover the instruction's latency. Compiled by NVRTC at run time.
+// independent accumulators to cover the instruction's latency. Also ffma_peak, the fp32 FFMA
+// ceiling the fp32 path (exact FFMA on the same fragments) is measured against (issue 19).
+// Compiled by NVRTC at run time.
 #ifndef MMA_CHAINS
 #define MMA_CHAINS 8
 #endif
@@ -31,5 +33,26 @@ extern "C" __global__ void __launch_bounds__(256) mma_peak(float *out, int iters
     float s = 0.f;
 #pragma unroll
     for (int j = 0; j < MMA_CHAINS; j++) s += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s; // keeps every chain live
+}
+
+#ifndef FFMA_CHAINS
+#define FFMA_CHAINS 16
+#endif
+// FLOPs: gridDim.x · blockDim.x · iters · FFMA_CHAINS · 2. Each thread runs FFMA_CHAINS independent
+// a = a·x + y chains; x and y come from the arguments, so nothing folds at compile time.
+extern "C" __global__ void __launch_bounds__(256) ffma_peak(float *out, int iters, unsigned seed)
+{
+    const float x = 0.999f + 1e-7f * (float)((threadIdx.x ^ seed) & 7u), y = 1e-3f * (float)((threadIdx.x + seed) & 3u);
+    float acc[FFMA_CHAINS];
+#pragma unroll
+    for (int j = 0; j < FFMA_CHAINS; j++) acc[j] = y * (float)j;
+    for (int i = 0; i < iters; i++) {
+#pragma unroll
+        for (int j = 0; j < FFMA_CHAINS; j++) acc[j] = fmaf(acc[j], x, y);
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < FFMA_CHAINS; j++) s += acc[j];
     out[blockIdx.x * blockDim.x + threadIdx.x] = s; // keeps every chain live
 }
