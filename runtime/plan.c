@@ -133,22 +133,23 @@ uint64_t plan_tp_block_bytes(int64_t rows)
  * 8192×2304×256000. FLCE_RASTER=G overrides (0: column tiles fastest, the old order): config's
  * raster_rows. */
 
+/* The Hopper wgmma main loop fed by TMA (not tcgen05, which shares its pipeline): the only path
+ * with clusters, the dW tile counter, the staged 16-bit store and the dZ operand. */
+static int hopper_tma(const kernel_spec *s) { return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05; }
+
 /* FLCE_CLUSTER=2 (plan.h cluster): the dH/dW specs on the wgmma TMA path (after the tune table)
  * take 2-CTA clusters with the B tile multicast; other paths (tcgen05, cp.async, mma.sync) ignore it. */
 static void plan_cluster(const flce_config *cfg, plan *pl)
 {
     pl->cluster = cfg->cluster;
     kernel_spec *grads[2] = {&pl->dh, &pl->dw};
-    for (int i = 0; i < 2; i++) {
-        const spec_tile *t = &grads[i]->tile;
-        grads[i]->cluster = t->wgmma && t->tma && !t->tcgen05 ? pl->cluster : 0;
-    }
+    for (int i = 0; i < 2; i++) grads[i]->cluster = hopper_tma(grads[i]) ? pl->cluster : 0;
 }
 
 /* dH and dW forming dZ from the compact logits themselves (plan.h dz_operand). */
 static int wgmma_tma(const kernel_spec *s)
 {
-    return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05 && s->tile.stages >= 3; /* (dz_operand's look-ahead) */
+    return hopper_tma(s) && s->tile.stages >= 3; /* (dz_operand's look-ahead) */
 }
 static void plan_dz_operand(const flce_problem *p, const flce_config *cfg, plan *pl)
 {
@@ -362,8 +363,7 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
     /* With collectives, dH always builds up in fp32 (need_dh_tp): it is summed across ranks
      * before it is rounded once. */
     pl->need_dh_tp = grads && pl->collective && (!t || t->grad_hidden);
-    const spec_tile *dwt = &pl->dw.tile;
-    int dw_counter_ok = dwt->wgmma && dwt->tma && !dwt->tcgen05 && pl->dw.cluster == 0;
+    int dw_counter_ok = hopper_tma(&pl->dw) && pl->dw.cluster == 0;
     pl->tp_overlap = pl->overlap_wanted && pl->need_dh_tp && !pl->sp && (!t || t->grad_weight) && dw_counter_ok;
     pl->concurrent_grads = grads_overlap(pl, pl->num_sms) && grads && !pl->tp_overlap && dw_counter_ok &&
                            (!t || (t->grad_hidden && t->grad_weight));
@@ -419,16 +419,14 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
 /* The dH/dW epilogue each kernel needs (spec plain_out, red_acc): plain where every launch writes
  * a complete 16-bit tile with no addend (launch.c set_output: no caller fp32 buffer, no workspace
  * accumulator, no TP fp32 dH), so the kernel leaves out the fp32 and partial-tile stores. */
-static int staged_tiles(const kernel_spec *s) { return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05; }
-
 static void plan_grad_stores(const flce_problem *p, plan *pl)
 {
     int bits16 = p->dtype != FLCE_DTYPE_F32;
     kernel_spec *dh = &pl->dh, *dw = &pl->dw;
     int dh_plain = bits16 && !pl->need_dh_tp && !p->accumulate_grad_hidden && !pl->need_dh_acc;
     int dw_plain = bits16 && !p->accumulate_grad_weight && !pl->need_dw_acc;
-    dh->plain_out = dh_plain && staged_tiles(dh) && pl->d % dh->tile.bn == 0;
-    dw->plain_out = dw_plain && staged_tiles(dw) && pl->d % dw->tile.bn == 0;
+    dh->plain_out = dh_plain && hopper_tma(dh) && pl->d % dh->tile.bn == 0;
+    dw->plain_out = dw_plain && hopper_tma(dw) && pl->d % dw->tile.bn == 0;
     dh->red_acc = pl->red_acc && !dh->plain_out;
     dw->red_acc = pl->red_acc && !dw->plain_out;
 }
