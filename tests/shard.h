@@ -25,6 +25,7 @@
 #ifndef FLCE_SHARD_H
 #define FLCE_SHARD_H
 
+#include <execinfo.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,6 +139,33 @@ typedef struct shard_result {
     int bad_shards;     /* shards that failed, died, or skipped */
 } shard_result;
 
+/* A shard that dies of a signal says where, on stderr, before dying of it again: the thread that
+ * faulted, its stack (addresses as binary(+offset), for addr2line), and whether exit had begun
+ * (atexit handlers and library destructors run then, beside any thread still working). */
+static volatile sig_atomic_t shard_exiting;
+static inline void shard_crash_report(int sig)
+{
+    char line[160];
+    int n = snprintf(line, sizeof line, "shard %d/%d: signal %d (%s), %s; its stack:\n", shard_index, shard_count,
+                     sig, sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGABRT ? "SIGABRT" : "other",
+                     shard_exiting ? "during exit (after the shard's tally)" : "while running its cases");
+    if (n > 0) (void)!write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    void *frames[48];
+    int depth = backtrace(frames, 48);
+    backtrace_symbols_fd(frames, depth, 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static inline void shard_catch_crashes(void)
+{
+    void *warm[1];
+    (void)backtrace(warm, 1); /* loads libgcc now: not in the handler */
+    signal(SIGSEGV, shard_crash_report);
+    signal(SIGBUS, shard_crash_report);
+    signal(SIGABRT, shard_crash_report);
+}
+
 /* In the child of shard k: a fresh count, then body(k), whose return is the exit code. */
 static inline void shard_child(int k, int jobs, pid_t parent, shard_tally *tally, int (*body)(int))
 {
@@ -148,11 +176,13 @@ static inline void shard_child(int k, int jobs, pid_t parent, shard_tally *tally
     setvbuf(stdout, NULL, _IOLBF, 0);
     setvbuf(stderr, NULL, _IOLBF, 0);
     shard_count = jobs, shard_index = k, shard_units = shard_taken = 0;
+    shard_catch_crashes();
     check_passed = check_failed = check_case_failed = 0;
     int rc = body(k);
     tally[k].passed = check_passed, tally[k].failed = check_failed, tally[k].reported = 1;
     printf("shard %d/%d: %d passed, %d failed\n", k, jobs, check_passed, check_failed);
     fflush(NULL);
+    shard_exiting = 1;
     exit(rc);
 }
 

@@ -198,6 +198,10 @@ static void awkward_shapes_match_the_reference(void)
             {"backward from saved lse", 300, 64, 999, (flce_dtype)dt, FLCE_REDUCTION_MEAN, 4, 0.1, 32, 0, 1, 1, 1},
             {"backward, many chunks, none", 300, 64, 999, (flce_dtype)dt, FLCE_REDUCTION_NONE, 2, 0.1, 32, 1 << 20, 1, 1, 1},
             {"large hidden 1024, V 5000", 64, 1024, 5000, (flce_dtype)dt, FLCE_REDUCTION_MEAN, 4, 0.05, 32, 0, 1, 0, 0},
+            /* test_soak found these (session 7): one token, chunked with a small budget */
+            {"N=1, none, chunked (small budget)", 1, 64, 1000, (flce_dtype)dt, FLCE_REDUCTION_NONE, 2, 0, 32, 256 << 10, 0, 0, 0},
+            {"N=3, none, chunked (small budget)", 3, 64, 1000, (flce_dtype)dt, FLCE_REDUCTION_NONE, 2, 0, 32, 256 << 10, 0, 0, 0},
+            {"N=1, mean, chunked (small budget)", 1, 64, 1000, (flce_dtype)dt, FLCE_REDUCTION_MEAN, 2, 0, 32, 256 << 10, 0, 0, 0},
         };
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             if (!shard_mine()) continue;

@@ -127,7 +127,7 @@ static void recipe_setup(void *arg, int64_t i)
     c->loss = loss[0];
     for (int s = 0; s < TOK_SAMPLES; s++) {
         c->tok_lse[s] = lse[c->tok[s]];
-        c->tok_loss[s] = nl > 1 ? loss[c->tok[s]] : 0;
+        c->tok_loss[s] = p->reduction == FLCE_REDUCTION_NONE ? loss[c->tok[s]] : 0; /* N = 1 too */
         memcpy(c->dh + s * d, dh + c->tok[s] * d, sizeof(double) * (size_t)d);
     }
     for (int s = 0; s < ROW_SAMPLES; s++) memcpy(c->dw + s * d, dw + c->vrow[s] * d, sizeof(double) * (size_t)d);
