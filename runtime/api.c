@@ -336,7 +336,9 @@ flce_status flce_prepare(flce_context *ctx, const flce_problem *problem, flce_op
     CUcontext prev = NULL;
     flce_status st = ctx_enter(ctx, &prev);
     if (st == FLCE_OK) {
+        ctx->preparing = 1; /* the kernels a call will run, not stand-ins (context.c, tiered) */
         st = launch_prepare_kernels(ctx, &pl);
+        ctx->preparing = 0;
         ctx_leave(prev);
     }
     pthread_mutex_unlock(&ctx->lock);

@@ -19,6 +19,7 @@ void config_defaults(flce_config *c)
     c->fused_dz = 1;
     c->raster_rows = PLAN_RASTER_ROWS;
     c->prefetch = 1;
+    c->tiered = 1;
     c->grad_streams = 1;
 }
 
@@ -83,6 +84,7 @@ void config_from_env(flce_config *c)
     c->raster_rows = config_parse_int("FLCE_RASTER", getenv("FLCE_RASTER"), 0, 4096, c->raster_rows);
     c->tune = config_parse_bool("FLCE_TUNE", getenv("FLCE_TUNE"), c->tune);
     c->prefetch = config_parse_bool("FLCE_PREFETCH", getenv("FLCE_PREFETCH"), c->prefetch);
+    c->tiered = config_parse_bool("FLCE_TIERED", getenv("FLCE_TIERED"), c->tiered);
     c->tp_dh_16bit = config_parse_bool("FLCE_TP_DH_16BIT", getenv("FLCE_TP_DH_16BIT"), c->tp_dh_16bit);
     c->tp_overlap = config_parse_bool("FLCE_TP_OVERLAP", getenv("FLCE_TP_OVERLAP"), c->tp_overlap);
     c->grad_streams = config_parse_bool("FLCE_GRAD_STREAMS", getenv("FLCE_GRAD_STREAMS"), c->grad_streams);
@@ -112,6 +114,7 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_RASTER", "%d", c->raster_rows, c->raster_rows == d.raster_rows);
     CONFIG_LOG_ONE("FLCE_TUNE", "%s", on_off(c->tune), c->tune == d.tune);
     CONFIG_LOG_ONE("FLCE_PREFETCH", "%s", on_off(c->prefetch), c->prefetch == d.prefetch);
+    CONFIG_LOG_ONE("FLCE_TIERED", "%s", on_off(c->tiered), c->tiered == d.tiered);
     CONFIG_LOG_ONE("FLCE_TP_DH_16BIT", "%s", on_off(c->tp_dh_16bit), c->tp_dh_16bit == d.tp_dh_16bit);
     CONFIG_LOG_ONE("FLCE_TP_OVERLAP", "%s", on_off(c->tp_overlap), c->tp_overlap == d.tp_overlap);
     CONFIG_LOG_ONE("FLCE_GRAD_STREAMS", "%s", on_off(c->grad_streams), c->grad_streams == d.grad_streams);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "context.h"
 #include "emit.h"
 #include "fault.h"
@@ -222,6 +223,82 @@ static flce_status ctx_find(flce_context *ctx, const kernel_spec *s, long *index
     return FLCE_OK;
 }
 
+/* Registers the cubin jr built for spec s (hash h) as a new module; its index in *at. */
+static flce_status ctx_register(flce_context *ctx, const kernel_spec *s, const uint64_t h[2], jit_result *jr, size_t *at)
+{
+    if (ctx->n_modules == ctx->cap_modules) {
+        size_t cap = ctx->cap_modules ? 2 * ctx->cap_modules : 16;
+        ctx_module *t = realloc(ctx->modules, cap * sizeof *t);
+        if (!t) {
+            free(jr->cubin), jr->cubin = NULL;
+            return err_set(FLCE_ERR_OUT_OF_MEMORY, "kernel table: out of host memory");
+        }
+        ctx->modules = t, ctx->cap_modules = cap;
+    }
+    ctx_module *mod = &ctx->modules[ctx->n_modules];
+    memset(mod, 0, sizeof *mod);
+    mod->spec = *s;
+    memcpy(mod->hash, h, sizeof mod->hash);
+    TRY(ctx_load_module(s, jr, mod));
+    *at = ctx->n_modules++;
+    return FLCE_OK;
+}
+
+/* Tiered kernels (issue 16 item 3). The only kernel specialized beyond what every shape of a
+ * problem class shares is the compact logits pass for a vocabulary of whole tiles (full_tiles:
+ * no partial-tile code, 0.35 ms faster at 8192x4096x128256). Its generic twin (full_tiles 0)
+ * computes the same thing the same way for any vocabulary, with a mask it never takes here. When
+ * spec s (full_tiles) is neither loaded nor on disk but its twin is one or the other, the call runs
+ * on the twin now and s compiles in the background; calls keep the twin while that compile is
+ * queued, and the first call after it loads s from disk. *index is the module serving s, or -1:
+ * build s the usual way (no twin available, a prefetch not possible, or tiering off). */
+static flce_status ctx_stand_in(flce_context *ctx, const kernel_spec *s, long *index)
+{
+    *index = -1;
+    if (!s->full_tiles || !config_get()->tiered || ctx->preparing) return FLCE_OK;
+    for (size_t i = 0; i < ctx->n_standins; i++) {
+        if (memcmp(&ctx->standins[i].spec, s, sizeof *s)) continue;
+        if (jit_prefetch_state(s) == JIT_PREFETCH_QUEUED) {
+            *index = (long)ctx->standins[i].module;
+            return FLCE_OK;
+        }
+        ctx->standins[i] = ctx->standins[--ctx->n_standins]; /* compiled (or failed): build s now */
+        log_msg(LOG_INFO, "tiered: the specialized kernel's background compile has finished; loading it");
+        return FLCE_OK;
+    }
+    if (ctx->n_standins == CTX_MAX_STANDINS || jit_prefetch_state(s) != JIT_PREFETCH_NONE) return FLCE_OK;
+    jit_result own;
+    TRY(jit_lookup(s, &own));
+    if (own.cubin) { /* on disk: the usual way loads it */
+        free(own.cubin);
+        return FLCE_OK;
+    }
+    kernel_spec twin = *s;
+    twin.full_tiles = 0;
+    long at = -1;
+    uint64_t h[2];
+    int hashed = 0;
+    TRY(ctx_find(ctx, &twin, &at, h, &hashed));
+    if (at < 0) {
+        jit_result jr;
+        TRY(jit_lookup(&twin, &jr));
+        if (!jr.cubin) return FLCE_OK; /* neither is built: compile s (its twin follows, ctx_kernels_many) */
+        size_t m = 0;
+        TRY(ctx_register(ctx, &twin, jr.key_hash, &jr, &m));
+        at = (long)m;
+    }
+    const kernel_spec *one = s;
+    if (jit_prefetch(&one, 1) != 1) return FLCE_OK; /* nothing would compile s: build it now */
+    ctx->standins[ctx->n_standins].spec = *s, ctx->standins[ctx->n_standins].module = (size_t)at;
+    ctx->n_standins++;
+    char summary[256];
+    spec_summary(s, summary, sizeof summary);
+    log_msg(LOG_INFO, "tiered: kernel %s is not cached; its generic twin (any vocabulary) runs while it compiles in the background",
+            summary);
+    *index = at;
+    return FLCE_OK;
+}
+
 flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs, int n, CUfunction (*fns)[CTX_MAX_KERNELS])
 {
     enum { MAX_SPECS = 8 };
@@ -234,6 +311,8 @@ flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs,
         uint64_t h[2];
         int hashed = 0;
         TRY(ctx_find(ctx, specs[i], &index[i], h, &hashed));
+        if (index[i] >= 0) continue;
+        TRY(ctx_stand_in(ctx, specs[i], &index[i]));
         if (index[i] >= 0) continue;
         int k = 0; /* the same source twice in one request compiles once */
         while (k < m && memcmp(missing_hash[k], h, sizeof h)) k++;
@@ -267,6 +346,16 @@ flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs,
             if (st == FLCE_OK) ctx->n_modules++;
         }
         TRY(st);
+        /* A specialized kernel compiled here: its generic twin next, in the background, so that a
+         * later shape whose vocabulary is not whole tiles loads it, and one whose is but whose own
+         * kernel is not built yet runs on it at once (ctx_stand_in). */
+        for (int k = 0; k < m && config_get()->tiered; k++) {
+            if (!missing[k]->full_tiles || built[k].origin != JIT_COMPILED) continue;
+            kernel_spec twin = *missing[k];
+            twin.full_tiles = 0;
+            const kernel_spec *one = &twin;
+            jit_prefetch(&one, 1);
+        }
     }
     for (int i = 0; i < n; i++) {
         size_t at = index[i] >= 0 ? (size_t)index[i] : first_new + (size_t)(-1 - index[i]);

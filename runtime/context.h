@@ -23,6 +23,7 @@ typedef struct ctx_module {
 } ctx_module;
 
 #define CTX_MAX_ALIASES 256
+#define CTX_MAX_STANDINS 16
 
 struct flce_context {
     int ordinal;
@@ -43,6 +44,13 @@ struct flce_context {
         size_t module;
     } *aliases;
     size_t n_aliases;
+    /* Tiered kernels (issue 16): specs specialized for full vocab tiles whose kernel was neither
+     * loaded nor on disk, served by the generic kernel (full_tiles 0, same tiles and flags) while
+     * the specialized one compiles in the background (jit_prefetch); an entry goes when that
+     * compile has finished, and the next call loads the specialized kernel from disk. */
+    struct ctx_alias standins[CTX_MAX_STANDINS];
+    size_t n_standins;
+    int preparing; /* flce_prepare: build the specialized kernels themselves, no stand-ins */
     CUdeviceptr workspace; /* owned scratch, grown on demand */
     uint64_t workspace_bytes;
     CUstream workspace_stream; /* the stream the last call that used it was enqueued on */

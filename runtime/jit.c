@@ -71,6 +71,27 @@ flce_status jit_key_hash(const kernel_spec *s, uint64_t out[2])
     return FLCE_OK;
 }
 
+flce_status jit_lookup(const kernel_spec *s, jit_result *out)
+{
+    memset(out, 0, sizeof *out);
+    char dir[CACHE_PATH_MAX], *key = NULL;
+    size_t key_len = 0;
+    if (cache_dir_writable(dir, sizeof dir) != FLCE_OK) {
+        err_clear(); /* memory only: nothing to find */
+        return FLCE_OK;
+    }
+    double t0 = now_ms();
+    TRY(jit_key(s, &key, &key_len));
+    hash128(key, key_len, out->key_hash);
+    flce_status st = cache_load(dir, key, key_len, &out->cubin, &out->len);
+    free(key);
+    if (st == FLCE_OK && out->cubin) {
+        out->origin = JIT_DISK_HIT, out->ms = now_ms() - t0;
+        cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0, 0);
+    }
+    return st;
+}
+
 flce_status jit_build(const kernel_spec *s, jit_result *out)
 {
     memset(out, 0, sizeof *out);
@@ -197,6 +218,7 @@ typedef struct jit_prefetch_job {
 static pthread_mutex_t jit_prefetch_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t jit_prefetch_done = PTHREAD_COND_INITIALIZER;
 static uint64_t jit_prefetched[JIT_PREFETCH_MAX]; /* hash64 of the summaries queued */
+static unsigned char jit_prefetched_done[JIT_PREFETCH_MAX]; /* its build finished (or never started) */
 static int jit_prefetched_count;
 static int jit_prefetch_running; /* threads not finished yet */
 static pid_t jit_prefetch_pid;   /* the process they run in (a forked child has none of them) */
@@ -210,6 +232,35 @@ static void jit_prefetch_at_exit(void)
 }
 
 static void jit_prefetch_register(void) { (void)atexit(jit_prefetch_at_exit); }
+
+static uint64_t jit_prefetch_key(const kernel_spec *s)
+{
+    char summary[256];
+    spec_summary(s, summary, sizeof summary);
+    return hash64(summary, strlen(summary), 0x7072656665746368ull);
+}
+
+/* Marks the job's specs finished. Called with jit_prefetch_lock held. */
+static void jit_prefetch_mark_done(const jit_prefetch_job *job)
+{
+    for (int i = 0; i < job->n; i++) {
+        uint64_t h = jit_prefetch_key(&job->spec[i]);
+        for (int k = 0; k < jit_prefetched_count; k++)
+            if (jit_prefetched[k] == h) jit_prefetched_done[k] = 1;
+    }
+}
+
+jit_prefetch_status jit_prefetch_state(const kernel_spec *s)
+{
+    uint64_t h = jit_prefetch_key(s);
+    jit_prefetch_status st = JIT_PREFETCH_NONE;
+    pthread_mutex_lock(&jit_prefetch_lock);
+    for (int k = 0; k < jit_prefetched_count && st == JIT_PREFETCH_NONE; k++)
+        if (jit_prefetched[k] == h)
+            st = jit_prefetched_done[k] || jit_prefetch_pid != getpid() ? JIT_PREFETCH_FINISHED : JIT_PREFETCH_QUEUED;
+    pthread_mutex_unlock(&jit_prefetch_lock);
+    return st;
+}
 
 static void *jit_prefetch_worker(void *arg)
 {
@@ -228,8 +279,9 @@ static void *jit_prefetch_worker(void *arg)
                 err_message());
         err_clear();
     }
-    free(job);
     pthread_mutex_lock(&jit_prefetch_lock);
+    jit_prefetch_mark_done(job);
+    free(job);
     jit_prefetch_running--;
     pthread_cond_broadcast(&jit_prefetch_done);
     pthread_mutex_unlock(&jit_prefetch_lock);
@@ -242,20 +294,20 @@ int jit_prefetch(const kernel_spec *const *specs, int n)
     jit_prefetch_job *job = calloc(1, sizeof *job);
     if (!job) return 0;
     pthread_mutex_lock(&jit_prefetch_lock);
+    if (jit_prefetch_pid != getpid()) { /* first here, or a forked child: its parent's threads are gone */
+        jit_prefetch_running = 0, jit_prefetch_pid = getpid();
+        for (int k = 0; k < jit_prefetched_count; k++) jit_prefetched_done[k] = 1;
+    }
     for (int i = 0; i < n; i++) {
-        char summary[256];
-        spec_summary(specs[i], summary, sizeof summary);
-        uint64_t h = hash64(summary, strlen(summary), 0x7072656665746368ull);
+        uint64_t h = jit_prefetch_key(specs[i]);
         int seen = 0;
         for (int k = 0; k < jit_prefetched_count && !seen; k++) seen = jit_prefetched[k] == h;
         if (seen || jit_prefetched_count == JIT_PREFETCH_MAX) continue;
+        jit_prefetched_done[jit_prefetched_count] = 0;
         jit_prefetched[jit_prefetched_count++] = h;
         job->spec[job->n++] = *specs[i];
     }
-    if (job->n) {
-        if (jit_prefetch_pid != getpid()) jit_prefetch_running = 0, jit_prefetch_pid = getpid();
-        jit_prefetch_running++;
-    }
+    if (job->n) jit_prefetch_running++;
     pthread_mutex_unlock(&jit_prefetch_lock);
     char dir[CACHE_PATH_MAX];
     int queued = job->n;
@@ -277,6 +329,7 @@ int jit_prefetch(const kernel_spec *const *specs, int n)
     }
     if (!queued) {
         pthread_mutex_lock(&jit_prefetch_lock);
+        jit_prefetch_mark_done(job); /* nothing will build them: a caller must not wait on them */
         if (job->n) jit_prefetch_running--;
         pthread_cond_broadcast(&jit_prefetch_done);
         pthread_mutex_unlock(&jit_prefetch_lock);

@@ -22,6 +22,10 @@ typedef struct jit_result {
 
 flce_status jit_build(const kernel_spec *s, jit_result *out);
 
+/* jit_build from the disk cache only (its read-only layers included): no compile, no lock. A miss
+ * is FLCE_OK with out->cubin NULL. */
+flce_status jit_lookup(const kernel_spec *s, jit_result *out);
+
 /* jit_build of n ≤ 8 specs at once, one thread each (NVRTC runs one compile per thread; the disk
  * cache takes concurrent writers), so a first call waits for its slowest kernel instead of the sum
  * of all of them. All or nothing: on a failure every cubin is freed and the first failing spec's
@@ -42,6 +46,11 @@ flce_status jit_build_many(const kernel_spec *const *specs, int n, jit_result *o
 #define JIT_PREFETCH_MAX 256
 #define JIT_PREFETCH_EXIT_WAIT_S 60.0
 int jit_prefetch(const kernel_spec *const *specs, int n);
+/* Where spec s's prefetch stands in this process: never queued, queued or compiling, or finished
+ * (built, failed, or queued by the parent of this forked process): the tier of context.c serves
+ * the specialized kernel's calls from a stand-in only while it is JIT_PREFETCH_QUEUED. */
+typedef enum { JIT_PREFETCH_NONE = 0, JIT_PREFETCH_QUEUED = 1, JIT_PREFETCH_FINISHED = 2 } jit_prefetch_status;
+jit_prefetch_status jit_prefetch_state(const kernel_spec *s);
 /* Waits up to timeout_s for every prefetch queued so far to finish; 1 when none is left running. */
 int jit_prefetch_wait(double timeout_s);
 

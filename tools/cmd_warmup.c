@@ -295,10 +295,15 @@ int cmd_warmup(int argc, char **argv)
             break;
         }
         /* What launch.c's get_kernels loads for this plan. */
-        const kernel_spec *specs[5];
+        const kernel_spec *specs[6];
         int k = 0;
         specs[k++] = &pl.rowops;
         specs[k++] = &pl.logits;
+        /* and its generic twin, which a vocabulary of partial tiles loads and a new one of whole
+         * tiles runs on while its own compiles (runtime/context.c, tiered kernels) */
+        kernel_spec twin = pl.logits;
+        twin.full_tiles = 0;
+        if (pl.logits.full_tiles) specs[k++] = &twin;
         if (pl.fused_dz) specs[k++] = &pl.logits_dz;
         if (pl.op != FLCE_OP_FORWARD) specs[k++] = &pl.dh, specs[k++] = &pl.dw;
         int added = 0;
