@@ -458,8 +458,17 @@ flce_status flce_scale_gradients(flce_context *ctx, const flce_problem *problem,
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tensors.grad_hidden, grad_weight and grad_bias: all NULL, nothing to scale");
     p.strategy = FLCE_STRATEGY_AUTO; /* only the plan's shapes and row-kernel spec are used */
+    /* The row kernels of the call whose gradients these are, as flce_prepare plans it (loss, lse and
+     * the gradients): its module holds the scale kernel and is loaded already. Planned for every
+     * output (NULL), the spec asked for entropy and argmax too: a second module, compiled in the
+     * first backward of the Python binding (0.5 s of its cold start, session 7). */
+    static const char mark;
+    flce_tensors typical;
+    flce_tensors_init(&typical);
+    typical.loss = typical.lse = (float *)(uintptr_t)&mark;
+    typical.grad_hidden = typical.grad_weight = (void *)(uintptr_t)&mark;
     plan pl;
-    TRY(plan_make_dev(&p, FLCE_OP_LOSS_AND_GRAD, ctx->name, ctx->sm, ctx->num_sms, ctx->mem_bytes, NULL, &pl));
+    TRY(plan_make_dev(&p, FLCE_OP_LOSS_AND_GRAD, ctx->name, ctx->sm, ctx->num_sms, ctx->mem_bytes, &typical, &pl));
     pthread_mutex_lock(&ctx->lock);
     CUcontext prev = NULL;
     flce_status st = ctx_enter(ctx, &prev);

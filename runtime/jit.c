@@ -222,7 +222,6 @@ static unsigned char jit_prefetched_done[JIT_PREFETCH_MAX]; /* its build finishe
 static int jit_prefetched_count;
 static int jit_prefetch_running; /* threads not finished yet */
 static pid_t jit_prefetch_pid;   /* the process they run in (a forked child has none of them) */
-static pthread_once_t jit_prefetch_once = PTHREAD_ONCE_INIT;
 
 static void jit_prefetch_at_exit(void)
 {
@@ -231,6 +230,11 @@ static void jit_prefetch_at_exit(void)
                 JIT_PREFETCH_EXIT_WAIT_S);
 }
 
+/* Exit runs its handlers newest first. Registered once, at the first prefetch, the wait ran after
+ * the destructors that NVRTC registers lazily during later compiles: a shard of test_gpu died in
+ * nvrtcCompileProgram on a prefetch thread during exit (session 7, twice in ~10 runs). Registered
+ * again with every queued job, it runs before everything registered until then. At most
+ * JIT_PREFETCH_MAX jobs, so at most that many registrations. */
 static void jit_prefetch_register(void) { (void)atexit(jit_prefetch_at_exit); }
 
 static uint64_t jit_prefetch_key(const kernel_spec *s)
@@ -318,7 +322,7 @@ int jit_prefetch(const kernel_spec *const *specs, int n)
     pthread_t th;
     pthread_attr_t attr;
     if (queued) {
-        pthread_once(&jit_prefetch_once, jit_prefetch_register);
+        jit_prefetch_register();
         if (pthread_attr_init(&attr) != 0) {
             queued = 0;
         } else {
