@@ -11,6 +11,8 @@
 #               warm's kernels, V/2 = 64128 compiles one, the logits kernel of a vocab that is not a
 #               multiple of 256)
 #   8-ranks     $RANKS processes started at once on new empty directories: each kernel must compile
+#   8-ranks-new-shape  $RANKS processes at once on cold's directories, the last of $NEW_SHAPES (nothing
+#               compiles: the driver's start-up and the module loads are what is left)
 #               once (the compile lock), checked through the directory's counters (flce cache stats)
 # plus, for reference, `flce warmup` of the shape on empty directories (no GPU work: NVRTC wall on
 # this host's cores) and three NVRTC probes (bench/nvrtc_time.c: a process's first compile, the same
@@ -304,6 +306,22 @@ for api in $APIS; do
   entries=$("$FLCE" cache stats --json --dir "$dir" | python3 -c 'import json,sys; s=json.load(sys.stdin); print(s["entries"] == s["compiles"] and s["compiles"] > 0)')
   row "$api" "$RANKS-ranks" "$SHAPE" "$dir" "$nv" "$(elapsed "$t0" "$t1")" \
     "{\"each_kernel_compiled_once\": $( [ "$entries" = True ] && echo true || echo false)}" "${files[@]}"
+  # RANKS processes at once on a shape new to them whose kernels the cold run's directories hold
+  # (issue 16's tier: "a new shape with the generic kernels already cached"): what is left of the
+  # 8-rank wall when nothing compiles (driver start-up, module loads)
+  if [ -n "$NEW_SHAPES" ]; then
+    s=${NEW_SHAPES##* } dir=$work/$api-cold nv=$work/$api-nv-cold
+    files=()
+    start
+    for r in $(seq 0 $((RANKS - 1))); do
+      run_one "$api" "$s" "$dir" "$nv" "$work/$api-nrank$r.json" &
+      files+=("$work/$api-nrank$r.json")
+    done
+    wait
+    t1=$(now)
+    row "$api" "$RANKS-ranks-new-shape" "$s" "$dir" "$nv" "$(elapsed "$t0" "$t1")" \
+      "{\"from_shape\": \"$SHAPE\", \"note\": \"cold's directories: the shape-free kernels and the generic twin cached\"}" "${files[@]}"
+  fi
   if [ "$FAST" = 1 ]; then
     dir=$work/$api-cold-fast nv=$work/$api-nv-fast
     start; run_one "$api" "$SHAPE" "$dir" "$nv" "$work/$api-fast.json" FLCE_NVRTC_FAST=1; t1=$(now)
