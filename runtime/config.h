@@ -31,7 +31,7 @@ typedef struct flce_config {
     int dz_operand;    /* FLCE_DZ_OPERAND: chunked dH/dW form dZ from compact logits themselves (default off:
                         * measured 1.5x slower, bench/NOTES.md v22) */
     int acc_prefetch;  /* FLCE_ACC_PREFETCH: L2 prefetch of dH/dW addends (default off) */
-    int red_acc;       /* FLCE_RED_ACC: red.global.add into fp32 accumulators (default off) */
+    int red_acc;       /* FLCE_RED_ACC: red.global.add into fp32 accumulators (default on) */
     int cluster;       /* FLCE_CLUSTER: 0 (default) or 2-CTA clusters for dH/dW on wgmma + TMA */
     int raster_rows;   /* FLCE_RASTER: dH/dW row blocks per tile group, 0..4096 (default 8) */
     int tune;          /* FLCE_TUNE: tune an untuned class on first use (default off) */

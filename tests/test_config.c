@@ -79,7 +79,7 @@ static void integers_outside_their_range_are_the_default(void)
 
 static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM100", "FLCE_COMPACT",
                                     "FLCE_FUSED_DZ", "FLCE_ACC_PREFETCH", "FLCE_RED_ACC", "FLCE_CLUSTER",
-                                    "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_NVRTC_FAST",
+                                    "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_TIERED", "FLCE_NVRTC_FAST",
                                     "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_GRAD_STREAMS",
                                     "FLCE_DZ_OPERAND"};
 
@@ -97,7 +97,7 @@ static void an_empty_environment_gives_the_defaults(void)
     config_from_env(&e);
     CHECK(!memcmp(&d, &e, sizeof d));
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
-    CHECK(!d.acc_prefetch && !d.red_acc && d.cluster == 0 && d.raster_rows == PLAN_RASTER_ROWS);
+    CHECK(!d.acc_prefetch && d.red_acc && d.cluster == 0 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.tiered && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && !d.tp_overlap);
     CHECK(d.grad_streams && !d.dz_operand);
 }
@@ -107,14 +107,14 @@ static void every_knob_reads_its_variable(void)
     clear_knobs();
     setenv("FLCE_PORTABLE", "yes", 1), setenv("FLCE_TMA", "off", 1), setenv("FLCE_ENABLE_SM100", "true", 1);
     setenv("FLCE_COMPACT", "0", 1), setenv("FLCE_FUSED_DZ", "no", 1), setenv("FLCE_ACC_PREFETCH", "1", 1);
-    setenv("FLCE_RED_ACC", "on", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
-    setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
+    setenv("FLCE_RED_ACC", "off", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
+    setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_TIERED", "no", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
     setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "on", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
     setenv("FLCE_DZ_OPERAND", "1", 1);
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
-    CHECK(c.acc_prefetch && c.red_acc && c.cluster == 2 && c.raster_rows == 16);
+    CHECK(c.acc_prefetch && !c.red_acc && c.cluster == 2 && c.raster_rows == 16 && !c.tiered);
     CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && c.tp_overlap);
     CHECK(!c.grad_streams && c.dz_operand);
     clear_knobs();
@@ -406,10 +406,11 @@ static void gradient_kernels_hold_only_the_stores_they_make(void)
     CHECK(!pl.logits.plain_out && spec_validate(&pl.dh) == FLCE_OK && spec_validate(&pl.dw) == FLCE_OK);
     p.memory_budget = 512ull << 20; /* 4 chunks: dW through the fp32 accumulator */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.n_chunks == 4 && pl.need_dw_acc && pl.dh.plain_out && !pl.dw.plain_out && !pl.dw.red_acc);
-    cfg.red_acc = 1;
+    CHECK(pl.n_chunks == 4 && pl.need_dw_acc && pl.dh.plain_out && !pl.dw.plain_out && pl.dw.red_acc);
+    CHECK(!pl.dh.red_acc && spec_validate(&pl.dw) == FLCE_OK);
+    cfg.red_acc = 0; /* FLCE_RED_ACC=0: load + add + store */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.dw.red_acc && !pl.dh.red_acc && spec_validate(&pl.dw) == FLCE_OK);
+    CHECK(!pl.dw.red_acc && !pl.dh.red_acc && spec_validate(&pl.dw) == FLCE_OK);
     config_defaults(&cfg);
     p.memory_budget = 0, p.accumulate_grad_weight = 1; /* the caller's fp32 main_grad */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);

@@ -331,18 +331,18 @@ static void gradient_tile_order_comes_from_the_plan(void)
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && pl.raster_rows == 0);
 }
 
-/* The accumulator knobs are off unless set to 1: the L2 prefetch measured slower (NOTES v12), the
- * reductions are not yet measured on a GPU (v13). */
-static void accumulator_knobs_are_off_by_default(void)
+/* The accumulator knobs: L2 reductions on (FLCE_RED_ACC, measured faster where fp32 accumulators
+ * are updated: NOTES session 7), the L2 prefetch off (measured slower, NOTES v12). */
+static void accumulator_knobs_default_to_reductions_without_prefetch(void)
 {
     flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
     plan pl;
-    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && !pl.acc_prefetch && !pl.red_acc);
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && !pl.acc_prefetch && pl.red_acc);
     flce_config cfg;
     config_defaults(&cfg);
-    cfg.red_acc = 1; /* FLCE_RED_ACC=1 */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && pl.red_acc && !pl.acc_prefetch);
-    cfg.red_acc = 0, cfg.acc_prefetch = 1; /* FLCE_ACC_PREFETCH=1 */
+    cfg.red_acc = 0; /* FLCE_RED_ACC=0 */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && !pl.red_acc && !pl.acc_prefetch);
+    cfg.acc_prefetch = 1; /* FLCE_ACC_PREFETCH=1 */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && !pl.red_acc && pl.acc_prefetch);
 }
 
@@ -534,7 +534,7 @@ int main(void)
     RUN(default_specs_validate_for_every_arch_and_dtype);
     RUN(recompute_writes_dz_in_the_logits_pass);
     RUN(auto_takes_the_cheaper_estimate);
-    RUN(accumulator_knobs_are_off_by_default);
+    RUN(accumulator_knobs_default_to_reductions_without_prefetch);
     RUN(gradient_tile_order_comes_from_the_plan);
     RUN(shared_memory_over_the_arch_limit_names_the_tile);
     RUN(bad_fields_are_named);
