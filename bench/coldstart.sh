@@ -103,8 +103,10 @@ device=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | he
 device=${device:-unknown}
 slug=$(printf '%s' "$device" | tr 'A-Z' 'a-z' | sed -E 's/[^a-z0-9]+/-/g; s/^-+//; s/-+$//')
 date=$(date -u +%F)
-# A device's copy of the tree has no .git: bench/stamp-commit.sh leaves the commit in .device-commit.
-commit=$(git describe --always --dirty 2>/dev/null || cat .device-commit 2>/dev/null || echo unknown)
+# bench/stamp-commit.sh (or the device staging) leaves the commit in .device-commit / device-commit.txt.
+# The stamp first: inside a git archive export of another checkout (a .dev/ folder), git describe
+# names the outer checkout's commit (session 7's coldstart JSON said 8a4b3e1-dirty for 5ee047b).
+commit=$(cat .device-commit 2>/dev/null || cat device-commit.txt 2>/dev/null || git describe --always --dirty 2>/dev/null || echo unknown)
 json=$OUT/coldstart-$slug-$date.json
 export CS_RAW=$OUT/coldstart-$slug-$date.raw.jsonl
 : >"$CS_RAW"

@@ -36,6 +36,8 @@ typedef struct flce_config {
     int raster_rows;   /* FLCE_RASTER: dH/dW row blocks per tile group, 0..4096 (default 8) */
     int tune;          /* FLCE_TUNE: tune an untuned class on first use (default off) */
     int prefetch;      /* FLCE_PREFETCH: background compiles of the backward's kernels (default on) */
+    int full_tiles;    /* FLCE_FULL_TILES: the compact logits kernel without partial-tile code where the
+                        * vocabulary is whole tiles (default on; off: the generic kernel, to compare) */
     int tiered;        /* FLCE_TIERED: a kernel specialized for full vocab tiles that is not cached yet runs
                         * as the generic one while it compiles in the background (default on) */
     int tp_dh_16bit;   /* FLCE_TP_DH_16BIT: TP's dH summed across ranks in the input dtype (default off: fp32) */

@@ -470,7 +470,7 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
     }
     if (pl->compact) { /* the chunked pass's only logits kernel, always over the whole shard */
         pl->logits.compact = 1;
-        pl->logits.full_tiles = pl->v % pl->logits.tile.bn == 0;
+        pl->logits.full_tiles = cfg->full_tiles && pl->v % pl->logits.tile.bn == 0;
     }
     plan_dz_operand(p, cfg, pl);
     if (pl->fused_dz) {
