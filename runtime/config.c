@@ -21,6 +21,7 @@ void config_defaults(flce_config *c)
     c->prefetch = 1;
     c->tiered = 1;
     c->full_tiles = 1;
+    c->dh_k_slice = PLAN_DH_K_SLICE;
     /* fp32 accumulators updated by L2 reductions: 2.8 ms faster at 32768x4096x128256 (3 token
      * chunks), 1.2 ms for dW into a caller's fp32 main_grad (H100, bench/NOTES.md, session 7) */
     c->red_acc = 1;
@@ -90,6 +91,8 @@ void config_from_env(flce_config *c)
     c->prefetch = config_parse_bool("FLCE_PREFETCH", getenv("FLCE_PREFETCH"), c->prefetch);
     c->tiered = config_parse_bool("FLCE_TIERED", getenv("FLCE_TIERED"), c->tiered);
     c->full_tiles = config_parse_bool("FLCE_FULL_TILES", getenv("FLCE_FULL_TILES"), c->full_tiles);
+    /* a multiple of 256 keeps each slice's dZ 16-byte aligned for TMA (launch.c run_dh) */
+    c->dh_k_slice = config_parse_int("FLCE_DH_K_SLICE", getenv("FLCE_DH_K_SLICE"), 0, 1 << 30, c->dh_k_slice) / 256 * 256;
     c->tp_dh_16bit = config_parse_bool("FLCE_TP_DH_16BIT", getenv("FLCE_TP_DH_16BIT"), c->tp_dh_16bit);
     c->tp_overlap = config_parse_bool("FLCE_TP_OVERLAP", getenv("FLCE_TP_OVERLAP"), c->tp_overlap);
     c->grad_streams = config_parse_bool("FLCE_GRAD_STREAMS", getenv("FLCE_GRAD_STREAMS"), c->grad_streams);
@@ -121,6 +124,7 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_PREFETCH", "%s", on_off(c->prefetch), c->prefetch == d.prefetch);
     CONFIG_LOG_ONE("FLCE_TIERED", "%s", on_off(c->tiered), c->tiered == d.tiered);
     CONFIG_LOG_ONE("FLCE_FULL_TILES", "%s", on_off(c->full_tiles), c->full_tiles == d.full_tiles);
+    CONFIG_LOG_ONE("FLCE_DH_K_SLICE", "%d", c->dh_k_slice, c->dh_k_slice == d.dh_k_slice);
     CONFIG_LOG_ONE("FLCE_TP_DH_16BIT", "%s", on_off(c->tp_dh_16bit), c->tp_dh_16bit == d.tp_dh_16bit);
     CONFIG_LOG_ONE("FLCE_TP_OVERLAP", "%s", on_off(c->tp_overlap), c->tp_overlap == d.tp_overlap);
     CONFIG_LOG_ONE("FLCE_GRAD_STREAMS", "%s", on_off(c->grad_streams), c->grad_streams == d.grad_streams);

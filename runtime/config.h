@@ -38,6 +38,8 @@ typedef struct flce_config {
     int prefetch;      /* FLCE_PREFETCH: background compiles of the backward's kernels (default on) */
     int full_tiles;    /* FLCE_FULL_TILES: the compact logits kernel without partial-tile code where the
                         * vocabulary is whole tiles (default on; off: the generic kernel, to compare) */
+    int dh_k_slice;    /* FLCE_DH_K_SLICE: the most vocab columns one chunked dH launch sums (default
+                        * PLAN_DH_K_SLICE; a multiple of 256; 0: no limit). Small values: tests */
     int tiered;        /* FLCE_TIERED: a kernel specialized for full vocab tiles that is not cached yet runs
                         * as the generic one while it compiles in the background (default on) */
     int tp_dh_16bit;   /* FLCE_TP_DH_16BIT: TP's dH summed across ranks in the input dtype (default off: fp32) */

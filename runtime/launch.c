@@ -347,34 +347,54 @@ static flce_status check_grad_stores(const kernel_spec *s, const struct flce_gem
     return FLCE_OK;
 }
 
-/* dH[rows] (+)= dZ · W[cols]: A = dZ stored K-major, B = W stored [k = vocab][n = hidden]. */
-static flce_status run_dh(run *r, const block *b)
+/* dH[rows] (+)= dZ · W[cols] over the vocab columns of s, a part of block b (whose dZ the
+ * workspace holds from b->col0): A = dZ stored K-major, B = W stored [k = vocab][n = hidden]. */
+static flce_status run_dh_part(run *r, const block *s, const block *b)
 {
     const plan *pl = r->pl;
     struct flce_gemm_params g;
     memset(&g, 0, sizeof g);
     set_scale(r, &g);
-    g.a = r->ws + pl->off_dz;
-    g.b = addr(r->t->weight) + (unsigned long long)(b->col0 * pl->d) * r->es;
+    int64_t off = s->col0 - b->col0; /* a multiple of PLAN_DH_K_SLICE: 16-byte aligned for TMA */
+    g.a = r->ws + pl->off_dz + (unsigned long long)off * r->es;
+    g.b = addr(r->t->weight) + (unsigned long long)(s->col0 * pl->d) * r->es;
     if (pl->need_dh_tp) { /* this rank's part of dH, fp32, summed across ranks at the end */
-        g.out = r->ws + pl->off_dh_tp + (uint64_t)(b->row0 * pl->d) * 4;
-        g.out_f32 = 1, g.addend = b->first ? 0 : g.out;
+        g.out = r->ws + pl->off_dh_tp + (uint64_t)(s->row0 * pl->d) * 4;
+        g.out_f32 = 1, g.addend = s->first ? 0 : g.out;
     } else {
-        set_output(r, &g, addr(r->t->grad_hidden), r->p->accumulate_grad_hidden,
-                   ws_at(r, pl->off_dh_acc, pl->need_dh_acc), (uint64_t)(b->row0 * pl->d), b);
+        unsigned long long acc = ws_at(r, pl->off_dh_acc, pl->need_dh_acc);
+        /* chunked: the accumulator holds this token chunk's rows only (plan.c), set_output indexes
+         * by the absolute row */
+        if (acc && !pl->recompute) acc -= (unsigned long long)(s->row0 * pl->d) * 4;
+        set_output(r, &g, addr(r->t->grad_hidden), r->p->accumulate_grad_hidden, acc, (uint64_t)(s->row0 * pl->d), s);
     }
-    g.m = b->rows, g.n = pl->d, g.k = b->cols;
-    g.a_rows = b->rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
-    g.b_rows = b->cols, g.b_cols = pl->d, g.ldb = pl->d;
+    g.m = s->rows, g.n = pl->d, g.k = s->cols;
+    g.a_rows = s->rows, g.a_cols = pl->ldz - off, g.lda = pl->ldz;
+    g.b_rows = s->cols, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     TRY(check_grad_stores(&pl->dh, &g, "dH"));
-    set_dz_operand(r, b, &g);
-    int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(b->rows, pl->dh.tile.bm);
+    set_dz_operand(r, b, &g); /* never with slices (plan.c) */
+    int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(s->rows, pl->dh.tile.bm);
     TRY(tma_prepare_gemm(&pl->dh, &g, grad_slots(r->ctx, &pl->dh, r->k.dh), &gx, &gy));
     return launch_cluster(r->k.dh, gx, gy, pl->dh.cluster, spec_threads(&pl->dh), spec_smem_bytes(&pl->dh), r->stream,
                           &g, "dH kernel");
+}
+
+/* dH of block b: one launch, or (plan dh_k_slice) one per slice of its vocab columns, each slice
+ * a step of the fp32 accumulation (first and last as b's at its ends). */
+static flce_status run_dh(run *r, const block *b)
+{
+    int64_t slice = r->pl->dh_k_slice;
+    if (!slice || b->cols <= slice) return run_dh_part(r, b, b);
+    for (int64_t c = 0; c < b->cols; c += slice) {
+        block s = *b;
+        s.col0 = b->col0 + c, s.cols = b->cols - c < slice ? b->cols - c : slice;
+        s.first = b->first && c == 0, s.last = b->last && c + s.cols == b->cols;
+        TRY(run_dh_part(r, &s, b));
+    }
+    return FLCE_OK;
 }
 
 /* dW[cols] (+)= dZᵀ · H[rows]: A = dZ stored [k = token][m = vocab], B = H stored [k][n]. */

@@ -368,7 +368,11 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
     pl->concurrent_grads = grads_overlap(pl, pl->num_sms) && grads && !pl->tp_overlap && dw_counter_ok &&
                            (!t || (t->grad_hidden && t->grad_weight));
     pl->dw_dynamic = pl->tp_overlap || pl->concurrent_grads;
-    pl->need_dh_acc = grads && pl->recompute && pl->n_vchunks > 1 && !f32 && !caller_dh &&
+    /* A vocab shard too long for one launch's fp32 sum (PLAN_DH_K_SLICE): dH in slices. Not with
+     * dZ formed in the operand path (its factors are per launch). */
+    int64_t k_max = pl->dh_k_slice_max;
+    pl->dh_k_slice = grads && !pl->recompute && !pl->dz_operand && k_max > 0 && pl->v > k_max ? k_max : 0;
+    pl->need_dh_acc = grads && ((pl->recompute && pl->n_vchunks > 1) || pl->dh_k_slice) && !f32 && !caller_dh &&
                       !pl->need_dh_tp && (!t || t->grad_hidden);
     pl->need_db_acc = grads && p->has_bias && pl->n_chunks > 1 && (!t || t->grad_bias);
     /* Statistics arrays hold the rows of one forward pass: all tokens (forward, recompute) or one
@@ -402,7 +406,9 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
             pl->off_dz = f32 ? pl->off_z : take(&cur, block * 2);
         }
         if (pl->need_dw_acc) pl->off_dw_acc = take(&cur, (uint64_t)pl->v * (uint64_t)pl->d * 4);
-        if (pl->need_dh_acc) pl->off_dh_acc = take(&cur, n * (uint64_t)pl->d * 4);
+        /* recompute: every token's dH builds up over the vocab chunks; chunked: one token chunk's */
+        if (pl->need_dh_acc)
+            pl->off_dh_acc = take(&cur, (pl->recompute ? n : (uint64_t)pl->chunk_rows) * (uint64_t)pl->d * 4);
         if (pl->need_db_acc) pl->off_db_acc = take(&cur, (uint64_t)pl->v * 4);
         if (pl->need_dh_tp) pl->off_dh_tp = take(&cur, n * (uint64_t)pl->d * 4);
         if (pl->dw_dynamic) pl->off_tile_counter = take(&cur, 8);
@@ -449,6 +455,7 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     /* Off: measured slower (bench/NOTES.md v12); FLCE_ACC_PREFETCH=1 for side-by-side runs. */
     pl->acc_prefetch = cfg->acc_prefetch;
     pl->red_acc = cfg->red_acc;
+    pl->dh_k_slice_max = cfg->dh_k_slice;
     pl->dh_reduce_16bit = cfg->tp_dh_16bit && pl->collective && !pl->sp && !p->accumulate_grad_hidden &&
                           p->dtype != FLCE_DTYPE_F32;
     pl->overlap_wanted = cfg->tp_overlap;

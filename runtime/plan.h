@@ -15,6 +15,10 @@
 
 #define PLAN_DEFAULT_BUDGET (512ull << 20)
 #define PLAN_RASTER_ROWS 8 /* dH/dW tile order: row blocks per group (plan.c, raster_rows) */
+/* The longest vocab range one chunked dH launch sums over (plan.c dh_k_slice): the tensor cores'
+ * fp32 accumulation over a 2.2M-column shard left dH 3-4.7e-3 off (test_large, session 7), against
+ * 1.7e-3 where launches of shorter ranges add up in memory. */
+#define PLAN_DH_K_SLICE 262144
 /* The statistics all-gather of TP: each rank's block is a header of FLCE_TP_HEADER words, then
  * FLCE_TP_RECORD words per token row (templates/params.h). */
 uint64_t plan_tp_block_bytes(int64_t rows);
@@ -78,6 +82,10 @@ typedef struct plan {
         off_loss_rows, off_zloss_rows, off_lse, off_z, off_dz, off_dw_acc, off_dh_acc, off_db_acc,
         off_tile_max;
     int need_loss_rows, need_zloss_rows, need_lse, need_dw_acc, need_dh_acc, need_db_acc;
+    /* Chunked: dH of a token chunk in launches over at most this many vocab columns each, added
+     * up in fp32 (0: one launch over the whole shard) */
+    int64_t dh_k_slice;
+    int64_t dh_k_slice_max; /* FLCE_DH_K_SLICE (config.h), default PLAN_DH_K_SLICE */
     int64_t stat_rows;    /* rows the statistics arrays (target, partials) hold */
     /* TP: this rank's block of the statistics all-gather and all ranks' blocks; the fp32 dH that
      * is all-reduced (or reduce-scattered); SP: the gathered inputs and all-token outputs. */

@@ -49,7 +49,8 @@ static size_t plan_regions(const plan *pl, region *r)
                                            ? 0 : blk * (pl->logits.dtype == FLCE_DTYPE_F32 ? 4 : 2)},
                           {pl->off_tile_max, pl->compact ? (uint64_t)pl->chunk_rows * pl->tile_max_ld * 4 : 0},
                           {pl->off_dw_acc, pl->need_dw_acc ? (uint64_t)pl->v * pl->d * 4 : 0},
-                          {pl->off_dh_acc, pl->need_dh_acc ? nd4 : 0},
+                          /* recompute: every token's rows; chunked (dh_k_slice): one token chunk's */
+                          {pl->off_dh_acc, !pl->need_dh_acc ? 0 : pl->recompute ? nd4 : (uint64_t)pl->chunk_rows * pl->d * 4},
                           {pl->off_dh_tp, pl->need_dh_tp ? nd4 : 0},
                           {pl->off_tp_send, pl->collective ? pl->tp_block_bytes : 0},
                           {pl->off_tp_recv, pl->collective ? pl->tp_block_bytes * (uint64_t)pl->tp : 0}};

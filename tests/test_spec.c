@@ -346,6 +346,25 @@ static void accumulator_knobs_default_to_reductions_without_prefetch(void)
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && !pl.red_acc && pl.acc_prefetch);
 }
 
+/* A chunked dH over a vocab shard longer than PLAN_DH_K_SLICE runs in slices added up in an fp32
+ * accumulator of one token chunk's rows (the tensor cores' sum over 2.2M columns lost precision);
+ * shorter shards and recompute keep one launch per chunk. */
+static void long_vocab_shards_slice_dh(void)
+{
+    plan pl;
+    flce_problem p = problem(1000, 2048, 2200000, FLCE_DTYPE_BF16);
+    p.strategy = FLCE_STRATEGY_CHUNKED;
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh_k_slice == PLAN_DH_K_SLICE && pl.need_dh_acc && !pl.dh.plain_out && spec_validate(&pl.dh) == FLCE_OK);
+    CHECK(PLAN_DH_K_SLICE % 256 == 0); /* slices start 16-byte aligned in dZ (TMA) */
+    p.vocab_shard = 256000;
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.dh_k_slice == 0 && !pl.need_dh_acc);
+    p.vocab_shard = 2200000, p.dtype = FLCE_DTYPE_F32; /* fp32 dH is its own accumulator */
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.dh_k_slice && !pl.need_dh_acc);
+    p.dtype = FLCE_DTYPE_BF16, p.strategy = FLCE_STRATEGY_RECOMPUTE;
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.dh_k_slice == 0);
+}
+
 /* The default budget keeps all tokens in one chunk when their compact logits take no more than
  * 512 MiB plus the fp32 dW accumulator several chunks would need (plan.c), and only then: an
  * explicit budget, a caller's fp32 dW buffer, fp32 inputs or a larger N keep their chunks. */
@@ -535,6 +554,7 @@ int main(void)
     RUN(recompute_writes_dz_in_the_logits_pass);
     RUN(auto_takes_the_cheaper_estimate);
     RUN(accumulator_knobs_default_to_reductions_without_prefetch);
+    RUN(long_vocab_shards_slice_dh);
     RUN(gradient_tile_order_comes_from_the_plan);
     RUN(shared_memory_over_the_arch_limit_names_the_tile);
     RUN(bad_fields_are_named);
