@@ -272,6 +272,20 @@ print("  %-6s %-10s %-18s first call %s s, cpu %s s  (before kernels %s, kernels
     "" if r["ok"] else "  FAILED: %s" % r.get("errors")))'
 }
 
+# run_ranks API SHAPE DIR NVCACHE TAG: $RANKS processes started at once (run_one each), timed from
+# the launch of the first to the exit of the last ($t0, $t1); their outputs in the array files.
+run_ranks() {
+  local api=$1 shape=$2 dir=$3 nv=$4 tag=$5 r
+  files=()
+  start
+  for r in $(seq 0 $((RANKS - 1))); do
+    run_one "$api" "$shape" "$dir" "$nv" "$work/$api-$tag$r.json" &
+    files+=("$work/$api-$tag$r.json")
+  done
+  wait
+  t1=$(now)
+}
+
 t_script=$(now)
 for api in $APIS; do
   # cold, then warm on the same directories, then an empty flce directory with cold's NVRTC cache
@@ -297,14 +311,7 @@ for api in $APIS; do
   # RANKS processes at once on new empty directories
   dir=$work/$api-ranks nv=$work/$api-nv-ranks
   mkdir -p "$dir" "$nv"
-  files=()
-  start
-  for r in $(seq 0 $((RANKS - 1))); do
-    run_one "$api" "$SHAPE" "$dir" "$nv" "$work/$api-rank$r.json" &
-    files+=("$work/$api-rank$r.json")
-  done
-  wait
-  t1=$(now)
+  run_ranks "$api" "$SHAPE" "$dir" "$nv" rank
   entries=$("$FLCE" cache stats --json --dir "$dir" | python3 -c 'import json,sys; s=json.load(sys.stdin); print(s["entries"] == s["compiles"] and s["compiles"] > 0)')
   row "$api" "$RANKS-ranks" "$SHAPE" "$dir" "$nv" "$(elapsed "$t0" "$t1")" \
     "{\"each_kernel_compiled_once\": $( [ "$entries" = True ] && echo true || echo false)}" "${files[@]}"
@@ -313,14 +320,7 @@ for api in $APIS; do
   # 8-rank wall when nothing compiles (driver start-up, module loads)
   if [ -n "$NEW_SHAPES" ]; then
     s=${NEW_SHAPES##* } dir=$work/$api-cold nv=$work/$api-nv-cold
-    files=()
-    start
-    for r in $(seq 0 $((RANKS - 1))); do
-      run_one "$api" "$s" "$dir" "$nv" "$work/$api-nrank$r.json" &
-      files+=("$work/$api-nrank$r.json")
-    done
-    wait
-    t1=$(now)
+    run_ranks "$api" "$s" "$dir" "$nv" nrank
     row "$api" "$RANKS-ranks-new-shape" "$s" "$dir" "$nv" "$(elapsed "$t0" "$t1")" \
       "{\"from_shape\": \"$SHAPE\", \"note\": \"cold's directories: the shape-free kernels and the generic twin cached\"}" "${files[@]}"
   fi
