@@ -59,7 +59,8 @@ Each row: shape, provider, mode, ms (median), ms_min, ms_max, tflops, vs_floor (
 forward rows / cublas-logits), extra_mib, err_loss, err_dh, err_dw, logit_std, strategy and
 auto_choice (flce rows: requested, and what the library runs: flce_strategy_of), sm_mhz, power_w,
 clock_reasons and gpu_samples (NVML, sampled every 50 ms while the timed calls run; no clock data
-without libnvidia-ml), error (a failure: the row's numbers are null), note, device, date, commit, torch.
+without libnvidia-ml), joules (the board's energy counter over the timed calls, per call: what a
+power-capped GPU trades clock for), error (a failure: the row's numbers are null), note, device, date, commit, torch.
 """
 import argparse
 import datetime
@@ -415,6 +416,19 @@ class GpuMonitor:
             if s is not None:
                 self.samples.append(s)
 
+    def energy_mj(self):
+        """The board's energy counter (mJ since the driver loaded), or None: exact over an interval,
+        unlike sampled power (NVML updates it every few ms)."""
+        if self.mode is None:
+            return None
+        try:
+            ct = self._ct
+            mj = ct.c_ulonglong()
+            ok = self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle, ct.byref(mj)) == 0
+            return mj.value if ok else None
+        except Exception:  # noqa: BLE001  (an older driver: no energy column)
+            return None
+
     def now(self):
         if self.mode is None:
             return None
@@ -457,7 +471,7 @@ def new_row(name, mode):
     return {"provider": name, "mode": mode, "ms": None, "ms_min": None, "ms_max": None, "tflops": None,
             "vs_floor": None, "extra_mib": None, "err_loss": None, "err_dh": None, "err_dw": None,
             "strategy": None, "auto_choice": None, "sm_mhz": None, "power_w": None, "clock_reasons": None,
-            "gpu_samples": None, "error": None, "note": None}
+            "gpu_samples": None, "joules": None, "error": None, "note": None}
 
 
 def run_provider(name, mode, factory, data, ref, state, monitor, args):
@@ -488,6 +502,7 @@ def run_provider(name, mode, factory, data, ref, state, monitor, args):
             row.update({k: float(f"{x:.3g}") for k, x in errors(out, ref).items()})
         out = None
         events = []
+        e0 = monitor.energy_mj()
         t_loop = time.time()
         for _ in range(args.iters):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -498,7 +513,10 @@ def run_provider(name, mode, factory, data, ref, state, monitor, args):
             events.append((start, end))
         queued = monitor.now()  # while the queued calls run
         torch.cuda.synchronize()
+        e1 = monitor.energy_mj()
         row.update(monitor.summary(t_loop, time.time(), queued))
+        if e0 is not None and e1 is not None and e1 >= e0:
+            row["joules"] = round((e1 - e0) / 1000 / args.iters, 3)
         times = [s.elapsed_time(e) for s, e in events]
         ms = statistics.median(times)
         row["ms"], row["ms_min"], row["ms_max"] = round(ms, 3), round(min(times), 3), round(max(times), 3)
@@ -697,7 +715,7 @@ def markdown_table(shape, std, rows):
     clocks = any(r.get("sm_mhz") is not None for r in rows)
     lines = [f"### {shape} (N x D x V), logit std {std_label(std)}", "",
              "| provider | ms | TFLOP/s | vs floor | extra MiB | err_loss | err_dh | err_dw | strategy |"
-             + (" MHz / W |" if clocks else "") + " note |",
+             + (" MHz / W / J |" if clocks else "") + " note |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|" + ("---:|" if clocks else "") + "---|"]
     for r in rows:
         strat, choice = r.get("strategy") or "", r.get("auto_choice")
@@ -709,7 +727,8 @@ def markdown_table(shape, std, rows):
         elif r["mode"] == "role" and not r["error"]:
             note = "GEMM role, 2NVD" + (f"; {r['vs_role']:.3f}x its cuBLAS role" if r.get("vs_role") else "") \
                 + (f"; {note}" if note else "")
-        clk = (f" {fmt(r.get('sm_mhz'), 'd')} / {fmt(r.get('power_w'), '.0f')} |" if clocks else "")
+        clk = (f" {fmt(r.get('sm_mhz'), 'd')} / {fmt(r.get('power_w'), '.0f')} / {fmt(r.get('joules'), '.2f')} |"
+               if clocks else "")
         lines.append(f"| {r['provider']} | {fmt(r['ms'], '.3f')} | {fmt(r['tflops'], '.1f')} | "
                      f"{fmt(r['vs_floor'], '.3f')} | {fmt(r['extra_mib'], '.0f')} | {fmt(r['err_loss'], '.2e')} | "
                      f"{fmt(r['err_dh'], '.2e')} | {fmt(r['err_dw'], '.2e')} | {strat} |{clk} "
@@ -748,7 +767,7 @@ def clean(x):  # strict JSON: a NaN or infinite error becomes a string
 
 ROW_KEYS = ["shape", "provider", "mode", "ms", "ms_min", "ms_max", "tflops", "vs_floor", "extra_mib", "err_loss",
             "err_dh", "err_dw", "logit_std", "strategy", "auto_choice", "sm_mhz", "power_w", "clock_reasons",
-            "gpu_samples", "error", "note",
+            "gpu_samples", "joules", "error", "note",
             "device", "date", "commit", "torch"]
 
 
@@ -845,8 +864,8 @@ def main():
         "grads, logits; inputs excluded: cublas' preallocated dZ, flce-main-grad's fp32 main_grad)",
         f"- errors: relative to float64 on the GPU: err_loss of the mean loss (all tokens), err_dh L2 over "
         f"{args.samples} sampled valid tokens, err_dw L2 over {args.samples} sampled vocab rows",
-        "- strategy: requested → what flce runs (flce_strategy_of); MHz / W: median SM clock and mean board "
-        "power while the timed calls ran "
+        "- strategy: requested → what flce runs (flce_strategy_of); MHz / W / J: median SM clock, mean board "
+        "power and the energy counter's joules per call while the timed calls ran "
         + ("(NVML, sampled every 50 ms; clock_reasons in the JSON: NVML clock-event reasons seen, "
            "e.g. 0x4 power cap)" if monitor.mode else "(NVML not available: not measured)"),
         ""]

@@ -122,8 +122,9 @@ typedef struct flce_problem {
                                 else 6 (fp32 Z + dZ; fp32 inputs 4); recompute 2 (dZ; fp32 4).
                                 On top: an fp32 V×D dW accumulator (chunked, several chunks,
                                 16-bit dW) or N×D dH one (recompute, several vocab chunks,
-                                16-bit dH), none when accumulating into the caller's fp32
-                                buffers; and a few floats per token. flce_workspace_size says
+                                16-bit dH; chunked: one chunk's rows when the vocab shard is
+                                over 262144 columns), none when accumulating into the caller's
+                                fp32 buffers; and a few floats per token. flce_workspace_size says
                                 the total (README, "Memory") */
     /* --- fields below were added after the first layout; older callers get their defaults --- */
     int32_t has_class_weights;      /* tensors.class_weights: vocab_total fp32 weights, as
@@ -198,7 +199,8 @@ FLCE_API flce_status flce_workspace_size(flce_context *ctx, const flce_problem *
  * `tensors` says which outputs the calls will ask for (only which pointers are non-NULL matters:
  * entropy and argmax select other kernels); NULL means loss, lse and, for training ops, both
  * gradients. Needs the device (the context); `flce warmup` does the same with no GPU, for an arch.
- * Synchronous: returns when the kernels are ready. */
+ * Synchronous: returns when the kernels are ready: the ones specialized for this shape, never the
+ * generic stand-in a call without flce_prepare may run while they compile (README, "The tool"). */
 FLCE_API flce_status flce_prepare(flce_context *ctx, const flce_problem *problem, flce_op op,
                                   const flce_tensors *tensors);
 
