@@ -90,6 +90,7 @@ void config_from_env(flce_config *c)
     c->tune = config_parse_bool("FLCE_TUNE", getenv("FLCE_TUNE"), c->tune);
     c->prefetch = config_parse_bool("FLCE_PREFETCH", getenv("FLCE_PREFETCH"), c->prefetch);
     c->tiered = config_parse_bool("FLCE_TIERED", getenv("FLCE_TIERED"), c->tiered);
+    c->unlocked_compile = config_parse_bool("FLCE_UNLOCKED_COMPILE", getenv("FLCE_UNLOCKED_COMPILE"), c->unlocked_compile);
     c->full_tiles = config_parse_bool("FLCE_FULL_TILES", getenv("FLCE_FULL_TILES"), c->full_tiles);
     /* a multiple of 256 keeps each slice's dZ 16-byte aligned for TMA (launch.c run_dh) */
     c->dh_k_slice = config_parse_int("FLCE_DH_K_SLICE", getenv("FLCE_DH_K_SLICE"), 0, 1 << 30, c->dh_k_slice) / 256 * 256;
@@ -123,6 +124,7 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_TUNE", "%s", on_off(c->tune), c->tune == d.tune);
     CONFIG_LOG_ONE("FLCE_PREFETCH", "%s", on_off(c->prefetch), c->prefetch == d.prefetch);
     CONFIG_LOG_ONE("FLCE_TIERED", "%s", on_off(c->tiered), c->tiered == d.tiered);
+    CONFIG_LOG_ONE("FLCE_UNLOCKED_COMPILE", "%s", on_off(c->unlocked_compile), c->unlocked_compile == d.unlocked_compile);
     CONFIG_LOG_ONE("FLCE_FULL_TILES", "%s", on_off(c->full_tiles), c->full_tiles == d.full_tiles);
     CONFIG_LOG_ONE("FLCE_DH_K_SLICE", "%d", c->dh_k_slice, c->dh_k_slice == d.dh_k_slice);
     CONFIG_LOG_ONE("FLCE_TP_DH_16BIT", "%s", on_off(c->tp_dh_16bit), c->tp_dh_16bit == d.tp_dh_16bit);

@@ -40,6 +40,8 @@ typedef struct flce_config {
                         * vocabulary is whole tiles (default on; off: the generic kernel, to compare) */
     int dh_k_slice;    /* FLCE_DH_K_SLICE: the most vocab columns one chunked dH launch sums (default
                         * PLAN_DH_K_SLICE; a multiple of 256; 0: no limit). Small values: tests */
+    int unlocked_compile; /* FLCE_UNLOCKED_COMPILE: a call's missing kernels compile before it takes its
+                           * context's lock (default off until run on a GPU) */
     int tiered;        /* FLCE_TIERED: a kernel specialized for full vocab tiles that is not cached yet runs
                         * as the generic one while it compiles in the background (default on) */
     int tp_dh_16bit;   /* FLCE_TP_DH_16BIT: TP's dH summed across ranks in the input dtype (default off: fp32) */

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache.h"
 #include "config.h"
 #include "context.h"
 #include "emit.h"
@@ -297,6 +298,33 @@ static flce_status ctx_stand_in(flce_context *ctx, const kernel_spec *s, long *i
             summary);
     *index = at;
     return FLCE_OK;
+}
+
+void ctx_prebuild(flce_context *ctx, const kernel_spec *const *specs, int n, int all)
+{
+    enum { MAX_SPECS = 8 };
+    if (!config_get()->unlocked_compile || n <= 0 || n > MAX_SPECS) return;
+    const kernel_spec *missing[MAX_SPECS];
+    int m = 0;
+    pthread_mutex_lock(&ctx->lock);
+    for (int i = 0; i < n; i++) {
+        long index = -1;
+        uint64_t h[2];
+        int hashed = 0;
+        if (ctx_find(ctx, specs[i], &index, h, &hashed) != FLCE_OK) break; /* the locked path says why */
+        int stand_in_may_serve = specs[i]->full_tiles && config_get()->tiered && !all;
+        if (index < 0 && !stand_in_may_serve) missing[m++] = specs[i];
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    char dir[CACHE_PATH_MAX];
+    if (m == 0 || cache_dir_writable(dir, sizeof dir) != FLCE_OK) { /* memory only: build under the lock */
+        err_clear();
+        return;
+    }
+    jit_result built[MAX_SPECS];
+    if (jit_build_many(missing, m, built) == FLCE_OK)
+        for (int k = 0; k < m; k++) free(built[k].cubin);
+    err_clear(); /* a failure is reported by the locked path, which builds again */
 }
 
 flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs, int n, CUfunction (*fns)[CTX_MAX_KERNELS])

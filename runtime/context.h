@@ -78,6 +78,14 @@ void ctx_leave(CUcontext prev);
 flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs, int n,
                              CUfunction (*fns)[CTX_MAX_KERNELS]);
 
+/* Before ctx_kernels_many, without holding ctx->lock (FLCE_UNLOCKED_COMPILE, issue 16 item 1): the
+ * specs ctx has not loaded compile into the disk cache (jit_build_many) while other threads' calls
+ * on ctx go on; ctx_kernels_many then loads them from disk under the lock. Only the check of what
+ * is loaded takes the lock. Specs a stand-in may serve (context.c, tiered) are left to
+ * ctx_kernels_many unless `all` (flce_prepare). Never fails: whatever it could not build is built
+ * under the lock as before. No-op without a writable cache directory. */
+void ctx_prebuild(flce_context *ctx, const kernel_spec *const *specs, int n, int all);
+
 /* Scratch of at least `bytes`, owned by the context (grown outside graph capture only). */
 flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CUdeviceptr *out);
 

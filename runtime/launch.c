@@ -30,11 +30,12 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static unsigned long long addr(const void *p) { return (unsigned long long)(uintptr_t)p; }
 
 /* Every kernel of the plan, the missing ones compiled together (ctx_kernels_many). */
-static flce_status get_kernels(flce_context *ctx, const plan *pl, kernels *k)
+enum { ROWOPS, LOGITS, LOGITS_DZ, DH, DW };
+
+/* The specs a call of plan pl loads, and (slot) where each role's is in that list, or -1. */
+static int plan_specs(const plan *pl, const kernel_spec *specs[5], int slot[5])
 {
-    enum { ROWOPS, LOGITS, LOGITS_DZ, DH, DW };
-    const kernel_spec *specs[5];
-    int slot[5], n = 0;
+    int n = 0;
     for (int role = ROWOPS; role <= DW; role++) {
         slot[role] = -1;
         if (role == LOGITS_DZ && !pl->fused_dz) continue;
@@ -43,6 +44,22 @@ static flce_status get_kernels(flce_context *ctx, const plan *pl, kernels *k)
         specs[n++] = role == ROWOPS ? &pl->rowops : role == LOGITS ? &pl->logits : role == LOGITS_DZ ? &pl->logits_dz
                      : role == DH   ? &pl->dh : &pl->dw;
     }
+    return n;
+}
+
+void launch_prebuild_kernels(flce_context *ctx, const plan *pl, int all)
+{
+    const kernel_spec *specs[5];
+    int slot[5];
+    int n = plan_specs(pl, specs, slot);
+    ctx_prebuild(ctx, specs, n, all);
+}
+
+static flce_status get_kernels(flce_context *ctx, const plan *pl, kernels *k)
+{
+    const kernel_spec *specs[5];
+    int slot[5];
+    int n = plan_specs(pl, specs, slot);
     CUfunction fns[5][CTX_MAX_KERNELS];
     memset(k, 0, sizeof *k);
     TRY(ctx_kernels_many(ctx, specs, n, fns));
@@ -851,6 +868,7 @@ flce_status launch_call(flce_context *ctx, const flce_problem *p, flce_op op, co
                        (unsigned long long)t->workspace_bytes,
                        (unsigned long long)pl.workspace_bytes);
 
+    launch_prebuild_kernels(ctx, &pl, 0); /* FLCE_UNLOCKED_COMPILE: compiles before the lock */
     pthread_mutex_lock(&ctx->lock);
     CUcontext prev = NULL;
     flce_status st = ctx_take_flag(ctx);

@@ -11,6 +11,9 @@
 
 /* Loads (JIT) every kernel the plan needs. Call with ctx->lock held. */
 flce_status launch_prepare_kernels(flce_context *ctx, const plan *pl);
+/* ctx_prebuild (context.h) of the kernels plan pl loads; call without ctx->lock. `all`: also those
+ * a stand-in could serve (flce_prepare). */
+void launch_prebuild_kernels(flce_context *ctx, const plan *pl, int all);
 
 /* What a forward call does: all of it, or one half of the split-phase TP forward (the caller
  * all-gathers `tp_buffer` between the halves). */
