@@ -319,16 +319,22 @@ flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, 
     return FLCE_OK;
 }
 
+/* The outputs a typical call of op asks for (loss, lse, and for training ops both gradients), for
+ * planning only: just which pointers are non-NULL is read. */
+static void typical_outputs(flce_op op, flce_tensors *t)
+{
+    static const char mark;
+    flce_tensors_init(t);
+    t->loss = t->lse = (float *)(uintptr_t)&mark;
+    if (op != FLCE_OP_FORWARD) t->grad_hidden = t->grad_weight = (void *)(uintptr_t)&mark;
+}
+
 flce_status flce_prepare(flce_context *ctx, const flce_problem *problem, flce_op op,
                          const flce_tensors *tensors)
 {
     err_clear();
-    /* The outputs a typical call asks for: only which pointers are non-NULL is read. */
-    static const char mark;
     flce_tensors t;
-    flce_tensors_init(&t);
-    t.loss = t.lse = (float *)(uintptr_t)&mark;
-    if (op != FLCE_OP_FORWARD) t.grad_hidden = t.grad_weight = (void *)(uintptr_t)&mark;
+    typical_outputs(op, &t);
     if (tensors) TRY(normalize_tensors(tensors, &t));
     plan pl;
     TRY(plan_for(ctx, problem, op, &t, &pl));
@@ -459,15 +465,12 @@ flce_status flce_scale_gradients(flce_context *ctx, const flce_problem *problem,
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tensors.grad_hidden, grad_weight and grad_bias: all NULL, nothing to scale");
     p.strategy = FLCE_STRATEGY_AUTO; /* only the plan's shapes and row-kernel spec are used */
-    /* The row kernels of the call whose gradients these are, as flce_prepare plans it (loss, lse and
-     * the gradients): its module holds the scale kernel and is loaded already. Planned for every
-     * output (NULL), the spec asked for entropy and argmax too: a second module, compiled in the
-     * first backward of the Python binding (0.5 s of its cold start, session 7). */
-    static const char mark;
+    /* The row kernels of the call whose gradients these are, as flce_prepare plans it: its module
+     * holds the scale kernel and is loaded already. Planned for every output (NULL), the spec asked
+     * for entropy and argmax too: a second module, compiled in the first backward of the Python
+     * binding (0.5 s of its cold start, session 7). */
     flce_tensors typical;
-    flce_tensors_init(&typical);
-    typical.loss = typical.lse = (float *)(uintptr_t)&mark;
-    typical.grad_hidden = typical.grad_weight = (void *)(uintptr_t)&mark;
+    typical_outputs(FLCE_OP_LOSS_AND_GRAD, &typical);
     plan pl;
     TRY(plan_make_dev(&p, FLCE_OP_LOSS_AND_GRAD, ctx->name, ctx->sm, ctx->num_sms, ctx->mem_bytes, &typical, &pl));
     pthread_mutex_lock(&ctx->lock);

@@ -231,7 +231,7 @@ static flce_status ctx_register(flce_context *ctx, const kernel_spec *s, const u
         size_t cap = ctx->cap_modules ? 2 * ctx->cap_modules : 16;
         ctx_module *t = realloc(ctx->modules, cap * sizeof *t);
         if (!t) {
-            free(jr->cubin), jr->cubin = NULL;
+            free(jr->cubin), jr->cubin = NULL; /* as a failed load does */
             return err_set(FLCE_ERR_OUT_OF_MEMORY, "kernel table: out of host memory");
         }
         ctx->modules = t, ctx->cap_modules = cap;
@@ -242,6 +242,9 @@ static flce_status ctx_register(flce_context *ctx, const kernel_spec *s, const u
     memcpy(mod->hash, h, sizeof mod->hash);
     TRY(ctx_load_module(s, jr, mod));
     *at = ctx->n_modules++;
+    for (size_t i = 0; i < ctx->n_standins;) /* s itself is loaded now (flce_prepare): no stand-in */
+        if (!memcmp(&ctx->standins[i].spec, s, sizeof *s)) ctx->standins[i] = ctx->standins[--ctx->n_standins];
+        else i++;
     return FLCE_OK;
 }
 
@@ -251,22 +254,26 @@ static flce_status ctx_register(flce_context *ctx, const kernel_spec *s, const u
  * computes the same thing the same way for any vocabulary, with a mask it never takes here. When
  * spec s (full_tiles) is neither loaded nor on disk but its twin is one or the other, the call runs
  * on the twin now and s compiles in the background; calls keep the twin while that compile is
- * queued, and the first call after it loads s from disk. *index is the module serving s, or -1:
- * build s the usual way (no twin available, a prefetch not possible, or tiering off). */
+ * queued (ctx_stand_in_serving, looked up before s's source is hashed: every call until then
+ * takes it), and the first call after it loads s from disk. ctx_stand_in installs one: *index is
+ * the module serving s, or -1: build s the usual way (no twin available, a prefetch not possible,
+ * or tiering off). */
+static long ctx_stand_in_serving(flce_context *ctx, const kernel_spec *s)
+{
+    for (size_t i = 0; i < ctx->n_standins; i++) {
+        if (memcmp(&ctx->standins[i].spec, s, sizeof *s)) continue;
+        if (jit_prefetch_state(s) == JIT_PREFETCH_QUEUED) return (long)ctx->standins[i].module;
+        ctx->standins[i] = ctx->standins[--ctx->n_standins]; /* compiled (or failed): build s now */
+        log_msg(LOG_INFO, "tiered: the specialized kernel's background compile has finished; loading it");
+        return -1;
+    }
+    return -1;
+}
+
 static flce_status ctx_stand_in(flce_context *ctx, const kernel_spec *s, long *index)
 {
     *index = -1;
     if (!s->full_tiles || !config_get()->tiered || ctx->preparing) return FLCE_OK;
-    for (size_t i = 0; i < ctx->n_standins; i++) {
-        if (memcmp(&ctx->standins[i].spec, s, sizeof *s)) continue;
-        if (jit_prefetch_state(s) == JIT_PREFETCH_QUEUED) {
-            *index = (long)ctx->standins[i].module;
-            return FLCE_OK;
-        }
-        ctx->standins[i] = ctx->standins[--ctx->n_standins]; /* compiled (or failed): build s now */
-        log_msg(LOG_INFO, "tiered: the specialized kernel's background compile has finished; loading it");
-        return FLCE_OK;
-    }
     if (ctx->n_standins == CTX_MAX_STANDINS || jit_prefetch_state(s) != JIT_PREFETCH_NONE) return FLCE_OK;
     jit_result own;
     TRY(jit_lookup(s, &own));
@@ -338,6 +345,8 @@ flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs,
     for (int i = 0; i < n; i++) {
         uint64_t h[2];
         int hashed = 0;
+        index[i] = ctx->n_standins && !ctx->preparing ? ctx_stand_in_serving(ctx, specs[i]) : -1;
+        if (index[i] >= 0) continue;
         TRY(ctx_find(ctx, specs[i], &index[i], h, &hashed));
         if (index[i] >= 0) continue;
         TRY(ctx_stand_in(ctx, specs[i], &index[i]));
@@ -347,33 +356,20 @@ flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs,
         if (k == m) missing[m] = specs[i], memcpy(missing_hash[m], h, sizeof h), m++;
         index[i] = -1 - k;
     }
-    size_t first_new = ctx->n_modules;
+    size_t first_new = ctx->n_modules; /* missing[k] becomes module first_new + k */
     if (m > 0) {
-        if (ctx->n_modules + (size_t)m > ctx->cap_modules) {
-            size_t cap = ctx->cap_modules ? 2 * ctx->cap_modules : 16;
-            while (cap < ctx->n_modules + (size_t)m) cap *= 2;
-            ctx_module *t = realloc(ctx->modules, cap * sizeof *t);
-            if (!t) return err_set(FLCE_ERR_OUT_OF_MEMORY, "kernel table: out of host memory");
-            ctx->modules = t, ctx->cap_modules = cap;
-        }
         /* NVRTC for all the missing kernels at once: a first call waits for its slowest kernel, not
          * for the sum (issue 16: 5.7 s of one-after-another compiles at 8192×4096×128256). */
         jit_result built[MAX_SPECS];
         TRY(jit_build_many(missing, m, built));
-        flce_status st = FLCE_OK;
         for (int k = 0; k < m; k++) {
-            if (st != FLCE_OK) { /* an earlier load failed: free what is left */
-                free(built[k].cubin);
-                continue;
+            size_t at;
+            flce_status st = ctx_register(ctx, missing[k], missing_hash[k], &built[k], &at);
+            if (st != FLCE_OK) { /* nothing half-done: the ones after it are freed, not loaded */
+                for (int j = k + 1; j < m; j++) free(built[j].cubin);
+                return st;
             }
-            ctx_module *mod = &ctx->modules[ctx->n_modules];
-            memset(mod, 0, sizeof *mod);
-            mod->spec = *missing[k];
-            memcpy(mod->hash, missing_hash[k], sizeof mod->hash);
-            st = ctx_load_module(missing[k], &built[k], mod);
-            if (st == FLCE_OK) ctx->n_modules++;
         }
-        TRY(st);
         /* A specialized kernel compiled here: its generic twin next, in the background, so that a
          * later shape whose vocabulary is not whole tiles loads it, and one whose is but whose own
          * kernel is not built yet runs on it at once (ctx_stand_in). */
