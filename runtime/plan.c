@@ -368,10 +368,11 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
     pl->concurrent_grads = grads_overlap(pl, pl->num_sms) && grads && !pl->tp_overlap && dw_counter_ok &&
                            (!t || (t->grad_hidden && t->grad_weight));
     pl->dw_dynamic = pl->tp_overlap || pl->concurrent_grads;
-    /* A vocab shard too long for one launch's fp32 sum (PLAN_DH_K_SLICE): dH in slices. Not with
-     * dZ formed in the operand path (its factors are per launch). */
-    int64_t k_max = pl->dh_k_slice_max;
-    pl->dh_k_slice = grads && !pl->recompute && !pl->dz_operand && k_max > 0 && pl->v > k_max ? k_max : 0;
+    /* A vocab range too long for one launch's fp32 sum (PLAN_DH_K_SLICE): the whole shard of a
+     * chunked call, recompute's vocab chunk. dH in slices. Not with dZ formed in the operand path
+     * (its factors are per launch). */
+    int64_t k_max = pl->dh_k_slice_max, k = pl->recompute ? pl->chunk_cols : pl->v;
+    pl->dh_k_slice = grads && !pl->dz_operand && k_max > 0 && k > k_max ? k_max : 0;
     pl->need_dh_acc = grads && ((pl->recompute && pl->n_vchunks > 1) || pl->dh_k_slice) && !f32 && !caller_dh &&
                       !pl->need_dh_tp && (!t || t->grad_hidden);
     pl->need_db_acc = grads && p->has_bias && pl->n_chunks > 1 && (!t || t->grad_bias);

@@ -346,9 +346,9 @@ static void accumulator_knobs_default_to_reductions_without_prefetch(void)
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && !pl.red_acc && pl.acc_prefetch);
 }
 
-/* A chunked dH over a vocab shard longer than PLAN_DH_K_SLICE runs in slices added up in an fp32
- * accumulator of one token chunk's rows (the tensor cores' sum over 2.2M columns lost precision);
- * shorter shards and recompute keep one launch per chunk. */
+/* A dH over a vocab range longer than PLAN_DH_K_SLICE (a chunked call's shard, recompute's vocab
+ * chunk) runs in slices added up in fp32 (the tensor cores' sum over 2.2M columns lost precision);
+ * shorter ranges keep one launch. */
 static void long_vocab_shards_slice_dh(void)
 {
     plan pl;
@@ -361,8 +361,12 @@ static void long_vocab_shards_slice_dh(void)
     CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.dh_k_slice == 0 && !pl.need_dh_acc);
     p.vocab_shard = 2200000, p.dtype = FLCE_DTYPE_F32; /* fp32 dH is its own accumulator */
     CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.dh_k_slice && !pl.need_dh_acc);
-    p.dtype = FLCE_DTYPE_BF16, p.strategy = FLCE_STRATEGY_RECOMPUTE;
-    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.dh_k_slice == 0);
+    p.dtype = FLCE_DTYPE_BF16, p.strategy = FLCE_STRATEGY_RECOMPUTE; /* vocab chunks within the slice */
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.chunk_cols <= PLAN_DH_K_SLICE);
+    CHECK(pl.dh_k_slice == 0 && pl.need_dh_acc);
+    p.memory_budget = 16ull << 30; /* one vocab chunk of all 2.2M columns: sliced */
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.n_vchunks == 1);
+    CHECK(pl.dh_k_slice == PLAN_DH_K_SLICE && pl.need_dh_acc);
 }
 
 /* The default budget keeps all tokens in one chunk when their compact logits take no more than
