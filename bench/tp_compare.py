@@ -264,7 +264,7 @@ def main():
         ms_max = max(float(x[0]) for x in all_t)
         peak_max = max(float(x[1]) for x in all_t)
         coll = count_collectives(log_path, 1000 + k, 2000 + k) if log_path else None
-        env = {k: os.environ[k] for k in ("FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP") if k in os.environ}
+        env = {k: os.environ[k] for k in ("FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_TP_OVERLAP_SMS") if k in os.environ}
         rows.append({"shape": args.shape, "tp": size, "ms": round(ms_max, 3), "env": env, "base": provider,
                      "provider": provider + (f"-{args.tag}" if args.tag and provider.startswith("flce") else ""),
                      "tflops": round(6 * n * v * d / (ms_max * 1e-3) / 1e12, 1), "extra_mib": round(peak_max, 1),

@@ -26,6 +26,7 @@ void config_defaults(flce_config *c)
      * chunks), 1.2 ms for dW into a caller's fp32 main_grad (H100, bench/NOTES.md, session 7) */
     c->red_acc = 1;
     c->grad_streams = 1;
+    c->tp_overlap_sms = 32;
 }
 
 /* 1 and *out set when s is one of the on/off words, else 0. */
@@ -96,6 +97,7 @@ void config_from_env(flce_config *c)
     c->dh_k_slice = config_parse_int("FLCE_DH_K_SLICE", getenv("FLCE_DH_K_SLICE"), 0, 1 << 30, c->dh_k_slice) / 256 * 256;
     c->tp_dh_16bit = config_parse_bool("FLCE_TP_DH_16BIT", getenv("FLCE_TP_DH_16BIT"), c->tp_dh_16bit);
     c->tp_overlap = config_parse_bool("FLCE_TP_OVERLAP", getenv("FLCE_TP_OVERLAP"), c->tp_overlap);
+    c->tp_overlap_sms = config_parse_int("FLCE_TP_OVERLAP_SMS", getenv("FLCE_TP_OVERLAP_SMS"), 0, 1024, c->tp_overlap_sms);
     c->grad_streams = config_parse_bool("FLCE_GRAD_STREAMS", getenv("FLCE_GRAD_STREAMS"), c->grad_streams);
     c->nvrtc_fast = parse_nvrtc_fast(getenv("FLCE_NVRTC_FAST"));
 }
@@ -129,6 +131,7 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_DH_K_SLICE", "%d", c->dh_k_slice, c->dh_k_slice == d.dh_k_slice);
     CONFIG_LOG_ONE("FLCE_TP_DH_16BIT", "%s", on_off(c->tp_dh_16bit), c->tp_dh_16bit == d.tp_dh_16bit);
     CONFIG_LOG_ONE("FLCE_TP_OVERLAP", "%s", on_off(c->tp_overlap), c->tp_overlap == d.tp_overlap);
+    CONFIG_LOG_ONE("FLCE_TP_OVERLAP_SMS", "%d", c->tp_overlap_sms, c->tp_overlap_sms == d.tp_overlap_sms);
     CONFIG_LOG_ONE("FLCE_GRAD_STREAMS", "%s", on_off(c->grad_streams), c->grad_streams == d.grad_streams);
     CONFIG_LOG_ONE("FLCE_NVRTC_FAST", "%s", fast[c->nvrtc_fast], c->nvrtc_fast == d.nvrtc_fast);
 #undef CONFIG_LOG_ONE

@@ -414,8 +414,21 @@ static flce_status run_dh(run *r, const block *b)
     return FLCE_OK;
 }
 
-/* dW[cols] (+)= dZᵀ · H[rows]: A = dZ stored [k = token][m = vocab], B = H stored [k][n]. */
-static flce_status run_dw(run *r, const block *b)
+/* dW's tile counter (plan dw_dynamic) zeroed on the caller's stream, before any launch that takes
+ * tiles from it. */
+static flce_status zero_tile_counter(run *r)
+{
+    CUresult res = drv.MemsetD32Async((CUdeviceptr)(r->ws + r->pl->off_tile_counter), 0, 2, r->stream);
+    return res == CUDA_SUCCESS ? FLCE_OK : drv_error(res, "zeroing dW's tile counter");
+}
+
+/* dW[cols] (+)= dZᵀ · H[rows]: A = dZ stored [k = token][m = vocab], B = H stored [k][n]. One
+ * launch of persistent CTAs on the caller's stream; or, with `late` > 0 (tp_overlap, the tile
+ * counter already zeroed: zero_tile_counter), two that share the counter: the first with `late`
+ * fewer CTAs than the SMs, which stay free for NCCL's all-reduce on the side stream (dW's CTAs,
+ * once resident, hold their SMs until the counter runs dry: TP v3 in bench/NOTES.md), and `late`
+ * CTAs on the side stream behind the reduction, which take the tiles left when it ends. */
+static flce_status run_dw_split(run *r, const block *b, int late)
 {
     const plan *pl = r->pl;
     struct flce_gemm_params g;
@@ -433,16 +446,28 @@ static flce_status run_dw(run *r, const block *b)
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     TRY(check_grad_stores(&pl->dw, &g, "dW"));
     set_dz_operand(r, b, &g);
-    if (pl->dw_dynamic && b->rows > 0) { /* tiles from a counter: see plan.h, dw_dynamic */
+    int dynamic = pl->dw_dynamic && b->rows > 0; /* tiles from a counter: see plan.h, dw_dynamic */
+    if (dynamic) {
         g.tile_counter = r->ws + pl->off_tile_counter;
-        CUresult res = drv.MemsetD32Async((CUdeviceptr)g.tile_counter, 0, 2, r->stream);
-        if (res != CUDA_SUCCESS) return drv_error(res, "zeroing dW's tile counter");
+        if (!late) TRY(zero_tile_counter(r));
     }
-    int64_t gx = ceil_div(pl->d, pl->dw.tile.bn), gy = ceil_div(b->cols, pl->dw.tile.bm);
-    TRY(tma_prepare_gemm(&pl->dw, &g, grad_slots(r->ctx, &pl->dw, r->k.dw), &gx, &gy));
-    return launch_cluster(r->k.dw, gx, gy, pl->dw.cluster, spec_threads(&pl->dw), spec_smem_bytes(&pl->dw), r->stream,
-                          &g, "dW kernel");
+    const int64_t tiles_x = ceil_div(pl->d, pl->dw.tile.bn), tiles_y = ceil_div(b->cols, pl->dw.tile.bm);
+    int64_t slots = grad_slots(r->ctx, &pl->dw, r->k.dw), gx = tiles_x, gy = tiles_y;
+    int split = dynamic && late > 0 && late < slots && tiles_x * tiles_y > slots - late;
+    TRY(tma_prepare_gemm(&pl->dw, &g, split ? slots - late : slots, &gx, &gy));
+    g.counter_base = gx, g.block0 = 0;
+    TRY(launch_cluster(r->k.dw, gx, gy, pl->dw.cluster, spec_threads(&pl->dw), spec_smem_bytes(&pl->dw), r->stream,
+                       &g, "dW kernel"));
+    if (!split) return FLCE_OK;
+    struct flce_gemm_params g2 = g;
+    int64_t gx2 = tiles_x, gy2 = tiles_y;
+    TRY(tma_prepare_gemm(&pl->dw, &g2, late, &gx2, &gy2));
+    g2.counter_base = gx, g2.block0 = gx;
+    return launch_cluster(r->k.dw, gx2, gy2, pl->dw.cluster, spec_threads(&pl->dw), spec_smem_bytes(&pl->dw),
+                          r->ctx->side, &g2, "dW kernel (after the dH all-reduce)");
 }
+
+static flce_status run_dw(run *r, const block *b) { return run_dw_split(r, b, 0); }
 
 static flce_status run_rows(run *r, int kernel, const block *b)
 {
@@ -527,8 +552,16 @@ static flce_status run_grads(run *r, const block *rows_step, const block *cols_s
         return FLCE_OK;
     }
     if (r->t->grad_hidden) TRY(run_dh(r, rows_step));
-    if (r->t->grad_hidden && r->pl->tp_overlap && rows_step->last) TRY(overlap_dh(r, rows_step));
-    if (r->t->grad_weight) TRY(run_dw(r, cols_step));
+    if (r->t->grad_hidden && r->pl->tp_overlap && rows_step->last) {
+        /* dW beside the reduction (run_dw_split); the next chunk's dZ waits for both launches */
+        int late = r->t->grad_weight && r->pl->dw_dynamic ? r->pl->tp_overlap_sms : 0;
+        if (late) TRY(zero_tile_counter(r));
+        TRY(overlap_dh(r, rows_step));
+        if (r->t->grad_weight) TRY(run_dw_split(r, cols_step, late));
+        if (late) TRY(side_join(r));
+    } else if (r->t->grad_weight) {
+        TRY(run_dw(r, cols_step));
+    }
     if (r->p->has_bias && r->t->grad_bias) TRY(run_rows(r, K_DBIAS, cols_step));
     return FLCE_OK;
 }

@@ -460,6 +460,7 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     pl->dh_reduce_16bit = cfg->tp_dh_16bit && pl->collective && !pl->sp && !p->accumulate_grad_hidden &&
                           p->dtype != FLCE_DTYPE_F32;
     pl->overlap_wanted = cfg->tp_overlap;
+    pl->tp_overlap_sms = cfg->tp_overlap_sms;
     pl->grad_streams_wanted = cfg->grad_streams;
 }
 

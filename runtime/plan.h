@@ -102,6 +102,9 @@ typedef struct plan {
      * the CTAs held back by NCCL's kernel take fewer tiles. Where: a plain all-reduce (no SP) and a
      * dW on the wgmma TMA path without clusters (tp_overlap). */
     int overlap_wanted, tp_overlap;
+    /* Under tp_overlap: dW's first launch leaves this many SMs to NCCL's kernel; a second launch of
+     * as many CTAs joins the tile counter once the reduction is done (launch.c). 0: one launch. */
+    int tp_overlap_sms;
     /* FLCE_GRAD_STREAMS (default on; grad_streams_wanted): dH in the caller's stream and dW at once
      * on the context's fill stream (lowest priority), joined before anything reads dZ again: dW's
      * CTAs, taking tiles from the counter, fill the SMs dH leaves idle (launch.c, run_dh_dw_at_once,

@@ -245,12 +245,14 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
 #if FLCE_TCGEN05 // (none on the Blackwell path; generator/emit.c resolves only this form)
 #else
         if (threadIdx.x == 0 && p.tile_counter) {
-            // Dynamic order: this CTA's first tile is blockIdx.x, the others come from the counter
-            // (tiles gridDim.x, gridDim.x + 1, … in the order CTAs ask), each computed by one CTA
-            // with the same k order as in the static walk: the same bits either way.
+            // Dynamic order: this CTA's first tile is its number (below counter_base), the others
+            // come from the counter (tiles counter_base, counter_base + 1, … in the order CTAs ask),
+            // each computed by one CTA with the same k order as in the static walk: the same bits
+            // either way, and with any number of launches sharing the counter (params.h).
             unsigned long long *counter = (unsigned long long *)p.tile_counter;
+            const long long me = p.block0 + (long long)blockIdx.x;
             for (int i = 0;; i++) {
-                const long long t = i == 0 ? (long long)blockIdx.x : (long long)gridDim.x + (long long)atomicAdd(counter, 1ull);
+                const long long t = i == 0 && me < p.counter_base ? me : p.counter_base + (long long)atomicAdd(counter, 1ull);
                 long long *slot = tile_ring(smem) + i % TILE_RING;
                 if (t >= tiles) {
                     announce_end(smem, slot, it);

@@ -71,6 +71,12 @@ struct flce_gemm_params {
      * persistent CTAs take their tiles after the first (gemm_entry.cu), so that CTAs which start
      * late (SMs held by an overlapping NCCL kernel) take fewer tiles instead of finishing late. */
     unsigned long long tile_counter;
+    /* With tile_counter: CTA b of this launch is CTA block0 + b of the whole dW; tiles below
+     * counter_base go one to each such CTA as its first, the rest come from the counter numbered
+     * from counter_base. One launch: block0 0, counter_base its grid. Under FLCE_TP_OVERLAP a
+     * second, late launch (block0 = counter_base = the first's grid) joins the same counter once
+     * the dH all-reduce has freed the SMs it held (launch.c run_dw_beside_reduction). */
+    long long counter_base, block0;
     /* TMA path (spec tile.tma): maps of the stored A and B with the tile's boxes, encoded per
      * launch by runtime/tma.c; unused (zero) otherwise. */
     struct flce_tmap tmap_a, tmap_b;
