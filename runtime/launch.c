@@ -423,7 +423,7 @@ static flce_status zero_tile_counter(run *r)
 }
 
 /* dW[cols] (+)= dZᵀ · H[rows]: A = dZ stored [k = token][m = vocab], B = H stored [k][n]. One
- * launch of persistent CTAs on the caller's stream; or, with `late` > 0 (tp_overlap, the tile
+ * launch of persistent CTAs on r->stream; or, with `late` > 0 (tp_overlap, the tile
  * counter already zeroed: zero_tile_counter), two that share the counter: the first with `late`
  * fewer CTAs than the SMs, which stay free for NCCL's all-reduce on the side stream (dW's CTAs,
  * once resident, hold their SMs until the counter runs dry: TP v3 in bench/NOTES.md), and `late`
@@ -510,6 +510,7 @@ static flce_status run_rows(run *r, int kernel, const block *b)
  * accumulation state (first/last) of the outputs indexed by rows (dH) and by vocab columns (dW,
  * db): token chunks complete their dH rows at once and build dW up; vocab chunks the reverse. */
 static flce_status overlap_dh(run *r, const block *rows_done);
+static flce_status reduce_dh_rows(run *r, int64_t row0, int64_t rows, CUstream stream);
 static flce_status fork_to(run *r, CUstream s);
 static flce_status side_fork(run *r);
 static flce_status side_join(run *r);
@@ -523,18 +524,24 @@ static flce_status side_join(run *r);
  * later. With dH next in the caller's stream and dW behind the event (v23) dH usually won, but not
  * always: 512×4096×128256 took 2.4 or 2.9 ms from run to run (H100, session 6). Behind the same
  * event, the block scheduler takes the higher priority's CTAs first, and dW's take the SMs dH
- * leaves. */
+ * leaves.
+ *
+ * Under tp_overlap the dH rows' reduction follows dH on the side stream, and dW is split
+ * (run_dw_split) so that NCCL's kernel finds SMs: its second launch follows the reduction. */
 static flce_status run_dh_dw_at_once(run *r, const block *rows_step, const block *cols_step)
 {
+    int reduce = r->pl->tp_overlap && rows_step->last, late = reduce ? r->pl->tp_overlap_sms : 0;
     TRY(ctx_fill_stream(r->ctx));
     TRY(ctx_side_stream(r->ctx));
+    if (late) TRY(zero_tile_counter(r)); /* before the forks: both dW launches come after it */
     TRY(fork_to(r, r->ctx->side));
     TRY(fork_to(r, r->ctx->fill));
     CUstream caller = r->stream;
     r->stream = r->ctx->side;
     flce_status st = run_dh(r, rows_step);
+    if (st == FLCE_OK && reduce) st = reduce_dh_rows(r, rows_step->row0, rows_step->rows, r->ctx->side);
     r->stream = r->ctx->fill;
-    if (st == FLCE_OK) st = run_dw(r, cols_step);
+    if (st == FLCE_OK) st = run_dw_split(r, cols_step, late);
     r->stream = caller;
     flce_status joined = side_join(r);
     return st != FLCE_OK ? st : joined;

@@ -98,9 +98,10 @@ typedef struct plan {
     int dh_reduce_16bit;
     /* FLCE_TP_OVERLAP=1 (overlap_wanted): each token chunk's summed dH rows (all rows after the last
      * vocab chunk in recompute) are reduced across ranks on the context's side stream while dW runs,
-     * dW taking its tiles from a counter (off_tile_counter, zeroed before each dW launch) so that
-     * the CTAs held back by NCCL's kernel take fewer tiles. Where: a plain all-reduce (no SP) and a
-     * dW on the wgmma TMA path without clusters (tp_overlap). */
+     * dW taking its tiles from a counter (off_tile_counter) in two launches, the first leaving
+     * tp_overlap_sms SMs to NCCL's kernel, the second joining when the reduction ends. With
+     * concurrent_grads as well, the reduction follows dH on its stream while dW fills dH's tail.
+     * Where: a plain all-reduce (no SP) and a dW on the wgmma TMA path without clusters. */
     int overlap_wanted, tp_overlap;
     /* Under tp_overlap: dW's first launch leaves this many SMs to NCCL's kernel; a second launch of
      * as many CTAs joins the tile counter once the reduction is done (launch.c). 0: one launch. */
