@@ -168,8 +168,7 @@ static int compact_allowed(const flce_problem *p, const flce_config *cfg, const 
            !(p->softcap > 0 && p->label_smoothing > 0);
 }
 
-/* The default budget of a compact chunked plan with its own dW (no TP: ranks must cut alike).
- * Fewer token chunks are faster: each chunk beyond the first reads and rewrites the V×D fp32 dW
+/* The default budget of a compact chunked plan with its own dW. Fewer token chunks are faster: each chunk beyond the first reads and rewrites the V×D fp32 dW
  * accumulator (8 bytes per element; 16 chunks at 32768×4096×128256 move ~64 GB) and launches a dH
  * of fewer tiles. So the block grows:
  *  - to all tokens when their logits take no more than the default block plus the accumulator one
@@ -179,11 +178,17 @@ static int compact_allowed(const flce_problem *p, const flce_config *cfg, const 
  *    the whole workspace: all tokens if they fit in it (8192×2304×256000: one 4.0 GiB block,
  *    45.2 ms, instead of 8 chunks in 2.7 GiB, 54–62 ms; NOTES session 6), else the largest block
  *    that leaves room for the accumulator.
- * pl->grown says the cap was used, so that a failed allocation can fall back to the lean plan. */
-static uint64_t grown_budget(plan *pl, uint64_t budget, uint64_t all_rows)
+ * pl->grown says the cap was used, so that a failed allocation can fall back to the lean plan.
+ * Under TP every rank must cut its tokens alike (each chunk is one all-gather): only the first rule,
+ * which depends on the shape alone (v_rows: an even shard of the global vocab), applies; the
+ * device's memory could differ between ranks. 8192×4096×128256 at tp = 2 then runs one chunk
+ * instead of two (4 × H200: 21.1 ms against 19.9 for the shard alone, the second chunk's dW
+ * accumulator and all-gather). */
+static uint64_t grown_budget(plan *pl, uint64_t budget, uint64_t all_rows, int64_t v_rows)
 {
-    uint64_t acc = (uint64_t)pl->v * (uint64_t)pl->d * 4;
+    uint64_t acc = (uint64_t)v_rows * (uint64_t)pl->d * 4;
     if (all_rows <= budget + acc) return all_rows;
+    if (pl->tp > 1) return budget;
     if (pl->mem_cap >= all_rows) return pl->grown = 1, all_rows;
     if (pl->mem_cap > acc && pl->mem_cap - acc > budget) return pl->grown = 1, pl->mem_cap - acc;
     return budget;
@@ -217,8 +222,8 @@ static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, pl
         if (budget < per_row) return budget_error(budget, per_row, "token's row");
         /* Under TP the unit is fixed too: ranks with different (tuned) tiles must still agree. */
         int64_t unit = pl->tp > 1 ? 128 : pl->logits.tile.bm;
-        if (!p->memory_budget && pl->compact && pl->tp <= 1 && !p->accumulate_grad_weight)
-            budget = grown_budget(pl, budget, (uint64_t)pl->n * per_row);
+        if (!p->memory_budget && pl->compact && !p->accumulate_grad_weight)
+            budget = grown_budget(pl, budget, (uint64_t)pl->n * per_row, v_rows);
         pl->chunk_rows = balanced_chunk(pl->n, (int64_t)(budget / per_row), unit);
         pl->n_chunks = ceil_div(pl->n, pl->chunk_rows);
         pl->chunk_cols = pl->v, pl->n_vchunks = 1;

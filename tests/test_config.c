@@ -98,7 +98,7 @@ static void an_empty_environment_gives_the_defaults(void)
     CHECK(!memcmp(&d, &e, sizeof d));
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
     CHECK(!d.acc_prefetch && d.red_acc && d.cluster == 0 && d.raster_rows == PLAN_RASTER_ROWS);
-    CHECK(!d.tune && d.prefetch && d.tiered && !d.unlocked_compile && d.full_tiles && d.dh_k_slice == PLAN_DH_K_SLICE && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && !d.tp_overlap);
+    CHECK(!d.tune && d.prefetch && d.tiered && !d.unlocked_compile && d.full_tiles && d.dh_k_slice == PLAN_DH_K_SLICE && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && d.tp_overlap);
     CHECK(d.grad_streams && !d.dz_operand && d.tp_overlap_sms == 32);
 }
 
@@ -109,13 +109,13 @@ static void every_knob_reads_its_variable(void)
     setenv("FLCE_COMPACT", "0", 1), setenv("FLCE_FUSED_DZ", "no", 1), setenv("FLCE_ACC_PREFETCH", "1", 1);
     setenv("FLCE_RED_ACC", "off", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_TIERED", "no", 1), setenv("FLCE_UNLOCKED_COMPILE", "yes", 1), setenv("FLCE_FULL_TILES", "off", 1), setenv("FLCE_DH_K_SLICE", "1000", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
-    setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "on", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
+    setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "off", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
     setenv("FLCE_DZ_OPERAND", "1", 1), setenv("FLCE_TP_OVERLAP_SMS", "16", 1);
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
     CHECK(c.acc_prefetch && !c.red_acc && c.cluster == 2 && c.raster_rows == 16 && !c.tiered && !c.full_tiles && c.dh_k_slice == 768 && c.unlocked_compile);
-    CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && c.tp_overlap);
+    CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && !c.tp_overlap);
     CHECK(!c.grad_streams && c.dz_operand && c.tp_overlap_sms == 16);
     clear_knobs();
 }
@@ -317,7 +317,11 @@ static void the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw(void)
     flce_problem p = tp2_problem(8192, 4096, 128256);
     plan pl;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.tp_overlap && pl.dw_dynamic && pl.concurrent_grads); /* the reduction beside dH's tail and dW */
+    /* one token chunk: one dH launch whose waves are full, so dW does not run beside it */
+    CHECK(pl.n_chunks == 1 && pl.tp_overlap && pl.dw_dynamic && !pl.concurrent_grads);
+    p.memory_budget = 256ull << 20; /* several chunks: the reduction follows dH beside dW */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.n_chunks > 1 && pl.tp_overlap && pl.dw_dynamic && pl.concurrent_grads);
     CHECK(pl.off_tile_counter > 0 && pl.off_tile_counter + 8 <= pl.workspace_bytes && pl.off_tile_counter % 8 == 0);
     p.strategy = FLCE_STRATEGY_RECOMPUTE;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
@@ -325,8 +329,10 @@ static void the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw(void)
     p.strategy = FLCE_STRATEGY_AUTO;
     config_defaults(&cfg);
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(!pl.tp_overlap); /* off unless asked (dW and dH then run at once: FLCE_GRAD_STREAMS) */
-    CHECK(pl.concurrent_grads && pl.dw_dynamic && pl.off_tile_counter > 0);
+    CHECK(pl.tp_overlap && pl.tp_overlap_sms == 32); /* on by default */
+    cfg.tp_overlap = 0; /* off: dW and dH still run at once (FLCE_GRAD_STREAMS), the reduction after */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.tp_overlap && pl.concurrent_grads && pl.dw_dynamic && pl.off_tile_counter > 0);
     cfg.tp_overlap = 1;
     cfg.cluster = 2;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);

@@ -46,6 +46,29 @@ static void uneven_ranks_cut_the_tokens_alike(void)
         }
 }
 
+/* The default budget grows under TP by the shape's rule alone (plan.c grown_budget): one token chunk
+ * where a shard's compact logits take no more than the budget plus the dW accumulator that one
+ * chunk spares; never by the device's memory, which may differ between ranks. */
+static void tp_default_budget_grows_by_the_shape_alone(void)
+{
+    const int64_t cut[] = {0, 64128, 128256};
+    const uint64_t mem[] = {80ull << 30, 141ull << 30};
+    const int64_t tokens[] = {8192, 32768};
+    for (int i = 0; i < 2; i++) {
+        plan pl[2];
+        for (int r = 0; r < 2; r++) {
+            flce_problem p = tp_problem(tokens[i], 4096, 128256, r, 2, cut);
+            CHECK(plan_make_dev(&p, FLCE_OP_LOSS_AND_GRAD, "dev", 90, 132, mem[r], NULL, &pl[r]) == FLCE_OK);
+            CHECK(!pl[r].recompute && pl[r].compact && !pl[r].grown);
+        }
+        CHECKF(pl[0].n_chunks == pl[1].n_chunks && pl[0].chunk_rows == pl[1].chunk_rows,
+               "%lld tokens: ranks plan %lld and %lld chunks", (long long)tokens[i], (long long)pl[0].n_chunks,
+               (long long)pl[1].n_chunks);
+        if (i == 0) CHECKF(pl[0].n_chunks == 1, "8192 tokens at tp = 2: %lld chunks", (long long)pl[0].n_chunks);
+        else CHECK(pl[0].n_chunks > 1 && pl[0].need_dw_acc);
+    }
+}
+
 static void tp_workspace_holds_the_gather_and_the_fp32_dh(void)
 {
     const int64_t cut[] = {0, 1500, 3001};
@@ -102,6 +125,7 @@ static void sp_plans_every_ranks_tokens(void)
 int main(void)
 {
     RUN(uneven_ranks_cut_the_tokens_alike);
+    RUN(tp_default_budget_grows_by_the_shape_alone);
     RUN(tp_workspace_holds_the_gather_and_the_fp32_dh);
     RUN(sp_plans_every_ranks_tokens);
     FINISH();
