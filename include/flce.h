@@ -112,9 +112,10 @@ typedef struct flce_problem {
     int32_t deterministic;   /* bitwise-identical results across runs (today's kernels always are) */
     flce_strategy strategy;  /* FLCE_STRATEGY_AUTO unless forcing one */
     uint64_t memory_budget;  /* bytes for one block of stored logits, which sets the chunk size;
-                                0 = 512 MiB, except (chunked, 16-bit, own dW, no TP): all tokens
+                                0 = 512 MiB, except (chunked, 16-bit, own dW): all tokens
                                 in one block when that takes no more than 512 MiB plus the dW
-                                accumulator it makes unnecessary, else fewer, longer chunks as
+                                accumulator it makes unnecessary (under TP: for an even shard),
+                                else (no TP) fewer, longer chunks as
                                 long as the whole workspace stays within 1/16 of the device's
                                 memory (5 GiB on an 80 GB GPU; if that much cannot be allocated,
                                 the 512 MiB plan runs instead). Per logit: chunked 2 bytes (16-bit training: fp16
