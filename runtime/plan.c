@@ -41,12 +41,11 @@ static void plan_specs(const flce_problem *p, const flce_tensors *t, int sm, con
     pl->dw.tile = spec_tile_pick(sm, p->dtype, ROLE_DW, cfg->tiles);
     /* FLCE_PORTABLE=1 keeps Hopper on the mma.sync path (comparisons, a fallback). */
     if (cfg->portable) {
-        /* the portable tile (sized for Hopper's shared memory); never wgmma, TMA or tcgen05 */
+        /* the portable tile of the other arches (the one sm_86/89 take); never wgmma, TMA or tcgen05 */
         int psm = sm == 90 || sm == 100 ? 89 : sm;
         pl->logits.tile = spec_tile_pick(psm, p->dtype, ROLE_LOGITS, cfg->tiles);
-        pl->logits.tile.stages = pl->dh.tile.stages = pl->dw.tile.stages = 4;
-        pl->dh.tile = pl->dw.tile = pl->logits.tile;
-        pl->logits.tile.stages = 4;
+        pl->dh.tile = spec_tile_pick(psm, p->dtype, ROLE_DH, cfg->tiles);
+        pl->dw.tile = spec_tile_pick(psm, p->dtype, ROLE_DW, cfg->tiles);
     }
 
     unsigned opts = 0;
