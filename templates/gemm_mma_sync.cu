@@ -198,35 +198,58 @@ __device__ __forceinline__ void mma_frags(float (&acc)[MI][NI][4], const frags &
         for (int ni = 0; ni < NI; ni++) mma_16816(acc[mi][ni], f.a[mi], f.b[ni][0], f.b[ni][1]);
 }
 #else
-// Exact fp32: each thread's A rows g, g+8 and B columns 2t, 2t+1 of every 16×8 block, one k at a
-// time, in FFMA (the accumulator layout of m16n8k16, so the epilogues are shared).
+// Exact fp32: each thread's A rows g, g+8 and B columns 2t, 2t+1 of every 16×8 block, two k at a
+// time, in FFMA (the accumulator layout of m16n8k16, so the epilogues are shared). Pairs adjacent
+// in shared memory come in one 8-byte load (a chunk holds 4 floats and pairs start even): along k
+// on K-major tiles, along the columns 2t, 2t+1 on a transposed B; 24 loads per 256 FFMA where a
+// load per value took 48.
+__device__ __forceinline__ float2 lds_f2(const elem_t *p) { return *(const float2 *)p; }
+
 __device__ __forceinline__ void ffma_stage(float (&acc)[MI][NI][4], const elem_t *As, const elem_t *Bs, int wm,
                                            int wn, int lane)
 {
     const int g = lane / 4, t = lane % 4;
-#pragma unroll 4
-    for (int kk = 0; kk < BK; kk++) {
-        float a[MI][2], b[NI][2];
+#pragma unroll 1 // unrolled, the next pairs' 48 values are loaded early and the epilogues spill
+    for (int kk = 0; kk < BK; kk += 2) {
+        float a[MI][2][2], b[NI][2][2]; // [..][row or column][k - kk]
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int row = wm * WTM + mi * 16 + g + 8 * h;
-                a[mi][h] = As[A_KMAJOR ? A_LAYOUT::at(row, kk) : A_LAYOUT::at(kk, row)];
+                if (A_KMAJOR) {
+                    const float2 v = lds_f2(As + A_LAYOUT::at(row, kk));
+                    a[mi][h][0] = v.x, a[mi][h][1] = v.y;
+                } else {
+                    a[mi][h][0] = As[A_LAYOUT::at(kk, row)], a[mi][h][1] = As[A_LAYOUT::at(kk + 1, row)];
+                }
             }
 #pragma unroll
-        for (int ni = 0; ni < NI; ni++)
+        for (int ni = 0; ni < NI; ni++) {
+            const int col = wn * WTN + ni * 8 + 2 * t;
+            if (B_KMAJOR) {
 #pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int col = wn * WTN + ni * 8 + 2 * t + c;
-                b[ni][c] = Bs[B_KMAJOR ? B_LAYOUT::at(col, kk) : B_LAYOUT::at(kk, col)];
+                for (int c = 0; c < 2; c++) {
+                    const float2 v = lds_f2(Bs + B_LAYOUT::at(col + c, kk));
+                    b[ni][c][0] = v.x, b[ni][c][1] = v.y;
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    const float2 v = lds_f2(Bs + B_LAYOUT::at(kk + k, col));
+                    b[ni][0][k] = v.x, b[ni][1][k] = v.y;
+                }
             }
+        }
 #pragma unroll
-        for (int mi = 0; mi < MI; mi++)
+        for (int k = 0; k < 2; k++)
 #pragma unroll
-            for (int ni = 0; ni < NI; ni++)
+            for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) acc[mi][ni][e] = fmaf(a[mi][e / 2], b[ni][e % 2], acc[mi][ni][e]);
+                for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        acc[mi][ni][e] = fmaf(a[mi][e / 2][k], b[ni][e % 2][k], acc[mi][ni][e]);
     }
 }
 #endif
