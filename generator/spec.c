@@ -139,10 +139,8 @@ size_t spec_smem_bytes(const kernel_spec *s)
                 * (templates/gemm_wgmma_tma.cu, STAGED_STORE, STAGING_OFFSET) */
                (t->tma && !t->tcgen05 && (s->role != ROLE_LOGITS || s->compact)
                     ? 128u + 2048u * (size_t)(t->warps_m * t->warps_n) : 0);
-    size_t vec = (size_t)(16 / elem_bytes(s->dtype));
-    size_t a = a_kmajor(s->role) ? (size_t)t->bm * (t->bk + vec) : (size_t)t->bk * (t->bm + vec);
-    size_t b = b_kmajor(s->role) ? (size_t)t->bn * (t->bk + vec) : (size_t)t->bk * (t->bn + vec);
-    size_t pipeline = (size_t)t->stages * (a + b) * (size_t)elem_bytes(s->dtype);
+    /* mma.sync / FFMA: unpadded XOR-swizzled stages (templates/gemm_mma_sync.cu) */
+    size_t pipeline = (size_t)t->stages * (size_t)(t->bm + t->bn) * (size_t)t->bk * (size_t)elem_bytes(s->dtype);
     /* the logits epilogue's cross-warp reduction: one 24-byte row_stats per (warp column, row) */
     size_t reduce = s->role == ROLE_LOGITS ? 24u * (size_t)t->warps_n * (size_t)t->bm : 0;
     return pipeline > reduce ? pipeline : reduce;
@@ -194,9 +192,13 @@ spec_tile spec_tile_pick(int sm, flce_dtype dtype, spec_role role, spec_knobs k)
         spec_tile w = {128, role == ROLE_LOGITS && !tma ? 128 : 256, 64, 4, 8, 1, 1, tma};
         return w;
     }
-    spec_tile t = {128, 128, 32, 3, 2, 4, 0, 0};
-    if (dtype == FLCE_DTYPE_F32) t.bk = 16; /* 4-byte elements: same bytes per stage */
-    if (spec_smem_limit(sm) >= 160000) t.stages = 4;
+    /* mma.sync (FFMA for fp32): 128×256 CTA tiles of 8 warps with 64×64 warp tiles, the shape of
+     * the fast sm_80 GEMMs: a third less shared-memory and L2 traffic per FLOP than 128×128 with
+     * 64×32 warp tiles, and 8 ldmatrix.x4 per 32 mma.sync per warp. BK 32 (16 fp32: the same 64
+     * bytes per row), 4 stages of 24 KiB, which fit the 99 KiB of sm_86/89/120 (issue 19). */
+    spec_tile t = {128, 256, 32, 4, 2, 4, 0, 0};
+    (void)role;
+    if (dtype == FLCE_DTYPE_F32) t.bk = 16;
     return t;
 }
 
@@ -264,6 +266,21 @@ static flce_status validate_tcgen05(const kernel_spec *s)
     return validate_smem(s);
 }
 
+/* A stored tile of the portable main loop (templates/gemm_mma_sync.cu) is kept in shared memory as
+ * rows of `cols` elements: its XOR swizzle needs 1, 2, 4 or a multiple of 8 16-byte vectors per
+ * row, and its loader gives every thread the same column of whole rows. */
+static flce_status validate_stored_rows(const kernel_spec *s, const char *operand, int cols)
+{
+    const spec_tile *t = &s->tile;
+    int vpr = cols / (16 / elem_bytes(s->dtype)), threads = t->warps_m * t->warps_n * 32;
+    if (vpr < 1 || (vpr != 1 && vpr != 2 && vpr != 4 && vpr % 8) || threads % vpr)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tile %dx%dx%d, warps %dx%d: the %s operand's shared rows of %d elements (%d 16-byte "
+                       "vectors) must be 1, 2, 4 or a multiple of 8 vectors dividing the %d threads",
+                       t->bm, t->bn, t->bk, t->warps_m, t->warps_n, operand, cols, vpr, threads);
+    return FLCE_OK;
+}
+
 static flce_status validate_tile(const kernel_spec *s)
 {
     const spec_tile *t = &s->tile;
@@ -290,6 +307,8 @@ static flce_status validate_tile(const kernel_spec *s)
                        bk_unit, bk_unit, spec_dtype_name(s->dtype));
     if (t->stages < 2 || t->stages > 8)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.stages=%d: must be 2 to 8", t->stages);
+    TRY(validate_stored_rows(s, "A", a_kmajor(s->role) ? t->bk : t->bm));
+    TRY(validate_stored_rows(s, "B", b_kmajor(s->role) ? t->bk : t->bn));
     long long acc = (long long)(t->bm / t->warps_m) * (t->bn / t->warps_n) / 32;
     if (acc > 128)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,

@@ -41,12 +41,11 @@ static void plan_specs(const flce_problem *p, const flce_tensors *t, int sm, con
     pl->dw.tile = spec_tile_pick(sm, p->dtype, ROLE_DW, cfg->tiles);
     /* FLCE_PORTABLE=1 keeps Hopper on the mma.sync path (comparisons, a fallback). */
     if (cfg->portable) {
-        /* the portable tile (sized for Hopper's shared memory); never wgmma, TMA or tcgen05 */
+        /* the portable tile of the other arches (the one sm_86/89 take); never wgmma, TMA or tcgen05 */
         int psm = sm == 90 || sm == 100 ? 89 : sm;
         pl->logits.tile = spec_tile_pick(psm, p->dtype, ROLE_LOGITS, cfg->tiles);
-        pl->logits.tile.stages = pl->dh.tile.stages = pl->dw.tile.stages = 4;
-        pl->dh.tile = pl->dw.tile = pl->logits.tile;
-        pl->logits.tile.stages = 4;
+        pl->dh.tile = spec_tile_pick(psm, p->dtype, ROLE_DH, cfg->tiles);
+        pl->dw.tile = spec_tile_pick(psm, p->dtype, ROLE_DW, cfg->tiles);
     }
 
     unsigned opts = 0;
@@ -76,6 +75,14 @@ static int64_t logits_ctas_per_sm(const kernel_spec *s)
     int64_t smem = (int64_t)spec_smem_bytes(s) + 1024, cap = (int64_t)spec_smem_limit(s->sm) + 1024;
     int64_t by_smem = smem > 0 ? cap / smem : 1, by_threads = 2048 / spec_threads(s);
     int64_t k = by_smem < by_threads ? by_smem : by_threads;
+    if (!s->tile.wgmma && !s->tile.tcgen05) {
+        /* mma.sync / FFMA: registers bound it too. ptxas gives the logits kernels about 120
+         * registers beside the accumulators (248 at 64×64 warp tiles, issue 19), of the SM's 64 Ki. */
+        int64_t acc = (int64_t)(s->tile.bm / s->tile.warps_m) * (s->tile.bn / s->tile.warps_n) / 32;
+        int64_t regs = acc + 120 < 255 ? acc + 120 : 255;
+        int64_t by_regs = 65536 / (regs * spec_threads(s));
+        if (by_regs < k) k = by_regs;
+    }
     return k > 0 ? k : 1;
 }
 

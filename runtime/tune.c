@@ -181,15 +181,16 @@ int tune_candidates(int sm, flce_dtype dtype, spec_role role, int64_t hidden, in
                     n = tune_push(&s, (spec_tile){128, bns[b], 64, st, 8, 1, 1, tma}, out, n, cap);
         return n;
     }
-    /* mma.sync: CTA shapes around the default 128×128, 8 warps (or 4 for the small tiles), two
-     * stage depths; spec_validate drops what overflows registers or shared memory. */
-    static const int shapes[][4] = {{128, 128, 2, 4}, {128, 128, 4, 2}, {64, 128, 2, 2},
-                                    {128, 64, 2, 2},  {128, 256, 2, 4}, {256, 128, 4, 2},
-                                    {64, 256, 2, 4}};
+    /* mma.sync: CTA shapes around the default 128×256 (64×64 warp tiles), 8 warps (or 4 for the
+     * small tiles), three stage depths; spec_validate drops what overflows registers or shared
+     * memory (BK 64 at 128×256 fits sm_80/90 only). */
+    static const int shapes[][4] = {{128, 256, 2, 4}, {256, 128, 4, 2}, {128, 128, 2, 4},
+                                    {128, 128, 4, 2}, {64, 256, 2, 4},  {64, 128, 2, 2},
+                                    {128, 64, 2, 2}};
     int bk0 = dtype == FLCE_DTYPE_F32 ? 16 : 32;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int bk = bk0; bk <= 2 * bk0; bk *= 2)
-            for (int st = 3; st <= 4; st++)
+            for (int st = 3; st <= 5; st++)
                 n = tune_push(&s, (spec_tile){shapes[i][0], shapes[i][1], bk, st, shapes[i][2],
                                               shapes[i][3], 0, 0},
                               out, n, cap);

@@ -6,6 +6,68 @@
 #ifndef LOGITS_GROUP
 #define LOGITS_GROUP 8
 #endif
+#if !FLCE_WGMMA
+// The portable path's CTA over vocab tiles [t_begin, t_end) of its row block. Its main loop holds
+// 128 accumulators and two sets of fragments per thread (64×64 warp tiles), which leaves no
+// registers for the 8 rows per thread of state the wgmma paths keep across it (labels, running
+// statistics, dZ factors: up to 56 more with every option). So each tile's epilogue recomputes the
+// labels and dZ factors of its rows (a few loads that hit L1/L2) and folds its statistics into one
+// running row_stats per row, held by the thread that stores the row's partials (fold_row_stats).
+__device__ __forceinline__ void logits_portable(const flce_gemm_params &p, unsigned char *smem, long long m0,
+                                                int split, long long t_begin, long long t_end)
+{
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+#if !FLCE_FUSED_DZ
+    row_stats run[RUN_ROWS]; // rows m0 + threadIdx.x + i·THREADS
+#pragma unroll
+    for (int i = 0; i < RUN_ROWS; i++) run[i] = empty_stats();
+#else
+    (void)split;
+#endif
+    float acc[MI][NI][4];
+    for (long long vt = t_begin; vt < t_end; vt++) {
+        mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
+        // Label column of each owned row within [0, n); −1 when ignored, out of range or elsewhere.
+        long long lab[MI][2];
+#if FLCE_FUSED_DZ
+        dz_row dr[MI][2];
+#else
+        row_stats tile[MI][2];
+#endif
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
+                long long y = row < p.m ? load_label(p.labels, row) - p.vocab_offset : -1;
+                lab[mi][h] = (y >= 0 && y < p.n) ? y : -1;
+#if FLCE_FUSED_DZ
+                dr[mi][h] = dz_row_setup(p, row);
+                if (!dr[mi][h].valid) lab[mi][h] = -1;
+#else
+                tile[mi][h] = empty_stats();
+#endif
+            }
+#if FLCE_FUSED_DZ
+        if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, dr);
+        else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, dr);
+#else
+        logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, tile, smem);
+        if (p.part_m) fold_row_stats(tile, run, smem, wm, wn, lane); // uniform: not in a gradient pass
+#endif
+    }
+#if !FLCE_FUSED_DZ
+    if (!p.part_m) return;
+#pragma unroll
+    for (int i = 0; i < RUN_ROWS; i++) {
+        const int r = threadIdx.x + i * THREADS;
+        if (r < BM && m0 + r < p.m) store_partials(p, m0 + r, split, run[i]);
+    }
+#endif
+}
+#endif // !FLCE_WGMMA
+
 // grid: (row blocks, vocab splits). Each CTA walks tiles_per_split vocab tiles of its split.
 extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
 {
@@ -30,6 +92,9 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
     const long long tiles = (p.n + BN - 1) / BN;
     long long t_begin = (long long)split * p.tiles_per_split;
     long long t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
+#if !FLCE_WGMMA
+    logits_portable(p, smem, m0, split, t_begin, t_end);
+#else
 #if FLCE_TMA
     pipe_init(smem);
     if (threadIdx.x < PRODUCER_THREADS) {
@@ -118,6 +183,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
         store_partials(p, m0 + r, split, a);
     }
 #endif // FLCE_FUSED_DZ
+#endif // !FLCE_WGMMA
 }
 
 #else // DH, DW

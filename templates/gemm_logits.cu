@@ -20,6 +20,18 @@ __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi)
 #else
 #define COMPACT_STAGED 0
 #endif
+#if !FLCE_WGMMA
+// c ? a : b that the compiler cannot see through. The target logit's select chain over a row's
+// accumulators, written in C++, is turned into an indexed load of acc, which puts the whole
+// accumulator tile in local memory (512 bytes per thread at 64×64 warp tiles, stored and reloaded
+// every vocab tile).
+__device__ __forceinline__ float select_f32(int c, float a, float b)
+{
+    float r;
+    asm("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\nselp.f32 %0, %1, %2, q;\n}" : "=f"(r) : "f"(a), "f"(b), "r"(c));
+    return r;
+}
+#endif
 // The logit transform of the math: bias, temperature, softcap — all compile-time optional.
 __device__ __forceinline__ float transform_logit(float acc, long long col, const flce_gemm_params &p)
 {
@@ -100,7 +112,11 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                 float zy = 0.f;
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++)
+#if FLCE_WGMMA
                     zy = ni == lj >> 3 ? ((lj & 1) ? acc[mi][ni][2 * h + 1] : acc[mi][ni][2 * h]) : zy;
+#else
+                    zy = select_f32(ni == lj >> 3, select_f32(lj & 1, acc[mi][ni][2 * h + 1], acc[mi][ni][2 * h]), zy);
+#endif
                 if (lj >= 0 && (lj & 6) == 0) ((float *)p.target)[row] = zy;
             }
 #if FLCE_COMPACT
@@ -304,6 +320,45 @@ __device__ __forceinline__ row_stats shfl_stats(const row_stats &a, int off)
     b.arg = OPT_ARGMAX ? __shfl_xor_sync(0xffffffffu, a.arg, off) : 0;
     return b;
 }
+
+#if !FLCE_WGMMA && !FLCE_FUSED_DZ
+__device__ __forceinline__ row_stats empty_stats()
+{
+    row_stats a;
+    a.m = NEG_INF, a.s = 0.f, a.t = 0.f, a.zs = 0.f, a.arg = 0x7fffffffffffffffLL;
+    return a;
+}
+
+// The portable path's running statistics (gemm_entry.cu, logits_portable): row r of the CTA's
+// block is held by thread r mod THREADS, in run[r / THREADS].
+constexpr int RUN_ROWS = (BM + THREADS - 1) / THREADS;
+
+// Folds one vocab tile's statistics (each lane's pieces of its rows) into the running ones: the 4
+// lanes sharing a row merge by shuffles, then the WARPS_N warps sharing it through shared memory,
+// in a fixed order (deterministic). The pipeline's shared memory is free: the main loop ended on a
+// barrier, and the second barrier here comes before the next tile's loads overwrite it.
+__device__ __forceinline__ void fold_row_stats(row_stats (&tile)[MI][2], row_stats (&run)[RUN_ROWS],
+                                               unsigned char *smem, int wm, int wn, int lane)
+{
+    row_stats *red = (row_stats *)smem;
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int off = 1; off < 4; off <<= 1) stats_merge(tile[mi][h], shfl_stats(tile[mi][h], off));
+            if (lane % 4 == 0) red[wn * BM + wm * WTM + mi * 16 + lane / 4 + 8 * h] = tile[mi][h];
+        }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < RUN_ROWS; i++) {
+        const int r = threadIdx.x + i * THREADS;
+        if (r >= BM) break;
+        for (int w = 0; w < WARPS_N; w++) stats_merge(run[i], red[w * BM + r]);
+    }
+    __syncthreads();
+}
+#endif
 
 __device__ __forceinline__ void store_partials(const flce_gemm_params &p, long long row, int split, const row_stats &a)
 {

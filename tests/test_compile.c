@@ -112,6 +112,56 @@ static void representative_specs_compile_for_sm_86_87_89_120(void)
     CHECKF(failures == 0, "%d of %d specs failed", failures, n_specs);
 }
 
+/* issue 19: the portable main loop at the shapes its tiles may take besides the default 128×256×32
+ * (the autotuner's 256×128 and BK 64 at 4 warps by 2, a 4-warp tile whose BK 16 gives an odd
+ * k-step count, a 64-row tile), every option on, all three roles (dW reads both operands
+ * transposed); and Hopper's FLCE_PORTABLE=1 plan, which must take the portable 128×256 tile. */
+static void portable_tile_shapes_compile(void)
+{
+    static const struct {
+        int sm;
+        flce_dtype dt;
+        spec_tile t;
+    } cases[] = {
+        {80, FLCE_DTYPE_BF16, {256, 128, 32, 4, 4, 2, 0, 0, 0}},
+        {80, FLCE_DTYPE_F16, {128, 256, 64, 3, 2, 4, 0, 0, 0}},
+        {86, FLCE_DTYPE_BF16, {128, 128, 16, 4, 2, 2, 0, 0, 0}},
+        {89, FLCE_DTYPE_F32, {256, 128, 16, 4, 4, 2, 0, 0, 0}},
+        {120, FLCE_DTYPE_F16, {64, 128, 32, 3, 2, 2, 0, 0, 0}},
+    };
+    n_specs = failures = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        flce_problem p;
+        flce_problem_init(&p);
+        p.tokens = 300, p.hidden = 136, p.vocab_shard = 1001, p.dtype = cases[i].dt;
+        p.has_bias = 1, p.has_class_weights = 1, p.label_smoothing = 0.1f, p.softcap = 30.f;
+        plan pl;
+        if (plan_make(&p, FLCE_OP_LOSS_AND_GRAD, cases[i].sm, 100, NULL, &pl) != FLCE_OK) {
+            failures++;
+            continue;
+        }
+        kernel_spec *role[3] = {&pl.logits, &pl.dh, &pl.dw};
+        for (int r = 0; r < 3; r++) {
+            role[r]->tile = cases[i].t;
+            CHECKF(spec_validate(role[r]) == FLCE_OK, "case %zu role %d: %s", i, r, flce_last_error());
+            specs[n_specs++] = *role[r];
+        }
+    }
+    setenv("FLCE_PORTABLE", "1", 1);
+    config_reload();
+    int before = n_specs;
+    add_representative(90);
+    for (int i = before; i < n_specs; i++)
+        if (specs[i].role != ROLE_ROWOPS)
+            CHECKF(!specs[i].tile.wgmma && !specs[i].tile.tma && specs[i].tile.bm == 128 && specs[i].tile.bn == 256,
+                   "FLCE_PORTABLE=1 on sm_90: tile %dx%d wgmma=%d", specs[i].tile.bm, specs[i].tile.bn,
+                   specs[i].tile.wgmma);
+    unsetenv("FLCE_PORTABLE");
+    config_reload();
+    compile_all();
+    CHECKF(failures == 0, "%d of %d specs failed", failures, n_specs);
+}
+
 static void every_dispatchable_spec_compiles_for_sm_80(void)
 {
     n_specs = failures = 0;
@@ -193,5 +243,6 @@ int main(void)
     RUN(every_dispatchable_spec_compiles_for_sm_100a);
     RUN(tcgen05_specs_compile_for_sm_100a_when_enabled);
     RUN(representative_specs_compile_for_sm_86_87_89_120);
+    RUN(portable_tile_shapes_compile);
     FINISH();
 }
