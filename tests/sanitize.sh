@@ -67,6 +67,10 @@ LOGDIR=${SANITIZE_LOG_DIR:-$PWD/sanitize-logs}
 
 # Shorthands of the table. Every case stays small (racecheck's slowdown on the mma.sync path).
 DEMO="demo --tokens 256 --hidden 256 --vocab 4096"
+# fp32 (FFMA) cases are smaller still: racecheck checks every one of the FFMA loop's shared loads,
+# and at 256×256×4096 each case ran past 420 s (session 8, H100, 8 at once). 512 tokens × 1024
+# columns still make two token chunks and two vocab chunks under a 1 MiB budget.
+DEMO32="demo --tokens 256 --hidden 64 --vocab 1024 --dtype f32"
 BENCH="bench --warmup 0 --iters 1 --sets 1 --logit-std 2"
 ALL="chunked,chunked-1MiB,chunked+fp32z,chunked-1MiB+fp32z,recompute,recompute-1MiB,forward"
 F32="chunked,chunked-1MiB,recompute,recompute-1MiB,forward" # fp32 always stores fp32 Z
@@ -83,12 +87,12 @@ demo-wgmma-tma            | -                          | $DEMO
 demo-wgmma-cpasync        | $CP                        | $DEMO
 demo-mma-sync             | $MMA                       | $DEMO
 demo-f16                  | -                          | $DEMO --dtype f16
-demo-f32-ffma             | -                          | $DEMO --dtype f32
+demo-f32-ffma             | -                          | $DEMO32
 strat-wgmma-tma           | -                          | $BENCH --shapes 256x256x4096 --strategies $ALL
 strat-wgmma-cpasync       | $CP                        | $BENCH --shapes 256x256x4096 --strategies $ALL
 strat-mma-sync            | $MMA                       | $BENCH --shapes 256x256x4096 --strategies $ALL
 strat-f16                 | -                          | $BENCH --shapes 256x256x4096 --strategies $ALL --dtype f16
-strat-f32-ffma            | -                          | $BENCH --shapes 256x256x4096 --strategies $F32 --dtype f32
+strat-f32-ffma            | -                          | $BENCH --shapes 512x64x1024 --strategies $F32 --dtype f32
 strat-unfused-dz-tma      | FLCE_FUSED_DZ=0            | $BENCH --shapes 256x256x4096 --strategies recompute,recompute-1MiB
 strat-unfused-dz-mma-sync | $MMA FLCE_FUSED_DZ=0       | $BENCH --shapes 256x256x4096 --strategies recompute,recompute-1MiB
 strat-cluster2            | FLCE_CLUSTER=2             | $BENCH --shapes 256x256x4096 --strategies chunked,$ACC
@@ -98,15 +102,15 @@ strat-raster0             | FLCE_RASTER=0              | $BENCH --shapes 256x256
 n1-wgmma-tma              | -                          | $BENCH --shapes 1x256x4096 --strategies $F32
 n1-wgmma-cpasync          | $CP                        | $BENCH --shapes 1x256x4096 --strategies $F32
 n1-mma-sync               | $MMA                       | $BENCH --shapes 1x256x4096 --strategies $F32
-n1-f32-ffma               | -                          | $BENCH --shapes 1x256x4096 --strategies $F32 --dtype f32
+n1-f32-ffma               | -                          | $BENCH --shapes 1x64x1024 --strategies $F32 --dtype f32
 d8-wgmma-tma              | -                          | $BENCH --shapes 256x8x4096 --strategies $F32
 d8-wgmma-cpasync          | $CP                        | $BENCH --shapes 256x8x4096 --strategies $F32
 d8-mma-sync               | $MMA                       | $BENCH --shapes 256x8x4096 --strategies $F32
-d8-f32-ffma               | -                          | $BENCH --shapes 256x8x4096 --strategies $F32 --dtype f32
+d8-f32-ffma               | -                          | $BENCH --shapes 256x8x1024 --strategies $F32 --dtype f32
 v1000-wgmma-tma           | -                          | $BENCH --shapes 1024x256x1000 --strategies $F32
 v1000-wgmma-cpasync       | $CP                        | $BENCH --shapes 1024x256x1000 --strategies $F32
 v1000-mma-sync            | $MMA                       | $BENCH --shapes 1024x256x1000 --strategies $F32
-v1000-f32-ffma            | -                          | $BENCH --shapes 1024x256x1000 --strategies $F32 --dtype f32
+v1000-f32-ffma            | -                          | $BENCH --shapes 512x64x1000 --strategies $F32 --dtype f32
 v1-wgmma-tma              | -                          | $FZ 11 | N=6 D=4104 V=1 off=0 total=0 bf16 mean loss_and_grad/auto
 v1-wgmma-cpasync          | $CP                        | $FZ 11 | N=6 D=4104 V=1 off=0 total=0 bf16 mean loss_and_grad/auto
 v1-mma-sync               | $MMA                       | $FZ 11 | N=6 D=4104 V=1 off=0 total=0 bf16 mean loss_and_grad/auto
