@@ -150,7 +150,7 @@ for stage in "${stages[@]}"; do
       step "tp_compare tp=$tp"
       rm -f /tmp/nccl.*.log
       NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL NCCL_DEBUG_FILE=/tmp/nccl.%p.log FLCE_LIBRARY=$PWD/build/libflce.so \
-        timeout "$(left)" torchrun --nproc_per_node=$tp bench/tp_compare.py --out "$OUT" ${TP_ARGS:-} \
+        timeout "$(left)" torchrun --nproc_per_node=$tp bench/tp_compare.py --out "$OUT" --timeline ${TP_ARGS:-} \
         > "$OUT/tp_compare-$tp.log" 2>&1
       cat /tmp/nccl.*.log 2>/dev/null | head -c 2000000 > "$OUT/nccl-coll-$tp.log"
       grep '^|\|^Tensor par' "$OUT/tp_compare-$tp.log" | tee -a "$LOG"

@@ -14,6 +14,10 @@
                flce-nccl − flce-local is what tensor parallelism adds (collectives, waits, merge).
                Its loss and gradients are another problem's: no error columns.
 
+--timeline adds one profiled flce-nccl step (torch.profiler, CUPTI): every rank's kernels with
+their start and end on the shared host clock, and how long each NCCL kernel waited for the last
+rank to start it: tp-timeline-<device>-x<tp>-<date>[-tag].md (not yet run on a GPU: session 8).
+
 Run with torchrun, one process per GPU, NCCL's collective log on (it counts collectives):
   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL NCCL_DEBUG_FILE=/tmp/nccl.%p.log NCCL_NVLS_ENABLE=0 \\
     torchrun --nproc_per_node=2 bench/tp_compare.py --out DIR
@@ -188,6 +192,62 @@ def count_collectives(log_path, begin, end):
     return None
 
 
+def kernel_trace(step, rank):
+    """One step under torch.profiler (CUPTI: it sees flce's driver-API launches and NCCL's kernels
+    alike; nsys is not on our GPU machines): this rank's kernels as (start µs, end µs, stream,
+    name), start-ordered, on the host clock the trace uses (one host: comparable across ranks)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    path = f"/tmp/tp_compare_trace_{os.getpid()}_{rank}.json"
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)
+    os.remove(path)
+    events = events.get("traceEvents", events) if isinstance(events, dict) else events
+    out = []
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "kernel":
+            ts, dur = float(e["ts"]), float(e.get("dur", 0))
+            out.append((ts, ts + dur, int(e.get("args", {}).get("stream", -1)), e.get("name", "?")))
+    return sorted(out)
+
+
+def short_kernel(name):
+    """flce's kernels by their own names; NCCL's as nccl:<collective>; the rest as <name>."""
+    if name.startswith("ncclDevKernel") or name.startswith("ncclKernel"):
+        m = re.search(r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv)", name)
+        return "nccl:" + (m.group(1) if m else "?")
+    return name.split("(")[0][:40]
+
+
+def timeline_md(provider, traces):
+    """Per rank, each kernel's start and end (µs from the first kernel on any rank) and, for the
+    k-th NCCL kernel of each rank, how long it waited for the last rank to arrive (a collective
+    cannot finish before its last rank starts it): where each rank waits."""
+    origin = min(t[0][0] for t in traces if t)
+    md = [f"## Kernel timeline, {provider} (one step after the timed ones; µs from the first kernel)", ""]
+    ncc = [[k for k in t if short_kernel(k[3]).startswith("nccl:")] for t in traces]
+    for r, t in enumerate(traces):
+        busy = sum(k[1] - k[0] for k in t)
+        span = (t[-1][1] - t[0][0]) if t else 0.0
+        md += [f"### rank {r}: {len(t)} kernels, span {span:.0f} µs, kernel time {busy:.0f} µs (streams overlap)", "",
+               "| kernel | stream | start | end | µs | waited for the last rank, µs |", "|---|---|---|---|---|---|"]
+        j = 0
+        for k in t:
+            name, wait = short_kernel(k[3]), ""
+            if name.startswith("nccl:"):
+                starts = [c[j][0] for c in ncc if j < len(c)]
+                if len(starts) == len(ncc):
+                    wait = f"{max(starts) - k[0]:.0f}"
+                j += 1
+            md.append(f"| {name} | {k[2]} | {k[0] - origin:.0f} | {k[1] - origin:.0f} | {k[1] - k[0]:.0f} | {wait} |")
+        md.append("")
+    return md
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="8192x4096x128256")
@@ -199,6 +259,9 @@ def main():
                     help="comma-separated subset, in this order")
     ap.add_argument("--tag", default="", help="suffix of the result files and of the flce provider names, "
                     "e.g. dh16 for a run under FLCE_TP_DH_16BIT=1")
+    ap.add_argument("--timeline", action="store_true",
+                    help="after timing flce-nccl, one more step under torch.profiler: every rank's kernels "
+                    "and NCCL's waits in tp-timeline-<device>-x<tp>-<date>[-tag].md")
     args = ap.parse_args()
     n, d, v = (int(x) for x in args.shape.split("x"))
 
@@ -241,7 +304,7 @@ def main():
     log_path = None
     if os.environ.get("NCCL_DEBUG_FILE"):
         log_path = os.environ["NCCL_DEBUG_FILE"].replace("%p", str(os.getpid())).replace("%h", os.uname().nodename)
-    rows, results = [], {}
+    rows, results, timelines = [], {}, []
     commit = stamp.commit(REPO)
     date = datetime.date.today().isoformat()
     wanted = [x.strip() for x in args.providers.split(",") if x.strip()]
@@ -258,6 +321,14 @@ def main():
         marker(2000 + k, dev)
         results[provider] = [t.float().clone() if t is not None else None for t in step.out]
         ms = time_steps(step, args.iters, args.warmup)
+        if args.timeline and provider == "flce-nccl":
+            try:
+                trace = kernel_trace(step, rank)
+            except Exception as exc:  # the profiler is a diagnostic: its failure must not lose the run
+                trace = [(0.0, 0.0, -1, f"profiler failed: {exc!r}")]
+            traces = [None] * size
+            dist.all_gather_object(traces, trace)
+            timelines.append(timeline_md(provider + (f"-{args.tag}" if args.tag else ""), traces))
         t = torch.tensor([ms, peak], device=dev)
         all_t = [torch.zeros_like(t) for _ in range(size)]
         dist.all_gather(all_t, t)
@@ -321,6 +392,11 @@ def main():
             f.write(text)
         with open(stem + ".json", "w") as f:
             json.dump(rows, f, indent=1)
+        for tl in timelines:
+            tstem = os.path.join(args.out, f"tp-timeline-{name}-x{size}-{date}" + (f"-{args.tag}" if args.tag else ""))
+            with open(tstem + ".md", "w") as f:
+                f.write("\n".join(tl) + "\n")
+            print(f"timeline: {tstem}.md")
     comm.close()
     dist.destroy_process_group()
 
