@@ -28,33 +28,15 @@ __device__ __forceinline__ void logits_portable(const flce_gemm_params &p, unsig
     float acc[MI][NI][4];
     for (long long vt = t_begin; vt < t_end; vt++) {
         mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
-        // Label column of each owned row within [0, n); −1 when ignored, out of range or elsewhere.
         long long lab[MI][2];
+        row_state rs[MI][2]; // dZ factors, or this tile's statistics
+        rows_setup(p, m0, wm, lane, lab, rs);
 #if FLCE_FUSED_DZ
-        dz_row dr[MI][2];
+        if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
+        else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
 #else
-        row_stats tile[MI][2];
-#endif
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
-                long long y = row < p.m ? load_label(p.labels, row) - p.vocab_offset : -1;
-                lab[mi][h] = (y >= 0 && y < p.n) ? y : -1;
-#if FLCE_FUSED_DZ
-                dr[mi][h] = dz_row_setup(p, row);
-                if (!dr[mi][h].valid) lab[mi][h] = -1;
-#else
-                tile[mi][h] = empty_stats();
-#endif
-            }
-#if FLCE_FUSED_DZ
-        if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, dr);
-        else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, dr);
-#else
-        logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, tile, smem);
-        if (p.part_m) fold_row_stats(tile, run, smem, wm, wn, lane); // uniform: not in a gradient pass
+        logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, rs, smem);
+        if (p.part_m) fold_row_stats(rs, run, smem, wm, wn, lane); // uniform: not in a gradient pass
 #endif
     }
 #if !FLCE_FUSED_DZ
@@ -116,28 +98,9 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
 #endif
 
-    // Label column of each owned row within [0, n); −1 when ignored, out of range or elsewhere.
     long long lab[MI][2];
-#if FLCE_FUSED_DZ
-    dz_row dr[MI][2];
-#else
-    row_stats run[MI][2];
-#endif
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
-            long long y = row < p.m ? load_label(p.labels, row) - p.vocab_offset : -1;
-            lab[mi][h] = (y >= 0 && y < p.n) ? y : -1;
-#if FLCE_FUSED_DZ
-            dr[mi][h] = dz_row_setup(p, row);
-            if (!dr[mi][h].valid) lab[mi][h] = -1;
-#else
-            run[mi][h].m = NEG_INF, run[mi][h].s = 0.f, run[mi][h].t = 0.f, run[mi][h].zs = 0.f;
-            run[mi][h].arg = 0x7fffffffffffffffLL;
-#endif
-        }
+    row_state rs[MI][2]; // dZ factors, or the running statistics of the CTA's vocab tiles
+    rows_setup(p, m0, wm, lane, lab, rs);
 
     float acc[MI][NI][4];
     for (long long vt = t_begin; vt < t_end; vt++) {
@@ -147,10 +110,10 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
         mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
 #endif
 #if FLCE_FUSED_DZ
-        if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, dr);
-        else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, dr);
+        if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
+        else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
 #else
-        logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, run, smem);
+        logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, rs, smem);
 #endif
     }
 #if FLCE_FUSED_DZ
@@ -167,12 +130,11 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int off = 1; off < 4; off <<= 1) stats_merge(run[mi][h], shfl_stats(run[mi][h], off));
+            quad_merge(rs[mi][h]);
             int r = wm * WTM + mi * 16 + lane / 4 + 8 * h;
             if (lane % 4 != 0) continue;
-            if (WARPS_N > 1) red[wn * BM + r] = run[mi][h];
-            else if (m0 + r < p.m) store_partials(p, m0 + r, split, run[mi][h]);
+            if (WARPS_N > 1) red[wn * BM + r] = rs[mi][h];
+            else if (m0 + r < p.m) store_partials(p, m0 + r, split, rs[mi][h]);
         }
     if (WARPS_N == 1) return;
     __syncthreads();

@@ -321,13 +321,49 @@ __device__ __forceinline__ row_stats shfl_stats(const row_stats &a, int off)
     return b;
 }
 
-#if !FLCE_WGMMA && !FLCE_FUSED_DZ
+// Merges a row's statistics over the 4 lanes of the quad that holds its columns.
+__device__ __forceinline__ void quad_merge(row_stats &a)
+{
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) stats_merge(a, shfl_stats(a, off));
+}
+
+#if FLCE_FUSED_DZ
+typedef dz_row row_state; // what the pass keeps per owned row beside its label
+#else
+typedef row_stats row_state;
+
 __device__ __forceinline__ row_stats empty_stats()
 {
     row_stats a;
     a.m = NEG_INF, a.s = 0.f, a.t = 0.f, a.zs = 0.f, a.arg = 0x7fffffffffffffffLL;
     return a;
 }
+#endif
+
+// Each row a thread owns: its label's column within [0, n) (−1 when ignored, out of range or in
+// another shard) and its state: the dZ pass's per-row factors (an invalid row's label −1 too), or
+// empty statistics.
+__device__ __forceinline__ void rows_setup(const flce_gemm_params &p, long long m0, int wm, int lane,
+                                           long long (&lab)[MI][2], row_state (&st)[MI][2])
+{
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
+            const long long y = row < p.m ? load_label(p.labels, row) - p.vocab_offset : -1;
+            lab[mi][h] = (y >= 0 && y < p.n) ? y : -1;
+#if FLCE_FUSED_DZ
+            st[mi][h] = dz_row_setup(p, row);
+            if (!st[mi][h].valid) lab[mi][h] = -1;
+#else
+            st[mi][h] = empty_stats();
+#endif
+        }
+}
+
+#if !FLCE_WGMMA && !FLCE_FUSED_DZ
 
 // The portable path's running statistics (gemm_entry.cu, logits_portable): row r of the CTA's
 // block is held by thread r mod THREADS, in run[r / THREADS].
@@ -345,8 +381,7 @@ __device__ __forceinline__ void fold_row_stats(row_stats (&tile)[MI][2], row_sta
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int off = 1; off < 4; off <<= 1) stats_merge(tile[mi][h], shfl_stats(tile[mi][h], off));
+            quad_merge(tile[mi][h]);
             if (lane % 4 == 0) red[wn * BM + wm * WTM + mi * 16 + lane / 4 + 8 * h] = tile[mi][h];
         }
     __syncthreads();
