@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -224,6 +225,13 @@ uint64_t host_fresh_seed(void) {
     st ^= (uint64_t)getpid() << 32;
     /* Mixed so that two runs a nanosecond apart, or in sibling processes, look unrelated. */
     return host_splitmix64(&st);
+}
+
+uint64_t host_announced_seed(void)
+{
+    uint64_t seed = host_fresh_seed();
+    printf("seed %llu (FLCE_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
+    return seed;
 }
 
 /* ---- a parallel for over the host's cores ----------------------------------------------------- */

@@ -37,4 +37,7 @@ void host_parallel_for(int64_t n, int threads, void (*fn)(void *arg, int64_t i),
 /* A seed that differs every run (time and pid) unless FLCE_SEED is set; printed by tests. */
 uint64_t host_fresh_seed(void);
 
+/* host_fresh_seed(), printed as the line that reproduces the run ("seed S (FLCE_SEED=S reproduces)"). */
+uint64_t host_announced_seed(void);
+
 #endif

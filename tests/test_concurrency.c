@@ -202,8 +202,7 @@ int main(void)
 {
     int rc = 0;
     if (!gpu_ready(1, &rc)) return rc;
-    seed = host_fresh_seed();
-    printf("seed %llu (FLCE_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
+    seed = host_announced_seed();
     RUN(threads_with_own_streams_and_workspaces_share_a_context);
     RUN(threads_with_own_streams_share_the_contexts_workspace);
     RUN(two_contexts_on_two_gpus_run_at_once);

@@ -170,9 +170,7 @@ int main(void)
 {
     int rc = 0;
     if (!gpu_ready(1, &rc)) return rc;
-    uint64_t seed = host_fresh_seed();
-    printf("seed %llu (FLCE_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
-    host_rng_seed(&rng, seed);
+    host_rng_seed(&rng, host_announced_seed());
     if (devmem_use(0) != FLCE_OK) {
         printf("FAIL: %s\n", flce_last_error());
         return 1;
