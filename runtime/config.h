@@ -30,6 +30,8 @@ typedef struct flce_config {
     int fused_dz;      /* FLCE_FUSED_DZ: recompute's logits pass writes dZ (default on) */
     int dz_operand;    /* FLCE_DZ_OPERAND: chunked dH/dW form dZ from compact logits themselves (default off:
                         * measured 1.5x slower, bench/NOTES.md v22) */
+    int dz_convert;    /* FLCE_DZ_CONVERT: the chunked dH's idle producer warps form dZ from compact logits
+                        * while it multiplies, instead of the dz pass (default on) */
     int acc_prefetch;  /* FLCE_ACC_PREFETCH: L2 prefetch of dH/dW addends (default off) */
     int red_acc;       /* FLCE_RED_ACC: red.global.add into fp32 accumulators (default on) */
     int cluster;       /* FLCE_CLUSTER: 0 (default) or 2-CTA clusters for dH/dW on wgmma + TMA */

@@ -385,6 +385,11 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
      * (its factors are per launch). */
     int64_t k_max = pl->dh_k_slice_max, k = pl->recompute ? pl->chunk_cols : pl->v;
     pl->dh_k_slice = grads && !pl->dz_operand && k_max > 0 && k > k_max ? k_max : 0;
+    pl->dz_convert = pl->dz_convert_wanted && grads && pl->compact && !pl->dz_operand && !pl->concurrent_grads &&
+                     !pl->dh_k_slice && !pl->collective && pl->tp <= 1 && p->label_smoothing == 0 &&
+                     !(p->softcap > 0) && hopper_tma(&pl->dh) && pl->dh.cluster == 0 && pl->tile_cols > 0 &&
+                     (pl->tile_cols & (pl->tile_cols - 1)) == 0 && (!t || t->grad_hidden);
+    pl->dh.dz_convert = pl->dz_convert;
     pl->need_dh_acc = grads && ((pl->recompute && pl->n_vchunks > 1) || pl->dh_k_slice) && !f32 && !caller_dh &&
                       !pl->need_dh_tp && (!t || t->grad_hidden);
     pl->need_db_acc = grads && p->has_bias && pl->n_chunks > 1 && (!t || t->grad_bias);
@@ -425,6 +430,11 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
         if (pl->need_db_acc) pl->off_db_acc = take(&cur, (uint64_t)pl->v * 4);
         if (pl->need_dh_tp) pl->off_dh_tp = take(&cur, n * (uint64_t)pl->d * 4);
         if (pl->dw_dynamic) pl->off_tile_counter = take(&cur, 8);
+        if (pl->dz_convert) { /* gemm_dz_convert.cu: 2 words, then one per (dH row block, 512 columns) */
+            uint64_t blocks = (uint64_t)ceil_div(pl->chunk_rows, pl->dh.tile.bm);
+            pl->dz_flags_bytes = 4 * (2 + blocks * (uint64_t)ceil_div(pl->ldz, 512));
+            pl->off_dz_flags = take(&cur, pl->dz_flags_bytes);
+        }
     }
     if (pl->collective && stats) {
         pl->tp_block_bytes = plan_tp_block_bytes(pl->stat_rows);
@@ -468,6 +478,7 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     /* Off: measured slower (bench/NOTES.md v12); FLCE_ACC_PREFETCH=1 for side-by-side runs. */
     pl->acc_prefetch = cfg->acc_prefetch;
     pl->red_acc = cfg->red_acc;
+    pl->dz_convert_wanted = cfg->dz_convert;
     pl->dh_k_slice_max = cfg->dh_k_slice;
     pl->dh_reduce_16bit = cfg->tp_dh_16bit && pl->collective && !pl->sp && !p->accumulate_grad_hidden &&
                           p->dtype != FLCE_DTYPE_F32;

@@ -270,6 +270,12 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
     pipe_init(smem);
     if (threadIdx.x < PRODUCER_THREADS) {
         setmaxnreg_dec<PRODUCER_REGS>();
+#if FLCE_DZ_CONVERT
+        if (threadIdx.x >= 32 && p.dz_flags) { // warps 1-3: dZ for this launch's loads (gemm_dz_convert.cu)
+            dzc_convert(p);
+            return;
+        }
+#endif
 #if FLCE_TCGEN05 // (none on the Blackwell path; generator/emit.c resolves only this form)
 #else
         if (threadIdx.x == 0 && p.tile_counter) {

@@ -200,6 +200,7 @@ __device__ void produce(const flce_gemm_params &p, unsigned char *smem, long lon
     for (long long t = 0; t < n_tiles; t++)
         for (int kt = 0; kt < ktiles; kt++, it++) {
             const int s = it % STAGES;
+            dzc_wait(p, m0, (long long)kt * BK); // FLCE_DZ_CONVERT: the k-tile's dZ is formed
             mbar_wait(empty_bar(smem, s), ((it / STAGES) & 1) ^ 1);
             if (slot && kt == 0) *(volatile long long *)slot = tile;
             const unsigned full = full_bar(smem, s);

@@ -77,6 +77,13 @@ struct flce_gemm_params {
      * second, late launch (block0 = counter_base = the first's grid) joins the same counter once
      * the dH all-reduce has freed the SMs it held (launch.c run_dw_beside_reduction). */
     long long counter_base, block0;
+    /* dH with FLCE_DZ_CONVERT (templates/gemm_dz_convert.cu): its A is the compact logits, which
+     * the producer warpgroup's idle warps turn into dZ in place (the factors of tile_max, target,
+     * labels, vocab_offset/ignore_index/vocab_total and tile_cols_log2 as for FLCE_DZ_OPERAND);
+     * dz_flags: the zeroed part counter and per-(row block, segment) flags; dz_band: row blocks
+     * per band of the conversion order. */
+    unsigned long long dz_flags;
+    long long dz_band;
     /* TMA path (spec tile.tma): maps of the stored A and B with the tile's boxes, encoded per
      * launch by runtime/tma.c; unused (zero) otherwise. */
     struct flce_tmap tmap_a, tmap_b;
