@@ -86,13 +86,22 @@ __device__ __forceinline__ uint4 dzc_chunk(uint4 raw, float f, int c, int y, flo
 
 // One warp: part q (tokens 16q…) of segment seg, in place. Lane l takes columns 8l… and 256 + 8l…
 // of each row: two 16-byte loads in flight per lane (the producer warpgroup has 40 registers;
-// four spilled).
+// four spilled), behind an L2 prefetch of the whole part.
 __device__ void dzc_part(const flce_gemm_params &p, unsigned q, unsigned seg, int lane)
 {
     const int cols = (int)p.k, ld = (int)p.lda, c0 = (int)seg * DZC_COLS + lane * 8, c1 = c0 + 256;
     const long long r0 = (long long)q * DZC_ROWS;
     const int rows = p.m - r0 < DZC_ROWS ? (int)(p.m - r0) : DZC_ROWS;
     const int g0 = c0 >> p.tile_cols_log2, g1 = c1 >> p.tile_cols_log2;
+    // The part's rows asked of L2 at once, one bulk prefetch per row (lanes 0-15): the row loop
+    // below then waits for DRAM once and for L2 after. Its two loads per lane in flight alone made
+    // ~0.5 TB/s of conversion, too slow for dH's first waves (bench/NOTES.md v35).
+    if (lane < rows) {
+        const long long c = (long long)seg * DZC_COLS;
+        const unsigned bytes = (unsigned)((p.lda - c < DZC_COLS ? p.lda - c : DZC_COLS) * 2); // 8 | ldz
+        const unsigned short *row = (const unsigned short *)p.a + (r0 + lane) * p.lda + c;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(bytes) : "memory");
+    }
     for (int i = 0; i < rows; i++) {
         const long long t = r0 + i;
         unsigned short *at = (unsigned short *)p.a + t * ld;
@@ -116,25 +125,35 @@ __device__ void dzc_part(const flce_gemm_params &p, unsigned q, unsigned seg, in
     }
 }
 
+// Part u of the conversion order → its 16-row group q and segment seg; false past the last part.
+// 32-bit arithmetic (a 64-bit division is a call, which spilled the 40 registers): a chunk's parts
+// are far fewer than 2^32 (its p̃ fits a workspace).
+__device__ __forceinline__ bool dzc_unit(const flce_gemm_params &p, unsigned u, unsigned &q, unsigned &seg)
+{
+    const unsigned segs = (unsigned)dzc_segs(p), parts = (unsigned)((p.m + DZC_ROWS - 1) / DZC_ROWS);
+    if (u >= parts * segs) return false;
+    const unsigned band_parts = (unsigned)p.dz_band * DZC_PARTS, band_units = band_parts * segs;
+    // Bands before this one are whole, so u / band_units is the band even in a short last one.
+    const unsigned band = u / band_units, w = u % band_units, first = band * band_parts;
+    const unsigned here = parts - first < band_parts ? parts - first : band_parts;
+    seg = w / here, q = first + w % here;
+    return true;
+}
+
+__device__ __forceinline__ unsigned dzc_next(unsigned *ctl, int lane)
+{
+    unsigned u = 0;
+    if (lane == 0) u = atomicAdd(ctl, 1u);
+    return __shfl_sync(0xffffffffu, u, 0);
+}
+
 // Warps 1-3 of the producer warpgroup: parts from the counter until none is left.
 __device__ void dzc_convert(const flce_gemm_params &p)
 {
     unsigned *ctl = (unsigned *)p.dz_flags;
     const int lane = threadIdx.x % 32;
-    for (;;) {
-        unsigned u = 0;
-        if (lane == 0) u = atomicAdd(ctl, 1u);
-        u = __shfl_sync(0xffffffffu, u, 0);
-        // Recomputed from the parameters each time (nothing of it live across dzc_part: it spilled
-        // at 40 registers) and in 32 bits (a 64-bit division is a call): a chunk's parts are far
-        // fewer than 2^32 (its p̃ fits a workspace).
-        const unsigned segs = (unsigned)dzc_segs(p), parts = (unsigned)((p.m + DZC_ROWS - 1) / DZC_ROWS);
-        if (u >= parts * segs) return;
-        const unsigned band_parts = (unsigned)p.dz_band * DZC_PARTS, band_units = band_parts * segs;
-        // Bands before this one are whole, so u / band_units is the band even in a short last one.
-        const unsigned band = u / band_units, w = u % band_units, first = band * band_parts;
-        const unsigned here = parts - first < band_parts ? parts - first : band_parts;
-        const unsigned seg = w / here, q = first + w % here;
+    unsigned q, seg;
+    while (dzc_unit(p, dzc_next(ctl, lane), q, seg)) {
         dzc_part(p, q, seg, lane);
         // Every lane's stores, for the generic proxy (release below) and the copy engine's reads.
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
