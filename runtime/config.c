@@ -26,8 +26,8 @@ void config_defaults(flce_config *c)
      * chunks), 1.2 ms for dW into a caller's fp32 main_grad (H100, bench/NOTES.md, session 7) */
     c->red_acc = 1;
     c->grad_streams = 1;
-    /* the dz pass's DRAM traffic under dH's main loop (bench/NOTES.md v35) */
-    c->dz_convert = 1;
+    /* dZ formed inside dH (FLCE_DZ_CONVERT) stays off: measured slower than the dz pass (bench/NOTES.md v35) */
+    c->dz_convert = 0;
     /* TP: dH's all-reduce beside dW, which leaves NCCL 32 SMs (it launched 24 CTAs on 2 and 4
      * NVLink H100s/H200s) until the reduction ends: −0.2 to −0.5 ms at tp = 2 and 4 (4 × H200 and
      * 4 × H100, 8192×4096×128256; bench/NOTES.md TP v4) */

@@ -31,7 +31,7 @@ typedef struct flce_config {
     int dz_operand;    /* FLCE_DZ_OPERAND: chunked dH/dW form dZ from compact logits themselves (default off:
                         * measured 1.5x slower, bench/NOTES.md v22) */
     int dz_convert;    /* FLCE_DZ_CONVERT: the chunked dH's idle producer warps form dZ from compact logits
-                        * while it multiplies, instead of the dz pass (default on) */
+                        * while it multiplies, instead of the dz pass (default off: slower so far, NOTES v35) */
     int acc_prefetch;  /* FLCE_ACC_PREFETCH: L2 prefetch of dH/dW addends (default off) */
     int red_acc;       /* FLCE_RED_ACC: red.global.add into fp32 accumulators (default on) */
     int cluster;       /* FLCE_CLUSTER: 0 (default) or 2-CTA clusters for dH/dW on wgmma + TMA */

@@ -99,7 +99,7 @@ static void an_empty_environment_gives_the_defaults(void)
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
     CHECK(!d.acc_prefetch && d.red_acc && d.cluster == 0 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.tiered && !d.unlocked_compile && d.full_tiles && d.dh_k_slice == PLAN_DH_K_SLICE && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && d.tp_overlap);
-    CHECK(d.grad_streams && !d.dz_operand && d.dz_convert && d.tp_overlap_sms == 32);
+    CHECK(d.grad_streams && !d.dz_operand && !d.dz_convert && d.tp_overlap_sms == 32);
 }
 
 static void every_knob_reads_its_variable(void)
@@ -110,13 +110,13 @@ static void every_knob_reads_its_variable(void)
     setenv("FLCE_RED_ACC", "off", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_TIERED", "no", 1), setenv("FLCE_UNLOCKED_COMPILE", "yes", 1), setenv("FLCE_FULL_TILES", "off", 1), setenv("FLCE_DH_K_SLICE", "1000", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
     setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "off", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
-    setenv("FLCE_DZ_OPERAND", "1", 1), setenv("FLCE_TP_OVERLAP_SMS", "16", 1), setenv("FLCE_DZ_CONVERT", "off", 1);
+    setenv("FLCE_DZ_OPERAND", "1", 1), setenv("FLCE_TP_OVERLAP_SMS", "16", 1), setenv("FLCE_DZ_CONVERT", "on", 1);
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
     CHECK(c.acc_prefetch && !c.red_acc && c.cluster == 2 && c.raster_rows == 16 && !c.tiered && !c.full_tiles && c.dh_k_slice == 768 && c.unlocked_compile);
     CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && !c.tp_overlap);
-    CHECK(!c.grad_streams && c.dz_operand && !c.dz_convert && c.tp_overlap_sms == 16);
+    CHECK(!c.grad_streams && c.dz_operand && c.dz_convert && c.tp_overlap_sms == 16);
     clear_knobs();
 }
 
@@ -276,9 +276,9 @@ static void the_dz_operand_replaces_the_dz_pass_only_where_it_can(void)
     CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand);
 }
 
-/* By default the chunked dH forms dZ itself (plan.h dz_convert) where it is dZ's only reader while
- * it runs and dz is linear in p̃: one dH launch per chunk on the wgmma TMA path, no TP; its flags
- * fit the workspace. Otherwise the dz pass stays. */
+/* With FLCE_DZ_CONVERT=1 the chunked dH forms dZ itself (plan.h dz_convert) where it is dZ's only
+ * reader while it runs and dz is linear in p̃: one dH launch per chunk on the wgmma TMA path, no TP;
+ * its flags fit the workspace. Otherwise, and by default, the dz pass stays. */
 static void the_dz_convert_replaces_the_dz_pass_only_where_it_can(void)
 {
     flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
@@ -286,6 +286,9 @@ static void the_dz_convert_replaces_the_dz_pass_only_where_it_can(void)
     plan pl;
     config_defaults(&cfg);
     p.strategy = FLCE_STRATEGY_CHUNKED;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.compact && !pl.dz_convert && !pl.dh.dz_convert && pl.off_dz_flags == 0); /* off by default */
+    cfg.dz_convert = 1;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.compact && pl.dz_convert && pl.dh.dz_convert && !pl.dw.dz_convert && !pl.logits.dz_convert);
     CHECK(spec_validate(&pl.dh) == FLCE_OK && !pl.concurrent_grads && !pl.dh_k_slice);
