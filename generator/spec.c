@@ -138,9 +138,7 @@ size_t spec_smem_bytes(const kernel_spec *s)
                 * 16-bit tiles are stored, on a 128-byte boundary past the barriers and the ring
                 * (templates/gemm_wgmma_tma.cu, STAGED_STORE, STAGING_OFFSET) */
                (t->tma && !t->tcgen05 && (s->role != ROLE_LOGITS || s->compact)
-                    ? 128u + 2048u * (size_t)(t->warps_m * t->warps_n) : 0) +
-               /* dH with dz_convert: 4 KiB per converter warp after them (gemm_dz_convert.cu, DZC_BUF_BYTES) */
-               (s->dz_convert ? 3u * 4096u : 0);
+                    ? 128u + 2048u * (size_t)(t->warps_m * t->warps_n) : 0);
     /* mma.sync / FFMA: unpadded XOR-swizzled stages (templates/gemm_mma_sync.cu) */
     size_t pipeline = (size_t)t->stages * (size_t)(t->bm + t->bn) * (size_t)t->bk * (size_t)elem_bytes(s->dtype);
     /* the logits epilogue's cross-warp reduction: one 24-byte row_stats per (warp column, row) */

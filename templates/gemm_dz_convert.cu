@@ -84,82 +84,45 @@ __device__ __forceinline__ uint4 dzc_chunk(uint4 raw, float f, int c, int y, flo
     return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-// Each converter warp's shared buffer: DZC_AHEAD row slots of 1 KiB (a row's 512 columns of p̃),
-// past the staging buffers (generator/spec.c spec_smem_bytes counts 3 of them).
-constexpr int DZC_AHEAD = 4, DZC_BUF_BYTES = DZC_AHEAD * DZC_COLS * 2;
-
-// Row i of the part (if it is one) into slot i % DZC_AHEAD of buf by cp.async (16 bytes from each
-// lane, the two chunks it converts), then a commit: one group per row, empty past the part.
-// buf: the warp's buffer plus this lane's 32 bytes in a slot.
-__device__ __forceinline__ void dzc_issue(const unsigned short *rows0, long long ld, int i, int rows, int c0, int c1,
-                                          unsigned buf)
-{
-    if (i < rows) {
-        const unsigned dst = buf + (i % DZC_AHEAD) * (DZC_COLS * 2);
-        const unsigned short *src = rows0 + i * ld;
-        if (c0 < ld)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src + c0) : "memory");
-        if (c1 < ld)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + 16), "l"(src + c1) : "memory");
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
 // One warp: part q (tokens 16q…) of segment seg, in place. Lane l takes columns 8l… and 256 + 8l…
-// of each row. Its loads go through cp.async into the warp's buffer, DZC_AHEAD rows in flight
-// (4 KiB per warp, no registers held for them), behind an L2 prefetch of the whole part: with
-// two register loads per lane in flight the converters made ~0.6 TB/s under dH's L2 load, too
-// slow for dH's first waves (bench/NOTES.md v35). Each lane reads back only what it copied, so
-// its own cp.async.wait_group orders it.
-__device__ void dzc_part(const flce_gemm_params &p, unsigned q, unsigned seg, int lane, unsigned buf)
+// of each row: two 16-byte loads in flight per lane (the producer warpgroup has 40 registers;
+// four spilled), behind an L2 prefetch of the whole part.
+__device__ void dzc_part(const flce_gemm_params &p, unsigned q, unsigned seg, int lane)
 {
-    // Little kept in registers across the loop (the warpgroup has 40): the rest is recomputed
-    // from the parameters, which live in the constant bank.
-    const int c0 = (int)seg * DZC_COLS + lane * 8;
+    const int cols = (int)p.k, ld = (int)p.lda, c0 = (int)seg * DZC_COLS + lane * 8, c1 = c0 + 256;
     const long long r0 = (long long)q * DZC_ROWS;
     const int rows = p.m - r0 < DZC_ROWS ? (int)(p.m - r0) : DZC_ROWS;
-    unsigned short *rows0 = (unsigned short *)p.a + r0 * p.lda;
-    buf += lane * 32;
-    if (lane < rows) { // the part's rows asked of L2 at once, one bulk prefetch per row
+    const int g0 = c0 >> p.tile_cols_log2, g1 = c1 >> p.tile_cols_log2;
+    // The part's rows asked of L2 at once, one bulk prefetch per row (lanes 0-15): the row loop
+    // below then waits for DRAM once and for L2 after. Its two loads per lane in flight alone made
+    // ~0.5 TB/s of conversion, too slow for dH's first waves (bench/NOTES.md v35).
+    if (lane < rows) {
         const long long c = (long long)seg * DZC_COLS;
         const unsigned bytes = (unsigned)((p.lda - c < DZC_COLS ? p.lda - c : DZC_COLS) * 2); // 8 | ldz
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(rows0 + lane * p.lda + c), "r"(bytes)
-                     : "memory");
+        const unsigned short *row = (const unsigned short *)p.a + (r0 + lane) * p.lda + c;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(bytes) : "memory");
     }
-#pragma unroll
-    for (int i = 0; i < DZC_AHEAD; i++) dzc_issue(rows0, p.lda, i, rows, c0, c0 + 256, buf);
     for (int i = 0; i < rows; i++) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(DZC_AHEAD - 1) : "memory"); // row i has landed
-        const unsigned slot = buf + (i % DZC_AHEAD) * (DZC_COLS * 2);
-        uint4 raw0, raw1;
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(raw0.x), "=r"(raw0.y), "=r"(raw0.z), "=r"(raw0.w)
-                     : "r"(slot)
-                     : "memory");
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(raw1.x), "=r"(raw1.y), "=r"(raw1.z), "=r"(raw1.w)
-                     : "r"(slot + 16)
-                     : "memory");
-        dzc_issue(rows0, p.lda, i + DZC_AHEAD, rows, c0, c0 + 256, buf); // into the slot just read
         const long long t = r0 + i;
+        unsigned short *at = (unsigned short *)p.a + t * ld;
+        uint4 raw0 = make_uint4(0, 0, 0, 0), raw1 = raw0;
+        if (c0 < ld) raw0 = dzc_load(at + c0);
+        if (c1 < ld) raw1 = dzc_load(at + c1);
         const long long lab = load_label(p.labels, t), ly = lab - p.vocab_offset;
         int y = -1;
         float l = 0.f;
-        const int cols = (int)p.k, ld = (int)p.lda, c1 = c0 + 256;
         if (lab != p.ignore_index && lab >= 0 && lab < p.vocab_total && ly >= 0 && ly < cols)
             y = (int)ly, l = ((const float *)p.target)[t];
         const float *fac = (const float *)p.tile_max + t * p.ld_tile_max;
-        unsigned short *at = rows0 + (long long)i * ld;
         if (c0 < ld) {
-            const uint4 d = dzc_chunk(raw0, c0 < cols ? fac[c0 >> p.tile_cols_log2] : 0.f, c0, y, l, cols);
+            const uint4 d = dzc_chunk(raw0, c0 < cols ? fac[g0] : 0.f, c0, y, l, cols);
             st_global_16(at + c0, d.x, d.y, d.z, d.w);
         }
         if (c1 < ld) {
-            const uint4 d = dzc_chunk(raw1, c1 < cols ? fac[c1 >> p.tile_cols_log2] : 0.f, c1, y, l, cols);
+            const uint4 d = dzc_chunk(raw1, c1 < cols ? fac[g1] : 0.f, c1, y, l, cols);
             st_global_16(at + c1, d.x, d.y, d.z, d.w);
         }
     }
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory"); // (the empty groups) before the next part
 }
 
 // Part u of the conversion order → its 16-row group q and segment seg; false past the last part.
@@ -185,15 +148,13 @@ __device__ __forceinline__ unsigned dzc_next(unsigned *ctl, int lane)
 }
 
 // Warps 1-3 of the producer warpgroup: parts from the counter until none is left.
-// buf: the shared memory of the converters' buffers (warp w's at buf + (w − 1)·DZC_BUF_BYTES).
-__device__ void dzc_convert(const flce_gemm_params &p, unsigned buf)
+__device__ void dzc_convert(const flce_gemm_params &p)
 {
     unsigned *ctl = (unsigned *)p.dz_flags;
     const int lane = threadIdx.x % 32;
-    buf += (threadIdx.x / 32 - 1) * DZC_BUF_BYTES;
     unsigned q, seg;
     while (dzc_unit(p, dzc_next(ctl, lane), q, seg)) {
-        dzc_part(p, q, seg, lane, buf);
+        dzc_part(p, q, seg, lane);
         // Every lane's stores, for the generic proxy (release below) and the copy engine's reads.
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
         __threadfence();

@@ -272,7 +272,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
         setmaxnreg_dec<PRODUCER_REGS>();
 #if FLCE_DZ_CONVERT
         if (threadIdx.x >= 32 && p.dz_flags) { // warps 1-3: dZ for this launch's loads (gemm_dz_convert.cu)
-            dzc_convert(p, staging_addr(smem, THREADS / 32)); // past the consumers' staging buffers
+            dzc_convert(p);
             return;
         }
 #endif
