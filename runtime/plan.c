@@ -158,11 +158,18 @@ static int wgmma_tma(const kernel_spec *s)
 {
     return hopper_tma(s) && s->tile.stages >= 3; /* (dz_operand's look-ahead) */
 }
+/* Whether flce_dz_factors' per-(row, column group) factors give dZ (dz = p̃·F, the label apart):
+ * compact logits in power-of-two groups and dz linear in p̃ (no smoothing or softcap). Both ways of
+ * forming dZ without the dz pass (dz_operand, dz_convert) rest on it. */
+static int dz_factors_apply(const flce_problem *p, const plan *pl)
+{
+    return pl->compact && p->label_smoothing == 0 && !(p->softcap > 0) && pl->tile_cols > 0 &&
+           (pl->tile_cols & (pl->tile_cols - 1)) == 0;
+}
 static void plan_dz_operand(const flce_problem *p, const flce_config *cfg, plan *pl)
 {
-    pl->dz_operand = cfg->dz_operand && pl->compact && pl->tp <= 1 && !p->has_bias && p->label_smoothing == 0 &&
-                     !(p->softcap > 0) && wgmma_tma(&pl->dh) && wgmma_tma(&pl->dw) && pl->tile_cols > 0 &&
-                     (pl->tile_cols & (pl->tile_cols - 1)) == 0;
+    pl->dz_operand = cfg->dz_operand && dz_factors_apply(p, pl) && pl->tp <= 1 && !p->has_bias &&
+                     wgmma_tma(&pl->dh) && wgmma_tma(&pl->dw);
     pl->dh.dz_operand = pl->dw.dz_operand = pl->dz_operand;
 }
 
@@ -385,10 +392,9 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
      * (its factors are per launch). */
     int64_t k_max = pl->dh_k_slice_max, k = pl->recompute ? pl->chunk_cols : pl->v;
     pl->dh_k_slice = grads && !pl->dz_operand && k_max > 0 && k > k_max ? k_max : 0;
-    pl->dz_convert = pl->dz_convert_wanted && grads && pl->compact && !pl->dz_operand && !pl->concurrent_grads &&
-                     !pl->dh_k_slice && !pl->collective && pl->tp <= 1 && p->label_smoothing == 0 &&
-                     !(p->softcap > 0) && hopper_tma(&pl->dh) && pl->dh.cluster == 0 && pl->tile_cols > 0 &&
-                     (pl->tile_cols & (pl->tile_cols - 1)) == 0 && (!t || t->grad_hidden);
+    pl->dz_convert = pl->dz_convert_wanted && grads && dz_factors_apply(p, pl) && !pl->dz_operand &&
+                     !pl->concurrent_grads && !pl->dh_k_slice && !pl->collective && pl->tp <= 1 &&
+                     hopper_tma(&pl->dh) && pl->dh.cluster == 0 && (!t || t->grad_hidden);
     pl->dh.dz_convert = pl->dz_convert;
     pl->need_dh_acc = grads && ((pl->recompute && pl->n_vchunks > 1) || pl->dh_k_slice) && !f32 && !caller_dh &&
                       !pl->need_dh_tp && (!t || t->grad_hidden);
