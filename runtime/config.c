@@ -105,6 +105,7 @@ void config_from_env(flce_config *c)
     c->tp_dh_16bit = config_parse_bool("FLCE_TP_DH_16BIT", getenv("FLCE_TP_DH_16BIT"), c->tp_dh_16bit);
     c->tp_overlap = config_parse_bool("FLCE_TP_OVERLAP", getenv("FLCE_TP_OVERLAP"), c->tp_overlap);
     c->tp_overlap_sms = config_parse_int("FLCE_TP_OVERLAP_SMS", getenv("FLCE_TP_OVERLAP_SMS"), 0, 1024, c->tp_overlap_sms);
+    c->dh_bn = config_parse_int("FLCE_DH_BN", getenv("FLCE_DH_BN"), 0, 256, c->dh_bn) / 64 * 64;
     c->grad_streams = config_parse_bool("FLCE_GRAD_STREAMS", getenv("FLCE_GRAD_STREAMS"), c->grad_streams);
     c->nvrtc_fast = parse_nvrtc_fast(getenv("FLCE_NVRTC_FAST"));
 }
@@ -140,6 +141,7 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_TP_DH_16BIT", "%s", on_off(c->tp_dh_16bit), c->tp_dh_16bit == d.tp_dh_16bit);
     CONFIG_LOG_ONE("FLCE_TP_OVERLAP", "%s", on_off(c->tp_overlap), c->tp_overlap == d.tp_overlap);
     CONFIG_LOG_ONE("FLCE_TP_OVERLAP_SMS", "%d", c->tp_overlap_sms, c->tp_overlap_sms == d.tp_overlap_sms);
+    CONFIG_LOG_ONE("FLCE_DH_BN", "%d", c->dh_bn, c->dh_bn == d.dh_bn);
     CONFIG_LOG_ONE("FLCE_GRAD_STREAMS", "%s", on_off(c->grad_streams), c->grad_streams == d.grad_streams);
     CONFIG_LOG_ONE("FLCE_NVRTC_FAST", "%s", fast[c->nvrtc_fast], c->nvrtc_fast == d.nvrtc_fast);
 #undef CONFIG_LOG_ONE

@@ -50,6 +50,8 @@ typedef struct flce_config {
     int tp_overlap;    /* FLCE_TP_OVERLAP: TP's dH reduction on a side stream beside dW (default on) */
     int tp_overlap_sms; /* FLCE_TP_OVERLAP_SMS: SMs dW leaves to NCCL's all-reduce under FLCE_TP_OVERLAP
                          * (default 32, at least the CTAs NCCL launches: its log's "coll channels") */
+    int dh_bn;         /* FLCE_DH_BN: dH's tile width on the wgmma TMA path, 64/128/192/256; 0 (default):
+                        * plan.c picks it from dH's wave count */
     int grad_streams;  /* FLCE_GRAD_STREAMS: dH and dW launched on two streams at once (default on) */
     config_nvrtc_fast nvrtc_fast; /* FLCE_NVRTC_FAST (default off) */
 } flce_config;

@@ -260,6 +260,9 @@ static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, pl
  * winner as measured on every shape. */
 #define PLAN_GEMM_RATE 650e12 /* FLOP/s of one flce GEMM pass back to back, bf16 */
 #define PLAN_DRAM_RATE 3.0e12 /* bytes/s read + written */
+/* dH's cost per output column at 192 and 128 wide, relative to 256 (plan_dh_width) */
+#define PLAN_DH_COST_192 1.04
+#define PLAN_DH_COST_128 1.10
 
 static double wave_stretch(int64_t tiles, int num_sms)
 {
@@ -466,6 +469,39 @@ static void plan_grad_stores(const flce_problem *p, plan *pl)
     dw->red_acc = pl->red_acc && !dw->plain_out;
 }
 
+/* dH's tile width on the wgmma TMA path. dH's output is only tokens × D, so at a small D its
+ * 128×256 tiles come in few waves with an idle tail: 576 tiles at 8192×2304 fill 4.36 waves of
+ * 132 SMs, the last 36 % full (dH measured 1.115× cuBLAS there, bench/NOTES.md session 9). A
+ * narrower tile trades more L2 traffic per FLOP ((128 + bn) / bn bytes per column) for fuller
+ * waves. Cost per width: waves × bn × PLAN_DH_COL_COST(bn), the column cost relative to 256 wide
+ * measured on the H100 (bench/NOTES.md v36). FLCE_DH_BN forces a width (A/B runs); tuned tiles stay. */
+static double dh_col_cost(int bn) { return bn >= 256 ? 1.0 : bn >= 192 ? PLAN_DH_COST_192 : PLAN_DH_COST_128; }
+
+static void plan_dh_width(const flce_config *cfg, int num_sms, plan *pl)
+{
+    if (!hopper_tma(&pl->dh) || pl->tiles_tuned || num_sms <= 0) return;
+    int64_t rows = pl->recompute ? pl->n : pl->chunk_rows, blocks = ceil_div(rows, pl->dh.tile.bm);
+    int best = pl->dh.tile.bn;
+    if (cfg->dh_bn) {
+        best = cfg->dh_bn;
+    } else if (pl->dh.tile.bn == 256) {
+        static const int widths[] = {256, 192, 128};
+        double best_cost = 0;
+        for (int i = 0; i < 3; i++) {
+            int64_t tiles = blocks * ceil_div(pl->d, widths[i]);
+            double cost = (double)ceil_div(tiles, num_sms) * widths[i] * dh_col_cost(widths[i]);
+            if (i == 0 || cost < best_cost * 0.98) best_cost = cost, best = widths[i];
+        }
+    }
+    kernel_spec s = pl->dh;
+    s.tile.bn = best;
+    if (best == pl->dh.tile.bn || spec_validate(&s) != FLCE_OK) {
+        err_clear();
+        return;
+    }
+    pl->dh.tile.bn = best;
+}
+
 /* The plan up to its tiles: specs with the built-in tiles and the knobs config gives. */
 static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_config *cfg, const flce_tensors *t,
                        plan *pl)
@@ -505,6 +541,7 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
         pl->ldz = ceil_div(pl->v, 8) * 8;
     } else {
         TRY(plan_auto(p, num_sms, cfg, pl));
+        plan_dh_width(cfg, num_sms, pl);
     }
     if (pl->compact) { /* the chunked pass's only logits kernel, always over the whole shard */
         pl->logits.compact = 1;
@@ -551,7 +588,7 @@ flce_status plan_build(const flce_problem *p, flce_op op, int sm, int num_sms, c
                        const spec_tile *tuned, const flce_tensors *t, plan *pl)
 {
     plan_start(p, op, sm, cfg, t, pl);
-    if (tuned) pl->logits.tile = tuned[0], pl->dh.tile = tuned[1], pl->dw.tile = tuned[2];
+    if (tuned) pl->logits.tile = tuned[0], pl->dh.tile = tuned[1], pl->dw.tile = tuned[2], pl->tiles_tuned = 1;
     return plan_finish(p, op, num_sms, cfg, t, pl);
 }
 

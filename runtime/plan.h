@@ -49,6 +49,7 @@ typedef struct plan {
     int fused_dz;
     kernel_spec logits_dz;
     int raster_rows;      /* the persistent dH/dW kernels' tile order (params.h raster_rows) */
+    int tiles_tuned;      /* the tiles came from the tune table or the tuner: kept as they are */
     /* Chunked loss-and-grad with 16-bit inputs: the logits pass stores each chunk's logits as fp16
      * p̃ plus fp32 maxima per (row, tile_cols group), 2 bytes per logit instead of 6 (fp32 Z + dZ),
      * and flce_dz turns p̃ into dZ in place: 3x longer token chunks in the same budget.

@@ -114,6 +114,7 @@ static void tune_set(plan *pl, const spec_tile tiles[TUNE_ROLES])
     pl->logits.tile = tiles[0];
     pl->dh.tile = tiles[1];
     pl->dw.tile = tiles[2];
+    pl->tiles_tuned = 1;
 }
 
 void tune_apply(const flce_problem *p, const char *device, int sm, plan *pl)

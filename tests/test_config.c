@@ -422,6 +422,7 @@ static void dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted(void)
     CHECK(pl.n_chunks == 4 && pl.concurrent_grads && pl.dw_dynamic);
     p = problem(512, 4096, 128256, FLCE_DTYPE_BF16); /* one dH launch of 64 tiles: half the SMs idle */
     p.vocab_total = 128256;
+    cfg.dh_bn = 256; /* the width plan_dh_width would narrow to fill the wave */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.concurrent_grads && pl.dw_dynamic && pl.off_tile_counter > 0 && !pl.tp_overlap);
     CHECK(pl.off_tile_counter + 8 <= pl.workspace_bytes);
