@@ -260,9 +260,11 @@ static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, pl
  * winner as measured on every shape. */
 #define PLAN_GEMM_RATE 650e12 /* FLOP/s of one flce GEMM pass back to back, bf16 */
 #define PLAN_DRAM_RATE 3.0e12 /* bytes/s read + written */
-/* dH's cost per output column at 192 and 128 wide, relative to 256 (plan_dh_width) */
-#define PLAN_DH_COST_192 1.04
-#define PLAN_DH_COST_128 1.10
+/* dH's time per output column at 192 and 128 wide, relative to 256 (plan_dh_width), from dH's
+ * in-run times at 8192×4096×128256 on an H100 (bench/NOTES.md v36): 12.9 and 17.7 ms against
+ * 12.0, less the waves' share of the difference */
+#define PLAN_DH_COST_192 1.05
+#define PLAN_DH_COST_128 1.45
 
 static double wave_stretch(int64_t tiles, int num_sms)
 {
@@ -469,12 +471,13 @@ static void plan_grad_stores(const flce_problem *p, plan *pl)
     dw->red_acc = pl->red_acc && !dw->plain_out;
 }
 
-/* dH's tile width on the wgmma TMA path. dH's output is only tokens × D, so at a small D its
- * 128×256 tiles come in few waves with an idle tail: 576 tiles at 8192×2304 fill 4.36 waves of
- * 132 SMs, the last 36 % full (dH measured 1.115× cuBLAS there, bench/NOTES.md session 9). A
- * narrower tile trades more L2 traffic per FLOP ((128 + bn) / bn bytes per column) for fuller
- * waves. Cost per width: waves × bn × PLAN_DH_COL_COST(bn), the column cost relative to 256 wide
- * measured on the H100 (bench/NOTES.md v36). FLCE_DH_BN forces a width (A/B runs); tuned tiles stay. */
+/* dH's tile width on the wgmma TMA path. dH's output is only tokens × D, so its 128×256 tiles may
+ * come in few waves with an idle tail: 576 tiles at 8192×2304 fill 4.36 waves of 132 SMs, the last
+ * 36 % full (dH 1.115× cuBLAS there, bench/NOTES.md session 9); 64 tiles at 512 tokens leave half
+ * the SMs idle. A narrower tile moves more bytes per FLOP ((128 + bn) / bn per column) for fuller
+ * waves. Cost per width: waves × bn × its column cost (PLAN_DH_COST_*), and a narrower width only
+ * where it saves over 2 %. Measured (H100, v36): 8192×2304×256000 AUTO 45.3 → 44.8 ms (192 wide),
+ * 512×4096×128256 2.90 → 2.55 ms (128 wide). FLCE_DH_BN forces a width; tuned tiles stay. */
 static double dh_col_cost(int bn) { return bn >= 256 ? 1.0 : bn >= 192 ? PLAN_DH_COST_192 : PLAN_DH_COST_128; }
 
 static void plan_dh_width(const flce_config *cfg, int num_sms, plan *pl)

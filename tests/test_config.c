@@ -406,6 +406,43 @@ static void the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw(void)
     CHECK(!pl.tp_overlap);
 }
 
+/* dH's tile narrows where its 256-wide tiles leave a wave part empty and a narrower one costs less
+ * (plan_dh_width's model); FLCE_DH_BN forces a width, tuned tiles and other paths keep theirs. */
+static void dh_tiles_narrow_where_the_last_wave_would_idle(void)
+{
+    flce_config cfg;
+    config_defaults(&cfg);
+    plan pl;
+    flce_problem p = llama_plan(&cfg, &pl); /* 1024 tiles, 7.76 waves: kept */
+    CHECK(pl.dh.tile.bn == 256 && pl.dw.tile.bn == 256);
+    p = problem(8192, 2304, 256000, FLCE_DTYPE_BF16); /* 576 tiles, 4.36 waves → 768 of 192 */
+    p.vocab_total = 256000;
+    p.memory_budget = 8ull << 30; /* one token chunk, as an 80 GB device's default budget makes */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.n_chunks == 1 && pl.dh.tile.bn == 192 && pl.dw.tile.bn == 256 && pl.logits.tile.bn == 256);
+    CHECK(pl.dh.plain_out); /* 2304 = 12 × 192: whole tiles */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 144, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh.tile.bn == 256); /* 576 tiles on 144 SMs: 4 full waves */
+    CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh.tile.bn == 256); /* no dH in a forward */
+    p = problem(512, 4096, 128256, FLCE_DTYPE_BF16); /* 64 tiles: one half-empty wave → 128 of 128 */
+    p.vocab_total = 128256;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh.tile.bn == 128 && !pl.concurrent_grads);
+    cfg.dh_bn = 192;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh.tile.bn == 192);
+    config_defaults(&cfg);
+    spec_tile tuned[3] = {spec_tile_pick(90, FLCE_DTYPE_BF16, ROLE_LOGITS, cfg.tiles),
+                          spec_tile_pick(90, FLCE_DTYPE_BF16, ROLE_DH, cfg.tiles),
+                          spec_tile_pick(90, FLCE_DTYPE_BF16, ROLE_DW, cfg.tiles)};
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, tuned, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh.tile.bn == 256); /* a tuned table's tiles are measured: kept */
+    cfg.portable = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh.tile.bn == spec_tile_pick(89, FLCE_DTYPE_BF16, ROLE_DH, cfg.tiles).bn);
+}
+
 /* FLCE_GRAD_STREAMS (default on): dH and dW at once where both are asked for, dW can take its
  * tiles from the counter and dH leaves SMs idle (several launches, or one with over 10 % of its
  * last wave empty); the counter is in the workspace exactly then (or with the TP overlap). */
@@ -536,5 +573,6 @@ int main(void)
     RUN(the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only);
     RUN(the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw);
     RUN(dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted);
+    RUN(dh_tiles_narrow_where_the_last_wave_would_idle);
     FINISH();
 }
