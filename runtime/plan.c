@@ -477,17 +477,21 @@ static void plan_grad_stores(const flce_problem *p, plan *pl)
  * the SMs idle. A narrower tile moves more bytes per FLOP ((128 + bn) / bn per column) for fuller
  * waves. Cost per width: waves × bn × its column cost (PLAN_DH_COST_*), and a narrower width only
  * where it saves over 2 %. Measured (H100, v36): 8192×2304×256000 AUTO 45.3 → 44.8 ms (192 wide),
- * 512×4096×128256 2.90 → 2.55 ms (128 wide). FLCE_DH_BN forces a width; tuned tiles stay. */
+ * 512×4096×128256 2.90 → 2.55 ms (128 wide). One launch only: where dH makes several (token or
+ * vocab chunks), dW already fills their tails (grads_overlap) and narrow tiles measured slower
+ * (8192×4096×128256 at 128 MiB, 16 launches: 57.4–58.8 → 63.0–63.9 ms, the runs' minima).
+ * FLCE_DH_BN forces a width; tuned tiles stay. */
 static double dh_col_cost(int bn) { return bn >= 256 ? 1.0 : bn >= 192 ? PLAN_DH_COST_192 : PLAN_DH_COST_128; }
 
 static void plan_dh_width(const flce_config *cfg, int num_sms, plan *pl)
 {
     if (!hopper_tma(&pl->dh) || pl->tiles_tuned || num_sms <= 0) return;
     int64_t rows = pl->recompute ? pl->n : pl->chunk_rows, blocks = ceil_div(rows, pl->dh.tile.bm);
+    int64_t launches = pl->recompute ? pl->n_vchunks : pl->n_chunks;
     int best = pl->dh.tile.bn;
     if (cfg->dh_bn) {
         best = cfg->dh_bn;
-    } else if (pl->dh.tile.bn == 256) {
+    } else if (pl->dh.tile.bn == 256 && launches == 1) {
         static const int widths[] = {256, 192, 128};
         double best_cost = 0;
         for (int i = 0; i < 3; i++) {

@@ -425,6 +425,9 @@ static void dh_tiles_narrow_where_the_last_wave_would_idle(void)
     CHECK(pl.dh.tile.bn == 256); /* 576 tiles on 144 SMs: 4 full waves */
     CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.dh.tile.bn == 256); /* no dH in a forward */
+    p.memory_budget = 512ull << 20; /* 8 launches of 72 tiles: dW fills their tails, no narrowing */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.n_chunks > 1 && pl.dh.tile.bn == 256 && pl.concurrent_grads);
     p = problem(512, 4096, 128256, FLCE_DTYPE_BF16); /* 64 tiles: one half-empty wave → 128 of 128 */
     p.vocab_total = 128256;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
