@@ -13,9 +13,6 @@
 // statistics, dZ factors: up to 56 more with every option). So each tile's epilogue recomputes the
 // labels and dZ factors of its rows (a few loads that hit L1/L2) and folds its statistics into one
 // running row_stats per row, held by the thread that stores the row's partials (fold_row_stats).
-// Where the statistics fold fits in one stage beside the next tile's prologue (every default and
-// tuned portable tile: WARPS_N · BM row_stats against (BM + BN) · BK inputs).
-constexpr bool EARLY_PROLOGUE = STAGES >= 2 && (size_t)WARPS_N * BM * sizeof(row_stats) <= (size_t)STAGE_BYTES;
 __device__ __forceinline__ void logits_portable(const flce_gemm_params &p, unsigned char *smem, long long m0,
                                                 int split, long long t_begin, long long t_end)
 {
@@ -28,18 +25,9 @@ __device__ __forceinline__ void logits_portable(const flce_gemm_params &p, unsig
 #else
     (void)split;
 #endif
-    // The next vocab tile's first stages are issued before this tile's epilogue, so that they land
-    // while it runs instead of after it (the pipeline no longer drains at every tile); the statistics
-    // fold then uses the last stage, which the prologue leaves free.
     float acc[MI][NI][4];
-    if (EARLY_PROLOGUE && t_begin < t_end) mainloop_prefetch(smem, p, m0, t_begin * BN);
     for (long long vt = t_begin; vt < t_end; vt++) {
-        if (EARLY_PROLOGUE) {
-            mainloop<true>(acc, smem, p, m0, vt * BN, wm, wn, lane);
-            if (vt + 1 < t_end) mainloop_prefetch(smem, p, m0, (vt + 1) * BN);
-        } else {
-            mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
-        }
+        mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
         long long lab[MI][2];
         row_state rs[MI][2]; // dZ factors, or this tile's statistics
         rows_setup(p, m0, wm, lane, lab, rs);
@@ -48,8 +36,7 @@ __device__ __forceinline__ void logits_portable(const flce_gemm_params &p, unsig
         else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
 #else
         logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, rs, smem);
-        if (p.part_m) // uniform: not in a gradient pass
-            fold_row_stats(rs, run, smem + (EARLY_PROLOGUE ? (STAGES - 1) * STAGE_BYTES : 0), wm, wn, lane);
+        if (p.part_m) fold_row_stats(rs, run, smem, wm, wn, lane); // uniform: not in a gradient pass
 #endif
     }
 #if !FLCE_FUSED_DZ

@@ -371,9 +371,8 @@ constexpr int RUN_ROWS = (BM + THREADS - 1) / THREADS;
 
 // Folds one vocab tile's statistics (each lane's pieces of its rows) into the running ones: the 4
 // lanes sharing a row merge by shuffles, then the WARPS_N warps sharing it through shared memory,
-// in a fixed order (deterministic). `smem`: a part of the pipeline's shared memory no load in
-// flight writes (the main loop ended on a barrier; with the next tile's prologue already issued,
-// its last stage), and the second barrier here comes before the next tile's loads overwrite it.
+// in a fixed order (deterministic). The pipeline's shared memory is free: the main loop ended on a
+// barrier, and the second barrier here comes before the next tile's loads overwrite it.
 __device__ __forceinline__ void fold_row_stats(row_stats (&tile)[MI][2], row_stats (&run)[RUN_ROWS],
                                                unsigned char *smem, int wm, int wn, int lane)
 {

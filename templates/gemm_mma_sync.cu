@@ -254,28 +254,10 @@ __device__ __forceinline__ void ffma_stage(float (&acc)[MI][NI][4], const elem_t
 }
 #endif
 
-// The first STAGES − 1 k tiles of output tile (m0, n0) into stages 0 .. STAGES − 2, one commit
-// group each: the main loop's prologue, or issued by the caller ahead of it (mainloop<true>), so
-// that they land while the previous tile's epilogue runs (logits_portable).
-__device__ __forceinline__ void mainloop_prefetch(unsigned char *smem_bytes, const flce_gemm_params &p, long long m0,
-                                                  long long n0)
-{
-    const unsigned smem0 = smem_addr(smem_bytes);
-    stage_loader ld = stage_loader_init(p, m0, n0);
-    const int ktiles = (int)((p.k + BK - 1) / BK);
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < ktiles) stage_issue(ld, smem0 + s * STAGE_BYTES, p, (long long)s * BK);
-        cp_async_commit();
-    }
-}
-
 // acc = A[m0.., :] · B[n0.., :]ᵀ over the whole k extent, STAGES-deep cp.async pipeline.
 // Stage kt is read at k tile kt; the stage refilled at k tile kt (with k tile kt + STAGES − 1) is
 // the one read at kt − 1, whose last fragments every warp loaded before the barrier of kt − 1.
-// Ends with a barrier so the caller may reuse shared memory. PREFETCHED: the caller has issued
-// the prologue (mainloop_prefetch of the same tile) since the last barrier.
-template <bool PREFETCHED = false>
+// Ends with a barrier so the caller may reuse shared memory.
 __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem_bytes,
                                          const flce_gemm_params &p, long long m0, long long n0, int wm, int wn,
                                          int lane)
@@ -287,12 +269,13 @@ __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned char 
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.f;
     const unsigned smem0 = smem_addr(smem_bytes);
-    const int ktiles = (int)((p.k + BK - 1) / BK);
-    if (!PREFETCHED) mainloop_prefetch(smem_bytes, p, m0, n0);
-    // The loader past the prologue's k tiles (re-derived rather than kept live across an epilogue)
     stage_loader ld = stage_loader_init(p, m0, n0);
-    ld.a.src += A_KMAJOR ? (long long)(STAGES - 1) * BK : (long long)(STAGES - 1) * BK * p.lda;
-    ld.b.src += B_KMAJOR ? (long long)(STAGES - 1) * BK : (long long)(STAGES - 1) * BK * p.ldb;
+    const int ktiles = (int)((p.k + BK - 1) / BK);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < ktiles) stage_issue(ld, smem0 + s * STAGE_BYTES, p, (long long)s * BK);
+        cp_async_commit();
+    }
     int write = STAGES - 1, read = 0; // stage indices
 #if FLCE_DTYPE != DTYPE_F32
     const frag_offsets fo = frag_offsets_init(wm, wn, lane);
