@@ -500,9 +500,10 @@ static void plan_dh_width(const flce_config *cfg, int num_sms, plan *pl)
             if (i == 0 || cost < best_cost * 0.98) best_cost = cost, best = widths[i];
         }
     }
+    if (best == pl->dh.tile.bn) return;
     kernel_spec s = pl->dh;
     s.tile.bn = best;
-    if (best == pl->dh.tile.bn || spec_validate(&s) != FLCE_OK) {
+    if (spec_validate(&s) != FLCE_OK) { /* e.g. a forced width the path does not take: keep 256 */
         err_clear();
         return;
     }

@@ -616,7 +616,7 @@ static double fz_floor(double mag2, double sub, double tol)
  * rounding of p, 2^-12 of it, which under the same cancellation is not small relative to dz
  * either (fuzz case 1122 of seed 20261122: ε = 0.277, near-uniform logits, one token, its dW rows
  * with p_j ≈ ε/V; bench/NOTES.md). Returns that bound for one entry, before the slope and g_i. */
-static double fz_dz_fp32_err(const fz_ctx *k, double z, double lse, double a, double wj, int is_label,
+static double fz_dz_round_err(const fz_ctx *k, double z, double lse, double a, double wj, int is_label,
                              double wy)
 {
     double eps = k->q.label_smoothing, v = (double)k->x->v, p = exp(z - lse);
@@ -702,7 +702,7 @@ static void fz_check_dh(fz_ctx *k)
             for (int64_t j = 0; j < k->x->v; j++) {
                 double f = k->gs[i] * k->dz[j], z = fz_logit(q, k->x, i, j);
                 double wj = k->e.class_weight ? k->e.class_weight[j] : 1;
-                double r = fz_dz_fp32_err(k, z, o.lse, ai, wj, j == y, wy) * fabs(fz_slope(q, z) * k->gs[i]);
+                double r = fz_dz_round_err(k, z, o.lse, ai, wj, j == y, wy) * fabs(fz_slope(q, z) * k->gs[i]);
                 for (int64_t c = 0; c < d; c++) {
                     double term = f * k->x->w[j * d + c], rt = r * k->x->w[j * d + c];
                     acc[c] += term, mag[c] += term * term, mag32[c] += rt * rt;
@@ -759,7 +759,7 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
             double a = (1 - eps) * wy + eps / (double)v * wsum + 2 * lam * wy * lse[i];
             double dz = a * exp(z - lse[i]) - eps * wj / (double)v - (j == y ? (1 - eps) * wy : 0);
             double f = fz_slope(q, z) * k->gs[i];
-            double r = fz_dz_fp32_err(k, z, lse[i], a, wj, j == y, wy) * fabs(f);
+            double r = fz_dz_round_err(k, z, lse[i], a, wj, j == y, wy) * fabs(f);
             dz *= f;
             db += dz, db_mag += dz * dz, db32 += r * r;
             for (int64_t c = 0; c < d; c++) {
@@ -803,10 +803,10 @@ int fz_check(const fz_case *c, const fz_data *x, const fz_sample *s, const fz_go
     plan pl;
     flce_op op = c->mode == FZ_FORWARD ? FLCE_OP_FORWARD : c->mode == FZ_BACKWARD ? FLCE_OP_BACKWARD
                                                                                  : FLCE_OP_LOSS_AND_GRAD;
-    double chunks = plan_make(&c->p, op, 90, 132, NULL, &pl) == FLCE_OK
-                        ? (double)(pl.n_chunks > pl.n_vchunks ? pl.n_chunks : pl.n_vchunks) : 1e4;
+    const int planned = plan_make(&c->p, op, 90, 132, NULL, &pl) == FLCE_OK;
+    double chunks = planned ? (double)(pl.n_chunks > pl.n_vchunks ? pl.n_chunks : pl.n_vchunks) : 1e4;
     k.acc_k = 0x1p-22 * sqrt(chunks + 1);
-    k.p16 = op == FLCE_OP_LOSS_AND_GRAD && chunks < 1e4 && pl.compact ? 0x1p-11 : 0;
+    k.p16 = planned && op == FLCE_OP_LOSS_AND_GRAD && pl.compact ? 0x1p-11 : 0;
     k.gs = fz_token_scales(c, x);
     k.rows = malloc(sizeof(fz_row_ref) * (size_t)(s->n_tok > 0 ? s->n_tok : 1));
     k.dz = malloc(sizeof(double) * (size_t)x->v);
