@@ -78,7 +78,7 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     sb_printf(b, "#define ROLE_IS_DW %d\n", s->role == ROLE_DW);
     if (s->fused_dz) sb_text(b, "#define FLCE_FUSED_DZ 1\n");
     if (s->compact) sb_text(b, "#define FLCE_COMPACT 1\n");
-    if (s->dz_operand) sb_text(b, "#define FLCE_DZ_OPERAND 1  // A: compact logits, made dZ in shared memory\n");
+    if (s->dz_operand) sb_text(b, "#define FLCE_DZ_OPERAND 1  // A: compact logits, made dZ in registers\n");
     if (s->dz_convert) sb_text(b, "#define FLCE_DZ_CONVERT 1  // A: compact logits, made dZ by the producer's idle warps\n");
     if (s->plain_out) sb_text(b, "#define FLCE_GRAD_PLAIN 1  // only complete 16-bit tiles, through shared memory\n");
     if (s->red_acc) sb_text(b, "#define FLCE_GRAD_RED 1  // fp32 accumulators may be updated by red.global\n");
@@ -105,6 +105,27 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     sb_text(b, "\n");
 }
 
+/* The opening of a wgmma asm statement: the predicate and the accumulator list (%0…). */
+static void emit_wgmma_asm(sbuf *b, int n, const char *ab)
+{
+    int regs = n / 2;
+    sb_text(b, "    asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n\"\n");
+    sb_printf(b, "                 \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {\"\n", n, ab, ab);
+    for (int i = 0; i < regs; i += 8) {
+        sb_text(b, "                 \"");
+        for (int j = i; j < i + 8 && j < regs; j++) sb_printf(b, "%%%d%s", j, j + 1 < regs ? ", " : "");
+        sb_text(b, "\"\n");
+    }
+}
+/* The accumulators as read-write operands of that statement. */
+static void emit_wgmma_acc(sbuf *b, int regs)
+{
+    sb_text(b, "                 : ");
+    for (int j = 0; j < regs; j++)
+        sb_printf(b, "\"+f\"(d[%d][%d])%s%s", j / 4, j % 4, j + 1 < regs ? ", " : "",
+                  j % 4 == 3 && j + 1 < regs ? "\n                   " : "");
+}
+
 /* The wgmma instruction for the tile's N, with its BN/2 accumulator registers spelled out. */
 static void emit_wgmma(sbuf *b, const kernel_spec *s)
 {
@@ -117,19 +138,21 @@ static void emit_wgmma(sbuf *b, const kernel_spec *s)
               n, n, ta ? "M" : "K", tb ? "N" : "K");
     sb_printf(b, "__device__ __forceinline__ void wgmma_tile(float (&d)[%d][4], unsigned long long da, "
                  "unsigned long long db)\n{\n", n / 8);
-    sb_text(b, "    asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n\"\n");
-    sb_printf(b, "                 \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {\"\n", n, ab, ab);
-    for (int i = 0; i < regs; i += 8) {
-        sb_text(b, "                 \"");
-        for (int j = i; j < i + 8 && j < regs; j++) sb_printf(b, "%%%d%s", j, j + 1 < regs ? ", " : "");
-        sb_text(b, "\"\n");
-    }
+    emit_wgmma_asm(b, n, ab);
     sb_printf(b, "                 \"}, %%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n\"\n", regs, regs + 1, ta, tb);
-    sb_text(b, "                 : ");
-    for (int j = 0; j < regs; j++)
-        sb_printf(b, "\"+f\"(d[%d][%d])%s%s", j / 4, j % 4, j + 1 < regs ? ", " : "",
-                  j % 4 == 3 && j + 1 < regs ? "\n                   " : "");
+    emit_wgmma_acc(b, regs);
     sb_text(b, "\n                 : \"l\"(da), \"l\"(db));\n}\n\n");
+    if (!s->dz_operand) return;
+    /* dZ operand (templates/gemm_wgmma_tma.cu): A from four registers, mma.sync's fragment layout;
+     * only B's transpose is given then */
+    sb_printf(b, "// The same with A(64x16) from registers: this warp's 16 rows in mma.sync's A fragment layout.\n");
+    sb_printf(b, "__device__ __forceinline__ void wgmma_tile_rs(float (&d)[%d][4], const unsigned (&a)[4], "
+                 "unsigned long long db)\n{\n", n / 8);
+    emit_wgmma_asm(b, n, ab);
+    sb_printf(b, "                 \"}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, %d;\\n}\\n\"\n", regs, regs + 1,
+              regs + 2, regs + 3, regs + 4, tb);
+    emit_wgmma_acc(b, regs);
+    sb_text(b, "\n                 : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db));\n}\n\n");
 }
 
 /* The tcgen05 flags: the Hopper path's swizzled TMA tiles and pipeline (FLCE_WGMMA, FLCE_TMA) with

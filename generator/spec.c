@@ -365,9 +365,10 @@ flce_status spec_validate(const kernel_spec *s)
     if (s->compact && s->dtype == FLCE_DTYPE_F32)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "compact=1: needs a 16-bit dtype (fp32 logits are stored as they are)");
     if (s->dz_operand != 0 && (s->dz_operand != 1 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
-                               s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32 || s->tile.stages < 3))
+                               s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32 || s->tile.stages < 3 || s->cluster > 1))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "dz_operand=%d: 0, or 1 for dH/dW on the wgmma TMA path with a 16-bit dtype and 3+ stages",
+                       "dz_operand=%d: 0, or 1 for dH/dW on the wgmma TMA path with a 16-bit dtype, 3+ stages and no "
+                       "cluster",
                        s->dz_operand);
     if (s->dz_convert != 0 && (s->dz_convert != 1 || s->role != ROLE_DH || !s->tile.wgmma || !s->tile.tma ||
                                s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32 || s->cluster > 1 || s->dz_operand))

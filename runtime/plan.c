@@ -168,8 +168,10 @@ static int dz_factors_apply(const flce_problem *p, const plan *pl)
 }
 static void plan_dz_operand(const flce_problem *p, const flce_config *cfg, plan *pl)
 {
-    pl->dz_operand = cfg->dz_operand && dz_factors_apply(p, pl) && pl->tp <= 1 && !p->has_bias &&
-                     wgmma_tma(&pl->dh) && wgmma_tma(&pl->dw);
+    /* (dW takes one factor group per warpgroup's 64 columns: groups of 64 columns or more) */
+    pl->dz_operand = cfg->dz_operand && dz_factors_apply(p, pl) && pl->tile_cols >= 64 && pl->tp <= 1 &&
+                     !p->has_bias && wgmma_tma(&pl->dh) && wgmma_tma(&pl->dw) && pl->dh.cluster <= 1 &&
+                     pl->dw.cluster <= 1;
     pl->dh.dz_operand = pl->dw.dz_operand = pl->dz_operand;
 }
 

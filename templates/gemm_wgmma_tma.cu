@@ -255,85 +255,214 @@ __device__ void drain_pair(unsigned char *smem, int it)
 #define FLCE_DZ_OPERAND 0
 #endif
 #if FLCE_DZ_OPERAND
-// ---- dZ formed in the operand path (dH/dW of the chunked strategy with compact logits) -------
-// A is the compact logits themselves: fp16 p̃ = exp(z − m)·2^15 (common.cuh). dZ = p̃ · F except
-// at the label, where F is one number per (token, column group): rowops.cu's flce_dz_factors
-// overwrote each group's maximum m in tile_max with F = dz of p = exp(m − lse)·2^-15 (the dz pass's
-// common-group factor, so the values are that pass's bits) and the chunk's target logit with the
-// label's exact dz. Each consumer warpgroup turns its own 64 rows × 64 columns of a stage (the only
-// part of A its wgmmas read: rows wg·64… for dH, box wg for dW) into dZ in the dtype, in place,
-// while its previous k-tile's wgmmas run; then fence.proxy.async (generic writes → the async
-// proxy wgmma reads through) and a warpgroup barrier. This replaces the dz pass: its 2 + 2 bytes
-// per logit of DRAM traffic (1.49 ms at 8192×4096×128256, bench/NOTES.md v22) and the dZ buffer's
-// write. The stage's rows are tokens (dH: m0 + wg·64 + r; dW: the k-tile's), 128 bytes each of
-// 64 vocab columns (dH: the k-tile's; dW: m0 + wg·64…), 16-byte chunk c at chunk c ^ (r & 7).
-static_assert(!ROLE_IS_LOGITS && FLCE_DTYPE != DTYPE_F32 && A_KMAJOR == (bool)ROLE_IS_DH && STAGES >= 3,
-              "dZ operand: dH/dW, 16-bit, 3 or more stages (the main loop waits one stage ahead)");
+// ---- dZ formed in registers, wgmma's A from registers (dH/dW, chunked strategy, compact logits) --
+// A is the compact logits themselves, fp16 p̃ = exp(z − m)·2^15 (common.cuh), loaded by TMA like
+// any A tile. dZ = p̃·F except at the label: flce_dz_factors (rowops.cu) overwrote each (token,
+// column group) maximum m in tile_max with its factor F and the chunk's target logit with the
+// label's exact dz, so these are the dz pass's bits. Each consumer warp reads its A fragments of a
+// k-tile from the stage with ldmatrix (dW: .trans, its A being p̃ᵀ), turns them into dZ in registers
+// (two conversions, two multiplies and one pack per pair of logits) and hands them to wgmma as its
+// register operand (wgmma_tile_rs, generator/emit.c); B stays in shared memory. This replaces the
+// dz pass (2 + 2 bytes of DRAM traffic per logit, 1.49 ms at 8192×4096×128256) without v22's
+// round trip through the stage (dZ written back, fence.proxy.async, a warpgroup barrier per k-tile:
+// 1.5× slower, bench/NOTES.md). k-tile kt's conversion runs while k-tile kt − 1's wgmmas do, so
+// its registers alternate between two arrays (the loop is unrolled by two).
+// Fragment of warp w of a warpgroup (rows 16w… of its 64), lane 4g + t: register q of k16 step kk
+// holds (row g + 8(q & 1), k 2t + 8(q >> 1) + {0, 1}), the low half first: mma.sync's A layout,
+// the one wgmma takes from registers.
+static_assert(!ROLE_IS_LOGITS && FLCE_DTYPE != DTYPE_F32 && A_KMAJOR == (bool)ROLE_IS_DH && STAGES >= 2,
+              "dZ operand: dH/dW, 16-bit, 2 or more stages");
 __device__ long long dh_dw_tile_m0(const flce_gemm_params &p, long long t); // gemm_entry.cu
-// One thread: row r (0…63) of its warpgroup's region, chunks 4h… of it (rotated by r, so the 32
-// lanes of a warp spread over all banks), and that row's factor and label for the next k-tile.
-struct dz_operand {
-    long long m0; // the tile's first row: tokens (dH) or vocab columns (dW)
-    int wg, r, h;
-    float f, l;   // the row's factor for the k-tile; the label's dz
-    long long y;  // the label's column in the shard, or far from every column
-};
-__device__ __forceinline__ void dzop_load(dz_operand &o, const flce_gemm_params &p, int kt)
+
+// Token t's label as a column of this launch's vocab (dH: its k, dW: its m), or −1: ignored, out of
+// range, or in another chunk or shard (the same test as flce_dz_factors').
+__device__ __forceinline__ int dzop_label(const flce_gemm_params &p, long long t, long long cols)
 {
-#if ROLE_IS_DH
-    const long long t = o.m0 + o.wg * 64 + o.r, v0 = (long long)kt * BK, rows = p.m, cols = p.k;
-#else
-    const long long t = (long long)kt * BK + o.r, v0 = o.m0 + o.wg * 64, rows = p.k, cols = p.m;
-#endif
-    o.f = 0.f, o.l = 0.f, o.y = -(1ll << 40); // rows and columns past the matrix: zeros, as loaded
-    if (t >= rows || v0 >= cols) return;
-    o.f = ((const float *)p.tile_max)[t * p.ld_tile_max + (v0 >> p.tile_cols_log2)];
     const long long lab = load_label(p.labels, t), ly = lab - p.vocab_offset;
-    if (lab != p.ignore_index && lab >= 0 && lab < p.vocab_total && ly >= 0 && ly < cols)
-        o.y = ly, o.l = ((const float *)p.target)[t];
+    return lab != p.ignore_index && lab >= 0 && lab < p.vocab_total && ly >= 0 && ly < cols ? (int)ly : -1;
 }
-__device__ __forceinline__ void dzop_transform(const dz_operand &o, unsigned char *region, int kt)
+__device__ __forceinline__ float dzop_factor(const flce_gemm_params &p, long long t, long long col)
 {
-    const unsigned row = smem_addr(region) + o.r * 128;
+    return ((const float *)p.tile_max)[t * p.ld_tile_max + (col >> p.tile_cols_log2)];
+}
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr)
+{
 #if ROLE_IS_DH
-    const long long vbase = (long long)kt * BK;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
 #else
-    const long long vbase = o.m0 + o.wg * 64;
-    (void)kt;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
 #endif
+}
+// p̃ pair (lo, hi) · (f_lo, f_hi) rounded to the dtype's pair, as the dz pass rounds it.
+__device__ __forceinline__ unsigned dzop_pair(unsigned v, float f_lo, float f_hi)
+{
+    float lo, hi;
+    asm("{\n.reg .f16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}\n"
+        : "=f"(lo), "=f"(hi)
+        : "r"(v));
+    return pack2_elem(lo * f_lo, hi * f_hi);
+}
+// Register (kk, q)'s half `hi` of a[][] replaced by the dtype's bits of x (the label's dz).
+__device__ __forceinline__ void dzop_patch(unsigned (&a)[4][4], int kk, int q, int hi, float x)
+{
+    const unsigned bits = pack2_elem(x, x);
 #pragma unroll
-    for (int j2 = 0; j2 < 4; j2 += 2) { // two chunks at a time: the accumulators hold 128 registers
-        unsigned w[2][4];
+    for (int i = 0; i < 4; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(w[j][0]), "=r"(w[j][1]), "=r"(w[j][2]), "=r"(w[j][3])
-                         : "r"(row + (((4 * o.h + j2 + j + o.r) & 7) << 4))
-                         : "memory");
+        for (int j = 0; j < 4; j++)
+            if (i == kk && j == q) a[i][j] = hi ? (a[i][j] & 0xffffu) | (bits & 0xffff0000u) : (a[i][j] & 0xffff0000u) | (bits & 0xffffu);
+}
+
+// One consumer thread's view of the tile: what it needs besides the stage to form its fragments.
+struct dz_operand {
+    long long k0;  // the current k-tile's first k
+    unsigned ld;   // its ldmatrix address inside a stage, for kk = 0 (dH) or all kk (dW: + kk·2048)
+    int lane;
+#if ROLE_IS_DH
+    long long tok;          // the token of fragment row g (row g + 8: tok + 8)
+    float f[2], nf[2];      // rows g, g + 8: the current / next k-tile's factor
+    int y[2];               // their labels' columns, or −1
+    float l[2];             // their labels' dz
+#else
+    long long mw;           // the vocab column of the warp's fragment row 0
+    long long col;          // the warpgroup's first column (its factor group)
+    float f[2], nf[2];      // lane l: tokens k0 + 2l, + 1 of the current / next k-tile: factors
+    int y[2], ny[2];        // … and labels' columns, or −1
+#endif
+};
+// The factors (and dW: labels) of k-tile kt into nf (ny), zeros past the matrix.
+__device__ __forceinline__ void dzop_fetch(dz_operand &o, const flce_gemm_params &p, int kt)
+{
+    const long long k0 = (long long)kt * BK;
+#if ROLE_IS_DH
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int pc = (4 * o.h + j2 + j + o.r) & 7;
-            const long long v = vbase + ((pc ^ (o.r & 7)) << 3);
-            const bool has_label = (unsigned long long)(o.y - v) < 8;
+    for (int r = 0; r < 2; r++) o.nf[r] = o.tok + 8 * r < p.m && k0 < p.k ? dzop_factor(p, o.tok + 8 * r, k0) : 0.f;
+#else
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                float lo, hi;
-                asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((unsigned short)(w[j][q] & 0xffff)));
-                asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((unsigned short)(w[j][q] >> 16)));
-                lo *= o.f, hi *= o.f;
-                if (has_label) {
-                    if (o.y == v + 2 * q) lo = o.l;
-                    if (o.y == v + 2 * q + 1) hi = o.l;
-                }
-                w[j][q] = pack2_elem(lo, hi);
-            }
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row + (pc << 4)), "r"(w[j][0]), "r"(w[j][1]),
-                         "r"(w[j][2]), "r"(w[j][3])
-                         : "memory");
+    for (int h = 0; h < 2; h++) {
+        const long long t = k0 + 2 * o.lane + h;
+        const bool in = t < p.k && o.col < p.m;
+        o.nf[h] = in ? dzop_factor(p, t, o.col) : 0.f;
+        o.ny[h] = in ? dzop_label(p, t, p.m) : -1;
+    }
+#endif
+}
+// Per tile: the thread's rows (dH: tokens, their labels), the first k-tile's factors in flight.
+__device__ __forceinline__ void dzop_begin(dz_operand &o, const flce_gemm_params &p, long long m0, int wg)
+{
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, j = lane >> 3, r8 = lane & 7;
+    o.lane = lane;
+#if ROLE_IS_DH
+    // matrix j of ldmatrix.x4: rows 8(j & 1)…, k 8(j >> 1)…; lane supplies row r8 of it
+    o.ld = wg * (64 * 128) + (16 * warp + 8 * (j & 1) + r8) * 128 + ((unsigned)((j >> 1) ^ r8) << 4);
+    o.tok = m0 + 64 * wg + 16 * warp + lane / 4;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long t = o.tok + 8 * r;
+        o.y[r] = t < p.m ? dzop_label(p, t, p.k) : -1;
+        o.l[r] = o.y[r] >= 0 ? ((const float *)p.target)[t] : 0.f;
+    }
+#else
+    // .trans: matrix j holds columns (vocab) 8(j & 1)… of k rows (tokens) 8(j >> 1)…; the stage's
+    // 64-column box of this warpgroup, k row r at r·128, 16-byte chunk c at c ^ (r & 7)
+    o.ld = wg * (BK * 128) + (8 * (j >> 1) + r8) * 128 + ((unsigned)((2 * warp + (j & 1)) ^ r8) << 4);
+    o.mw = m0 + 64 * wg + 16 * warp;
+    o.col = m0 + 64 * wg;
+#endif
+    dzop_fetch(o, p, 0);
+}
+// Makes the fetched k-tile kt current and starts fetching kt + 1.
+__device__ __forceinline__ void dzop_next(dz_operand &o, const flce_gemm_params &p, int kt, int ktiles)
+{
+    o.k0 = (long long)kt * BK;
+#pragma unroll
+    for (int h = 0; h < 2; h++) o.f[h] = o.nf[h];
+#if !ROLE_IS_DH
+#pragma unroll
+    for (int h = 0; h < 2; h++) o.y[h] = o.ny[h];
+#endif
+    if (kt + 1 < ktiles) dzop_fetch(o, p, kt + 1);
+}
+// This thread's dZ fragments of the current k-tile from the stage's p̃.
+__device__ __forceinline__ void dzop_form(unsigned (&a)[4][4], const dz_operand &o, const flce_gemm_params &p,
+                                          unsigned stage)
+{
+    const int lane = o.lane, t = lane & 3;
+#if ROLE_IS_DH
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        unsigned raw[4];
+        ldsm_x4(raw, stage + (o.ld ^ ((unsigned)(2 * kk) << 4))); // chunk 2kk + (j >> 1), swizzled by r8
+#pragma unroll
+        for (int q = 0; q < 4; q++) a[kk][q] = dzop_pair(raw[q], o.f[q & 1], o.f[q & 1]);
+    }
+    // The label's exact dz, where a row's label falls in this k-tile: rare (once per row and dH).
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long d = (long long)o.y[r] - o.k0;
+        if (o.y[r] >= 0 && d >= 0 && d < BK && (((int)d & 7) >> 1) == t)
+            dzop_patch(a, (int)d >> 4, (((int)d >> 3) & 1) * 2 + r, (int)d & 1, o.l[r]);
+    }
+#else
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        unsigned raw[4];
+        ldsm_x4(raw, stage + o.ld + kk * 2048); // 16 k rows further
+        // tokens 16kk + 2t (+ 1) sit in lane 8kk + t's fetch, 16kk + 2t + 8 (+ 1) in lane 8kk + t + 4's
+        const int src = 8 * kk + t;
+        const float f0 = __shfl_sync(0xffffffffu, o.f[0], src), f1 = __shfl_sync(0xffffffffu, o.f[1], src);
+        const float f2 = __shfl_sync(0xffffffffu, o.f[0], src + 4), f3 = __shfl_sync(0xffffffffu, o.f[1], src + 4);
+        a[kk][0] = dzop_pair(raw[0], f0, f1), a[kk][1] = dzop_pair(raw[1], f0, f1);
+        a[kk][2] = dzop_pair(raw[2], f2, f3), a[kk][3] = dzop_pair(raw[3], f2, f3);
+    }
+    // Tokens whose label is one of the warp's 16 columns: rare (64·16/V per k-tile), warp-uniform.
+    bool hit = false;
+#pragma unroll
+    for (int h = 0; h < 2; h++) hit |= o.y[h] >= 0 && (unsigned long long)(o.y[h] - o.mw) < 16;
+    unsigned mask = __ballot_sync(0xffffffffu, hit);
+    while (mask) {
+        const int src = __ffs(mask) - 1;
+        mask &= mask - 1;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int y = __shfl_sync(0xffffffffu, o.y[h], src);
+            const long long rr = (long long)y - o.mw;
+            if (y < 0 || rr < 0 || rr >= 16) continue; // (uniform: every lane has the same y)
+            const int tok = 2 * src + h, kin = tok & 15;
+            const float dz = ((const float *)p.target)[o.k0 + tok];
+            if (lane == (int)(rr & 7) * 4 + ((kin & 7) >> 1))
+                dzop_patch(a, tok >> 4, (kin >> 3) * 2 + (int)(rr >> 3), kin & 1, dz);
         }
     }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + o.wg) : "memory"); // this warpgroup's 128 threads
+#endif
+}
+// One k-tile: wait for its stage, form A, issue its wgmmas; then the previous k-tile's are done
+// and its stage goes back to the producer.
+__device__ __forceinline__ void dzop_step(float (&acc)[MI][NI][4], unsigned (&a)[4][4], dz_operand &o,
+                                          unsigned char *smem, const flce_gemm_params &p, int &it, int kt, int ktiles,
+                                          bool signals)
+{
+    const int s = it % STAGES;
+    mbar_wait(full_bar(smem, s), (it / STAGES) & 1);
+    dzop_next(o, p, kt, ktiles);
+    unsigned char *stage = smem + s * STAGE_BYTES;
+    dzop_form(a, o, p, smem_addr(stage));
+    const unsigned b_base = smem_addr(stage + A_BYTES);
+    constexpr unsigned B_LBO = B_KMAJOR ? 16 : BK * 128;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++)
+        wgmma_tile_rs(acc[0], a[kk], smem_desc(b_base + (B_KMAJOR ? kk * 32 : kk * 2048), B_LBO, 1024));
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (kt > 0 && signals) mbar_arrive(empty_bar(smem, (it - 1) % STAGES));
+    it++;
 }
 #endif // FLCE_DZ_OPERAND
 
@@ -353,44 +482,31 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
         if (*tile < 0) return false;
     }
     const int ktiles = (int)((p.k + BK - 1) / BK);
-#if FLCE_DZ_OPERAND
-    // The first k-tile's stage is made dZ here; every later one while the wgmmas of the k-tile
-    // before it run (below), so the conversion is never between a wgmma's end and the next's issue.
-    dz_operand op;
-    op.m0 = slot ? dh_dw_tile_m0(p, *tile) : m0;
-    op.wg = wg, op.r = (threadIdx.x % 128) / 2, op.h = threadIdx.x % 2;
-    dzop_load(op, p, 0);
-    if (ktiles > 0) {
-        mbar_wait(full_bar(smem, it % STAGES), (it / STAGES) & 1);
-        dzop_transform(op, smem + (it % STAGES) * STAGE_BYTES + wg * (64 * 128), 0);
-        if (ktiles > 1) dzop_load(op, p, 1);
-    }
-#else
-    (void)m0;
-#endif
 #pragma unroll
     for (int j = 0; j < NI; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[0][j][e] = 0.f;
     fence_acc(acc);
     const bool signals = threadIdx.x % 128 == 0; // one arrival per warpgroup
+#if FLCE_DZ_OPERAND
+#if FLCE_CLUSTER
+#error "dZ operand: one CTA per tile (generator/spec.c)"
+#endif
+    dz_operand op;
+    dzop_begin(op, p, slot ? dh_dw_tile_m0(p, *tile) : m0, wg);
+    unsigned a0[4][4], a1[4][4]; // k-tiles alternate: one array is read by wgmmas in flight
+    int kt = 0;
+    for (; kt + 1 < ktiles; kt += 2) {
+        dzop_step(acc, a0, op, smem, p, it, kt, ktiles, signals);
+        dzop_step(acc, a1, op, smem, p, it, kt + 1, ktiles, signals);
+    }
+    if (kt < ktiles) dzop_step(acc, a0, op, smem, p, it, kt, ktiles, signals);
+#else
+    (void)m0;
     for (int kt = 0; kt < ktiles; kt++, it++) {
         const int s = it % STAGES;
-#if FLCE_DZ_OPERAND
-        compute_stage(acc, smem + s * STAGE_BYTES, wg); // (its stage waited for and converted before)
-        if (kt + 1 < ktiles) {
-            // The next k-tile's stage, converted under this one's wgmmas: it was loaded into a
-            // stage released STAGES − 1 ≥ 2 k-tiles ago, so waiting for it here cannot hold up the
-            // release below of the stage the producer needs next.
-            const int s1 = (it + 1) % STAGES;
-            mbar_wait(full_bar(smem, s1), ((it + 1) / STAGES) & 1);
-            dzop_transform(op, smem + s1 * STAGE_BYTES + wg * (64 * 128), kt + 1);
-            if (kt + 2 < ktiles) dzop_load(op, p, kt + 2); // its latency under the next wgmmas
-        }
-#else
         mbar_wait(full_bar(smem, s), (it / STAGES) & 1);
         compute_stage(acc, smem + s * STAGE_BYTES, wg);
-#endif
         // This k-tile's wgmmas stay in flight; the previous one's are done, so its stage goes back.
         wgmma_wait<1>();
 #if FLCE_CLUSTER
@@ -399,6 +515,7 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
         if (kt > 0 && signals) mbar_arrive(empty_bar(smem, (it - 1) % STAGES));
 #endif
     }
+#endif
     wgmma_wait<0>();
     fence_acc(acc);
 #if FLCE_CLUSTER
