@@ -281,10 +281,6 @@ __device__ __forceinline__ int dzop_label(const flce_gemm_params &p, long long t
     const long long lab = load_label(p.labels, t), ly = lab - p.vocab_offset;
     return lab != p.ignore_index && lab >= 0 && lab < p.vocab_total && ly >= 0 && ly < cols ? (int)ly : -1;
 }
-__device__ __forceinline__ float dzop_factor(const flce_gemm_params &p, long long t, long long col)
-{
-    return ((const float *)p.tile_max)[t * p.ld_tile_max + (col >> p.tile_cols_log2)];
-}
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr)
 {
 #if ROLE_IS_DH
@@ -320,36 +316,43 @@ __device__ __forceinline__ void dzop_patch(unsigned (&a)[4][4], int kk, int q, i
 }
 
 // One consumer thread's view of the tile: what it needs besides the stage to form its fragments.
+// Per k-tile it costs four ldmatrix, 16 pairs converted and the next k-tile's factor loads; the
+// label test is one comparison per row (dH) or a warp vote (dW), its patch a rare branch.
 struct dz_operand {
-    long long k0;  // the current k-tile's first k
-    unsigned ld;   // its ldmatrix address inside a stage, for kk = 0 (dH) or all kk (dW: + kk·2048)
+    int k0;        // the current k-tile's first k
+    unsigned ld;   // this lane's ldmatrix address inside a stage (kk = 0)
     int lane;
 #if ROLE_IS_DH
-    long long tok;          // the token of fragment row g (row g + 8: tok + 8)
-    float f[2], nf[2];      // rows g, g + 8: the current / next k-tile's factor
-    int y[2];               // their labels' columns, or −1
-    float l[2];             // their labels' dz
+    const float *frow[2]; // rows g, g + 8: their factors (tile_max rows; a row past the matrix reads row 0)
+    float f[2], nf[2];    // … of the current / next k-tile
+    int y[2];             // their labels' columns, or INT_MAX
+    float l[2];           // their labels' dz
 #else
-    long long mw;           // the vocab column of the warp's fragment row 0
-    long long col;          // the warpgroup's first column (its factor group)
-    float f[2], nf[2];      // lane l: tokens k0 + 2l, + 1 of the current / next k-tile: factors
-    int y[2], ny[2];        // … and labels' columns, or −1
+    const float *fcol;    // the warpgroup's factor group, token 0 (stride ld_tile_max)
+    long long label_base; // the global id of the warp's fragment row 0
+    int mw;               // its column in this launch
+    float f[2], nf[2];    // lane l: tokens k0 + 2l, + 1 of the current / next k-tile: factors
+    bool hit[2], nhit[2]; // … and whether their label is one of the warp's 16 columns
 #endif
 };
-// The factors (and dW: labels) of k-tile kt into nf (ny), zeros past the matrix.
+// The factors (dW: and label hits) of k-tile kt into nf (nhit); zeros past the matrix.
 __device__ __forceinline__ void dzop_fetch(dz_operand &o, const flce_gemm_params &p, int kt)
 {
-    const long long k0 = (long long)kt * BK;
+    const int k0 = kt * BK;
 #if ROLE_IS_DH
+    const int g = k0 >> p.tile_cols_log2;
 #pragma unroll
-    for (int r = 0; r < 2; r++) o.nf[r] = o.tok + 8 * r < p.m && k0 < p.k ? dzop_factor(p, o.tok + 8 * r, k0) : 0.f;
+    for (int r = 0; r < 2; r++) o.nf[r] = o.frow[r][g];
 #else
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const long long t = k0 + 2 * o.lane + h;
-        const bool in = t < p.k && o.col < p.m;
-        o.nf[h] = in ? dzop_factor(p, t, o.col) : 0.f;
-        o.ny[h] = in ? dzop_label(p, t, p.m) : -1;
+        o.nf[h] = 0.f, o.nhit[h] = false;
+        if (t < p.k) {
+            o.nf[h] = o.fcol[t * p.ld_tile_max];
+            const long long lab = load_label(p.labels, t);
+            o.nhit[h] = (unsigned long long)(lab - o.label_base) < 16 && lab != p.ignore_index && lab < p.vocab_total;
+        }
     }
 #endif
 }
@@ -359,33 +362,37 @@ __device__ __forceinline__ void dzop_begin(dz_operand &o, const flce_gemm_params
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, j = lane >> 3, r8 = lane & 7;
     o.lane = lane;
 #if ROLE_IS_DH
-    // matrix j of ldmatrix.x4: rows 8(j & 1)…, k 8(j >> 1)…; lane supplies row r8 of it
+    // matrix j of ldmatrix.x4: rows 8(j & 1)…, k 8(j >> 1)…; the lane gives row r8 of it
     o.ld = wg * (64 * 128) + (16 * warp + 8 * (j & 1) + r8) * 128 + ((unsigned)((j >> 1) ^ r8) << 4);
-    o.tok = m0 + 64 * wg + 16 * warp + lane / 4;
+    const long long tok = m0 + 64 * wg + 16 * warp + lane / 4;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const long long t = o.tok + 8 * r;
-        o.y[r] = t < p.m ? dzop_label(p, t, p.k) : -1;
-        o.l[r] = o.y[r] >= 0 ? ((const float *)p.target)[t] : 0.f;
+        const long long t = tok + 8 * r;
+        const int y = t < p.m ? dzop_label(p, t, p.k) : -1;
+        o.y[r] = y >= 0 ? y : 0x7fffffff;
+        o.l[r] = y >= 0 ? ((const float *)p.target)[t] : 0.f;
+        o.frow[r] = (const float *)p.tile_max + (t < p.m ? t : 0) * p.ld_tile_max;
     }
 #else
     // .trans: matrix j holds columns (vocab) 8(j & 1)… of k rows (tokens) 8(j >> 1)…; the stage's
     // 64-column box of this warpgroup, k row r at r·128, 16-byte chunk c at c ^ (r & 7)
     o.ld = wg * (BK * 128) + (8 * (j >> 1) + r8) * 128 + ((unsigned)((2 * warp + (j & 1)) ^ r8) << 4);
-    o.mw = m0 + 64 * wg + 16 * warp;
-    o.col = m0 + 64 * wg;
+    const long long col = m0 + 64 * wg;
+    o.mw = (int)(col + 16 * warp);
+    o.label_base = p.vocab_offset + o.mw;
+    o.fcol = (const float *)p.tile_max + (col < p.m ? col >> p.tile_cols_log2 : 0);
 #endif
     dzop_fetch(o, p, 0);
 }
 // Makes the fetched k-tile kt current and starts fetching kt + 1.
 __device__ __forceinline__ void dzop_next(dz_operand &o, const flce_gemm_params &p, int kt, int ktiles)
 {
-    o.k0 = (long long)kt * BK;
+    o.k0 = kt * BK;
 #pragma unroll
     for (int h = 0; h < 2; h++) o.f[h] = o.nf[h];
 #if !ROLE_IS_DH
 #pragma unroll
-    for (int h = 0; h < 2; h++) o.y[h] = o.ny[h];
+    for (int h = 0; h < 2; h++) o.hit[h] = o.nhit[h];
 #endif
     if (kt + 1 < ktiles) dzop_fetch(o, p, kt + 1);
 }
@@ -402,12 +409,11 @@ __device__ __forceinline__ void dzop_form(unsigned (&a)[4][4], const dz_operand 
 #pragma unroll
         for (int q = 0; q < 4; q++) a[kk][q] = dzop_pair(raw[q], o.f[q & 1], o.f[q & 1]);
     }
-    // The label's exact dz, where a row's label falls in this k-tile: rare (once per row and dH).
+    // The label's exact dz where a row's label falls in this k-tile: once per row and dH.
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const long long d = (long long)o.y[r] - o.k0;
-        if (o.y[r] >= 0 && d >= 0 && d < BK && (((int)d & 7) >> 1) == t)
-            dzop_patch(a, (int)d >> 4, (((int)d >> 3) & 1) * 2 + r, (int)d & 1, o.l[r]);
+        const unsigned d = (unsigned)(o.y[r] - o.k0);
+        if (d < BK && ((d & 7) >> 1) == (unsigned)t) dzop_patch(a, d >> 4, ((d >> 3) & 1) * 2 + r, d & 1, o.l[r]);
     }
 #else
 #pragma unroll
@@ -422,28 +428,23 @@ __device__ __forceinline__ void dzop_form(unsigned (&a)[4][4], const dz_operand 
         a[kk][2] = dzop_pair(raw[2], f2, f3), a[kk][3] = dzop_pair(raw[3], f2, f3);
     }
     // Tokens whose label is one of the warp's 16 columns: rare (64·16/V per k-tile), warp-uniform.
-    bool hit = false;
-#pragma unroll
-    for (int h = 0; h < 2; h++) hit |= o.y[h] >= 0 && (unsigned long long)(o.y[h] - o.mw) < 16;
-    unsigned mask = __ballot_sync(0xffffffffu, hit);
+    unsigned mask = __ballot_sync(0xffffffffu, o.hit[0] || o.hit[1]);
     while (mask) {
         const int src = __ffs(mask) - 1;
         mask &= mask - 1;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int y = __shfl_sync(0xffffffffu, o.y[h], src);
-            const long long rr = (long long)y - o.mw;
-            if (y < 0 || rr < 0 || rr >= 16) continue; // (uniform: every lane has the same y)
+            if (!__shfl_sync(0xffffffffu, (int)o.hit[h], src)) continue; // (uniform)
             const int tok = 2 * src + h, kin = tok & 15;
+            const int rr = (int)(load_label(p.labels, o.k0 + tok) - o.label_base);
             const float dz = ((const float *)p.target)[o.k0 + tok];
-            if (lane == (int)(rr & 7) * 4 + ((kin & 7) >> 1))
-                dzop_patch(a, tok >> 4, (kin >> 3) * 2 + (int)(rr >> 3), kin & 1, dz);
+            if (lane == (rr & 7) * 4 + ((kin & 7) >> 1)) dzop_patch(a, tok >> 4, (kin >> 3) * 2 + (rr >> 3), kin & 1, dz);
         }
     }
 #endif
 }
-// One k-tile: wait for its stage, form A, issue its wgmmas; then the previous k-tile's are done
-// and its stage goes back to the producer.
+// One k-tile: wait for its stage, form A in `a`, issue its wgmmas; then the previous k-tile's are
+// done and its stage goes back to the producer.
 __device__ __forceinline__ void dzop_step(float (&acc)[MI][NI][4], unsigned (&a)[4][4], dz_operand &o,
                                           unsigned char *smem, const flce_gemm_params &p, int &it, int kt, int ktiles,
                                           bool signals)
@@ -463,6 +464,15 @@ __device__ __forceinline__ void dzop_step(float (&acc)[MI][NI][4], unsigned (&a)
     wgmma_wait<1>();
     if (kt > 0 && signals) mbar_arrive(empty_bar(smem, (it - 1) % STAGES));
     it++;
+}
+// The registers of `a` are read by wgmmas in flight until the wait that retires them: this keeps
+// the compiler from giving them to anything else before that point (it sees them used here).
+__device__ __forceinline__ void dzop_hold(unsigned (&a)[4][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) asm volatile("" : "+r"(a[kk][q])::"memory");
 }
 #endif // FLCE_DZ_OPERAND
 
@@ -494,13 +504,20 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
 #endif
     dz_operand op;
     dzop_begin(op, p, slot ? dh_dw_tile_m0(p, *tile) : m0, wg);
-    unsigned a0[4][4], a1[4][4]; // k-tiles alternate: one array is read by wgmmas in flight
+    // k-tiles alternate between two register arrays: one is read by the wgmmas in flight while the
+    // other is formed (wgmma reads its A registers until the wait that retires it; PTX ISA)
+    unsigned a0[4][4], a1[4][4];
     int kt = 0;
     for (; kt + 1 < ktiles; kt += 2) {
         dzop_step(acc, a0, op, smem, p, it, kt, ktiles, signals);
+        dzop_hold(a1);
         dzop_step(acc, a1, op, smem, p, it, kt + 1, ktiles, signals);
+        dzop_hold(a0);
     }
-    if (kt < ktiles) dzop_step(acc, a0, op, smem, p, it, kt, ktiles, signals);
+    if (kt < ktiles) {
+        dzop_step(acc, a0, op, smem, p, it, kt, ktiles, signals);
+        dzop_hold(a1);
+    }
 #else
     (void)m0;
     for (int kt = 0; kt < ktiles; kt++, it++) {
