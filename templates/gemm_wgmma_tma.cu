@@ -332,10 +332,11 @@ struct dz_operand {
     long long label_base; // the global id of the warp's fragment row 0
     int mw;               // its column in this launch
     float f[2], nf[2];    // lane l: tokens k0 + 2l, + 1 of the current / next k-tile: factors
-    bool hit[2], nhit[2]; // … and whether their label is one of the warp's 16 columns
+    long long nlab[2];    // … the next k-tile's labels (tested a k-tile later: no wait on the loads)
+    bool hit[2];          // whether the current k-tile's labels are among the warp's 16 columns
 #endif
 };
-// The factors (dW: and label hits) of k-tile kt into nf (nhit); zeros past the matrix.
+// The factors (dW: and labels) of k-tile kt into nf (nlab), not waited for; zeros past the matrix.
 __device__ __forceinline__ void dzop_fetch(dz_operand &o, const flce_gemm_params &p, int kt)
 {
     const int k0 = kt * BK;
@@ -347,12 +348,8 @@ __device__ __forceinline__ void dzop_fetch(dz_operand &o, const flce_gemm_params
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const long long t = k0 + 2 * o.lane + h;
-        o.nf[h] = 0.f, o.nhit[h] = false;
-        if (t < p.k) {
-            o.nf[h] = o.fcol[t * p.ld_tile_max];
-            const long long lab = load_label(p.labels, t);
-            o.nhit[h] = (unsigned long long)(lab - o.label_base) < 16 && lab != p.ignore_index && lab < p.vocab_total;
-        }
+        o.nf[h] = 0.f, o.nlab[h] = -1;
+        if (t < p.k) o.nf[h] = o.fcol[t * p.ld_tile_max], o.nlab[h] = load_label(p.labels, t);
     }
 #endif
 }
@@ -392,7 +389,10 @@ __device__ __forceinline__ void dzop_next(dz_operand &o, const flce_gemm_params 
     for (int h = 0; h < 2; h++) o.f[h] = o.nf[h];
 #if !ROLE_IS_DH
 #pragma unroll
-    for (int h = 0; h < 2; h++) o.hit[h] = o.nhit[h];
+    for (int h = 0; h < 2; h++) {
+        const long long lab = o.nlab[h];
+        o.hit[h] = (unsigned long long)(lab - o.label_base) < 16 && lab != p.ignore_index && lab < p.vocab_total;
+    }
 #endif
     if (kt + 1 < ktiles) dzop_fetch(o, p, kt + 1);
 }
