@@ -504,6 +504,8 @@ static flce_status run_rows(run *r, int kernel, const block *b)
                       r->pl->compact ? ceil_div(r->pl->ldz, 256 * 8 * 4) : ceil_div(r->pl->ldz / 4, 256), 256, 0,
                       r->stream, &rp, "dz kernel");
     case K_DZ_FACTORS:
+        /* the bf16 dZ operand reads packed words (templates/gemm_wgmma_tma.cu dzop_form) */
+        rp.dz_pack = r->pl->dz_operand && r->p->dtype == FLCE_DTYPE_BF16;
         return launch(r->k.row[K_DZ_FACTORS], b->rows, 1, 256, 0, r->stream, &rp, "dz factors kernel");
     case K_DBIAS:
         return launch(r->k.row[K_DBIAS], ceil_div(b->cols, 256), 1, 256, 0, r->stream, &rp,

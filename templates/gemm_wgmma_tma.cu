@@ -315,6 +315,33 @@ __device__ __forceinline__ void dzop_patch(unsigned (&a)[4][4], int kk, int q, i
             if (i == kk && j == q) a[i][j] = hi ? (a[i][j] & 0xffffu) | (bits & 0xffff0000u) : (a[i][j] & 0xffff0000u) | (bits & 0xffffu);
 }
 
+// The factors as flce_dz_factors left them: for bf16 its packed words (rowops.cu dz_pack_word:
+// G in fp16, R in bf16), formed with SIMD multiplies and shifts; for fp16 fp32 F, through fp32
+// (conversions run at a quarter of the FMA rate on Hopper: 16 pairs per k-tile cost ~1000 cycles
+// that way, as much as the k-tile's wgmmas, bench/NOTES.md v38).
+#if FLCE_DTYPE == DTYPE_BF16
+#define DZOP_PACKED 1
+typedef unsigned dz_factor;
+#else
+#define DZOP_PACKED 0
+typedef float dz_factor;
+#endif
+// p̃ pair (lo, hi) times the factors of lo and hi, in the dtype.
+__device__ __forceinline__ unsigned dzop_pair2(unsigned v, dz_factor f_lo, dz_factor f_hi)
+{
+#if DZOP_PACKED
+    unsigned g, r, x;
+    asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(g) : "r"(f_lo), "r"(f_hi)); // the G halves
+    asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(r) : "r"(f_lo), "r"(f_hi)); // the R halves
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(x) : "r"(v), "r"(g));
+    x = ((x + 0x00040004u) >> 3) & 0x1fff1fffu; // each half: an fp16 ≥ 0 as the bf16 of its value·2^-112
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(x) : "r"(x), "r"(r));
+    return x;
+#else
+    return dzop_pair(v, f_lo, f_hi);
+#endif
+}
+
 // One consumer thread's view of the tile: what it needs besides the stage to form its fragments.
 // Per k-tile it costs four ldmatrix, 16 pairs converted and the next k-tile's factor loads; the
 // label test is one comparison per row (dH) or a warp vote (dW), its patch a rare branch.
@@ -323,15 +350,15 @@ struct dz_operand {
     unsigned ld;   // this lane's ldmatrix address inside a stage (kk = 0)
     int lane;
 #if ROLE_IS_DH
-    const float *frow[2]; // rows g, g + 8: their factors (tile_max rows; a row past the matrix reads row 0)
-    float f[2], nf[2];    // … of the current / next k-tile
+    const dz_factor *frow[2]; // rows g, g + 8: their factors (tile_max rows; a row past the matrix reads row 0)
+    dz_factor f[2], nf[2];    // … of the current / next k-tile
     int y[2];             // their labels' columns, or INT_MAX
     float l[2];           // their labels' dz
 #else
-    const float *fcol;    // the warpgroup's factor group, token 0 (stride ld_tile_max)
+    const dz_factor *fcol; // the warpgroup's factor group, token 0 (stride ld_tile_max)
     long long label_base; // the global id of the warp's fragment row 0
     int mw;               // its column in this launch
-    float f[2], nf[2];    // lane l: tokens k0 + 2l, + 1 of the current / next k-tile: factors
+    dz_factor f[2], nf[2]; // lane l: tokens k0 + 2l, + 1 of the current / next k-tile: factors
     long long nlab[2];    // … the next k-tile's labels (tested a k-tile later: no wait on the loads)
     bool hit[2];          // whether the current k-tile's labels are among the warp's 16 columns
 #endif
@@ -348,7 +375,7 @@ __device__ __forceinline__ void dzop_fetch(dz_operand &o, const flce_gemm_params
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const long long t = k0 + 2 * o.lane + h;
-        o.nf[h] = 0.f, o.nlab[h] = -1;
+        o.nf[h] = 0, o.nlab[h] = -1;
         if (t < p.k) o.nf[h] = o.fcol[t * p.ld_tile_max], o.nlab[h] = load_label(p.labels, t);
     }
 #endif
@@ -368,7 +395,7 @@ __device__ __forceinline__ void dzop_begin(dz_operand &o, const flce_gemm_params
         const int y = t < p.m ? dzop_label(p, t, p.k) : -1;
         o.y[r] = y >= 0 ? y : 0x7fffffff;
         o.l[r] = y >= 0 ? ((const float *)p.target)[t] : 0.f;
-        o.frow[r] = (const float *)p.tile_max + (t < p.m ? t : 0) * p.ld_tile_max;
+        o.frow[r] = (const dz_factor *)p.tile_max + (t < p.m ? t : 0) * p.ld_tile_max;
     }
 #else
     // .trans: matrix j holds columns (vocab) 8(j & 1)… of k rows (tokens) 8(j >> 1)…; the stage's
@@ -377,7 +404,7 @@ __device__ __forceinline__ void dzop_begin(dz_operand &o, const flce_gemm_params
     const long long col = m0 + 64 * wg;
     o.mw = (int)(col + 16 * warp);
     o.label_base = p.vocab_offset + o.mw;
-    o.fcol = (const float *)p.tile_max + (col < p.m ? col >> p.tile_cols_log2 : 0);
+    o.fcol = (const dz_factor *)p.tile_max + (col < p.m ? col >> p.tile_cols_log2 : 0);
 #endif
     dzop_fetch(o, p, 0);
 }
@@ -407,7 +434,7 @@ __device__ __forceinline__ void dzop_form(unsigned (&a)[4][4], const dz_operand 
         unsigned raw[4];
         ldsm_x4(raw, stage + (o.ld ^ ((unsigned)(2 * kk) << 4))); // chunk 2kk + (j >> 1), swizzled by r8
 #pragma unroll
-        for (int q = 0; q < 4; q++) a[kk][q] = dzop_pair(raw[q], o.f[q & 1], o.f[q & 1]);
+        for (int q = 0; q < 4; q++) a[kk][q] = dzop_pair2(raw[q], o.f[q & 1], o.f[q & 1]);
     }
     // The label's exact dz where a row's label falls in this k-tile: once per row and dH.
 #pragma unroll
@@ -422,10 +449,10 @@ __device__ __forceinline__ void dzop_form(unsigned (&a)[4][4], const dz_operand 
         ldsm_x4(raw, stage + o.ld + kk * 2048); // 16 k rows further
         // tokens 16kk + 2t (+ 1) sit in lane 8kk + t's fetch, 16kk + 2t + 8 (+ 1) in lane 8kk + t + 4's
         const int src = 8 * kk + t;
-        const float f0 = __shfl_sync(0xffffffffu, o.f[0], src), f1 = __shfl_sync(0xffffffffu, o.f[1], src);
-        const float f2 = __shfl_sync(0xffffffffu, o.f[0], src + 4), f3 = __shfl_sync(0xffffffffu, o.f[1], src + 4);
-        a[kk][0] = dzop_pair(raw[0], f0, f1), a[kk][1] = dzop_pair(raw[1], f0, f1);
-        a[kk][2] = dzop_pair(raw[2], f2, f3), a[kk][3] = dzop_pair(raw[3], f2, f3);
+        const dz_factor f0 = __shfl_sync(0xffffffffu, o.f[0], src), f1 = __shfl_sync(0xffffffffu, o.f[1], src);
+        const dz_factor f2 = __shfl_sync(0xffffffffu, o.f[0], src + 4), f3 = __shfl_sync(0xffffffffu, o.f[1], src + 4);
+        a[kk][0] = dzop_pair2(raw[0], f0, f1), a[kk][1] = dzop_pair2(raw[1], f0, f1);
+        a[kk][2] = dzop_pair2(raw[2], f2, f3), a[kk][3] = dzop_pair2(raw[3], f2, f3);
     }
     // Tokens whose label is one of the warp's 16 columns: rare (64·16/V per k-tile), warp-uniform.
     unsigned mask = __ballot_sync(0xffffffffu, o.hit[0] || o.hit[1]);

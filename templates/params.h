@@ -134,7 +134,8 @@ struct flce_row_params {
     long long vocab_offset, vocab_total, ignore_index;
     int splits;
     int first, last;                /* dbias: first and last pass of the accumulation */
-    int pad_;
+    int dz_pack;                    /* flce_dz_factors: each factor F as the bf16 dZ operand's packed word
+                                       (rowops.cu dz_pack_word) instead of fp32 */
     /* tensor parallelism (DESIGN §2) */
     unsigned long long tp_send;     /* this rank's block of the all-gather */
     unsigned long long tp_recv;     /* every rank's block, in rank order (0 without TP) */
