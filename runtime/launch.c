@@ -202,6 +202,7 @@ static void init_row_params(run *r)
     if (pl->compact) {
         rp->tile_max = r->ws + pl->off_tile_max;
         rp->tile_max_ld = pl->tile_max_ld, rp->tile_cols = pl->tile_cols;
+        if (pl->off_tile_max_t) rp->tile_max_t = r->ws + pl->off_tile_max_t, rp->tile_max_t_ld = pl->tile_max_t_ld;
     }
     rp->lse = pl->need_lse ? r->ws + pl->off_lse : addr(t->lse);
     /* Per-token losses go to the workspace (reduced later), the caller's loss_per_token, and for
@@ -317,6 +318,7 @@ static void set_dz_factors(const run *r, const block *b, struct flce_gemm_params
     int log2 = 0;
     while ((1ll << log2) < r->pl->tile_cols) log2++;
     g->tile_max = r->rp.tile_max, g->ld_tile_max = r->pl->tile_max_ld, g->tile_cols_log2 = log2;
+    g->tile_max_t = r->rp.tile_max_t, g->ld_tile_max_t = r->rp.tile_max_t_ld;
     g->target = r->rp.target;
     g->labels = addr(r->t->labels) + (unsigned long long)b->row0 * (unsigned long long)(r->p->label_bits / 8);
     g->vocab_offset = r->p->vocab_offset + b->col0;

@@ -432,6 +432,10 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
         } else if (pl->compact) { /* fp16 p̃, turned into dZ in place, and the maxima */
             pl->off_z = pl->off_dz = take(&cur, block * 2);
             pl->off_tile_max = take(&cur, (uint64_t)pl->chunk_rows * (uint64_t)pl->tile_max_ld * 4);
+            if (pl->dz_operand) {
+                pl->tile_max_t_ld = ceil_div(pl->chunk_rows, 64) * 64;
+                pl->off_tile_max_t = take(&cur, (uint64_t)pl->tile_max_t_ld * (uint64_t)pl->tile_max_ld * 4);
+            }
         } else {
             pl->off_z = take(&cur, block * 4);
             pl->off_dz = f32 ? pl->off_z : take(&cur, block * 2);

@@ -56,6 +56,9 @@ typedef struct plan {
      * FLCE_COMPACT=0 in the environment turns it off (side-by-side timing). */
     int compact;
     int64_t tile_cols, tile_max_ld;
+    /* dz_operand: the factors again, transposed ([group][token], row stride tile_max_t_ld = the
+     * chunk's rows rounded up to 64), so dW's k-tile of 64 tokens reads 256 contiguous bytes */
+    int64_t tile_max_t_ld;
     /* With compact logits: dH and dW read p̃ itself and form dZ in shared memory (spec dz_operand,
      * templates/gemm_wgmma_tma.cu), after flce_dz_factors turned the maxima into dz factors: no dz
      * pass (its 4 bytes of DRAM traffic per logit). Where dz is linear in p̃ (no smoothing or
@@ -91,7 +94,7 @@ typedef struct plan {
     /* Workspace layout: byte offsets, each 256-aligned; regions not needed are 0 and unused. */
     uint64_t off_stats, off_target, off_part_m, off_part_s, off_part_t, off_part_zs, off_part_arg,
         off_loss_rows, off_zloss_rows, off_lse, off_z, off_dz, off_dw_acc, off_dh_acc, off_db_acc,
-        off_tile_max;
+        off_tile_max, off_tile_max_t;
     int need_loss_rows, need_zloss_rows, need_lse, need_dw_acc, need_dh_acc, need_db_acc;
     /* Chunked: dH of a token chunk in launches over at most this many vocab columns each, added
      * up in fp32 (0: one launch over the whole shard) */

@@ -355,7 +355,7 @@ struct dz_operand {
     int y[2];             // their labels' columns, or INT_MAX
     float l[2];           // their labels' dz
 #else
-    const dz_factor *fcol; // the warpgroup's factor group, token 0 (stride ld_tile_max)
+    const dz_factor *fcol; // the warpgroup's factor group, token 0, in the transposed table
     long long label_base; // the global id of the warp's fragment row 0
     int mw;               // its column in this launch
     dz_factor f[2], nf[2]; // lane l: tokens k0 + 2l, + 1 of the current / next k-tile: factors
@@ -372,11 +372,27 @@ __device__ __forceinline__ void dzop_fetch(dz_operand &o, const flce_gemm_params
 #pragma unroll
     for (int r = 0; r < 2; r++) o.nf[r] = o.frow[r][g];
 #else
+    const long long t = k0 + 2 * o.lane; // even, and the table's rows start 8-byte aligned
+    if (t + 1 < p.k) {
+        const uint2 f = *(const uint2 *)(o.fcol + t);
+#if DZOP_PACKED
+        o.nf[0] = f.x, o.nf[1] = f.y;
+#else
+        o.nf[0] = __uint_as_float(f.x), o.nf[1] = __uint_as_float(f.y);
+#endif
+#if FLCE_LABEL_BITS == 32
+        if ((p.labels & 7) == 0) { // (a caller's labels may start anywhere)
+            const int2 l = *(const int2 *)((const int *)p.labels + t);
+            o.nlab[0] = l.x, o.nlab[1] = l.y;
+        } else
+#endif
+            o.nlab[0] = load_label(p.labels, t), o.nlab[1] = load_label(p.labels, t + 1);
+    } else {
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const long long t = k0 + 2 * o.lane + h;
-        o.nf[h] = 0, o.nlab[h] = -1;
-        if (t < p.k) o.nf[h] = o.fcol[t * p.ld_tile_max], o.nlab[h] = load_label(p.labels, t);
+        for (int h = 0; h < 2; h++) {
+            o.nf[h] = 0, o.nlab[h] = -1;
+            if (t + h < p.k) o.nf[h] = o.fcol[t + h], o.nlab[h] = load_label(p.labels, t + h);
+        }
     }
 #endif
 }
@@ -404,7 +420,7 @@ __device__ __forceinline__ void dzop_begin(dz_operand &o, const flce_gemm_params
     const long long col = m0 + 64 * wg;
     o.mw = (int)(col + 16 * warp);
     o.label_base = p.vocab_offset + o.mw;
-    o.fcol = (const dz_factor *)p.tile_max + (col < p.m ? col >> p.tile_cols_log2 : 0);
+    o.fcol = (const dz_factor *)p.tile_max_t + (col < p.m ? col >> p.tile_cols_log2 : 0) * p.ld_tile_max_t;
 #endif
     dzop_fetch(o, p, 0);
 }
@@ -493,7 +509,7 @@ __device__ __forceinline__ void dzop_step(float (&acc)[MI][NI][4], unsigned (&a)
     it++;
 }
 #ifndef DZOP_AHEAD
-#define DZOP_AHEAD 1
+#define DZOP_AHEAD 0
 #endif
 // Formed one k-tile ahead: issue k-tile kt's wgmmas from `cur` (formed in the step before), form
 // k-tile kt + 1 into `nxt` while kt − 1's and kt's wgmmas run, then retire kt − 1's (`prv` is free

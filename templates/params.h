@@ -84,6 +84,10 @@ struct flce_gemm_params {
      * per band of the conversion order. */
     unsigned long long dz_flags;
     long long dz_band;
+    /* dW with FLCE_DZ_OPERAND: flce_dz_factors' factors transposed, [group][token], row stride
+     * ld_tile_max_t (so a k-tile's 64 tokens are contiguous) */
+    unsigned long long tile_max_t;
+    long long ld_tile_max_t;
     /* TMA path (spec tile.tma): maps of the stored A and B with the tile's boxes, encoded per
      * launch by runtime/tma.c; unused (zero) otherwise. */
     struct flce_tmap tmap_a, tmap_b;
@@ -154,6 +158,10 @@ struct flce_row_params {
     /* flce_cast in place (flce_scale_gradients): cast_dst *= the fp32 scalar at cast_scale, in the
      * dtype; the kernel reads it first and does nothing when it is exactly 1. 0: a plain cast. */
     unsigned long long cast_scale;
+    /* flce_dz_factors under the dZ operand: the factors also transposed, [group][row], row stride
+     * tile_max_t_ld (gemm_wgmma_tma.cu, dW); 0: not written */
+    unsigned long long tile_max_t;
+    long long tile_max_t_ld;
 };
 
 #endif

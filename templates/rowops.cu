@@ -348,8 +348,9 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz_factors(const flce_row
     for (long long t = threadIdx.x; t < p.tile_max_ld; t += blockDim.x) {
         const float x =
             valid ? dz_value_p(expf(f[t] - lse) * (1.f / COMPACT_SCALE), 0.f, a, false, wy, 1.f, g, p.vocab_total) : 0.f;
-        if (p.dz_pack) ((unsigned *)f)[t] = dz_pack_word(x);
-        else f[t] = x;
+        const unsigned w = p.dz_pack ? dz_pack_word(x) : __float_as_uint(x);
+        ((unsigned *)f)[t] = w;
+        if (p.tile_max_t) ((unsigned *)p.tile_max_t)[t * p.tile_max_t_ld + i] = w;
     }
     const long long local_y = y - p.chunk_offset;
     if (threadIdx.x == 0 && valid && local_y >= 0 && local_y < p.cols) {
