@@ -342,6 +342,11 @@ __device__ __forceinline__ unsigned dzop_pair2(unsigned v, dz_factor f_lo, dz_fa
 #endif
 }
 
+#if FLCE_LABEL_BITS == 32
+typedef int dz_label;
+#else
+typedef long long dz_label;
+#endif
 // One consumer thread's view of the tile: what it needs besides the stage to form its fragments.
 // Per k-tile it costs four ldmatrix, 16 pairs converted and the next k-tile's factor loads; the
 // label test is one comparison per row (dH) or a warp vote (dW), its patch a rare branch.
@@ -359,7 +364,8 @@ struct dz_operand {
     long long label_base; // the global id of the warp's fragment row 0
     int mw;               // its column in this launch
     dz_factor f[2], nf[2]; // lane l: tokens k0 + 2l, + 1 of the current / next k-tile: factors
-    long long nlab[2];    // … the next k-tile's labels (tested a k-tile later: no wait on the loads)
+    dz_label nlab[2];     // … the next k-tile's labels (tested a k-tile later: no wait on the loads;
+                          // kept as loaded: widening them here would wait for them)
     bool hit[2];          // whether the current k-tile's labels are among the warp's 16 columns
 #endif
 };
@@ -386,12 +392,13 @@ __device__ __forceinline__ void dzop_fetch(dz_operand &o, const flce_gemm_params
             o.nlab[0] = l.x, o.nlab[1] = l.y;
         } else
 #endif
-            o.nlab[0] = load_label(p.labels, t), o.nlab[1] = load_label(p.labels, t + 1);
+            o.nlab[0] = (dz_label)load_label(p.labels, t),
+            o.nlab[1] = (dz_label)load_label(p.labels, t + 1);
     } else {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             o.nf[h] = 0, o.nlab[h] = -1;
-            if (t + h < p.k) o.nf[h] = o.fcol[t + h], o.nlab[h] = load_label(p.labels, t + h);
+            if (t + h < p.k) o.nf[h] = o.fcol[t + h], o.nlab[h] = (dz_label)load_label(p.labels, t + h);
         }
     }
 #endif
