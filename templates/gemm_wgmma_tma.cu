@@ -515,43 +515,6 @@ __device__ __forceinline__ void dzop_step(float (&acc)[MI][NI][4], unsigned (&a)
     if (kt > 0 && signals) mbar_arrive(empty_bar(smem, (it - 1) % STAGES));
     it++;
 }
-#ifndef DZOP_AHEAD
-#define DZOP_AHEAD 0
-#endif
-// Formed one k-tile ahead: issue k-tile kt's wgmmas from `cur` (formed in the step before), form
-// k-tile kt + 1 into `nxt` while kt − 1's and kt's wgmmas run, then retire kt − 1's (`prv` is free
-// again) and give its stage back. Three register arrays rotate; the conversion's waits on its
-// shared-memory loads stay off the tensor pipe's path.
-__device__ __forceinline__ void dzop_issue(float (&acc)[MI][NI][4], const unsigned (&a)[4][4], unsigned char *stage)
-{
-    const unsigned b_base = smem_addr(stage + A_BYTES);
-    constexpr unsigned B_LBO = B_KMAJOR ? 16 : BK * 128;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++)
-        wgmma_tile_rs(acc[0], a[kk], smem_desc(b_base + (B_KMAJOR ? kk * 32 : kk * 2048), B_LBO, 1024));
-    wgmma_commit();
-}
-__device__ __forceinline__ void dzop_prepare(unsigned (&a)[4][4], dz_operand &o, unsigned char *smem,
-                                             const flce_gemm_params &p, int it, int kt, int ktiles)
-{
-    const int s = it % STAGES;
-    mbar_wait(full_bar(smem, s), (it / STAGES) & 1);
-    dzop_next(o, p, kt, ktiles);
-    dzop_form(a, o, p, smem_addr(smem + s * STAGE_BYTES));
-}
-__device__ __forceinline__ void dzop_hold(unsigned (&a)[4][4]);
-__device__ __forceinline__ void dzop_ahead(float (&acc)[MI][NI][4], const unsigned (&cur)[4][4], unsigned (&nxt)[4][4],
-                                           unsigned (&prv)[4][4], dz_operand &o, unsigned char *smem,
-                                           const flce_gemm_params &p, int &it, int kt, int ktiles, bool signals)
-{
-    dzop_issue(acc, cur, smem + (it % STAGES) * STAGE_BYTES);
-    if (kt + 1 < ktiles) dzop_prepare(nxt, o, smem, p, it + 1, kt + 1, ktiles);
-    wgmma_wait<1>();
-    dzop_hold(prv);
-    if (kt > 0 && signals) mbar_arrive(empty_bar(smem, (it - 1) % STAGES));
-    it++;
-}
 // The registers of `a` are read by wgmmas in flight until the wait that retires them: this keeps
 // the compiler from giving them to anything else before that point (it sees them used here).
 __device__ __forceinline__ void dzop_hold(unsigned (&a)[4][4])
@@ -593,18 +556,6 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
     dzop_begin(op, p, slot ? dh_dw_tile_m0(p, *tile) : m0, wg);
     // k-tiles alternate between two register arrays: one is read by the wgmmas in flight while the
     // other is formed (wgmma reads its A registers until the wait that retires it; PTX ISA)
-#if DZOP_AHEAD
-    unsigned a0[4][4], a1[4][4], a2[4][4];
-    if (ktiles > 0) dzop_prepare(a0, op, smem, p, it, 0, ktiles);
-    int kt = 0;
-    for (; kt + 2 < ktiles; kt += 3) {
-        dzop_ahead(acc, a0, a1, a2, op, smem, p, it, kt, ktiles, signals);
-        dzop_ahead(acc, a1, a2, a0, op, smem, p, it, kt + 1, ktiles, signals);
-        dzop_ahead(acc, a2, a0, a1, op, smem, p, it, kt + 2, ktiles, signals);
-    }
-    if (kt < ktiles) dzop_ahead(acc, a0, a1, a2, op, smem, p, it, kt, ktiles, signals);
-    if (kt + 1 < ktiles) dzop_ahead(acc, a1, a2, a0, op, smem, p, it, kt + 1, ktiles, signals);
-#else
     unsigned a0[4][4], a1[4][4];
     int kt = 0;
     for (; kt + 1 < ktiles; kt += 2) {
@@ -617,7 +568,6 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
         dzop_step(acc, a0, op, smem, p, it, kt, ktiles, signals);
         dzop_hold(a1);
     }
-#endif
 #else
     (void)m0;
     for (int kt = 0; kt < ktiles; kt++, it++) {
