@@ -446,19 +446,27 @@ __device__ __forceinline__ void dzop_next(dz_operand &o, const flce_gemm_params 
 #endif
     if (kt + 1 < ktiles) dzop_fetch(o, p, kt + 1);
 }
-// This thread's dZ fragments of the current k-tile from the stage's p̃.
-__device__ __forceinline__ void dzop_form(unsigned (&a)[4][4], const dz_operand &o, const flce_gemm_params &p,
-                                          unsigned stage)
+// This lane's p̃ fragments of a k-tile from its stage.
+__device__ __forceinline__ void dzop_load(unsigned (&raw)[4][4], const dz_operand &o, unsigned stage)
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#if ROLE_IS_DH
+        ldsm_x4(raw[kk], stage + (o.ld ^ ((unsigned)(2 * kk) << 4))); // chunk 2kk + (j >> 1), swizzled by r8
+#else
+        ldsm_x4(raw[kk], stage + o.ld + kk * 2048); // 16 k rows further
+#endif
+}
+// This thread's dZ fragments of the current k-tile from its p̃ fragments.
+__device__ __forceinline__ void dzop_form(unsigned (&a)[4][4], const unsigned (&raw)[4][4], const dz_operand &o,
+                                          const flce_gemm_params &p)
 {
     const int lane = o.lane, t = lane & 3;
 #if ROLE_IS_DH
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-        unsigned raw[4];
-        ldsm_x4(raw, stage + (o.ld ^ ((unsigned)(2 * kk) << 4))); // chunk 2kk + (j >> 1), swizzled by r8
+    for (int kk = 0; kk < 4; kk++)
 #pragma unroll
-        for (int q = 0; q < 4; q++) a[kk][q] = dzop_pair2(raw[q], o.f[q & 1], o.f[q & 1]);
-    }
+        for (int q = 0; q < 4; q++) a[kk][q] = dzop_pair2(raw[kk][q], o.f[q & 1], o.f[q & 1]);
     // The label's exact dz where a row's label falls in this k-tile: once per row and dH.
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -468,14 +476,12 @@ __device__ __forceinline__ void dzop_form(unsigned (&a)[4][4], const dz_operand 
 #else
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
-        unsigned raw[4];
-        ldsm_x4(raw, stage + o.ld + kk * 2048); // 16 k rows further
         // tokens 16kk + 2t (+ 1) sit in lane 8kk + t's fetch, 16kk + 2t + 8 (+ 1) in lane 8kk + t + 4's
         const int src = 8 * kk + t;
         const dz_factor f0 = __shfl_sync(0xffffffffu, o.f[0], src), f1 = __shfl_sync(0xffffffffu, o.f[1], src);
         const dz_factor f2 = __shfl_sync(0xffffffffu, o.f[0], src + 4), f3 = __shfl_sync(0xffffffffu, o.f[1], src + 4);
-        a[kk][0] = dzop_pair2(raw[0], f0, f1), a[kk][1] = dzop_pair2(raw[1], f0, f1);
-        a[kk][2] = dzop_pair2(raw[2], f2, f3), a[kk][3] = dzop_pair2(raw[3], f2, f3);
+        a[kk][0] = dzop_pair2(raw[kk][0], f0, f1), a[kk][1] = dzop_pair2(raw[kk][1], f0, f1);
+        a[kk][2] = dzop_pair2(raw[kk][2], f2, f3), a[kk][3] = dzop_pair2(raw[kk][3], f2, f3);
     }
     // Tokens whose label is one of the warp's 16 columns: rare (64·16/V per k-tile), warp-uniform.
     unsigned mask = __ballot_sync(0xffffffffu, o.hit[0] || o.hit[1]);
@@ -503,7 +509,9 @@ __device__ __forceinline__ void dzop_step(float (&acc)[MI][NI][4], unsigned (&a)
     mbar_wait(full_bar(smem, s), (it / STAGES) & 1);
     dzop_next(o, p, kt, ktiles);
     unsigned char *stage = smem + s * STAGE_BYTES;
-    dzop_form(a, o, p, smem_addr(stage));
+    unsigned raw[4][4];
+    dzop_load(raw, o, smem_addr(stage));
+    dzop_form(a, raw, o, p);
     const unsigned b_base = smem_addr(stage + A_BYTES);
     constexpr unsigned B_LBO = B_KMAJOR ? 16 : BK * 128;
     wgmma_fence();
@@ -554,6 +562,39 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
 #endif
     dz_operand op;
     dzop_begin(op, p, slot ? dh_dw_tile_m0(p, *tile) : m0, wg);
+#ifndef DZOP_ORDER
+#define DZOP_ORDER 1
+#endif
+#if DZOP_ORDER == 1
+    // The next k-tile's p̃ is loaded while this one's wgmmas run (the loads queue behind the wgmmas'
+    // own shared-memory reads: issued just before their use they stalled the conversion, ncu, v38),
+    // and each k-tile's wgmmas finish before the next one is formed in the same registers: the two
+    // consumer warpgroups take turns, one converting while the other's wgmmas keep the tensor pipe.
+    unsigned a[4][4], raw[4][4];
+    if (ktiles > 0) {
+        mbar_wait(full_bar(smem, it % STAGES), (it / STAGES) & 1);
+        dzop_load(raw, op, smem_addr(smem + (it % STAGES) * STAGE_BYTES));
+    }
+    for (int kt = 0; kt < ktiles; kt++, it++) {
+        dzop_next(op, p, kt, ktiles);
+        dzop_form(a, raw, op, p);
+        const unsigned b_base = smem_addr(smem + (it % STAGES) * STAGE_BYTES + A_BYTES);
+        constexpr unsigned B_LBO = B_KMAJOR ? 16 : BK * 128;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++)
+            wgmma_tile_rs(acc[0], a[kk], smem_desc(b_base + (B_KMAJOR ? kk * 32 : kk * 2048), B_LBO, 1024));
+        wgmma_commit();
+        if (kt + 1 < ktiles) {
+            mbar_wait(full_bar(smem, (it + 1) % STAGES), ((it + 1) / STAGES) & 1);
+            dzop_load(raw, op, smem_addr(smem + ((it + 1) % STAGES) * STAGE_BYTES));
+        }
+        wgmma_wait<0>();
+        if (signals) mbar_arrive(empty_bar(smem, it % STAGES));
+    }
+    fence_acc(acc);
+    return true;
+#else
     // k-tiles alternate between two register arrays: one is read by the wgmmas in flight while the
     // other is formed (wgmma reads its A registers until the wait that retires it; PTX ISA)
     unsigned a0[4][4], a1[4][4];
@@ -568,6 +609,7 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
         dzop_step(acc, a0, op, smem, p, it, kt, ktiles, signals);
         dzop_hold(a1);
     }
+#endif
 #else
     (void)m0;
     for (int kt = 0; kt < ktiles; kt++, it++) {
