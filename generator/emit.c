@@ -79,7 +79,6 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     if (s->fused_dz) sb_text(b, "#define FLCE_FUSED_DZ 1\n");
     if (s->compact) sb_text(b, "#define FLCE_COMPACT 1\n");
     if (s->dz_operand) sb_text(b, "#define FLCE_DZ_OPERAND 1  // A: compact logits, made dZ in registers\n");
-    if (s->dz_operand && getenv("DZOP_ORDER")) sb_printf(b, "#define DZOP_ORDER %s\n", getenv("DZOP_ORDER"));
     if (s->dz_convert) sb_text(b, "#define FLCE_DZ_CONVERT 1  // A: compact logits, made dZ by the producer's idle warps\n");
     if (s->plain_out) sb_text(b, "#define FLCE_GRAD_PLAIN 1  // only complete 16-bit tiles, through shared memory\n");
     if (s->red_acc) sb_text(b, "#define FLCE_GRAD_RED 1  // fp32 accumulators may be updated by red.global\n");

@@ -29,7 +29,7 @@ typedef struct flce_config {
     int compact;       /* FLCE_COMPACT: chunked strategy stores compact p̃ (default on) */
     int fused_dz;      /* FLCE_FUSED_DZ: recompute's logits pass writes dZ (default on) */
     int dz_operand;    /* FLCE_DZ_OPERAND: chunked dH/dW form dZ from compact logits themselves (default off:
-                        * measured 1.5x slower, bench/NOTES.md v22) */
+                        * measured 1.1x slower, bench/NOTES.md v38) */
     int dz_convert;    /* FLCE_DZ_CONVERT: the chunked dH's idle producer warps form dZ from compact logits
                         * while it multiplies, instead of the dz pass (default off: slower so far, NOTES v35) */
     int acc_prefetch;  /* FLCE_ACC_PREFETCH: L2 prefetch of dH/dW addends (default off) */

@@ -59,12 +59,13 @@ typedef struct plan {
     /* dz_operand: the factors again, transposed ([group][token], row stride tile_max_t_ld = the
      * chunk's rows rounded up to 64), so dW's k-tile of 64 tokens reads 256 contiguous bytes */
     int64_t tile_max_t_ld;
-    /* With compact logits: dH and dW read p̃ itself and form dZ in shared memory (spec dz_operand,
-     * templates/gemm_wgmma_tma.cu), after flce_dz_factors turned the maxima into dz factors: no dz
-     * pass (its 4 bytes of DRAM traffic per logit). Where dz is linear in p̃ (no smoothing or
-     * softcap), without TP and bias gradients (both read the dZ buffer), and both gradient kernels
-     * on the wgmma TMA path. Off unless FLCE_DZ_OPERAND=1: correct, but measured 1.5x slower than
-     * the dz pass on an H100 (bench/NOTES.md v22: dH 19.3 ms, dW 27.8 in-run against ~12). */
+    /* With compact logits: dH and dW read p̃ itself and form dZ in registers, wgmma taking A from
+     * them (spec dz_operand, templates/gemm_wgmma_tma.cu), after flce_dz_factors turned the maxima
+     * into dz factors: no dz pass (its 4 bytes of DRAM traffic per logit). Where dz is linear in p̃
+     * (no smoothing or softcap), without TP and bias gradients (both read the dZ buffer), both
+     * gradient kernels on the wgmma TMA path without clusters, column groups of 64 or more. Off
+     * unless FLCE_DZ_OPERAND=1: correct, but slower than the dz pass on an H100 (bench/NOTES.md v38:
+     * AUTO 42.2 ms against 38.1 at 8192×4096×128256; dH ~1.1×, dW ~1.35× in-run). */
     int dz_operand;
     /* With compact logits: the dz pass's work done inside the chunk's dH launch by its producer
      * warpgroup's idle warps, in place, while the consumers multiply; dH's loads wait per (row

@@ -562,39 +562,6 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
 #endif
     dz_operand op;
     dzop_begin(op, p, slot ? dh_dw_tile_m0(p, *tile) : m0, wg);
-#ifndef DZOP_ORDER
-#define DZOP_ORDER 1
-#endif
-#if DZOP_ORDER == 1
-    // The next k-tile's p̃ is loaded while this one's wgmmas run (the loads queue behind the wgmmas'
-    // own shared-memory reads: issued just before their use they stalled the conversion, ncu, v38),
-    // and each k-tile's wgmmas finish before the next one is formed in the same registers: the two
-    // consumer warpgroups take turns, one converting while the other's wgmmas keep the tensor pipe.
-    unsigned a[4][4], raw[4][4];
-    if (ktiles > 0) {
-        mbar_wait(full_bar(smem, it % STAGES), (it / STAGES) & 1);
-        dzop_load(raw, op, smem_addr(smem + (it % STAGES) * STAGE_BYTES));
-    }
-    for (int kt = 0; kt < ktiles; kt++, it++) {
-        dzop_next(op, p, kt, ktiles);
-        dzop_form(a, raw, op, p);
-        const unsigned b_base = smem_addr(smem + (it % STAGES) * STAGE_BYTES + A_BYTES);
-        constexpr unsigned B_LBO = B_KMAJOR ? 16 : BK * 128;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++)
-            wgmma_tile_rs(acc[0], a[kk], smem_desc(b_base + (B_KMAJOR ? kk * 32 : kk * 2048), B_LBO, 1024));
-        wgmma_commit();
-        if (kt + 1 < ktiles) {
-            mbar_wait(full_bar(smem, (it + 1) % STAGES), ((it + 1) / STAGES) & 1);
-            dzop_load(raw, op, smem_addr(smem + ((it + 1) % STAGES) * STAGE_BYTES));
-        }
-        wgmma_wait<0>();
-        if (signals) mbar_arrive(empty_bar(smem, it % STAGES));
-    }
-    fence_acc(acc);
-    return true;
-#else
     // k-tiles alternate between two register arrays: one is read by the wgmmas in flight while the
     // other is formed (wgmma reads its A registers until the wait that retires it; PTX ISA)
     unsigned a0[4][4], a1[4][4];
@@ -609,7 +576,6 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
         dzop_step(acc, a0, op, smem, p, it, kt, ktiles, signals);
         dzop_hold(a1);
     }
-#endif
 #else
     (void)m0;
     for (int kt = 0; kt < ktiles; kt++, it++) {

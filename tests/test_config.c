@@ -254,9 +254,16 @@ static void the_dz_operand_replaces_the_dz_pass_only_where_it_can(void)
     p.strategy = FLCE_STRATEGY_CHUNKED;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand); /* off by default */
+    CHECK(pl.off_tile_max_t == 0); /* the transposed factors only for the dZ operand */
     cfg.dz_operand = 1;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.compact && pl.dz_operand && pl.dh.dz_operand && pl.dw.dz_operand && !pl.logits.dz_operand);
+    /* dW reads each k-tile's 64 factors from [group][token] rows of whole k-tiles */
+    CHECK(pl.off_tile_max_t != 0 && pl.tile_max_t_ld >= pl.chunk_rows && pl.tile_max_t_ld % 64 == 0);
+    cfg.cluster = 2; /* one CTA per tile (the register operand's main loop has no cluster path) */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand && pl.off_tile_max_t == 0);
+    cfg.cluster = 0;
     CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(!pl.dz_operand && !pl.dh.dz_operand);
     p.label_smoothing = 0.1f;
