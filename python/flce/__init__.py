@@ -516,7 +516,7 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
         # dW and dH by the upstream gradient afterwards and without holding them in between.
         strategy = "recompute"
     rank, size, offset, total, comm = tp or (0, 1, 0, weight.shape[0], None)
-    res = _ops.forward_op(
+    res = _ops.forward(
         h2, weight, y1, bias, cw, gh_acc, gw_acc, opts.reduction, int(opts.ignore_index),
         float(opts.label_smoothing), float(opts.z_loss), float(opts.softcap), float(opts.temperature),
         strategy, int(opts.memory_budget or 0), outputs, grads, rank, size, offset, total, int(comm or 0))

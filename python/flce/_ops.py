@@ -73,8 +73,7 @@ def _given(t):
 
 # ---- flce::forward -------------------------------------------------------------------------------
 
-@torch.library.custom_op("flce::forward", mutates_args=())
-def forward_op(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[Tensor],
+def _forward_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[Tensor],
                class_weights: Optional[Tensor], grad_hidden_acc: Optional[Tensor], grad_weight_acc: Optional[Tensor],
                reduction: str, ignore_index: int, label_smoothing: float, z_loss: float, softcap: float,
                temperature: float, strategy: str, memory_budget: int, outputs: int, grads: int,
@@ -98,6 +97,9 @@ def forward_op(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[Te
          entropy=_given(entropy), argmax=_given(argmax), z_loss_out=_given(zl), loss_per_token=_given(lpt),
          **({"grad_hidden": _given(dh), "grad_weight": _given(dw), "grad_bias": _given(db)} if grads else {}))
     return res
+
+
+forward_op = torch.library.custom_op("flce::forward", mutates_args=())(_forward_impl)
 
 
 @forward_op.register_fake
@@ -151,7 +153,8 @@ def _scale(ctx, g, dh, dw, db):
         # it is 1 (the usual loss.backward()). The saved tensors' versions move on, so a second
         # backward through this graph raises instead of scaling twice.
         o = ctx.o
-        scale_gradients_(dh, dw, db, g.contiguous(), ctx.shapes[0][0], ctx.shapes[0][1], ctx.shapes[1][0],
+        scale = _scale_impl if getattr(ctx, "eager", False) else scale_gradients_
+        scale(dh, dw, db, g.contiguous(), ctx.shapes[0][0], ctx.shapes[0][1], ctx.shapes[1][0],
                          ctx.types[0], ctx.types[1], o["reduction"], o["ignore_index"], o["label_smoothing"],
                          o["z_loss"], o["softcap"], o["temperature"], o["memory_budget"], ctx.types[2],
                          ctx.types[3], o["tp_rank"], o["tp_size"], o["vocab_offset"], o["vocab_total"])
@@ -228,7 +231,8 @@ def _forward_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_argmax, g_zl, 
     dh = dw = db = None
     for reduction, g, plain_term in terms:
         g = g.to(torch.float32).contiguous()
-        r = backward_op(hidden, weight, labels, bias, None if plain_term else class_weights, lse, g, reduction,
+        r = (_backward_impl if getattr(ctx, "eager", False) else backward_op)(
+                        hidden, weight, labels, bias, None if plain_term else class_weights, lse, g, reduction,
                         o["ignore_index"], 0.0 if plain_term else o["label_smoothing"],
                         0.0 if plain_term else o["z_loss"], o["softcap"], o["temperature"], o["strategy"],
                         o["memory_budget"], grads, o["tp_rank"], o["tp_size"], o["vocab_offset"], o["vocab_total"],
@@ -244,6 +248,34 @@ def _forward_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_argmax, g_zl, 
 forward_op.register_autograd(_forward_backward, setup_context=_forward_setup)
 
 
+class _EagerForward(torch.autograd.Function):
+    """flce::forward's implementation and autograd formula without the dispatcher, for eager calls
+    on plain tensors: the custom op's schema handling (filling defaults, the autograd and
+    ADInplaceOrView layers) cost ~0.5 ms of host time per training step on the H100 machine's CPU
+    (bench/NOTES.md, session 11), paid in full wherever a step waits for its loss. Same kernels,
+    same outputs, same gradients; torch.compile, export and FakeTensor keep the custom ops."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        out = _forward_impl(*args)
+        _forward_setup(ctx, args, out)
+        ctx.eager = True  # backward calls the implementations directly too
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _forward_backward(ctx, *grads)
+
+
+def forward(*args):
+    """flce::forward's result: through _EagerForward in eager mode on plain tensors, else the
+    custom op (tracing, torch.compile, tensor subclasses)."""
+    tensors = [a for a in args[:7] if isinstance(a, Tensor)]
+    if torch.compiler.is_compiling() or any(_traced(t) for t in tensors):
+        return forward_op(*args)
+    return _EagerForward.apply(*args)
+
+
 # ---- flce::backward ------------------------------------------------------------------------------
 
 def _backward_outputs(hidden, weight, bias, grads, gh_acc, gw_acc):
@@ -253,8 +285,7 @@ def _backward_outputs(hidden, weight, bias, grads, gh_acc, gw_acc):
             _empty(bias.shape if grads & GRAD_BIAS and bias is not None else (0,), hidden.dtype, dev))
 
 
-@torch.library.custom_op("flce::backward", mutates_args=("grad_hidden_acc", "grad_weight_acc"))
-def backward_op(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[Tensor],
+def _backward_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[Tensor],
                 class_weights: Optional[Tensor], lse: Tensor, grad_output: Tensor, reduction: str,
                 ignore_index: int, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
                 strategy: str, memory_budget: int, grads: int, tp_rank: int, tp_size: int, vocab_offset: int,
@@ -287,6 +318,10 @@ def backward_op(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[T
     return dh, dw, db
 
 
+backward_op = torch.library.custom_op("flce::backward", mutates_args=("grad_hidden_acc", "grad_weight_acc"))(
+    _backward_impl)
+
+
 @backward_op.register_fake
 def _backward_fake(hidden, weight, labels, bias, class_weights, lse, grad_output, reduction, ignore_index,
                    label_smoothing, z_loss, softcap, temperature, strategy, memory_budget, grads, tp_rank, tp_size,
@@ -296,8 +331,7 @@ def _backward_fake(hidden, weight, labels, bias, class_weights, lse, grad_output
 
 # ---- flce::scale_gradients_ ----------------------------------------------------------------------
 
-@torch.library.custom_op("flce::scale_gradients_", mutates_args=("grad_hidden", "grad_weight", "grad_bias"))
-def scale_gradients_(grad_hidden: Optional[Tensor], grad_weight: Optional[Tensor], grad_bias: Optional[Tensor],
+def _scale_impl(grad_hidden: Optional[Tensor], grad_weight: Optional[Tensor], grad_bias: Optional[Tensor],
                      grad_output: Tensor, tokens: int, hidden: int, vocab: int, dtype: torch.dtype,
                      label_dtype: torch.dtype, reduction: str, ignore_index: int, label_smoothing: float,
                      z_loss: float, softcap: float, temperature: float, memory_budget: int, has_bias: bool,
@@ -313,6 +347,10 @@ def scale_gradients_(grad_hidden: Optional[Tensor], grad_weight: Optional[Tensor
                             _tp(tp_rank, tp_size, vocab_offset, vocab_total, 0), has_bias, has_class_weights)
     call.comm = None
     call.scale(grad_output, grad_hidden, grad_weight, grad_bias)
+
+
+scale_gradients_ = torch.library.custom_op("flce::scale_gradients_",
+                                           mutates_args=("grad_hidden", "grad_weight", "grad_bias"))(_scale_impl)
 
 
 @scale_gradients_.register_fake
