@@ -153,11 +153,14 @@ def _scale(ctx, g, dh, dw, db):
         # it is 1 (the usual loss.backward()). The saved tensors' versions move on, so a second
         # backward through this graph raises instead of scaling twice.
         o = ctx.o
-        scale = _scale_impl if getattr(ctx, "eager", False) else scale_gradients_
+        eager = getattr(ctx, "eager", False)
+        scale = _scale_impl if eager else scale_gradients_
         scale(dh, dw, db, g.contiguous(), ctx.shapes[0][0], ctx.shapes[0][1], ctx.shapes[1][0],
-                         ctx.types[0], ctx.types[1], o["reduction"], o["ignore_index"], o["label_smoothing"],
-                         o["z_loss"], o["softcap"], o["temperature"], o["memory_budget"], ctx.types[2],
-                         ctx.types[3], o["tp_rank"], o["tp_size"], o["vocab_offset"], o["vocab_total"])
+              ctx.types[0], ctx.types[1], o["reduction"], o["ignore_index"], o["label_smoothing"],
+              o["z_loss"], o["softcap"], o["temperature"], o["memory_budget"], ctx.types[2],
+              ctx.types[3], o["tp_rank"], o["tp_size"], o["vocab_offset"], o["vocab_total"])
+        if eager:  # what the custom op's in-place declaration does: a second backward must see it
+            _bump(dh, dw, db)
         return dh, dw, db
     # Traced (torch.compile) or without the library's in-place scaling: new tensors (rounded once
     # in the dtype, like the in-place product); Inductor fuses each into one pass.
@@ -231,12 +234,15 @@ def _forward_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_argmax, g_zl, 
     dh = dw = db = None
     for reduction, g, plain_term in terms:
         g = g.to(torch.float32).contiguous()
-        r = (_backward_impl if getattr(ctx, "eager", False) else backward_op)(
+        eager = getattr(ctx, "eager", False)
+        r = (_backward_impl if eager else backward_op)(
                         hidden, weight, labels, bias, None if plain_term else class_weights, lse, g, reduction,
                         o["ignore_index"], 0.0 if plain_term else o["label_smoothing"],
                         0.0 if plain_term else o["z_loss"], o["softcap"], o["temperature"], o["strategy"],
                         o["memory_budget"], grads, o["tp_rank"], o["tp_size"], o["vocab_offset"], o["vocab_total"],
                         o["comm"], gh_acc if need_dh else None, gw_acc if need_dw else None)
+        if eager:  # the accumulators it added into, as the custom op's declaration would mark them
+            _bump(gh_acc if need_dh else None, gw_acc if need_dw else None)
         r = [t if t.numel() else None for t in r]
         dh = r[0] if dh is None else (dh if r[0] is None else dh + r[0])
         dw = r[1] if dw is None else (dw if r[1] is None else dw + r[1])
@@ -246,6 +252,14 @@ def _forward_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_argmax, g_zl, 
 
 
 forward_op.register_autograd(_forward_backward, setup_context=_forward_setup)
+
+
+def _bump(*tensors):
+    """Version counters up for tensors the library wrote in place outside the dispatcher (the eager
+    path's calls of the implementations), so autograd's saved-tensor checks still see the writes."""
+    for t in tensors:
+        if t is not None:
+            torch.autograd.graph.increment_version(t)
 
 
 class _EagerForward(torch.autograd.Function):
