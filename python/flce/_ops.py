@@ -232,9 +232,9 @@ def _forward_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_argmax, g_zl, 
         if g is not None:
             terms.append(("none", g, False))
     dh = dw = db = None
+    eager = getattr(ctx, "eager", False)
     for reduction, g, plain_term in terms:
         g = g.to(torch.float32).contiguous()
-        eager = getattr(ctx, "eager", False)
         r = (_backward_impl if eager else backward_op)(
                         hidden, weight, labels, bias, None if plain_term else class_weights, lse, g, reduction,
                         o["ignore_index"], 0.0 if plain_term else o["label_smoothing"],
