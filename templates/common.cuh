@@ -91,19 +91,17 @@ template <int N> __device__ __forceinline__ void cp_async_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// ldmatrix of four 8×8 matrices at a 32-bit shared-window address (the loops keep those rather than
-// pointers: the mma.sync main loop, the wgmma path's dZ operand).
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr)
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+                 : "r"(smem_addr(p)));
 }
-__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], unsigned addr)
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+                 : "r"(smem_addr(p)));
 }
 
 // D = A·B + D on a 16×8×16 tile: A row-major 16×16, B column-major 16×8, fp32 accumulators.

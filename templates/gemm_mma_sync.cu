@@ -36,11 +36,22 @@ constexpr int KSTEPS = BK / 16; // mma k steps per stage (16-bit inputs)
 static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile must be whole 16x16 blocks");
 static_assert(BK % 16 == 0 || FLCE_DTYPE == DTYPE_F32, "BK must be a multiple of 16");
 
-// cp.async on 32-bit shared-window addresses (the loop keeps those, not pointers; ldmatrix's are
-// common.cuh's ldsm_x4, ldsm_x4_trans).
+// cp.async and ldmatrix on 32-bit shared-window addresses (the loop keeps those, not pointers).
 __device__ __forceinline__ void cp_async_16s(unsigned dst, const void *src, bool valid)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], unsigned addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
 }
 
 // One operand's part of every stage for this thread: vectors i = 0 .. ITERS-1 at rows r + i·RSTEP,

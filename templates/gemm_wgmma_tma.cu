@@ -281,6 +281,20 @@ __device__ __forceinline__ int dzop_label(const flce_gemm_params &p, long long t
     const long long lab = load_label(p.labels, t), ly = lab - p.vocab_offset;
     return lab != p.ignore_index && lab >= 0 && lab < p.vocab_total && ly >= 0 && ly < cols ? (int)ly : -1;
 }
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr)
+{
+#if ROLE_IS_DH
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+#endif
+}
 // p̃ pair (lo, hi) · (f_lo, f_hi) rounded to the dtype's pair, as the dz pass rounds it.
 __device__ __forceinline__ unsigned dzop_pair(unsigned v, float f_lo, float f_hi)
 {
@@ -348,6 +362,7 @@ struct dz_operand {
 #else
     const dz_factor *fcol; // the warpgroup's factor group, token 0, in the transposed table
     long long label_base; // the global id of the warp's fragment row 0
+    int mw;               // its column in this launch
     dz_factor f[2], nf[2]; // lane l: tokens k0 + 2l, + 1 of the current / next k-tile: factors
     dz_label nlab[2];     // … the next k-tile's labels (tested a k-tile later: no wait on the loads;
                           // kept as loaded: widening them here would wait for them)
@@ -410,7 +425,8 @@ __device__ __forceinline__ void dzop_begin(dz_operand &o, const flce_gemm_params
     // 64-column box of this warpgroup, k row r at r·128, 16-byte chunk c at c ^ (r & 7)
     o.ld = wg * (BK * 128) + (8 * (j >> 1) + r8) * 128 + ((unsigned)((2 * warp + (j & 1)) ^ r8) << 4);
     const long long col = m0 + 64 * wg;
-    o.label_base = p.vocab_offset + col + 16 * warp;
+    o.mw = (int)(col + 16 * warp);
+    o.label_base = p.vocab_offset + o.mw;
     o.fcol = (const dz_factor *)p.tile_max_t + (col < p.m ? col >> p.tile_cols_log2 : 0) * p.ld_tile_max_t;
 #endif
     dzop_fetch(o, p, 0);
@@ -438,7 +454,7 @@ __device__ __forceinline__ void dzop_load(unsigned (&raw)[4][4], const dz_operan
 #if ROLE_IS_DH
         ldsm_x4(raw[kk], stage + (o.ld ^ ((unsigned)(2 * kk) << 4))); // chunk 2kk + (j >> 1), swizzled by r8
 #else
-        ldsm_x4_trans(raw[kk], stage + o.ld + kk * 2048); // 16 k rows further; dW's A is p̃ transposed
+        ldsm_x4(raw[kk], stage + o.ld + kk * 2048); // 16 k rows further
 #endif
 }
 // This thread's dZ fragments of the current k-tile from its p̃ fragments.
