@@ -12,7 +12,8 @@ static const char *const logits_names[] = {"flce_logits", NULL};
 static const char *const dh_names[] = {"flce_dh", NULL};
 static const char *const dw_names[] = {"flce_dw", NULL};
 static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
-                                           "flce_dbias", "flce_tp_pack", "flce_cast", "flce_dz_factors", NULL};
+                                           "flce_dbias", "flce_tp_pack", "flce_cast", "flce_dz_factors",
+                                           "flce_qref", "flce_qscale", NULL};
 
 const char *const *emit_kernel_names(spec_role role)
 {
@@ -78,6 +79,7 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     sb_printf(b, "#define ROLE_IS_DW %d\n", s->role == ROLE_DW);
     if (s->fused_dz) sb_text(b, "#define FLCE_FUSED_DZ 1\n");
     if (s->compact) sb_text(b, "#define FLCE_COMPACT 1\n");
+    if (s->qrows) sb_text(b, "#define FLCE_QROWS 1  // p̃ = bf16 exp(z − ref) against one reference per row\n");
     if (s->dz_operand) sb_text(b, "#define FLCE_DZ_OPERAND 1  // A: compact logits, made dZ in registers\n");
     if (s->dz_convert) sb_text(b, "#define FLCE_DZ_CONVERT 1  // A: compact logits, made dZ by the producer's idle warps\n");
     if (s->plain_out) sb_text(b, "#define FLCE_GRAD_PLAIN 1  // only complete 16-bit tiles, through shared memory\n");

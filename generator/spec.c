@@ -105,7 +105,7 @@ static void summary_text(const kernel_spec *s, int with_shape, char *out, size_t
     }
     const spec_tile *t = &s->tile;
     snprintf(out, cap, "%s%s %s%s labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s%s%s%s%s%s",
-             spec_role_name(s->role), s->fused_dz ? "+dz" : s->compact ? "+compact" : s->dz_operand ? "+dzop" : s->dz_convert ? "+dzconv" : "",
+             spec_role_name(s->role), s->fused_dz ? "+dz" : s->qrows ? "+qrows" : s->compact ? "+compact" : s->dz_operand ? "+dzop" : s->dz_convert ? "+dzconv" : "",
              spec_dtype_name(s->dtype), shape, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk, t->stages,
              t->warps_m, t->warps_n, t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "",
              s->cluster > 1 ? " cluster=2" : "", s->plain_out ? " plain-out" : "", s->red_acc ? " red-acc" : "",
@@ -364,6 +364,10 @@ flce_status spec_validate(const kernel_spec *s)
                        s->compact);
     if (s->compact && s->dtype == FLCE_DTYPE_F32)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "compact=1: needs a 16-bit dtype (fp32 logits are stored as they are)");
+    if (s->qrows != 0 && (s->qrows != 1 || s->role != ROLE_LOGITS || !s->compact || s->dtype != FLCE_DTYPE_BF16 ||
+                          !s->tile.wgmma || !s->tile.tma || s->tile.tcgen05))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "qrows=%d: 0, or 1 for the compact bf16 logits pass on the wgmma TMA path", s->qrows);
     if (s->dz_operand != 0 && (s->dz_operand != 1 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
                                s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32 || s->tile.stages < 3 || s->cluster > 1))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,

@@ -50,6 +50,10 @@ typedef struct kernel_spec {
     int compact;         /* LOGITS, 16-bit dtypes: the statistics pass of the chunked strategy stores
                           * Z as fp16 p̃ = exp(z − m)·2^15 plus one fp32 m per (row, warp tile),
                           * 2 bytes per logit instead of 4 (templates/common.cuh) */
+    int qrows;           /* LOGITS with compact, bf16, wgmma TMA path: p̃ is stored as bf16 exp(z − c_i)
+                          * against one reference c_i per row (flce_qref), or the tile's maximum where
+                          * that lies far above c_i (the row is then rescaled by flce_qscale), so that
+                          * dZ = s_i·p̃ with one factor per row: no dz pass (templates/gemm_logits.cu) */
     int dz_operand;      /* DH/DW on the wgmma TMA path, 16-bit: A is the compact logits, turned
                           * into dZ in shared memory by the consumers before their wgmmas read it
                           * (no dZ pass; templates/gemm_wgmma_tma.cu, FLCE_DZ_OPERAND) */

@@ -32,6 +32,8 @@ typedef struct flce_config {
                         * measured 1.1x slower, bench/NOTES.md v38) */
     int dz_convert;    /* FLCE_DZ_CONVERT: the chunked dH's idle producer warps form dZ from compact logits
                         * while it multiplies, instead of the dz pass (default off: slower so far, NOTES v35) */
+    int qrows;         /* FLCE_QROWS: the chunked bf16 compact logits stored against one reference per row, so
+                        * that dZ is a per-row factor times them: no dz pass (default on; bench/NOTES.md v39) */
     int acc_prefetch;  /* FLCE_ACC_PREFETCH: L2 prefetch of dH/dW addends (default off) */
     int red_acc;       /* FLCE_RED_ACC: red.global.add into fp32 accumulators (default on) */
     int cluster;       /* FLCE_CLUSTER: 0 (default) or 2-CTA clusters for dH/dW on wgmma + TMA */

@@ -1,7 +1,8 @@
 /* launch.c — the kernel sequences of forward, loss-and-grad and backward (see launch.h):
  *   forward:    prepare → logits (statistics) → combine → reduce
  *   chunked:    prepare → per token chunk: logits (+Z, or compact fp16 p̃ for 16-bit training)
- *               → [combine] → dz → dH → dW → db → [reduce]
+ *               → [combine] → dz → dH → dW → db → [reduce]; with row-scaled compact logits (plan.h
+ *               qrows) qref → logits → combine → qscale → dH → dW, no dz pass
  *   recompute:  [forward] → per vocab chunk: logits writing dZ (or Z → dz, FLCE_FUSED_DZ=0)
  *               → dH (accumulated) → dW → db
  * With tensor parallelism (DESIGN §2) every combine is preceded by tp_pack and ONE all-gather of
@@ -20,7 +21,10 @@
 #include "timeline.h"
 #include "tma.h"
 
-enum { K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6, K_DZ_FACTORS = 7 };
+enum {
+    K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6, K_DZ_FACTORS = 7,
+    K_QREF = 8, K_QSCALE = 9
+};
 
 typedef struct kernels {
     CUfunction logits, logits_dz, dh, dw, row[CTX_MAX_KERNELS];
@@ -204,6 +208,11 @@ static void init_row_params(run *r)
         rp->tile_max_ld = pl->tile_max_ld, rp->tile_cols = pl->tile_cols;
         if (pl->off_tile_max_t) rp->tile_max_t = r->ws + pl->off_tile_max_t, rp->tile_max_t_ld = pl->tile_max_t_ld;
     }
+    if (pl->qrows) {
+        rp->hidden = addr(t->hidden), rp->weight = addr(t->weight), rp->d = pl->d;
+        rp->qref = r->ws + pl->off_qref, rp->qflags = r->ws + pl->off_qflags;
+        rp->row_scale = r->ws + pl->off_row_scale, rp->qh = r->ws + pl->off_qh;
+    }
     rp->lse = pl->need_lse ? r->ws + pl->off_lse : addr(t->lse);
     /* Per-token losses go to the workspace (reduced later), the caller's loss_per_token, and for
      * reduction none also the caller's loss. */
@@ -287,6 +296,7 @@ static flce_status run_logits(run *r, const block *b, int stats, int store_z)
     logits_params(r, b, &g);
     g.out = store_z ? r->ws + r->pl->off_z : 0;
     if (store_z && r->pl->compact) g.tile_max = r->rp.tile_max, g.ld_tile_max = r->pl->tile_max_ld;
+    if (store_z && r->pl->qrows) g.qref = r->rp.qref, g.qflags = r->rp.qflags;
     if (stats) {
         g.part_m = r->rp.part_m, g.part_s = r->rp.part_s, g.target = r->rp.target;
         g.part_t = r->rp.part_t, g.part_zs = r->rp.part_zs, g.part_arg = r->rp.part_arg;
@@ -395,6 +405,7 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     TRY(check_grad_stores(&pl->dh, &g, "dH"));
     if (pl->dz_operand || pl->dz_convert) set_dz_factors(r, b, &g); /* never with slices (plan.c) */
+    if (pl->qrows) g.row_scale = r->rp.row_scale; /* chunk rows, as the launch's */
     int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(s->rows, pl->dh.tile.bm);
     TRY(tma_prepare_gemm(&pl->dh, &g, grad_slots(r->ctx, &pl->dh, r->k.dh), &gx, &gy));
     if (pl->dz_convert) {
@@ -444,7 +455,8 @@ static flce_status run_dw_split(run *r, const block *b, int late)
     memset(&g, 0, sizeof g);
     set_scale(r, &g);
     g.a = r->ws + pl->off_dz;
-    g.b = addr(r->t->hidden) + (unsigned long long)(b->row0 * pl->d) * r->es;
+    /* row-scaled compact logits: B is s ⊙ H of the chunk's rows (flce_qscale) */
+    g.b = pl->qrows ? r->rp.qh : addr(r->t->hidden) + (unsigned long long)(b->row0 * pl->d) * r->es;
     set_output(r, &g, addr(r->t->grad_weight), r->p->accumulate_grad_weight,
                ws_at(r, pl->off_dw_acc, pl->need_dw_acc), (uint64_t)(b->col0 * pl->d), b);
     g.m = b->cols, g.n = pl->d, g.k = b->rows;
@@ -509,6 +521,10 @@ static flce_status run_rows(run *r, int kernel, const block *b)
         /* the bf16 dZ operand reads packed words (templates/gemm_wgmma_tma.cu dzop_form) */
         rp.dz_pack = r->pl->dz_operand && r->p->dtype == FLCE_DTYPE_BF16;
         return launch(r->k.row[K_DZ_FACTORS], b->rows, 1, 256, 0, r->stream, &rp, "dz factors kernel");
+    case K_QREF: /* a warp per row */
+        return launch(r->k.row[K_QREF], ceil_div(b->rows, 8), 1, 256, 0, r->stream, &rp, "qref kernel");
+    case K_QSCALE:
+        return launch(r->k.row[K_QSCALE], b->rows, 1, 256, 0, r->stream, &rp, "qscale kernel");
     case K_DBIAS:
         return launch(r->k.row[K_DBIAS], ceil_div(b->cols, 256), 1, 256, 0, r->stream, &rp,
                       "dbias kernel");
@@ -562,7 +578,9 @@ static flce_status run_grads(run *r, const block *rows_step, const block *cols_s
 {
     /* dZ: written by recompute's logits pass (fused_dz), formed by dH and dW themselves from the
      * factors (dz_operand), or by the dz pass */
-    if (r->pl->dz_operand) {
+    if (r->pl->qrows) {
+        TRY(run_rows(r, K_QSCALE, rows_step));
+    } else if (r->pl->dz_operand) {
         TRY(run_rows(r, K_DZ_FACTORS, rows_step));
     } else if (r->pl->dz_convert && r->t->grad_hidden) { /* formed inside dH: its counter and flags zeroed */
         TRY(run_rows(r, K_DZ_FACTORS, rows_step));
@@ -626,6 +644,7 @@ static flce_status run_chunked(run *r)
     for (int64_t c = 0; c < pl->n_chunks; c++) {
         block b = {c * pl->chunk_rows, 0, 0, pl->v, c == 0, c == pl->n_chunks - 1};
         b.rows = pl->n - b.row0 < pl->chunk_rows ? pl->n - b.row0 : pl->chunk_rows;
+        if (pl->qrows) TRY(run_rows(r, K_QREF, &b)); /* each row's reference for the compact store */
         TRY(run_logits(r, &b, stats, 1));
         if (stats) TRY(combine_rows(r, &b));
         block rows_done = complete(b);

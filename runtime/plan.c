@@ -184,6 +184,18 @@ static int compact_allowed(const flce_problem *p, const flce_config *cfg, const 
            !(p->softcap > 0 && p->label_smoothing > 0);
 }
 
+/* Whether a compact chunked plan stores its logits row-scaled (plan.h qrows): where dz is s_i times
+ * exp(z − c_i) but at the label, with every label inside this shard (no TP, the whole vocab), in bf16
+ * on the wgmma TMA logits pass. Not beside the opt-in ways of forming dZ from fp16 p̃. */
+static int qrows_allowed(const flce_problem *p, const flce_config *cfg, const plan *pl)
+{
+    int64_t total = p->vocab_total ? p->vocab_total : p->vocab_offset + p->vocab_shard;
+    return cfg->qrows && pl->compact && !pl->recompute && p->dtype == FLCE_DTYPE_BF16 && hopper_tma(&pl->logits) &&
+           !p->has_bias && p->label_smoothing == 0 && !(p->softcap > 0) && p->z_loss == 0 && pl->tp <= 1 &&
+           p->vocab_offset == 0 && total == p->vocab_shard && pl->tile_cols % 8 == 0 && !cfg->dz_operand &&
+           !cfg->dz_convert;
+}
+
 /* The default budget of a compact chunked plan with its own dW. Fewer token chunks are faster: each chunk beyond the first reads and rewrites the V×D fp32 dW
  * accumulator (8 bytes per element; 16 chunks at 32768×4096×128256 move ~64 GB) and launches a dH
  * of fewer tiles. So the block grows:
@@ -235,6 +247,8 @@ static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, pl
         pl->tile_max_ld = pl->compact ? ceil_div(ceil_div(pl->v, 8) * 8, pl->tile_cols) : 0;
         uint64_t per_row = (uint64_t)ld * per_elem;
         if (pl->compact) per_row = (uint64_t)ld * 2 + (uint64_t)ceil_div(ld, pl->tile_cols) * 4;
+        /* (its per-row arrays, s ⊙ H among them, come on top of the budget, as the accumulators) */
+        pl->qrows = qrows_allowed(p, cfg, pl);
         if (budget < per_row) return budget_error(budget, per_row, "token's row");
         /* Under TP the unit is fixed too: ranks with different (tuned) tiles must still agree. */
         int64_t unit = pl->tp > 1 ? 128 : pl->logits.tile.bm;
@@ -313,7 +327,7 @@ double plan_estimate_ms(const flce_problem *p, const plan *pl, int num_sms)
         bytes = n * ldz * 2 + acc_bytes(n * d, vchunks, p->accumulate_grad_hidden) +
                 (p->accumulate_grad_weight ? v * d * 8 : 0);
     } else {
-        bytes = n * ldz * (pl->compact ? 6 : 10) + acc_bytes(v * d, pl->n_chunks, p->accumulate_grad_weight) +
+        bytes = n * ldz * (pl->qrows ? 2 : pl->compact ? 6 : 10) + acc_bytes(v * d, pl->n_chunks, p->accumulate_grad_weight) +
                 (p->accumulate_grad_hidden ? n * d * 8 : 0);
     }
     return 1e3 * (pass * passes + bytes / PLAN_DRAM_RATE);
@@ -399,7 +413,7 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
      * (its factors are per launch). */
     int64_t k_max = pl->dh_k_slice_max, k = pl->recompute ? pl->chunk_cols : pl->v;
     pl->dh_k_slice = grads && !pl->dz_operand && k_max > 0 && k > k_max ? k_max : 0;
-    pl->dz_convert = pl->dz_convert_wanted && grads && dz_factors_apply(p, pl) && !pl->dz_operand &&
+    pl->dz_convert = pl->dz_convert_wanted && grads && dz_factors_apply(p, pl) && !pl->dz_operand && !pl->qrows &&
                      !pl->concurrent_grads && !pl->dh_k_slice && !pl->collective && pl->tp <= 1 &&
                      hopper_tma(&pl->dh) && pl->dh.cluster == 0 && (!t || t->grad_hidden);
     pl->dh.dz_convert = pl->dz_convert;
@@ -432,6 +446,13 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
         } else if (pl->compact) { /* fp16 p̃, turned into dZ in place, and the maxima */
             pl->off_z = pl->off_dz = take(&cur, block * 2);
             pl->off_tile_max = take(&cur, (uint64_t)pl->chunk_rows * (uint64_t)pl->tile_max_ld * 4);
+            if (pl->qrows) {
+                uint64_t r = (uint64_t)pl->chunk_rows;
+                pl->off_qref = take(&cur, r * 4);
+                pl->off_qflags = take(&cur, r * 4);
+                pl->off_row_scale = take(&cur, r * 4);
+                pl->off_qh = take(&cur, r * (uint64_t)pl->d * 2);
+            }
             if (pl->dz_operand) {
                 pl->tile_max_t_ld = ceil_div(pl->chunk_rows, 64) * 64;
                 pl->off_tile_max_t = take(&cur, (uint64_t)pl->tile_max_t_ld * (uint64_t)pl->tile_max_ld * 4);
@@ -559,6 +580,7 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
     }
     if (pl->compact) { /* the chunked pass's only logits kernel, always over the whole shard */
         pl->logits.compact = 1;
+        pl->logits.qrows = pl->qrows;
         pl->logits.full_tiles = cfg->full_tiles && pl->v % pl->logits.tile.bn == 0;
     }
     plan_dz_operand(p, cfg, pl);

@@ -211,6 +211,17 @@ __device__ __forceinline__ float dz_value(float z, float lse, float a, bool is_l
 #define COMPACT_SCALE 32768.f
 #define COMPACT_LN_SCALE 10.3972077f // ln 2^15
 
+// Row-scaled compact logits (FLCE_QROWS, bf16): each logit is stored as bf16 exp(z − c_i), c_i one
+// reference per row taken before the logits pass (flce_qref: the largest of QREF_SAMPLES sampled
+// logits and the label's), so dz_ij = s_i·p̃_ij with s_i = g_i·a_i·exp(c_i − lse_i)/T (the label's
+// entry apart, which flce_qscale rewrites), and dH = s ⊙ (p̃·W), dW = p̃ᵀ·(s ⊙ H): no dz pass.
+// A tile whose maximum lies more than QROWS_SPAN above c_i is stored against that maximum instead
+// (p̃ ≤ 1: no overflow) and flags its row, which flce_qscale rescales to c_i = lse_i; so does a
+// row whose lse lies more than QROWS_SPAN above c_i (s_i would be tiny). Within the span the stored
+// values stay below e^32 and s_i above e^-32·g_i·a_i, far inside fp32 and bf16's range.
+#define QROWS_SPAN 32.f
+#define QREF_SAMPLES 16
+
 struct row_stats {
     float m, s, t, zs;
     long long arg;

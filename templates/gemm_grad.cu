@@ -51,10 +51,33 @@ __device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce
 #ifndef FLCE_GRAD_RED
 #define FLCE_GRAD_RED 0
 #endif
+// dH over row-scaled compact logits (FLCE_QROWS, p.row_scale): row r of the tile times s_r, and 0
+// where s_r is 0 (an ignored token, whose row may hold anything finite or not).
+__device__ __forceinline__ void scale_rows(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0, int wm,
+                                           int lane)
+{
+    if (!ROLE_IS_DH || !p.row_scale) return; // uniform
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
+            const float s = row < p.m ? ((const float *)p.row_scale)[row] : 0.f;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const float v = acc[mi][ni][2 * h + c] * s;
+                    acc[mi][ni][2 * h + c] = s == 0.f ? 0.f : v;
+                }
+        }
+}
+
 __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
                                               long long n0, int wm, int wn, int lane, float scale,
                                               unsigned char *smem)
 {
+    scale_rows(acc, p, m0, wm, lane);
 #if FLCE_GRAD_RED
     if (p.red_addend) { // uniform across the CTA
         red_epilogue(acc, p, m0, n0, wm, wn, lane, scale);

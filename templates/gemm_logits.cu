@@ -12,6 +12,25 @@ __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi)
     return r;
 }
 #endif
+#ifndef FLCE_QROWS
+#define FLCE_QROWS 0
+#endif
+// One stored pair of the compact pass: fp16 p̃ = e (exp(z − m)·2^15), or under FLCE_QROWS bf16
+// e·qk = exp(z − ref) (qk = exp(m − ref)·2^-15, one per row and tile).
+__device__ __forceinline__ unsigned pack_compact(float e0, float e1, float qk)
+{
+#if FLCE_QROWS
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(e1 * qk), "f"(e0 * qk));
+    return r;
+#elif FLCE_COMPACT
+    (void)qk;
+    return pack_f16x2(e0, e1);
+#else
+    (void)e0, (void)e1, (void)qk;
+    return 0;
+#endif
+}
 // The Hopper TMA path stores the compact p̃ of a full tile through shared memory (STAGED_STORE,
 // gemm_wgmma_tma.cu): straight from the fragments the pass ran 8.5 % slower than the
 // statistics-only one at a locked clock (bench/NOTES.md v19).
@@ -133,8 +152,19 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
             unsigned *pt_row = (unsigned *)((unsigned short *)p.out + (store ? row : 0) * p.ldo + c0);
             // (lim > 0: a warp tile wholly past the shard, as in the mma.sync path's last tile, has
             // no group of its own in tile_max.)
+#if FLCE_QROWS
+            // The tile's reference: the row's c (flce_qref), or its own maximum where that lies more
+            // than QROWS_SPAN above c, which flags the row for flce_qscale (common.cuh).
+            const float qc = row < p.m ? ((const float *)p.qref)[row] : 0.f;
+            const bool far = tile.m - qc > QROWS_SPAN;
+            const float ref = far ? tile.m : qc;
+            if (far && store && t == 0) ((int *)p.qflags)[row] = 1;
+            const float qk = ex2_approx((tile.m - ref) * 1.4426950408889634f - 15.f);
+#else
+            const float ref = tile.m, qk = 1.f;
+#endif
             if (store && t == 0 && (FULL || lim > 0))
-                ((float *)p.tile_max)[row * p.ld_tile_max + (c0 - 2 * t) / WTN] = tile.m;
+                ((float *)p.tile_max)[row * p.ld_tile_max + (c0 - 2 * t) / WTN] = ref;
 #endif
 #if FLCE_COMPACT
             // exp(z − m)·2^15, the stored p̃, as one FFMA and one ex2: 2^(z·log2e − (m·log2e − 15)).
@@ -165,10 +195,10 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                 }
 #if FLCE_COMPACT
 #if COMPACT_STAGED
-                if (STAGED) pk[ni][h] = pack_f16x2(en[0], en[1]);
+                if (STAGED) pk[ni][h] = pack_compact(en[0], en[1], qk);
                 else
 #endif
-                if (store && (FULL || ni * 8 < zlim)) pt_row[ni * 4] = pack_f16x2(en[0], en[1]);
+                if (store && (FULL || ni * 8 < zlim)) pt_row[ni * 4] = pack_compact(en[0], en[1], qk);
 #else
                 (void)en;
 #endif

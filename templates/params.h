@@ -88,6 +88,12 @@ struct flce_gemm_params {
      * ld_tile_max_t (so a k-tile's 64 tokens are contiguous) */
     unsigned long long tile_max_t;
     long long ld_tile_max_t;
+    /* Logits with FLCE_QROWS (the compact pass stores bf16 exp(z − ref)): qref the fp32 reference c
+     * of each row (flce_qref), qflags an int per row set to 1 where a tile's maximum lies more than
+     * QROWS_SPAN above c (that tile's ref is its maximum; tile_max holds every (row, tile)'s ref).
+     * dH: row_scale, 0 or an fp32 factor per row of the launch that multiplies its accumulators
+     * (flce_qscale's s_i; a 0 factor gives 0 whatever the accumulator holds). */
+    unsigned long long qref, qflags, row_scale;
     /* TMA path (spec tile.tma): maps of the stored A and B with the tile's boxes, encoded per
      * launch by runtime/tma.c; unused (zero) otherwise. */
     struct flce_tmap tmap_a, tmap_b;
@@ -162,6 +168,13 @@ struct flce_row_params {
      * tile_max_t_ld (gemm_wgmma_tma.cu, dW); 0: not written */
     unsigned long long tile_max_t;
     long long tile_max_t_ld;
+    /* The chunked strategy's row-scaled compact logits (FLCE_QROWS, templates/gemm_logits.cu):
+     * flce_qref reads the chunk's hidden rows and sampled weight rows (d per row) and writes qref and
+     * zeroes qflags (both chunk rows); flce_qscale rescales flagged rows to the reference lse,
+     * writes row_scale (s_i, chunk rows), qh (hidden rows times s_i in the dtype, [rows][d]) and
+     * the label's entry of z (the compact logits). */
+    unsigned long long hidden, weight, qref, qflags, row_scale, qh;
+    long long d;
 };
 
 #endif

@@ -360,6 +360,112 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz_factors(const flce_row
     }
 }
 
+// Σ_k x_k·y_k over 8 bf16 pairs in two 16-byte vectors, in fp32.
+__device__ __forceinline__ float dot8_bf16(uint4 x, uint4 y)
+{
+    const unsigned a[4] = {x.x, x.y, x.z, x.w}, b[4] = {y.x, y.y, y.z, y.w};
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        s = fmaf(__uint_as_float(a[c] << 16), __uint_as_float(b[c] << 16), s);
+        s = fmaf(__uint_as_float(a[c] & 0xffff0000u), __uint_as_float(b[c] & 0xffff0000u), s);
+    }
+    return s;
+}
+
+// Row-scaled compact logits (common.cuh, FLCE_QROWS), before the chunk's logits pass: c_i, the
+// largest of QREF_SAMPLES logits at evenly spaced columns of the shard and the label's (when it
+// lies in the shard), in fp32 from the bf16 operands. Any logit of the row will do as long as the
+// row's maximum lies within QROWS_SPAN above it; the samples make that the common case (a row whose
+// maximum lies further costs a rescale in flce_qscale, not accuracy). qflags zeroed here. One warp
+// per row, 8 rows per CTA; d is a multiple of 8 (16-byte vectors).
+extern "C" __global__ void __launch_bounds__(256) flce_qref(const flce_row_params p)
+{
+#if FLCE_DTYPE == DTYPE_BF16 // (bf16 only: runtime/plan.c; every rowops module has the entry)
+    const long long i = (long long)blockIdx.x * 8 + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (i >= p.rows) return;
+    const long long y = load_label(p.labels, p.row0 + i);
+    const long long ly = label_valid(y, p) ? y - p.chunk_offset : -1;
+    const elem_t *h = (const elem_t *)p.hidden + (p.row0 + i) * p.d;
+    float c = NEG_INF;
+    for (int k = 0; k <= QREF_SAMPLES; k++) {
+        const long long j = k < QREF_SAMPLES ? (2 * k + 1) * p.cols / (2 * QREF_SAMPLES) : ly;
+        if (j < 0 || j >= p.cols) continue; // uniform across the warp
+        const elem_t *w = (const elem_t *)p.weight + (p.col0 + j) * p.d;
+        float acc = 0.f;
+        for (long long e = (long long)lane * 8; e < p.d; e += 32 * 8)
+            acc += dot8_bf16(*(const uint4 *)(h + e), *(const uint4 *)(w + e));
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        c = fmaxf(c, acc * INV_TEMP);
+    }
+    if (lane == 0) {
+        ((float *)p.qref)[i] = c;
+        ((int *)p.qflags)[i] = 0;
+    }
+#else
+    (void)p;
+#endif
+}
+
+// After the chunk's combine (lse known), one CTA per chunk row: a flagged row (a tile stored against
+// its own maximum), or one whose lse lies more than QROWS_SPAN above c_i, is rescaled in place to
+// the reference lse (each tile's p̃ times exp(ref_t − lse), ref_t from tile_max). Then
+// s_i = g_i·a_i·exp(c_i − lse_i)/T (0 for an ignored token) goes to row_scale, s_i·h_i (rounded to
+// bf16) to qh, dW's B operand, and the label's entry of p̃ becomes dz_iy/s_i, so that s_i·p̃_iy is
+// the label's exact dz (from the fp32 target logit) rounded once. Without smoothing, softcap or
+// z-loss (runtime/plan.c), s_i = 0 only where dz_iy = 0 too.
+extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_params p)
+{
+#if FLCE_DTYPE == DTYPE_BF16
+    const long long i = blockIdx.x, row = p.row0 + i;
+    const long long y = load_label(p.labels, row);
+    const bool valid = label_valid(y, p);
+    const float g = token_scale(p, row, valid);
+    const float lse = ((const float *)p.lse)[row];
+    const float wy = valid ? class_weight(p, y) : 0.f;
+    const float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
+    float c = ((const float *)p.qref)[i];
+    unsigned short *q = (unsigned short *)p.z + i * p.ldz;
+    const bool fix = ((const int *)p.qflags)[i] != 0 || (g != 0.f && !(lse - c <= QROWS_SPAN));
+    if (fix) { // uniform across the CTA
+        const float *ref = (const float *)p.tile_max + i * p.tile_max_ld;
+        for (long long j = (long long)threadIdx.x * 8; j < p.cols; j += 256 * 8) {
+            const float f = expf(ref[j / p.tile_cols] - lse); // 8 | tile_cols: one ref per group
+            uint4 raw = *(const uint4 *)(q + j);
+            unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                w[k] = pack2_elem(__uint_as_float(w[k] << 16) * f, __uint_as_float(w[k] & 0xffff0000u) * f);
+            st_global_16(q + j, w[0], w[1], w[2], w[3]);
+        }
+        c = lse;
+        __syncthreads(); // the label's entry below is written after every rescale
+    }
+    const float s = valid ? g * a * expf(c - lse) * INV_TEMP : 0.f;
+    if (threadIdx.x == 0) ((float *)p.row_scale)[i] = s;
+    const elem_t *h = (const elem_t *)p.hidden + row * p.d;
+    elem_t *hs = (elem_t *)p.qh + i * p.d;
+    for (long long e = (long long)threadIdx.x * 8; e < p.d; e += 256 * 8) {
+        uint4 raw = *(const uint4 *)(h + e);
+        unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            w[k] = pack2_elem(__uint_as_float(w[k] << 16) * s, __uint_as_float(w[k] & 0xffff0000u) * s);
+        st_global_16(hs + e, w[0], w[1], w[2], w[3]);
+    }
+    const long long local_y = y - p.chunk_offset;
+    if (threadIdx.x == 0 && valid && s != 0.f && local_y >= 0 && local_y < p.cols) {
+        const float z = ((const float *)p.target)[i];
+        const float dz = dz_value_p(expf(z - lse), z, a, true, wy, class_weight(p, y), g, p.vocab_total);
+        q[local_y] = from_f32(dz / s);
+    }
+#else
+    (void)p;
+#endif
+}
+
 // grid: (rows, column blocks); each thread turns 4 consecutive logits (from compact logits, p.tile_max
 // set: DZ_COMPACT_GROUPS groups of DZ_COMPACT_COLS; launch.c sizes the grid to match) into as many
 // gradients.

@@ -81,7 +81,7 @@ static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM
                                     "FLCE_FUSED_DZ", "FLCE_ACC_PREFETCH", "FLCE_RED_ACC", "FLCE_CLUSTER",
                                     "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_TIERED", "FLCE_UNLOCKED_COMPILE", "FLCE_FULL_TILES", "FLCE_DH_K_SLICE", "FLCE_NVRTC_FAST",
                                     "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_TP_OVERLAP_SMS", "FLCE_GRAD_STREAMS",
-                                    "FLCE_DZ_OPERAND", "FLCE_DZ_CONVERT"};
+                                    "FLCE_DZ_OPERAND", "FLCE_DZ_CONVERT", "FLCE_QROWS"};
 
 static void clear_knobs(void)
 {
@@ -99,7 +99,7 @@ static void an_empty_environment_gives_the_defaults(void)
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
     CHECK(!d.acc_prefetch && d.red_acc && d.cluster == 0 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.tiered && !d.unlocked_compile && d.full_tiles && d.dh_k_slice == PLAN_DH_K_SLICE && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && d.tp_overlap);
-    CHECK(d.grad_streams && !d.dz_operand && !d.dz_convert && d.tp_overlap_sms == 32);
+    CHECK(d.grad_streams && !d.dz_operand && !d.dz_convert && d.tp_overlap_sms == 32 && d.qrows);
 }
 
 static void every_knob_reads_its_variable(void)
@@ -111,12 +111,13 @@ static void every_knob_reads_its_variable(void)
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_TIERED", "no", 1), setenv("FLCE_UNLOCKED_COMPILE", "yes", 1), setenv("FLCE_FULL_TILES", "off", 1), setenv("FLCE_DH_K_SLICE", "1000", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
     setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "off", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
     setenv("FLCE_DZ_OPERAND", "1", 1), setenv("FLCE_TP_OVERLAP_SMS", "16", 1), setenv("FLCE_DZ_CONVERT", "on", 1);
+    setenv("FLCE_QROWS", "off", 1);
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
     CHECK(c.acc_prefetch && !c.red_acc && c.cluster == 2 && c.raster_rows == 16 && !c.tiered && !c.full_tiles && c.dh_k_slice == 768 && c.unlocked_compile);
     CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && !c.tp_overlap);
-    CHECK(!c.grad_streams && c.dz_operand && c.dz_convert && c.tp_overlap_sms == 16);
+    CHECK(!c.grad_streams && c.dz_operand && c.dz_convert && c.tp_overlap_sms == 16 && !c.qrows);
     clear_knobs();
 }
 
@@ -281,6 +282,59 @@ static void the_dz_operand_replaces_the_dz_pass_only_where_it_can(void)
     cfg.dz_operand = 0;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand);
+}
+
+/* Row-scaled compact logits (plan.h qrows, on by default) where dz is one factor per row times them
+ * and every label lies in the shard: bf16 chunked on the wgmma TMA path with no bias, smoothing,
+ * softcap, z-loss or TP; its arrays inside the workspace, s ⊙ H counted in the chunk's bytes. */
+static void row_scaled_logits_only_where_dz_is_a_row_factor(void)
+{
+    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+    flce_config cfg;
+    plan pl, off;
+    config_defaults(&cfg);
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.compact && pl.qrows && pl.logits.qrows && spec_validate(&pl.logits) == FLCE_OK);
+    CHECK(pl.off_qref && pl.off_qflags && pl.off_row_scale && pl.off_qh);
+    CHECK(pl.off_qh + (uint64_t)pl.chunk_rows * 4096 * 2 <= pl.workspace_bytes);
+    CHECK(pl.off_row_scale + (uint64_t)pl.chunk_rows * 4 <= pl.workspace_bytes);
+    /* AUTO counts no dz pass: the chunked estimate drops by the 4 bytes per logit it moved */
+    cfg.qrows = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &off) == FLCE_OK);
+    CHECK(off.compact && !off.qrows && !off.logits.qrows && off.off_qh == 0);
+    CHECK(pl.est_chunked_ms < off.est_chunked_ms);
+    cfg.qrows = 1;
+    /* the budget still sets the chunk (its rows of logits): s ⊙ H and the row arrays come on top */
+    p.memory_budget = 512ull << 20, p.strategy = FLCE_STRATEGY_CHUNKED;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    cfg.qrows = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &off) == FLCE_OK);
+    CHECK(pl.qrows && pl.chunk_rows == 2048 && off.chunk_rows == 2048);
+    CHECK(pl.workspace_bytes >= off.workspace_bytes + 2048ull * 4096 * 2);
+    cfg.qrows = 1, p.memory_budget = 0, p.strategy = FLCE_STRATEGY_AUTO;
+    struct {
+        const char *what;
+        flce_problem q;
+        int sm;
+    } no[8];
+    for (int i = 0; i < 8; i++) no[i].q = p, no[i].sm = 90;
+    no[0].what = "fp16", no[0].q.dtype = FLCE_DTYPE_F16;
+    no[1].what = "bias", no[1].q.has_bias = 1;
+    no[2].what = "smoothing", no[2].q.label_smoothing = 0.1f;
+    no[3].what = "softcap", no[3].q.softcap = 30;
+    no[4].what = "z-loss", no[4].q.z_loss = 1e-4f;
+    no[5].what = "vocab shard", no[5].q.vocab_offset = 1000, no[5].q.vocab_total = 200000;
+    no[6].what = "mma.sync", no[6].sm = 80;
+    no[7].what = "TP", no[7].q = tp2_problem(8192, 4096, 128256);
+    for (int i = 0; i < 8; i++) {
+        CHECK(plan_build(&no[i].q, FLCE_OP_LOSS_AND_GRAD, no[i].sm, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+        CHECKF(!pl.qrows && !pl.logits.qrows && pl.off_qh == 0, "%s", no[i].what);
+    }
+    CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.qrows && !pl.logits.qrows);
+    cfg.dz_operand = 1; /* the opt-in forms of dZ from fp16 p̃ keep it */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.qrows && pl.dz_operand);
 }
 
 /* With FLCE_DZ_CONVERT=1 the chunked dH forms dZ itself (plan.h dz_convert) where it is dZ's only
@@ -578,6 +632,7 @@ int main(void)
     RUN(each_setting_reaches_the_plan);
     RUN(the_dz_operand_replaces_the_dz_pass_only_where_it_can);
     RUN(the_dz_convert_replaces_the_dz_pass_only_where_it_can);
+    RUN(row_scaled_logits_only_where_dz_is_a_row_factor);
     RUN(gradient_kernels_hold_only_the_stores_they_make);
     RUN(tune_tiles_are_an_input);
     RUN(the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only);

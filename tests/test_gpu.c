@@ -213,6 +213,22 @@ static void awkward_shapes_match_the_reference(void)
     }
 }
 
+/* Row-scaled compact logits (bf16 chunked, runtime/plan.h qrows) against each row's reference c_i:
+ * wide logits put tiles far above the sampled c_i (stored against their own maximum, the row
+ * rescaled by flce_qscale) and rows whose lse lies far above it; narrow ones keep every row as
+ * stored. Each with ignored tokens, several chunks, and a per-token upstream gradient. */
+static void row_scaled_logits_match_the_reference_at_every_spread(void)
+{
+    gcase cases[] = {
+        {"bf16 row-scaled, logit sd 0.5", 300, 64, 3000, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 0.5, 0.1, 32, 0, 1, 0, 0},
+        {"bf16 row-scaled, logit sd 12 (some rows rescaled)", 300, 64, 3000, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 12, 0.1, 32, 0, 1, 0, 0},
+        {"bf16 row-scaled, logit sd 40 (every row rescaled)", 300, 64, 3000, FLCE_DTYPE_BF16, FLCE_REDUCTION_SUM, 40, 0.1, 32, 0, 1, 0, 0},
+        {"bf16 row-scaled, sd 25, none + grad, chunks", 700, 96, 2050, FLCE_DTYPE_BF16, FLCE_REDUCTION_NONE, 25, 0.1, 64, 1 << 20, 1, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (shard_mine()) check_case(&cases[i]);
+}
+
 /* Every label ignored: mean is 0 with zero gradients, never NaN. */
 static void all_labels_ignored_mean_is_zero(void)
 {
@@ -879,6 +895,7 @@ static void run_all(void)
     RUN_CASES(every_dtype_and_reduction_matches_the_reference);
     RUN_CASES(awkward_shapes_match_the_reference);
     RUN_CASES(all_labels_ignored_mean_is_zero);
+    RUN_CASES(row_scaled_logits_match_the_reference_at_every_spread);
     RUN_UNIT(forward_matches_loss_and_grad);
     RUN_UNIT(out_of_range_label_is_reported_not_read);
     RUN_UNIT(bad_tensors_are_named);
