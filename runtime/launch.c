@@ -211,7 +211,7 @@ static void init_row_params(run *r)
     if (pl->qrows) {
         rp->hidden = addr(t->hidden), rp->weight = addr(t->weight), rp->d = pl->d;
         rp->qref = r->ws + pl->off_qref, rp->qflags = r->ws + pl->off_qflags;
-        rp->row_scale = r->ws + pl->off_row_scale, rp->qh = r->ws + pl->off_qh;
+        rp->row_scale = r->ws + pl->off_row_scale, rp->qh = r->ws + pl->off_qh, rp->qlab = r->ws + pl->off_qlab;
     }
     rp->lse = pl->need_lse ? r->ws + pl->off_lse : addr(t->lse);
     /* Per-token losses go to the workspace (reduced later), the caller's loss_per_token, and for
@@ -405,7 +405,8 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     TRY(check_grad_stores(&pl->dh, &g, "dH"));
     if (pl->dz_operand || pl->dz_convert) set_dz_factors(r, b, &g); /* never with slices (plan.c) */
-    if (pl->qrows) g.row_scale = r->rp.row_scale; /* chunk rows, as the launch's */
+    if (pl->qrows) /* chunk rows, as the launch's; the labels' residuals where they lie in its k range */
+        g.row_scale = r->rp.row_scale, g.qlab = r->rp.qlab, g.qlab_k0 = off;
     int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(s->rows, pl->dh.tile.bm);
     TRY(tma_prepare_gemm(&pl->dh, &g, grad_slots(r->ctx, &pl->dh, r->k.dh), &gx, &gy));
     if (pl->dz_convert) {

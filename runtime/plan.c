@@ -452,6 +452,7 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
                 pl->off_qflags = take(&cur, r * 4);
                 pl->off_row_scale = take(&cur, r * 4);
                 pl->off_qh = take(&cur, r * (uint64_t)pl->d * 2);
+                pl->off_qlab = take(&cur, r * 8);
             }
             if (pl->dz_operand) {
                 pl->tile_max_t_ld = ceil_div(pl->chunk_rows, 64) * 64;

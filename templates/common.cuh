@@ -220,7 +220,7 @@ __device__ __forceinline__ float dz_value(float z, float lse, float a, bool is_l
 // row whose lse lies more than QROWS_SPAN above c_i (s_i would be tiny). Within the span the stored
 // values stay below e^32 and s_i above e^-32·g_i·a_i, far inside fp32 and bf16's range.
 #define QROWS_SPAN 32.f
-#define QREF_SAMPLES 16
+#define QREF_SAMPLES 8
 
 struct row_stats {
     float m, s, t, zs;

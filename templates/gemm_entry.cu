@@ -101,6 +101,14 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
     long long lab[MI][2];
     row_state rs[MI][2]; // dZ factors, or the running statistics of the CTA's vocab tiles
     rows_setup(p, m0, wm, lane, lab, rs);
+    float qc[MI * 2]; // FLCE_QROWS: each owned row's reference (the CTA keeps its row block)
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
+            qc[mi * 2 + h] = FLCE_QROWS && row < p.m ? ((const float *)p.qref)[row] : 0.f;
+        }
 
     float acc[MI][NI][4];
     for (long long vt = t_begin; vt < t_end; vt++) {
@@ -113,7 +121,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
         if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
         else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
 #else
-        logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, rs, smem);
+        logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, rs, smem, qc);
 #endif
     }
 #if FLCE_FUSED_DZ

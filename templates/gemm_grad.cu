@@ -51,33 +51,48 @@ __device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce
 #ifndef FLCE_GRAD_RED
 #define FLCE_GRAD_RED 0
 #endif
-// dH over row-scaled compact logits (FLCE_QROWS, p.row_scale): row r of the tile times s_r, and 0
-// where s_r is 0 (an ignored token, whose row may hold anything finite or not).
-__device__ __forceinline__ void scale_rows(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0, int wm,
-                                           int lane)
+// dH over row-scaled compact logits (FLCE_QROWS, p.row_scale): row r of the tile times s_r, plus
+// the residual of its label's stored entry times the label's row of W where that lies in this
+// launch's k range (flce_qscale); 0 where s_r is 0 (an ignored token, whose row of the compact
+// logits may hold anything finite or not).
+__device__ __forceinline__ void scale_rows(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
+                                           long long n0, int wm, int wn, int lane)
 {
     if (!ROLE_IS_DH || !p.row_scale) return; // uniform
+#if FLCE_DTYPE == DTYPE_BF16
+    const long long c0 = n0 + wn * WTN + 2 * (lane % 4);
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
             const float s = row < p.m ? ((const float *)p.row_scale)[row] : 0.f;
+            const float2 ql = row < p.m ? ((const float2 *)p.qlab)[row] : make_float2(0.f, 0.f);
+            const long long yk = (long long)__float_as_int(ql.y) - p.qlab_k0;
+            const bool lab = ql.x != 0.f && __float_as_int(ql.y) >= 0 && yk >= 0 && yk < p.k;
+            const elem_t *wy = (const elem_t *)p.b + (lab ? yk : 0) * p.ldb + c0;
 #pragma unroll
-            for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const float v = acc[mi][ni][2 * h + c] * s;
-                    acc[mi][ni][2 * h + c] = s == 0.f ? 0.f : v;
+            for (int ni = 0; ni < NI; ni++) {
+                float w0 = 0.f, w1 = 0.f;
+                if (lab && c0 + ni * 8 < p.n) {
+                    const unsigned pr = *(const unsigned *)(wy + ni * 8);
+                    w0 = __uint_as_float(pr << 16), w1 = __uint_as_float(pr & 0xffff0000u);
                 }
+                const float v0 = fmaf(ql.x, w0, acc[mi][ni][2 * h] * s), v1 = fmaf(ql.x, w1, acc[mi][ni][2 * h + 1] * s);
+                acc[mi][ni][2 * h] = s == 0.f ? 0.f : v0;
+                acc[mi][ni][2 * h + 1] = s == 0.f ? 0.f : v1;
+            }
         }
+#else
+    (void)acc, (void)m0, (void)n0, (void)wm, (void)wn, (void)lane;
+#endif
 }
 
 __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
                                               long long n0, int wm, int wn, int lane, float scale,
                                               unsigned char *smem)
 {
-    scale_rows(acc, p, m0, wm, lane);
+    scale_rows(acc, p, m0, n0, wm, wn, lane);
 #if FLCE_GRAD_RED
     if (p.red_addend) { // uniform across the CTA
         red_epilogue(acc, p, m0, n0, wm, wn, lane, scale);

@@ -84,7 +84,7 @@ template <bool FULL>
 __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const flce_gemm_params &p,
                                                   long long m0, long long n0, int wm, int wn, int lane,
                                                   const long long (&lab)[MI][2], row_stats (&run)[MI][2],
-                                                  unsigned char *smem)
+                                                  unsigned char *smem, const float *qc)
 {
 #if COMPACT_STAGED
     constexpr bool STAGED = FULL; // a tile reaching past the shard keeps the direct stores
@@ -155,12 +155,13 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
 #if FLCE_QROWS
             // The tile's reference: the row's c (flce_qref), or its own maximum where that lies more
             // than QROWS_SPAN above c, which flags the row for flce_qscale (common.cuh).
-            const float qc = row < p.m ? ((const float *)p.qref)[row] : 0.f;
-            const bool far = tile.m - qc > QROWS_SPAN;
-            const float ref = far ? tile.m : qc;
+            const float c = qc[mi * 2 + h]; // loaded once per CTA (gemm_entry.cu)
+            const bool far = tile.m - c > QROWS_SPAN;
+            const float ref = far ? tile.m : c;
             if (far && store && t == 0) ((int *)p.qflags)[row] = 1;
             const float qk = ex2_approx((tile.m - ref) * 1.4426950408889634f - 15.f);
 #else
+            (void)qc;
             const float ref = tile.m, qk = 1.f;
 #endif
             if (store && t == 0 && (FULL || lim > 0))
@@ -257,19 +258,19 @@ __device__ __forceinline__ void mask_past_shard(float (&acc)[MI][NI][4], const f
 __device__ __forceinline__ void logits_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p,
                                                 long long m0, long long n0, int wm, int wn, int lane,
                                                 const long long (&lab)[MI][2], row_stats (&run)[MI][2],
-                                                unsigned char *smem)
+                                                unsigned char *smem, const float *qc = nullptr)
 {
     const bool full = n0 + BN <= p.n;
     if constexpr (NO_PARTIAL_TILE) {
         (void)full;
-        logits_epilogue_t<true>(acc, p, m0, n0, wm, wn, lane, lab, run, smem);
+        logits_epilogue_t<true>(acc, p, m0, n0, wm, wn, lane, lab, run, smem, qc);
     } else if constexpr (ONE_EPILOGUE) {
         if (!full) mask_past_shard(acc, p, n0, wn, lane);
-        logits_epilogue_t<true>(acc, p, m0, n0, wm, wn, lane, lab, run, smem);
+        logits_epilogue_t<true>(acc, p, m0, n0, wm, wn, lane, lab, run, smem, qc);
     } else if (full) {
-        logits_epilogue_t<true>(acc, p, m0, n0, wm, wn, lane, lab, run, smem);
+        logits_epilogue_t<true>(acc, p, m0, n0, wm, wn, lane, lab, run, smem, qc);
     } else {
-        logits_epilogue_t<false>(acc, p, m0, n0, wm, wn, lane, lab, run, smem);
+        logits_epilogue_t<false>(acc, p, m0, n0, wm, wn, lane, lab, run, smem, qc);
     }
 }
 

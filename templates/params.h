@@ -94,6 +94,11 @@ struct flce_gemm_params {
      * dH: row_scale, 0 or an fp32 factor per row of the launch that multiplies its accumulators
      * (flce_qscale's s_i; a 0 factor gives 0 whatever the accumulator holds). */
     unsigned long long qref, qflags, row_scale;
+    /* dH with row_scale: qlab, flce_qscale's (residual, label column) pairs per row, whose residual
+     * times the label's row of B is added where that column lies in this launch's k range
+     * [qlab_k0, qlab_k0 + k) (B's row qcol − qlab_k0) */
+    unsigned long long qlab;
+    long long qlab_k0;
     /* TMA path (spec tile.tma): maps of the stored A and B with the tile's boxes, encoded per
      * launch by runtime/tma.c; unused (zero) otherwise. */
     struct flce_tmap tmap_a, tmap_b;
@@ -175,6 +180,9 @@ struct flce_row_params {
      * the label's entry of z (the compact logits). */
     unsigned long long hidden, weight, qref, qflags, row_scale, qh;
     long long d;
+    /* flce_qscale: per chunk row, the fp32 residual of the label's stored entry (dz_iy − s_i·p̃_iy)
+     * and the label's column (int, −1 for none), the dH epilogue's (params above, qlab) */
+    unsigned long long qlab;
 };
 
 #endif

@@ -382,23 +382,42 @@ __device__ __forceinline__ float dot8_bf16(uint4 x, uint4 y)
 extern "C" __global__ void __launch_bounds__(256) flce_qref(const flce_row_params p)
 {
 #if FLCE_DTYPE == DTYPE_BF16 // (bf16 only: runtime/plan.c; every rowops module has the entry)
+    constexpr int S = QREF_SAMPLES + 1; // the samples and the label
     const long long i = (long long)blockIdx.x * 8 + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (i >= p.rows) return;
     const long long y = load_label(p.labels, p.row0 + i);
     const long long ly = label_valid(y, p) ? y - p.chunk_offset : -1;
     const elem_t *h = (const elem_t *)p.hidden + (p.row0 + i) * p.d;
-    float c = NEG_INF;
-    for (int k = 0; k <= QREF_SAMPLES; k++) {
-        const long long j = k < QREF_SAMPLES ? (2 * k + 1) * p.cols / (2 * QREF_SAMPLES) : ly;
-        if (j < 0 || j >= p.cols) continue; // uniform across the warp
-        const elem_t *w = (const elem_t *)p.weight + (p.col0 + j) * p.d;
-        float acc = 0.f;
-        for (long long e = (long long)lane * 8; e < p.d; e += 32 * 8)
-            acc += dot8_bf16(*(const uint4 *)(h + e), *(const uint4 *)(w + e));
+    // Each lane's 8 hidden values of a 256-wide slice against all S weight rows at once: S
+    // independent loads in flight per step instead of one dependent chain per sample (a loop
+    // over samples outside took 0.38 ms at 8192×4096, latency-bound; bench/NOTES.md v39).
+    const elem_t *w[S];
+    bool use[S];
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-        c = fmaxf(c, acc * INV_TEMP);
+    for (int k = 0; k < S; k++) {
+        const long long j = k < QREF_SAMPLES ? (2 * k + 1) * p.cols / (2 * QREF_SAMPLES) : ly;
+        use[k] = j >= 0 && j < p.cols;
+        w[k] = (const elem_t *)p.weight + (p.col0 + (use[k] ? j : 0)) * p.d;
+    }
+    float acc[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) acc[k] = 0.f;
+    for (long long e = (long long)lane * 8; e < p.d; e += 32 * 8) {
+        const uint4 hv = *(const uint4 *)(h + e);
+        uint4 wv[S];
+#pragma unroll
+        for (int k = 0; k < S; k++) wv[k] = *(const uint4 *)(w[k] + e);
+#pragma unroll
+        for (int k = 0; k < S; k++) acc[k] += dot8_bf16(hv, wv[k]);
+    }
+    float c = NEG_INF;
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+        float a = acc[k];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+        if (use[k]) c = fmaxf(c, a * INV_TEMP);
     }
     if (lane == 0) {
         ((float *)p.qref)[i] = c;
@@ -456,11 +475,21 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
         st_global_16(hs + e, w[0], w[1], w[2], w[3]);
     }
     const long long local_y = y - p.chunk_offset;
-    if (threadIdx.x == 0 && valid && s != 0.f && local_y >= 0 && local_y < p.cols) {
+    if (threadIdx.x != 0) return;
+    float resid = 0.f;
+    int ycol = -1;
+    if (valid && s != 0.f && local_y >= 0 && local_y < p.cols) {
         const float z = ((const float *)p.target)[i];
         const float dz = dz_value_p(expf(z - lse), z, a, true, wy, class_weight(p, y), g, p.vocab_total);
-        q[local_y] = from_f32(dz / s);
+        const elem_t qy = from_f32(dz / s);
+        q[local_y] = qy;
+        // What rounding dz/s to bf16 lost (up to 2^-9 of the label's dz, which dominates a row of
+        // dH): dH's epilogue adds it back times W_y (templates/gemm_grad.cu scale_rows).
+        resid = fmaf(-s, to_f32(qy), dz);
+        ycol = (int)local_y;
     }
+    ((float *)p.qlab)[2 * i] = resid;
+    ((int *)p.qlab)[2 * i + 1] = ycol;
 #else
     (void)p;
 #endif
