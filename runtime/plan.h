@@ -63,7 +63,8 @@ typedef struct plan {
      * is no dz pass. off_qref, off_qflags, off_row_scale: c_i, the rescale flags and s_i per chunk
      * row. FLCE_QROWS=0 keeps the fp16 p̃ and the dz pass. */
     int qrows;
-    uint64_t off_qref, off_qflags, off_row_scale, off_qh, off_qlab; /* qlab: (residual, column) of each row's label */
+    /* qlab: (dz, column) of each row's label; qlist_*: the chunk rows grouped by label for dW */
+    uint64_t off_qref, off_qflags, off_row_scale, off_qh, off_qlab, off_qlist_start, off_qlist_tok, off_qlist_blk;
     /* dz_operand: the factors again, transposed ([group][token], row stride tile_max_t_ld = the
      * chunk's rows rounded up to 64), so dW's k-tile of 64 tokens reads 256 contiguous bytes */
     int64_t tile_max_t_ld;

@@ -94,11 +94,14 @@ struct flce_gemm_params {
      * dH: row_scale, 0 or an fp32 factor per row of the launch that multiplies its accumulators
      * (flce_qscale's s_i; a 0 factor gives 0 whatever the accumulator holds). */
     unsigned long long qref, qflags, row_scale;
-    /* dH with row_scale: qlab, flce_qscale's (residual, label column) pairs per row, whose residual
-     * times the label's row of B is added where that column lies in this launch's k range
-     * [qlab_k0, qlab_k0 + k) (B's row qcol − qlab_k0) */
+    /* dH with row_scale: qlab, flce_qscale's (dz, label column) pairs per row, whose dz times the
+     * label's row of B is added where that column lies in this launch's k range [qlab_k0,
+     * qlab_k0 + k) (B's row qcol − qlab_k0). dW over row-scaled logits: qlist_start and qlist_tok
+     * (the chunk rows by label, flce_qlist_fill), qlab, and qhid the chunk's hidden rows (row
+     * stride n): row v of the output adds Σ dz_i·h_i over the chunk rows i labelled v. */
     unsigned long long qlab;
     long long qlab_k0;
+    unsigned long long qlist_start, qlist_tok, qhid;
     /* TMA path (spec tile.tma): maps of the stored A and B with the tile's boxes, encoded per
      * launch by runtime/tma.c; unused (zero) otherwise. */
     struct flce_tmap tmap_a, tmap_b;
@@ -180,9 +183,11 @@ struct flce_row_params {
      * the label's entry of z (the compact logits). */
     unsigned long long hidden, weight, qref, qflags, row_scale, qh;
     long long d;
-    /* flce_qscale: per chunk row, the fp32 residual of the label's stored entry (dz_iy − s_i·p̃_iy)
-     * and the label's column (int, −1 for none), the dH epilogue's (params above, qlab) */
-    unsigned long long qlab;
+    /* flce_qscale: per chunk row, the label's exact dz_iy (fp32; its stored entry is set to 0) and
+     * column (int, −1 for none), which the dH and dW epilogues add (params above, qlab);
+     * flce_qlist_count/_fill: the chunk rows grouped by label, qlist_start (cols + 1 ints),
+     * qlist_tok (rows ints), qlist_blk (one int per 128 vocab rows) */
+    unsigned long long qlab, qlist_start, qlist_tok, qlist_blk;
 };
 
 #endif

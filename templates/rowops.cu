@@ -476,23 +476,106 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
     }
     const long long local_y = y - p.chunk_offset;
     if (threadIdx.x != 0) return;
-    float resid = 0.f;
+    float dz = 0.f;
     int ycol = -1;
-    if (valid && s != 0.f && local_y >= 0 && local_y < p.cols) {
+    if (valid && local_y >= 0 && local_y < p.cols) {
+        // The label's entry leaves the GEMMs: its exact dz (from the fp32 target logit; it
+        // dominates its rows of dH and dW, and s_i·bf16(dz/s_i) would round it at an arbitrary
+        // mantissa, twice in dW with s ⊙ H) is added by dH's epilogue times W_y and by dW's times
+        // h_i (templates/gemm_grad.cu), and its stored p̃ becomes 0.
         const float z = ((const float *)p.target)[i];
-        const float dz = dz_value_p(expf(z - lse), z, a, true, wy, class_weight(p, y), g, p.vocab_total);
-        const elem_t qy = from_f32(dz / s);
-        q[local_y] = qy;
-        // What rounding dz/s to bf16 lost (up to 2^-9 of the label's dz, which dominates a row of
-        // dH): dH's epilogue adds it back times W_y (templates/gemm_grad.cu scale_rows).
-        resid = fmaf(-s, to_f32(qy), dz);
+        dz = dz_value_p(expf(z - lse), z, a, true, wy, class_weight(p, y), g, p.vocab_total);
+        q[local_y] = 0;
         ycol = (int)local_y;
     }
-    ((float *)p.qlab)[2 * i] = resid;
+    ((float *)p.qlab)[2 * i] = dz;
     ((int *)p.qlab)[2 * i + 1] = ycol;
 #else
     (void)p;
 #endif
+}
+
+// The chunk's tokens grouped by label for dW's epilogue (gemm_grad.cu label_rows): qlist_start[v]
+// (v = 0..cols) the first entry of vocab row v in qlist_tok, which holds the chunk rows i whose
+// label is v, rows in order, so each dW entry adds its labels' dz·h in a fixed order. Built without
+// a global atomic: one warp per block of QLIST_BLOCK vocab rows scans all the chunk's labels twice
+// (counts, then the fill in token order), QLIST_UNROLL loads in flight per lane.
+#define QLIST_BLOCK 128
+#define QLIST_UNROLL 8
+// The block-relative vocab row of chunk row i's label, or −1 outside block [v0, v0 + QLIST_BLOCK).
+__device__ __forceinline__ int qlist_row(const flce_row_params &p, long long i, long long v0)
+{
+    if (i >= p.rows) return -1;
+    const long long y = load_label(p.labels, p.row0 + i);
+    const long long r = y - p.chunk_offset - v0;
+    return label_valid(y, p) && y - p.chunk_offset < p.cols && r >= 0 && r < QLIST_BLOCK ? (int)r : -1;
+}
+
+// grid: ceil(blocks / 8) CTAs of 8 warps. Each warp: its block's per-row counts, turned into
+// in-block offsets (qlist_start[v], made global by flce_qlist_fill) and the block's total
+// (qlist_blk[b]).
+extern "C" __global__ void __launch_bounds__(256) flce_qlist_count(const flce_row_params p)
+{
+    __shared__ int cnt[8][QLIST_BLOCK];
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long b = (long long)blockIdx.x * 8 + w, v0 = b * QLIST_BLOCK;
+    if (v0 >= p.cols) return;
+    for (int r = lane; r < QLIST_BLOCK; r += 32) cnt[w][r] = 0;
+    __syncwarp();
+    for (long long base = 0; base < p.rows; base += 32 * QLIST_UNROLL) {
+        int r[QLIST_UNROLL];
+#pragma unroll
+        for (int u = 0; u < QLIST_UNROLL; u++) r[u] = qlist_row(p, base + u * 32 + lane, v0);
+#pragma unroll
+        for (int u = 0; u < QLIST_UNROLL; u++)
+            if (r[u] >= 0) atomicAdd(&cnt[w][r[u]], 1); // counts: the order does not matter
+    }
+    __syncwarp();
+    if (lane == 0) { // in-block exclusive offsets, in row order
+        int run = 0;
+        for (int r = 0; r < QLIST_BLOCK && v0 + r < p.cols; r++) {
+            ((int *)p.qlist_start)[v0 + r] = run;
+            run += cnt[w][r];
+        }
+        ((int *)p.qlist_blk)[b] = run;
+    }
+}
+
+// grid as flce_qlist_count, after it. Each warp: its block's start (the earlier blocks' totals),
+// the global qlist_start of its rows (and of row cols, by the last block), and its tokens in
+// qlist_tok, row by row, each row's chunk rows in increasing order.
+extern "C" __global__ void __launch_bounds__(256) flce_qlist_fill(const flce_row_params p)
+{
+    __shared__ int run[8][QLIST_BLOCK];
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long b = (long long)blockIdx.x * 8 + w, v0 = b * QLIST_BLOCK;
+    if (v0 >= p.cols) return;
+    long long before = 0;
+    for (long long u = lane; u < b; u += 32) before += ((const int *)p.qlist_blk)[u];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) before += __shfl_xor_sync(0xffffffffu, before, off);
+    int *start = (int *)p.qlist_start;
+    for (int r = lane; r < QLIST_BLOCK && v0 + r < p.cols; r += 32) {
+        const int at = (int)before + start[v0 + r];
+        run[w][r] = at;
+        start[v0 + r] = at;
+    }
+    if (v0 + QLIST_BLOCK >= p.cols && lane == 0) start[p.cols] = (int)before + ((const int *)p.qlist_blk)[b];
+    __syncwarp();
+    for (long long base = 0; base < p.rows; base += 32 * QLIST_UNROLL) {
+        int r[QLIST_UNROLL];
+#pragma unroll
+        for (int u = 0; u < QLIST_UNROLL; u++) r[u] = qlist_row(p, base + u * 32 + lane, v0);
+#pragma unroll
+        for (int u = 0; u < QLIST_UNROLL; u++) {
+            unsigned mask = __ballot_sync(0xffffffffu, r[u] >= 0);
+            while (mask) { // the matches in lane (= token) order
+                const int src = __ffs(mask) - 1, row = __shfl_sync(0xffffffffu, r[u], src);
+                if (lane == 0) ((int *)p.qlist_tok)[run[w][row]++] = (int)(base + u * 32 + src);
+                mask &= mask - 1;
+            }
+        }
+    }
 }
 
 // grid: (rows, column blocks); each thread turns 4 consecutive logits (from compact logits, p.tile_max
