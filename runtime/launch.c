@@ -23,7 +23,7 @@
 
 enum {
     K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6, K_DZ_FACTORS = 7,
-    K_QREF = 8, K_QSCALE = 9, K_QLIST_COUNT = 10, K_QLIST_FILL = 11
+    K_QREF = 8, K_QSCALE = 9, K_QLIST_COUNT = 10, K_QLIST_FILL = 11, K_QCORR = 12
 };
 
 typedef struct kernels {
@@ -213,7 +213,7 @@ static void init_row_params(run *r)
         rp->qref = r->ws + pl->off_qref, rp->qflags = r->ws + pl->off_qflags;
         rp->row_scale = r->ws + pl->off_row_scale, rp->qh = r->ws + pl->off_qh, rp->qlab = r->ws + pl->off_qlab;
         rp->qlist_start = r->ws + pl->off_qlist_start, rp->qlist_tok = r->ws + pl->off_qlist_tok;
-        rp->qlist_blk = r->ws + pl->off_qlist_blk;
+        rp->qlist_blk = r->ws + pl->off_qlist_blk, rp->qcorr = r->ws + pl->off_qcorr;
     }
     rp->lse = pl->need_lse ? r->ws + pl->off_lse : addr(t->lse);
     /* Per-token losses go to the workspace (reduced later), the caller's loss_per_token, and for
@@ -461,8 +461,7 @@ static flce_status run_dw_split(run *r, const block *b, int late)
     /* row-scaled compact logits: B is s ⊙ H of the chunk's rows (flce_qscale) */
     g.b = pl->qrows ? r->rp.qh : addr(r->t->hidden) + (unsigned long long)(b->row0 * pl->d) * r->es;
     if (pl->qrows) { /* the labels' exact dz·h, by label (flce_qlist_fill) */
-        g.qlist_start = r->rp.qlist_start, g.qlist_tok = r->rp.qlist_tok, g.qlab = r->rp.qlab;
-        g.qhid = addr(r->t->hidden) + (unsigned long long)(b->row0 * pl->d) * r->es;
+        g.qlist_start = r->rp.qlist_start, g.qcorr = r->rp.qcorr;
     }
     set_output(r, &g, addr(r->t->grad_weight), r->p->accumulate_grad_weight,
                ws_at(r, pl->off_dw_acc, pl->need_dw_acc), (uint64_t)(b->col0 * pl->d), b);
@@ -532,10 +531,12 @@ static flce_status run_rows(run *r, int kernel, const block *b)
         return launch(r->k.row[K_QREF], ceil_div(b->rows, 8), 1, 256, 0, r->stream, &rp, "qref kernel");
     case K_QSCALE:
         return launch(r->k.row[K_QSCALE], b->rows, 1, 256, 0, r->stream, &rp, "qscale kernel");
-    case K_QLIST_COUNT: /* a warp per 128 vocab rows (rowops.cu QLIST_BLOCK) */
+    case K_QLIST_COUNT: /* a CTA per 128 vocab rows (rowops.cu QLIST_BLOCK) */
     case K_QLIST_FILL:
-        return launch(r->k.row[kernel], ceil_div(ceil_div(b->cols, 128), 8), 1, 256, 0, r->stream, &rp,
-                      kernel == K_QLIST_COUNT ? "qlist count kernel" : "qlist fill kernel");
+    case K_QCORR:
+        return launch(r->k.row[kernel], ceil_div(b->cols, 128), 1, 256, 0, r->stream, &rp,
+                      kernel == K_QLIST_COUNT ? "qlist count kernel" : kernel == K_QLIST_FILL ? "qlist fill kernel"
+                                                                                          : "qcorr kernel");
     case K_DBIAS:
         return launch(r->k.row[K_DBIAS], ceil_div(b->cols, 256), 1, 256, 0, r->stream, &rp,
                       "dbias kernel");
@@ -593,6 +594,7 @@ static flce_status run_grads(run *r, const block *rows_step, const block *cols_s
         TRY(run_rows(r, K_QSCALE, rows_step));
         TRY(run_rows(r, K_QLIST_COUNT, rows_step));
         TRY(run_rows(r, K_QLIST_FILL, rows_step));
+        TRY(run_rows(r, K_QCORR, rows_step));
     } else if (r->pl->dz_operand) {
         TRY(run_rows(r, K_DZ_FACTORS, rows_step));
     } else if (r->pl->dz_convert && r->t->grad_hidden) { /* formed inside dH: its counter and flags zeroed */

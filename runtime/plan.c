@@ -457,6 +457,7 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
                 pl->off_qlist_start = take(&cur, ((uint64_t)pl->v + 1) * 4);
                 pl->off_qlist_tok = take(&cur, r * 4);
                 pl->off_qlist_blk = take(&cur, (uint64_t)ceil_div(pl->v, 128) * 4);
+                pl->off_qcorr = take(&cur, r * (uint64_t)pl->d * 4);
             }
             if (pl->dz_operand) {
                 pl->tile_max_t_ld = ceil_div(pl->chunk_rows, 64) * 64;

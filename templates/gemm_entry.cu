@@ -229,6 +229,40 @@ __device__ __forceinline__ void prefetch_addend(const flce_gemm_params &p, long 
 }
 #endif
 
+// Row-scaled compact logits: the rows a tile's epilogue gathers (gemm_grad.cu), asked of L2 when
+// the producer starts the tile, by its whole warp (rows lane, lane + 32, …: one round of loads): dH
+// the label's row of W (B) per output row, dW flce_qcorr's row per labelled vocab row.
+__device__ __forceinline__ void prefetch_labels(const flce_gemm_params &p, long long m0, long long n0, int lane)
+{
+#if FLCE_DTYPE == DTYPE_BF16
+    const long long cols = p.n - n0 < BN ? p.n - n0 : BN; // n is a multiple of 8
+    if (ROLE_IS_DH && p.row_scale && p.qlab) {
+#pragma unroll
+        for (int r = lane; r < BM; r += 32) {
+            if (m0 + r >= p.m) break;
+            const int y = ((const int *)p.qlab)[2 * (m0 + r) + 1];
+            const long long yk = (long long)y - p.qlab_k0;
+            if (y < 0 || yk < 0 || yk >= p.k) continue;
+            const elem_t *row = (const elem_t *)p.b + yk * p.ldb + n0;
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"((unsigned)(cols * 2)) : "memory");
+        }
+    }
+    if (ROLE_IS_DW && p.qlist_start) {
+        const int *start = (const int *)p.qlist_start;
+#pragma unroll
+        for (int r = lane; r < BM; r += 32) {
+            if (m0 + r >= p.m) break;
+            const int a = start[m0 + r], e = start[m0 + r + 1];
+            if (a == e) continue;
+            const float *row = (const float *)p.qcorr + (long long)a * p.n + n0;
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"((unsigned)(cols * 4)) : "memory");
+        }
+    }
+#else
+    (void)p, (void)m0, (void)n0, (void)lane;
+#endif
+}
+
 extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -286,7 +320,10 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
 #endif
 #if FLCE_TCGEN05 // (none on the Blackwell path; generator/emit.c resolves only this form)
 #else
-        if (threadIdx.x == 0 && p.tile_counter) {
+        // Warp 0: its lane 0 issues the loads; the whole warp walks the tiles with it for
+        // prefetch_labels, one tile at a time (the __syncwarp waits for lane 0's produce).
+        const int lane0 = threadIdx.x % 32;
+        if (threadIdx.x < 32 && p.tile_counter) {
             // Dynamic order: this CTA's first tile is its number (below counter_base), the others
             // come from the counter (tiles counter_base, counter_base + 1, … in the order CTAs ask),
             // each computed by one CTA with the same k order as in the static walk: the same bits
@@ -294,25 +331,35 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
             unsigned long long *counter = (unsigned long long *)p.tile_counter;
             const long long me = p.block0 + (long long)blockIdx.x;
             for (int i = 0;; i++) {
-                const long long t = i == 0 && me < p.counter_base ? me : p.counter_base + (long long)atomicAdd(counter, 1ull);
+                long long t = 0;
+                if (lane0 == 0) t = i == 0 && me < p.counter_base ? me : p.counter_base + (long long)atomicAdd(counter, 1ull);
+                t = __shfl_sync(0xffffffffu, t, 0);
                 long long *slot = tile_ring(smem) + i % TILE_RING;
                 if (t >= tiles) {
-                    announce_end(smem, slot, it);
+                    if (lane0 == 0) announce_end(smem, slot, it);
                     break;
                 }
                 long long m0, n0;
                 tile_origin(p, t, tiles_m, tiles_n, m0, n0);
-                prefetch_addend(p, m0, n0);
-                produce(p, smem, m0, n0, 1, it, slot, t);
+                prefetch_labels(p, m0, n0, lane0);
+                if (lane0 == 0) {
+                    prefetch_addend(p, m0, n0);
+                    produce(p, smem, m0, n0, 1, it, slot, t);
+                }
+                __syncwarp();
             }
         } else
 #endif
-        if (threadIdx.x == 0)
+        if (threadIdx.x < 32)
             for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
                 long long m0, n0;
                 tile_origin(p, t, tiles_m, tiles_n, m0, n0);
-                prefetch_addend(p, m0, n0);
-                produce(p, smem, m0, n0, 1, it);
+                prefetch_labels(p, m0, n0, lane0);
+                if (lane0 == 0) {
+                    prefetch_addend(p, m0, n0);
+                    produce(p, smem, m0, n0, 1, it);
+                }
+                __syncwarp();
             }
 #if FLCE_TCGEN05
         if (threadIdx.x / 32 == 1) // warp 1: the MMAs of this CTA's tiles, then dealloc

@@ -88,61 +88,35 @@ __device__ __forceinline__ void scale_rows(float (&acc)[MI][NI][4], const flce_g
 #endif
 }
 
-// dW over row-scaled compact logits (p.qlist_start): each of the warp's 16 vocab rows adds Σ dz_i·h_i
-// over the chunk rows labelled with it (their entries of p̃ are 0), in row order: the warp's lanes
-// take 8 columns each, sum the row's tokens, and hand the sums to the row's owners through the
-// warp's staging buffer (free between staged stores).
+// dW over row-scaled compact logits (p.qlist_start): each owned vocab row with labels adds its row
+// of flce_qcorr's sums (the chunk rows labelled with it; their entries of p̃ are 0). The producer
+// prefetched those rows into L2 (gemm_entry.cu prefetch_labels). Straight-line code on constant
+// register indices: updates of the accumulators inside a loop ptxas keeps rolled make it serialize
+// every wgmma of the kernel (its C7514 remark; dW ran 1.15-1.25x slower, bench/NOTES.md v39).
 __device__ __forceinline__ void label_rows(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
-                                           long long n0, int wm, int lane, unsigned char *smem)
+                                           long long n0, int wm, int wn, int lane)
 {
-#if ROLE_IS_DW && STAGED_STORE && FLCE_DTYPE == DTYPE_BF16
-    static_assert(WARPS_N == 1 && WTM == 16 && MI == 1 && WTN <= 512, "label rows: one warp tile of 16 rows");
+#if ROLE_IS_DW && FLCE_DTYPE == DTYPE_BF16
     if (!p.qlist_start) return; // uniform
-    const long long r0 = m0 + wm * 16;
-    int st = 0;
-    if (lane <= 16) st = ((const int *)p.qlist_start)[r0 + lane < p.m ? r0 + lane : p.m];
-    if (__shfl_sync(0xffffffffu, st, 0) == __shfl_sync(0xffffffffu, st, 16)) return; // no label here
-    float *buf = (float *)(smem + STAGING_OFFSET + wm * STAGING_BYTES);
-    // Unrolled: accumulator updates inside a loop the compiler keeps rolled make ptxas serialize
-    // every wgmma of the kernel (its C7514 remark; dW ran 1.15-1.25x slower).
+    const long long c0 = n0 + wn * WTN + 2 * (lane % 4);
+    const int *start = (const int *)p.qlist_start;
 #pragma unroll
-    for (int rr = 0; rr < 16; rr++) {
-        const int a = __shfl_sync(0xffffffffu, st, rr), b = __shfl_sync(0xffffffffu, st, rr + 1);
-        if (a == b) continue; // uniform
-        for (int c = lane * 8; c < WTN; c += 256) {
-            float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-            const long long col = n0 + c;
-            if (col < p.n)
-                for (int k = a; k < b; k++) {
-                    const int i = ((const int *)p.qlist_tok)[k];
-                    const float d = ((const float *)p.qlab)[2 * i];
-                    const uint4 hv = *(const uint4 *)((const elem_t *)p.qhid + (long long)i * p.n + col);
-                    const unsigned hw[4] = {hv.x, hv.y, hv.z, hv.w};
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        part[2 * e] = fmaf(d, __uint_as_float(hw[e] << 16), part[2 * e]);
-                        part[2 * e + 1] = fmaf(d, __uint_as_float(hw[e] & 0xffff0000u), part[2 * e + 1]);
-                    }
+        for (int h = 0; h < 2; h++) {
+            const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
+            const int a = row < p.m ? start[row] : 0, e = row < p.m ? start[row + 1] : 0;
+            if (a == e) continue;
+            const float *corr = (const float *)p.qcorr + (long long)a * p.n + c0;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+                if (c0 + ni * 8 < p.n) {
+                    const float2 v = *(const float2 *)(corr + ni * 8);
+                    acc[mi][ni][2 * h] += v.x, acc[mi][ni][2 * h + 1] += v.y;
                 }
-#pragma unroll
-            for (int e = 0; e < 8; e++) buf[c + e] = part[e];
         }
-        __syncwarp();
-        if ((lane >> 2) == (rr & 7)) { // the row's owners; constant register indices (rr is not)
-            const int t = lane & 3;
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                if ((rr >> 3) == h)
-#pragma unroll
-                    for (int ni = 0; ni < NI; ni++) {
-                        acc[0][ni][2 * h] += buf[ni * 8 + 2 * t];
-                        acc[0][ni][2 * h + 1] += buf[ni * 8 + 2 * t + 1];
-                    }
-        }
-        __syncwarp();
-    }
 #else
-    (void)acc, (void)p, (void)m0, (void)n0, (void)wm, (void)lane, (void)smem;
+    (void)acc, (void)p, (void)m0, (void)n0, (void)wm, (void)wn, (void)lane;
 #endif
 }
 
@@ -151,7 +125,7 @@ __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flc
                                               unsigned char *smem)
 {
     scale_rows(acc, p, m0, n0, wm, wn, lane);
-    label_rows(acc, p, m0, n0, wm, lane, smem);
+    label_rows(acc, p, m0, n0, wm, wn, lane);
 #if FLCE_GRAD_RED
     if (p.red_addend) { // uniform across the CTA
         red_epilogue(acc, p, m0, n0, wm, wn, lane, scale);

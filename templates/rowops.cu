@@ -495,87 +495,135 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
 #endif
 }
 
-// The chunk's tokens grouped by label for dW's epilogue (gemm_grad.cu label_rows): qlist_start[v]
-// (v = 0..cols) the first entry of vocab row v in qlist_tok, which holds the chunk rows i whose
-// label is v, rows in order, so each dW entry adds its labels' dz·h in a fixed order. Built without
-// a global atomic: one warp per block of QLIST_BLOCK vocab rows scans all the chunk's labels twice
-// (counts, then the fill in token order), QLIST_UNROLL loads in flight per lane.
+// The chunk's tokens grouped by label, for dW (gemm_grad.cu label_rows): qlist_start[v] (v = 0..cols)
+// the first entry of vocab row v in qlist_tok, which holds the chunk rows i labelled v in
+// increasing order; then qcorr row qlist_start[v] of a labelled row v holds Σ dz_i·h_i over them
+// (fp32, that order: deterministic). No global atomics: one CTA per block of QLIST_BLOCK vocab rows
+// scans all the chunk's labels (its 8 warps take consecutive eighths, QLIST_UNROLL loads in flight).
 #define QLIST_BLOCK 128
-#define QLIST_UNROLL 8
+#define QLIST_UNROLL 4
 // The block-relative vocab row of chunk row i's label, or −1 outside block [v0, v0 + QLIST_BLOCK).
-__device__ __forceinline__ int qlist_row(const flce_row_params &p, long long i, long long v0)
+__device__ __forceinline__ int qlist_row(const flce_row_params &p, long long i, long long end, long long v0)
 {
-    if (i >= p.rows) return -1;
+    if (i >= end) return -1;
     const long long y = load_label(p.labels, p.row0 + i);
     const long long r = y - p.chunk_offset - v0;
     return label_valid(y, p) && y - p.chunk_offset < p.cols && r >= 0 && r < QLIST_BLOCK ? (int)r : -1;
 }
 
-// grid: ceil(blocks / 8) CTAs of 8 warps. Each warp: its block's per-row counts, turned into
-// in-block offsets (qlist_start[v], made global by flce_qlist_fill) and the block's total
-// (qlist_blk[b]).
-extern "C" __global__ void __launch_bounds__(256) flce_qlist_count(const flce_row_params p)
+// Counts of block v0's rows among the chunk rows [lo, hi) of warp w, into cnt (shared, atomics: the
+// counts do not depend on the order).
+__device__ __forceinline__ void qlist_count_range(const flce_row_params &p, long long lo, long long hi, long long v0,
+                                                  int lane, int *cnt)
 {
-    __shared__ int cnt[8][QLIST_BLOCK];
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const long long b = (long long)blockIdx.x * 8 + w, v0 = b * QLIST_BLOCK;
-    if (v0 >= p.cols) return;
-    for (int r = lane; r < QLIST_BLOCK; r += 32) cnt[w][r] = 0;
-    __syncwarp();
-    for (long long base = 0; base < p.rows; base += 32 * QLIST_UNROLL) {
+    for (long long base = lo; base < hi; base += 32 * QLIST_UNROLL) {
         int r[QLIST_UNROLL];
 #pragma unroll
-        for (int u = 0; u < QLIST_UNROLL; u++) r[u] = qlist_row(p, base + u * 32 + lane, v0);
+        for (int u = 0; u < QLIST_UNROLL; u++) r[u] = qlist_row(p, base + u * 32 + lane, hi, v0);
 #pragma unroll
         for (int u = 0; u < QLIST_UNROLL; u++)
-            if (r[u] >= 0) atomicAdd(&cnt[w][r[u]], 1); // counts: the order does not matter
-    }
-    __syncwarp();
-    if (lane == 0) { // in-block exclusive offsets, in row order
-        int run = 0;
-        for (int r = 0; r < QLIST_BLOCK && v0 + r < p.cols; r++) {
-            ((int *)p.qlist_start)[v0 + r] = run;
-            run += cnt[w][r];
-        }
-        ((int *)p.qlist_blk)[b] = run;
+            if (r[u] >= 0) atomicAdd(&cnt[r[u]], 1);
     }
 }
 
-// grid as flce_qlist_count, after it. Each warp: its block's start (the earlier blocks' totals),
-// the global qlist_start of its rows (and of row cols, by the last block), and its tokens in
-// qlist_tok, row by row, each row's chunk rows in increasing order.
+// grid: one CTA of 256 threads per block. The block's total into qlist_blk[b].
+extern "C" __global__ void __launch_bounds__(256) flce_qlist_count(const flce_row_params p)
+{
+    __shared__ int cnt[QLIST_BLOCK];
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long b = blockIdx.x, v0 = b * QLIST_BLOCK, per = (p.rows + 7) / 8;
+    if (threadIdx.x < QLIST_BLOCK) cnt[threadIdx.x] = 0;
+    __syncthreads();
+    qlist_count_range(p, w * per, (w + 1) * per < p.rows ? (w + 1) * per : p.rows, v0, lane, cnt);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int total = 0;
+        for (int r = 0; r < QLIST_BLOCK; r++) total += cnt[r];
+        ((int *)p.qlist_blk)[b] = total;
+    }
+}
+
+// grid as flce_qlist_count, after it: the block's start (the earlier blocks' totals), qlist_start
+// of its rows (and of row cols, by the last block), and its chunk rows in qlist_tok, each warp its
+// eighth of them in order after the earlier warps' (per row).
 extern "C" __global__ void __launch_bounds__(256) flce_qlist_fill(const flce_row_params p)
 {
-    __shared__ int run[8][QLIST_BLOCK];
+    __shared__ int cnt[8][QLIST_BLOCK];
+    __shared__ long long before_w[8];
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const long long b = (long long)blockIdx.x * 8 + w, v0 = b * QLIST_BLOCK;
-    if (v0 >= p.cols) return;
+    const long long b = blockIdx.x, v0 = b * QLIST_BLOCK, per = (p.rows + 7) / 8;
+    const long long lo = w * per, hi = (w + 1) * per < p.rows ? (w + 1) * per : p.rows;
+    for (int r = lane; r < QLIST_BLOCK; r += 32) cnt[w][r] = 0;
     long long before = 0;
-    for (long long u = lane; u < b; u += 32) before += ((const int *)p.qlist_blk)[u];
+    for (long long u = threadIdx.x; u < b; u += 256) before += ((const int *)p.qlist_blk)[u];
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) before += __shfl_xor_sync(0xffffffffu, before, off);
-    int *start = (int *)p.qlist_start;
-    for (int r = lane; r < QLIST_BLOCK && v0 + r < p.cols; r += 32) {
-        const int at = (int)before + start[v0 + r];
-        run[w][r] = at;
-        start[v0 + r] = at;
-    }
-    if (v0 + QLIST_BLOCK >= p.cols && lane == 0) start[p.cols] = (int)before + ((const int *)p.qlist_blk)[b];
+    if (lane == 0) before_w[w] = before;
     __syncwarp();
-    for (long long base = 0; base < p.rows; base += 32 * QLIST_UNROLL) {
-        int r[QLIST_UNROLL];
-#pragma unroll
-        for (int u = 0; u < QLIST_UNROLL; u++) r[u] = qlist_row(p, base + u * 32 + lane, v0);
-#pragma unroll
-        for (int u = 0; u < QLIST_UNROLL; u++) {
-            unsigned mask = __ballot_sync(0xffffffffu, r[u] >= 0);
-            while (mask) { // the matches in lane (= token) order
-                const int src = __ffs(mask) - 1, row = __shfl_sync(0xffffffffu, r[u], src);
-                if (lane == 0) ((int *)p.qlist_tok)[run[w][row]++] = (int)(base + u * 32 + src);
-                mask &= mask - 1;
-            }
+    qlist_count_range(p, lo, hi, v0, lane, cnt[w]);
+    __syncthreads();
+    before = 0;
+    for (int k = 0; k < 8; k++) before += before_w[k];
+    // Row r's entries start after the earlier rows' and, within the row, the earlier warps'.
+    const int r = threadIdx.x;
+    int at = 0, own[8];
+    if (r < QLIST_BLOCK) {
+        for (int q = 0; q < r; q++)
+            for (int k = 0; k < 8; k++) at += cnt[k][q];
+        for (int k = 0; k < 8; k++) own[k] = cnt[k][r];
+    }
+    __syncthreads(); // every prefix read before cnt turns into the warps' first slots
+    if (r < QLIST_BLOCK) {
+        int run = (int)before + at;
+        if (v0 + r < p.cols) ((int *)p.qlist_start)[v0 + r] = run;
+        for (int k = 0; k < 8; k++) cnt[k][r] = run, run += own[k];
+        if (v0 + r == p.cols - 1) ((int *)p.qlist_start)[p.cols] = run;
+    }
+    __syncthreads();
+    for (long long base = lo; base < hi; base += 32) {
+        const int r = qlist_row(p, base + lane, hi, v0);
+        unsigned mask = __ballot_sync(0xffffffffu, r >= 0);
+        while (mask) { // the matches in lane (= chunk row) order
+            const int src = __ffs(mask) - 1, row = __shfl_sync(0xffffffffu, r, src);
+            if (lane == 0) ((int *)p.qlist_tok)[cnt[w][row]++] = (int)(base + src);
+            mask &= mask - 1;
         }
     }
+}
+
+// grid as flce_qlist_count, after flce_qlist_fill and flce_qscale: for each labelled row v of the
+// block (a warp per row, round robin), qcorr row qlist_start[v] = Σ dz_i·h_i over its chunk rows in
+// order, fp32, d columns (8 per lane and step).
+extern "C" __global__ void __launch_bounds__(256) flce_qcorr(const flce_row_params p)
+{
+#if FLCE_DTYPE == DTYPE_BF16
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long v0 = (long long)blockIdx.x * QLIST_BLOCK;
+    const int *start = (const int *)p.qlist_start;
+    for (int r = w; r < QLIST_BLOCK && v0 + r < p.cols; r += 8) {
+        const int a = start[v0 + r], e = start[v0 + r + 1];
+        if (a == e) continue;
+        float *out = (float *)p.qcorr + (long long)a * p.d;
+        for (long long c = (long long)lane * 8; c < p.d; c += 32 * 8) {
+            float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+            for (int k = a; k < e; k++) {
+                const int i = ((const int *)p.qlist_tok)[k];
+                const float d = ((const float *)p.qlab)[2 * i];
+                const uint4 hv = *(const uint4 *)((const elem_t *)p.hidden + (p.row0 + i) * p.d + c);
+                const unsigned hw[4] = {hv.x, hv.y, hv.z, hv.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    s[2 * q] = fmaf(d, __uint_as_float(hw[q] << 16), s[2 * q]);
+                    s[2 * q + 1] = fmaf(d, __uint_as_float(hw[q] & 0xffff0000u), s[2 * q + 1]);
+                }
+            }
+            *(float4 *)(out + c) = make_float4(s[0], s[1], s[2], s[3]);
+            *(float4 *)(out + c + 4) = make_float4(s[4], s[5], s[6], s[7]);
+        }
+    }
+#else
+    (void)p;
+#endif
 }
 
 // grid: (rows, column blocks); each thread turns 4 consecutive logits (from compact logits, p.tile_max
