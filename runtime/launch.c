@@ -23,7 +23,7 @@
 
 enum {
     K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6, K_DZ_FACTORS = 7,
-    K_QREF = 8, K_QSCALE = 9, K_QLIST_COUNT = 10, K_QLIST_FILL = 11, K_QCORR = 12
+    K_QREF = 8, K_QSCALE = 9, K_QLIST_COUNT = 10, K_QLIST_FILL = 11, K_QDW = 12
 };
 
 typedef struct kernels {
@@ -213,7 +213,7 @@ static void init_row_params(run *r)
         rp->qref = r->ws + pl->off_qref, rp->qflags = r->ws + pl->off_qflags;
         rp->row_scale = r->ws + pl->off_row_scale, rp->qh = r->ws + pl->off_qh, rp->qlab = r->ws + pl->off_qlab;
         rp->qlist_start = r->ws + pl->off_qlist_start, rp->qlist_tok = r->ws + pl->off_qlist_tok;
-        rp->qlist_blk = r->ws + pl->off_qlist_blk, rp->qcorr = r->ws + pl->off_qcorr;
+        rp->qlist_blk = r->ws + pl->off_qlist_blk;
     }
     rp->lse = pl->need_lse ? r->ws + pl->off_lse : addr(t->lse);
     /* Per-token losses go to the workspace (reduced later), the caller's loss_per_token, and for
@@ -460,9 +460,6 @@ static flce_status run_dw_split(run *r, const block *b, int late)
     g.a = r->ws + pl->off_dz;
     /* row-scaled compact logits: B is s ⊙ H of the chunk's rows (flce_qscale) */
     g.b = pl->qrows ? r->rp.qh : addr(r->t->hidden) + (unsigned long long)(b->row0 * pl->d) * r->es;
-    if (pl->qrows) { /* the labels' exact dz·h, by label (flce_qlist_fill) */
-        g.qlist_start = r->rp.qlist_start, g.qcorr = r->rp.qcorr;
-    }
     set_output(r, &g, addr(r->t->grad_weight), r->p->accumulate_grad_weight,
                ws_at(r, pl->off_dw_acc, pl->need_dw_acc), (uint64_t)(b->col0 * pl->d), b);
     g.m = b->cols, g.n = pl->d, g.k = b->rows;
@@ -485,6 +482,13 @@ static flce_status run_dw_split(run *r, const block *b, int late)
     g.counter_base = gx, g.block0 = 0;
     TRY(launch_cluster(r->k.dw, gx, gy, pl->dw.cluster, spec_threads(&pl->dw), spec_smem_bytes(&pl->dw), r->stream,
                        &g, "dW kernel"));
+    if (pl->qrows) { /* the labels' exact Σ dz·h into the rows dW just wrote (rowops.cu flce_qdw; no TP here) */
+        struct flce_row_params keep = r->rp;
+        r->rp.cast_dst = g.out, r->rp.cast_accumulate = g.out_f32;
+        flce_status st = run_rows(r, K_QDW, b);
+        r->rp = keep;
+        TRY(st);
+    }
     if (!split) return FLCE_OK;
     struct flce_gemm_params g2 = g;
     int64_t gx2 = tiles_x, gy2 = tiles_y;
@@ -533,10 +537,10 @@ static flce_status run_rows(run *r, int kernel, const block *b)
         return launch(r->k.row[K_QSCALE], b->rows, 1, 256, 0, r->stream, &rp, "qscale kernel");
     case K_QLIST_COUNT: /* a CTA per 128 vocab rows (rowops.cu QLIST_BLOCK) */
     case K_QLIST_FILL:
-    case K_QCORR:
+    case K_QDW:
         return launch(r->k.row[kernel], ceil_div(b->cols, 128), 1, 256, 0, r->stream, &rp,
                       kernel == K_QLIST_COUNT ? "qlist count kernel" : kernel == K_QLIST_FILL ? "qlist fill kernel"
-                                                                                          : "qcorr kernel");
+                                                                                          : "qdw kernel");
     case K_DBIAS:
         return launch(r->k.row[K_DBIAS], ceil_div(b->cols, 256), 1, 256, 0, r->stream, &rp,
                       "dbias kernel");
@@ -594,7 +598,6 @@ static flce_status run_grads(run *r, const block *rows_step, const block *cols_s
         TRY(run_rows(r, K_QSCALE, rows_step));
         TRY(run_rows(r, K_QLIST_COUNT, rows_step));
         TRY(run_rows(r, K_QLIST_FILL, rows_step));
-        TRY(run_rows(r, K_QCORR, rows_step));
     } else if (r->pl->dz_operand) {
         TRY(run_rows(r, K_DZ_FACTORS, rows_step));
     } else if (r->pl->dz_convert && r->t->grad_hidden) { /* formed inside dH: its counter and flags zeroed */

@@ -191,7 +191,6 @@ static int qrows_allowed(const flce_problem *p, const flce_config *cfg, const pl
 {
     int64_t total = p->vocab_total ? p->vocab_total : p->vocab_offset + p->vocab_shard;
     return cfg->qrows && pl->compact && !pl->recompute && p->dtype == FLCE_DTYPE_BF16 && hopper_tma(&pl->logits) &&
-           hopper_tma(&pl->dw) && pl->dw.tile.bm / pl->dw.tile.warps_m == 16 && pl->dw.tile.warps_n == 1 &&
            !p->has_bias && p->label_smoothing == 0 && !(p->softcap > 0) && p->z_loss == 0 && pl->tp <= 1 &&
            p->vocab_offset == 0 && total == p->vocab_shard && pl->tile_cols % 8 == 0 && !cfg->dz_operand &&
            !cfg->dz_convert;
@@ -457,7 +456,6 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
                 pl->off_qlist_start = take(&cur, ((uint64_t)pl->v + 1) * 4);
                 pl->off_qlist_tok = take(&cur, r * 4);
                 pl->off_qlist_blk = take(&cur, (uint64_t)ceil_div(pl->v, 128) * 4);
-                pl->off_qcorr = take(&cur, r * (uint64_t)pl->d * 4);
             }
             if (pl->dz_operand) {
                 pl->tile_max_t_ld = ceil_div(pl->chunk_rows, 64) * 64;

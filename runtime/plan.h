@@ -63,9 +63,9 @@ typedef struct plan {
      * is no dz pass. off_qref, off_qflags, off_row_scale: c_i, the rescale flags and s_i per chunk
      * row. FLCE_QROWS=0 keeps the fp16 p̃ and the dz pass. */
     int qrows;
-    /* qlab: (dz, column) of each row's label; qlist_*: the chunk rows grouped by label for dW */
-    uint64_t off_qref, off_qflags, off_row_scale, off_qh, off_qlab, off_qlist_start, off_qlist_tok, off_qlist_blk,
-        off_qcorr; /* qcorr: fp32 rows × D, the labels' dz·h summed per labelled vocab row */
+    /* qlab: (dz, column) of each row's label; qlist_*: the chunk rows grouped by label, for the
+     * labels' term of dW, which flce_qdw adds after the dW GEMM */
+    uint64_t off_qref, off_qflags, off_row_scale, off_qh, off_qlab, off_qlist_start, off_qlist_tok, off_qlist_blk;
     /* dz_operand: the factors again, transposed ([group][token], row stride tile_max_t_ld = the
      * chunk's rows rounded up to 64), so dW's k-tile of 64 tokens reads 256 contiguous bytes */
     int64_t tile_max_t_ld;

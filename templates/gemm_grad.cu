@@ -88,44 +88,11 @@ __device__ __forceinline__ void scale_rows(float (&acc)[MI][NI][4], const flce_g
 #endif
 }
 
-// dW over row-scaled compact logits (p.qlist_start): each owned vocab row with labels adds its row
-// of flce_qcorr's sums (the chunk rows labelled with it; their entries of p̃ are 0). The producer
-// prefetched those rows into L2 (gemm_entry.cu prefetch_labels). Straight-line code on constant
-// register indices: updates of the accumulators inside a loop ptxas keeps rolled make it serialize
-// every wgmma of the kernel (its C7514 remark; dW ran 1.15-1.25x slower, bench/NOTES.md v39).
-__device__ __forceinline__ void label_rows(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
-                                           long long n0, int wm, int wn, int lane)
-{
-#if ROLE_IS_DW && FLCE_DTYPE == DTYPE_BF16
-    if (!p.qlist_start) return; // uniform
-    const long long c0 = n0 + wn * WTN + 2 * (lane % 4);
-    const int *start = (const int *)p.qlist_start;
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
-            const int a = row < p.m ? start[row] : 0, e = row < p.m ? start[row + 1] : 0;
-            if (a == e) continue;
-            const float *corr = (const float *)p.qcorr + (long long)a * p.n + c0;
-#pragma unroll
-            for (int ni = 0; ni < NI; ni++)
-                if (c0 + ni * 8 < p.n) {
-                    const float2 v = *(const float2 *)(corr + ni * 8);
-                    acc[mi][ni][2 * h] += v.x, acc[mi][ni][2 * h + 1] += v.y;
-                }
-        }
-#else
-    (void)acc, (void)p, (void)m0, (void)n0, (void)wm, (void)wn, (void)lane;
-#endif
-}
-
 __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
                                               long long n0, int wm, int wn, int lane, float scale,
                                               unsigned char *smem)
 {
     scale_rows(acc, p, m0, n0, wm, wn, lane);
-    label_rows(acc, p, m0, n0, wm, wn, lane);
 #if FLCE_GRAD_RED
     if (p.red_addend) { // uniform across the CTA
         red_epilogue(acc, p, m0, n0, wm, wn, lane, scale);

@@ -96,12 +96,9 @@ struct flce_gemm_params {
     unsigned long long qref, qflags, row_scale;
     /* dH with row_scale: qlab, flce_qscale's (dz, label column) pairs per row, whose dz times the
      * label's row of B is added where that column lies in this launch's k range [qlab_k0,
-     * qlab_k0 + k) (B's row qcol − qlab_k0). dW over row-scaled logits: row v of the output adds
-     * qcorr's row qlist_start[v] (row stride n, fp32) where qlist_start[v + 1] > qlist_start[v]:
-     * Σ dz_i·h_i over the chunk rows i labelled v (flce_qcorr). */
+     * qlab_k0 + k) (B's row qcol − qlab_k0). */
     unsigned long long qlab;
     long long qlab_k0;
-    unsigned long long qlist_start, qcorr;
     /* TMA path (spec tile.tma): maps of the stored A and B with the tile's boxes, encoded per
      * launch by runtime/tma.c; unused (zero) otherwise. */
     struct flce_tmap tmap_a, tmap_b;
@@ -188,7 +185,8 @@ struct flce_row_params {
      * flce_qlist_count/_fill: the chunk rows grouped by label, qlist_start (cols + 1 ints),
      * qlist_tok (rows ints), qlist_blk (one int per 128 vocab rows) */
     unsigned long long qlab, qlist_start, qlist_tok, qlist_blk;
-    unsigned long long qcorr; /* flce_qcorr: fp32 [rows][d], row qlist_start[v] of each labelled v */
+    /* flce_qdw: the dW rows of this launch's output (cast_dst, fp32 where cast_accumulate, else the
+     * dtype; row stride d) to which the labels' Σ dz_i·h_i are added */
 };
 
 #endif

@@ -495,10 +495,9 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
 #endif
 }
 
-// The chunk's tokens grouped by label, for dW (gemm_grad.cu label_rows): qlist_start[v] (v = 0..cols)
-// the first entry of vocab row v in qlist_tok, which holds the chunk rows i labelled v in
-// increasing order; then qcorr row qlist_start[v] of a labelled row v holds Σ dz_i·h_i over them
-// (fp32, that order: deterministic). No global atomics: one CTA per block of QLIST_BLOCK vocab rows
+// The chunk's tokens grouped by label, for flce_qdw: qlist_start[v] (v = 0..cols) the first entry
+// of vocab row v in qlist_tok, which holds the chunk rows i labelled v in increasing order (so the
+// sums over them are deterministic). No global atomics: one CTA per block of QLIST_BLOCK vocab rows
 // scans all the chunk's labels (its 8 warps take consecutive eighths, QLIST_UNROLL loads in flight).
 #define QLIST_BLOCK 128
 #define QLIST_UNROLL 4
@@ -591,19 +590,27 @@ extern "C" __global__ void __launch_bounds__(256) flce_qlist_fill(const flce_row
     }
 }
 
-// grid as flce_qlist_count, after flce_qlist_fill and flce_qscale: for each labelled row v of the
-// block (a warp per row, round robin), qcorr row qlist_start[v] = Σ dz_i·h_i over its chunk rows in
-// order, fp32, d columns (8 per lane and step).
-extern "C" __global__ void __launch_bounds__(256) flce_qcorr(const flce_row_params p)
+// grid as flce_qlist_count, after the chunk's dW launch (same stream): each labelled vocab row v of
+// the block (a warp per row, round robin) adds the labels' term Σ dz_i·h_i over its chunk rows, in
+// order (fp32), times the GEMM epilogue's scalar, to dW's row v: into fp32 (cast_accumulate: the
+// workspace accumulator of a chunk before the last, or the caller's fp32 buffer) exactly, or into
+// the dtype, rounded once more: the GEMM's part of such a row is only the small Σ p·h.
+__device__ __forceinline__ float mean_scale(const flce_row_params &p);
+extern "C" __global__ void __launch_bounds__(256) flce_qdw(const flce_row_params p)
 {
 #if FLCE_DTYPE == DTYPE_BF16
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const long long v0 = (long long)blockIdx.x * QLIST_BLOCK;
     const int *start = (const int *)p.qlist_start;
+#if FLCE_REDUCTION != REDUCTION_NONE
+    const float *go = (const float *)p.grad_output;
+    const float scale = (go ? go[0] : 1.f) * mean_scale(p);
+#else
+    const float scale = 1.f; // g_i is in each dz
+#endif
     for (int r = w; r < QLIST_BLOCK && v0 + r < p.cols; r += 8) {
         const int a = start[v0 + r], e = start[v0 + r + 1];
         if (a == e) continue;
-        float *out = (float *)p.qcorr + (long long)a * p.d;
         for (long long c = (long long)lane * 8; c < p.d; c += 32 * 8) {
             float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
             for (int k = a; k < e; k++) {
@@ -617,8 +624,22 @@ extern "C" __global__ void __launch_bounds__(256) flce_qcorr(const flce_row_para
                     s[2 * q + 1] = fmaf(d, __uint_as_float(hw[q] & 0xffff0000u), s[2 * q + 1]);
                 }
             }
-            *(float4 *)(out + c) = make_float4(s[0], s[1], s[2], s[3]);
-            *(float4 *)(out + c + 4) = make_float4(s[4], s[5], s[6], s[7]);
+            const long long at = (v0 + r) * p.d + c; // cast_dst: the block's row 0
+            if (p.cast_accumulate) {
+                float4 *o = (float4 *)((float *)p.cast_dst + at);
+                const float4 x = o[0], y = o[1];
+                o[0] = make_float4(x.x + scale * s[0], x.y + scale * s[1], x.z + scale * s[2], x.w + scale * s[3]);
+                o[1] = make_float4(y.x + scale * s[4], y.y + scale * s[5], y.z + scale * s[6], y.w + scale * s[7]);
+            } else {
+                uint4 *o = (uint4 *)((elem_t *)p.cast_dst + at);
+                uint4 raw = *o;
+                unsigned wv[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    wv[q] = pack2_elem(__uint_as_float(wv[q] << 16) + scale * s[2 * q],
+                                       __uint_as_float(wv[q] & 0xffff0000u) + scale * s[2 * q + 1]);
+                *o = make_uint4(wv[0], wv[1], wv[2], wv[3]);
+            }
         }
     }
 #else
