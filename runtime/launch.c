@@ -437,6 +437,8 @@ static flce_status run_dh(run *r, const block *b)
     return FLCE_OK;
 }
 
+static flce_status run_rows(run *r, int kernel, const block *b);
+
 /* dW's tile counter (plan dw_dynamic) zeroed on the caller's stream, before any launch that takes
  * tiles from it. */
 static flce_status zero_tile_counter(run *r)
