@@ -33,7 +33,9 @@ typedef struct flce_config {
     int dz_convert;    /* FLCE_DZ_CONVERT: the chunked dH's idle producer warps form dZ from compact logits
                         * while it multiplies, instead of the dz pass (default off: slower so far, NOTES v35) */
     int qrows;         /* FLCE_QROWS: the chunked bf16 compact logits stored against one reference per row, so
-                        * that dZ is a per-row factor times them: no dz pass (default on; bench/NOTES.md v39) */
+                        * that dZ is a per-row factor times them: no dz pass. -1 (default, unset): where a
+                        * chunk holds at least PLAN_QROWS_MIN_LOGITS logits; 1: wherever it applies; 0: never
+                        * (bench/NOTES.md v39) */
     int acc_prefetch;  /* FLCE_ACC_PREFETCH: L2 prefetch of dH/dW addends (default off) */
     int red_acc;       /* FLCE_RED_ACC: red.global.add into fp32 accumulators (default on) */
     int cluster;       /* FLCE_CLUSTER: 0 (default) or 2-CTA clusters for dH/dW on wgmma + TMA */

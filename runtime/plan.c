@@ -190,7 +190,7 @@ static int compact_allowed(const flce_problem *p, const flce_config *cfg, const 
 static int qrows_allowed(const flce_problem *p, const flce_config *cfg, const plan *pl)
 {
     int64_t total = p->vocab_total ? p->vocab_total : p->vocab_offset + p->vocab_shard;
-    return cfg->qrows && pl->compact && !pl->recompute && p->dtype == FLCE_DTYPE_BF16 && hopper_tma(&pl->logits) &&
+    return cfg->qrows != 0 && pl->compact && !pl->recompute && p->dtype == FLCE_DTYPE_BF16 && hopper_tma(&pl->logits) &&
            !p->has_bias && p->label_smoothing == 0 && !(p->softcap > 0) && p->z_loss == 0 && pl->tp <= 1 &&
            p->vocab_offset == 0 && total == p->vocab_shard && pl->tile_cols % 8 == 0 && !cfg->dz_operand &&
            !cfg->dz_convert;
@@ -247,8 +247,6 @@ static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, pl
         pl->tile_max_ld = pl->compact ? ceil_div(ceil_div(pl->v, 8) * 8, pl->tile_cols) : 0;
         uint64_t per_row = (uint64_t)ld * per_elem;
         if (pl->compact) per_row = (uint64_t)ld * 2 + (uint64_t)ceil_div(ld, pl->tile_cols) * 4;
-        /* (its per-row arrays, s ⊙ H among them, come on top of the budget, as the accumulators) */
-        pl->qrows = qrows_allowed(p, cfg, pl);
         if (budget < per_row) return budget_error(budget, per_row, "token's row");
         /* Under TP the unit is fixed too: ranks with different (tuned) tiles must still agree. */
         int64_t unit = pl->tp > 1 ? 128 : pl->logits.tile.bm;
@@ -257,6 +255,9 @@ static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, pl
         pl->chunk_rows = balanced_chunk(pl->n, (int64_t)(budget / per_row), unit);
         pl->n_chunks = ceil_div(pl->n, pl->chunk_rows);
         pl->chunk_cols = pl->v, pl->n_vchunks = 1;
+        /* (its per-row arrays, s ⊙ H among them, come on top of the budget, as the accumulators) */
+        pl->qrows = qrows_allowed(p, cfg, pl) &&
+                    (cfg->qrows > 0 || pl->chunk_rows * pl->v >= PLAN_QROWS_MIN_LOGITS);
     }
     pl->ldz = ceil_div(pl->chunk_cols, 8) * 8;
     return FLCE_OK;

@@ -19,6 +19,11 @@
  * fp32 accumulation over a 2.2M-column shard left dH 3-4.7e-3 off (test_large, session 7), against
  * 1.7e-3 where launches of shorter ranges add up in memory. */
 #define PLAN_DH_K_SLICE 262144
+/* Row-scaled compact logits (qrows) by default only where a token chunk holds at least this many
+ * logits: measured on an H100 (bench/NOTES.md v39) 8192×4096×128256 and 8192×2304×256000 (one chunk
+ * of 1.05e9 and 2.1e9) 0.3-0.5 ms faster, 4096×2048×32000 (1.3e8) even, 512×4096×128256 (6.6e7)
+ * 0.05 ms slower: its added kernels cost more than the small dz pass they replace. */
+#define PLAN_QROWS_MIN_LOGITS (1ll << 29)
 /* The statistics all-gather of TP: each rank's block is a header of FLCE_TP_HEADER words, then
  * FLCE_TP_RECORD words per token row (templates/params.h). */
 uint64_t plan_tp_block_bytes(int64_t rows);

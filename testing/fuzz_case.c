@@ -505,6 +505,8 @@ typedef struct fz_ctx {
     double acc_k;    /* accumulate mode's allowance (fz_norms.acc_k) */
     double p16;      /* relative step of a stored p: one fp16 ulp (2^-11) where the plan keeps the
                       * compact logits (fp16 p̃), else 0 */
+    double hs;       /* dW's operand s_i·h_i rounded to bf16 (half an ulp, 2^-9) where the plan keeps
+                      * row-scaled logits (runtime/plan.h qrows), on every term but the label's, else 0 */
 } fz_ctx;
 
 /* Loss of reduction mean/sum from per-token values: Σ v_i (/ Σ_valid w_y for the mean). */
@@ -763,8 +765,8 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
             dz *= f;
             db += dz, db_mag += dz * dz, db32 += r * r;
             for (int64_t c = 0; c < d; c++) {
-                double term = dz * x->h[i * d + c], rt = r * x->h[i * d + c];
-                acc[c] += term, mag[c] += term * term, mag32[c] += rt * rt;
+                double term = dz * x->h[i * d + c], rt = r * x->h[i * d + c], ht = j == y ? 0 : k->hs * term;
+                acc[c] += term, mag[c] += term * term, mag32[c] += rt * rt + ht * ht;
             }
         }
         if (g->dw_rows)
@@ -806,7 +808,8 @@ int fz_check(const fz_case *c, const fz_data *x, const fz_sample *s, const fz_go
     const int planned = plan_make(&c->p, op, 90, 132, NULL, &pl) == FLCE_OK;
     double chunks = planned ? (double)(pl.n_chunks > pl.n_vchunks ? pl.n_chunks : pl.n_vchunks) : 1e4;
     k.acc_k = 0x1p-22 * sqrt(chunks + 1);
-    k.p16 = planned && op == FLCE_OP_LOSS_AND_GRAD && pl.compact ? 0x1p-11 : 0;
+    k.p16 = planned && op == FLCE_OP_LOSS_AND_GRAD && pl.compact ? (pl.qrows ? 0x1p-9 : 0x1p-11) : 0;
+    k.hs = planned && op == FLCE_OP_LOSS_AND_GRAD && pl.qrows ? 0x1p-9 : 0;
     k.gs = fz_token_scales(c, x);
     k.rows = malloc(sizeof(fz_row_ref) * (size_t)(s->n_tok > 0 ? s->n_tok : 1));
     k.dz = malloc(sizeof(double) * (size_t)x->v);

@@ -99,7 +99,7 @@ static void an_empty_environment_gives_the_defaults(void)
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
     CHECK(!d.acc_prefetch && d.red_acc && d.cluster == 0 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.tiered && !d.unlocked_compile && d.full_tiles && d.dh_k_slice == PLAN_DH_K_SLICE && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && d.tp_overlap);
-    CHECK(d.grad_streams && !d.dz_operand && !d.dz_convert && d.tp_overlap_sms == 32 && d.qrows);
+    CHECK(d.grad_streams && !d.dz_operand && !d.dz_convert && d.tp_overlap_sms == 32 && d.qrows == -1);
 }
 
 static void every_knob_reads_its_variable(void)
@@ -111,13 +111,13 @@ static void every_knob_reads_its_variable(void)
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_TIERED", "no", 1), setenv("FLCE_UNLOCKED_COMPILE", "yes", 1), setenv("FLCE_FULL_TILES", "off", 1), setenv("FLCE_DH_K_SLICE", "1000", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
     setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "off", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
     setenv("FLCE_DZ_OPERAND", "1", 1), setenv("FLCE_TP_OVERLAP_SMS", "16", 1), setenv("FLCE_DZ_CONVERT", "on", 1);
-    setenv("FLCE_QROWS", "off", 1);
+    setenv("FLCE_QROWS", "0", 1);
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
     CHECK(c.acc_prefetch && !c.red_acc && c.cluster == 2 && c.raster_rows == 16 && !c.tiered && !c.full_tiles && c.dh_k_slice == 768 && c.unlocked_compile);
     CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && !c.tp_overlap);
-    CHECK(!c.grad_streams && c.dz_operand && c.dz_convert && c.tp_overlap_sms == 16 && !c.qrows);
+    CHECK(!c.grad_streams && c.dz_operand && c.dz_convert && c.tp_overlap_sms == 16 && c.qrows == 0);
     clear_knobs();
 }
 
@@ -304,6 +304,14 @@ static void row_scaled_logits_only_where_dz_is_a_row_factor(void)
     CHECK(off.compact && !off.qrows && !off.logits.qrows && off.off_qh == 0);
     CHECK(pl.est_chunked_ms < off.est_chunked_ms);
     cfg.qrows = 1;
+    /* by default only where a chunk holds PLAN_QROWS_MIN_LOGITS logits; FLCE_QROWS=1 everywhere */
+    flce_problem small = problem(512, 4096, 128256, FLCE_DTYPE_BF16);
+    cfg.qrows = -1;
+    CHECK(plan_build(&small, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.compact && !pl.qrows && !pl.logits.qrows && pl.off_qh == 0);
+    cfg.qrows = 1;
+    CHECK(plan_build(&small, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.compact && pl.qrows && pl.logits.qrows && pl.off_qh != 0);
     /* the budget still sets the chunk (its rows of logits): s ⊙ H and the row arrays come on top */
     p.memory_budget = 512ull << 20, p.strategy = FLCE_STRATEGY_CHUNKED;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
