@@ -308,11 +308,11 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
             return;
         }
 #endif
-#if FLCE_TCGEN05 // (none on the Blackwell path; generator/emit.c resolves only this form)
-#else
         // Warp 0: its lane 0 issues the loads; the whole warp walks the tiles with it for
         // prefetch_labels, one tile at a time (the __syncwarp waits for lane 0's produce).
         const int lane0 = threadIdx.x % 32;
+#if FLCE_TCGEN05 // (none on the Blackwell path; generator/emit.c resolves only this form)
+#else
         if (threadIdx.x < 32 && p.tile_counter) {
             // Dynamic order: this CTA's first tile is its number (below counter_base), the others
             // come from the counter (tiles counter_base, counter_base + 1, … in the order CTAs ask),

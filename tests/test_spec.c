@@ -454,14 +454,16 @@ static void default_budget_grows_to_a_sixteenth_of_the_device(void)
 /* The generated code does not depend on D or V (they are kernel parameters), so two shapes whose
  * plans pick the same tiles and flags share their kernels' source, hence their cache entries: a new
  * model or vocab shard of a known kind needs no compile (issue 16). What does depend on the shape
- * is a flag in the source: full_tiles (V a multiple of the logits tile's BN), plain_out. */
+ * is a flag in the source: full_tiles (V a multiple of the logits tile's BN), plain_out, qrows (a
+ * chunk of PLAN_QROWS_MIN_LOGITS logits or more: both shapes here, one chunk each). */
 static void kernels_of_shapes_with_the_same_flags_are_shared(void)
 {
-    flce_problem a = problem(8192, 4096, 128256, FLCE_DTYPE_BF16), b = problem(4096, 2048, 64000, FLCE_DTYPE_BF16);
+    flce_problem a = problem(8192, 4096, 128256, FLCE_DTYPE_BF16), b = problem(11264, 4096, 64000, FLCE_DTYPE_BF16);
     plan pa, pb;
     CHECK(plan_make(&a, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pa) == FLCE_OK);
     CHECK(plan_make(&b, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pb) == FLCE_OK);
     CHECK(pa.logits.full_tiles && pb.logits.full_tiles && pa.dh.plain_out && pb.dh.plain_out);
+    CHECK(pa.logits.qrows && pb.logits.qrows);
     const kernel_spec *sa[] = {&pa.logits, &pa.dh, &pa.dw, &pa.rowops}, *sb[] = {&pb.logits, &pb.dh, &pb.dw, &pb.rowops};
     for (int i = 0; i < 4; i++) {
         char *x = NULL, *y = NULL;
