@@ -52,8 +52,8 @@ __device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce
 #define FLCE_GRAD_RED 0
 #endif
 // dH over row-scaled compact logits (FLCE_QROWS, p.row_scale): row r of the tile times s_r, plus
-// the residual of its label's stored entry times the label's row of W where that lies in this
-// launch's k range (flce_qscale); 0 where s_r is 0 (an ignored token, whose row of the compact
+// its label's exact dz (flce_qscale; the label's stored entry is 0) times the label's row of W where
+// that lies in this launch's k range; 0 where s_r is 0 (an ignored token, whose row of the compact
 // logits may hold anything finite or not).
 __device__ __forceinline__ void scale_rows(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
                                            long long n0, int wm, int wn, int lane)

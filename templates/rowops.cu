@@ -360,6 +360,10 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz_factors(const flce_row
     }
 }
 
+// The low and high bf16 of a packed pair, as floats (exact).
+__device__ __forceinline__ float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+
 // Σ_k x_k·y_k over 8 bf16 pairs in two 16-byte vectors, in fp32.
 __device__ __forceinline__ float dot8_bf16(uint4 x, uint4 y)
 {
@@ -367,11 +371,35 @@ __device__ __forceinline__ float dot8_bf16(uint4 x, uint4 y)
     float s = 0.f;
 #pragma unroll
     for (int c = 0; c < 4; c++) {
-        s = fmaf(__uint_as_float(a[c] << 16), __uint_as_float(b[c] << 16), s);
-        s = fmaf(__uint_as_float(a[c] & 0xffff0000u), __uint_as_float(b[c] & 0xffff0000u), s);
+        s = fmaf(bf16_lo(a[c]), bf16_lo(b[c]), s);
+        s = fmaf(bf16_hi(a[c]), bf16_hi(b[c]), s);
     }
     return s;
 }
+
+#if FLCE_DTYPE == DTYPE_BF16
+// 8 bf16 values (16 bytes at src) times f, rounded back to bf16 at dst (which may be src).
+__device__ __forceinline__ void scale8_bf16(const elem_t *src, elem_t *dst, float f)
+{
+    const uint4 raw = *(const uint4 *)src;
+    unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) w[k] = pack2_elem(bf16_lo(w[k]) * f, bf16_hi(w[k]) * f);
+    st_global_16(dst, w[0], w[1], w[2], w[3]);
+}
+
+// s[0..8) += d·(8 bf16 values at h).
+__device__ __forceinline__ void axpy8_bf16(float d, const elem_t *h, float (&s)[8])
+{
+    const uint4 hv = *(const uint4 *)h;
+    const unsigned hw[4] = {hv.x, hv.y, hv.z, hv.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        s[2 * q] = fmaf(d, bf16_lo(hw[q]), s[2 * q]);
+        s[2 * q + 1] = fmaf(d, bf16_hi(hw[q]), s[2 * q + 1]);
+    }
+}
+#endif
 
 // Row-scaled compact logits (common.cuh, FLCE_QROWS), before the chunk's logits pass: c_i, the
 // largest of QREF_SAMPLES logits at evenly spaced columns of the shard and the label's (when it
@@ -432,9 +460,9 @@ extern "C" __global__ void __launch_bounds__(256) flce_qref(const flce_row_param
 // its own maximum), or one whose lse lies more than QROWS_SPAN above c_i, is rescaled in place to
 // the reference lse (each tile's p̃ times exp(ref_t − lse), ref_t from tile_max). Then
 // s_i = g_i·a_i·exp(c_i − lse_i)/T (0 for an ignored token) goes to row_scale, s_i·h_i (rounded to
-// bf16) to qh, dW's B operand, and the label's entry of p̃ becomes dz_iy/s_i, so that s_i·p̃_iy is
-// the label's exact dz (from the fp32 target logit) rounded once. Without smoothing, softcap or
-// z-loss (runtime/plan.c), s_i = 0 only where dz_iy = 0 too.
+// bf16) to qh, dW's B operand, and the label's exact dz (from the fp32 target logit) with its column
+// to qlab, its entry of p̃ set to 0. Without smoothing, softcap or z-loss (runtime/plan.c), s_i = 0
+// only where dz_iy = 0 too.
 extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_params p)
 {
 #if FLCE_DTYPE == DTYPE_BF16
@@ -452,12 +480,7 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
         const float *ref = (const float *)p.tile_max + i * p.tile_max_ld;
         for (long long j = (long long)threadIdx.x * 8; j < p.cols; j += 256 * 8) {
             const float f = expf(ref[j / p.tile_cols] - lse); // 8 | tile_cols: one ref per group
-            uint4 raw = *(const uint4 *)(q + j);
-            unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                w[k] = pack2_elem(__uint_as_float(w[k] << 16) * f, __uint_as_float(w[k] & 0xffff0000u) * f);
-            st_global_16(q + j, w[0], w[1], w[2], w[3]);
+            scale8_bf16(q + j, q + j, f);
         }
         c = lse;
         __syncthreads(); // the label's entry below is written after every rescale
@@ -466,14 +489,7 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
     if (threadIdx.x == 0) ((float *)p.row_scale)[i] = s;
     const elem_t *h = (const elem_t *)p.hidden + row * p.d;
     elem_t *hs = (elem_t *)p.qh + i * p.d;
-    for (long long e = (long long)threadIdx.x * 8; e < p.d; e += 256 * 8) {
-        uint4 raw = *(const uint4 *)(h + e);
-        unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            w[k] = pack2_elem(__uint_as_float(w[k] << 16) * s, __uint_as_float(w[k] & 0xffff0000u) * s);
-        st_global_16(hs + e, w[0], w[1], w[2], w[3]);
-    }
+    for (long long e = (long long)threadIdx.x * 8; e < p.d; e += 256 * 8) scale8_bf16(h + e, hs + e, s);
     const long long local_y = y - p.chunk_offset;
     if (threadIdx.x != 0) return;
     float dz = 0.f;
@@ -481,8 +497,8 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
     if (valid && local_y >= 0 && local_y < p.cols) {
         // The label's entry leaves the GEMMs: its exact dz (from the fp32 target logit; it
         // dominates its rows of dH and dW, and s_i·bf16(dz/s_i) would round it at an arbitrary
-        // mantissa, twice in dW with s ⊙ H) is added by dH's epilogue times W_y and by dW's times
-        // h_i (templates/gemm_grad.cu), and its stored p̃ becomes 0.
+        // mantissa, twice in dW with s ⊙ H) is added by dH's epilogue times W_y (gemm_grad.cu
+        // scale_rows) and by flce_qdw times h_i, and its stored p̃ becomes 0.
         const float z = ((const float *)p.target)[i];
         dz = dz_value_p(expf(z - lse), z, a, true, wy, class_weight(p, y), g, p.vocab_total);
         q[local_y] = 0;
@@ -615,14 +631,7 @@ extern "C" __global__ void __launch_bounds__(256) flce_qdw(const flce_row_params
             float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
             for (int k = a; k < e; k++) {
                 const int i = ((const int *)p.qlist_tok)[k];
-                const float d = ((const float *)p.qlab)[2 * i];
-                const uint4 hv = *(const uint4 *)((const elem_t *)p.hidden + (p.row0 + i) * p.d + c);
-                const unsigned hw[4] = {hv.x, hv.y, hv.z, hv.w};
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    s[2 * q] = fmaf(d, __uint_as_float(hw[q] << 16), s[2 * q]);
-                    s[2 * q + 1] = fmaf(d, __uint_as_float(hw[q] & 0xffff0000u), s[2 * q + 1]);
-                }
+                axpy8_bf16(((const float *)p.qlab)[2 * i], (const elem_t *)p.hidden + (p.row0 + i) * p.d + c, s);
             }
             const long long at = (v0 + r) * p.d + c; // cast_dst: the block's row 0
             if (p.cast_accumulate) {
@@ -636,8 +645,7 @@ extern "C" __global__ void __launch_bounds__(256) flce_qdw(const flce_row_params
                 unsigned wv[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
                 for (int q = 0; q < 4; q++)
-                    wv[q] = pack2_elem(__uint_as_float(wv[q] << 16) + scale * s[2 * q],
-                                       __uint_as_float(wv[q] & 0xffff0000u) + scale * s[2 * q + 1]);
+                    wv[q] = pack2_elem(bf16_lo(wv[q]) + scale * s[2 * q], bf16_hi(wv[q]) + scale * s[2 * q + 1]);
                 *o = make_uint4(wv[0], wv[1], wv[2], wv[3]);
             }
         }
