@@ -407,7 +407,7 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     TRY(check_grad_stores(&pl->dh, &g, "dH"));
     if (pl->dz_operand || pl->dz_convert) set_dz_factors(r, b, &g); /* never with slices (plan.c) */
-    if (pl->qrows) /* chunk rows, as the launch's; the labels' residuals where they lie in its k range */
+    if (pl->qrows) /* chunk rows, as the launch's; the labels' dz where they lie in its k range */
         g.row_scale = r->rp.row_scale, g.qlab = r->rp.qlab, g.qlab_k0 = off;
     int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(s->rows, pl->dh.tile.bm);
     TRY(tma_prepare_gemm(&pl->dh, &g, grad_slots(r->ctx, &pl->dh, r->k.dh), &gx, &gy));
@@ -598,8 +598,10 @@ static flce_status run_grads(run *r, const block *rows_step, const block *cols_s
      * factors (dz_operand), or by the dz pass */
     if (r->pl->qrows) {
         TRY(run_rows(r, K_QSCALE, rows_step));
-        TRY(run_rows(r, K_QLIST_COUNT, rows_step));
-        TRY(run_rows(r, K_QLIST_FILL, rows_step));
+        if (r->t->grad_weight) { /* the chunk rows by label, for flce_qdw after dW */
+            TRY(run_rows(r, K_QLIST_COUNT, rows_step));
+            TRY(run_rows(r, K_QLIST_FILL, rows_step));
+        }
     } else if (r->pl->dz_operand) {
         TRY(run_rows(r, K_DZ_FACTORS, rows_step));
     } else if (r->pl->dz_convert && r->t->grad_hidden) { /* formed inside dH: its counter and flags zeroed */
