@@ -13,7 +13,8 @@ static const char *const dh_names[] = {"flce_dh", NULL};
 static const char *const dw_names[] = {"flce_dw", NULL};
 static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
                                            "flce_dbias", "flce_tp_pack", "flce_cast", "flce_dz_factors",
-                                           "flce_qref", "flce_qscale", "flce_qlist_count", "flce_qlist_fill", "flce_qdw", NULL};
+                                           "flce_qref", "flce_qscale", "flce_qlist_count", "flce_qlist_fill", "flce_qdw",
+                                           "flce_qdh", NULL};
 
 const char *const *emit_kernel_names(spec_role role)
 {

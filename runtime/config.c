@@ -18,6 +18,7 @@ void config_defaults(flce_config *c)
     c->compact = 1;
     /* row-scaled compact logits where a chunk holds at least PLAN_QROWS_MIN_LOGITS logits (plan.c) */
     c->qrows = -1;
+    c->qdh = 1;
     c->fused_dz = 1;
     c->raster_rows = PLAN_RASTER_ROWS;
     c->prefetch = 1;
@@ -90,6 +91,7 @@ void config_from_env(flce_config *c)
     c->tiles.enable_sm100 = config_parse_bool("FLCE_ENABLE_SM100", getenv("FLCE_ENABLE_SM100"), c->tiles.enable_sm100);
     c->compact = config_parse_bool("FLCE_COMPACT", getenv("FLCE_COMPACT"), c->compact);
     c->qrows = config_parse_int("FLCE_QROWS", getenv("FLCE_QROWS"), 0, 1, c->qrows);
+    c->qdh = config_parse_bool("FLCE_QDH", getenv("FLCE_QDH"), c->qdh);
     c->fused_dz = config_parse_bool("FLCE_FUSED_DZ", getenv("FLCE_FUSED_DZ"), c->fused_dz);
     c->dz_operand = config_parse_bool("FLCE_DZ_OPERAND", getenv("FLCE_DZ_OPERAND"), c->dz_operand);
     c->dz_convert = config_parse_bool("FLCE_DZ_CONVERT", getenv("FLCE_DZ_CONVERT"), c->dz_convert);
@@ -129,6 +131,7 @@ void config_log(const flce_config *c)
                    c->tiles.enable_sm100 == d.tiles.enable_sm100);
     CONFIG_LOG_ONE("FLCE_COMPACT", "%s", on_off(c->compact), c->compact == d.compact);
     CONFIG_LOG_ONE("FLCE_QROWS", "%s", c->qrows < 0 ? "auto" : on_off(c->qrows), c->qrows == d.qrows);
+    CONFIG_LOG_ONE("FLCE_QDH", "%s", on_off(c->qdh), c->qdh == d.qdh);
     CONFIG_LOG_ONE("FLCE_FUSED_DZ", "%s", on_off(c->fused_dz), c->fused_dz == d.fused_dz);
     CONFIG_LOG_ONE("FLCE_DZ_OPERAND", "%s", on_off(c->dz_operand), c->dz_operand == d.dz_operand);
     CONFIG_LOG_ONE("FLCE_ACC_PREFETCH", "%s", on_off(c->acc_prefetch), c->acc_prefetch == d.acc_prefetch);

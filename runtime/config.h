@@ -36,6 +36,8 @@ typedef struct flce_config {
                         * that dZ is a per-row factor times them: no dz pass. -1 (default, unset): where a
                         * chunk holds at least PLAN_QROWS_MIN_LOGITS logits; 1: wherever it applies; 0: never
                         * (bench/NOTES.md v39) */
+    int qdh;           /* FLCE_QDH: under qrows, the labels' term of dH added by a pass after dH (flce_qdh)
+                        * instead of dH's epilogue (default on: bench/NOTES.md v40) */
     int acc_prefetch;  /* FLCE_ACC_PREFETCH: L2 prefetch of dH/dW addends (default off) */
     int red_acc;       /* FLCE_RED_ACC: red.global.add into fp32 accumulators (default on) */
     int cluster;       /* FLCE_CLUSTER: 0 (default) or 2-CTA clusters for dH/dW on wgmma + TMA */

@@ -23,7 +23,7 @@
 
 enum {
     K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6, K_DZ_FACTORS = 7,
-    K_QREF = 8, K_QSCALE = 9, K_QLIST_COUNT = 10, K_QLIST_FILL = 11, K_QDW = 12
+    K_QREF = 8, K_QSCALE = 9, K_QLIST_COUNT = 10, K_QLIST_FILL = 11, K_QDW = 12, K_QDH = 13
 };
 
 typedef struct kernels {
@@ -407,8 +407,10 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     TRY(check_grad_stores(&pl->dh, &g, "dH"));
     if (pl->dz_operand || pl->dz_convert) set_dz_factors(r, b, &g); /* never with slices (plan.c) */
-    if (pl->qrows) /* chunk rows, as the launch's; the labels' dz where they lie in its k range */
-        g.row_scale = r->rp.row_scale, g.qlab = r->rp.qlab, g.qlab_k0 = off;
+    if (pl->qrows) { /* chunk rows, as the launch's; the labels' dz where they lie in its k range */
+        g.row_scale = r->rp.row_scale;
+        if (!pl->qdh) g.qlab = r->rp.qlab, g.qlab_k0 = off; /* else flce_qdh adds them after dH */
+    }
     int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(s->rows, pl->dh.tile.bm);
     TRY(tma_prepare_gemm(&pl->dh, &g, grad_slots(r->ctx, &pl->dh, r->k.dh), &gx, &gy));
     if (pl->dz_convert) {
@@ -424,20 +426,37 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
 
 /* dH of block b: one launch, or (plan dh_k_slice) one per slice of its vocab columns, each slice
  * a step of the fp32 accumulation (first and last as b's at its ends). */
+static flce_status run_rows(run *r, int kernel, const block *b);
+
+/* plan qdh: the labels' exact dz_i·W_y into the dH rows of token chunk b, after its dH launches on
+ * the same stream, where they now lie: the caller's fp32 buffer (accumulate_grad_hidden) or its
+ * buffer in the dtype (a token chunk completes its rows; no TP or vocab shard under qrows). */
+static flce_status run_qdh(run *r, const block *b)
+{
+    struct flce_row_params keep = r->rp;
+    int f32 = r->p->accumulate_grad_hidden;
+    r->rp.cast_dst = addr(r->t->grad_hidden) + (uint64_t)(b->row0 * r->pl->d) * (f32 ? 4 : r->es);
+    r->rp.cast_accumulate = f32;
+    flce_status st = run_rows(r, K_QDH, b);
+    r->rp = keep;
+    return st;
+}
+
 static flce_status run_dh(run *r, const block *b)
 {
     int64_t slice = r->pl->dh_k_slice;
-    if (!slice || b->cols <= slice) return run_dh_part(r, b, b);
-    for (int64_t c = 0; c < b->cols; c += slice) {
-        block s = *b;
-        s.col0 = b->col0 + c, s.cols = b->cols - c < slice ? b->cols - c : slice;
-        s.first = b->first && c == 0, s.last = b->last && c + s.cols == b->cols;
-        TRY(run_dh_part(r, &s, b));
+    if (!slice || b->cols <= slice) {
+        TRY(run_dh_part(r, b, b));
+    } else {
+        for (int64_t c = 0; c < b->cols; c += slice) {
+            block s = *b;
+            s.col0 = b->col0 + c, s.cols = b->cols - c < slice ? b->cols - c : slice;
+            s.first = b->first && c == 0, s.last = b->last && c + s.cols == b->cols;
+            TRY(run_dh_part(r, &s, b));
+        }
     }
-    return FLCE_OK;
+    return r->pl->qdh ? run_qdh(r, b) : FLCE_OK;
 }
-
-static flce_status run_rows(run *r, int kernel, const block *b);
 
 /* dW's tile counter (plan dw_dynamic) zeroed on the caller's stream, before any launch that takes
  * tiles from it. */
@@ -533,10 +552,12 @@ static flce_status run_rows(run *r, int kernel, const block *b)
         /* the bf16 dZ operand reads packed words (templates/gemm_wgmma_tma.cu dzop_form) */
         rp.dz_pack = r->pl->dz_operand && r->p->dtype == FLCE_DTYPE_BF16;
         return launch(r->k.row[K_DZ_FACTORS], b->rows, 1, 256, 0, r->stream, &rp, "dz factors kernel");
-    case K_QREF: /* a warp per row */
-        return launch(r->k.row[K_QREF], ceil_div(b->rows, 8), 1, 256, 0, r->stream, &rp, "qref kernel");
+    case K_QREF: /* a warp per 4 rows (rowops.cu QREF_ROWS) */
+        return launch(r->k.row[K_QREF], ceil_div(b->rows, 32), 1, 256, 0, r->stream, &rp, "qref kernel");
     case K_QSCALE:
         return launch(r->k.row[K_QSCALE], b->rows, 1, 256, 0, r->stream, &rp, "qscale kernel");
+    case K_QDH: /* a warp per row */
+        return launch(r->k.row[K_QDH], ceil_div(b->rows, 8), 1, 256, 0, r->stream, &rp, "qdh kernel");
     case K_QLIST_COUNT: /* a CTA per 128 vocab rows (rowops.cu QLIST_BLOCK) */
     case K_QLIST_FILL:
     case K_QDW:

@@ -258,6 +258,7 @@ static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, pl
         /* (its per-row arrays, s ⊙ H among them, come on top of the budget, as the accumulators) */
         pl->qrows = qrows_allowed(p, cfg, pl) &&
                     (cfg->qrows > 0 || pl->chunk_rows * pl->v >= PLAN_QROWS_MIN_LOGITS);
+        pl->qdh = pl->qrows && cfg->qdh;
     }
     pl->ldz = ceil_div(pl->chunk_cols, 8) * 8;
     return FLCE_OK;

@@ -68,6 +68,8 @@ typedef struct plan {
      * is no dz pass. off_qref, off_qflags, off_row_scale: c_i, the rescale flags and s_i per chunk
      * row. FLCE_QROWS=0 keeps the fp16 p̃ and the dz pass. */
     int qrows;
+    /* qdh (with qrows): the labels' term of dH added by flce_qdh after dH, not by dH's epilogue */
+    int qdh;
     /* qlab: (dz, column) of each row's label; qlist_*: the chunk rows grouped by label, for the
      * labels' term of dW, which flce_qdw adds after the dW GEMM */
     uint64_t off_qref, off_qflags, off_row_scale, off_qh, off_qlab, off_qlist_start, off_qlist_tok, off_qlist_blk;

@@ -52,9 +52,10 @@ __device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce
 #define FLCE_GRAD_RED 0
 #endif
 // dH over row-scaled compact logits (FLCE_QROWS, p.row_scale): row r of the tile times s_r, plus
-// its label's exact dz (flce_qscale; the label's stored entry is 0) times the label's row of W where
-// that lies in this launch's k range; 0 where s_r is 0 (an ignored token, whose row of the compact
-// logits may hold anything finite or not).
+// (p.qlab set: the runtime's qdh off) its label's exact dz (flce_qscale; the label's stored entry
+// is 0) times the label's row of W where that lies in this launch's k range; 0 where s_r is 0 (an
+// ignored token, whose row of the compact logits may hold anything finite or not). With qdh on,
+// flce_qdh adds the label's term after dH instead (rowops.cu).
 __device__ __forceinline__ void scale_rows(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
                                            long long n0, int wm, int wn, int lane)
 {
@@ -67,7 +68,7 @@ __device__ __forceinline__ void scale_rows(float (&acc)[MI][NI][4], const flce_g
         for (int h = 0; h < 2; h++) {
             const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
             const float s = row < p.m ? ((const float *)p.row_scale)[row] : 0.f;
-            const float2 ql = row < p.m ? ((const float2 *)p.qlab)[row] : make_float2(0.f, 0.f);
+            const float2 ql = p.qlab && row < p.m ? ((const float2 *)p.qlab)[row] : make_float2(0.f, 0.f);
             const long long yk = (long long)__float_as_int(ql.y) - p.qlab_k0;
             const bool lab = ql.x != 0.f && __float_as_int(ql.y) >= 0 && yk >= 0 && yk < p.k;
             const elem_t *wy = (const elem_t *)p.b + (lab ? yk : 0) * p.ldb + c0;

@@ -405,51 +405,65 @@ __device__ __forceinline__ void axpy8_bf16(float d, const elem_t *h, float (&s)[
 // largest of QREF_SAMPLES logits at evenly spaced columns of the shard and the label's (when it
 // lies in the shard), in fp32 from the bf16 operands. Any logit of the row will do as long as the
 // row's maximum lies within QROWS_SPAN above it; the samples make that the common case (a row whose
-// maximum lies further costs a rescale in flce_qscale, not accuracy). qflags zeroed here. One warp
-// per row, 8 rows per CTA; d is a multiple of 8 (16-byte vectors).
+// maximum lies further costs a rescale in flce_qscale, not accuracy). qflags zeroed here. A warp
+// per QREF_ROWS rows, 8 warps per CTA; d is a multiple of 8 (16-byte vectors).
+#define QREF_ROWS 4
 extern "C" __global__ void __launch_bounds__(256) flce_qref(const flce_row_params p)
 {
 #if FLCE_DTYPE == DTYPE_BF16 // (bf16 only: runtime/plan.c; every rowops module has the entry)
-    constexpr int S = QREF_SAMPLES + 1; // the samples and the label
-    const long long i = (long long)blockIdx.x * 8 + threadIdx.x / 32;
+    constexpr int S = QREF_SAMPLES, R = QREF_ROWS;
+    const long long i0 = ((long long)blockIdx.x * 8 + threadIdx.x / 32) * R;
     const int lane = threadIdx.x % 32;
-    if (i >= p.rows) return;
-    const long long y = load_label(p.labels, p.row0 + i);
-    const long long ly = label_valid(y, p) ? y - p.chunk_offset : -1;
-    const elem_t *h = (const elem_t *)p.hidden + (p.row0 + i) * p.d;
-    // Each lane's 8 hidden values of a 256-wide slice against all S weight rows at once: S
-    // independent loads in flight per step instead of one dependent chain per sample (a loop
-    // over samples outside took 0.38 ms at 8192×4096, latency-bound; bench/NOTES.md v39).
-    const elem_t *w[S];
-    bool use[S];
+    if (i0 >= p.rows) return;
+    // Each lane's 8 hidden values of a 256-wide slice of R rows against the S sampled weight rows
+    // (shared by the rows: loaded once per slice) and each row's label row, all loads of a step in
+    // flight at once. One dependent chain per sample took 0.38 ms at 8192×4096 (latency-bound), a
+    // warp per row re-reading the samples 0.10 ms (bench/NOTES.md v39, v40).
+    const elem_t *ws[S], *h[R], *wl[R];
+    bool lab[R];
 #pragma unroll
-    for (int k = 0; k < S; k++) {
-        const long long j = k < QREF_SAMPLES ? (2 * k + 1) * p.cols / (2 * QREF_SAMPLES) : ly;
-        use[k] = j >= 0 && j < p.cols;
-        w[k] = (const elem_t *)p.weight + (p.col0 + (use[k] ? j : 0)) * p.d;
+    for (int k = 0; k < S; k++) ws[k] = (const elem_t *)p.weight + (p.col0 + (2 * k + 1) * p.cols / (2 * S)) * p.d;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const long long i = i0 + r < p.rows ? i0 + r : i0; // a row past the chunk repeats row i0
+        const long long y = load_label(p.labels, p.row0 + i);
+        const long long ly = label_valid(y, p) ? y - p.chunk_offset : -1;
+        lab[r] = ly >= 0 && ly < p.cols;
+        h[r] = (const elem_t *)p.hidden + (p.row0 + i) * p.d;
+        wl[r] = (const elem_t *)p.weight + (p.col0 + (lab[r] ? ly : 0)) * p.d;
     }
-    float acc[S];
+    float acc[R][S + 1];
 #pragma unroll
-    for (int k = 0; k < S; k++) acc[k] = 0.f;
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int k = 0; k <= S; k++) acc[r][k] = 0.f;
     for (long long e = (long long)lane * 8; e < p.d; e += 32 * 8) {
-        const uint4 hv = *(const uint4 *)(h + e);
-        uint4 wv[S];
+        uint4 wv[S], hv[R], lv[R];
 #pragma unroll
-        for (int k = 0; k < S; k++) wv[k] = *(const uint4 *)(w[k] + e);
+        for (int k = 0; k < S; k++) wv[k] = *(const uint4 *)(ws[k] + e);
 #pragma unroll
-        for (int k = 0; k < S; k++) acc[k] += dot8_bf16(hv, wv[k]);
+        for (int r = 0; r < R; r++) hv[r] = *(const uint4 *)(h[r] + e), lv[r] = *(const uint4 *)(wl[r] + e);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int k = 0; k < S; k++) acc[r][k] += dot8_bf16(hv[r], wv[k]);
+            acc[r][S] += dot8_bf16(hv[r], lv[r]);
+        }
     }
-    float c = NEG_INF;
 #pragma unroll
-    for (int k = 0; k < S; k++) {
-        float a = acc[k];
+    for (int r = 0; r < R; r++) {
+        float c = NEG_INF;
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
-        if (use[k]) c = fmaxf(c, a * INV_TEMP);
-    }
-    if (lane == 0) {
-        ((float *)p.qref)[i] = c;
-        ((int *)p.qflags)[i] = 0;
+        for (int k = 0; k <= S; k++) {
+            float a = acc[r][k];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+            if (k < S || lab[r]) c = fmaxf(c, a * INV_TEMP);
+        }
+        if (lane == 0 && i0 + r < p.rows) {
+            ((float *)p.qref)[i0 + r] = c;
+            ((int *)p.qflags)[i0 + r] = 0;
+        }
     }
 #else
     (void)p;
@@ -516,7 +530,7 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
 // sums over them are deterministic). No global atomics: one CTA per block of QLIST_BLOCK vocab rows
 // scans all the chunk's labels (its 8 warps take consecutive eighths, QLIST_UNROLL loads in flight).
 #define QLIST_BLOCK 128
-#define QLIST_UNROLL 4
+#define QLIST_UNROLL 8
 // The block-relative vocab row of chunk row i's label, or −1 outside block [v0, v0 + QLIST_BLOCK).
 __device__ __forceinline__ int qlist_row(const flce_row_params &p, long long i, long long end, long long v0)
 {
@@ -541,6 +555,14 @@ __device__ __forceinline__ void qlist_count_range(const flce_row_params &p, long
     }
 }
 
+// Σ of v over the warp (every lane gets it).
+__device__ __forceinline__ int warp_sum_int(int v)
+{
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
 // grid: one CTA of 256 threads per block. The block's total into qlist_blk[b].
 extern "C" __global__ void __launch_bounds__(256) flce_qlist_count(const flce_row_params p)
 {
@@ -551,10 +573,11 @@ extern "C" __global__ void __launch_bounds__(256) flce_qlist_count(const flce_ro
     __syncthreads();
     qlist_count_range(p, w * per, (w + 1) * per < p.rows ? (w + 1) * per : p.rows, v0, lane, cnt);
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (w == 0) {
         int total = 0;
-        for (int r = 0; r < QLIST_BLOCK; r++) total += cnt[r];
-        ((int *)p.qlist_blk)[b] = total;
+        for (int r = lane; r < QLIST_BLOCK; r += 32) total += cnt[r];
+        total = warp_sum_int(total);
+        if (lane == 0) ((int *)p.qlist_blk)[b] = total;
     }
 }
 
@@ -563,8 +586,10 @@ extern "C" __global__ void __launch_bounds__(256) flce_qlist_count(const flce_ro
 // eighth of them in order after the earlier warps' (per row).
 extern "C" __global__ void __launch_bounds__(256) flce_qlist_fill(const flce_row_params p)
 {
+    static_assert(QLIST_BLOCK == 128, "the row prefix below: 4 warps of 32 rows");
     __shared__ int cnt[8][QLIST_BLOCK];
     __shared__ long long before_w[8];
+    __shared__ int warp_tot[4];
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const long long b = blockIdx.x, v0 = b * QLIST_BLOCK, per = (p.rows + 7) / 8;
     const long long lo = w * per, hi = (w + 1) * per < p.rows ? (w + 1) * per : p.rows;
@@ -579,77 +604,166 @@ extern "C" __global__ void __launch_bounds__(256) flce_qlist_fill(const flce_row
     __syncthreads();
     before = 0;
     for (int k = 0; k < 8; k++) before += before_w[k];
-    // Row r's entries start after the earlier rows' and, within the row, the earlier warps'.
+    // Row r's entries start after the earlier rows' and, within the row, the earlier warps':
+    // an exclusive prefix over the rows' totals, by the first 4 warps (a row each per lane).
     const int r = threadIdx.x;
-    int at = 0, own[8];
+    int own[8], tot = 0, incl = 0;
     if (r < QLIST_BLOCK) {
-        for (int q = 0; q < r; q++)
-            for (int k = 0; k < 8; k++) at += cnt[k][q];
-        for (int k = 0; k < 8; k++) own[k] = cnt[k][r];
+        for (int k = 0; k < 8; k++) own[k] = cnt[k][r], tot += own[k];
+        incl = tot;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int x = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl += x;
+        }
+        if (lane == 31) warp_tot[w] = incl;
     }
-    __syncthreads(); // every prefix read before cnt turns into the warps' first slots
+    __syncthreads(); // every count and warp total read before cnt turns into the warps' first slots
     if (r < QLIST_BLOCK) {
-        int run = (int)before + at;
+        int run = (int)before + incl - tot;
+        for (int k = 0; k < w; k++) run += warp_tot[k];
         if (v0 + r < p.cols) ((int *)p.qlist_start)[v0 + r] = run;
         for (int k = 0; k < 8; k++) cnt[k][r] = run, run += own[k];
         if (v0 + r == p.cols - 1) ((int *)p.qlist_start)[p.cols] = run;
     }
     __syncthreads();
-    for (long long base = lo; base < hi; base += 32) {
-        const int r = qlist_row(p, base + lane, hi, v0);
-        unsigned mask = __ballot_sync(0xffffffffu, r >= 0);
-        while (mask) { // the matches in lane (= chunk row) order
-            const int src = __ffs(mask) - 1, row = __shfl_sync(0xffffffffu, r, src);
-            if (lane == 0) ((int *)p.qlist_tok)[cnt[w][row]++] = (int)(base + src);
-            mask &= mask - 1;
+    for (long long base = lo; base < hi; base += 32 * QLIST_UNROLL) {
+        int rr[QLIST_UNROLL]; // the loads of QLIST_UNROLL rounds in flight, then the rounds in order
+#pragma unroll
+        for (int u = 0; u < QLIST_UNROLL; u++) rr[u] = qlist_row(p, base + u * 32 + lane, hi, v0);
+#pragma unroll
+        for (int u = 0; u < QLIST_UNROLL; u++) {
+            unsigned mask = __ballot_sync(0xffffffffu, rr[u] >= 0);
+            while (mask) { // the matches in lane (= chunk row) order
+                const int src = __ffs(mask) - 1, row = __shfl_sync(0xffffffffu, rr[u], src);
+                if (lane == 0) ((int *)p.qlist_tok)[cnt[w][row]++] = (int)(base + u * 32 + src);
+                mask &= mask - 1;
+            }
         }
     }
 }
 
-// grid as flce_qlist_count, after the chunk's dW launch (same stream): each labelled vocab row v of
-// the block (a warp per row, round robin) adds the labels' term Σ dz_i·h_i over its chunk rows, in
-// order (fp32), times the GEMM epilogue's scalar, to dW's row v: into fp32 (cast_accumulate: the
-// workspace accumulator of a chunk before the last, or the caller's fp32 buffer) exactly, or into
-// the dtype, rounded once more: the GEMM's part of such a row is only the small Σ p·h.
+// The labels' exact terms, after the GEMM whose output they join (same stream): a warp per
+// labelled row adds Σ_k x_k·(bf16 source row k) over the row's n entries, in order (fp32), times the
+// GEMM epilogue's scalar `scale`, to the destination row: into fp32 (cast_accumulate: a workspace
+// accumulator or the caller's fp32 buffer) exactly, or into the dtype, rounded once more (the
+// GEMM's part of such a row is the small Σ p·h or Σ p·w). entry(k, x) gives entry k's source row
+// and its x. QADD_UNROLL 256-column slices at a time, their destination loads issued before the
+// sources': one slice at a time with a dependent chain per entry took 0.15 ms for dW's 8192 labels
+// at 8192×4096×128256 (bench/NOTES.md v40).
+#define QADD_UNROLL 4
+#if FLCE_DTYPE == DTYPE_BF16
+template <class Entry>
+__device__ __forceinline__ void qadd_row(const flce_row_params &p, void *dst_row, int n, Entry entry, float scale,
+                                         int lane)
+{
+    for (long long c = (long long)lane * 8; c < p.d; c += 32 * 8 * QADD_UNROLL) {
+        float s[QADD_UNROLL][8];
+        uint4 old16[QADD_UNROLL];
+        float4 old32[QADD_UNROLL][2];
+#pragma unroll
+        for (int u = 0; u < QADD_UNROLL; u++) {
+#pragma unroll
+            for (int q = 0; q < 8; q++) s[u][q] = 0.f;
+            const long long at = c + u * 256;
+            if (at >= p.d) continue;
+            if (p.cast_accumulate) {
+                const float4 *o = (const float4 *)((const float *)dst_row + at);
+                old32[u][0] = o[0], old32[u][1] = o[1];
+            } else {
+                old16[u] = *(const uint4 *)((const elem_t *)dst_row + at);
+            }
+        }
+        for (int k = 0; k < n; k++) {
+            float x;
+            const elem_t *src = entry(k, x) + c;
+#pragma unroll
+            for (int u = 0; u < QADD_UNROLL; u++)
+                if (c + u * 256 < p.d) axpy8_bf16(x, src + u * 256, s[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < QADD_UNROLL; u++) {
+            const long long at = c + u * 256;
+            if (at >= p.d) continue;
+            if (p.cast_accumulate) {
+                float4 *o = (float4 *)((float *)dst_row + at);
+                const float4 a = old32[u][0], b = old32[u][1];
+                o[0] = make_float4(a.x + scale * s[u][0], a.y + scale * s[u][1], a.z + scale * s[u][2], a.w + scale * s[u][3]);
+                o[1] = make_float4(b.x + scale * s[u][4], b.y + scale * s[u][5], b.z + scale * s[u][6], b.w + scale * s[u][7]);
+            } else {
+                unsigned wv[4] = {old16[u].x, old16[u].y, old16[u].z, old16[u].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    wv[q] = pack2_elem(bf16_lo(wv[q]) + scale * s[u][2 * q], bf16_hi(wv[q]) + scale * s[u][2 * q + 1]);
+                *(uint4 *)((elem_t *)dst_row + at) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
+            }
+        }
+    }
+}
+
+// Row `at` (elements of d) of cast_dst, fp32 or the dtype (cast_accumulate).
+__device__ __forceinline__ void *qadd_dst(const flce_row_params &p, long long at)
+{
+    return p.cast_accumulate ? (void *)((float *)p.cast_dst + at * p.d) : (void *)((elem_t *)p.cast_dst + at * p.d);
+}
+#endif
+
+// The epilogues' scalar: grad_output (mean, sum) times 1/denominator (mean); 1 for none (g_i is in
+// each dz).
 __device__ __forceinline__ float mean_scale(const flce_row_params &p);
+__device__ __forceinline__ float qadd_scale(const flce_row_params &p)
+{
+#if FLCE_REDUCTION != REDUCTION_NONE
+    const float *go = (const float *)p.grad_output;
+    return (go ? go[0] : 1.f) * mean_scale(p);
+#else
+    (void)p;
+    return 1.f;
+#endif
+}
+
+// grid as flce_qlist_count, after the chunk's dW launch (same stream): each labelled vocab row v of
+// the block (a warp per row, round robin) adds the labels' term Σ dz_i·h_i over its chunk rows i
+// (in order) to dW's row v (cast_dst: the block's row 0).
 extern "C" __global__ void __launch_bounds__(256) flce_qdw(const flce_row_params p)
 {
 #if FLCE_DTYPE == DTYPE_BF16
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const long long v0 = (long long)blockIdx.x * QLIST_BLOCK;
-    const int *start = (const int *)p.qlist_start;
-#if FLCE_REDUCTION != REDUCTION_NONE
-    const float *go = (const float *)p.grad_output;
-    const float scale = (go ? go[0] : 1.f) * mean_scale(p);
-#else
-    const float scale = 1.f; // g_i is in each dz
-#endif
+    const int *start = (const int *)p.qlist_start, *tok = (const int *)p.qlist_tok;
+    const float scale = qadd_scale(p);
     for (int r = w; r < QLIST_BLOCK && v0 + r < p.cols; r += 8) {
         const int a = start[v0 + r], e = start[v0 + r + 1];
         if (a == e) continue;
-        for (long long c = (long long)lane * 8; c < p.d; c += 32 * 8) {
-            float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-            for (int k = a; k < e; k++) {
-                const int i = ((const int *)p.qlist_tok)[k];
-                axpy8_bf16(((const float *)p.qlab)[2 * i], (const elem_t *)p.hidden + (p.row0 + i) * p.d + c, s);
-            }
-            const long long at = (v0 + r) * p.d + c; // cast_dst: the block's row 0
-            if (p.cast_accumulate) {
-                float4 *o = (float4 *)((float *)p.cast_dst + at);
-                const float4 x = o[0], y = o[1];
-                o[0] = make_float4(x.x + scale * s[0], x.y + scale * s[1], x.z + scale * s[2], x.w + scale * s[3]);
-                o[1] = make_float4(y.x + scale * s[4], y.y + scale * s[5], y.z + scale * s[6], y.w + scale * s[7]);
-            } else {
-                uint4 *o = (uint4 *)((elem_t *)p.cast_dst + at);
-                uint4 raw = *o;
-                unsigned wv[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-                for (int q = 0; q < 4; q++)
-                    wv[q] = pack2_elem(bf16_lo(wv[q]) + scale * s[2 * q], bf16_hi(wv[q]) + scale * s[2 * q + 1]);
-                *o = make_uint4(wv[0], wv[1], wv[2], wv[3]);
-            }
-        }
+        auto entry = [&](int k, float &x) {
+            const int i = tok[a + k];
+            x = ((const float *)p.qlab)[2 * i];
+            return (const elem_t *)p.hidden + (p.row0 + i) * p.d;
+        };
+        qadd_row(p, qadd_dst(p, v0 + r), e - a, entry, scale, lane);
     }
+#else
+    (void)p;
+#endif
+}
+
+// After the chunk's dH (same stream, grid: a warp per chunk row, 8 per CTA): each row's label term
+// dz_i·W_y, when its label lies in the chunk's columns, into dH's row i (cast_dst: the chunk's row
+// 0). Taken out of dH's epilogue, where gathering the W rows cost 0.25 ms of the main loop at
+// 8192×4096×128256 (bench/NOTES.md v39, v40).
+extern "C" __global__ void __launch_bounds__(256) flce_qdh(const flce_row_params p)
+{
+#if FLCE_DTYPE == DTYPE_BF16
+    const long long i = (long long)blockIdx.x * 8 + threadIdx.x / 32;
+    if (i >= p.rows) return;
+    const float dz = ((const float *)p.qlab)[2 * i];
+    const int ycol = ((const int *)p.qlab)[2 * i + 1];
+    if (ycol < 0 || dz == 0.f) return; // warp-uniform
+    auto entry = [&](int, float &x) {
+        x = dz;
+        return (const elem_t *)p.weight + (p.col0 + ycol) * p.d;
+    };
+    qadd_row(p, qadd_dst(p, i), 1, entry, qadd_scale(p), threadIdx.x % 32);
 #else
     (void)p;
 #endif
