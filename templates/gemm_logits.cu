@@ -16,7 +16,8 @@ __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi)
 #define FLCE_QROWS 0
 #endif
 // One stored pair of the compact pass: fp16 p̃ = e (exp(z − m)·2^15), or under FLCE_QROWS bf16
-// e·qk = exp(z − ref) (qk = exp(m − ref)·2^-15, one per row and tile).
+// e·qk = exp(z − ref): e = exp(z − ref) and qk = 1 (Q_REF_STATS), else qk = exp(m − ref)·2^-15, one
+// per row and tile.
 __device__ __forceinline__ unsigned pack_compact(float e0, float e1, float qk)
 {
 #if FLCE_QROWS
@@ -31,6 +32,13 @@ __device__ __forceinline__ unsigned pack_compact(float e0, float e1, float qk)
     return 0;
 #endif
 }
+#if FLCE_QROWS
+// Under FLCE_QROWS a tile's exps are taken against the stored reference ref itself (so the stored
+// values need no multiply, and the statistics are kept against ref: any reference will do for the
+// sums) — except with the argmax output, whose merge compares the tiles' maxima: there the exps are
+// against the tile's maximum, as without FLCE_QROWS, and rescaled by qk when stored.
+constexpr bool Q_REF_STATS = !OPT_ARGMAX;
+#endif
 // The Hopper TMA path stores the compact p̃ of a full tile through shared memory (STAGED_STORE,
 // gemm_wgmma_tma.cu): straight from the fragments the pass ran 8.5 % slower than the
 // statistics-only one at a locked clock (bench/NOTES.md v19).
@@ -159,7 +167,7 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
             const bool far = tile.m - c > QROWS_SPAN;
             const float ref = far ? tile.m : c;
             if (far && store && t == 0) ((int *)p.qflags)[row] = 1;
-            const float qk = ex2_approx((tile.m - ref) * 1.4426950408889634f - 15.f);
+            const float qk = Q_REF_STATS ? 1.f : ex2_approx((tile.m - ref) * 1.4426950408889634f - 15.f);
 #else
             (void)qc;
             const float ref = tile.m, qk = 1.f;
@@ -172,7 +180,12 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
             // The sums below are then in units of 2^-15 and scaled back once per row and tile
             // (exactly: a power of two). m·log2e rounds once (≤ 2^-24 relative, ~4e-6 of p at
             // |m| = 60), far below p̃'s fp16 step; m = ±inf gives what exp_le0(z − m) gives.
+            // Q_REF_STATS: exp(z − ref) ≤ e^QROWS_SPAN the same way, ref·log2e rounded once.
+#if FLCE_QROWS
+            const float mb = Q_REF_STATS ? ref * 1.4426950408889634f : tile.m * 1.4426950408889634f - 15.f;
+#else
             const float mb = tile.m * 1.4426950408889634f - 15.f;
+#endif
 #endif
 #pragma unroll
             for (int ni = 0; ni < NI; ni++) {
@@ -204,9 +217,15 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                 (void)en;
 #endif
             }
+#if FLCE_QROWS
+            if (Q_REF_STATS) tile.m = ref; // the sums' reference
+            else
+#endif
 #if FLCE_COMPACT
-            tile.s *= 1.f / COMPACT_SCALE;
-            if (OPT_ENTROPY) tile.t *= 1.f / COMPACT_SCALE;
+            {
+                tile.s *= 1.f / COMPACT_SCALE;
+                if (OPT_ENTROPY) tile.t *= 1.f / COMPACT_SCALE;
+            }
 #endif
             tile.arg = arg < 0 ? 0x7fffffffffffffffLL : p.vocab_offset + c0 + arg;
             if (tile.s != tile.s || tile.m != NEG_INF) stats_merge(run[mi][h], tile);
