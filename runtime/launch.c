@@ -958,7 +958,7 @@ void launch_log_plan(const plan *pl)
                 (long long)pl->n_vchunks, (long long)pl->chunk_cols, (double)pl->workspace_bytes / (1 << 20), why);
     else
         log_msg(LOG_DEBUG, "chunked%s: %lld token chunk(s) of %lld rows, workspace %.1f MiB%s",
-                pl->compact ? " (compact fp16 logits)" : "", (long long)pl->n_chunks, (long long)pl->chunk_rows,
+                pl->qrows ? " (compact bf16 logits, row-scaled)" : pl->compact ? " (compact fp16 logits)" : "", (long long)pl->n_chunks, (long long)pl->chunk_rows,
                 (double)pl->workspace_bytes / (1 << 20), why);
 }
 

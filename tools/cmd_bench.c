@@ -342,6 +342,7 @@ static int bench_list(const bench_opts *o)
                 snprintf(chunks, sizeof chunks, "%lld token chunks of %lld rows", (long long)pl.n_chunks,
                          (long long)pl.chunk_rows);
             const char *runs = op == FLCE_OP_FORWARD ? "forward" : pl.recompute ? "recompute"
+                               : pl.qrows ? "chunked (compact bf16 logits, row-scaled)"
                                : pl.compact ? "chunked (compact fp16 logits)" : "chunked (fp32 logits)";
             char why[128] = "forward", est[24] = "";
             if (op != FLCE_OP_FORWARD) {
