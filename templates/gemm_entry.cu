@@ -229,10 +229,11 @@ __device__ __forceinline__ void prefetch_addend(const flce_gemm_params &p, long 
 }
 #endif
 
-// Row-scaled compact logits: dH's epilogue adds each row's label term times the label's row of W
-// (gemm_grad.cu scale_rows); those rows are asked of L2 when the producer starts the tile, by its
-// whole warp (rows lane, lane + 32, …: one round of loads; dH 12.76 against 12.90 ms without at
-// 8192×4096×128256 on an H100, bench/NOTES.md v39).
+// Row-scaled compact logits with the label terms in dH's epilogue (FLCE_QDH=0; p.qlab set): it
+// adds each row's label term times the label's row of W (gemm_grad.cu scale_rows); those rows are
+// asked of L2 when the producer starts the tile, by its whole warp (rows lane, lane + 32, …: one
+// round of loads; dH 12.76 against 12.90 ms without at 8192×4096×128256 on an H100, bench/NOTES.md
+// v39). By default flce_qdh adds them after dH and this does nothing.
 __device__ __forceinline__ void prefetch_labels(const flce_gemm_params &p, long long m0, long long n0, int lane)
 {
 #if FLCE_DTYPE == DTYPE_BF16

@@ -94,9 +94,10 @@ struct flce_gemm_params {
      * dH: row_scale, 0 or an fp32 factor per row of the launch that multiplies its accumulators
      * (flce_qscale's s_i; a 0 factor gives 0 whatever the accumulator holds). */
     unsigned long long qref, qflags, row_scale;
-    /* dH with row_scale: qlab, flce_qscale's (dz, label column) pairs per row, whose dz times the
-     * label's row of B is added where that column lies in this launch's k range [qlab_k0,
-     * qlab_k0 + k) (B's row qcol − qlab_k0). */
+    /* dH with row_scale and the label terms in its epilogue (the runtime's qdh off; else 0): qlab,
+     * flce_qscale's (dz, label column) pairs per row, whose dz times the label's row of B is added
+     * where that column lies in this launch's k range [qlab_k0, qlab_k0 + k) (B's row
+     * qcol − qlab_k0). */
     unsigned long long qlab;
     long long qlab_k0;
     /* TMA path (spec tile.tma): maps of the stored A and B with the tile's boxes, encoded per
@@ -181,12 +182,14 @@ struct flce_row_params {
     unsigned long long hidden, weight, qref, qflags, row_scale, qh;
     long long d;
     /* flce_qscale: per chunk row, the label's exact dz_iy (fp32; its stored entry is set to 0) and
-     * column (int, −1 for none), which the dH and dW epilogues add (params above, qlab);
+     * column (int, −1 for none), which flce_qdh (or dH's epilogue: params above, qlab) and flce_qdw
+     * add;
      * flce_qlist_count/_fill: the chunk rows grouped by label, qlist_start (cols + 1 ints),
      * qlist_tok (rows ints), qlist_blk (one int per 128 vocab rows) */
     unsigned long long qlab, qlist_start, qlist_tok, qlist_blk;
-    /* flce_qdw: the dW rows of this launch's output (cast_dst, fp32 where cast_accumulate, else the
-     * dtype; row stride d) to which the labels' Σ dz_i·h_i are added */
+    /* flce_qdw / flce_qdh: the dW rows of this launch's output / the chunk's dH rows (cast_dst, fp32
+     * where cast_accumulate, else the dtype; row stride d) to which the labels' Σ dz_i·h_i / dz_i·W_y
+     * are added */
 };
 
 #endif

@@ -708,10 +708,10 @@ __device__ __forceinline__ void *qadd_dst(const flce_row_params &p, long long at
 }
 #endif
 
-// The epilogues' scalar: grad_output (mean, sum) times 1/denominator (mean); 1 for none (g_i is in
-// each dz).
+// The scalar the GEMM epilogues apply (and db, the labels' terms): grad_output (mean, sum) times
+// 1/denominator (mean); 1 for none (g_i is in each dz).
 __device__ __forceinline__ float mean_scale(const flce_row_params &p);
-__device__ __forceinline__ float qadd_scale(const flce_row_params &p)
+__device__ __forceinline__ float upstream_scale(const flce_row_params &p)
 {
 #if FLCE_REDUCTION != REDUCTION_NONE
     const float *go = (const float *)p.grad_output;
@@ -731,7 +731,7 @@ extern "C" __global__ void __launch_bounds__(256) flce_qdw(const flce_row_params
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const long long v0 = (long long)blockIdx.x * QLIST_BLOCK;
     const int *start = (const int *)p.qlist_start, *tok = (const int *)p.qlist_tok;
-    const float scale = qadd_scale(p);
+    const float scale = upstream_scale(p);
     for (int r = w; r < QLIST_BLOCK && v0 + r < p.cols; r += 8) {
         const int a = start[v0 + r], e = start[v0 + r + 1];
         if (a == e) continue;
@@ -763,7 +763,7 @@ extern "C" __global__ void __launch_bounds__(256) flce_qdh(const flce_row_params
         x = dz;
         return (const elem_t *)p.weight + (p.col0 + ycol) * p.d;
     };
-    qadd_row(p, qadd_dst(p, i), 1, entry, qadd_scale(p), threadIdx.x % 32);
+    qadd_row(p, qadd_dst(p, i), 1, entry, upstream_scale(p), threadIdx.x % 32);
 #else
     (void)p;
 #endif
@@ -886,8 +886,7 @@ extern "C" __global__ void __launch_bounds__(256) flce_dbias(const flce_row_para
         return;
     }
 #if FLCE_REDUCTION != REDUCTION_NONE
-    const float *go = (const float *)p.grad_output;
-    s *= (go ? go[0] : 1.f) * mean_scale(p);
+    s *= upstream_scale(p);
 #if FLCE_DTYPE == DTYPE_F16
     s *= 1.f / DZ_SCALE_F16;
 #endif
