@@ -424,8 +424,6 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
                           &g, "dH kernel");
 }
 
-/* dH of block b: one launch, or (plan dh_k_slice) one per slice of its vocab columns, each slice
- * a step of the fp32 accumulation (first and last as b's at its ends). */
 static flce_status run_rows(run *r, int kernel, const block *b);
 
 /* plan qdh: the labels' exact dz_i·W_y into the dH rows of token chunk b, after its dH launches on
@@ -442,6 +440,9 @@ static flce_status run_qdh(run *r, const block *b)
     return st;
 }
 
+/* dH of block b: one launch, or (plan dh_k_slice) one per slice of its vocab columns, each slice
+ * a step of the fp32 accumulation (first and last as b's at its ends); then (plan qdh) the labels'
+ * terms. */
 static flce_status run_dh(run *r, const block *b)
 {
     int64_t slice = r->pl->dh_k_slice;
