@@ -29,6 +29,7 @@ void config_defaults(flce_config *c)
      * chunks), 1.2 ms for dW into a caller's fp32 main_grad (H100, bench/NOTES.md, session 7) */
     c->red_acc = 1;
     c->grad_streams = 1;
+    c->dh_splits = -1;
     /* dZ formed inside dH (FLCE_DZ_CONVERT) stays off: measured slower than the dz pass (bench/NOTES.md v35) */
     c->dz_convert = 0;
     /* TP: dH's all-reduce beside dW, which leaves NCCL 32 SMs (it launched 24 CTAs on 2 and 4
@@ -112,6 +113,7 @@ void config_from_env(flce_config *c)
     c->tp_overlap_sms = config_parse_int("FLCE_TP_OVERLAP_SMS", getenv("FLCE_TP_OVERLAP_SMS"), 0, 1024, c->tp_overlap_sms);
     c->dh_bn = config_parse_int("FLCE_DH_BN", getenv("FLCE_DH_BN"), 0, 256, c->dh_bn) / 64 * 64;
     c->grad_streams = config_parse_bool("FLCE_GRAD_STREAMS", getenv("FLCE_GRAD_STREAMS"), c->grad_streams);
+    c->dh_splits = config_parse_int("FLCE_DH_SPLITS", getenv("FLCE_DH_SPLITS"), -1, PLAN_DH_SPLITS_MAX, c->dh_splits);
     c->nvrtc_fast = parse_nvrtc_fast(getenv("FLCE_NVRTC_FAST"));
 }
 
@@ -150,6 +152,7 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_TP_OVERLAP_SMS", "%d", c->tp_overlap_sms, c->tp_overlap_sms == d.tp_overlap_sms);
     CONFIG_LOG_ONE("FLCE_DH_BN", "%d", c->dh_bn, c->dh_bn == d.dh_bn);
     CONFIG_LOG_ONE("FLCE_GRAD_STREAMS", "%s", on_off(c->grad_streams), c->grad_streams == d.grad_streams);
+    CONFIG_LOG_ONE("FLCE_DH_SPLITS", "%d", c->dh_splits, c->dh_splits == d.dh_splits);
     CONFIG_LOG_ONE("FLCE_NVRTC_FAST", "%s", fast[c->nvrtc_fast], c->nvrtc_fast == d.nvrtc_fast);
 #undef CONFIG_LOG_ONE
 }

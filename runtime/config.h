@@ -59,6 +59,9 @@ typedef struct flce_config {
     int dh_bn;         /* FLCE_DH_BN: dH's tile width on the wgmma TMA path, 64/128/192/256; 0 (default):
                         * plan.c picks it from dH's wave count */
     int grad_streams;  /* FLCE_GRAD_STREAMS: dH and dW launched on two streams at once (default on) */
+    int dh_splits;     /* FLCE_DH_SPLITS: dH split over its k (vocab) into this many fp32 slabs summed
+                        * after it (plan.c plan_dh_splits); -1 (default): where dH's tiles fill under
+                        * half the SMs, 0 or 1: never */
     config_nvrtc_fast nvrtc_fast; /* FLCE_NVRTC_FAST (default off) */
 } flce_config;
 

@@ -403,6 +403,13 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
     g.a_rows = s->rows, g.a_cols = pl->ldz - off, g.lda = pl->ldz;
     g.b_rows = s->cols, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
+    int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(s->rows, pl->dh.tile.bm);
+    if (pl->dh_splits > 1) { /* one fp32 slab per split of k, [rows][d] each; sum_dh_splits adds them */
+        g.out = r->ws + pl->off_dh_split, g.out_f32 = 1, g.addend = 0, g.ldo = pl->d;
+        g.k_splits = pl->dh_splits, g.k_split = pl->dh_split_k;
+        g.out_split_stride = (unsigned long long)s->rows * (unsigned long long)pl->d * 4;
+        gy *= pl->dh_splits; /* the units tma_prepare_gemm spreads over the persistent grid */
+    }
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     TRY(check_grad_stores(&pl->dh, &g, "dH"));
@@ -411,7 +418,6 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
         g.row_scale = r->rp.row_scale;
         if (!pl->qdh) g.qlab = r->rp.qlab, g.qlab_k0 = off; /* else flce_qdh adds them after dH */
     }
-    int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(s->rows, pl->dh.tile.bm);
     TRY(tma_prepare_gemm(&pl->dh, &g, grad_slots(r->ctx, &pl->dh, r->k.dh), &gx, &gy));
     if (pl->dz_convert) {
         /* Bands of about 1.5 waves of dH tiles: the row blocks its CTAs start on first are
@@ -426,26 +432,55 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
 
 static flce_status run_rows(run *r, int kernel, const block *b);
 
-/* plan qdh: the labels' exact dz_i·W_y into the dH rows of token chunk b, after its dH launches on
- * the same stream, where they now lie: the caller's fp32 buffer (accumulate_grad_hidden) or its
- * buffer in the dtype (a token chunk completes its rows; no TP or vocab shard under qrows). */
-static flce_status run_qdh(run *r, const block *b)
+/* plan qdh: the labels' exact dz_i·W_y into the dH rows of token chunk b at dst (its row 0; fp32
+ * where f32, else the dtype), after its dH launches on the same stream, where they now lie: the
+ * caller's buffer or (dh_splits) the first fp32 slab. A token chunk completes its rows; no TP or
+ * vocab shard under qrows. */
+static flce_status run_qdh(run *r, const block *b, unsigned long long dst, int f32)
 {
     struct flce_row_params keep = r->rp;
-    int f32 = r->p->accumulate_grad_hidden;
-    r->rp.cast_dst = addr(r->t->grad_hidden) + (uint64_t)(b->row0 * r->pl->d) * (f32 ? 4 : r->es);
+    r->rp.cast_dst = dst;
     r->rp.cast_accumulate = f32;
     flce_status st = run_rows(r, K_QDH, b);
     r->rp = keep;
     return st;
 }
 
+/* The rows of block b in the caller's dH: fp32 (accumulate_grad_hidden) or the dtype. */
+static unsigned long long dh_rows_at(const run *r, const block *b)
+{
+    return addr(r->t->grad_hidden) + (uint64_t)(b->row0 * r->pl->d) * (r->p->accumulate_grad_hidden ? 4 : r->es);
+}
+
+/* plan dh_splits: (plan qdh) the labels' terms into the first fp32 slab, then one flce_cast sums
+ * the slabs in order into dH's rows of block b, stored in the dtype or added to the caller's fp32
+ * buffer: one rounding, the same bits every run. */
+static flce_status sum_dh_splits(run *r, const block *b)
+{
+    const plan *pl = r->pl;
+    unsigned long long slabs = r->ws + pl->off_dh_split;
+    long long count = (long long)b->rows * (long long)pl->d;
+    if (pl->qdh) TRY(run_qdh(r, b, slabs, 1));
+    struct flce_row_params keep = r->rp;
+    block none = {0, 0, 0, 0, 1, 1};
+    r->rp.cast_src = slabs, r->rp.cast_splits = pl->dh_splits, r->rp.cast_split_stride = count;
+    r->rp.cast_count = count, r->rp.cast_scale = 0;
+    r->rp.cast_dst = dh_rows_at(r, b), r->rp.cast_accumulate = r->p->accumulate_grad_hidden;
+    flce_status st = run_rows(r, K_CAST, &none);
+    r->rp = keep;
+    return st;
+}
+
 /* dH of block b: one launch, or (plan dh_k_slice) one per slice of its vocab columns, each slice
- * a step of the fp32 accumulation (first and last as b's at its ends); then (plan qdh) the labels'
- * terms. */
+ * a step of the fp32 accumulation (first and last as b's at its ends), or (plan dh_splits) one
+ * launch into per-split slabs that sum_dh_splits adds up; then (plan qdh) the labels' terms. */
 static flce_status run_dh(run *r, const block *b)
 {
     int64_t slice = r->pl->dh_k_slice;
+    if (r->pl->dh_splits > 1) {
+        TRY(run_dh_part(r, b, b));
+        return sum_dh_splits(r, b);
+    }
     if (!slice || b->cols <= slice) {
         TRY(run_dh_part(r, b, b));
     } else {
@@ -456,7 +491,7 @@ static flce_status run_dh(run *r, const block *b)
             TRY(run_dh_part(r, &s, b));
         }
     }
-    return r->pl->qdh ? run_qdh(r, b) : FLCE_OK;
+    return r->pl->qdh ? run_qdh(r, b, dh_rows_at(r, b), r->p->accumulate_grad_hidden) : FLCE_OK;
 }
 
 /* dW's tile counter (plan dw_dynamic) zeroed on the caller's stream, before any launch that takes

@@ -308,6 +308,7 @@ static int grads_overlap(const plan *pl, int num_sms)
     int64_t launches = pl->recompute ? pl->n_vchunks : pl->n_chunks;
     int64_t rows = pl->recompute ? pl->n : pl->chunk_rows;
     int64_t tiles = ceil_div(rows, pl->dh.tile.bm) * ceil_div(pl->d, pl->dh.tile.bn);
+    if (pl->dh_splits > 1) tiles *= pl->dh_splits; /* its units */
     return pl->grad_streams_wanted && (launches > 1 || wave_stretch(tiles, num_sms) > 1 / 0.9);
 }
 
@@ -320,6 +321,7 @@ double plan_estimate_ms(const flce_problem *p, const plan *pl, int num_sms)
     double pass = 2 * n * v * d / PLAN_GEMM_RATE;
     int64_t dh_rows = pl->recompute ? pl->n : pl->chunk_rows;
     int64_t dh_tiles = ceil_div(dh_rows, pl->dh.tile.bm) * ceil_div(pl->d, pl->dh.tile.bn);
+    if (pl->dh_splits > 1) dh_tiles *= pl->dh_splits; /* (its units; known once the plan is made) */
     /* recompute's own forward pass only in a training call: backward starts from the saved lse */
     int forward_pass = pl->recompute && pl->op == FLCE_OP_LOSS_AND_GRAD;
     /* dH's idle SMs are dW's when the two run at once */
@@ -473,6 +475,9 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
             pl->off_dh_acc = take(&cur, (pl->recompute ? n : (uint64_t)pl->chunk_rows) * (uint64_t)pl->d * 4);
         if (pl->need_db_acc) pl->off_db_acc = take(&cur, (uint64_t)pl->v * 4);
         if (pl->need_dh_tp) pl->off_dh_tp = take(&cur, n * (uint64_t)pl->d * 4);
+        if (pl->dh_splits > 1)
+            pl->off_dh_split = take(&cur, (uint64_t)pl->dh_splits * (uint64_t)(pl->recompute ? pl->n : pl->chunk_rows) *
+                                              (uint64_t)pl->d * 4);
         if (pl->dw_dynamic) pl->off_tile_counter = take(&cur, 8);
         if (pl->dz_convert) { /* gemm_dz_convert.cu: 2 words, then one per (dH row block, 512 columns) */
             uint64_t blocks = (uint64_t)ceil_div(pl->chunk_rows, pl->dh.tile.bm);
@@ -496,7 +501,7 @@ static void plan_grad_stores(const flce_problem *p, plan *pl)
 {
     int bits16 = p->dtype != FLCE_DTYPE_F32;
     kernel_spec *dh = &pl->dh, *dw = &pl->dw;
-    int dh_plain = bits16 && !pl->need_dh_tp && !p->accumulate_grad_hidden && !pl->need_dh_acc;
+    int dh_plain = bits16 && !pl->need_dh_tp && !p->accumulate_grad_hidden && !pl->need_dh_acc && pl->dh_splits <= 1;
     int dw_plain = bits16 && !p->accumulate_grad_weight && !pl->need_dw_acc;
     dh->plain_out = dh_plain && hopper_tma(dh) && pl->d % dh->tile.bn == 0;
     dw->plain_out = dw_plain && hopper_tma(dw) && pl->d % dw->tile.bn == 0;
@@ -516,12 +521,51 @@ static void plan_grad_stores(const flce_problem *p, plan *pl)
  * FLCE_DH_BN forces a width; tuned tiles stay. */
 static double dh_col_cost(int bn) { return bn >= 256 ? 1.0 : bn >= 192 ? PLAN_DH_COST_192 : PLAN_DH_COST_128; }
 
+/* dH's one launch split over its k (plan.h dh_splits) where its tiles would fill under half the SMs:
+ * S units per 256-wide tile, each over k / S vocab columns into an fp32 slab, summed after (about
+ * 12 bytes per dH element more: 16 MiB at 512×4096 with S = 2). A wider tile at full rate instead
+ * of a narrow one: 512×4096×128256 on an H100 (d1 of bench/NOTES.md session 14) ran dH 128 wide
+ * (128 tiles) at 855 µs and cuBLAS its split-K 256×128 tiles at 758 µs, at ncu's locked clock.
+ * Cost per split count as plan_dh_width's: waves of units / S, ties to fewer splits; a forced
+ * FLCE_DH_SPLITS is taken as long as every split keeps 64 columns. Only one dH launch (no token or
+ * vocab chunks, no k slices), no TP, no cluster, no dZ formed in dH's operand path, and with
+ * row-scaled logits only where flce_qdh adds the labels' terms. */
+static int plan_dh_splits(const flce_config *cfg, int num_sms, const plan *pl, int64_t blocks, int64_t launches)
+{
+    int64_t k = pl->recompute ? pl->chunk_cols : pl->v;
+    int64_t k_max = pl->dh_k_slice_max;
+    if (cfg->dh_splits == 0 || cfg->dh_splits == 1 || !hopper_tma(&pl->dh) || pl->dh.cluster || launches != 1 ||
+        pl->collective || pl->tp > 1 || pl->sp || cfg->dz_operand || cfg->dz_convert || (pl->qrows && !pl->qdh) ||
+        pl->dh.dtype == FLCE_DTYPE_F32 || (k_max > 0 && k > k_max) || num_sms <= 0)
+        return 1;
+    int64_t tiles = blocks * ceil_div(pl->d, pl->dh.tile.bn);
+    if (cfg->dh_splits > 1) return k / cfg->dh_splits >= 64 ? cfg->dh_splits : 1;
+    if (2 * tiles > num_sms) return 1;
+    int best = 1;
+    double best_cost = (double)ceil_div(tiles, num_sms);
+    for (int s = 2; s <= PLAN_DH_SPLITS_MAX && k / s >= PLAN_DH_SPLIT_MIN_K; s++) {
+        double cost = (double)ceil_div(tiles * s, num_sms) / s;
+        if (cost < best_cost) best_cost = cost, best = s;
+    }
+    return best;
+}
+
 static void plan_dh_width(const flce_config *cfg, int num_sms, plan *pl)
 {
     if (!hopper_tma(&pl->dh) || pl->tiles_tuned || num_sms <= 0) return;
     int64_t rows = pl->recompute ? pl->n : pl->chunk_rows, blocks = ceil_div(rows, pl->dh.tile.bm);
     int64_t launches = pl->recompute ? pl->n_vchunks : pl->n_chunks;
     int best = pl->dh.tile.bn;
+    if (pl->dh.tile.bn == 256 && !cfg->dh_bn) {
+        pl->dh_splits = plan_dh_splits(cfg, num_sms, pl, blocks, launches);
+        if (pl->dh_splits > 1) {
+            int64_t k = pl->recompute ? pl->chunk_cols : pl->v;
+            pl->dh_split_k = ceil_div(ceil_div(k, pl->dh_splits), 64) * 64;
+            pl->dh_splits = (int)ceil_div(k, pl->dh_split_k); /* (no empty split) */
+            return;
+        }
+        pl->dh_splits = 0;
+    }
     if (cfg->dh_bn) {
         best = cfg->dh_bn;
     } else if (pl->dh.tile.bn == 256 && launches == 1) {

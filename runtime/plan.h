@@ -24,6 +24,11 @@
  * of 1.05e9 and 2.1e9) 0.3-0.5 ms faster, 4096×2048×32000 (1.3e8) even, 512×4096×128256 (6.6e7)
  * 0.05 ms slower: its added kernels cost more than the small dz pass they replace. */
 #define PLAN_QROWS_MIN_LOGITS (1ll << 29)
+/* dH split over its k (plan.c plan_dh_width, dh_splits): at most this many splits, each over at
+ * least PLAN_DH_SPLIT_MIN_K vocab columns (a main loop long enough to hide its pipeline's fill and
+ * its fp32 slab's store). */
+#define PLAN_DH_SPLITS_MAX 8
+#define PLAN_DH_SPLIT_MIN_K 8192
 /* The statistics all-gather of TP: each rank's block is a header of FLCE_TP_HEADER words, then
  * FLCE_TP_RECORD words per token row (templates/params.h). */
 uint64_t plan_tp_block_bytes(int64_t rows);
@@ -118,6 +123,13 @@ typedef struct plan {
      * up in fp32 (0: one launch over the whole shard) */
     int64_t dh_k_slice;
     int64_t dh_k_slice_max; /* FLCE_DH_K_SLICE (config.h), default PLAN_DH_K_SLICE */
+    /* dH's one launch split over its k (the vocab columns) where its output tiles would fill under
+     * half the SMs (small token counts: 64 tiles at 512×4096): dh_splits > 1 units per tile, each
+     * over dh_split_k columns (a multiple of 64), stored to its own fp32 slab of rows × D at
+     * off_dh_split; one flce_cast sums the slabs in order into grad_hidden (deterministic). */
+    int dh_splits;
+    int64_t dh_split_k;
+    uint64_t off_dh_split;
     int64_t stat_rows;    /* rows the statistics arrays (target, partials) hold */
     /* TP: this rank's block of the statistics all-gather and all ranks' blocks; the fp32 dH that
      * is all-reduced (or reduce-scattered); SP: the gathered inputs and all-token outputs. */

@@ -172,6 +172,20 @@ __device__ __forceinline__ void tile_origin(const flce_gemm_params &p, long long
     m0 = (first + w % rows_here) * BM, n0 = w / rows_here * BN;
 }
 
+// Unit u of the persistent walk: with a split of k (params.h k_splits, dH), the output tile
+// u % tiles over the k columns [kb, kb + kn) of split u / tiles, stored to that split's fp32 slab
+// (out); without, tile u over all of k, stored to p.out.
+__device__ __forceinline__ void unit_origin(const flce_gemm_params &p, long long u, long long tiles, long long tiles_m,
+                                            long long tiles_n, long long &m0, long long &n0, long long &kb,
+                                            long long &kn, unsigned long long &out)
+{
+    const long long s = p.k_splits > 1 ? u / tiles : 0;
+    tile_origin(p, u - s * tiles, tiles_m, tiles_n, m0, n0);
+    kb = s * p.k_split;
+    kn = p.k_splits > 1 && p.k - kb > p.k_split ? p.k_split : p.k - kb;
+    out = p.out + (unsigned long long)s * p.out_split_stride;
+}
+
 #if FLCE_DZ_OPERAND
 // The first row of tile t of the persistent walk (the dZ operand's dynamic order, gemm_wgmma_tma.cu).
 __device__ long long dh_dw_tile_m0(const flce_gemm_params &p, long long t)
@@ -294,11 +308,13 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
         pair_origin(p, q, pair_rows, tiles_n, pr, n0);
         const long long rb = 2 * pr + rank;
         mainloop(acc, smem, p, it, wm / 4, nullptr, nullptr, (rb < tiles_m ? rb : 2 * pr) * BM);
-        if (rb < tiles_m) grad_epilogue(acc, p, rb * BM, n0, wm, wn, lane, scale, smem);
+        if (rb < tiles_m) grad_epilogue(acc, p, rb * BM, n0, wm, wn, lane, scale, smem, p.out);
     }
 #else
 #if FLCE_TMA
     const long long tiles_n = (p.n + BN - 1) / BN, tiles_m = (p.m + BM - 1) / BM, tiles = tiles_n * tiles_m;
+    // the static walk's units: the tiles, times the splits of k (never with the tile counter)
+    const long long units = p.k_splits > 1 ? tiles * p.k_splits : tiles;
     int it = 0;
     pipe_init(smem);
     if (threadIdx.x < PRODUCER_THREADS) {
@@ -342,13 +358,14 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
         } else
 #endif
         if (threadIdx.x < 32)
-            for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
-                long long m0, n0;
-                tile_origin(p, t, tiles_m, tiles_n, m0, n0);
+            for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+                long long m0, n0, kb, kn;
+                unsigned long long out;
+                unit_origin(p, u, tiles, tiles_m, tiles_n, m0, n0, kb, kn, out);
                 prefetch_labels(p, m0, n0, lane0);
                 if (lane0 == 0) {
                     prefetch_addend(p, m0, n0);
-                    produce(p, smem, m0, n0, 1, it);
+                    produce(p, smem, m0, n0, 1, it, nullptr, 0, kb, kn);
                 }
                 __syncwarp();
             }
@@ -378,23 +395,25 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
     // each is inlined, and two copies of them (dynamic and static order) made this kernel 2x the
     // code and its NVRTC compile the longest of a call's first compiles (issue 16).
     for (int i = 0;; i++) {
-        long long t = blockIdx.x + (long long)i * gridDim.x, m0 = 0, n0 = 0;
+        long long t = blockIdx.x + (long long)i * gridDim.x, m0 = 0, n0 = 0, kb = 0, kn = -1;
+        unsigned long long out = p.out;
         if (!dynamic) {
-            if (t >= tiles) break;
-            tile_origin(p, t, tiles_m, tiles_n, m0, n0);
+            if (t >= units) break;
+            unit_origin(p, t, tiles, tiles_m, tiles_n, m0, n0, kb, kn, out);
         }
 #if FLCE_TCGEN05
         mainloop(acc, smem, p, it, wm / 4, nullptr, nullptr, m0);
 #else
-        if (!mainloop(acc, smem, p, it, wm / 4, dynamic ? tile_ring(smem) + i % TILE_RING : nullptr, &t, m0)) break;
+        if (!mainloop(acc, smem, p, it, wm / 4, dynamic ? tile_ring(smem) + i % TILE_RING : nullptr, &t, m0, kn)) break;
 #endif
-        tile_origin(p, t, tiles_m, tiles_n, m0, n0);
-        grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale, smem);
+        (void)kb;
+        if (dynamic) tile_origin(p, t, tiles_m, tiles_n, m0, n0);
+        grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale, smem, out);
     }
 #else
     const long long n0 = (long long)blockIdx.x * BN, m0 = (long long)blockIdx.y * BM;
     mainloop(acc, smem, p, m0, n0, wm, wn, lane);
-    grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale, smem);
+    grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale, smem, p.out);
 #endif
 #endif // FLCE_CLUSTER
 }

@@ -89,9 +89,10 @@ __device__ __forceinline__ void scale_rows(float (&acc)[MI][NI][4], const flce_g
 #endif
 }
 
+// `out`: p.out, or (a split of k, params.h k_splits) the split's fp32 slab.
 __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
                                               long long n0, int wm, int wn, int lane, float scale,
-                                              unsigned char *smem)
+                                              unsigned char *smem, unsigned long long out)
 {
     scale_rows(acc, p, m0, n0, wm, wn, lane);
 #if FLCE_GRAD_RED
@@ -110,7 +111,7 @@ __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flc
         for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int h = 0; h < 2; h++) pk[ni][h] = pack2_elem(acc[0][ni][2 * h] * scale, acc[0][ni][2 * h + 1] * scale);
-        staged_store(pk, (unsigned short *)p.out, p.ldo, p.m, p.n, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
+        staged_store(pk, (unsigned short *)out, p.ldo, p.m, p.n, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
         return;
     }
 #else
@@ -143,10 +144,10 @@ __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flc
                     const long long at = at0 + ni * 8;
                     float v0 = acc[mi][ni][2 * h] * scale + add[i].x, v1 = acc[mi][ni][2 * h + 1] * scale + add[i].y;
                     if (p.out_f32 || FLCE_DTYPE == DTYPE_F32) {
-                        *(float2 *)((float *)p.out + at) = make_float2(v0, v1);
+                        *(float2 *)((float *)out + at) = make_float2(v0, v1);
                     } else {
                         unsigned packed = (unsigned)from_f32(v0) | ((unsigned)from_f32(v1) << 16);
-                        *(unsigned *)((elem_t *)p.out + at) = packed;
+                        *(unsigned *)((elem_t *)out + at) = packed;
                     }
                 }
             }

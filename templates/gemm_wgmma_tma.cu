@@ -192,22 +192,24 @@ __device__ __forceinline__ long long *tile_ring(unsigned char *smem)
 
 // Producer (one thread): every k-tile of n_tiles output tiles (m0, n0 + i·BN), in the consumers'
 // order; `it` carries the pipeline position from call to call. With `slot`, the tile's number
-// `tile` goes into it with the first k-tile (dynamic tile order, one tile per call).
+// `tile` goes into it with the first k-tile (dynamic tile order, one tile per call). kn ≥ 0: only
+// the kn columns of k from kb (a split of dH's k, params.h k_splits); else all of k.
 __device__ void produce(const flce_gemm_params &p, unsigned char *smem, long long m0, long long n0, long long n_tiles,
-                        int &it, long long *slot = nullptr, long long tile = 0)
+                        int &it, long long *slot = nullptr, long long tile = 0, long long kb = 0, long long kn = -1)
 {
-    const int ktiles = (int)((p.k + BK - 1) / BK);
+    const int ktiles = (int)(((kn < 0 ? p.k : kn) + BK - 1) / BK);
     for (long long t = 0; t < n_tiles; t++)
         for (int kt = 0; kt < ktiles; kt++, it++) {
             const int s = it % STAGES;
-            dzc_wait(p, m0, (long long)kt * BK); // FLCE_DZ_CONVERT: the k-tile's dZ is formed
+            const int k = (int)kb + kt * BK;
+            dzc_wait(p, m0, (long long)k); // FLCE_DZ_CONVERT: the k-tile's dZ is formed
             mbar_wait(empty_bar(smem, s), ((it / STAGES) & 1) ^ 1);
             if (slot && kt == 0) *(volatile long long *)slot = tile;
             const unsigned full = full_bar(smem, s);
             mbar_arrive_expect_tx(full, STAGE_BYTES);
             unsigned char *stage = smem + s * STAGE_BYTES;
-            tma_operand<BM, A_KMAJOR>(stage, &p.tmap_a, (int)m0, kt * BK, full);
-            tma_operand<BN, B_KMAJOR>(stage + A_BYTES, &p.tmap_b, (int)(n0 + t * BN), kt * BK, full);
+            tma_operand<BM, A_KMAJOR>(stage, &p.tmap_a, (int)m0, k, full);
+            tma_operand<BN, B_KMAJOR>(stage + A_BYTES, &p.tmap_b, (int)(n0 + t * BN), k, full);
         }
 }
 // Dynamic tile order: no tile is left; the consumers learn it at pipeline position `it` (a plain
@@ -540,16 +542,18 @@ __device__ __forceinline__ void dzop_hold(unsigned (&a)[4][4])
 // Consumer warpgroup wg: acc = this warpgroup's 64 rows of the next output tile. `it` carries the
 // pipeline position from tile to tile. With `slot` (dynamic tile order), *tile = the number the
 // producer put there with the first k-tile; false (nothing computed) when it says no tile is left.
-// m0: the tile's first row (static order; FLCE_DZ_OPERAND needs it).
+// m0: the tile's first row (static order; FLCE_DZ_OPERAND needs it). kn ≥ 0: the tile's k-tiles
+// cover kn columns (a split of k, as produce's), else all of k.
 __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flce_gemm_params &p, int &it, int wg,
-                         const long long *slot = nullptr, long long *tile = nullptr, long long m0 = 0)
+                         const long long *slot = nullptr, long long *tile = nullptr, long long m0 = 0,
+                         long long kn = -1)
 {
     if (slot) { // before any wgmma of this tile (the loop's first wait then passes at once)
         mbar_wait(full_bar(smem, it % STAGES), (it / STAGES) & 1);
         *tile = *(const volatile long long *)slot;
         if (*tile < 0) return false;
     }
-    const int ktiles = (int)((p.k + BK - 1) / BK);
+    const int ktiles = (int)(((kn < 0 ? p.k : kn) + BK - 1) / BK);
 #pragma unroll
     for (int j = 0; j < NI; j++)
 #pragma unroll

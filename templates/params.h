@@ -65,6 +65,11 @@ struct flce_gemm_params {
                                      group; tile_max then holds each (row, group)'s dz factor, target
                                      the label's dz, labels/vocab_offset/ignore_index/vocab_total
                                      as for logits (gemm_wgmma_tma.cu) */
+    int k_splits;                 /* dH on the wgmma TMA path, static walk (runtime plan dh_splits): > 1
+                                     walks k_splits × the output tiles: unit u is tile u % tiles over
+                                     k columns [s·k_split, min(k, (s + 1)·k_split)), s = u / tiles,
+                                     stored in fp32 (out_f32, no addend) to out + s·out_split_stride
+                                     bytes; flce_cast sums the slabs in order. 0 or 1: no split */
     unsigned long long scale_grad;  /* fp32 upstream gradient (1 value) or 0 for 1 */
     unsigned long long scale_count; /* float: Σ over valid tokens of w_y (the count without weights) */
     /* dH/dW on the wgmma TMA path without clusters: 0, or a zeroed 64-bit counter from which the
@@ -100,6 +105,8 @@ struct flce_gemm_params {
      * qcol − qlab_k0). */
     unsigned long long qlab;
     long long qlab_k0;
+    long long k_split;                   /* with k_splits: k columns per split, a multiple of BK */
+    unsigned long long out_split_stride; /* with k_splits: bytes from one split's fp32 slab to the next */
     /* TMA path (spec tile.tma): maps of the stored A and B with the tile's boxes, encoded per
      * launch by runtime/tma.c; unused (zero) otherwise. */
     struct flce_tmap tmap_a, tmap_b;
@@ -161,6 +168,10 @@ struct flce_row_params {
     unsigned long long cast_src;    /* flce_cast: fp32 values */
     unsigned long long cast_dst;    /* flce_cast: dtype values, or fp32 ones to add into */
     long long cast_count;
+    /* flce_cast: cast_src holds cast_splits > 1 slabs of cast_count fp32 values, cast_split_stride
+     * values apart (dH split over k: params.h k_splits), summed in slab order; 0 or 1: one */
+    long long cast_split_stride;
+    int cast_splits;
     /* flce_dz over compact logits (the logits pass's FLCE_COMPACT store): z holds fp16 p̃ =
      * exp(z − m)·2^15, tile_max the fp32 m per (row, tile_cols-wide group), row stride
      * tile_max_ld; 0 when z holds fp32 logits. dz then overwrites p̃ in place. */

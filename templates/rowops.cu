@@ -212,7 +212,8 @@ __device__ __forceinline__ void scale_in_place(const flce_row_params &p, float g
     for (long long j = vec + first; j < p.cast_count; j += threads) dst[j] = from_f32(to_f32(dst[j]) * g);
 }
 
-// Grid-stride over cast_count values, 4 at a time (counts are multiples of D, a multiple of 8).
+// Grid-stride over cast_count values, 4 at a time (counts are multiples of D, a multiple of 8),
+// each the sum of cast_splits slabs in slab order (one without splits).
 // With cast_scale: the in-place scaling of flce_scale_gradients instead.
 extern "C" __global__ void __launch_bounds__(256) flce_cast(const flce_row_params p)
 {
@@ -223,7 +224,12 @@ extern "C" __global__ void __launch_bounds__(256) flce_cast(const flce_row_param
     }
     long long stride = (long long)gridDim.x * blockDim.x * 4;
     for (long long j = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; j < p.cast_count; j += stride) {
-        float4 v = *(const float4 *)((const float *)p.cast_src + j);
+        const float *src = (const float *)p.cast_src + j;
+        float4 v = *(const float4 *)src;
+        for (int s = 1; s < p.cast_splits; s++) {
+            const float4 w = *(const float4 *)(src + s * p.cast_split_stride);
+            v = make_float4(v.x + w.x, v.y + w.y, v.z + w.z, v.w + w.w);
+        }
         if (p.cast_accumulate) {
             float4 *d = (float4 *)((float *)p.cast_dst + j);
             float4 o = *d;

@@ -499,8 +499,9 @@ static void dh_tiles_narrow_where_the_last_wave_would_idle(void)
     CHECK(pl.n_chunks > 1 && pl.dh.tile.bn == 256 && pl.concurrent_grads);
     p = problem(512, 4096, 128256, FLCE_DTYPE_BF16); /* 64 tiles: one half-empty wave → 128 of 128 */
     p.vocab_total = 128256;
+    cfg.dh_splits = 0; /* (by default split over k instead: dh_splits_where_tiles_leave_most_sms_idle) */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.dh.tile.bn == 128 && !pl.concurrent_grads);
+    CHECK(pl.dh.tile.bn == 128 && !pl.concurrent_grads && pl.dh_splits == 0);
     cfg.dh_bn = 192;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.dh.tile.bn == 192);
@@ -513,6 +514,64 @@ static void dh_tiles_narrow_where_the_last_wave_would_idle(void)
     cfg.portable = 1;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.dh.tile.bn == spec_tile_pick(89, FLCE_DTYPE_BF16, ROLE_DH, cfg.tiles).bn);
+}
+
+/* dH's one launch splits over k where its 256-wide tiles fill under half the SMs (plan_dh_splits):
+ * S units per tile into fp32 slabs in the workspace, the count with the fewest waves per split;
+ * never with token or vocab chunks, TP, clusters, or the label terms in dH's epilogue. */
+static void dh_splits_where_tiles_leave_most_sms_idle(void)
+{
+    flce_config cfg;
+    config_defaults(&cfg);
+    plan pl, off;
+    flce_problem p = problem(512, 4096, 128256, FLCE_DTYPE_BF16); /* 64 tiles of 256 on 132 SMs */
+    p.vocab_total = 128256;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh_splits == 2 && pl.dh.tile.bn == 256 && !pl.dh.plain_out && pl.dw.plain_out);
+    CHECK(pl.dh_split_k % 64 == 0 && pl.dh_split_k * 2 >= 128256 && pl.dh_split_k < 128256);
+    CHECK(pl.off_dh_split > 0 && !pl.concurrent_grads); /* 128 units: one full wave */
+    cfg.dh_splits = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &off) == FLCE_OK);
+    CHECK(off.dh_splits == 0 && off.off_dh_split == 0);
+    CHECK(pl.workspace_bytes >= off.workspace_bytes + 2ull * 512 * 4096 * 4); /* the slabs */
+    config_defaults(&cfg);
+    p = problem(256, 4096, 128256, FLCE_DTYPE_BF16); /* 32 tiles: 4 splits make 128 units */
+    p.vocab_total = 128256;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh_splits == 4 && (pl.dh_splits - 1) * pl.dh_split_k < 128256);
+    p = problem(256, 4096, 20000, FLCE_DTYPE_BF16); /* splits of at least 8192 columns: 2 */
+    p.vocab_total = 20000;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh_splits == 2);
+    p = problem(1024, 4096, 128256, FLCE_DTYPE_BF16); /* 128 tiles: one wave already */
+    p.vocab_total = 128256;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh_splits == 0);
+    p = problem(512, 4096, 128256, FLCE_DTYPE_BF16);
+    p.vocab_total = 128256;
+    p.memory_budget = 64ull << 20; /* two token or vocab chunks: two dH launches */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK((pl.n_chunks > 1 || pl.n_vchunks > 1) && pl.dh_splits == 0);
+    p.memory_budget = 0;
+    CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh_splits == 0);
+    cfg.dh_splits = 3; /* forced, where the rule would take 2 */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh_splits == 3 && pl.dh_split_k * 3 >= 128256);
+    cfg.cluster = 2;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh_splits == 0);
+    config_defaults(&cfg);
+    cfg.qrows = 1, cfg.qdh = 0; /* the labels' terms in dH's epilogue need the whole k */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.qrows && pl.dh_splits == 0);
+    cfg.qdh = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.qrows && pl.dh_splits == 2);
+    config_defaults(&cfg);
+    p.tp_size = 2, p.tp_rank = 0, p.vocab_shard = 64128; /* TP: dH is summed across ranks in fp32 */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh_splits == 0);
 }
 
 /* FLCE_GRAD_STREAMS (default on): dH and dW at once where both are asked for, dW can take its
@@ -647,5 +706,6 @@ int main(void)
     RUN(the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw);
     RUN(dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted);
     RUN(dh_tiles_narrow_where_the_last_wave_would_idle);
+    RUN(dh_splits_where_tiles_leave_most_sms_idle);
     FINISH();
 }
