@@ -588,8 +588,13 @@ static flce_status run_rows(run *r, int kernel, const block *b)
         /* the bf16 dZ operand reads packed words (templates/gemm_wgmma_tma.cu dzop_form) */
         rp.dz_pack = r->pl->dz_operand && r->p->dtype == FLCE_DTYPE_BF16;
         return launch(r->k.row[K_DZ_FACTORS], b->rows, 1, 256, 0, r->stream, &rp, "dz factors kernel");
-    case K_QREF: /* a warp per 4 rows (rowops.cu QREF_ROWS) */
-        return launch(r->k.row[K_QREF], ceil_div(b->rows, 32), 1, 256, 0, r->stream, &rp, "qref kernel");
+    case K_QREF: { /* groups of G warps per 4 rows (rowops.cu QREF_ROWS), 8 warps per CTA: G as
+                    * small as keeps a CTA on every SM */
+        int g = 1;
+        while (g < 8 && ceil_div(b->rows, 32) * g < r->ctx->num_sms) g *= 2;
+        rp.qref_warps = g;
+        return launch(r->k.row[K_QREF], ceil_div(b->rows * g, 32), 1, 256, 0, r->stream, &rp, "qref kernel");
+    }
     case K_QSCALE:
         return launch(r->k.row[K_QSCALE], b->rows, 1, 256, 0, r->stream, &rp, "qscale kernel");
     case K_QDH: /* a warp per row */

@@ -192,6 +192,7 @@ struct flce_row_params {
      * the label's entry of z (the compact logits). */
     unsigned long long hidden, weight, qref, qflags, row_scale, qh;
     long long d;
+    int qref_warps;                 /* flce_qref: warps per group of rows, each a slice of d (1, 2, 4, 8) */
     /* flce_qscale: per chunk row, the label's exact dz_iy (fp32; its stored entry is set to 0) and
      * column (int, −1 for none), which flce_qdh (or dH's epilogue: params above, qlab) and flce_qdw
      * add;

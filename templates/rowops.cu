@@ -411,27 +411,32 @@ __device__ __forceinline__ void axpy8_bf16(float d, const elem_t *h, float (&s)[
 // largest of QREF_SAMPLES logits at evenly spaced columns of the shard and the label's (when it
 // lies in the shard), in fp32 from the bf16 operands. Any logit of the row will do as long as the
 // row's maximum lies within QROWS_SPAN above it; the samples make that the common case (a row whose
-// maximum lies further costs a rescale in flce_qscale, not accuracy). qflags zeroed here. A warp
-// per QREF_ROWS rows, 8 warps per CTA; d is a multiple of 8 (16-byte vectors).
+// maximum lies further costs a rescale in flce_qscale, not accuracy). qflags zeroed here. A group of
+// p.qref_warps warps (1, 2, 4 or 8: launch.c, so that few rows still fill the SMs) per QREF_ROWS
+// rows, each warp a slice of d, summed over the group through shared memory in warp order; 8 warps
+// per CTA; d is a multiple of 8 (16-byte vectors).
 #define QREF_ROWS 4
-extern "C" __global__ void __launch_bounds__(256) flce_qref(const flce_row_params p)
+extern "C" __global__ void __launch_bounds__(256, 1) flce_qref(const flce_row_params p)
 {
 #if FLCE_DTYPE == DTYPE_BF16 // (bf16 only: runtime/plan.c; every rowops module has the entry)
     constexpr int S = QREF_SAMPLES, R = QREF_ROWS;
-    const long long i0 = ((long long)blockIdx.x * 8 + threadIdx.x / 32) * R;
+    __shared__ float part[8][R][S + 1];
+    const int G = p.qref_warps > 1 ? p.qref_warps : 1, warp = threadIdx.x / 32, sub = warp % G;
+    const long long i0 = ((long long)blockIdx.x * (8 / G) + warp / G) * R;
     const int lane = threadIdx.x % 32;
-    if (i0 >= p.rows) return;
+    const bool active = i0 < p.rows; // uniform over the group
     // Each lane's 8 hidden values of a 256-wide slice of R rows against the S sampled weight rows
     // (shared by the rows: loaded once per slice) and each row's label row, all loads of a step in
     // flight at once. One dependent chain per sample took 0.38 ms at 8192×4096 (latency-bound), a
-    // warp per row re-reading the samples 0.10 ms (bench/NOTES.md v39, v40).
+    // warp per row re-reading the samples 0.10 ms (bench/NOTES.md v39, v40); at 512 rows one warp
+    // per 4 rows filled 16 SMs for 37 µs (session 14).
     const elem_t *ws[S], *h[R], *wl[R];
     bool lab[R];
 #pragma unroll
     for (int k = 0; k < S; k++) ws[k] = (const elem_t *)p.weight + (p.col0 + (2 * k + 1) * p.cols / (2 * S)) * p.d;
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const long long i = i0 + r < p.rows ? i0 + r : i0; // a row past the chunk repeats row i0
+        const long long i = i0 + r < p.rows ? i0 + r : (active ? i0 : 0); // a row past the chunk repeats one
         const long long y = load_label(p.labels, p.row0 + i);
         const long long ly = label_valid(y, p) ? y - p.chunk_offset : -1;
         lab[r] = ly >= 0 && ly < p.cols;
@@ -443,7 +448,7 @@ extern "C" __global__ void __launch_bounds__(256) flce_qref(const flce_row_param
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int k = 0; k <= S; k++) acc[r][k] = 0.f;
-    for (long long e = (long long)lane * 8; e < p.d; e += 32 * 8) {
+    for (long long e = ((long long)sub * 32 + lane) * 8; active && e < p.d; e += (long long)G * 32 * 8) {
         uint4 wv[S], hv[R], lv[R];
 #pragma unroll
         for (int k = 0; k < S; k++) wv[k] = *(const uint4 *)(ws[k] + e);
@@ -457,15 +462,34 @@ extern "C" __global__ void __launch_bounds__(256) flce_qref(const flce_row_param
         }
     }
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        float c = NEG_INF;
+    for (int r = 0; r < R; r++)
 #pragma unroll
         for (int k = 0; k <= S; k++) {
             float a = acc[r][k];
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
-            if (k < S || lab[r]) c = fmaxf(c, a * INV_TEMP);
+            acc[r][k] = a;
+            if (G > 1 && lane == 0) part[warp][r][k] = a;
         }
+    if (G > 1) {
+        __syncthreads();
+        if (sub != 0) return;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int k = 0; k <= S; k++) {
+                float a = part[warp][r][k];
+                for (int g = 1; g < G; g++) a += part[warp + g][r][k];
+                acc[r][k] = a;
+            }
+    }
+    if (!active) return;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float c = NEG_INF;
+#pragma unroll
+        for (int k = 0; k <= S; k++)
+            if (k < S || lab[r]) c = fmaxf(c, acc[r][k] * INV_TEMP);
         if (lane == 0 && i0 + r < p.rows) {
             ((float *)p.qref)[i0 + r] = c;
             ((int *)p.qflags)[i0 + r] = 0;
@@ -738,15 +762,22 @@ extern "C" __global__ void __launch_bounds__(256) flce_qdw(const flce_row_params
     const long long v0 = (long long)blockIdx.x * QLIST_BLOCK;
     const int *start = (const int *)p.qlist_start, *tok = (const int *)p.qlist_tok;
     const float scale = upstream_scale(p);
-    for (int r = w; r < QLIST_BLOCK && v0 + r < p.cols; r += 8) {
-        const int a = start[v0 + r], e = start[v0 + r + 1];
-        if (a == e) continue;
+    // The warp's rows w, w + 8, … (QLIST_BLOCK / 8 ≤ 32 of them): lane j reads row j's range, all
+    // in one round (a load per row in turn was most of this pass where few rows have labels: 36 µs
+    // at 512 tokens, session 14); then the labelled ones in order.
+    static_assert(QLIST_BLOCK / 8 <= 32, "one lane per row of the warp");
+    const long long vj = v0 + w + 8 * lane;
+    const int aj = lane < QLIST_BLOCK / 8 && vj < p.cols ? start[vj] : 0;
+    const int ej = lane < QLIST_BLOCK / 8 && vj < p.cols ? start[vj + 1] : 0;
+    for (unsigned mask = __ballot_sync(0xffffffffu, aj != ej); mask; mask &= mask - 1) {
+        const int j = __ffs(mask) - 1;
+        const int a = __shfl_sync(0xffffffffu, aj, j), e = __shfl_sync(0xffffffffu, ej, j);
         auto entry = [&](int k, float &x) {
             const int i = tok[a + k];
             x = ((const float *)p.qlab)[2 * i];
             return (const elem_t *)p.hidden + (p.row0 + i) * p.d;
         };
-        qadd_row(p, qadd_dst(p, v0 + r), e - a, entry, scale, lane);
+        qadd_row(p, qadd_dst(p, v0 + w + 8 * j), e - a, entry, scale, lane);
     }
 #else
     (void)p;
