@@ -30,6 +30,7 @@ void config_defaults(flce_config *c)
     c->red_acc = 1;
     c->grad_streams = 1;
     c->dh_splits = -1;
+    c->cluster = -1;
     /* dZ formed inside dH (FLCE_DZ_CONVERT) stays off: measured slower than the dz pass (bench/NOTES.md v35) */
     c->dz_convert = 0;
     /* TP: dH's all-reduce beside dW, which leaves NCCL 32 SMs (it launched 24 CTAs on 2 and 4
@@ -98,8 +99,9 @@ void config_from_env(flce_config *c)
     c->dz_convert = config_parse_bool("FLCE_DZ_CONVERT", getenv("FLCE_DZ_CONVERT"), c->dz_convert);
     c->acc_prefetch = config_parse_bool("FLCE_ACC_PREFETCH", getenv("FLCE_ACC_PREFETCH"), c->acc_prefetch);
     c->red_acc = config_parse_bool("FLCE_RED_ACC", getenv("FLCE_RED_ACC"), c->red_acc);
-    /* a 1-CTA cluster is no cluster: 0 and 1 both leave it off */
-    c->cluster = config_parse_int("FLCE_CLUSTER", getenv("FLCE_CLUSTER"), 0, 2, c->cluster) == 2 ? 2 : 0;
+    /* a 1-CTA cluster is no cluster: 0 and 1 both leave it off; -1 (unset): plan.c's rule */
+    int cl = config_parse_int("FLCE_CLUSTER", getenv("FLCE_CLUSTER"), -1, 2, c->cluster);
+    c->cluster = cl == 2 ? 2 : cl < 0 ? -1 : 0;
     c->raster_rows = config_parse_int("FLCE_RASTER", getenv("FLCE_RASTER"), 0, 4096, c->raster_rows);
     c->tune = config_parse_bool("FLCE_TUNE", getenv("FLCE_TUNE"), c->tune);
     c->prefetch = config_parse_bool("FLCE_PREFETCH", getenv("FLCE_PREFETCH"), c->prefetch);

@@ -40,7 +40,8 @@ typedef struct flce_config {
                         * instead of dH's epilogue (default on: bench/NOTES.md v40) */
     int acc_prefetch;  /* FLCE_ACC_PREFETCH: L2 prefetch of dH/dW addends (default off) */
     int red_acc;       /* FLCE_RED_ACC: red.global.add into fp32 accumulators (default on) */
-    int cluster;       /* FLCE_CLUSTER: 0 (default) or 2-CTA clusters for dH/dW on wgmma + TMA */
+    int cluster;       /* FLCE_CLUSTER: 2-CTA clusters for dH/dW on wgmma + TMA (2), none (0 or 1), or
+                        * (-1, default) dW's alone where plan.c's rule takes them (short token chunks) */
     int raster_rows;   /* FLCE_RASTER: dH/dW row blocks per tile group, 0..4096 (default 8) */
     int tune;          /* FLCE_TUNE: tune an untuned class on first use (default off) */
     int prefetch;      /* FLCE_PREFETCH: background compiles of the backward's kernels (default on) */

@@ -148,9 +148,24 @@ static int hopper_tma(const kernel_spec *s) { return s->tile.wgmma && s->tile.tm
  * take 2-CTA clusters with the B tile multicast; other paths (tcgen05, cp.async, mma.sync) ignore it. */
 static void plan_cluster(const flce_config *cfg, plan *pl)
 {
-    pl->cluster = cfg->cluster;
+    pl->cluster = cfg->cluster == 2 ? 2 : 0;
     kernel_spec *grads[2] = {&pl->dh, &pl->dw};
     for (int i = 0; i < 2; i++) grads[i]->cluster = hopper_tma(grads[i]) ? pl->cluster : 0;
+}
+
+/* With FLCE_CLUSTER unset, dW alone in 2-CTA clusters where its k, the one token chunk, is short: a
+ * 128×256 tile then loads nearly as many operand bytes as it multiplies (K = 512: 128 KB of dZ and
+ * 256 KB of H per tile, L2 ~70 % busy) and the pair's shared H tile comes once, by multicast.
+ * 512×4096×128256 on an H100: dW 0.87-0.88 ms against 0.89-0.92 (bench/NOTES.md session 14, d1).
+ * Not with several chunks (dW's tile counter lets it fill dH's tails there), TP (the counter again,
+ * for the overlap) or the dZ operand. */
+#define PLAN_DW_CLUSTER_MAX_ROWS 1024
+static void plan_dw_cluster(const flce_config *cfg, plan *pl)
+{
+    int64_t k = pl->recompute ? pl->n : pl->chunk_rows, launches = pl->recompute ? pl->n_vchunks : pl->n_chunks;
+    if (cfg->cluster < 0 && hopper_tma(&pl->dw) && k <= PLAN_DW_CLUSTER_MAX_ROWS && launches == 1 &&
+        !pl->collective && pl->tp <= 1 && !cfg->dz_operand)
+        pl->dw.cluster = 2;
 }
 
 /* dH and dW forming dZ from the compact logits themselves (plan.h dz_operand). */
@@ -627,6 +642,7 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
     } else {
         TRY(plan_auto(p, num_sms, cfg, pl));
         plan_dh_width(cfg, num_sms, pl);
+        plan_dw_cluster(cfg, pl);
     }
     if (pl->compact) { /* the chunked pass's only logits kernel, always over the whole shard */
         pl->logits.compact = 1;

@@ -21,9 +21,10 @@
 #define PLAN_DH_K_SLICE 262144
 /* Row-scaled compact logits (qrows) by default only where a token chunk holds at least this many
  * logits: measured on an H100 (bench/NOTES.md v39) 8192×4096×128256 and 8192×2304×256000 (one chunk
- * of 1.05e9 and 2.1e9) 0.3-0.5 ms faster, 4096×2048×32000 (1.3e8) even, 512×4096×128256 (6.6e7)
- * 0.05 ms slower: its added kernels cost more than the small dz pass they replace. */
-#define PLAN_QROWS_MIN_LOGITS (1ll << 29)
+ * of 1.05e9 and 2.1e9) 0.3-0.5 ms faster; after session 14's cheaper flce_qref and flce_qdw
+ * 4096×2048×32000 and 1024×4096×128256 (1.3e8 each) 0.03-0.09 ms faster (run minima), 512×4096×128256
+ * (6.6e7) even: its six small kernels cost what the dz pass they replace does. */
+#define PLAN_QROWS_MIN_LOGITS 100000000ll
 /* dH split over its k (plan.c plan_dh_width, dh_splits): at most this many splits, each over at
  * least PLAN_DH_SPLIT_MIN_K vocab columns (a main loop long enough to hide its pipeline's fill and
  * its fp32 slab's store). */

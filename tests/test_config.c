@@ -97,7 +97,7 @@ static void an_empty_environment_gives_the_defaults(void)
     config_from_env(&e);
     CHECK(!memcmp(&d, &e, sizeof d));
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
-    CHECK(!d.acc_prefetch && d.red_acc && d.cluster == 0 && d.raster_rows == PLAN_RASTER_ROWS);
+    CHECK(!d.acc_prefetch && d.red_acc && d.cluster == -1 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.tiered && !d.unlocked_compile && d.full_tiles && d.dh_k_slice == PLAN_DH_K_SLICE && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && d.tp_overlap);
     CHECK(d.grad_streams && !d.dz_operand && !d.dz_convert && d.tp_overlap_sms == 32 && d.qrows == -1);
 }
@@ -124,7 +124,7 @@ static void every_knob_reads_its_variable(void)
 static void cluster_and_nvrtc_fast_take_their_own_values(void)
 {
     static const struct { const char *text; int want; } cluster[] = {
-        {"0", 0}, {"1", 0}, {"2", 2}, {"4", 0}, {"two", 0}};
+        {"0", 0}, {"1", 0}, {"2", 2}, {"-1", -1}, {"4", -1}, {"two", -1}};
     static const struct { const char *text; config_nvrtc_fast want; } fast[] = {
         {"0", CONFIG_NVRTC_FAST_OFF}, {"1", CONFIG_NVRTC_FAST_MID}, {"yes", CONFIG_NVRTC_FAST_MID},
         {"min", CONFIG_NVRTC_FAST_MIN}, {"mid", CONFIG_NVRTC_FAST_MID}, {"MAX", CONFIG_NVRTC_FAST_MAX},
@@ -574,6 +574,40 @@ static void dh_splits_where_tiles_leave_most_sms_idle(void)
     CHECK(pl.dh_splits == 0);
 }
 
+/* FLCE_CLUSTER unset: dW alone in 2-CTA clusters where its one token chunk is at most 1024 rows
+ * (plan_dw_cluster); FLCE_CLUSTER=0 none, 2 both; never with several chunks or TP. */
+static void dw_clusters_where_its_token_chunk_is_short(void)
+{
+    flce_config cfg;
+    config_defaults(&cfg);
+    plan pl;
+    flce_problem p = problem(512, 4096, 128256, FLCE_DTYPE_BF16);
+    p.vocab_total = 128256;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dw.cluster == 2 && pl.dh.cluster == 0 && pl.dh_splits == 2 && !pl.dw_dynamic);
+    cfg.cluster = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dw.cluster == 0 && pl.dh.cluster == 0);
+    cfg.cluster = 2;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dw.cluster == 2 && pl.dh.cluster == 2 && pl.dh_splits == 0);
+    config_defaults(&cfg);
+    CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dw.cluster == 0);
+    p.memory_budget = 64ull << 20; /* two chunks */
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dw.cluster == 0);
+    p.memory_budget = 0;
+    p = problem(2048, 4096, 128256, FLCE_DTYPE_BF16); /* a long k: no cluster */
+    p.vocab_total = 128256;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dw.cluster == 0);
+    p = problem(512, 4096, 128256, FLCE_DTYPE_BF16);
+    p.vocab_total = 128256, p.tp_size = 2, p.tp_rank = 1, p.vocab_offset = 64128, p.vocab_shard = 64128;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dw.cluster == 0);
+}
+
 /* FLCE_GRAD_STREAMS (default on): dH and dW at once where both are asked for, dW can take its
  * tiles from the counter and dH leaves SMs idle (several launches, or one with over 10 % of its
  * last wave empty); the counter is in the workspace exactly then (or with the TP overlap). */
@@ -591,6 +625,7 @@ static void dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted(void)
     p = problem(512, 4096, 128256, FLCE_DTYPE_BF16); /* one dH launch of 64 tiles: half the SMs idle */
     p.vocab_total = 128256;
     cfg.dh_bn = 256; /* the width plan_dh_width would narrow to fill the wave */
+    cfg.cluster = 0; /* (else dW runs in clusters here, without the counter: plan_dw_cluster) */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.concurrent_grads && pl.dw_dynamic && pl.off_tile_counter > 0 && !pl.tp_overlap);
     CHECK(pl.off_tile_counter + 8 <= pl.workspace_bytes);
@@ -707,5 +742,6 @@ int main(void)
     RUN(dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted);
     RUN(dh_tiles_narrow_where_the_last_wave_would_idle);
     RUN(dh_splits_where_tiles_leave_most_sms_idle);
+    RUN(dw_clusters_where_its_token_chunk_is_short);
     FINISH();
 }
