@@ -126,10 +126,12 @@ typedef struct flce_problem {
                                 16-bit dH; chunked: one chunk's rows when the vocab shard is
                                 over 262144 columns), none when accumulating into the caller's
                                 fp32 buffers; bf16 chunked without bias, smoothing, softcap,
-                                z-loss or TP, chunks of 2^29 logits or more (row-scaled
+                                z-loss or TP, chunks of 1e8 logits or more (row-scaled
                                 logits, README): the chunk's hidden rows scaled, D·2 bytes
-                                per row, and V + 1 ints; and a few floats per token. flce_workspace_size says
-                                the total (README, "Memory") */
+                                per row, and V + 1 ints; one dH launch whose tiles would fill
+                                under half the SMs (few tokens): S ≤ 8 fp32 slabs of its
+                                rows, S·N·D·4 bytes (16 MiB at 512×4096); and a few floats
+                                per token. flce_workspace_size says the total (README, "Memory") */
     /* --- fields below were added after the first layout; older callers get their defaults --- */
     int32_t has_class_weights;      /* tensors.class_weights: vocab_total fp32 weights, as
                                        torch cross_entropy(weight=); mean divides by Σ_valid w_y */

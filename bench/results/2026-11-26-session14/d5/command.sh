@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# session 14 d5: compare.py, all providers and roles, five shapes, both regimes (issue 13's table)
+set -u
+cd "$(dirname "$0")"
+R=/tmp/d5; rm -rf $R; mkdir -p $R
+export FLCE_CACHE_DIR=/tmp/flce-cache-d5
+pack() { (cd /tmp && tar czf $OUT/d5.tgz d5); }
+trap pack EXIT
+cat device-commit.txt > $R/env.txt; nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv >> $R/env.txt; date -u >> $R/env.txt
+[ -x build/flce ] || (cmake --preset default > $R/build.log 2>&1 && cmake --build --preset default -j16 >> $R/build.log 2>&1) || { tail -30 $R/build.log; exit 1; }
+FLCE_LIBRARY=$PWD/build/libflce.so FLCE_BIN=$PWD/build/flce timeout 520 python3 bench/compare.py --out-dir $R --roles --tag s14 > $R/compare.log 2>&1; echo "compare rc=$?"
+grep -h -A14 '^### Summary' $R/*.md | head -40
