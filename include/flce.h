@@ -126,7 +126,7 @@ typedef struct flce_problem {
                                 16-bit dH; chunked: one chunk's rows when the vocab shard is
                                 over 262144 columns), none when accumulating into the caller's
                                 fp32 buffers; bf16 chunked without bias, smoothing, softcap,
-                                z-loss or TP, chunks of 1e8 logits or more (row-scaled
+                                z-loss or SP, chunks of 1e8 logits or more (row-scaled
                                 logits, README): the chunk's hidden rows scaled, D·2 bytes
                                 per row, and V + 1 ints; one dH launch whose tiles would fill
                                 under half the SMs (few tokens): S ≤ 8 fp32 slabs of its

@@ -434,8 +434,8 @@ static flce_status run_rows(run *r, int kernel, const block *b);
 
 /* plan qdh: the labels' exact dz_i·W_y into the dH rows of token chunk b at dst (its row 0; fp32
  * where f32, else the dtype), after its dH launches on the same stream, where they now lie: the
- * caller's buffer or (dh_splits) the first fp32 slab. A token chunk completes its rows; no TP or
- * vocab shard under qrows. */
+ * caller's buffer, (dh_splits) the first fp32 slab, or (TP) this rank's fp32 part of dH. A token
+ * chunk completes its rows; under TP only the rank holding a row's label adds its term. */
 static flce_status run_qdh(run *r, const block *b, unsigned long long dst, int f32)
 {
     struct flce_row_params keep = r->rp;
@@ -491,7 +491,10 @@ static flce_status run_dh(run *r, const block *b)
             TRY(run_dh_part(r, &s, b));
         }
     }
-    return r->pl->qdh ? run_qdh(r, b, dh_rows_at(r, b), r->p->accumulate_grad_hidden) : FLCE_OK;
+    if (!r->pl->qdh) return FLCE_OK;
+    if (r->pl->need_dh_tp) /* TP: into this rank's fp32 part, before the ranks sum it */
+        return run_qdh(r, b, r->ws + r->pl->off_dh_tp + (uint64_t)(b->row0 * r->pl->d) * 4, 1);
+    return run_qdh(r, b, dh_rows_at(r, b), r->p->accumulate_grad_hidden);
 }
 
 /* dW's tile counter (plan dw_dynamic) zeroed on the caller's stream, before any launch that takes

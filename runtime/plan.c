@@ -200,15 +200,18 @@ static int compact_allowed(const flce_problem *p, const flce_config *cfg, const 
 }
 
 /* Whether a compact chunked plan stores its logits row-scaled (plan.h qrows): where dz is s_i times
- * exp(z − c_i) but at the label, with every label inside this shard (no TP, the whole vocab), in bf16
- * on the wgmma TMA logits pass. Not beside the opt-in ways of forming dZ from fp16 p̃. */
+ * exp(z − c_i) but at the label, in bf16 on the wgmma TMA logits pass. The vocab is this call's
+ * whole, or a TP shard whose statistics this call gathers (collective, no SP): each rank then
+ * keeps its own references c_i (flce_qref samples its shard), flce_qscale runs after the combine
+ * with the global lse, and only the rank that holds a label takes its exact terms (its dH term
+ * into the fp32 dH part that the ranks sum). Not beside the opt-in ways of forming dZ from fp16 p̃. */
 static int qrows_allowed(const flce_problem *p, const flce_config *cfg, const plan *pl)
 {
     int64_t total = p->vocab_total ? p->vocab_total : p->vocab_offset + p->vocab_shard;
+    int whole = pl->tp <= 1 ? p->vocab_offset == 0 && total == p->vocab_shard : pl->collective && !pl->sp;
     return cfg->qrows != 0 && pl->compact && !pl->recompute && p->dtype == FLCE_DTYPE_BF16 && hopper_tma(&pl->logits) &&
-           !p->has_bias && p->label_smoothing == 0 && !(p->softcap > 0) && p->z_loss == 0 && pl->tp <= 1 &&
-           p->vocab_offset == 0 && total == p->vocab_shard && pl->tile_cols % 8 == 0 && !cfg->dz_operand &&
-           !cfg->dz_convert;
+           !p->has_bias && p->label_smoothing == 0 && !(p->softcap > 0) && p->z_loss == 0 && whole &&
+           pl->tile_cols % 8 == 0 && !cfg->dz_operand && !cfg->dz_convert;
 }
 
 /* The default budget of a compact chunked plan with its own dW. Fewer token chunks are faster: each chunk beyond the first reads and rewrites the V×D fp32 dW

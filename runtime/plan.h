@@ -67,8 +67,8 @@ typedef struct plan {
      * FLCE_COMPACT=0 in the environment turns it off (side-by-side timing). */
     int compact;
     int64_t tile_cols, tile_max_ld;
-    /* With compact logits (bf16, wgmma TMA logits pass, no bias, smoothing, softcap, z-loss or TP,
-     * one shard of the whole vocab): the compact pass stores bf16 exp(z − c_i) against one reference
+    /* With compact logits (bf16, wgmma TMA logits pass, no bias, smoothing, softcap or z-loss; the
+     * whole vocab, or a TP shard whose statistics the call gathers, without SP): the compact pass stores bf16 exp(z − c_i) against one reference
      * per row (templates/common.cuh, FLCE_QROWS), so dZ = s_i·p̃ (the label's entry rewritten): dH
      * scales its rows by s_i, dW reads s ⊙ H (off_qh, the chunk's rows × D in the dtype), and there
      * is no dz pass. off_qref, off_qflags, off_row_scale: c_i, the rescale flags and s_i per chunk

@@ -333,11 +333,14 @@ static void row_scaled_logits_only_where_dz_is_a_row_factor(void)
     no[4].what = "z-loss", no[4].q.z_loss = 1e-4f;
     no[5].what = "vocab shard", no[5].q.vocab_offset = 1000, no[5].q.vocab_total = 200000;
     no[6].what = "mma.sync", no[6].sm = 80;
-    no[7].what = "TP", no[7].q = tp2_problem(8192, 4096, 128256);
+    no[7].what = "TP with SP", no[7].q = tp2_problem(8192, 4096, 128256), no[7].q.sequence_parallel = 1;
     for (int i = 0; i < 8; i++) {
         CHECK(plan_build(&no[i].q, FLCE_OP_LOSS_AND_GRAD, no[i].sm, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
         CHECKF(!pl.qrows && !pl.logits.qrows && pl.off_qh == 0, "%s", no[i].what);
     }
+    flce_problem tp = tp2_problem(8192, 4096, 128256); /* a TP shard that gathers its statistics */
+    CHECK(plan_build(&tp, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.collective && pl.qrows && pl.logits.qrows && pl.off_qh != 0);
     CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(!pl.qrows && !pl.logits.qrows);
     cfg.dz_operand = 1; /* the opt-in forms of dZ from fp16 p̃ keep it */

@@ -93,6 +93,40 @@ static void tp_workspace_holds_the_gather_and_the_fp32_dh(void)
     CHECK(!pl.collective && !pl.need_dh_tp && !pl.off_tp_send && !pl.off_tp_recv);
 }
 
+/* Row-scaled compact logits on every rank of a TP call that gathers its statistics (plan.c
+ * qrows_allowed): each rank keeps its own references and its labels' exact terms; not under SP
+ * (the hidden rows are gathered there) nor without a communicator. */
+static void tp_ranks_store_row_scaled_logits(void)
+{
+    const int64_t cut2[] = {0, 64128, 128256}, cut4[] = {0, 32064, 64128, 96192, 128256};
+    for (int r = 0; r < 4; r++) {
+        flce_problem p = tp_problem(8192, 4096, 128256, r, 4, cut4);
+        plan pl;
+        CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
+        CHECKF(pl.qrows && pl.qdh && pl.need_dh_tp && pl.off_qh && pl.off_qlab && !pl.dh_splits,
+               "tp = 4 rank %d: qrows %d qdh %d", r, pl.qrows, pl.qdh);
+        region reg[PLAN_REGIONS];
+        check_disjoint(reg, plan_regions(&pl, reg), pl.workspace_bytes, "TP qrows");
+        if (r < 2) {
+            p = tp_problem(8192, 4096, 128256, r, 2, cut2);
+            CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
+            CHECK(pl.qrows && pl.n_chunks == 1);
+        }
+    }
+    flce_problem p = tp_problem(8192, 4096, 128256, 1, 4, cut4);
+    p.sequence_parallel = 1;
+    plan pl;
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK);
+    CHECK(pl.sp && !pl.qrows);
+    p.sequence_parallel = 0;
+    flce_tensors t; /* no communicator: nothing gathers the statistics */
+    flce_tensors_init(&t);
+    t.hidden = t.weight = t.labels = (void *)256;
+    t.grad_hidden = t.grad_weight = (void *)256;
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &t, &pl) == FLCE_OK);
+    CHECK(!pl.collective && !pl.qrows);
+}
+
 static void sp_plans_every_ranks_tokens(void)
 {
     const int64_t cut[] = {0, 1000, 2000, 3000, 4001};
@@ -128,5 +162,6 @@ int main(void)
     RUN(tp_default_budget_grows_by_the_shape_alone);
     RUN(tp_workspace_holds_the_gather_and_the_fp32_dh);
     RUN(sp_plans_every_ranks_tokens);
+    RUN(tp_ranks_store_row_scaled_logits);
     FINISH();
 }
