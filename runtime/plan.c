@@ -158,12 +158,12 @@ static void plan_cluster(const flce_config *cfg, plan *pl)
  * 256 KB of H per tile, L2 ~70 % busy) and the pair's shared H tile comes once, by multicast.
  * 512×4096×128256 on an H100: dW 0.87-0.88 ms against 0.89-0.92 (bench/NOTES.md session 14, d1).
  * Not with several chunks (dW's tile counter lets it fill dH's tails there), TP (the counter again,
- * for the overlap) or the dZ operand. */
+ * for the overlap), the dZ operand, or tuned tiles (measured as they are). */
 #define PLAN_DW_CLUSTER_MAX_ROWS 1024
 static void plan_dw_cluster(const flce_config *cfg, plan *pl)
 {
     int64_t k = pl->recompute ? pl->n : pl->chunk_rows, launches = pl->recompute ? pl->n_vchunks : pl->n_chunks;
-    if (cfg->cluster < 0 && hopper_tma(&pl->dw) && k <= PLAN_DW_CLUSTER_MAX_ROWS && launches == 1 &&
+    if (cfg->cluster < 0 && hopper_tma(&pl->dw) && !pl->tiles_tuned && k <= PLAN_DW_CLUSTER_MAX_ROWS && launches == 1 &&
         !pl->collective && pl->tp <= 1 && !cfg->dz_operand)
         pl->dw.cluster = 2;
 }

@@ -35,6 +35,9 @@ static void add_sample(int sm, flce_dtype dtype)
         for (int i = 0; i < 3 && n > 1; i++) {
             if (picks[i] < 1 || (i && picks[i] == picks[i - 1])) continue;
             specs[n_specs] = *base[r];
+            /* (the plan's own dW cluster, plan_dw_cluster at short token chunks, is for its TMA
+             * tile; a plan of tuned tiles takes none) */
+            if (!c[picks[i]].tma) specs[n_specs].cluster = 0;
             specs[n_specs++].tile = c[picks[i]];
         }
     }
