@@ -432,18 +432,33 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
 
 static flce_status run_rows(run *r, int kernel, const block *b);
 
+/* A labels' pass (K_QDH, K_QDW) of block b adding into dst (fp32 where f32, else the dtype; the
+ * kernel's row 0), the row parameters as they were afterwards. */
+static flce_status run_label_terms(run *r, int kernel, const block *b, unsigned long long dst, int f32)
+{
+    struct flce_row_params keep = r->rp;
+    r->rp.cast_dst = dst;
+    r->rp.cast_accumulate = f32;
+    flce_status st = run_rows(r, kernel, b);
+    r->rp = keep;
+    return st;
+}
+
+/* r->stream waits for the work queued so far on s (graph-capturable: an event). */
+static flce_status wait_for(run *r, CUstream s)
+{
+    CUresult res = drv.EventRecord(r->ctx->join, s);
+    if (res == CUDA_SUCCESS) res = drv.StreamWaitEvent(r->stream, r->ctx->join, 0);
+    return res == CUDA_SUCCESS ? FLCE_OK : drv_error(res, "waiting for the second stream's dW launch");
+}
+
 /* plan qdh: the labels' exact dz_i·W_y into the dH rows of token chunk b at dst (its row 0; fp32
  * where f32, else the dtype), after its dH launches on the same stream, where they now lie: the
  * caller's buffer, (dh_splits) the first fp32 slab, or (TP) this rank's fp32 part of dH. A token
  * chunk completes its rows; under TP only the rank holding a row's label adds its term. */
 static flce_status run_qdh(run *r, const block *b, unsigned long long dst, int f32)
 {
-    struct flce_row_params keep = r->rp;
-    r->rp.cast_dst = dst;
-    r->rp.cast_accumulate = f32;
-    flce_status st = run_rows(r, K_QDH, b);
-    r->rp = keep;
-    return st;
+    return run_label_terms(r, K_QDH, b, dst, f32);
 }
 
 /* The rows of block b in the caller's dH: fp32 (accumulate_grad_hidden) or the dtype. */
@@ -542,20 +557,20 @@ static flce_status run_dw_split(run *r, const block *b, int late)
     g.counter_base = gx, g.block0 = 0;
     TRY(launch_cluster(r->k.dw, gx, gy, pl->dw.cluster, spec_threads(&pl->dw), spec_smem_bytes(&pl->dw), r->stream,
                        &g, "dW kernel"));
-    if (pl->qrows) { /* the labels' exact Σ dz·h into the rows dW just wrote (rowops.cu flce_qdw; no TP here) */
-        struct flce_row_params keep = r->rp;
-        r->rp.cast_dst = g.out, r->rp.cast_accumulate = g.out_f32;
-        flce_status st = run_rows(r, K_QDW, b);
-        r->rp = keep;
-        TRY(st);
+    if (split) {
+        struct flce_gemm_params g2 = g;
+        int64_t gx2 = tiles_x, gy2 = tiles_y;
+        TRY(tma_prepare_gemm(&pl->dw, &g2, late, &gx2, &gy2));
+        g2.counter_base = gx, g2.block0 = gx;
+        TRY(launch_cluster(r->k.dw, gx2, gy2, pl->dw.cluster, spec_threads(&pl->dw), spec_smem_bytes(&pl->dw),
+                           r->ctx->side, &g2, "dW kernel (after the dH all-reduce)"));
     }
-    if (!split) return FLCE_OK;
-    struct flce_gemm_params g2 = g;
-    int64_t gx2 = tiles_x, gy2 = tiles_y;
-    TRY(tma_prepare_gemm(&pl->dw, &g2, late, &gx2, &gy2));
-    g2.counter_base = gx, g2.block0 = gx;
-    return launch_cluster(r->k.dw, gx2, gy2, pl->dw.cluster, spec_threads(&pl->dw), spec_smem_bytes(&pl->dw),
-                          r->ctx->side, &g2, "dW kernel (after the dH all-reduce)");
+    if (!pl->qrows) return FLCE_OK;
+    /* The labels' exact Σ dz·h into the rows dW wrote (rowops.cu flce_qdw), after both launches of
+     * a split dW: the late one's tiles (side stream) are plain stores that would overwrite them
+     * (TP at tp = 4 lost them: dW 2.9e-2 off, bench/NOTES.md session 14). */
+    if (split) TRY(wait_for(r, r->ctx->side));
+    return run_label_terms(r, K_QDW, b, g.out, g.out_f32);
 }
 
 static flce_status run_dw(run *r, const block *b) { return run_dw_split(r, b, 0); }
