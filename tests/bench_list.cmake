@@ -11,6 +11,13 @@ foreach(want 8192x4096x128256 8192x2304x256000 4096x2048x32000 32768x4096x128256
     message(FATAL_ERROR "flce bench --list does not mention '${want}':\n${out}")
   endif()
 endforeach()
+# The planner's changes to the gradient GEMMs at few tokens are shown (plan.c plan_dh_splits and
+# plan_dw_cluster: 512 tokens splits dH in 2 and runs dW in clusters; 8192 tokens neither).
+string(REGEX MATCH "### 512x4096x128256[^#]*" few "${out}")
+string(REGEX MATCH "### 8192x4096x128256[^#]*" many "${out}")
+if(NOT few MATCHES "\\| auto \\| [^|]*dH split in 2 over the vocab; dW in 2-CTA clusters" OR many MATCHES "dH split|clusters")
+  message(FATAL_ERROR "flce bench --list: the gradient GEMMs' plan at 512 / 8192 tokens:\n${few}\n${many}")
+endif()
 # Each bad argument: status 2 and a message that names the offending value.
 foreach(case "--shapes;8192x4096;8192x4096" "--strategies;chunked,fast;fast" "--logit-std;-1;-1"
              "--dtype;int8;int8" "--iters;0;--iters" "--bogus;1;--bogus" "--shapes;64x1001x64;hidden=1001")

@@ -341,9 +341,19 @@ static int bench_list(const bench_opts *o)
             else
                 snprintf(chunks, sizeof chunks, "%lld token chunks of %lld rows", (long long)pl.n_chunks,
                          (long long)pl.chunk_rows);
-            const char *runs = op == FLCE_OP_FORWARD ? "forward" : pl.recompute ? "recompute"
+            const char *kind = op == FLCE_OP_FORWARD ? "forward" : pl.recompute ? "recompute"
                                : pl.qrows ? "chunked (compact bf16 logits, row-scaled)"
                                : pl.compact ? "chunked (compact fp16 logits)" : "chunked (fp32 logits)";
+            /* the gradient GEMMs' own shapes where the planner changed them (plan.c plan_dh_splits,
+             * plan_dw_cluster, plan_dh_width) */
+            char runs[160];
+            int at = snprintf(runs, sizeof runs, "%s", kind);
+            if (op != FLCE_OP_FORWARD && pl.dh_splits > 1)
+                at += snprintf(runs + at, sizeof runs - (size_t)at, "; dH split in %d over the vocab", pl.dh_splits);
+            else if (op != FLCE_OP_FORWARD && pl.dh.tile.wgmma && pl.dh.tile.bn < 256)
+                at += snprintf(runs + at, sizeof runs - (size_t)at, "; dH tiles %d wide", pl.dh.tile.bn);
+            if (op != FLCE_OP_FORWARD && pl.dw.cluster > 1)
+                snprintf(runs + at, sizeof runs - (size_t)at, "; dW in %d-CTA clusters", pl.dw.cluster);
             char why[128] = "forward", est[24] = "";
             if (op != FLCE_OP_FORWARD) {
                 auto_why(p, o->sm, LIST_SMS, list_mem, why, sizeof why);
