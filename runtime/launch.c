@@ -405,7 +405,7 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
     g.ldo = pl->d;
     int64_t gx = ceil_div(pl->d, pl->dh.tile.bn), gy = ceil_div(s->rows, pl->dh.tile.bm);
     if (pl->dh_splits > 1) { /* one fp32 slab per split of k, [rows][d] each; sum_dh_splits adds them */
-        g.out = r->ws + pl->off_dh_split, g.out_f32 = 1, g.addend = 0, g.ldo = pl->d;
+        g.out = r->ws + pl->off_dh_split, g.out_f32 = 1, g.addend = 0;
         g.k_splits = pl->dh_splits, g.k_split = pl->dh_split_k;
         g.out_split_stride = (unsigned long long)s->rows * (unsigned long long)pl->d * 4;
         gy *= pl->dh_splits; /* the units tma_prepare_gemm spreads over the persistent grid */

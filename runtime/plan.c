@@ -164,7 +164,7 @@ static void plan_dw_cluster(const flce_config *cfg, plan *pl)
 {
     int64_t k = pl->recompute ? pl->n : pl->chunk_rows, launches = pl->recompute ? pl->n_vchunks : pl->n_chunks;
     if (cfg->cluster < 0 && hopper_tma(&pl->dw) && !pl->tiles_tuned && k <= PLAN_DW_CLUSTER_MAX_ROWS && launches == 1 &&
-        !pl->collective && pl->tp <= 1 && !cfg->dz_operand)
+        pl->tp <= 1 && !cfg->dz_operand)
         pl->dw.cluster = 2;
 }
 
@@ -548,24 +548,29 @@ static double dh_col_cost(int bn) { return bn >= 256 ? 1.0 : bn >= 192 ? PLAN_DH
  * FLCE_DH_SPLITS is taken as long as every split keeps 64 columns. Only one dH launch (no token or
  * vocab chunks, no k slices), no TP, no cluster, no dZ formed in dH's operand path, and with
  * row-scaled logits only where flce_qdh adds the labels' terms. */
-static int plan_dh_splits(const flce_config *cfg, int num_sms, const plan *pl, int64_t blocks, int64_t launches)
+static void plan_dh_splits(const flce_config *cfg, int num_sms, plan *pl, int64_t blocks, int64_t launches)
 {
-    int64_t k = pl->recompute ? pl->chunk_cols : pl->v;
+    int64_t k = pl->v; /* the one launch's vocab columns */
     int64_t k_max = pl->dh_k_slice_max;
+    pl->dh_splits = 0, pl->dh_split_k = 0;
     if (cfg->dh_splits == 0 || cfg->dh_splits == 1 || !hopper_tma(&pl->dh) || pl->dh.cluster || launches != 1 ||
-        pl->collective || pl->tp > 1 || pl->sp || cfg->dz_operand || cfg->dz_convert || (pl->qrows && !pl->qdh) ||
-        pl->dh.dtype == FLCE_DTYPE_F32 || (k_max > 0 && k > k_max) || num_sms <= 0)
-        return 1;
+        pl->tp > 1 || cfg->dz_operand || cfg->dz_convert || (pl->qrows && !pl->qdh) || pl->dh.dtype == FLCE_DTYPE_F32 ||
+        (k_max > 0 && k > k_max) || num_sms <= 0)
+        return;
     int64_t tiles = blocks * ceil_div(pl->d, pl->dh.tile.bn);
-    if (cfg->dh_splits > 1) return k / cfg->dh_splits >= 64 ? cfg->dh_splits : 1;
-    if (2 * tiles > num_sms) return 1;
     int best = 1;
-    double best_cost = (double)ceil_div(tiles, num_sms);
-    for (int s = 2; s <= PLAN_DH_SPLITS_MAX && k / s >= PLAN_DH_SPLIT_MIN_K; s++) {
-        double cost = (double)ceil_div(tiles * s, num_sms) / s;
-        if (cost < best_cost) best_cost = cost, best = s;
+    if (cfg->dh_splits > 1) {
+        best = k / cfg->dh_splits >= 64 ? cfg->dh_splits : 1;
+    } else if (2 * tiles <= num_sms) {
+        double best_cost = (double)ceil_div(tiles, num_sms);
+        for (int s = 2; s <= PLAN_DH_SPLITS_MAX && k / s >= PLAN_DH_SPLIT_MIN_K; s++) {
+            double cost = (double)ceil_div(tiles * s, num_sms) / s;
+            if (cost < best_cost) best_cost = cost, best = s;
+        }
     }
-    return best;
+    if (best < 2) return;
+    pl->dh_split_k = ceil_div(ceil_div(k, best), 64) * 64;
+    pl->dh_splits = (int)ceil_div(k, pl->dh_split_k); /* (no empty split) */
 }
 
 static void plan_dh_width(const flce_config *cfg, int num_sms, plan *pl)
@@ -575,14 +580,8 @@ static void plan_dh_width(const flce_config *cfg, int num_sms, plan *pl)
     int64_t launches = pl->recompute ? pl->n_vchunks : pl->n_chunks;
     int best = pl->dh.tile.bn;
     if (pl->dh.tile.bn == 256 && !cfg->dh_bn) {
-        pl->dh_splits = plan_dh_splits(cfg, num_sms, pl, blocks, launches);
-        if (pl->dh_splits > 1) {
-            int64_t k = pl->recompute ? pl->chunk_cols : pl->v;
-            pl->dh_split_k = ceil_div(ceil_div(k, pl->dh_splits), 64) * 64;
-            pl->dh_splits = (int)ceil_div(k, pl->dh_split_k); /* (no empty split) */
-            return;
-        }
-        pl->dh_splits = 0;
+        plan_dh_splits(cfg, num_sms, pl, blocks, launches);
+        if (pl->dh_splits) return;
     }
     if (cfg->dh_bn) {
         best = cfg->dh_bn;
