@@ -220,11 +220,11 @@ void bench_ref_free(bench_ref *r)
 }
 
 /* Rel L2 of sampled device rows (16-bit or fp32 gradients) against the reference rows. */
-static double rows_rel_l2(const bench_data *d, const void *dev, const int64_t *rows, const double *ref,
+static double rows_rel_l2(const bench_data *d, flce_dtype dt, const void *dev, const int64_t *rows, const double *ref,
                           int samples)
 {
     int64_t D = d->p.hidden;
-    size_t row_bytes = (size_t)D * d->es;
+    size_t row_bytes = (size_t)D * (dt == FLCE_DTYPE_F32 ? 4 : 2);
     void *grow = malloc(row_bytes);
     double *got = malloc(sizeof(double) * (size_t)D), num = 0, den = 0;
     if (!grow || !got) {
@@ -233,7 +233,7 @@ static double rows_rel_l2(const bench_data *d, const void *dev, const int64_t *r
     }
     for (int s = 0; s < samples; s++) {
         devmem_download(grow, (const char *)dev + (size_t)rows[s] * row_bytes, row_bytes);
-        host_from_dtype(d->p.dtype, grow, got, (size_t)D);
+        host_from_dtype(dt, grow, got, (size_t)D);
         for (int64_t k = 0; k < D; k++) {
             double e = got[k] - ref[s * D + k];
             num += e * e, den += ref[s * D + k] * ref[s * D + k];
@@ -274,8 +274,13 @@ void bench_ref_compare(const bench_ref *r, const bench_data *d, int want_grads, 
         if (isnan(loss_rows[r->tok[s]])) e->loss_row = NAN;
     }
     if (want_grads) {
-        e->dh = rows_rel_l2(d, d->d_dh, r->tok, r->dh, r->samples);
-        if (r->have_dw) e->dw = rows_rel_l2(d, d->d_dw, r->vrow, r->dw, r->samples);
+        e->dh = rows_rel_l2(d, d->p.dtype, d->d_dh, r->tok, r->dh, r->samples);
+        if (r->have_dw) e->dw = rows_rel_l2(d, d->p.dtype, d->d_dw, r->vrow, r->dw, r->samples);
     }
     free(lse), free(loss_rows);
+}
+
+void bench_ref_compare_dw_f32(const bench_ref *r, const bench_data *d, const void *dw_f32, bench_errors *e)
+{
+    e->dw = r->have_dw ? rows_rel_l2(d, FLCE_DTYPE_F32, dw_f32, r->vrow, r->dw, r->samples) : NAN;
 }

@@ -68,5 +68,8 @@ typedef struct bench_errors {
 
 /* Compares the device outputs of d against r. want_grads 0: loss and lse only (forward). */
 void bench_ref_compare(const bench_ref *r, const bench_data *d, int want_grads, bench_errors *e);
+/* e->dw from an fp32 dW (V × D) on the device instead of d->d_dw: accumulate_grad_weight's buffer,
+ * zeroed before the call. */
+void bench_ref_compare_dw_f32(const bench_ref *r, const bench_data *d, const void *dw_f32, bench_errors *e);
 
 #endif

@@ -60,6 +60,12 @@ flce_status devmem_poison(void *ptr, size_t bytes)
     return legacy_stream_done();
 }
 
+flce_status devmem_zero(void *ptr, size_t bytes)
+{
+    DRV_TRY(drv.MemsetD8((CUdeviceptr)(uintptr_t)ptr, 0, bytes));
+    return legacy_stream_done();
+}
+
 flce_status devmem_sync(void)
 {
     DRV_TRY(drv.CtxSynchronize());

@@ -20,6 +20,7 @@ flce_status devmem_upload(void *dst, const void *src, size_t bytes);
 flce_status devmem_download(void *dst, const void *src, size_t bytes);
 /* Fills with 0xFF bytes: NaN in fp32, fp16 and bf16, −1 in integers — an unwritten output shows. */
 flce_status devmem_poison(void *ptr, size_t bytes);
+flce_status devmem_zero(void *ptr, size_t bytes);
 flce_status devmem_sync(void);
 /* Device-wide timing with events on the legacy stream. */
 typedef struct devmem_timer devmem_timer;

@@ -28,10 +28,13 @@ typedef struct bench_strategy {
     uint64_t budget;
     int forward; /* flce_forward: loss and lse only, counted as 2NVD */
     int fp32z;   /* "+fp32z": FLCE_COMPACT=0 for this row (the chunked strategy's fp32 Z store) */
+    int main_grad; /* "+maingrad": dW added into an fp32 V × D buffer (accumulate_grad_weight, as
+                    * Megatron's main_grad); the buffer counts as an input, not as extra memory */
 } bench_strategy;
 
 /* The named rows; --strategies also takes any of the first four with a budget, "chunked-1536MiB",
- * and "+fp32z" for side-by-side timing of the compact store (parse_strategy). */
+ * "+fp32z" for side-by-side timing of the compact store and "+maingrad" for dW into an fp32 buffer
+ * (parse_strategy). */
 static const bench_strategy BASE_STRATEGIES[] = { /* budget 0: the library's default, as a caller gets */
     {"auto", FLCE_STRATEGY_AUTO, 0, 0, 0},
     {"chunked", FLCE_STRATEGY_CHUNKED, 0, 0, 0},
@@ -79,7 +82,7 @@ typedef struct bench_row {
 static void bench_usage(FILE *f)
 {
     fprintf(f, "usage: flce bench [--list] [--shapes NxDxV,...] [--dtype bf16|f16|f32] [--logit-std 4,0.5]\n"
-               "                  [--strategies auto,chunked,chunked-128MiB,recompute,forward,chunked+fp32z]\n"
+               "                  [--strategies auto,chunked,chunked-128MiB,recompute,forward,chunked+fp32z,auto+maingrad]\n"
                "                  [--warmup 3] [--iters 10] [--sets 2] [--samples 8] [--json FILE]\n"
                "                  [--arch sm_90a (--list only)] [--timeline]\n"
                "--timeline: on stderr, each timed run with its input set and each kernel's time inside the\n"
@@ -110,7 +113,7 @@ static int parse_shapes(bench_opts *o, const char *s)
     return o->n_shapes > 0;
 }
 
-/* "<base>[-<N>MiB][+fp32z]" → a STRATEGIES entry (reused when the same name came before); -1 when
+/* "<base>[-<N>MiB][+fp32z][+maingrad]" → a STRATEGIES entry (reused when the same name came before); -1 when
  * the name is not one of those or the table is full. */
 static int parse_strategy(const char *tok)
 {
@@ -122,10 +125,11 @@ static int parse_strategy(const char *tok)
     snprintf(st.name, sizeof st.name, "%s", tok);
     char base[48];
     snprintf(base, sizeof base, "%s", tok);
-    char *plus = strchr(base, '+');
-    if (plus) {
-        if (strcmp(plus, "+fp32z")) return -1;
-        *plus = 0, st.fp32z = 1;
+    for (char *plus; (plus = strrchr(base, '+'));) {
+        if (!strcmp(plus, "+fp32z") && !st.fp32z) st.fp32z = 1;
+        else if (!strcmp(plus, "+maingrad") && !st.main_grad) st.main_grad = 1;
+        else return -1;
+        *plus = 0;
     }
     char *dash = strchr(base, '-');
     long long mib = 0; /* 0: the library's default budget */
@@ -139,6 +143,7 @@ static int parse_strategy(const char *tok)
     while (b < nb && strcmp(base, BASE_STRATEGIES[b].name)) b++;
     if (b == nb) return -1;
     st.strategy = BASE_STRATEGIES[b].strategy, st.forward = BASE_STRATEGIES[b].forward;
+    if (st.forward && st.main_grad) return -1;
     st.budget = (uint64_t)mib << 20;
     STRATEGIES[n_strategies] = st;
     return n_strategies++;
@@ -153,7 +158,7 @@ static int parse_strategies(bench_opts *o, const char *s)
         int k = parse_strategy(tok);
         if (k < 0) {
             fprintf(stderr, "flce bench: --strategies: unknown strategy '%s' (use auto, chunked, recompute "
-                            "or forward, optionally with a budget and +fp32z: chunked-1536MiB+fp32z)\n", tok);
+                            "or forward, optionally with a budget, +fp32z and +maingrad: chunked-1536MiB+fp32z)\n", tok);
             return 0;
         }
         if (o->n_strat < N_STRATEGIES) o->strat[o->n_strat++] = k;
@@ -199,6 +204,7 @@ static flce_problem bench_problem(const bench_opts *o, int shape, int strat)
     p.tokens = o->shape[shape][0], p.hidden = o->shape[shape][1], p.vocab_shard = o->shape[shape][2];
     p.strategy = STRATEGIES[strat].strategy;
     p.memory_budget = STRATEGIES[strat].budget;
+    p.accumulate_grad_weight = STRATEGIES[strat].main_grad;
     return p;
 }
 
@@ -421,12 +427,13 @@ static flce_status bench_call(flce_context *ctx, const flce_problem *p, int forw
     return forward ? flce_forward(ctx, p, t, NULL) : flce_loss_and_grad(ctx, p, t, NULL);
 }
 
-static void bench_tensors(const bench_run *b, int set, int forward, flce_tensors *t)
+/* dw_f32: a "+maingrad" row's fp32 buffer, which dW is added into; NULL: d_dw. */
+static void bench_tensors(const bench_run *b, int set, int forward, void *dw_f32, flce_tensors *t)
 {
     flce_tensors_init(t);
     t->hidden = b->set[set].h, t->weight = b->set[set].w, t->labels = b->set[set].labels;
     t->loss = b->d.d_loss, t->lse = b->d.d_lse;
-    if (!forward) t->grad_hidden = b->d.d_dh, t->grad_weight = b->d.d_dw;
+    if (!forward) t->grad_hidden = b->d.d_dh, t->grad_weight = dw_f32 ? dw_f32 : b->d.d_dw;
 }
 
 /* One row. A fresh context per row, so the device-memory change of its first call is all that
@@ -482,15 +489,23 @@ static int bench_row_run_now(bench_run *b, int k, bench_row *row)
 {
     const bench_strategy *st = &STRATEGIES[k];
     flce_problem p = b->d.p;
-    p.strategy = st->strategy, p.memory_budget = st->budget;
+    p.strategy = st->strategy, p.memory_budget = st->budget, p.accumulate_grad_weight = st->main_grad;
     flce_context *ctx = NULL;
     if (flce_context_create(0, &ctx) != FLCE_OK) return 0;
+    void *mg = NULL; /* "+maingrad": allocated before the memory is read, as an input */
+    size_t mg_bytes = (size_t)(p.vocab_shard * p.hidden) * 4;
+    if (st->main_grad && (devmem_alloc(&mg, mg_bytes) != FLCE_OK || devmem_zero(mg, mg_bytes) != FLCE_OK)) {
+        fprintf(stderr, "flce bench: %s: the fp32 dW buffer: %s\n", st->name, flce_last_error());
+        devmem_free(mg);
+        flce_context_destroy(ctx);
+        return 0;
+    }
     row->auto_choice = auto_choice(p, st->forward, ctx->name, ctx->sm, ctx->num_sms, ctx->mem_bytes);
     uint64_t ws = 0;
     flce_op op = st->forward ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD;
     size_t free0 = 0, free1 = 0, total = 0;
     flce_tensors t;
-    bench_tensors(b, 0, st->forward, &t);
+    bench_tensors(b, 0, st->forward, mg, &t);
     /* The first call's wall time is what a process pays once: NVRTC, or with a warm disk cache
      * (and autotune table) only the module load. */
     int ok = flce_workspace_size(ctx, &p, op, &ws) == FLCE_OK && devmem_info(&free0, &total) == FLCE_OK;
@@ -502,7 +517,7 @@ static int bench_row_run_now(bench_run *b, int k, bench_row *row)
     row->workspace_mib = (double)ws / MIB;
     row->extra_mib = ((double)free0 - (double)free1) / MIB;
     for (int r = 0; ok && r < b->o->warmup; r++) {
-        bench_tensors(b, r % b->sets, st->forward, &t);
+        bench_tensors(b, r % b->sets, st->forward, mg, &t);
         ok = bench_call(ctx, &p, st->forward, &t) == FLCE_OK;
     }
     double *ms = calloc((size_t)b->o->iters, sizeof(double));
@@ -510,7 +525,7 @@ static int bench_row_run_now(bench_run *b, int k, bench_row *row)
     timeline_enable(b->o->timeline);
     for (int r = 0; ok && r < b->o->iters; r++) {
         /* Continue the rotation after the warm-up: no run reads the operands of the run before. */
-        bench_tensors(b, (b->o->warmup + r) % b->sets, st->forward, &t);
+        bench_tensors(b, (b->o->warmup + r) % b->sets, st->forward, mg, &t);
         devmem_timer *tm;
         float one = 0;
         ok = devmem_timer_start(&tm) == FLCE_OK;
@@ -531,8 +546,8 @@ static int bench_row_run_now(bench_run *b, int k, bench_row *row)
     }
     free(ms);
     /* The checked call: set 0 (the reference's data), outputs poisoned, per-token losses added. */
-    ok = ok && bench_data_poison_outputs(&b->d) == FLCE_OK;
-    bench_tensors(b, 0, st->forward, &t);
+    ok = ok && bench_data_poison_outputs(&b->d) == FLCE_OK && (!mg || devmem_zero(mg, mg_bytes) == FLCE_OK);
+    bench_tensors(b, 0, st->forward, mg, &t);
     t.loss_per_token = b->d.d_loss_rows;
     ok = ok && bench_call(ctx, &p, st->forward, &t) == FLCE_OK && flce_check(ctx, NULL) == FLCE_OK;
     if (ok) {
@@ -547,8 +562,10 @@ static int bench_row_run_now(bench_run *b, int k, bench_row *row)
             }
             free(lse);
         }
+        if (mg) bench_ref_compare_dw_f32(&b->ref, &b->d, mg, &row->e);
     }
     if (!ok) fprintf(stderr, "flce bench: %s: %s\n", st->name, flce_last_error());
+    devmem_free(mg);
     flce_context_destroy(ctx);
     return ok;
 }
@@ -563,10 +580,13 @@ static int bench_sets(bench_run *b)
     for (int j = 0; j < b->o->n_strat; j++) {
         flce_problem q = *p;
         q.strategy = STRATEGIES[b->o->strat[j]].strategy, q.memory_budget = STRATEGIES[b->o->strat[j]].budget;
+        q.accumulate_grad_weight = STRATEGIES[b->o->strat[j]].main_grad;
         uint64_t ws = 0;
         if (flce_workspace_size(ctx, &q, STRATEGIES[b->o->strat[j]].forward ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD,
-                                &ws) == FLCE_OK && ws > ws_max)
-            ws_max = ws;
+                                &ws) != FLCE_OK)
+            continue;
+        if (q.accumulate_grad_weight) ws += (uint64_t)(q.vocab_shard * q.hidden) * 4; /* its fp32 dW */
+        if (ws > ws_max) ws_max = ws;
     }
     flce_context_destroy(ctx);
     size_t free_b = 0, total = 0;
