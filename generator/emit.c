@@ -85,6 +85,7 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     if (s->dz_convert) sb_text(b, "#define FLCE_DZ_CONVERT 1  // A: compact logits, made dZ by the producer's idle warps\n");
     if (s->plain_out) sb_text(b, "#define FLCE_GRAD_PLAIN 1  // only complete 16-bit tiles, through shared memory\n");
     if (s->red_acc) sb_text(b, "#define FLCE_GRAD_RED 1  // fp32 accumulators may be updated by red.global\n");
+    if (spec_bulk_red(s)) sb_text(b, "#define FLCE_GRAD_BULK 1  // … by bulk reductions from shared memory\n");
     if (s->full_tiles) sb_text(b, "#define FLCE_FULL_TILES 1  // every launch's n is a multiple of BN\n");
     if (s->role != ROLE_ROWOPS && s->cluster > 1)
         sb_printf(b, "#define FLCE_CLUSTER %d  // CTAs per cluster: the B tile is multicast to all of them\n", s->cluster);

@@ -108,7 +108,7 @@ static void summary_text(const kernel_spec *s, int with_shape, char *out, size_t
              spec_role_name(s->role), s->fused_dz ? "+dz" : s->qrows ? "+qrows" : s->compact ? "+compact" : s->dz_operand ? "+dzop" : s->dz_convert ? "+dzconv" : "",
              spec_dtype_name(s->dtype), shape, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk, t->stages,
              t->warps_m, t->warps_n, t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "",
-             s->cluster > 1 ? " cluster=2" : "", s->plain_out ? " plain-out" : "", s->red_acc ? " red-acc" : "",
+             s->cluster > 1 ? " cluster=2" : "", s->plain_out ? " plain-out" : "", s->red_acc == 2 ? " red-acc-thread" : s->red_acc ? " red-acc" : "",
              s->full_tiles ? " full-tiles" : "", opts,
              s->fused_dz ? (s->reduction == FLCE_REDUCTION_NONE ? " reduction=none" : " reduction=mean/sum") : "");
 }
@@ -122,7 +122,24 @@ void spec_code_summary(const kernel_spec *s, char *out, size_t cap) { summary_te
 static int a_kmajor(spec_role r) { return r != ROLE_DW; }
 static int b_kmajor(spec_role r) { return r == ROLE_LOGITS; }
 
+static size_t smem_bytes(const kernel_spec *s);
+
+/* The bytes of the second staging buffer per warp that spec_bulk_red's kernels add. */
+static size_t bulk_red_bytes(const kernel_spec *s) { return 2048u * (size_t)(s->tile.warps_m * s->tile.warps_n); }
+
+int spec_bulk_red(const kernel_spec *s)
+{
+    const spec_tile *t = &s->tile;
+    return s->red_acc == 1 && t->wgmma && t->tma && !t->tcgen05 && t->warps_n == 1 && t->bm == 16 * t->warps_m &&
+           t->bn % 32 == 0 && smem_bytes(s) + bulk_red_bytes(s) <= spec_smem_limit(s->sm);
+}
+
 size_t spec_smem_bytes(const kernel_spec *s)
+{
+    return smem_bytes(s) + (spec_bulk_red(s) ? bulk_red_bytes(s) : 0);
+}
+
+static size_t smem_bytes(const kernel_spec *s)
 {
     if (s->role == ROLE_ROWOPS) return 0;
     const spec_tile *t = &s->tile;
@@ -391,8 +408,8 @@ flce_status spec_validate(const kernel_spec *s)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "full_tiles=%d: 0, or 1 for the compact logits pass with vocab_shard a multiple of the tile's BN",
                        s->full_tiles);
-    if (s->red_acc != 0 && (s->red_acc != 1 || s->role == ROLE_LOGITS || s->plain_out))
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "red_acc=%d: 0, or 1 for dH/dW without plain_out", s->red_acc);
+    if (s->red_acc != 0 && (s->red_acc < 0 || s->red_acc > 2 || s->role == ROLE_LOGITS || s->plain_out))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "red_acc=%d: 0, or 1 or 2 for dH/dW without plain_out", s->red_acc);
     if (s->cluster != 0 && (s->cluster != 2 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
                             s->tile.tcgen05))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,

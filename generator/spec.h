@@ -68,7 +68,9 @@ typedef struct kernel_spec {
      * the kernel's NVRTC time):
      *   plain_out  1: only complete 16-bit tiles through shared memory: no fp32 addend or output,
      *              n a multiple of BN (a 16-bit gradient computed in one pass; wgmma TMA path)
-     *   red_acc    1: the red.global path for fp32 accumulators updated in place (FLCE_RED_ACC) */
+     *   red_acc    1: fp32 accumulators updated in place by reductions (FLCE_RED_ACC): bulk ones
+     *              from shared memory where spec_bulk_red, else red.global per thread; 2: red.global
+     *              per thread always (FLCE_BULK_RED=0) */
     int plain_out;
     int red_acc;
     /* LOGITS with compact: every launch covers the whole shard (its n is vocab_shard, a multiple
@@ -102,6 +104,9 @@ void spec_code_summary(const kernel_spec *s, char *out, size_t cap);
 
 /* Dynamic shared memory bytes a GEMM spec needs (0 for ROWOPS). */
 size_t spec_smem_bytes(const kernel_spec *s);
+/* 1 when a red_acc kernel updates fp32 accumulators by bulk reductions from shared memory (a
+ * second 2 KiB staging buffer per warp, where it fits: templates/gemm_grad.cu, FLCE_GRAD_BULK). */
+int spec_bulk_red(const kernel_spec *s);
 int spec_threads(const kernel_spec *s);
 /* Largest dynamic shared memory per block of an arch (opt-in limit). */
 size_t spec_smem_limit(int sm);

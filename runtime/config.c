@@ -29,6 +29,7 @@ void config_defaults(flce_config *c)
      * chunks), 1.2 ms for dW into a caller's fp32 main_grad (H100, bench/NOTES.md, session 7) */
     c->red_acc = 1;
     c->grad_streams = 1;
+    c->bulk_red = 1;
     c->dh_splits = -1;
     c->cluster = -1;
     /* dZ formed inside dH (FLCE_DZ_CONVERT) stays off: measured slower than the dz pass (bench/NOTES.md v35) */
@@ -116,6 +117,7 @@ void config_from_env(flce_config *c)
     c->dh_bn = config_parse_int("FLCE_DH_BN", getenv("FLCE_DH_BN"), 0, 256, c->dh_bn) / 64 * 64;
     c->grad_streams = config_parse_bool("FLCE_GRAD_STREAMS", getenv("FLCE_GRAD_STREAMS"), c->grad_streams);
     c->dh_splits = config_parse_int("FLCE_DH_SPLITS", getenv("FLCE_DH_SPLITS"), -1, PLAN_DH_SPLITS_MAX, c->dh_splits);
+    c->bulk_red = config_parse_bool("FLCE_BULK_RED", getenv("FLCE_BULK_RED"), c->bulk_red);
     c->nvrtc_fast = parse_nvrtc_fast(getenv("FLCE_NVRTC_FAST"));
 }
 
@@ -155,6 +157,7 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_DH_BN", "%d", c->dh_bn, c->dh_bn == d.dh_bn);
     CONFIG_LOG_ONE("FLCE_GRAD_STREAMS", "%s", on_off(c->grad_streams), c->grad_streams == d.grad_streams);
     CONFIG_LOG_ONE("FLCE_DH_SPLITS", "%d", c->dh_splits, c->dh_splits == d.dh_splits);
+    CONFIG_LOG_ONE("FLCE_BULK_RED", "%s", on_off(c->bulk_red), c->bulk_red == d.bulk_red);
     CONFIG_LOG_ONE("FLCE_NVRTC_FAST", "%s", fast[c->nvrtc_fast], c->nvrtc_fast == d.nvrtc_fast);
 #undef CONFIG_LOG_ONE
 }

@@ -63,6 +63,9 @@ typedef struct flce_config {
     int dh_splits;     /* FLCE_DH_SPLITS: dH split over its k (vocab) into this many fp32 slabs summed
                         * after it (plan.c plan_dh_splits); -1 (default): where dH's tiles fill under
                         * half the SMs, 0 or 1: never */
+    int bulk_red;      /* FLCE_BULK_RED: fp32 accumulators' reductions handed to the TMA unit as bulk
+                        * reductions from shared memory where the tile allows (default on; off:
+                        * red.global per thread) */
     config_nvrtc_fast nvrtc_fast; /* FLCE_NVRTC_FAST (default off) */
 } flce_config;
 

@@ -523,8 +523,9 @@ static void plan_grad_stores(const flce_problem *p, plan *pl)
     int dw_plain = bits16 && !p->accumulate_grad_weight && !pl->need_dw_acc;
     dh->plain_out = dh_plain && hopper_tma(dh) && pl->d % dh->tile.bn == 0;
     dw->plain_out = dw_plain && hopper_tma(dw) && pl->d % dw->tile.bn == 0;
-    dh->red_acc = pl->red_acc && !dh->plain_out;
-    dw->red_acc = pl->red_acc && !dw->plain_out;
+    int red = pl->bulk_red ? 1 : 2;
+    dh->red_acc = pl->red_acc && !dh->plain_out ? red : 0;
+    dw->red_acc = pl->red_acc && !dw->plain_out ? red : 0;
 }
 
 /* dH's tile width on the wgmma TMA path. dH's output is only tokens × D, so its 128×256 tiles may
@@ -621,7 +622,7 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     pl->raster_rows = cfg->raster_rows;
     /* Off: measured slower (bench/NOTES.md v12); FLCE_ACC_PREFETCH=1 for side-by-side runs. */
     pl->acc_prefetch = cfg->acc_prefetch;
-    pl->red_acc = cfg->red_acc;
+    pl->red_acc = cfg->red_acc, pl->bulk_red = cfg->bulk_red;
     pl->dz_convert_wanted = cfg->dz_convert;
     pl->dh_k_slice_max = cfg->dh_k_slice;
     pl->dh_reduce_16bit = cfg->tp_dh_16bit && pl->collective && !pl->sp && !p->accumulate_grad_hidden &&

@@ -109,6 +109,7 @@ typedef struct plan {
      * load-add-store's bits (but subnormals flush to zero). FLCE_RED_ACC=1 turns it on (not yet
      * measured on a GPU). */
     int red_acc;
+    int bulk_red; /* FLCE_BULK_RED: those reductions as bulk ones from shared memory (spec red_acc 1, else 2) */
     /* FLCE_CLUSTER=2: the dH/dW kernels on the wgmma TMA path run in 2-CTA clusters that load their
      * shared B tile once by TMA multicast (spec cluster; 0 = off, the default: not yet measured). */
     int cluster;

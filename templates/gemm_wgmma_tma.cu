@@ -618,7 +618,11 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
 #define STAGED_STORE 1
 #endif
 #if STAGED_STORE
-constexpr int STAGING_BYTES = 16 * 64 * 2; // per warp; the generator's spec_smem_bytes adds them
+#ifndef FLCE_GRAD_BULK
+#define FLCE_GRAD_BULK 0
+#endif
+// per warp (two with FLCE_GRAD_BULK: gemm_grad.cu); the generator's spec_smem_bytes adds them
+constexpr int STAGING_BYTES = (FLCE_GRAD_BULK ? 2 : 1) * 16 * 64 * 2;
 // The staging buffers follow the barriers and the tile ring, on a 128-byte boundary (the
 // generator's spec_smem_bytes counts the same).
 constexpr int STAGING_OFFSET = PIPE_BYTES + (16 * STAGES + 8 * (STAGES + 1) + 127) / 128 * 128;
