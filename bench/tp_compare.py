@@ -143,12 +143,19 @@ def global_rel(got, ref, group, sharded):
     return float((num / den.clamp(min=1e-300)).sqrt())
 
 
-def time_steps(step, iters, warmup):
+def time_steps(step, iters, warmup, align=None):
+    """Median of this rank's step times (CUDA events). Free-running (align None), each rank starts
+    its next step when its own previous one ends, so a rank whose host is late holds the others at
+    the first collective and their times include that wait. With align (a tiny all-reduce, then a
+    device sync), the ranks start each step together, as a training step's LM head does after the
+    layers' collectives: the skew left is the hosts' wake-up jitter."""
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
+        if align:
+            align()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         step()
@@ -270,6 +277,7 @@ def main():
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dev = torch.device("cuda", torch.cuda.current_device())
     group = None
+    sync_t = torch.zeros(1, device=dev)  # time_steps' aligned starts
     base = v // size
     offset = rank * base
     shard = v - offset if rank == size - 1 else base
@@ -321,6 +329,8 @@ def main():
         marker(2000 + k, dev)
         results[provider] = [t.float().clone() if t is not None else None for t in step.out]
         ms = time_steps(step, args.iters, args.warmup)
+        ms_aligned = time_steps(step, args.iters, 1, align=lambda: (dist.all_reduce(sync_t, group=group),
+                                                                     torch.cuda.synchronize()))
         if args.timeline and provider == "flce-nccl":
             try:
                 trace = kernel_trace(step, rank)
@@ -329,14 +339,16 @@ def main():
             traces = [None] * size
             dist.all_gather_object(traces, trace)
             timelines.append(timeline_md(provider + (f"-{args.tag}" if args.tag else ""), traces))
-        t = torch.tensor([ms, peak], device=dev)
+        t = torch.tensor([ms, peak, ms_aligned], device=dev)
         all_t = [torch.zeros_like(t) for _ in range(size)]
         dist.all_gather(all_t, t)
         ms_max = max(float(x[0]) for x in all_t)
+        ms_aligned_max = max(float(x[2]) for x in all_t)
         peak_max = max(float(x[1]) for x in all_t)
         coll = count_collectives(log_path, 1000 + k, 2000 + k) if log_path else None
         env = {k: os.environ[k] for k in ("FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_TP_OVERLAP_SMS") if k in os.environ}
-        rows.append({"shape": args.shape, "tp": size, "ms": round(ms_max, 3), "env": env, "base": provider,
+        rows.append({"shape": args.shape, "tp": size, "ms": round(ms_max, 3), "ms_aligned": round(ms_aligned_max, 3),
+                     "env": env, "base": provider,
                      "provider": provider + (f"-{args.tag}" if args.tag and provider.startswith("flce") else ""),
                      "tflops": round(6 * n * v * d / (ms_max * 1e-3) / 1e12, 1), "extra_mib": round(peak_max, 1),
                      "collectives": coll[0] if coll else None, "coll_bytes": coll[1] if coll else None,
@@ -369,18 +381,21 @@ def main():
               f"{torch.cuda.get_device_name(dev)} x{size}, {date}, torch {torch.__version__}, "
               f"flce {flce.version()}, median of {args.iters}, slowest rank", "",
               "Errors: relative L2 against a float64 vocab-parallel reference of the same data.", "",
-              "| provider | ms | TFLOP/s (6NVD) | peak extra MiB | collectives/step | bytes/step/rank | loss | err loss | err dH | err dW | same loss on all ranks |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "ms: free-running steps (each rank starts when its previous step ends); ms aligned: the ranks "
+              "start each step together (an all-reduce and a device sync before it), as after a model's layers.", "",
+              "| provider | ms | ms aligned | TFLOP/s (6NVD) | peak extra MiB | collectives/step | bytes/step/rank | loss | err loss | err dH | err dW | same loss on all ranks |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             e = lambda x: "–" if x is None else f"{x:.1e}"  # noqa: E731
-            md.append(f"| {r['provider']} | {r['ms']:.2f} | {r['tflops']} | {r['extra_mib']:.0f} | "
+            md.append(f"| {r['provider']} | {r['ms']:.2f} | {r['ms_aligned']:.2f} | {r['tflops']} | {r['extra_mib']:.0f} | "
                       f"{r['collectives']} | {r['coll_bytes']} | {r['loss']:.6f} | {e(r['err_loss'])} | "
                       f"{e(r['err_dh'])} | {e(r['err_dw'])} | {r['loss_same_on_all_ranks']} |")
         local = next((r for r in rows if r["base"] == "flce-local"), None)
         nccl = next((r for r in rows if r["base"] == "flce-nccl"), None)
         if local and nccl:
             md += ["", f"Tensor parallelism adds {nccl['ms'] - local['ms']:.2f} ms to flce's kernels on the shard "
-                   f"({nccl['provider']} {nccl['ms']:.2f} − {local['provider']} {local['ms']:.2f})."]
+                   f"({nccl['provider']} {nccl['ms']:.2f} − {local['provider']} {local['ms']:.2f}); aligned "
+                   f"{nccl['ms_aligned'] - local['ms_aligned']:.2f} ms."]
         if any(r["env"] for r in rows):
             md += ["", "Settings: " + "; ".join(f"{r['provider']} {r['env']}" for r in rows if r["env"])]
         md += ["", f"commit {commit}"]
