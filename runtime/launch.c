@@ -526,16 +526,6 @@ static flce_status zero_tile_counter(run *r)
  * fewer CTAs than the SMs, which stay free for NCCL's all-reduce on the side stream (dW's CTAs,
  * once resident, hold their SMs until the counter runs dry: TP v3 in bench/NOTES.md), and `late`
  * CTAs on the side stream behind the reduction, which take the tiles left when it ends. */
-/* A quarter of one dW tile's main loop at PLAN_GEMM_RATE shared over the SMs, in ns: FLCE_STAGGER
- * starts the CTAs at four such offsets, so a wave's tiles do not all end, and add their fp32 tile
- * into the accumulator, at once (bench/NOTES.md session 15). */
-static int dw_stagger_ns(const run *r, const kernel_spec *s, int64_t k)
-{
-    double per_sm = PLAN_GEMM_RATE / (r->ctx->num_sms > 0 ? r->ctx->num_sms : 1);
-    double ns = 2.0 * s->tile.bm * s->tile.bn * (double)k / per_sm * 1e9 / 4;
-    return ns < 1 ? 0 : ns > 1e6 ? 1000000 : (int)ns;
-}
-
 static flce_status run_dw_split(run *r, const block *b, int late)
 {
     const plan *pl = r->pl;
@@ -553,7 +543,6 @@ static flce_status run_dw_split(run *r, const block *b, int late)
     g.ldo = pl->d;
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
-    g.stagger_ns = pl->stagger && g.red_addend && !pl->dw.cluster ? dw_stagger_ns(r, &pl->dw, b->rows) : 0;
     TRY(check_grad_stores(&pl->dw, &g, "dW"));
     if (pl->dz_operand) set_dz_factors(r, b, &g);
     int dynamic = pl->dw_dynamic && b->rows > 0; /* tiles from a counter: see plan.h, dw_dynamic */

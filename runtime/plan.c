@@ -294,6 +294,7 @@ static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, pl
  * 43.0, recompute 54.4 / 50.7; 8192×2304×256000 (1024-row chunks) 72.6 / 64.4 vs 63.4 / 62.2;
  * 4096×2048×32000 2.76 / 2.60 vs 3.42 / 3.16; 512×4096×128256 3.50 / 3.64 vs 4.2 / 4.3: the same
  * winner as measured on every shape. */
+#define PLAN_GEMM_RATE 650e12 /* FLOP/s of one flce GEMM pass back to back, bf16 */
 #define PLAN_DRAM_RATE 3.0e12 /* bytes/s read + written */
 /* dH's time per output column at 192 and 128 wide, relative to 256 (plan_dh_width), from dH's
  * in-run times at 8192×4096×128256 on an H100 (bench/NOTES.md v36): 12.9 and 17.7 ms against
@@ -621,7 +622,7 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     pl->raster_rows = cfg->raster_rows;
     /* Off: measured slower (bench/NOTES.md v12); FLCE_ACC_PREFETCH=1 for side-by-side runs. */
     pl->acc_prefetch = cfg->acc_prefetch;
-    pl->red_acc = cfg->red_acc, pl->bulk_red = cfg->bulk_red, pl->stagger = cfg->stagger;
+    pl->red_acc = cfg->red_acc, pl->bulk_red = cfg->bulk_red;
     pl->dz_convert_wanted = cfg->dz_convert;
     pl->dh_k_slice_max = cfg->dh_k_slice;
     pl->dh_reduce_16bit = cfg->tp_dh_16bit && pl->collective && !pl->sp && !p->accumulate_grad_hidden &&

@@ -14,7 +14,6 @@
 #include "spec.h"
 
 #define PLAN_DEFAULT_BUDGET (512ull << 20)
-#define PLAN_GEMM_RATE 650e12 /* FLOP/s of one flce GEMM pass back to back, bf16 (plan.c cost model) */
 #define PLAN_RASTER_ROWS 8 /* dH/dW tile order: row blocks per group (plan.c, raster_rows) */
 /* The longest vocab range one chunked dH launch sums over (plan.c dh_k_slice): the tensor cores'
  * fp32 accumulation over a 2.2M-column shard left dH 3-4.7e-3 off (test_large, session 7), against
@@ -104,7 +103,6 @@ typedef struct plan {
     /* dH/dW (TMA path): the producer prefetches an accumulating tile's fp32 addend into L2 while the
      * tile's main loop runs. Off unless FLCE_ACC_PREFETCH=1: measured 1.7 % slower (NOTES v12). */
     int acc_prefetch;
-    int stagger; /* FLCE_STAGGER: launch.c dw_stagger_ns for dW launches that add into fp32 */
     /* dH/dW adding into an fp32 accumulator in place (chunked dW, recompute's dH, the caller's
      * fp32 buffers): red.global.add from the epilogue instead of load + add + store, so the
      * consumers go on to the next tile while L2 adds. One reduction per element per launch: the

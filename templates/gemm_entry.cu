@@ -172,19 +172,6 @@ __device__ __forceinline__ void tile_origin(const flce_gemm_params &p, long long
     m0 = (first + w % rows_here) * BM, n0 = w / rows_here * BN;
 }
 
-// The CTA's start, held back by `ns` (params.h stagger_ns): a persistent grid's CTAs run tiles of
-// equal length back to back, so an offset at the start stays with the CTA for the whole launch.
-__device__ __forceinline__ void stagger_start(unsigned ns)
-{
-    if (!ns) return;
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t0));
-    do {
-        __nanosleep(500);
-        asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-    } while (t - t0 < ns);
-}
-
 // Unit u of the persistent walk: with a split of k (params.h k_splits, dH), the output tile
 // u % tiles over the k columns [kb, kb + kn) of split u / tiles, stored to that split's fp32 slab
 // (out); without, tile u over all of k, stored to p.out.
@@ -333,7 +320,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
     // the static walk's units: the tiles, times the splits of k (never with the tile counter)
     const long long units = p.k_splits > 1 ? tiles * p.k_splits : tiles;
     int it = 0;
-    stagger_start((unsigned)(blockIdx.x & 3) * (unsigned)p.stagger_ns);
     pipe_init(smem);
     if (threadIdx.x < PRODUCER_THREADS) {
         setmaxnreg_dec<PRODUCER_REGS>();

@@ -61,9 +61,6 @@ struct flce_gemm_params {
     int prefetch_addend;          /* dH/dW, TMA: the producer prefetches each tile's addend into L2 */
     int red_addend;               /* dH/dW with addend == out (fp32): out += scale·acc by fire-and-
                                      forget reductions (red.global.add) instead of load, add, store */
-    int stagger_ns;               /* dH/dW, TMA, no clusters: CTA b waits (b % 4) × this many ns before
-                                     its first tile, so the CTAs' tiles end (and their reductions reach
-                                     L2) at four times instead of one; 0: none */
     int tile_cols_log2;           /* dH/dW with FLCE_DZ_OPERAND: log2 of the compact logits' column
                                      group; tile_max then holds each (row, group)'s dz factor, target
                                      the label's dz, labels/vocab_offset/ignore_index/vocab_total
