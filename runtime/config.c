@@ -99,7 +99,6 @@ void config_from_env(flce_config *c)
     c->dz_operand = config_parse_bool("FLCE_DZ_OPERAND", getenv("FLCE_DZ_OPERAND"), c->dz_operand);
     c->dz_convert = config_parse_bool("FLCE_DZ_CONVERT", getenv("FLCE_DZ_CONVERT"), c->dz_convert);
     c->acc_prefetch = config_parse_bool("FLCE_ACC_PREFETCH", getenv("FLCE_ACC_PREFETCH"), c->acc_prefetch);
-    c->logits_lag = config_parse_int("FLCE_LOGITS_LAG", getenv("FLCE_LOGITS_LAG"), 0, 1000000, c->logits_lag);
     c->red_acc = config_parse_bool("FLCE_RED_ACC", getenv("FLCE_RED_ACC"), c->red_acc);
     /* a 1-CTA cluster is no cluster: 0 and 1 both leave it off; -1 (unset): plan.c's rule */
     int cl = config_parse_int("FLCE_CLUSTER", getenv("FLCE_CLUSTER"), -1, 2, c->cluster);
@@ -142,7 +141,6 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_FUSED_DZ", "%s", on_off(c->fused_dz), c->fused_dz == d.fused_dz);
     CONFIG_LOG_ONE("FLCE_DZ_OPERAND", "%s", on_off(c->dz_operand), c->dz_operand == d.dz_operand);
     CONFIG_LOG_ONE("FLCE_ACC_PREFETCH", "%s", on_off(c->acc_prefetch), c->acc_prefetch == d.acc_prefetch);
-    CONFIG_LOG_ONE("FLCE_LOGITS_LAG", "%d", c->logits_lag, c->logits_lag == d.logits_lag);
     CONFIG_LOG_ONE("FLCE_DZ_CONVERT", "%s", on_off(c->dz_convert), c->dz_convert == d.dz_convert);
     CONFIG_LOG_ONE("FLCE_RED_ACC", "%s", on_off(c->red_acc), c->red_acc == d.red_acc);
     CONFIG_LOG_ONE("FLCE_CLUSTER", "%d", c->cluster, c->cluster == d.cluster);

@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "comm.h"
-#include "config.h"
 #include "launch.h"
 #include "log.h"
 #include "params.h"
@@ -273,7 +272,6 @@ static void logits_params(const run *r, const block *b, struct flce_gemm_params 
     g->b_rows = b->cols, g->b_cols = pl->d, g->ldb = pl->d;
     g->ldo = pl->ldz;
     g->vocab_offset = r->p->vocab_offset + b->col0;
-    g->wg_lag_ns = config_get()->logits_lag;
 }
 
 static flce_status launch_logits(run *r, const kernel_spec *spec, CUfunction fn, const block *b, int stats,

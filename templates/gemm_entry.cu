@@ -98,16 +98,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
 #endif
 
-#if FLCE_TMA && !FLCE_TCGEN05
-    if (p.wg_lag_ns && warp >= 4) { // FLCE_LOGITS_LAG: the second warpgroup out of phase
-        unsigned long long t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t0));
-        do {
-            __nanosleep(200);
-            asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-        } while (t - t0 < (unsigned long long)p.wg_lag_ns);
-    }
-#endif
     long long lab[MI][2];
     row_state rs[MI][2]; // dZ factors, or the running statistics of the CTA's vocab tiles
     rows_setup(p, m0, wm, lane, lab, rs);

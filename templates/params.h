@@ -53,8 +53,6 @@ struct flce_gemm_params {
     int out_f32;                  /* dH/dW: out holds fp32 (else the input dtype) */
     int splits;                   /* logits: vocab splits (gridDim.y) */
     int tiles_per_split;          /* logits: BN-wide vocab tiles each split walks */
-    int wg_lag_ns;                /* logits, wgmma TMA: the second consumer warpgroup starts this many
-                                     ns after the first (FLCE_LOGITS_LAG, an experiment) */
     int raster_rows;              /* dH/dW, TMA (persistent): tiles walk in groups of this many row
                                      blocks × all column tiles, row blocks fastest; 0: column tiles
                                      fastest over all rows */
