@@ -18,8 +18,16 @@ string(REGEX MATCH "### 8192x4096x128256[^#]*" many "${out}")
 if(NOT few MATCHES "\\| auto \\| [^|]*dH split in 2 over the vocab; dW in 2-CTA clusters" OR many MATCHES "dH split|clusters")
   message(FATAL_ERROR "flce bench --list: the gradient GEMMs' plan at 512 / 8192 tokens:\n${few}\n${many}")
 endif()
+# "+maingrad" rows plan with dW added into the caller's fp32 buffer: no grown budget, so the main
+# shape takes 4 chunks of 2048 rows in the default 512 MiB (plan.c plan_chunks).
+execute_process(COMMAND ${FLCE} bench --list --shapes 8192x4096x128256 --strategies auto,auto+maingrad
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "\\| auto\\+maingrad \\| [^|]*\\| 4 token chunks of 2048 rows" OR
+   NOT out MATCHES "\\| auto \\| [^|]*\\| 1 token chunks of 8192 rows")
+  message(FATAL_ERROR "flce bench --list --strategies auto,auto+maingrad: status ${rc}\n${out}${err}")
+endif()
 # Each bad argument: status 2 and a message that names the offending value.
-foreach(case "--shapes;8192x4096;8192x4096" "--strategies;chunked,fast;fast" "--logit-std;-1;-1"
+foreach(case "--shapes;8192x4096;8192x4096" "--strategies;chunked,fast;fast" "--strategies;forward+maingrad;forward+maingrad" "--logit-std;-1;-1"
              "--dtype;int8;int8" "--iters;0;--iters" "--bogus;1;--bogus" "--shapes;64x1001x64;hidden=1001")
   list(GET case 0 opt)
   list(GET case 1 val)

@@ -10,6 +10,7 @@
 #include "capture.h"
 #include "check.h"
 #include "config.h"
+#include "emit.h"
 #include "plan.h"
 
 /* What config_parse_bool(name, value, def) printed to stderr under FLCE_LOG=warn (static). */
@@ -675,6 +676,21 @@ static void gradient_kernels_hold_only_the_stores_they_make(void)
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.n_chunks == 4 && pl.need_dw_acc && pl.dh.plain_out && !pl.dw.plain_out && pl.dw.red_acc);
     CHECK(!pl.dh.red_acc && spec_validate(&pl.dw) == FLCE_OK);
+    /* by bulk reductions from shared memory (FLCE_BULK_RED, default): red_acc 1 and a second
+     * staging buffer per warp; FLCE_BULK_RED=0: red.global per thread (red_acc 2), no buffer */
+    CHECK(pl.dw.red_acc == 1 && spec_bulk_red(&pl.dw));
+    size_t bulk_smem = spec_smem_bytes(&pl.dw);
+    char *src = NULL;
+    CHECK(emit_source(&pl.dw, &src) == FLCE_OK && src && strstr(src, "#define FLCE_GRAD_BULK 1"));
+    free(src), src = NULL;
+    cfg.bulk_red = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dw.red_acc == 2 && !spec_bulk_red(&pl.dw) && spec_validate(&pl.dw) == FLCE_OK);
+    CHECK(spec_smem_bytes(&pl.dw) + 2048u * 8 == bulk_smem);
+    CHECK(emit_source(&pl.dw, &src) == FLCE_OK && src && strstr(src, "#define FLCE_GRAD_RED 1") &&
+          !strstr(src, "#define FLCE_GRAD_BULK 1"));
+    free(src);
+    cfg.bulk_red = 1;
     cfg.red_acc = 0; /* FLCE_RED_ACC=0: load + add + store */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(!pl.dw.red_acc && !pl.dh.red_acc && spec_validate(&pl.dw) == FLCE_OK);

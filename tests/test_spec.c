@@ -87,6 +87,29 @@ static void tma_tiles_are_the_hopper_default_and_need_wgmma(void)
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.wgmma=1"));
 }
 
+/* Bulk reductions (spec_bulk_red): red_acc 1 on the Hopper TMA tile with 16-row warp tiles, where a
+ * second 2 KiB staging buffer per warp fits; never for red_acc 2, other tiles or the logits. */
+static void bulk_reductions_need_the_tma_tile_and_room_for_their_buffers(void)
+{
+    kernel_spec s = good_gemm(ROLE_DW, FLCE_DTYPE_BF16);
+    s.tile = spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_DW);
+    size_t plain = spec_smem_bytes(&s);
+    CHECK(!spec_bulk_red(&s));
+    s.red_acc = 1;
+    CHECK(spec_validate(&s) == FLCE_OK && spec_bulk_red(&s));
+    CHECK(spec_smem_bytes(&s) == plain + 2048u * (size_t)(s.tile.warps_m * s.tile.warps_n));
+    CHECK(spec_smem_bytes(&s) <= spec_smem_limit(90));
+    s.red_acc = 2; /* FLCE_BULK_RED=0 */
+    CHECK(spec_validate(&s) == FLCE_OK && !spec_bulk_red(&s) && spec_smem_bytes(&s) == plain);
+    s.red_acc = 3;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("red_acc=3"));
+    s.red_acc = 1, s.tile.stages = 5; /* no room left for the second buffer */
+    CHECK(!spec_bulk_red(&s));
+    s = good_gemm(ROLE_DW, FLCE_DTYPE_BF16); /* the portable tile: per-thread reductions */
+    s.red_acc = 1;
+    CHECK(!spec_bulk_red(&s));
+}
+
 /* The tcgen05 tile: only on sm_100 16-bit with FLCE_ENABLE_SM100=1 (spec_knobs enable_sm100);
  * validation names the field. */
 static void tcgen05_tiles_are_opt_in_blackwell_16_bit_only(void)
@@ -568,6 +591,7 @@ int main(void)
     RUN(wgmma_tiles_are_hopper_and_16_bit_only);
     RUN(tcgen05_tiles_are_opt_in_blackwell_16_bit_only);
     RUN(tma_tiles_are_the_hopper_default_and_need_wgmma);
+    RUN(bulk_reductions_need_the_tma_tile_and_room_for_their_buffers);
     RUN(arch_names_parse_and_print);
     RUN(chunks_fit_the_memory_budget);
     RUN(vocab_splits_fill_whole_waves);
