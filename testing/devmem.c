@@ -54,17 +54,15 @@ flce_status devmem_download(void *dst, const void *src, size_t bytes)
     return FLCE_OK;
 }
 
-flce_status devmem_poison(void *ptr, size_t bytes)
+static flce_status fill_bytes(void *ptr, size_t bytes, unsigned char value)
 {
-    DRV_TRY(drv.MemsetD8((CUdeviceptr)(uintptr_t)ptr, 0xFF, bytes));
+    DRV_TRY(drv.MemsetD8((CUdeviceptr)(uintptr_t)ptr, value, bytes));
     return legacy_stream_done();
 }
 
-flce_status devmem_zero(void *ptr, size_t bytes)
-{
-    DRV_TRY(drv.MemsetD8((CUdeviceptr)(uintptr_t)ptr, 0, bytes));
-    return legacy_stream_done();
-}
+flce_status devmem_poison(void *ptr, size_t bytes) { return fill_bytes(ptr, bytes, 0xFF); }
+
+flce_status devmem_zero(void *ptr, size_t bytes) { return fill_bytes(ptr, bytes, 0); }
 
 flce_status devmem_sync(void)
 {
