@@ -66,6 +66,9 @@ typedef struct flce_config {
     int bulk_red;      /* FLCE_BULK_RED: fp32 accumulators' reductions handed to the TMA unit as bulk
                         * reductions from shared memory where the tile allows (default on; off:
                         * red.global per thread) */
+    int pingpong;      /* FLCE_PINGPONG: the logits pass on the wgmma TMA path with its consumer warpgroups
+                        * taking turns (1), and in 2-CTA clusters sharing W's tile (2); 0 (default): the
+                        * cooperative pass */
     config_nvrtc_fast nvrtc_fast; /* FLCE_NVRTC_FAST (default off) */
 } flce_config;
 

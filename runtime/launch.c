@@ -287,8 +287,9 @@ static flce_status launch_logits(run *r, const kernel_spec *spec, CUfunction fn,
     g->splits = splits;
     g->tiles_per_split = tps;
     int64_t gx = ceil_div(b->rows, spec->tile.bm), gy = splits;
+    if (spec->cluster > 1) gx = ceil_div(gx, spec->cluster) * spec->cluster; /* pairs of row blocks */
     TRY(tma_prepare_gemm(spec, g, r->ctx->num_sms, &gx, &gy));
-    return launch(fn, gx, gy, spec_threads(spec), spec_smem_bytes(spec), r->stream, g, what);
+    return launch_cluster(fn, gx, gy, spec->cluster, spec_threads(spec), spec_smem_bytes(spec), r->stream, g, what);
 }
 
 /* The statistics pass (stats = 1: partials and target for combine) and/or the Z store. */

@@ -97,6 +97,7 @@ void plan_vocab_splits(const plan *pl, int64_t rows, int64_t cols, int num_sms, 
     enum { MAX_SPLITS = 64 };
     int64_t tiles = ceil_div(cols, pl->logits.tile.bn);
     int64_t row_blocks = ceil_div(rows, pl->logits.tile.bm);
+    if (pl->logits.cluster > 1) row_blocks = ceil_div(row_blocks, pl->logits.cluster) * pl->logits.cluster;
     int64_t slots = (int64_t)(num_sms > 0 ? num_sms : 1) * logits_ctas_per_sm(&pl->logits);
     int64_t best_cost = -1, best_tps = tiles;
     for (int64_t want = 1; want <= tiles && want <= MAX_SPLITS; want++) {
@@ -144,6 +145,27 @@ uint64_t plan_tp_block_bytes(int64_t rows)
  * with clusters, the dW tile counter, the staged 16-bit store and the dZ operand. */
 static int hopper_tma(const kernel_spec *s) { return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05; }
 
+/* FLCE_PINGPONG (config pingpong): the logits spec on the wgmma TMA path with its consumer
+ * warpgroups taking turns (1), also in 2-CTA clusters sharing W's tile (2). A stage then holds 64
+ * rows of A (40 KiB at 128×256×64), so the pipeline deepens to what shared memory holds beside the
+ * compact store's staging, at most 5 stages. */
+static void plan_pingpong(const flce_config *cfg, kernel_spec *s)
+{
+    if (!cfg->pingpong || !hopper_tma(s)) return;
+    s->pingpong = 1;
+    s->cluster = cfg->pingpong == 2 ? 2 : 0;
+    kernel_spec worst = *s;
+    worst.compact = 1;
+    while (worst.tile.stages < 5) {
+        worst.tile.stages++;
+        if (spec_smem_bytes(&worst) > spec_smem_limit(worst.sm)) {
+            worst.tile.stages--;
+            break;
+        }
+    }
+    s->tile.stages = worst.tile.stages;
+}
+
 /* FLCE_CLUSTER=2 (plan.h cluster): the dH/dW specs on the wgmma TMA path (after the tune table)
  * take 2-CTA clusters with the B tile multicast; other paths (tcgen05, cp.async, mma.sync) ignore it. */
 static void plan_cluster(const flce_config *cfg, plan *pl)
@@ -151,6 +173,7 @@ static void plan_cluster(const flce_config *cfg, plan *pl)
     pl->cluster = cfg->cluster == 2 ? 2 : 0;
     kernel_spec *grads[2] = {&pl->dh, &pl->dw};
     for (int i = 0; i < 2; i++) grads[i]->cluster = hopper_tma(grads[i]) ? pl->cluster : 0;
+    plan_pingpong(cfg, &pl->logits);
 }
 
 /* With FLCE_CLUSTER unset, dW alone in 2-CTA clusters where its k, the one token chunk, is short: a

@@ -47,10 +47,14 @@ flce_status tma_prepare_gemm(const kernel_spec *s, struct flce_gemm_params *g, i
     if (s->role == ROLE_ROWOPS || !(s->tile.wgmma || s->tile.tcgen05) || !s->tile.tma) return FLCE_OK;
     const unsigned bk = (unsigned)s->tile.bk;
     int a_kmajor = s->role != ROLE_DW, b_kmajor = s->role == ROLE_LOGITS;
-    TRY(encode(&g->tmap_a, s->dtype, g->a, g->a_rows, g->a_cols, g->lda, a_kmajor ? bk : 64,
-               a_kmajor ? (unsigned)s->tile.bm : bk, "tensor map of the GEMM's A operand"));
-    TRY(encode(&g->tmap_b, s->dtype, g->b, g->b_rows, g->b_cols, g->ldb, b_kmajor ? bk : 64,
-               b_kmajor ? (unsigned)s->tile.bn : bk, "tensor map of the GEMM's B operand"));
+    /* ping-pong logits: a stage holds one warpgroup's 64 rows of A, and in a cluster each CTA loads
+     * (and multicasts) BN/2 rows of B (templates/gemm_wgmma_tma.cu, produce_pp) */
+    const unsigned a_box = s->pingpong ? 64u : (unsigned)s->tile.bm;
+    const unsigned b_box = (unsigned)s->tile.bn / (s->role == ROLE_LOGITS && s->cluster > 1 ? 2u : 1u);
+    TRY(encode(&g->tmap_a, s->dtype, g->a, g->a_rows, g->a_cols, g->lda, a_kmajor ? bk : 64, a_kmajor ? a_box : bk,
+               "tensor map of the GEMM's A operand"));
+    TRY(encode(&g->tmap_b, s->dtype, g->b, g->b_rows, g->b_cols, g->ldb, b_kmajor ? bk : 64, b_kmajor ? b_box : bk,
+               "tensor map of the GEMM's B operand"));
     if (s->role != ROLE_LOGITS && *gx > 0 && *gy > 0 && s->cluster > 1) {
         /* clusters of 2 walk pair tiles (two row blocks × one column tile, templates/gemm_entry.cu):
          * as many clusters as pairs, at most the num_sms / 2 that run at once */

@@ -63,6 +63,24 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
     // grid, so every (row block, split) still runs exactly once.
     long long m0;
     int split;
+#if FLCE_PINGPONG
+    // Ping-pong logits may run in 2-CTA clusters: the unit renumbered is then the cluster, two
+    // adjacent row blocks of one split (rank 1's may lie past the rows: loaded as zeros, multiplied,
+    // never stored, since every store is of a row below p.m).
+    {
+#if FLCE_CLUSTER
+        constexpr long long CL = 2;
+        const long long rank = cluster_ctarank();
+#else
+        constexpr long long CL = 1, rank = 0;
+#endif
+        const long long units = gridDim.x / CL, lin = (long long)blockIdx.y * units + blockIdx.x / CL;
+        const long long group = LOGITS_GROUP / CL, per_group = group * gridDim.y, g = lin / per_group, w = lin % per_group;
+        const long long first = g * group, here = units - first < group ? units - first : group;
+        m0 = (CL * (first + w % here) + rank) * BM;
+        split = (int)(w / here);
+    }
+#else
     {
         const long long row_blocks = gridDim.x, lin = (long long)blockIdx.y * gridDim.x + blockIdx.x;
         const long long per_group = (long long)LOGITS_GROUP * gridDim.y, g = lin / per_group, w = lin % per_group;
@@ -71,6 +89,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
         m0 = (first + w % rows_here) * BM;
         split = (int)(w / rows_here);
     }
+#endif
     const long long tiles = (p.n + BN - 1) / BN;
     long long t_begin = (long long)split * p.tiles_per_split;
     long long t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
@@ -82,7 +101,16 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
     if (threadIdx.x < PRODUCER_THREADS) {
         setmaxnreg_dec<PRODUCER_REGS>();
         int it = 0;
+#if FLCE_PINGPONG
+        if (threadIdx.x == 0) {
+            produce_pp(p, smem, m0, t_begin * BN, t_end - t_begin, it);
+#if FLCE_CLUSTER
+            drain_pair(smem, it);
+#endif
+        }
+#else
         if (threadIdx.x == 0) produce(p, smem, m0, t_begin * BN, t_end - t_begin, it);
+#endif
 #if FLCE_TCGEN05
         if (threadIdx.x / 32 == 1) mma_tiles(p, smem, t_end - t_begin); // warp 1: MMAs, then dealloc
 #endif
@@ -111,11 +139,21 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
         }
 
     float acc[MI][NI][4];
+#if FLCE_PINGPONG
+    const int ktiles = (int)((p.k + BK - 1) / BK), wg = wm / 4;
+    it = wg * ktiles; // warpgroup 1's k-tiles follow warpgroup 0's in the ring
+#endif
     for (long long vt = t_begin; vt < t_end; vt++) {
+#if FLCE_PINGPONG
+        if (wg == 1 || vt > t_begin) pp_wait_turn(wg);
+        mainloop(acc, smem, p, it, wg); // passes the turn once its last k-tile is in
+        it += ktiles;                   // past the other warpgroup's k-tiles of this tile
+#else
 #if FLCE_TMA
         mainloop(acc, smem, p, it, wm / 4);
 #else
         mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
+#endif
 #endif
 #if FLCE_FUSED_DZ
         if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
@@ -124,6 +162,9 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
         logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, rs, smem, qc);
 #endif
     }
+#if FLCE_PINGPONG
+    if (wg == 0 && t_end > t_begin) pp_wait_turn(0); // warpgroup 1's last pass: every arrival met
+#endif
 #if FLCE_FUSED_DZ
     (void)split; // dZ is all this pass writes
 #else
