@@ -415,11 +415,8 @@ flce_status spec_validate(const kernel_spec *s)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "pingpong=%d: 0, or 1 for the logits role on the wgmma TMA path (tile.wgmma=1, tile.tma=1)",
                        s->pingpong);
-    if (s->cluster != 0 && (s->cluster != 2 || (s->role == ROLE_LOGITS && !s->pingpong) || !s->tile.wgmma ||
-                            !s->tile.tma || s->tile.tcgen05))
+    if (s->cluster != 0 && (s->cluster != 2 || !s->tile.wgmma || !s->tile.tma || s->tile.tcgen05))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "cluster=%d: 0, or 2 for the dh and dw roles (or the logits role with pingpong) on the wgmma "
-                       "TMA path (tile.wgmma=1, tile.tma=1)",
-                       s->cluster);
+                       "cluster=%d: 0, or 2 on the wgmma TMA path (tile.wgmma=1, tile.tma=1)", s->cluster);
     return validate_tile(s);
 }

@@ -63,7 +63,8 @@ typedef struct kernel_spec {
     int cluster;         /* DH/DW on the wgmma TMA path: 0 (none), or 2: CTAs in clusters of 2 that
                           * work on vertically adjacent tiles and load their shared B tile once,
                           * each half multicast to both (templates/gemm_wgmma_tma.cu, FLCE_CLUSTER);
-                          * LOGITS with pingpong: 0, or 2 (two adjacent row blocks, W's tile multicast) */
+                          * LOGITS: 0, or 2 (two adjacent row blocks of one vocab split, W's tile
+                          * multicast) */
     int pingpong;        /* LOGITS on the wgmma TMA path: 1: the consumer warpgroups take turns, one
                           * multiplying its 64 rows while the other runs its epilogue; a stage holds
                           * 64 rows of A (templates/gemm_wgmma_tma.cu, FLCE_PINGPONG) */

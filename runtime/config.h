@@ -67,8 +67,9 @@ typedef struct flce_config {
                         * reductions from shared memory where the tile allows (default on; off:
                         * red.global per thread) */
     int pingpong;      /* FLCE_PINGPONG: the logits pass on the wgmma TMA path with its consumer warpgroups
-                        * taking turns (1), and in 2-CTA clusters sharing W's tile (2); 0 (default): the
-                        * cooperative pass */
+                        * taking turns (default off: measured slower, bench/NOTES.md v44) */
+    int logits_cluster; /* FLCE_LOGITS_CLUSTER: the logits pass on the wgmma TMA path in 2-CTA clusters that
+                         * share W's tile by multicast (1) or not (0, default) */
     config_nvrtc_fast nvrtc_fast; /* FLCE_NVRTC_FAST (default off) */
 } flce_config;
 

@@ -145,15 +145,16 @@ uint64_t plan_tp_block_bytes(int64_t rows)
  * with clusters, the dW tile counter, the staged 16-bit store and the dZ operand. */
 static int hopper_tma(const kernel_spec *s) { return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05; }
 
-/* FLCE_PINGPONG (config pingpong): the logits spec on the wgmma TMA path with its consumer
- * warpgroups taking turns (1), also in 2-CTA clusters sharing W's tile (2). A stage then holds 64
- * rows of A (40 KiB at 128×256×64), so the pipeline deepens to what shared memory holds beside the
- * compact store's staging, at most 5 stages. */
-static void plan_pingpong(const flce_config *cfg, kernel_spec *s)
+/* The logits spec on the wgmma TMA path: FLCE_LOGITS_CLUSTER, 2-CTA clusters sharing W's tile by
+ * multicast; FLCE_PINGPONG, consumer warpgroups taking turns, where a stage holds 64 rows of A
+ * (40 KiB at 128×256×64), so the pipeline deepens to what shared memory holds beside the compact
+ * store's staging, at most 5 stages. */
+static void plan_logits_shape(const flce_config *cfg, kernel_spec *s)
 {
-    if (!cfg->pingpong || !hopper_tma(s)) return;
+    if (!hopper_tma(s)) return;
+    s->cluster = cfg->logits_cluster ? 2 : 0;
+    if (!cfg->pingpong) return;
     s->pingpong = 1;
-    s->cluster = cfg->pingpong == 2 ? 2 : 0;
     kernel_spec worst = *s;
     worst.compact = 1;
     while (worst.tile.stages < 5) {
@@ -173,7 +174,7 @@ static void plan_cluster(const flce_config *cfg, plan *pl)
     pl->cluster = cfg->cluster == 2 ? 2 : 0;
     kernel_spec *grads[2] = {&pl->dh, &pl->dw};
     for (int i = 0; i < 2; i++) grads[i]->cluster = hopper_tma(grads[i]) ? pl->cluster : 0;
-    plan_pingpong(cfg, &pl->logits);
+    plan_logits_shape(cfg, &pl->logits);
 }
 
 /* With FLCE_CLUSTER unset, dW alone in 2-CTA clusters where its k, the one token chunk, is short: a

@@ -63,8 +63,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
     // grid, so every (row block, split) still runs exactly once.
     long long m0;
     int split;
-#if FLCE_PINGPONG
-    // Ping-pong logits may run in 2-CTA clusters: the unit renumbered is then the cluster, two
+    // In 2-CTA clusters (FLCE_CLUSTER, the TMA path) the unit renumbered is the cluster: two
     // adjacent row blocks of one split (rank 1's may lie past the rows: loaded as zeros, multiplied,
     // never stored, since every store is of a row below p.m).
     {
@@ -80,16 +79,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
         m0 = (CL * (first + w % here) + rank) * BM;
         split = (int)(w / here);
     }
-#else
-    {
-        const long long row_blocks = gridDim.x, lin = (long long)blockIdx.y * gridDim.x + blockIdx.x;
-        const long long per_group = (long long)LOGITS_GROUP * gridDim.y, g = lin / per_group, w = lin % per_group;
-        const long long first = g * LOGITS_GROUP;
-        const long long rows_here = row_blocks - first < LOGITS_GROUP ? row_blocks - first : LOGITS_GROUP;
-        m0 = (first + w % rows_here) * BM;
-        split = (int)(w / rows_here);
-    }
-#endif
     const long long tiles = (p.n + BN - 1) / BN;
     long long t_begin = (long long)split * p.tiles_per_split;
     long long t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
@@ -101,16 +90,12 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
     if (threadIdx.x < PRODUCER_THREADS) {
         setmaxnreg_dec<PRODUCER_REGS>();
         int it = 0;
-#if FLCE_PINGPONG
         if (threadIdx.x == 0) {
-            produce_pp(p, smem, m0, t_begin * BN, t_end - t_begin, it);
+            produce_logits(p, smem, m0, t_begin * BN, t_end - t_begin, it);
 #if FLCE_CLUSTER
             drain_pair(smem, it);
 #endif
         }
-#else
-        if (threadIdx.x == 0) produce(p, smem, m0, t_begin * BN, t_end - t_begin, it);
-#endif
 #if FLCE_TCGEN05
         if (threadIdx.x / 32 == 1) mma_tiles(p, smem, t_end - t_begin); // warp 1: MMAs, then dealloc
 #endif

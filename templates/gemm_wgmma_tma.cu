@@ -98,13 +98,9 @@ __device__ __forceinline__ void pp_pass_turn(int wg) { asm volatile("bar.arrive 
 // the end the producer thread outlives the peer's last remote arrivals on this CTA's barriers
 // (drain_pair), which keeps this CTA's shared memory; everything else aimed at it (the peer's
 // multicast copies) completes on full barriers its consumers waited for.
-#if FLCE_PINGPONG
-// Logits in ping-pong: the pair holds two adjacent row blocks of one vocab split; B (W, K-major) is
-// one box of BN/2 rows per CTA, multicast (produce_pp).
-static_assert(FLCE_CLUSTER == 2 && ROLE_IS_LOGITS && B_KMAJOR, "clusters: pairs of logits CTAs in ping-pong");
-#else
-static_assert(FLCE_CLUSTER == 2 && !ROLE_IS_LOGITS && !B_KMAJOR, "clusters: pairs of dH/dW CTAs, B MN-major");
-#endif
+// Logits CTAs pair two adjacent row blocks of one vocab split; B (W, K-major) is one box of BN/2
+// rows per CTA, multicast (produce_logits).
+static_assert(FLCE_CLUSTER == 2 && (ROLE_IS_LOGITS ? B_KMAJOR : !B_KMAJOR), "clusters: pairs of CTAs, dH/dW's B MN-major");
 constexpr int CLUSTER_CTAS = FLCE_CLUSTER;
 __device__ __forceinline__ unsigned cluster_ctarank()
 {
@@ -282,27 +278,32 @@ __device__ void drain_pair(unsigned char *smem, int it)
     for (int i = it; i < it + STAGES; i++) mbar_wait(empty_bar(smem, i % STAGES), ((i / STAGES) & 1) ^ 1);
 }
 #endif // FLCE_CLUSTER
+#if ROLE_IS_LOGITS
+// The logits producer (one thread): for each of n_tiles vocab tiles at n0 + t·BN, its k-tiles of A
+// (the CTA's row block at m0; in ping-pong, warpgroup 0's 64 rows and then warpgroup 1's, a whole
+// k loop each) with the tile's B. In a 2-CTA cluster B is this CTA's BN/2 rows, multicast to both
+// CTAs: the peer loads the other half at the same `it` (both CTAs walk the same tiles of one split).
 #if FLCE_PINGPONG
-// Ping-pong producer (one thread): for each of n_tiles vocab tiles at n0 + t·BN, warpgroup 0's
-// k-tiles (A: the 64 rows at m0) and then warpgroup 1's (m0 + 64), each with the tile's B. In a
-// cluster, B is this CTA's BN/2 rows, multicast to both CTAs (the peer loads the other half at the
-// same `it`; both CTAs walk the same tiles).
-__device__ void produce_pp(const flce_gemm_params &p, unsigned char *smem, long long m0, long long n0, long long n_tiles,
-                           int &it)
+constexpr int A_PARTS = 2, A_PART_ROWS = 64;
+#else
+constexpr int A_PARTS = 1, A_PART_ROWS = BM;
+#endif
+__device__ void produce_logits(const flce_gemm_params &p, unsigned char *smem, long long m0, long long n0,
+                               long long n_tiles, int &it)
 {
     const int ktiles = (int)((p.k + BK - 1) / BK);
 #if FLCE_CLUSTER
     const unsigned rank = cluster_ctarank();
 #endif
     for (long long t = 0; t < n_tiles; t++)
-        for (int w = 0; w < 2; w++)
+        for (int w = 0; w < A_PARTS; w++)
             for (int kt = 0; kt < ktiles; kt++, it++) {
                 const int s = it % STAGES;
                 mbar_wait(empty_bar(smem, s), ((it / STAGES) & 1) ^ 1);
                 const unsigned full = full_bar(smem, s);
                 mbar_arrive_expect_tx(full, STAGE_BYTES);
                 unsigned char *stage = smem + s * STAGE_BYTES;
-                tma_load_2d(smem_addr(stage), &p.tmap_a, kt * BK, (int)(m0 + 64 * w), full);
+                tma_load_2d(smem_addr(stage), &p.tmap_a, kt * BK, (int)(m0 + A_PART_ROWS * w), full);
 #if FLCE_CLUSTER
                 tma_load_2d_multicast(smem_addr(stage + A_BYTES + rank * (BN / 2) * 128), &p.tmap_b, kt * BK,
                                       (int)(n0 + t * BN + rank * (BN / 2)), full, (unsigned short)3);
@@ -311,7 +312,7 @@ __device__ void produce_pp(const flce_gemm_params &p, unsigned char *smem, long 
 #endif
             }
 }
-#endif // FLCE_PINGPONG
+#endif // ROLE_IS_LOGITS
 
 #ifndef FLCE_DZ_OPERAND
 #define FLCE_DZ_OPERAND 0
