@@ -32,6 +32,7 @@ void config_defaults(flce_config *c)
     c->bulk_red = 1;
     c->dh_splits = -1;
     c->cluster = -1;
+    c->logits_cluster = -1;
     /* dZ formed inside dH (FLCE_DZ_CONVERT) stays off: measured slower than the dz pass (bench/NOTES.md v35) */
     c->dz_convert = 0;
     /* TP: dH's all-reduce beside dW, which leaves NCCL 32 SMs (it launched 24 CTAs on 2 and 4
@@ -119,7 +120,7 @@ void config_from_env(flce_config *c)
     c->dh_splits = config_parse_int("FLCE_DH_SPLITS", getenv("FLCE_DH_SPLITS"), -1, PLAN_DH_SPLITS_MAX, c->dh_splits);
     c->bulk_red = config_parse_bool("FLCE_BULK_RED", getenv("FLCE_BULK_RED"), c->bulk_red);
     c->pingpong = config_parse_bool("FLCE_PINGPONG", getenv("FLCE_PINGPONG"), c->pingpong);
-    c->logits_cluster = config_parse_bool("FLCE_LOGITS_CLUSTER", getenv("FLCE_LOGITS_CLUSTER"), c->logits_cluster);
+    c->logits_cluster = config_parse_int("FLCE_LOGITS_CLUSTER", getenv("FLCE_LOGITS_CLUSTER"), -1, 1, c->logits_cluster);
     c->nvrtc_fast = parse_nvrtc_fast(getenv("FLCE_NVRTC_FAST"));
 }
 
@@ -161,7 +162,7 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_DH_SPLITS", "%d", c->dh_splits, c->dh_splits == d.dh_splits);
     CONFIG_LOG_ONE("FLCE_BULK_RED", "%s", on_off(c->bulk_red), c->bulk_red == d.bulk_red);
     CONFIG_LOG_ONE("FLCE_PINGPONG", "%s", on_off(c->pingpong), c->pingpong == d.pingpong);
-    CONFIG_LOG_ONE("FLCE_LOGITS_CLUSTER", "%s", on_off(c->logits_cluster), c->logits_cluster == d.logits_cluster);
+    CONFIG_LOG_ONE("FLCE_LOGITS_CLUSTER", "%d", c->logits_cluster, c->logits_cluster == d.logits_cluster);
     CONFIG_LOG_ONE("FLCE_NVRTC_FAST", "%s", fast[c->nvrtc_fast], c->nvrtc_fast == d.nvrtc_fast);
 #undef CONFIG_LOG_ONE
 }

@@ -69,7 +69,8 @@ typedef struct flce_config {
     int pingpong;      /* FLCE_PINGPONG: the logits pass on the wgmma TMA path with its consumer warpgroups
                         * taking turns (default off: measured slower, bench/NOTES.md v44) */
     int logits_cluster; /* FLCE_LOGITS_CLUSTER: the logits pass on the wgmma TMA path in 2-CTA clusters that
-                         * share W's tile by multicast (1) or not (0, default) */
+                         * share W's tile by multicast: -1 (default, unset) where a launch has at least
+                         * PLAN_LOGITS_CLUSTER_MIN_BLOCKS row blocks, 1 always, 0 never */
     config_nvrtc_fast nvrtc_fast; /* FLCE_NVRTC_FAST (default off) */
 } flce_config;
 

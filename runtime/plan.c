@@ -145,14 +145,14 @@ uint64_t plan_tp_block_bytes(int64_t rows)
  * with clusters, the dW tile counter, the staged 16-bit store and the dZ operand. */
 static int hopper_tma(const kernel_spec *s) { return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05; }
 
-/* The logits spec on the wgmma TMA path: FLCE_LOGITS_CLUSTER, 2-CTA clusters sharing W's tile by
- * multicast; FLCE_PINGPONG, consumer warpgroups taking turns, where a stage holds 64 rows of A
- * (40 KiB at 128×256×64), so the pipeline deepens to what shared memory holds beside the compact
- * store's staging, at most 5 stages. */
+/* The logits spec on the wgmma TMA path: FLCE_LOGITS_CLUSTER=1, 2-CTA clusters sharing W's tile by
+ * multicast (unset: plan_logits_cluster's rule); FLCE_PINGPONG, consumer warpgroups taking turns,
+ * where a stage holds 64 rows of A (40 KiB at 128×256×64), so the pipeline deepens to what shared
+ * memory holds beside the compact store's staging, at most 5 stages. */
 static void plan_logits_shape(const flce_config *cfg, kernel_spec *s)
 {
     if (!hopper_tma(s)) return;
-    s->cluster = cfg->logits_cluster ? 2 : 0;
+    s->cluster = cfg->logits_cluster == 1 ? 2 : 0;
     if (!cfg->pingpong) return;
     s->pingpong = 1;
     kernel_spec worst = *s;
@@ -165,6 +165,18 @@ static void plan_logits_shape(const flce_config *cfg, kernel_spec *s)
         }
     }
     s->tile.stages = worst.tile.stages;
+}
+
+/* FLCE_LOGITS_CLUSTER unset: the logits pass in 2-CTA clusters, the pair's two row blocks sharing
+ * W's tile (each CTA loads half and multicasts it: a third fewer bytes from L2 per tile, as cuBLAS's
+ * 2x1 clusters), where its launches have PLAN_LOGITS_CLUSTER_MIN_BLOCKS row blocks or more.
+ * Measured on an H100 (bench/NOTES.md v45): 8192×4096×128256 AUTO 36.3-36.6 vs 36.7-38.6 ms, its
+ * logits kernel 12.4-12.6 vs 12.7-13.0; 32768 tokens forward 48.1 vs 52.2; 512 tokens even. */
+static void plan_logits_cluster(const flce_config *cfg, int64_t rows, plan *pl)
+{
+    if (cfg->logits_cluster < 0 && hopper_tma(&pl->logits) &&
+        ceil_div(rows, pl->logits.tile.bm) >= PLAN_LOGITS_CLUSTER_MIN_BLOCKS)
+        pl->logits.cluster = 2;
 }
 
 /* FLCE_CLUSTER=2 (plan.h cluster): the dH/dW specs on the wgmma TMA path (after the tune table)
@@ -671,6 +683,10 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
         plan_dh_width(cfg, num_sms, pl);
         plan_dw_cluster(cfg, pl);
     }
+    /* The statistics pass sees all tokens (forward, and the forward half of recompute) or one
+     * token chunk, always over the whole shard. */
+    int64_t stat_rows = op == FLCE_OP_FORWARD || pl->recompute ? pl->n : pl->chunk_rows;
+    plan_logits_cluster(cfg, stat_rows, pl);
     if (pl->compact) { /* the chunked pass's only logits kernel, always over the whole shard */
         pl->logits.compact = 1;
         pl->logits.qrows = pl->qrows;
@@ -688,9 +704,6 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
         pl->logits_dz.smoothing = p->label_smoothing;
         pl->logits_dz.z_loss = p->z_loss;
     }
-    /* The statistics pass sees all tokens (forward, and the forward half of recompute) or one
-     * token chunk, always over the whole shard. */
-    int64_t stat_rows = op == FLCE_OP_FORWARD || pl->recompute ? pl->n : pl->chunk_rows;
     plan_vocab_splits(pl, stat_rows, pl->v, num_sms, &pl->splits, &pl->tiles_per_split);
     plan_layout(p, t, pl);
     if (op != FLCE_OP_FORWARD) plan_grad_stores(p, pl);

@@ -15,6 +15,9 @@
 
 #define PLAN_DEFAULT_BUDGET (512ull << 20)
 #define PLAN_RASTER_ROWS 8 /* dH/dW tile order: row blocks per group (plan.c, raster_rows) */
+/* FLCE_LOGITS_CLUSTER unset: the logits pass in 2-CTA clusters where its launch has at least this
+ * many row blocks (an odd count pairs its last block with an idle one; plan.c plan_logits_cluster) */
+#define PLAN_LOGITS_CLUSTER_MIN_BLOCKS 4
 /* The longest vocab range one chunked dH launch sums over (plan.c dh_k_slice): the tensor cores'
  * fp32 accumulation over a 2.2M-column shard left dH 3-4.7e-3 off (test_large, session 7), against
  * 1.7e-3 where launches of shorter ranges add up in memory. */

@@ -1500,7 +1500,7 @@ static void warmup_then_gen_compile_finds_every_kernel_cached(void)
         remove_tree(dir);
         return;
     }
-    char *warmup[] = {tool, "warmup", "--shapes", "300x136x1001,600x136x1001", "--arch", "sm_90a",
+    char *warmup[] = {tool, "warmup", "--shapes", "300x136x1001,360x136x1001", "--arch", "sm_90a",
                       "--outputs", "all", NULL};
     char *gen[] = {tool, "gen", "--compile", "--tokens", "300", "--hidden", "136", "--vocab", "1001",
                    "--arch", "sm_90a", NULL};
