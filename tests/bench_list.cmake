@@ -11,12 +11,14 @@ foreach(want 8192x4096x128256 8192x2304x256000 4096x2048x32000 32768x4096x128256
     message(FATAL_ERROR "flce bench --list does not mention '${want}':\n${out}")
   endif()
 endforeach()
-# The planner's changes to the gradient GEMMs at few tokens are shown (plan.c plan_dh_splits and
-# plan_dw_cluster: 512 tokens splits dH in 2 and runs dW in clusters; 8192 tokens neither).
+# The planner's changes to the GEMMs are shown (plan.c plan_logits_cluster, plan_dh_splits and
+# plan_dw_cluster: 512 tokens splits dH in 2 and runs dW in clusters, 8192 tokens neither; the
+# logits pass in clusters at both, 4 and 64 row blocks).
 string(REGEX MATCH "### 512x4096x128256[^#]*" few "${out}")
 string(REGEX MATCH "### 8192x4096x128256[^#]*" many "${out}")
-if(NOT few MATCHES "\\| auto \\| [^|]*dH split in 2 over the vocab; dW in 2-CTA clusters" OR many MATCHES "dH split|clusters")
-  message(FATAL_ERROR "flce bench --list: the gradient GEMMs' plan at 512 / 8192 tokens:\n${few}\n${many}")
+if(NOT few MATCHES "\\| auto \\| [^|]*; logits in 2-CTA clusters; dH split in 2 over the vocab; dW in 2-CTA clusters" OR
+   NOT many MATCHES "\\| auto \\| [^|]*row-scaled\\); logits in 2-CTA clusters \\|" OR many MATCHES "dH split|dW in")
+  message(FATAL_ERROR "flce bench --list: the GEMMs' plan at 512 / 8192 tokens:\n${few}\n${many}")
 endif()
 # "+maingrad" rows plan with dW added into the caller's fp32 buffer: no grown budget, so the main
 # shape takes 4 chunks of 2048 rows in the default 512 MiB (plan.c plan_chunks).

@@ -350,10 +350,13 @@ static int bench_list(const bench_opts *o)
             const char *kind = op == FLCE_OP_FORWARD ? "forward" : pl.recompute ? "recompute"
                                : pl.qrows ? "chunked (compact bf16 logits, row-scaled)"
                                : pl.compact ? "chunked (compact fp16 logits)" : "chunked (fp32 logits)";
-            /* the gradient GEMMs' own shapes where the planner changed them (plan.c plan_dh_splits,
-             * plan_dw_cluster, plan_dh_width) */
-            char runs[160];
+            /* the GEMMs' own shapes where the planner changed them (plan.c plan_logits_cluster,
+             * plan_dh_splits, plan_dw_cluster, plan_dh_width) */
+            char runs[192];
             int at = snprintf(runs, sizeof runs, "%s", kind);
+            if (pl.logits.cluster > 1 || pl.logits.pingpong)
+                at += snprintf(runs + at, sizeof runs - (size_t)at, "; logits%s%s", pl.logits.pingpong ? " in ping-pong" : "",
+                               pl.logits.cluster > 1 ? " in 2-CTA clusters" : "");
             if (op != FLCE_OP_FORWARD && pl.dh_splits > 1)
                 at += snprintf(runs + at, sizeof runs - (size_t)at, "; dH split in %d over the vocab", pl.dh_splits);
             else if (op != FLCE_OP_FORWARD && pl.dh.tile.wgmma && pl.dh.tile.bn < 256)
