@@ -145,15 +145,12 @@ uint64_t plan_tp_block_bytes(int64_t rows)
  * with clusters, the dW tile counter, the staged 16-bit store and the dZ operand. */
 static int hopper_tma(const kernel_spec *s) { return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05; }
 
-/* The logits spec on the wgmma TMA path: FLCE_LOGITS_CLUSTER=1, 2-CTA clusters sharing W's tile by
- * multicast (unset: plan_logits_cluster's rule); FLCE_PINGPONG, consumer warpgroups taking turns,
+/* FLCE_PINGPONG: the logits spec on the wgmma TMA path with its consumer warpgroups taking turns,
  * where a stage holds 64 rows of A (40 KiB at 128×256×64), so the pipeline deepens to what shared
  * memory holds beside the compact store's staging, at most 5 stages. */
-static void plan_logits_shape(const flce_config *cfg, kernel_spec *s)
+static void plan_pingpong(const flce_config *cfg, kernel_spec *s)
 {
-    if (!hopper_tma(s)) return;
-    s->cluster = cfg->logits_cluster == 1 ? 2 : 0;
-    if (!cfg->pingpong) return;
+    if (!cfg->pingpong || !hopper_tma(s)) return;
     s->pingpong = 1;
     kernel_spec worst = *s;
     worst.compact = 1;
@@ -167,16 +164,17 @@ static void plan_logits_shape(const flce_config *cfg, kernel_spec *s)
     s->tile.stages = worst.tile.stages;
 }
 
-/* FLCE_LOGITS_CLUSTER unset: the logits pass in 2-CTA clusters, the pair's two row blocks sharing
- * W's tile (each CTA loads half and multicasts it: a third fewer bytes from L2 per tile, as cuBLAS's
- * 2x1 clusters), where its launches have PLAN_LOGITS_CLUSTER_MIN_BLOCKS row blocks or more.
+/* The logits pass in 2-CTA clusters, the pair's two row blocks sharing W's tile (each CTA loads
+ * half and multicasts it: a third fewer operand bytes asked of L2 per tile, as cuBLAS's 2x1
+ * clusters): FLCE_LOGITS_CLUSTER=1 always, 0 never, unset where its launches have
+ * PLAN_LOGITS_CLUSTER_MIN_BLOCKS row blocks or more. Only on the wgmma TMA path.
  * Measured on an H100 (bench/NOTES.md v45): 8192×4096×128256 AUTO 36.3-36.6 vs 36.7-38.6 ms, its
  * logits kernel 12.4-12.6 vs 12.7-13.0; 32768 tokens forward 48.1 vs 52.2; 512 tokens even. */
 static void plan_logits_cluster(const flce_config *cfg, int64_t rows, plan *pl)
 {
-    if (cfg->logits_cluster < 0 && hopper_tma(&pl->logits) &&
-        ceil_div(rows, pl->logits.tile.bm) >= PLAN_LOGITS_CLUSTER_MIN_BLOCKS)
-        pl->logits.cluster = 2;
+    int want = cfg->logits_cluster == 1 ||
+               (cfg->logits_cluster < 0 && ceil_div(rows, pl->logits.tile.bm) >= PLAN_LOGITS_CLUSTER_MIN_BLOCKS);
+    pl->logits.cluster = want && hopper_tma(&pl->logits) ? 2 : 0;
 }
 
 /* FLCE_CLUSTER=2 (plan.h cluster): the dH/dW specs on the wgmma TMA path (after the tune table)
@@ -186,7 +184,7 @@ static void plan_cluster(const flce_config *cfg, plan *pl)
     pl->cluster = cfg->cluster == 2 ? 2 : 0;
     kernel_spec *grads[2] = {&pl->dh, &pl->dw};
     for (int i = 0; i < 2; i++) grads[i]->cluster = hopper_tma(grads[i]) ? pl->cluster : 0;
-    plan_logits_shape(cfg, &pl->logits);
+    plan_pingpong(cfg, &pl->logits);
 }
 
 /* With FLCE_CLUSTER unset, dW alone in 2-CTA clusters where its k, the one token chunk, is short: a
