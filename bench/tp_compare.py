@@ -7,6 +7,9 @@
                tensor-parallel copy.
   flce-nccl    flce.vocab_parallel_cross_entropy(comm=NcclComm): flce issues the collectives (one
                all-gather of per-token statistics per token chunk, dH all-reduced in fp32), 6NVD.
+  flce-nccl-reg  flce-nccl on a communicator made with NcclComm(register=True): flce's workspace is
+               one buffer registered with it (ncclCommRegister), so NCCL may skip its staging copies
+               (issue 20, item 3); its extra MiB include that held buffer.
   flce-split   the same through torch.distributed (split phase: one all-gather; backward
                recomputes the logits, 8NVD; dH all-reduced in fp32).
   flce-local   flce.linear_cross_entropy on this rank's shard alone (labels folded into the shard),
@@ -310,6 +313,11 @@ def main():
     y[torch.rand(n, device=dev, generator=g) < 0.05] = IGNORE
     y_local = torch.where(y == IGNORE, y, y % shard)
     comm = flce.NcclComm(group)
+    wanted = [x.strip() for x in args.providers.split(",") if x.strip()]
+    known = ["megatron", "flce-nccl", "flce-nccl-reg", "flce-split", "flce-local"]
+    if set(wanted) - set(known):
+        ap.error(f"unknown providers: {sorted(set(wanted) - set(known))}")
+    comm_reg = flce.NcclComm(group, register=True) if "flce-nccl-reg" in wanted else None
 
     def make(provider):
         def step():
@@ -323,7 +331,7 @@ def main():
             else:
                 loss = flce.vocab_parallel_cross_entropy(
                     h, w, y, vocab_offset=offset, vocab_total=v, group=group,
-                    comm=comm if provider == "flce-nccl" else None)
+                    comm={"flce-nccl": comm, "flce-nccl-reg": comm_reg}.get(provider))
                 loss.backward()
             step.out = (loss.detach(), h.grad, w.grad)
         return step
@@ -334,8 +342,7 @@ def main():
     rows, results, timelines = [], {}, []
     commit = stamp.commit(REPO)
     date = datetime.date.today().isoformat()
-    wanted = [x.strip() for x in args.providers.split(",") if x.strip()]
-    for k, provider in enumerate(p for p in ["megatron", "flce-nccl", "flce-split", "flce-local"] if p in wanted):
+    for k, provider in enumerate(wanted):  # in the order given: a second run can swap an A/B pair
         step = make(provider)
         step()
         torch.cuda.synchronize()
@@ -345,6 +352,8 @@ def main():
         step()
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated(dev) - before) / MiB
+        if provider == "flce-nccl-reg" and comm_reg._ws is not None:
+            peak += comm_reg._ws.numel() / MiB  # held from the first step on, so not in `before − peak`
         marker(2000 + k, dev)
         results[provider] = [t.float().clone() if t is not None else None for t in step.out]
         ms = time_steps(step, args.iters, args.warmup)
@@ -437,6 +446,8 @@ def main():
                 f.write("\n".join(tl) + "\n")
             print(f"timeline: {tstem}.md")
     comm.close()
+    if comm_reg is not None:
+        comm_reg.close()
     dist.destroy_process_group()
 
 

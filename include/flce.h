@@ -168,7 +168,11 @@ typedef struct flce_tensors {
     float *entropy;             /* out: N values of lse_i − Σ_j p_ij z_ij */
     int64_t *argmax;            /* out: N global vocab ids of the largest z_ij (first on ties) */
     void *comm;                 /* ncclComm_t of the tensor-parallel group (tp_size > 1), whose
-                                   rank tp_rank is this caller; NULL without TP */
+                                   rank tp_rank is this caller; NULL without TP. The statistics
+                                   all-gather and the fp32 dH all-reduce run on the workspace: a
+                                   workspace every rank registered with comm (ncclCommRegister,
+                                   all ranks or none; deregister before freeing it) lets NCCL skip
+                                   its staging copies (README, "Tensor parallelism") */
 } flce_tensors;
 
 /* A context binds one device's primary context (the one PyTorch and the CUDA runtime use) and keeps

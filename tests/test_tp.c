@@ -60,6 +60,12 @@ static host_rng rng;
 static int n_gpus;
 static flce_context *ctxs[8];
 
+static int register_workspace(void)
+{
+    const char *e = getenv("FLCE_TEST_TP_REGISTER");
+    return e && e[0] == '1';
+}
+
 static double tol_grad(flce_dtype t) { return t == FLCE_DTYPE_F32 ? 1e-4 : 4e-3; }
 
 static void fill_problem(const tcase *c, flce_problem *p)
@@ -126,8 +132,29 @@ static flce_status rank_run(rank_io *io)
     }
     t.comm = split ? NULL : io->comm;
 
+    /* FLCE_TEST_TP_REGISTER=1 (test_tp_register): every rank passes a workspace it registered with
+     * the communicator (ncclCommRegister), so NCCL may run flce's collectives on it without its
+     * staging copies; NCCL wants all ranks' buffers registered or none, which every rank doing
+     * the same here gives. Deregistered before it is freed. */
+    void *ws = NULL, *ws_handle = NULL;
     flce_status st = FLCE_OK;
-    if (c->op == OP_LOSS_AND_GRAD) {
+    if (!split && register_workspace()) {
+        uint64_t need = 0, each = 0;
+        flce_op ops[3] = {FLCE_OP_FORWARD, FLCE_OP_LOSS_AND_GRAD, FLCE_OP_BACKWARD};
+        for (int k = 0; k < 3 && st == FLCE_OK; k++) {
+            flce_problem q = p;
+            if (k == 0) q.strategy = FLCE_STRATEGY_AUTO;
+            st = flce_workspace_size(io->ctx, &q, ops[k], &each);
+            if (each > need) need = each;
+        }
+        if (st == FLCE_OK) st = devmem_alloc(&ws, need);
+        if (st == FLCE_OK && ncclCommRegister(io->comm, ws, (size_t)need, &ws_handle) != ncclSuccess)
+            st = FLCE_ERR_CUDA, snprintf(io->msg, sizeof io->msg, "test's ncclCommRegister failed");
+        t.workspace = ws, t.workspace_bytes = need;
+    }
+    if (st != FLCE_OK) {
+        /* no registered workspace: io->msg or flce_last_error says why */
+    } else if (c->op == OP_LOSS_AND_GRAD) {
         st = flce_loss_and_grad(io->ctx, &p, &t, stream);
     } else if (c->op == OP_FORWARD) {
         p.strategy = FLCE_STRATEGY_AUTO;
@@ -166,6 +193,12 @@ static flce_status rank_run(rank_io *io)
         devmem_free(stats), devmem_free(gathered);
     }
     if (st == FLCE_OK) st = flce_check(io->ctx, stream);
+    if (ws_handle) {
+        devmem_stream_sync(stream);
+        if (ncclCommDeregister(io->comm, ws_handle) != ncclSuccess && st == FLCE_OK)
+            st = FLCE_ERR_CUDA, snprintf(io->msg, sizeof io->msg, "test's ncclCommDeregister failed");
+    }
+    devmem_free(ws);
     if (st != FLCE_OK && !io->msg[0]) snprintf(io->msg, sizeof io->msg, "%s", flce_last_error());
     if (st == FLCE_OK) {
         down_f32(loss, io->loss, none ? rows : 1);

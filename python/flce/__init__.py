@@ -183,6 +183,10 @@ def _problem(n, d, v, dtype, label_dtype, opts, tp=None, has_bias=False, has_cla
     return _lib.new_problem(**fields)
 
 
+# flce.NcclComm(register=True) objects by their ncclComm_t address: _Call takes their registered
+# workspace for the calls that issue collectives on them (python/flce/parallel.py).
+_registered_comms = {}
+
 # Alignment flce.h asks of each output (or extra input) buffer.
 _ALIGN = {"loss": 4, "lse": 4, "grad_output": 4, "grad_hidden": 16, "grad_weight": 16, "grad_bias": 4,
           "loss_per_token": 4, "z_loss_out": 4, "target_logprob": 4, "entropy": 4, "argmax": 8}
@@ -222,8 +226,10 @@ class _Call:
         self.problem.strategy = _lib.STRATEGIES[strategy]
         ctx = self._context()
         ws_bytes = _lib.workspace_size(ctx, self.problem, op)
+        registered = _registered_comms.get(self.comm) if self.comm and half is None else None
         try:
-            workspace = torch.empty(max(ws_bytes, 256), dtype=torch.uint8, device=self.device)
+            workspace = (registered.workspace(max(ws_bytes, 256), self.device) if registered is not None else
+                         torch.empty(max(ws_bytes, 256), dtype=torch.uint8, device=self.device))
         except torch.cuda.OutOfMemoryError:
             # The default budget may plan up to 1/16 of the GPU where that is faster; next to what
             # PyTorch holds it may not fit. Then the 512 MiB plan, as the library does with its own
@@ -232,7 +238,8 @@ class _Call:
                 raise
             self.problem.memory_budget = _LEAN_BUDGET
             ws_bytes = _lib.workspace_size(ctx, self.problem, op)
-            workspace = torch.empty(max(ws_bytes, 256), dtype=torch.uint8, device=self.device)
+            workspace = (registered.workspace(max(ws_bytes, 256), self.device) if registered is not None else
+                         torch.empty(max(ws_bytes, 256), dtype=torch.uint8, device=self.device))
         fields = {name: None if t is None else _ptr(t, name, _ALIGN[name]) for name, t in outs.items()}
         extra = {}
         if self.bias is not None:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from . import _lib
-from . import _Call, _Options, _apply, _check_args, _grad_out, _loss_tensor
+from . import _Call, _Options, _apply, _check_args, _grad_out, _loss_tensor, _registered_comms
 
 
 class _UniqueId(ctypes.Structure):
@@ -28,7 +28,12 @@ class NcclComm:
     collectives on. Create it on every rank of `group` (collectively), after
     torch.cuda.set_device(). It uses the libnccl that libflce and PyTorch share in this process."""
 
-    def __init__(self, group=None):
+    def __init__(self, group=None, register=False):
+        """register=True: flce's calls on this communicator use one workspace kept for its lifetime
+        and registered with it (ncclCommRegister), so NCCL may run flce's collectives without its
+        staging copies. Give every rank of the group the same value (NCCL wants all ranks' buffers
+        registered or none). The workspace only grows (a device sync then, so grow it before a
+        CUDA graph capture by running once) and is held until close()."""
         _lib.lib()  # libflce first: its libnccl.so.2 is the one we call
         self._nccl = ctypes.CDLL("libnccl.so.2")
         self.group = group
@@ -45,6 +50,34 @@ class NcclComm:
         self.ptr = ctypes.c_void_p()
         self._try(self._nccl.ncclCommInitRank(ctypes.byref(self.ptr), self.size, uid, self.rank),
                   "ncclCommInitRank")
+        self.register = bool(register)
+        self._ws, self._ws_handle, self._ws_stream = None, ctypes.c_void_p(), None
+        if self.register:
+            _registered_comms[self.ptr.value] = self
+
+    def workspace(self, nbytes, device):
+        """The registered workspace, at least nbytes (register=True only)."""
+        stream = torch.cuda.current_stream(device)
+        if self._ws is not None and stream != self._ws_stream:
+            torch.cuda.synchronize(device)  # one buffer, calls on another stream: the last ones first
+        self._ws_stream = stream
+        if self._ws is None or self._ws.numel() < nbytes:
+            self._release_workspace()
+            size = max(nbytes + (64 << 20) - 1, 64 << 20) // (64 << 20) * (64 << 20)  # fewer regrowths
+            self._ws = torch.empty(size, dtype=torch.uint8, device=device)
+            self._try(self._nccl.ncclCommRegister(self.ptr, ctypes.c_void_p(self._ws.data_ptr()),
+                                                  ctypes.c_size_t(size), ctypes.byref(self._ws_handle)),
+                      "ncclCommRegister")
+        return self._ws
+
+    def _release_workspace(self):
+        if self._ws is None:
+            return
+        # Queued collectives may still use it: NCCL's registration must outlive them.
+        torch.cuda.synchronize(self._ws.device)
+        if self._ws_handle.value:
+            self._try(self._nccl.ncclCommDeregister(self.ptr, self._ws_handle), "ncclCommDeregister")
+        self._ws, self._ws_handle = None, ctypes.c_void_p()
 
     def _try(self, r, what):
         if r != 0:
@@ -53,6 +86,8 @@ class NcclComm:
 
     def close(self):
         if self.ptr:
+            _registered_comms.pop(self.ptr.value, None)
+            self._release_workspace()
             self._nccl.ncclCommDestroy(self.ptr)
             self.ptr = ctypes.c_void_p()
 
