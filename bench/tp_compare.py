@@ -17,9 +17,10 @@
                flce-nccl − flce-local is what tensor parallelism adds (collectives, waits, merge).
                Its loss and gradients are another problem's: no error columns.
 
---timeline adds one profiled flce-nccl step (torch.profiler, CUPTI): every rank's kernels with
-their start and end on the shared host clock, and how long each NCCL kernel waited for the last
-rank to start it: tp-timeline-<device>-x<tp>-<date>[-tag].md (not yet run on a GPU: session 8).
+--timeline adds three profiled flce-nccl steps queued after aligned starts (torch.profiler, CUPTI)
+and reports the last: every rank's kernels with their start and end on the shared host clock, its
+idle time, and how long each NCCL kernel waited for the last rank to start it:
+tp-timeline-<device>-x<tp>-<date>[-tag].md.
 
 Run with torchrun, one process per GPU, NCCL's collective log on (it counts collectives):
   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL NCCL_DEBUG_FILE=/tmp/nccl.%p.log NCCL_NVLS_ENABLE=0 \\
@@ -221,14 +222,20 @@ def count_collectives(log_path, begin, end):
     return None
 
 
-def kernel_trace(step, rank):
-    """One step under torch.profiler (CUPTI: it sees flce's driver-API launches and NCCL's kernels
-    alike; nsys is not on our GPU machines): this rank's kernels as (start µs, end µs, stream,
-    name), start-ordered, on the host clock the trace uses (one host: comparable across ranks)."""
+def kernel_trace(step, rank, steps=3, align=None):
+    """`steps` steps queued back to back under torch.profiler (CUPTI: it sees flce's driver-API
+    launches and NCCL's kernels alike; nsys hangs on our GPU machines, bench/NOTES.md session 17),
+    after the ranks' starts are aligned; the last step's kernels (from its flce_prepare on) as
+    (start µs, end µs, stream, name), start-ordered, on the host clock the trace uses (one host:
+    comparable across ranks). Profiling one step alone shows the profiler's own start-up (a 2 ms
+    gap after the first launch, ranks starting ms apart); the last of a few queued steps does not."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
+    if align:
+        align()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
+        for _ in range(steps):
+            step()
         torch.cuda.synchronize()
     path = f"/tmp/tp_compare_trace_{os.getpid()}_{rank}.json"
     prof.export_chrome_trace(path)
@@ -241,7 +248,19 @@ def kernel_trace(step, rank):
         if e.get("ph") == "X" and e.get("cat") == "kernel":
             ts, dur = float(e["ts"]), float(e.get("dur", 0))
             out.append((ts, ts + dur, int(e.get("args", {}).get("stream", -1)), e.get("name", "?")))
-    return sorted(out)
+    out.sort()
+    firsts = [i for i, k in enumerate(out) if short_kernel(k[3]) == "flce_prepare"]
+    return out[firsts[-1]:] if firsts else out
+
+
+def idle_us(t):
+    """Time within the span when no kernel of this rank runs on any stream."""
+    idle, end = 0.0, None
+    for k in t:
+        if end is not None and k[0] > end:
+            idle += k[0] - end
+        end = k[1] if end is None else max(end, k[1])
+    return idle
 
 
 def short_kernel(name):
@@ -257,23 +276,30 @@ def timeline_md(provider, traces):
     k-th NCCL kernel of each rank, how long it waited for the last rank to arrive (a collective
     cannot finish before its last rank starts it): where each rank waits."""
     origin = min(t[0][0] for t in traces if t)
-    md = [f"## Kernel timeline, {provider} (one step after the timed ones; µs from the first kernel)", ""]
+    md = [f"## Kernel timeline, {provider} (the last of 3 steps queued after aligned starts; µs from "
+          "the first kernel on any rank)", ""]
     ncc = [[k for k in t if short_kernel(k[3]).startswith("nccl:")] for t in traces]
+    summary, tables = [], []
     for r, t in enumerate(traces):
         busy = sum(k[1] - k[0] for k in t)
-        span = (t[-1][1] - t[0][0]) if t else 0.0
-        md += [f"### rank {r}: {len(t)} kernels, span {span:.0f} µs, kernel time {busy:.0f} µs (streams overlap)", "",
-               "| kernel | stream | start | end | µs | waited for the last rank, µs |", "|---|---|---|---|---|---|"]
-        j = 0
+        span = (max(k[1] for k in t) - t[0][0]) if t else 0.0
+        tables += [f"### rank {r}: {len(t)} kernels, span {span:.0f} µs, kernel time {busy:.0f} µs (streams overlap)",
+                   "", "| kernel | stream | start | end | µs | waited for the last rank, µs |",
+                   "|---|---|---|---|---|---|"]
+        j, waited = 0, 0.0
         for k in t:
             name, wait = short_kernel(k[3]), ""
             if name.startswith("nccl:"):
                 starts = [c[j][0] for c in ncc if j < len(c)]
                 if len(starts) == len(ncc):
+                    waited += max(0.0, max(starts) - k[0])
                     wait = f"{max(starts) - k[0]:.0f}"
                 j += 1
-            md.append(f"| {name} | {k[2]} | {k[0] - origin:.0f} | {k[1] - origin:.0f} | {k[1] - k[0]:.0f} | {wait} |")
-        md.append("")
+            tables.append(f"| {name} | {k[2]} | {k[0] - origin:.0f} | {k[1] - origin:.0f} | {k[1] - k[0]:.0f} | {wait} |")
+        tables.append("")
+        summary.append(f"| {r} | {t[0][0] - origin:.0f} | {span:.0f} | {idle_us(t):.0f} | {waited:.0f} |")
+    md += ["| rank | starts at µs | span µs | idle (no kernel on any stream) µs | in collectives waiting "
+           "for the last rank µs |", "|---|---|---|---|---|"] + summary + [""] + tables
     return md
 
 
@@ -289,7 +315,7 @@ def main():
     ap.add_argument("--tag", default="", help="suffix of the result files and of the flce provider names, "
                     "e.g. dh16 for a run under FLCE_TP_DH_16BIT=1")
     ap.add_argument("--timeline", action="store_true",
-                    help="after timing flce-nccl, one more step under torch.profiler: every rank's kernels "
+                    help="after timing flce-nccl, three more steps under torch.profiler (the last reported): every rank's kernels "
                     "and NCCL's waits in tp-timeline-<device>-x<tp>-<date>[-tag].md")
     args = ap.parse_args()
     n, d, v = (int(x) for x in args.shape.split("x"))
@@ -362,7 +388,8 @@ def main():
         ms_queued = time_steps_queued(step, args.iters, 1)
         if args.timeline and provider == "flce-nccl":
             try:
-                trace = kernel_trace(step, rank)
+                trace = kernel_trace(step, rank, align=lambda: (dist.all_reduce(sync_t, group=group),
+                                                                 torch.cuda.synchronize()))
             except Exception as exc:  # the profiler is a diagnostic: its failure must not lose the run
                 trace = [(0.0, 0.0, -1, f"profiler failed: {exc!r}")]
             traces = [None] * size
