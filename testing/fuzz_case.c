@@ -431,6 +431,13 @@ typedef struct fz_norms {
     double acc_k;                           /* accumulate mode: ‖got−ref‖ may reach acc_k·‖ref+init‖ */
     double worst_row;                       /* max over rows of the row's own relative error */
     int nonfinite;
+    /* For the failure report: the worst row's place and sizes. ids maps a row to the vocab id or
+     * token it stands for (NULL: the row's number); row_p, row_pg: the caller's p_ij and p_ij
+     * over the largest p in its 256-column group for the current row (dW, db; else −1). */
+    const int64_t *ids;
+    int has_p;
+    int64_t rows, worst_k;
+    double worst_ref, worst_diff, worst_floor, row_p, row_pg, worst_p, worst_pg;
 } fz_norms;
 
 static void fz_add(fz_norms *a, double ref, double got, double floor);
@@ -459,7 +466,12 @@ static void fz_row_end(fz_norms *a)
     double diff = fmax(0, sqrt(a->row_diff2) - a->acc_k * sqrt(a->row_bound2));
     double e = scale > 0 ? diff / scale : diff;
     if (isnan(a->row_diff2)) e = NAN;
-    if (!(e <= a->worst_row)) a->worst_row = e; /* NaN sticks */
+    if (!(e <= a->worst_row)) {
+        a->worst_row = e; /* NaN sticks */
+        a->worst_k = a->rows, a->worst_ref = sqrt(a->row_ref2), a->worst_diff = sqrt(a->row_diff2);
+        a->worst_floor = sqrt(a->row_floor2), a->worst_p = a->row_p, a->worst_pg = a->row_pg;
+    }
+    a->rows++;
     a->row_diff2 = a->row_ref2 = a->row_floor2 = a->row_bound2 = 0;
 }
 
@@ -476,7 +488,20 @@ static void fz_finish(fz_result *r, int q, const fz_norms *a, double tol)
     if (a->nonfinite || isnan(err) || isnan(a->worst_row)) err = INFINITY;
     double t = tol;
     r->err[q] = err, r->tol[q] = t;
-    if (!(err <= t)) r->failed = 1;
+    if (!(err <= t)) {
+        r->failed = 1;
+        size_t used = strlen(r->detail);
+        if (a->rows && used + 1 < sizeof r->detail)
+            snprintf(r->detail + used, sizeof r->detail - used,
+                     "%s: L2 %.3g, worst row %lld (id %lld) %.3g: |ref| %.3g |got-ref| %.3g floor %.3g; ",
+                     fz_q_names[q], diff / scale, (long long)a->worst_k,
+                     (long long)(a->ids ? a->ids[a->worst_k] : a->worst_k), a->worst_row, a->worst_ref,
+                     a->worst_diff, a->worst_floor);
+        used = strlen(r->detail);
+        if (a->rows && a->has_p && used + 1 < sizeof r->detail)
+            snprintf(r->detail + used, sizeof r->detail - used, "(max_i p_ij %.3g, over its 256-column group's max %.3g); ",
+                     a->worst_p, a->worst_pg);
+    }
 }
 
 /* Per-token reference values of one sampled token. */
@@ -688,7 +713,7 @@ static void fz_check_dh(fz_ctx *k)
     for (int64_t j = 0; j < k->x->v; j++)
         for (int64_t c = 0; c < d; c++) w2[c] += k->x->w[j * d + c] * k->x->w[j * d + c];
     fz_norms a = {0};
-    a.acc_k = k->acc_k;
+    a.acc_k = k->acc_k, a.ids = k->s->tok;
     double *mag32 = malloc(sizeof(double) * (size_t)d), wsum = fz_wsum(k);
     const flce_problem *q = &k->q;
     for (int64_t t = 0; t < k->s->n_tok && mag32; t++) {
@@ -747,15 +772,19 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
     }
     fz_norms aw = {0}, ab = {0};
     aw.acc_k = k->acc_k;
+    aw.ids = ab.ids = k->s->voc, aw.has_p = ab.has_p = 1;
     for (int64_t t = 0; t < k->s->n_voc; t++) {
         int64_t j = k->s->voc[t];
         double wj = k->e.class_weight ? k->e.class_weight[j] : 1, db = 0, db_mag = 0;
         memset(acc, 0, sizeof(double) * (size_t)d), memset(mag, 0, sizeof(double) * (size_t)d);
         memset(mag32, 0, sizeof(double) * (size_t)d);
-        double db32 = 0;
+        double db32 = 0, pmax = -1;
+        int64_t imax = -1;
         for (int64_t i = 0; i < x->n; i++) {
             int64_t y = x->ref_labels[i];
             if (k->gs[i] == 0 || y < 0) continue;
+            double pij = exp(fz_logit(q, x, i, j) - lse[i]);
+            if (pij > pmax) pmax = pij, imax = i;
             double wy = k->e.class_weight ? k->e.class_weight[y] : 1;
             double z = fz_logit(q, x, i, j);
             double a = (1 - eps) * wy + eps / (double)v * wsum + 2 * lam * wy * lse[i];
@@ -769,6 +798,11 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
                 acc[c] += term, mag[c] += term * term, mag32[c] += rt * rt + ht * ht;
             }
         }
+        /* for the report: the token of the largest p_ij, and p_ij over its 256-column group's max */
+        double gmax = 0;
+        for (int64_t jj = j / 256 * 256; imax >= 0 && jj < v && jj < j / 256 * 256 + 256; jj++)
+            gmax = fmax(gmax, exp(fz_logit(q, x, imax, jj) - lse[imax]));
+        aw.row_p = ab.row_p = pmax, aw.row_pg = ab.row_pg = gmax > 0 ? pmax / gmax : -1;
         if (g->dw_rows)
             for (int64_t c = 0; c < d; c++) {
                 double init = x->acc_w ? x->acc_w[j * d + c] : 0;
@@ -798,6 +832,7 @@ void fz_got_drop_unasked(const fz_case *c, fz_got *g)
 int fz_check(const fz_case *c, const fz_data *x, const fz_sample *s, const fz_got *g, fz_result *r)
 {
     for (int q = 0; q < FZ_Q_COUNT; q++) r->err[q] = -1, r->tol[q] = 0;
+    r->detail[0] = 0;
     r->failed = g->nonfinite != 0;
     fz_ctx k = {c, x, s, g, fz_ref_problem(c), fz_extra(c, x), NULL, NULL, NULL, r, 0};
     /* Accumulate mode rounds the caller's fp32 sums once per token chunk or vocab chunk that adds

@@ -105,6 +105,7 @@ typedef struct fz_result {
     double err[FZ_Q_COUNT]; /* error measure (see fuzz_case.c), −1 = not checked */
     double tol[FZ_Q_COUNT];
     int failed;             /* a quantity over its tolerance, non-finite, or nonfinite set */
+    char detail[400];       /* each failed quantity's worst row, for the report */
 } fz_result;
 
 /* Compares `g` with the fp64 reference. `sample` must come from fz_sample_make on the same case.

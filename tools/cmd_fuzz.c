@@ -285,6 +285,8 @@ static void fz_run_case(flce_context *ctx, uint64_t seed, uint64_t k, fz_record 
         rec->status = r.failed ? FZ_MISMATCH : FZ_PASS;
         memcpy(rec->err, r.err, sizeof r.err), memcpy(rec->tol, r.tol, sizeof r.tol);
         if (g.nonfinite) snprintf(rec->msg, sizeof rec->msg, "NaN, Inf or poison in an output; ");
+        size_t used = strlen(rec->msg);
+        if (r.failed) snprintf(rec->msg + used, sizeof rec->msg - used, "%s", r.detail);
     }
     fz_got_free(&g);
     rec->host_s = host + (host_now_s() - t1);
