@@ -117,6 +117,9 @@ int fz_check(const fz_case *c, const fz_data *x, const fz_sample *s, const fz_go
  * labels local, ignore_index −100). */
 flce_problem fz_ref_problem(const fz_case *c);
 
+/* Logit z_ij of the reference problem (softcap and temperature applied), as the checker sees it. */
+double fz_case_logit(const fz_case *c, const fz_data *x, int64_t i, int64_t j);
+
 /* Per-token gradient scale g_i of the reference for every token (N values, caller frees). */
 double *fz_token_scales(const fz_case *c, const fz_data *x);
 
