@@ -528,12 +528,11 @@ typedef struct fz_ctx {
     double *dz;      /* V_r scratch */
     fz_result *r;
     double acc_k;    /* accumulate mode's allowance (fz_norms.acc_k) */
-    double p16sub;   /* absolute step of a stored p over its group's maximum: 2^-24 where the plan
-                      * keeps compact logits, else 0 (fz_gmax) */
-    double *gmax;    /* with the whole reference: per token, the largest p of each 256 columns (or,
-                      * gmax_row, of the row in [0]); NULL: bound by 1 */
+    double p16sub;   /* absolute step of a stored p over its tile's maximum: 2^-39 where the plan
+                      * keeps fp16 compact logits, else 0 (fz_gmax) */
+    double *gmax;    /* with the whole reference: per token, the largest p of each 256 columns;
+                      * NULL: bound by 1 */
     int64_t n_groups;
-    int gmax_row;
     double p16;      /* relative step of a stored p: one fp16 ulp (2^-11) where the plan keeps the
                       * compact logits (fp16 p̃), else 0 */
     double hs;       /* dW's operand s_i·h_i rounded to bf16 (half an ulp, 2^-9) where the plan keeps
@@ -658,19 +657,18 @@ static double fz_dz_round_err(const fz_ctx *k, double z, double lse, double a, d
     return 4 * 0x1p-24 * pieces + (is_label ? 0 : k->p16 * fabs(a) * p + k->p16sub * fabs(a) * gmax);
 }
 
-/* The compact logits keep p̃ = p_ij / (the largest p of its row in a 256-column group) in fp16, so
- * below 2^-14 of that maximum p̃ is subnormal and its step is absolute: 2^-24 of the group's
- * largest p, and a p_ij under 2^-25 of it is stored as 0 (fuzz cases 741 and 1232 of seed
- * 20261127: one or two peaked tokens, dW and db rows with p_ij ≈ 1e-13 of a group maximum ≈ 0.3,
- * returned as 0; FLCE_COMPACT=0 passes them; bench/NOTES.md session 17). The bound on that
- * maximum for token i and column j: with the whole reference (fz_ctx.gmax), the largest p in any
- * 256 columns around j (whatever the kernel's group alignment), or the row's largest p where the
- * plan scales rows (qrows: p̃ relative to a row reference); else 1. */
+/* The compact logits keep p̃ = 2^15·p_ij / (the largest p of its row in a 256-column tile) in fp16
+ * (templates/common.cuh), so below 2^-29 of that maximum p̃ is subnormal and its step absolute:
+ * 2^-39 of the tile's largest p, and a p_ij under 2^-40 of it is stored as 0 (fuzz cases 741 and
+ * 1232 of seed 20261127: one or two peaked tokens, dW and db rows with p_ij ≈ 1e-12..1e-13 of a
+ * tile maximum ≈ 0.3, returned as 0 or a few steps; FLCE_COMPACT=0 passes them; bench/NOTES.md
+ * session 17). (Row-scaled compact logits store bf16, whose range has no such step.) The bound on
+ * that maximum for token i and column j: with the whole reference (fz_ctx.gmax), the largest p in
+ * any 256 columns around j (whatever the kernel's tile alignment); else 1. */
 static double fz_gmax(const fz_ctx *k, int64_t i, int64_t j)
 {
     if (!k->gmax) return 1;
     const double *g = k->gmax + i * k->n_groups;
-    if (k->gmax_row) return g[0];
     int64_t b = j / 256;
     double m = g[b];
     if (b > 0) m = fmax(m, g[b - 1]);
@@ -868,13 +866,13 @@ double fz_case_logit(const fz_case *c, const fz_data *x, int64_t i, int64_t j)
 static int fz_group_max(fz_ctx *k, const double *lse)
 {
     int64_t n = k->x->n, v = k->x->v;
-    k->n_groups = k->gmax_row ? 1 : (v + 255) / 256;
+    k->n_groups = (v + 255) / 256;
     k->gmax = calloc((size_t)(n * k->n_groups), sizeof(double));
     if (!k->gmax) return -1;
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < v; j++) {
             double p = exp(fz_logit(&k->q, k->x, i, j) - lse[i]);
-            double *m = k->gmax + i * k->n_groups + (k->gmax_row ? 0 : j / 256);
+            double *m = k->gmax + i * k->n_groups + j / 256;
             if (p > *m) *m = p;
         }
     return 0;
@@ -896,8 +894,7 @@ int fz_check(const fz_case *c, const fz_data *x, const fz_sample *s, const fz_go
     k.acc_k = 0x1p-22 * sqrt(chunks + 1);
     k.p16 = planned && op == FLCE_OP_LOSS_AND_GRAD && pl.compact ? (pl.qrows ? 0x1p-9 : 0x1p-11) : 0;
     k.hs = planned && op == FLCE_OP_LOSS_AND_GRAD && pl.qrows ? 0x1p-9 : 0;
-    k.p16sub = k.p16 > 0 ? 0x1p-24 : 0;
-    k.gmax_row = planned && pl.qrows;
+    k.p16sub = k.p16 > 0 && !pl.qrows ? 0x1p-39 : 0;
     k.gs = fz_token_scales(c, x);
     k.rows = malloc(sizeof(fz_row_ref) * (size_t)(s->n_tok > 0 ? s->n_tok : 1));
     k.dz = malloc(sizeof(double) * (size_t)x->v);
