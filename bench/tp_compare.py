@@ -26,7 +26,9 @@ Run with torchrun, one process per GPU, NCCL's collective log on (it counts coll
   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL NCCL_DEBUG_FILE=/tmp/nccl.%p.log NCCL_NVLS_ENABLE=0 \\
     torchrun --nproc_per_node=2 bench/tp_compare.py --out DIR
 Times: CUDA events, median of --iters steps (forward + backward) after warm-up, the slowest rank.
-Memory: peak allocated during one step above what was allocated before it (gradients included).
+Memory: peak allocated during one step above what was allocated before it (gradients included), and
+the same less the two gradients every provider returns (dH: N x D, dW: the shard, bf16): what the
+implementation itself holds. --memory-budget MiB passes memory_budget to the flce providers.
 """
 import argparse
 import datetime
@@ -314,6 +316,8 @@ def main():
                     help="comma-separated subset, in this order")
     ap.add_argument("--tag", default="", help="suffix of the result files and of the flce provider names, "
                     "e.g. dh16 for a run under FLCE_TP_DH_16BIT=1")
+    ap.add_argument("--memory-budget", type=int, default=None,
+                    help="MiB of workspace flce's providers may plan (memory_budget; default: the library's)")
     ap.add_argument("--timeline", action="store_true",
                     help="after timing flce-nccl, three more steps under torch.profiler (the last reported): every rank's kernels "
                     "and NCCL's waits in tp-timeline-<device>-x<tp>-<date>[-tag].md")
@@ -339,6 +343,8 @@ def main():
     y[torch.rand(n, device=dev, generator=g) < 0.05] = IGNORE
     y_local = torch.where(y == IGNORE, y, y % shard)
     comm = flce.NcclComm(group)
+    budget = args.memory_budget * MiB if args.memory_budget else None
+    grad_mib = (n * d + shard * d) * h0.element_size() / MiB  # dH and this rank's dW
     wanted = [x.strip() for x in args.providers.split(",") if x.strip()]
     known = ["megatron", "flce-nccl", "flce-nccl-reg", "flce-split", "flce-local"]
     if set(wanted) - set(known):
@@ -352,11 +358,11 @@ def main():
             if provider == "megatron":
                 loss = megatron_step(h, w, y, offset, group)
             elif provider == "flce-local":
-                loss = flce.linear_cross_entropy(h, w, y_local)
+                loss = flce.linear_cross_entropy(h, w, y_local, memory_budget=budget)
                 loss.backward()
             else:
                 loss = flce.vocab_parallel_cross_entropy(
-                    h, w, y, vocab_offset=offset, vocab_total=v, group=group,
+                    h, w, y, vocab_offset=offset, vocab_total=v, group=group, memory_budget=budget,
                     comm={"flce-nccl": comm, "flce-nccl-reg": comm_reg}.get(provider))
                 loss.backward()
             step.out = (loss.detach(), h.grad, w.grad)
@@ -395,13 +401,14 @@ def main():
             traces = [None] * size
             dist.all_gather_object(traces, trace)
             timelines.append(timeline_md(provider + (f"-{args.tag}" if args.tag else ""), traces))
-        t = torch.tensor([ms, peak, ms_aligned, ms_queued], device=dev)
+        t = torch.tensor([ms, peak, ms_aligned, ms_queued, peak - grad_mib], device=dev)
         all_t = [torch.zeros_like(t) for _ in range(size)]
         dist.all_gather(all_t, t)
         ms_max = max(float(x[0]) for x in all_t)
         ms_aligned_max = max(float(x[2]) for x in all_t)
         ms_queued_max = max(float(x[3]) for x in all_t)
         peak_max = max(float(x[1]) for x in all_t)
+        own_max = max(float(x[4]) for x in all_t)
         coll = count_collectives(log_path, 1000 + k, 2000 + k) if log_path else None
         env = {k: os.environ[k] for k in ("FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_TP_OVERLAP_SMS") if k in os.environ}
         rows.append({"shape": args.shape, "tp": size, "ms": round(ms_max, 3), "ms_aligned": round(ms_aligned_max, 3),
@@ -409,6 +416,7 @@ def main():
                      "env": env, "base": provider,
                      "provider": provider + (f"-{args.tag}" if args.tag and provider.startswith("flce") else ""),
                      "tflops": round(6 * n * v * d / (ms_max * 1e-3) / 1e12, 1), "extra_mib": round(peak_max, 1),
+                     "extra_mib_without_grads": round(own_max, 1), "memory_budget_mib": args.memory_budget,
                      "collectives": coll[0] if coll else None, "coll_bytes": coll[1] if coll else None,
                      "bytes_per_rank": coll[1] if coll else None, "date": date, "commit": commit})
         step.out = None
@@ -443,11 +451,11 @@ def main():
               "start each step together (an all-reduce and a device sync before it), as after a model's layers; "
               "ms queued: the steps queued back to back with no host sync between them (as compare.py and a "
               "training loop run: the host's time per step hidden).", "",
-              "| provider | ms | ms aligned | ms queued | TFLOP/s (6NVD) | peak extra MiB | collectives/step | bytes/step/rank | loss | err loss | err dH | err dW | same loss on all ranks |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| provider | ms | ms aligned | ms queued | TFLOP/s (6NVD) | peak extra MiB | without the grads | collectives/step | bytes/step/rank | loss | err loss | err dH | err dW | same loss on all ranks |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             e = lambda x: "–" if x is None else f"{x:.1e}"  # noqa: E731
-            md.append(f"| {r['provider']} | {r['ms']:.2f} | {r['ms_aligned']:.2f} | {r['ms_queued']:.2f} | {r['tflops']} | {r['extra_mib']:.0f} | "
+            md.append(f"| {r['provider']} | {r['ms']:.2f} | {r['ms_aligned']:.2f} | {r['ms_queued']:.2f} | {r['tflops']} | {r['extra_mib']:.0f} | {r['extra_mib_without_grads']:.0f} | "
                       f"{r['collectives']} | {r['coll_bytes']} | {r['loss']:.6f} | {e(r['err_loss'])} | "
                       f"{e(r['err_dh'])} | {e(r['err_dw'])} | {r['loss_same_on_all_ranks']} |")
         local = next((r for r in rows if r["base"] == "flce-local"), None)
@@ -456,6 +464,8 @@ def main():
             md += ["", f"Tensor parallelism adds {nccl['ms'] - local['ms']:.2f} ms to flce's kernels on the shard "
                    f"({nccl['provider']} {nccl['ms']:.2f} − {local['provider']} {local['ms']:.2f}); aligned "
                    f"{nccl['ms_aligned'] - local['ms_aligned']:.2f} ms, queued {nccl['ms_queued'] - local['ms_queued']:.2f} ms."]
+        if args.memory_budget:
+            md += ["", f"flce's memory_budget: {args.memory_budget} MiB."]
         if any(r["env"] for r in rows):
             md += ["", "Settings: " + "; ".join(f"{r['provider']} {r['env']}" for r in rows if r["env"])]
         md += ["", f"commit {commit}"]
