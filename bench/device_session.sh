@@ -2,7 +2,8 @@
 # device_session.sh — one device call doing the stages named on the command line, in order, each
 # under its own time limit, logs under $OUT (default ./device-out). Every device job is a list of
 # these stages (bench/device_ci.sh is the README's commands and the GPU extras):
-#   fuzz     `flce fuzz --seed 20261122 --cases 2000` (issue 7: the differential fuzzer)
+#   fuzz     `flce fuzz --seed S --cases 2000` for each S in $FUZZ_SEEDS (default 20261122 and
+#            20261127; FUZZ_SECONDS each), the differential fuzzer (issue 7)
 #   tune     for each --tune-shapes shape: `flce bench` with the built-in tiles (cold cache, then warm),
 #            `flce tune`, `flce bench` again with the table (FLCE_LOG=info names the tiles) (issue 6)
 #   bench    `flce bench` over --bench-shapes at logit std 4 and 0.5 (issue 4)
@@ -11,8 +12,12 @@
 #   demo     `flce demo` (every strategy of one shape against the fp64 reference of sampled rows)
 #   hazards  test_gpu's recipe and accumulate cases twice more (the ones that caught races before)
 #   detcost  what problem.deterministic costs (flce_det_cost, issue 7)
-#   tp       with 2 or more GPUs: test_tp, then bench/tp_compare.py under torchrun at tp = 2 and 4
-#            (as many as there are GPUs; NCCL's collectives logged), multicast (NVLS) off (issue 5)
+#   tp       with 2 or more GPUs: the test_tp CTests (plain, overlap, qrows, register), then
+#            bench/tp_compare.py under torchrun at tp = 2 and 4 (as many as there are GPUs; NCCL's
+#            collectives logged, --timeline), then flce-nccl beside flce-local once per variant in
+#            $TP_VARIANTS (default "novl"): novl FLCE_TP_OVERLAP=0, sms16 / sms48
+#            FLCE_TP_OVERLAP_SMS, dh16 FLCE_TP_DH_16BIT=1, mb384 --memory-budget 384, reg
+#            flce-nccl-reg; multicast (NVLS) off (issues 5, 20)
 #   profile  per-kernel durations (ncu, clocks and caches left alone) of one loss-and-grad call per
 #            strategy in $PROFILE_STRATEGIES at $PROFILE_SHAPE (bench/ncu_summary.py tables)
 #   timeline `flce bench --timeline` (each kernel's in-run time, each run's time and input set) for
@@ -70,10 +75,12 @@ for stage in "${stages[@]}"; do
   case $stage in
   fuzz)
     secs=${FUZZ_SECONDS:-300}
-    step "flce fuzz --seed 20261122 --cases 2000 --jobs $(nproc) --time-limit $secs"
-    ./build/flce fuzz --seed 20261122 --cases 2000 --jobs "$(nproc)" --time-limit "$secs" > "$OUT/fuzz.log" 2>&1
-    echo "status $?" >> "$OUT/fuzz.log"
-    grep -v '^ok ' "$OUT/fuzz.log" | tail -30 | tee -a "$LOG"
+    for seed in ${FUZZ_SEEDS:-20261122 20261127}; do
+      step "flce fuzz --seed $seed --cases 2000 --jobs $(nproc) --time-limit $secs"
+      ./build/flce fuzz --seed "$seed" --cases 2000 --jobs "$(nproc)" --time-limit "$secs" > "$OUT/fuzz-$seed.log" 2>&1
+      echo "status $?" >> "$OUT/fuzz-$seed.log"
+      grep -av '^ok ' "$OUT/fuzz-$seed.log" | tr '\r' '\n' | grep -v '^flce fuzz: [0-9]*/' | tail -30 | tee -a "$LOG"
+    done
     ;;
   tune)
     for s in ${tune_shapes//,/ }; do
@@ -137,14 +144,10 @@ for stage in "${stages[@]}"; do
   tp)
     gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
     if [ "$gpus" -lt 2 ]; then step "tp: skipped, $gpus GPU"; continue; fi
-    step "test_tp"
-    (cd build && timeout "$(left)" ./tests/test_tp) > "$OUT/test_tp.log" 2>&1
+    step "the test_tp CTests"
+    (cd build && FLCE_REQUIRE_GPU=1 timeout "$(left)" ctest -R '^test_tp' --output-on-failure) > "$OUT/test_tp.log" 2>&1
     echo "status $?" >> "$OUT/test_tp.log"
-    grep -E '^(ok|FAIL)|passed|status' "$OUT/test_tp.log" | tail -20 | tee -a "$LOG"
-    step "test_tp, FLCE_TP_OVERLAP=1 (dH reduced beside dW, dW tiles from a counter)"
-    (cd build && FLCE_TP_OVERLAP=1 timeout "$(left)" ./tests/test_tp) > "$OUT/test_tp-overlap.log" 2>&1
-    echo "status $?" >> "$OUT/test_tp-overlap.log"
-    grep -E '^(ok|FAIL)|passed|status' "$OUT/test_tp-overlap.log" | tail -20 | tee -a "$LOG"
+    grep -E 'Test #|tests passed|check failed|status' "$OUT/test_tp.log" | tail -20 | tee -a "$LOG"
     for tp in 2 4; do
       [ "$tp" -le "$gpus" ] || continue
       step "tp_compare tp=$tp"
@@ -154,16 +157,22 @@ for stage in "${stages[@]}"; do
         > "$OUT/tp_compare-$tp.log" 2>&1
       cat /tmp/nccl.*.log 2>/dev/null | head -c 2000000 > "$OUT/nccl-coll-$tp.log"
       grep '^|\|^Tensor par' "$OUT/tp_compare-$tp.log" | tee -a "$LOG"
-      # dH summed across ranks in bf16 (FLCE_TP_DH_16BIT, issue 20 item 2): time and error beside fp32
-      step "tp_compare tp=$tp, FLCE_TP_DH_16BIT=1"
-      FLCE_TP_DH_16BIT=1 FLCE_LIBRARY=$PWD/build/libflce.so timeout "$(left)" torchrun --nproc_per_node=$tp \
-        bench/tp_compare.py --out "$OUT" --providers flce-nccl --tag dh16 ${TP_ARGS:-} > "$OUT/tp_compare-$tp-dh16.log" 2>&1
-      grep '^| flce' "$OUT/tp_compare-$tp-dh16.log" | tee -a "$LOG"
-      step "tp_compare tp=$tp, FLCE_TP_OVERLAP=1"
-      FLCE_TP_OVERLAP=1 FLCE_LIBRARY=$PWD/build/libflce.so timeout "$(left)" torchrun --nproc_per_node=$tp \
-        bench/tp_compare.py --out "$OUT" --providers flce-nccl,flce-local --tag ovl ${TP_ARGS:-} \
-        > "$OUT/tp_compare-$tp-ovl.log" 2>&1
-      grep '^| flce\|^Tensor par' "$OUT/tp_compare-$tp-ovl.log" | tee -a "$LOG"
+      for variant in ${TP_VARIANTS:-novl}; do
+        env=() args=(--providers flce-nccl,flce-local)
+        case $variant in
+          novl) env=(FLCE_TP_OVERLAP=0) ;;
+          sms16) env=(FLCE_TP_OVERLAP_SMS=16) ;;
+          sms48) env=(FLCE_TP_OVERLAP_SMS=48) ;;
+          dh16) env=(FLCE_TP_DH_16BIT=1) args=(--providers flce-nccl) ;;
+          mb384) args+=(--memory-budget 384) ;;
+          reg) args=(--providers flce-nccl-reg,flce-nccl) ;;
+          *) step "tp variant $variant: unknown, skipped"; continue ;;
+        esac
+        step "tp_compare tp=$tp, $variant ${env[*]:-} ${args[*]}"
+        env ${env[@]+"${env[@]}"} FLCE_LIBRARY=$PWD/build/libflce.so timeout "$(left)" torchrun --nproc_per_node=$tp \
+          bench/tp_compare.py --out "$OUT" --tag "$variant" "${args[@]}" ${TP_ARGS:-} > "$OUT/tp_compare-$tp-$variant.log" 2>&1
+        grep '^| flce\|^Tensor par' "$OUT/tp_compare-$tp-$variant.log" | tee -a "$LOG"
+      done
     done
     ;;
   profile)
