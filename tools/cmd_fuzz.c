@@ -8,7 +8,9 @@
  * worker processes before anything touches CUDA; each owns an flce context on GPU 0 and takes the
  * next case number from a counter in shared memory, and all share the process-safe disk cache.
  * Workers send one fixed-size record per case through a pipe (writes under PIPE_BUF are atomic);
- * the parent prints progress on stderr and the summary on stdout.
+ * the parent prints progress on stderr and the summary on stdout. Past --time-limit no case starts,
+ * and the progress line names the cases still running (a big case can outlast the limit by a
+ * minute: give an outer timeout room).
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
@@ -20,6 +22,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -356,7 +359,13 @@ static void fz_print_summary(const fz_opts *o, const fz_summary *sm, double wall
 
 /* ---- workers ------------------------------------------------------------------------------- */
 
-static int fz_worker(const fz_opts *o, _Atomic uint64_t *next, double start, int fd)
+/* Shared with the workers: the next case number, then each worker's running case + 1 (0: none). */
+typedef struct fz_shared {
+    _Atomic uint64_t next;
+    _Atomic uint64_t running[];
+} fz_shared;
+
+static int fz_worker(const fz_opts *o, fz_shared *sh, int j, double start, int fd)
 {
     if (devmem_gpu_count() < 1) return 77;
     flce_context *ctx = NULL;
@@ -366,33 +375,58 @@ static int fz_worker(const fz_opts *o, _Atomic uint64_t *next, double start, int
     }
     for (;;) {
         if (o->time_limit > 0 && host_now_s() - start > o->time_limit) break;
-        uint64_t k = atomic_fetch_add(next, 1);
+        uint64_t k = atomic_fetch_add(&sh->next, 1);
         if (k >= (uint64_t)o->cases) break;
         fz_record rec;
+        atomic_store(&sh->running[j], k + 1);
         fz_run_case(ctx, o->seed, k, &rec);
+        atomic_store(&sh->running[j], 0);
         if (write(fd, &rec, sizeof rec) != (ssize_t)sizeof rec) break;
     }
     flce_context_destroy(ctx);
     return 0;
 }
 
+/* The progress line; past the time limit it names the cases still running. */
+static void fz_progress(const fz_opts *o, const fz_summary *sm, fz_shared *sh, double start)
+{
+    double now = host_now_s();
+    fprintf(stderr, "\rflce fuzz: %" PRId64 "/%" PRId64 " cases, %" PRId64 " failed, %.0f s   ", sm->done, o->cases,
+            sm->done - sm->pass, now - start);
+    if (o->time_limit > 0 && now - start > o->time_limit) {
+        fprintf(stderr, "(time limit: still running");
+        for (int j = 0; j < o->jobs; j++) {
+            uint64_t k = atomic_load(&sh->running[j]);
+            if (k) fprintf(stderr, " %" PRIu64, k - 1);
+        }
+        fprintf(stderr, ")   ");
+    }
+}
+
 static int fz_many(const fz_opts *o)
 {
-    _Atomic uint64_t *next = mmap(NULL, sizeof *next, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    size_t jobs = o->jobs > 0 && o->jobs <= 256 ? (size_t)o->jobs : 1; /* cmd_fuzz keeps it in 1..256 */
+    size_t shared_bytes = sizeof(fz_shared) + sizeof(_Atomic uint64_t) * jobs;
+    fz_shared *sh = mmap(NULL, shared_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     int fds[2];
-    if (next == MAP_FAILED || pipe(fds)) {
+    if (sh == MAP_FAILED || pipe(fds)) {
         perror("flce fuzz");
         return 1;
     }
-    atomic_store(next, 0);
+    atomic_store(&sh->next, 0);
+    for (size_t j = 0; j < jobs; j++) atomic_store(&sh->running[j], 0);
     double start = host_now_s();
-    pid_t *kids = calloc((size_t)o->jobs, sizeof *kids);
+    pid_t *kids = calloc(jobs, sizeof *kids);
+    if (!kids) {
+        perror("flce fuzz");
+        return 1;
+    }
     fflush(stdout), fflush(stderr);
     for (int j = 0; j < o->jobs; j++) {
         kids[j] = fork();
         if (kids[j] == 0) {
             close(fds[0]);
-            int rc = fz_worker(o, next, start, fds[1]);
+            int rc = fz_worker(o, sh, j, start, fds[1]);
             close(fds[1]);
             fflush(stdout), fflush(stderr);
             _exit(rc);
@@ -404,6 +438,16 @@ static int fz_many(const fz_opts *o)
     fz_record rec;
     double last = 0;
     for (;;) {
+        /* wake every 2 s without a record: the progress line (and the running cases past the
+         * limit) stays current while long cases run */
+        struct pollfd pfd = {fds[0], POLLIN, 0};
+        int ready = poll(&pfd, 1, 2000);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready == 0) {
+            fz_progress(o, &sm, sh, start);
+            last = host_now_s();
+            continue;
+        }
         ssize_t got = 0;
         while (got < (ssize_t)sizeof rec) {
             ssize_t n = read(fds[0], (char *)&rec + got, sizeof rec - (size_t)got);
@@ -417,8 +461,7 @@ static int fz_many(const fz_opts *o)
         else if (o->verbose) printf("ok   case %" PRIu64 ": %s\n", rec.index, rec.msg);
         double now = host_now_s();
         if (now - last > 2 || sm.done == o->cases) {
-            fprintf(stderr, "\rflce fuzz: %" PRId64 "/%" PRId64 " cases, %" PRId64 " failed, %.0f s   ",
-                    sm.done, o->cases, sm.done - sm.pass, now - start);
+            fz_progress(o, &sm, sh, start);
             last = now;
         }
     }
@@ -432,7 +475,7 @@ static int fz_many(const fz_opts *o)
         else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) crashed++;
     }
     free(kids);
-    munmap((void *)next, sizeof *next);
+    munmap(sh, shared_bytes);
     if (skipped == o->jobs) {
         printf("flce fuzz: no GPU: skipped\n");
         return 77;
