@@ -432,12 +432,11 @@ typedef struct fz_norms {
     double worst_row;                       /* max over rows of the row's own relative error */
     int nonfinite;
     /* For the failure report: the worst row's place and sizes. ids maps a row to the vocab id or
-     * token it stands for (NULL: the row's number); row_p, row_pg: the caller's p_ij and p_ij
-     * over the largest p in its 256-column group for the current row (dW, db; else −1). */
+     * token it stands for (NULL: the row's number); row_aux: what the caller notes of the current
+     * row (dW, db: the token of its largest p_ij), kept as worst_aux for the worst row. */
     const int64_t *ids;
-    int has_p;
-    int64_t rows, worst_k;
-    double worst_ref, worst_diff, worst_floor, row_p, row_pg, worst_p, worst_pg;
+    int64_t rows, worst_k, row_aux, worst_aux;
+    double worst_ref, worst_diff, worst_floor;
 } fz_norms;
 
 static void fz_add(fz_norms *a, double ref, double got, double floor);
@@ -469,7 +468,7 @@ static void fz_row_end(fz_norms *a)
     if (!(e <= a->worst_row)) {
         a->worst_row = e; /* NaN sticks */
         a->worst_k = a->rows, a->worst_ref = sqrt(a->row_ref2), a->worst_diff = sqrt(a->row_diff2);
-        a->worst_floor = sqrt(a->row_floor2), a->worst_p = a->row_p, a->worst_pg = a->row_pg;
+        a->worst_floor = sqrt(a->row_floor2), a->worst_aux = a->row_aux;
     }
     a->rows++;
     a->row_diff2 = a->row_ref2 = a->row_floor2 = a->row_bound2 = 0;
@@ -497,10 +496,6 @@ static void fz_finish(fz_result *r, int q, const fz_norms *a, double tol)
                      fz_q_names[q], diff / scale, (long long)a->worst_k,
                      (long long)(a->ids ? a->ids[a->worst_k] : a->worst_k), a->worst_row, a->worst_ref,
                      a->worst_diff, a->worst_floor);
-        used = strlen(r->detail);
-        if (a->rows && a->has_p && used + 1 < sizeof r->detail)
-            snprintf(r->detail + used, sizeof r->detail - used, "(max_i p_ij %.3g, over its 256-column group's max %.3g); ",
-                     a->worst_p, a->worst_pg);
     }
 }
 
@@ -774,6 +769,20 @@ static void fz_check_dh(fz_ctx *k)
     free(acc), free(mag), free(w2), free(mag32);
 }
 
+/* A failed dW or db: its worst row's largest p_ij, and that p over the largest p of its token in the
+ * row's 256-column tile (where compact logits store p̃ relative to it), in the report. */
+static void fz_report_p(const fz_ctx *k, int q, const fz_norms *a, const double *lse)
+{
+    fz_result *r = k->r;
+    size_t used = strlen(r->detail);
+    if (r->err[q] <= r->tol[q] || !a->rows || a->worst_aux < 0 || used + 1 >= sizeof r->detail) return;
+    int64_t i = a->worst_aux, j = a->ids[a->worst_k], j0 = j / 256 * 256;
+    double p = exp(fz_logit(&k->q, k->x, i, j) - lse[i]), m = 0;
+    for (int64_t jj = j0; jj < k->x->v && jj < j0 + 256; jj++) m = fmax(m, exp(fz_logit(&k->q, k->x, i, jj) - lse[i]));
+    snprintf(r->detail + used, sizeof r->detail - used, "(max_i p_ij %.3g, over its 256-column tile's max %.3g); ",
+             p, m > 0 ? p / m : -1);
+}
+
 /* dW and db rows of the sampled vocab rows from every token's dz_ij, with lse_i from `lse`
  * (the reference's, or the GPU's when the case is too big for every row's reference). */
 static void fz_check_dw(fz_ctx *k, const double *lse)
@@ -799,7 +808,7 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
     }
     fz_norms aw = {0}, ab = {0};
     aw.acc_k = k->acc_k;
-    aw.ids = ab.ids = k->s->voc, aw.has_p = ab.has_p = 1;
+    aw.ids = ab.ids = k->s->voc;
     for (int64_t t = 0; t < k->s->n_voc; t++) {
         int64_t j = k->s->voc[t];
         double wj = k->e.class_weight ? k->e.class_weight[j] : 1, db = 0, db_mag = 0;
@@ -810,12 +819,11 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
         for (int64_t i = 0; i < x->n; i++) {
             int64_t y = x->ref_labels[i];
             if (k->gs[i] == 0 || y < 0) continue;
-            double pij = exp(fz_logit(q, x, i, j) - lse[i]);
-            if (pij > pmax) pmax = pij, imax = i;
             double wy = k->e.class_weight ? k->e.class_weight[y] : 1;
-            double z = fz_logit(q, x, i, j);
+            double z = fz_logit(q, x, i, j), pij = exp(z - lse[i]);
+            if (pij > pmax) pmax = pij, imax = i;
             double a = (1 - eps) * wy + eps / (double)v * wsum + 2 * lam * wy * lse[i];
-            double dz = a * exp(z - lse[i]) - eps * wj / (double)v - (j == y ? (1 - eps) * wy : 0);
+            double dz = a * pij - eps * wj / (double)v - (j == y ? (1 - eps) * wy : 0);
             double f = fz_slope(q, z) * k->gs[i];
             double r = fz_dz_round_err(k, z, lse[i], a, wj, j == y, wy, fz_gmax(k, i, j)) * fabs(f);
             dz *= f;
@@ -825,11 +833,7 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
                 acc[c] += term, mag[c] += term * term, mag32[c] += rt * rt + ht * ht;
             }
         }
-        /* for the report: the token of the largest p_ij, and p_ij over its 256-column group's max */
-        double gmax = 0;
-        for (int64_t jj = j / 256 * 256; imax >= 0 && jj < v && jj < j / 256 * 256 + 256; jj++)
-            gmax = fmax(gmax, exp(fz_logit(q, x, imax, jj) - lse[imax]));
-        aw.row_p = ab.row_p = pmax, aw.row_pg = ab.row_pg = gmax > 0 ? pmax / gmax : -1;
+        aw.row_aux = ab.row_aux = imax; /* for the report (fz_report_p) */
         if (g->dw_rows)
             for (int64_t c = 0; c < d; c++) {
                 double init = x->acc_w ? x->acc_w[j * d + c] : 0;
@@ -839,8 +843,8 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
         if (g->db_rows)
             fz_add(&ab, db, g->db_rows[t], fz_floor(db_mag + db32 / (tol * tol) + fz_out_round2(k, 0, db, tol), hypot(sub * sqrt(n_valid), fz_out_sub(k, 0)), tol)), fz_row_end(&ab);
     }
-    if (g->dw_rows) fz_finish(k->r, FZ_Q_DW, &aw, tol);
-    if (g->db_rows) fz_finish(k->r, FZ_Q_DB, &ab, tol);
+    if (g->dw_rows) fz_finish(k->r, FZ_Q_DW, &aw, tol), fz_report_p(k, FZ_Q_DW, &aw, lse);
+    if (g->db_rows) fz_finish(k->r, FZ_Q_DB, &ab, tol), fz_report_p(k, FZ_Q_DB, &ab, lse);
     free(acc), free(mag), free(h2), free(mag32);
 }
 

@@ -244,6 +244,7 @@ static void report(const fz_case *c, mutation m, const fz_result *res, const cha
             (unsigned long long)c->index, path, m_names[m], res->failed ? "FAIL" : "pass", line);
     for (int q = 0; q < FZ_Q_COUNT; q++)
         if (res->err[q] >= 0) fprintf(stderr, "    %-9s %.3e (tol %.3e)\n", fz_q_names[q], res->err[q], res->tol[q]);
+    if (res->detail[0]) fprintf(stderr, "    %s\n", res->detail);
 }
 
 /* One case on one path: every mutation, each verdict checked. */

@@ -227,9 +227,13 @@ class _Call:
         ctx = self._context()
         ws_bytes = _lib.workspace_size(ctx, self.problem, op)
         registered = _registered_comms.get(self.comm) if self.comm and half is None else None
+
+        def new_workspace(nbytes):
+            if registered is not None:  # flce.NcclComm(register=True): its one registered buffer
+                return registered.workspace(max(nbytes, 256), self.device)
+            return torch.empty(max(nbytes, 256), dtype=torch.uint8, device=self.device)
         try:
-            workspace = (registered.workspace(max(ws_bytes, 256), self.device) if registered is not None else
-                         torch.empty(max(ws_bytes, 256), dtype=torch.uint8, device=self.device))
+            workspace = new_workspace(ws_bytes)
         except torch.cuda.OutOfMemoryError:
             # The default budget may plan up to 1/16 of the GPU where that is faster; next to what
             # PyTorch holds it may not fit. Then the 512 MiB plan, as the library does with its own
@@ -238,8 +242,7 @@ class _Call:
                 raise
             self.problem.memory_budget = _LEAN_BUDGET
             ws_bytes = _lib.workspace_size(ctx, self.problem, op)
-            workspace = (registered.workspace(max(ws_bytes, 256), self.device) if registered is not None else
-                         torch.empty(max(ws_bytes, 256), dtype=torch.uint8, device=self.device))
+            workspace = new_workspace(ws_bytes)
         fields = {name: None if t is None else _ptr(t, name, _ALIGN[name]) for name, t in outs.items()}
         extra = {}
         if self.bias is not None:
