@@ -15,8 +15,9 @@
 #   tp       with 2 or more GPUs: the test_tp CTests (plain, overlap, qrows, register), then
 #            bench/tp_compare.py under torchrun at tp = 2 and 4 (as many as there are GPUs; NCCL's
 #            collectives logged, --timeline), then flce-nccl beside flce-local once per variant in
-#            $TP_VARIANTS (default "novl"): novl FLCE_TP_OVERLAP=0, sms16 / sms48
-#            FLCE_TP_OVERLAP_SMS, dh16 FLCE_TP_DH_16BIT=1, mb384 --memory-budget 384, reg
+#            $TP2_VARIANTS / $TP4_VARIANTS or else $TP_VARIANTS (default "novl"): novl FLCE_TP_OVERLAP=0, sms16 / sms48
+#            FLCE_TP_OVERLAP_SMS, dh16 FLCE_TP_DH_16BIT=1, mbN --memory-budget N (MiB), ar
+#            FLCE_TP_DH_GATHER16=0 (dH's fp32 all-reduce), noq FLCE_QROWS=0, reg
 #            flce-nccl-reg; multicast (NVLS) off (issues 5, 20)
 #   profile  per-kernel durations (ncu, clocks and caches left alone) of one loss-and-grad call per
 #            strategy in $PROFILE_STRATEGIES at $PROFILE_SHAPE (bench/ncu_summary.py tables)
@@ -157,14 +158,17 @@ for stage in "${stages[@]}"; do
         > "$OUT/tp_compare-$tp.log" 2>&1
       cat /tmp/nccl.*.log 2>/dev/null | head -c 2000000 > "$OUT/nccl-coll-$tp.log"
       grep '^|\|^Tensor par' "$OUT/tp_compare-$tp.log" | tee -a "$LOG"
-      for variant in ${TP_VARIANTS:-novl}; do
+      vv=TP${tp}_VARIANTS
+      for variant in ${!vv:-${TP_VARIANTS:-novl}}; do
         env=() args=(--providers flce-nccl,flce-local)
         case $variant in
           novl) env=(FLCE_TP_OVERLAP=0) ;;
           sms16) env=(FLCE_TP_OVERLAP_SMS=16) ;;
           sms48) env=(FLCE_TP_OVERLAP_SMS=48) ;;
           dh16) env=(FLCE_TP_DH_16BIT=1) args=(--providers flce-nccl) ;;
-          mb384) args+=(--memory-budget 384) ;;
+          mb[0-9]*) args+=(--memory-budget "${variant#mb}") ;;
+          ar) env=(FLCE_TP_DH_GATHER16=0) ;;
+          noq) env=(FLCE_QROWS=0) ;;
           reg) args=(--providers flce-nccl-reg,flce-nccl) ;;
           *) step "tp variant $variant: unknown, skipped"; continue ;;
         esac

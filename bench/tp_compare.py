@@ -201,13 +201,25 @@ NCCL_SIZES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2}
 COLL_RE = re.compile(r"\b(AllGather|AllReduce|ReduceScatter|Broadcast|Reduce): opCount \w+ .*?count (\d+) datatype (\d+)")
 
 
-def count_collectives(log_path, begin, end):
-    """(count, bytes) of the collectives between the marker broadcasts of sizes begin and end."""
+def ring_bytes(kind, nbytes, ranks):
+    """Bytes one rank sends for a collective whose log line names `nbytes` (count × size: the buffer
+    for AllReduce/Broadcast, one rank's part for AllGather/ReduceScatter) on a ring of `ranks`:
+    what the ring bytes column compares across an all-reduce and a reduce-scatter + all-gather."""
+    if kind == "AllReduce":
+        return 2 * (ranks - 1) * nbytes // ranks
+    if kind in ("AllGather", "ReduceScatter"):
+        return (ranks - 1) * nbytes
+    return nbytes
+
+
+def count_collectives(log_path, begin, end, ranks):
+    """(count, bytes, ring bytes sent per rank) of the collectives between the marker broadcasts of
+    sizes begin and end."""
     try:
         lines = open(log_path, errors="replace").read().splitlines()
     except OSError:
         return None
-    inside, calls, nbytes = False, 0, 0
+    inside, calls, nbytes, sent = False, 0, 0, 0
     for line in lines:
         m = COLL_RE.search(line)
         if not m:
@@ -215,12 +227,13 @@ def count_collectives(log_path, begin, end):
         kind, count, dt = m.group(1), int(m.group(2)), int(m.group(3))
         if kind == "Broadcast" and count in (begin, end):
             if count == end and inside:
-                return calls, nbytes
+                return calls, nbytes, sent
             inside = count == begin
             continue
         if inside:
             calls += 1
             nbytes += count * NCCL_SIZES.get(dt, 1)
+            sent += ring_bytes(kind, count * NCCL_SIZES.get(dt, 1), ranks)
     return None
 
 
@@ -409,8 +422,9 @@ def main():
         ms_queued_max = max(float(x[3]) for x in all_t)
         peak_max = max(float(x[1]) for x in all_t)
         own_max = max(float(x[4]) for x in all_t)
-        coll = count_collectives(log_path, 1000 + k, 2000 + k) if log_path else None
-        env = {k: os.environ[k] for k in ("FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_TP_OVERLAP_SMS") if k in os.environ}
+        coll = count_collectives(log_path, 1000 + k, 2000 + k, size) if log_path else None
+        env = {k: os.environ[k] for k in ("FLCE_TP_DH_16BIT", "FLCE_TP_DH_GATHER16", "FLCE_TP_OVERLAP",
+                                          "FLCE_TP_OVERLAP_SMS") if k in os.environ}
         rows.append({"shape": args.shape, "tp": size, "ms": round(ms_max, 3), "ms_aligned": round(ms_aligned_max, 3),
                      "ms_queued": round(ms_queued_max, 3),
                      "env": env, "base": provider,
@@ -418,7 +432,7 @@ def main():
                      "tflops": round(6 * n * v * d / (ms_max * 1e-3) / 1e12, 1), "extra_mib": round(peak_max, 1),
                      "extra_mib_without_grads": round(own_max, 1), "memory_budget_mib": args.memory_budget,
                      "collectives": coll[0] if coll else None, "coll_bytes": coll[1] if coll else None,
-                     "bytes_per_rank": coll[1] if coll else None, "date": date, "commit": commit})
+                     "bytes_per_rank": coll[1] if coll else None, "ring_bytes_sent_per_rank": coll[2] if coll else None, "date": date, "commit": commit})
         step.out = None
         torch.cuda.empty_cache()
 
@@ -451,12 +465,12 @@ def main():
               "start each step together (an all-reduce and a device sync before it), as after a model's layers; "
               "ms queued: the steps queued back to back with no host sync between them (as compare.py and a "
               "training loop run: the host's time per step hidden).", "",
-              "| provider | ms | ms aligned | ms queued | TFLOP/s (6NVD) | peak extra MiB | without the grads | collectives/step | bytes/step/rank | loss | err loss | err dH | err dW | same loss on all ranks |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| provider | ms | ms aligned | ms queued | TFLOP/s (6NVD) | peak extra MiB | without the grads | collectives/step | bytes/step/rank | ring bytes sent/rank | loss | err loss | err dH | err dW | same loss on all ranks |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             e = lambda x: "–" if x is None else f"{x:.1e}"  # noqa: E731
             md.append(f"| {r['provider']} | {r['ms']:.2f} | {r['ms_aligned']:.2f} | {r['ms_queued']:.2f} | {r['tflops']} | {r['extra_mib']:.0f} | {r['extra_mib_without_grads']:.0f} | "
-                      f"{r['collectives']} | {r['coll_bytes']} | {r['loss']:.6f} | {e(r['err_loss'])} | "
+                      f"{r['collectives']} | {r['coll_bytes']} | {r['ring_bytes_sent_per_rank']} | {r['loss']:.6f} | {e(r['err_loss'])} | "
                       f"{e(r['err_dh'])} | {e(r['err_dw'])} | {r['loss_same_on_all_ranks']} |")
         local = next((r for r in rows if r["base"] == "flce-local"), None)
         nccl = next((r for r in rows if r["base"] == "flce-nccl"), None)

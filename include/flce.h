@@ -169,7 +169,8 @@ typedef struct flce_tensors {
     int64_t *argmax;            /* out: N global vocab ids of the largest z_ij (first on ties) */
     void *comm;                 /* ncclComm_t of the tensor-parallel group (tp_size > 1), whose
                                    rank tp_rank is this caller; NULL without TP. The statistics
-                                   all-gather and the fp32 dH all-reduce run on the workspace: a
+                                   all-gather and dH's fp32 reduction run on the workspace (dH's
+                                   16-bit all-gather in grad_hidden): a
                                    workspace every rank registered with comm (ncclCommRegister,
                                    all ranks or none; deregister before freeing it) lets NCCL skip
                                    its staging copies (README, "Tensor parallelism") */

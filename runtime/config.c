@@ -40,6 +40,9 @@ void config_defaults(flce_config *c)
      * 4 × H100, 8192×4096×128256; bench/NOTES.md TP v4) */
     c->tp_overlap = 1;
     c->tp_overlap_sms = 32;
+    /* TP: dH's fp32 all-reduce as a reduce-scatter in fp32 then an all-gather of the rounded
+     * slices (3/4 of the bytes; the same sums, rounded once as before) */
+    c->tp_dh_gather16 = 1;
 }
 
 /* 1 and *out set when s is one of the on/off words, else 0. */
@@ -113,6 +116,7 @@ void config_from_env(flce_config *c)
     /* a multiple of 256 keeps each slice's dZ 16-byte aligned for TMA (launch.c run_dh) */
     c->dh_k_slice = config_parse_int("FLCE_DH_K_SLICE", getenv("FLCE_DH_K_SLICE"), 0, 1 << 30, c->dh_k_slice) / 256 * 256;
     c->tp_dh_16bit = config_parse_bool("FLCE_TP_DH_16BIT", getenv("FLCE_TP_DH_16BIT"), c->tp_dh_16bit);
+    c->tp_dh_gather16 = config_parse_bool("FLCE_TP_DH_GATHER16", getenv("FLCE_TP_DH_GATHER16"), c->tp_dh_gather16);
     c->tp_overlap = config_parse_bool("FLCE_TP_OVERLAP", getenv("FLCE_TP_OVERLAP"), c->tp_overlap);
     c->tp_overlap_sms = config_parse_int("FLCE_TP_OVERLAP_SMS", getenv("FLCE_TP_OVERLAP_SMS"), 0, 1024, c->tp_overlap_sms);
     c->dh_bn = config_parse_int("FLCE_DH_BN", getenv("FLCE_DH_BN"), 0, 256, c->dh_bn) / 64 * 64;
@@ -155,6 +159,7 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_FULL_TILES", "%s", on_off(c->full_tiles), c->full_tiles == d.full_tiles);
     CONFIG_LOG_ONE("FLCE_DH_K_SLICE", "%d", c->dh_k_slice, c->dh_k_slice == d.dh_k_slice);
     CONFIG_LOG_ONE("FLCE_TP_DH_16BIT", "%s", on_off(c->tp_dh_16bit), c->tp_dh_16bit == d.tp_dh_16bit);
+    CONFIG_LOG_ONE("FLCE_TP_DH_GATHER16", "%s", on_off(c->tp_dh_gather16), c->tp_dh_gather16 == d.tp_dh_gather16);
     CONFIG_LOG_ONE("FLCE_TP_OVERLAP", "%s", on_off(c->tp_overlap), c->tp_overlap == d.tp_overlap);
     CONFIG_LOG_ONE("FLCE_TP_OVERLAP_SMS", "%d", c->tp_overlap_sms, c->tp_overlap_sms == d.tp_overlap_sms);
     CONFIG_LOG_ONE("FLCE_DH_BN", "%d", c->dh_bn, c->dh_bn == d.dh_bn);

@@ -54,6 +54,8 @@ typedef struct flce_config {
     int tiered;        /* FLCE_TIERED: a kernel specialized for full vocab tiles that is not cached yet runs
                         * as the generic one while it compiles in the background (default on) */
     int tp_dh_16bit;   /* FLCE_TP_DH_16BIT: TP's dH summed across ranks in the input dtype (default off: fp32) */
+    int tp_dh_gather16; /* FLCE_TP_DH_GATHER16: TP's dH reduce-scattered in fp32, each rank rounding its
+                         * slice once, then all-gathered in the input dtype (default on) */
     int tp_overlap;    /* FLCE_TP_OVERLAP: TP's dH reduction on a side stream beside dW (default on) */
     int tp_overlap_sms; /* FLCE_TP_OVERLAP_SMS: SMs dW leaves to NCCL's all-reduce under FLCE_TP_OVERLAP
                          * (default 32, at least the CTAs NCCL launches: its log's "coll channels") */

@@ -771,8 +771,9 @@ static flce_status run_recompute(run *r)
 }
 
 /* dH rows [row0, row0 + rows) summed over the ranks and rounded once into the caller's grad_hidden
- * (or added to it in accumulate mode), on `stream`: fp32 all-reduce then the cast, or under
- * FLCE_TP_DH_16BIT the cast of this rank's part then a 16-bit all-reduce in grad_hidden. */
+ * (or added to it in accumulate mode), on `stream`: under dh_gather16 an fp32 reduce-scatter, the
+ * cast of this rank's slice and a 16-bit all-gather in grad_hidden; else the fp32 all-reduce then
+ * the cast; or under FLCE_TP_DH_16BIT the cast of this rank's part then a 16-bit all-reduce. */
 static flce_status reduce_dh_rows(run *r, int64_t row0, int64_t rows, CUstream stream)
 {
     const plan *pl = r->pl;
@@ -791,6 +792,15 @@ static flce_status reduce_dh_rows(run *r, int64_t row0, int64_t rows, CUstream s
         if (st == FLCE_OK)
             st = comm_all_reduce_16(r->t->comm, (void *)(uintptr_t)dst, count, r->p->dtype == FLCE_DTYPE_BF16, stream,
                                     "the dH all-reduce (16-bit)");
+    } else if (pl->dh_gather16 && count % (4 * (uint64_t)pl->tp) == 0) {
+        /* each slice a multiple of 4 values: the cast's float4 loads and 8-byte stores stay aligned */
+        uint64_t slice = count / (uint64_t)pl->tp, own = (uint64_t)pl->rank * slice;
+        st = comm_reduce_scatter_f32(r->t->comm, buf, slice, pl->rank, stream, "the dH reduce-scatter");
+        r->rp.cast_src = addr(buf + own), r->rp.cast_dst = dst + own * r->es, r->rp.cast_count = (long long)slice;
+        if (st == FLCE_OK) st = run_rows(r, K_CAST, &none);
+        if (st == FLCE_OK)
+            st = comm_all_gather(r->t->comm, (const void *)(uintptr_t)(dst + own * r->es), (void *)(uintptr_t)dst,
+                                 slice * r->es, stream, "the dH all-gather");
     } else {
         st = comm_all_reduce_f32(r->t->comm, buf, count, stream, "the dH all-reduce");
         if (st == FLCE_OK) st = run_rows(r, K_CAST, &none);

@@ -661,6 +661,8 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     pl->dh_k_slice_max = cfg->dh_k_slice;
     pl->dh_reduce_16bit = cfg->tp_dh_16bit && pl->collective && !pl->sp && !p->accumulate_grad_hidden &&
                           p->dtype != FLCE_DTYPE_F32;
+    pl->dh_gather16 = cfg->tp_dh_gather16 && pl->collective && !pl->sp && !p->accumulate_grad_hidden &&
+                      p->dtype != FLCE_DTYPE_F32 && !pl->dh_reduce_16bit;
     pl->overlap_wanted = cfg->tp_overlap;
     pl->tp_overlap_sms = cfg->tp_overlap_sms;
     pl->grad_streams_wanted = cfg->grad_streams;

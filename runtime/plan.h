@@ -145,6 +145,13 @@ typedef struct plan {
      * all-reduced there. Only for a plain all-reduce (no SP, no accumulate_grad_hidden, 16-bit
      * inputs); off by default until tp_compare shows its error. */
     int dh_reduce_16bit;
+    /* FLCE_TP_DH_GATHER16 (default on): the plain all-reduce's fp32 dH is reduce-scattered in fp32,
+     * each rank rounds its slice of the sums into grad_hidden, and the rounded slices are
+     * all-gathered there: 3/4 of the fp32 all-reduce's bytes and the cast on 1/tp of the values,
+     * the same fp32 sums rounded once. Where the plain all-reduce applies (no SP, no
+     * accumulate_grad_hidden, 16-bit inputs, not dh_reduce_16bit); launch.c falls back to the
+     * all-reduce for a block whose values do not split into 4-aligned slices. */
+    int dh_gather16;
     /* FLCE_TP_OVERLAP=1 (overlap_wanted): each token chunk's summed dH rows (all rows after the last
      * vocab chunk in recompute) are reduced across ranks on the context's side stream while dW runs,
      * dW taking its tiles from a counter (off_tile_counter) in two launches, the first leaving

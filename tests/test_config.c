@@ -83,7 +83,7 @@ static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM
                                     "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_TIERED", "FLCE_UNLOCKED_COMPILE", "FLCE_FULL_TILES", "FLCE_DH_K_SLICE", "FLCE_NVRTC_FAST",
                                     "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_TP_OVERLAP_SMS", "FLCE_GRAD_STREAMS",
                                     "FLCE_DZ_OPERAND", "FLCE_DZ_CONVERT", "FLCE_QROWS", "FLCE_PINGPONG",
-                                    "FLCE_LOGITS_CLUSTER"};
+                                    "FLCE_LOGITS_CLUSTER", "FLCE_TP_DH_GATHER16"};
 
 static void clear_knobs(void)
 {
@@ -102,7 +102,7 @@ static void an_empty_environment_gives_the_defaults(void)
     CHECK(!d.acc_prefetch && d.red_acc && d.cluster == -1 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.tiered && !d.unlocked_compile && d.full_tiles && d.dh_k_slice == PLAN_DH_K_SLICE && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && d.tp_overlap);
     CHECK(d.grad_streams && !d.dz_operand && !d.dz_convert && d.tp_overlap_sms == 32 && d.qrows == -1);
-    CHECK(!d.pingpong && d.logits_cluster == -1);
+    CHECK(!d.pingpong && d.logits_cluster == -1 && d.tp_dh_gather16);
 }
 
 static void every_knob_reads_its_variable(void)
@@ -115,13 +115,14 @@ static void every_knob_reads_its_variable(void)
     setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "off", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
     setenv("FLCE_DZ_OPERAND", "1", 1), setenv("FLCE_TP_OVERLAP_SMS", "16", 1), setenv("FLCE_DZ_CONVERT", "on", 1);
     setenv("FLCE_QROWS", "0", 1), setenv("FLCE_PINGPONG", "on", 1), setenv("FLCE_LOGITS_CLUSTER", "0", 1);
+    setenv("FLCE_TP_DH_GATHER16", "off", 1);
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
     CHECK(c.acc_prefetch && !c.red_acc && c.cluster == 2 && c.raster_rows == 16 && !c.tiered && !c.full_tiles && c.dh_k_slice == 768 && c.unlocked_compile);
     CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && !c.tp_overlap);
     CHECK(!c.grad_streams && c.dz_operand && c.dz_convert && c.tp_overlap_sms == 16 && c.qrows == 0);
-    CHECK(c.pingpong && c.logits_cluster == 0);
+    CHECK(c.pingpong && c.logits_cluster == 0 && !c.tp_dh_gather16);
     clear_knobs();
 }
 
@@ -435,6 +436,39 @@ static void the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only(void)
     p.dtype = FLCE_DTYPE_BF16, p.tp_rank = 0, p.tp_size = 1, p.vocab_offset = 0, p.vocab_total = 4096;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(!pl.collective && !pl.dh_reduce_16bit);
+}
+
+/* FLCE_TP_DH_GATHER16 (default on) takes the plain fp32 all-reduce's place only: not with
+ * FLCE_TP_DH_16BIT, SP (already a reduce-scatter), a caller's fp32 dH accumulator, fp32 inputs or
+ * one GPU. */
+static void the_gathered_16bit_dh_replaces_the_plain_all_reduce_only(void)
+{
+    flce_config cfg;
+    config_defaults(&cfg);
+    flce_problem p = tp2_problem(512, 256, 8192);
+    plan pl;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.need_dh_tp && pl.dh_gather16 && !pl.dh_reduce_16bit);
+    cfg.tp_dh_16bit = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.dh_reduce_16bit && !pl.dh_gather16);
+    config_defaults(&cfg);
+    cfg.tp_dh_gather16 = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.dh_gather16);
+    config_defaults(&cfg);
+    p.accumulate_grad_hidden = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.dh_gather16);
+    p.accumulate_grad_hidden = 0, p.sequence_parallel = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(pl.sp && !pl.dh_gather16);
+    p.sequence_parallel = 0, p.dtype = FLCE_DTYPE_F32;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.dh_gather16);
+    p.dtype = FLCE_DTYPE_BF16, p.tp_rank = 0, p.tp_size = 1, p.vocab_offset = 0, p.vocab_total = 4096;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
+    CHECK(!pl.collective && !pl.dh_gather16);
 }
 
 /* FLCE_TP_OVERLAP: the dH reduction beside dW where the plain all-reduce and the counter-fed dW
@@ -815,6 +849,7 @@ int main(void)
     RUN(gradient_kernels_hold_only_the_stores_they_make);
     RUN(tune_tiles_are_an_input);
     RUN(the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only);
+    RUN(the_gathered_16bit_dh_replaces_the_plain_all_reduce_only);
     RUN(the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw);
     RUN(dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted);
     RUN(dh_tiles_narrow_where_the_last_wave_would_idle);
