@@ -16,7 +16,8 @@
 #            bench/tp_compare.py under torchrun at tp = 2 and 4 (as many as there are GPUs; NCCL's
 #            collectives logged, --timeline), then flce-nccl beside flce-local once per variant in
 #            $TP2_VARIANTS / $TP4_VARIANTS or else $TP_VARIANTS (default "novl"): novl FLCE_TP_OVERLAP=0, sms16 / sms48
-#            FLCE_TP_OVERLAP_SMS, dh16 FLCE_TP_DH_16BIT=1, mbN --memory-budget N (MiB), ar
+#            FLCE_TP_OVERLAP_SMS, dh16 FLCE_TP_DH_16BIT=1, mbN --memory-budget N (MiB), rcN the same
+#            with --strategy recompute, ar
 #            FLCE_TP_DH_GATHER16=0 (dH's fp32 all-reduce), noq FLCE_QROWS=0, reg
 #            flce-nccl-reg; multicast (NVLS) off (issues 5, 20)
 #   profile  per-kernel durations (ncu, clocks and caches left alone) of one loss-and-grad call per
@@ -167,6 +168,7 @@ for stage in "${stages[@]}"; do
           sms48) env=(FLCE_TP_OVERLAP_SMS=48) ;;
           dh16) env=(FLCE_TP_DH_16BIT=1) args=(--providers flce-nccl) ;;
           mb[0-9]*) args+=(--memory-budget "${variant#mb}") ;;
+          rc[0-9]*) args+=(--strategy recompute --memory-budget "${variant#rc}") ;;
           ar) env=(FLCE_TP_DH_GATHER16=0) ;;
           noq) env=(FLCE_QROWS=0) ;;
           reg) args=(--providers flce-nccl-reg,flce-nccl) ;;

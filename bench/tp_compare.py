@@ -28,7 +28,8 @@ Run with torchrun, one process per GPU, NCCL's collective log on (it counts coll
 Times: CUDA events, median of --iters steps (forward + backward) after warm-up, the slowest rank.
 Memory: peak allocated during one step above what was allocated before it (gradients included), and
 the same less the two gradients every provider returns (dH: N x D, dW: the shard, bf16): what the
-implementation itself holds. --memory-budget MiB passes memory_budget to the flce providers.
+implementation itself holds. --memory-budget MiB passes memory_budget to the flce providers, --strategy
+their strategy.
 """
 import argparse
 import datetime
@@ -331,6 +332,8 @@ def main():
                     "e.g. dh16 for a run under FLCE_TP_DH_16BIT=1")
     ap.add_argument("--memory-budget", type=int, default=None,
                     help="MiB of workspace flce's providers may plan (memory_budget; default: the library's)")
+    ap.add_argument("--strategy", default="auto", choices=["auto", "chunked", "recompute"],
+                    help="flce's providers' strategy (recompute: 8NVD, a workspace that does not grow with V)")
     ap.add_argument("--timeline", action="store_true",
                     help="after timing flce-nccl, three more steps under torch.profiler (the last reported): every rank's kernels "
                     "and NCCL's waits in tp-timeline-<device>-x<tp>-<date>[-tag].md")
@@ -371,11 +374,11 @@ def main():
             if provider == "megatron":
                 loss = megatron_step(h, w, y, offset, group)
             elif provider == "flce-local":
-                loss = flce.linear_cross_entropy(h, w, y_local, memory_budget=budget)
+                loss = flce.linear_cross_entropy(h, w, y_local, memory_budget=budget, strategy=args.strategy)
                 loss.backward()
             else:
                 loss = flce.vocab_parallel_cross_entropy(
-                    h, w, y, vocab_offset=offset, vocab_total=v, group=group, memory_budget=budget,
+                    h, w, y, vocab_offset=offset, vocab_total=v, group=group, memory_budget=budget, strategy=args.strategy,
                     comm={"flce-nccl": comm, "flce-nccl-reg": comm_reg}.get(provider))
                 loss.backward()
             step.out = (loss.detach(), h.grad, w.grad)
@@ -430,7 +433,7 @@ def main():
                      "env": env, "base": provider,
                      "provider": provider + (f"-{args.tag}" if args.tag and provider.startswith("flce") else ""),
                      "tflops": round(6 * n * v * d / (ms_max * 1e-3) / 1e12, 1), "extra_mib": round(peak_max, 1),
-                     "extra_mib_without_grads": round(own_max, 1), "memory_budget_mib": args.memory_budget,
+                     "extra_mib_without_grads": round(own_max, 1), "memory_budget_mib": args.memory_budget, "strategy": args.strategy,
                      "collectives": coll[0] if coll else None, "coll_bytes": coll[1] if coll else None,
                      "bytes_per_rank": coll[1] if coll else None, "ring_bytes_sent_per_rank": coll[2] if coll else None, "date": date, "commit": commit})
         step.out = None
@@ -480,6 +483,8 @@ def main():
                    f"{nccl['ms_aligned'] - local['ms_aligned']:.2f} ms, queued {nccl['ms_queued'] - local['ms_queued']:.2f} ms."]
         if args.memory_budget:
             md += ["", f"flce's memory_budget: {args.memory_budget} MiB."]
+        if args.strategy != "auto":
+            md += ["", f"flce's strategy: {args.strategy}."]
         if any(r["env"] for r in rows):
             md += ["", "Settings: " + "; ".join(f"{r['provider']} {r['env']}" for r in rows if r["env"])]
         md += ["", f"commit {commit}"]

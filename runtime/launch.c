@@ -591,11 +591,11 @@ static flce_status run_rows(run *r, int kernel, const block *b)
     switch (kernel) {
     case K_PREPARE:
         return launch(r->k.row[K_PREPARE], 1, 1, FLCE_ROW_CTA_THREADS, 0, r->stream, &rp, "prepare kernel");
-    case K_COMBINE:
-        return launch(r->k.row[K_COMBINE], ceil_div(b->rows, 256), 1, 256, 0, r->stream, &rp,
+    case K_COMBINE: /* FLCE_MERGE_LANES threads per row merge its vocab splits */
+        return launch(r->k.row[K_COMBINE], ceil_div(b->rows * FLCE_MERGE_LANES, 256), 1, 256, 0, r->stream, &rp,
                       "combine kernel");
     case K_TP_PACK:
-        return launch(r->k.row[K_TP_PACK], ceil_div(b->rows, 256), 1, 256, 0, r->stream, &rp,
+        return launch(r->k.row[K_TP_PACK], ceil_div(b->rows * FLCE_MERGE_LANES, 256), 1, 256, 0, r->stream, &rp,
                       "tp_pack kernel");
     case K_DZ:
         /* From compact logits 4 groups of 8 columns per thread (rowops.cu DZ_COMPACT_GROUPS,

@@ -130,6 +130,10 @@ struct flce_gemm_params {
  * of two (the tree halves it) and at most the 1024 threads a CTA can have. */
 #define FLCE_ROW_CTA_THREADS 1024
 
+/* Lanes per row of flce_combine and flce_tp_pack, which merge a row's vocab splits together (a
+ * power of two ≤ 32; launch.c launches rows × FLCE_MERGE_LANES threads). */
+#define FLCE_MERGE_LANES 8
+
 /* The row kernels of rowops.cu: prepare, combine, dz, reduce. Row-indexed arrays named "(all)"
  * hold all N tokens and are indexed by row0 + i; the others belong to the current chunk. */
 struct flce_row_params {
