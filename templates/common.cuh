@@ -241,5 +241,16 @@ __device__ __forceinline__ void stats_merge(row_stats &a, const row_stats &b)
     if (OPT_ZSUM) a.zs += b.zs;
 }
 
+// The statistics held by the lane `off` away (lane ^ off) in the warp.
+__device__ __forceinline__ row_stats shfl_stats(const row_stats &a, int off)
+{
+    row_stats b;
+    b.m = __shfl_xor_sync(0xffffffffu, a.m, off);
+    b.s = __shfl_xor_sync(0xffffffffu, a.s, off);
+    b.t = OPT_ENTROPY ? __shfl_xor_sync(0xffffffffu, a.t, off) : 0.f;
+    b.zs = OPT_ZSUM ? __shfl_xor_sync(0xffffffffu, a.zs, off) : 0.f;
+    b.arg = OPT_ARGMAX ? __shfl_xor_sync(0xffffffffu, a.arg, off) : 0;
+    return b;
+}
 
 #endif

@@ -360,17 +360,6 @@ __device__ __forceinline__ void dz_epilogue_t(float (&acc)[MI][NI][4], const flc
 }
 #endif // FLCE_FUSED_DZ
 
-__device__ __forceinline__ row_stats shfl_stats(const row_stats &a, int off)
-{
-    row_stats b;
-    b.m = __shfl_xor_sync(0xffffffffu, a.m, off);
-    b.s = __shfl_xor_sync(0xffffffffu, a.s, off);
-    b.t = OPT_ENTROPY ? __shfl_xor_sync(0xffffffffu, a.t, off) : 0.f;
-    b.zs = OPT_ZSUM ? __shfl_xor_sync(0xffffffffu, a.zs, off) : 0.f;
-    b.arg = OPT_ARGMAX ? __shfl_xor_sync(0xffffffffu, a.arg, off) : 0;
-    return b;
-}
-
 // Merges a row's statistics over the 4 lanes of the quad that holds its columns.
 __device__ __forceinline__ void quad_merge(row_stats &a)
 {

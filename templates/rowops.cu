@@ -85,21 +85,11 @@ extern "C" __global__ void __launch_bounds__(FLCE_ROW_CTA_THREADS) flce_prepare(
 // 52 µs at 8192 rows (63 splits at the tp = 4 shard of 8192 × 4096 × 128256, 39 on one GPU; only
 // 32 CTAs, each load its own sector). FLCE_MERGE_LANES: params.h.
 
-__device__ __forceinline__ row_stats shfl_down_stats(const row_stats &a, int off)
-{
-    row_stats b;
-    b.m = __shfl_down_sync(0xffffffffu, a.m, off);
-    b.s = __shfl_down_sync(0xffffffffu, a.s, off);
-    b.t = OPT_ENTROPY ? __shfl_down_sync(0xffffffffu, a.t, off) : 0.f;
-    b.zs = OPT_ZSUM ? __shfl_down_sync(0xffffffffu, a.zs, off) : 0.f;
-    b.arg = OPT_ARGMAX ? __shfl_down_sync(0xffffffffu, a.arg, off) : 0;
-    return b;
-}
-
 // Row i's statistics over this rank's shard, its vocab splits merged in a fixed order (so the same
 // bits every run): lane g of the row's group folds splits g, g + 8, …, then the lanes merge pairwise
-// 4, 2 and 1 apart. Every lane of the warp calls it (the shuffles); `row_ok` false for lanes past
-// the last row. The group's lane 0 holds the result.
+// 4, 2 and 1 apart (lane ^ off: within the group). Every lane of the warp calls it (the shuffles);
+// `row_ok` false for lanes past the last row. The group's lane 0 holds the result (lane 0 folds
+// 4, then 2, then 1: one fixed order).
 __device__ row_stats merge_splits(const flce_row_params &p, long long i, int g, bool row_ok)
 {
     row_stats a;
@@ -115,10 +105,7 @@ __device__ row_stats merge_splits(const flce_row_params &p, long long i, int g, 
         stats_merge(a, b);
     }
 #pragma unroll
-    for (int off = FLCE_MERGE_LANES / 2; off > 0; off >>= 1) { // lane g < off takes g + off, in its group
-        row_stats b = shfl_down_stats(a, off);
-        stats_merge(a, b);
-    }
+    for (int off = FLCE_MERGE_LANES / 2; off > 0; off >>= 1) stats_merge(a, shfl_stats(a, off));
     return a;
 }
 
