@@ -636,7 +636,16 @@ static flce_status run_rows(run *r, int kernel, const block *b)
  * accumulation state (first/last) of the outputs indexed by rows (dH) and by vocab columns (dW,
  * db): token chunks complete their dH rows at once and build dW up; vocab chunks the reverse. */
 static flce_status overlap_dh(run *r, const block *rows_done);
-static flce_status reduce_dh_rows(run *r, int64_t row0, int64_t rows, CUstream stream);
+static flce_status reduce_dh(run *r, const block *rows_done, CUstream stream);
+
+/* Whether dH's reduction across ranks goes beside dW after this row step (tp_overlap): after the
+ * last vocab step of each token chunk; under SP once, after the last chunk (one reduce-scatter of
+ * every row). */
+static int reduce_beside_dw(const run *r, const block *rows_step)
+{
+    const plan *pl = r->pl;
+    return pl->tp_overlap && rows_step->last && (!pl->sp || rows_step->row0 + rows_step->rows == pl->n);
+}
 static flce_status fork_to(run *r, CUstream s);
 static flce_status side_fork(run *r);
 static flce_status side_join(run *r);
@@ -656,7 +665,7 @@ static flce_status side_join(run *r);
  * (run_dw_split) so that NCCL's kernel finds SMs: its second launch follows the reduction. */
 static flce_status run_dh_dw_at_once(run *r, const block *rows_step, const block *cols_step)
 {
-    int reduce = r->pl->tp_overlap && rows_step->last, late = reduce ? r->pl->tp_overlap_sms : 0;
+    int reduce = reduce_beside_dw(r, rows_step), late = reduce ? r->pl->tp_overlap_sms : 0;
     TRY(ctx_fill_stream(r->ctx));
     TRY(ctx_side_stream(r->ctx));
     if (late) TRY(zero_tile_counter(r)); /* before the forks: both dW launches come after it */
@@ -665,7 +674,7 @@ static flce_status run_dh_dw_at_once(run *r, const block *rows_step, const block
     CUstream caller = r->stream;
     r->stream = r->ctx->side;
     flce_status st = run_dh(r, rows_step);
-    if (st == FLCE_OK && reduce) st = reduce_dh_rows(r, rows_step->row0, rows_step->rows, r->ctx->side);
+    if (st == FLCE_OK && reduce) st = reduce_dh(r, rows_step, r->ctx->side);
     r->stream = r->ctx->fill;
     if (st == FLCE_OK) st = run_dw_split(r, cols_step, late);
     r->stream = caller;
@@ -699,7 +708,7 @@ static flce_status run_grads(run *r, const block *rows_step, const block *cols_s
         return FLCE_OK;
     }
     if (r->t->grad_hidden) TRY(run_dh(r, rows_step));
-    if (r->t->grad_hidden && r->pl->tp_overlap && rows_step->last) {
+    if (r->t->grad_hidden && reduce_beside_dw(r, rows_step)) {
         /* dW beside the reduction (run_dw_split); the next chunk's dZ waits for both launches */
         int late = r->t->grad_weight && r->pl->dw_dynamic ? r->pl->tp_overlap_sms : 0;
         if (late) TRY(zero_tile_counter(r));
@@ -809,13 +818,40 @@ static flce_status reduce_dh_rows(run *r, int64_t row0, int64_t rows, CUstream s
     return st;
 }
 
+/* SP: every row's dH summed over the ranks by an fp32 reduce-scatter to this rank's rows, then
+ * rounded once into the caller's grad_hidden (or added to it in accumulate mode), on `stream`. */
+static flce_status reduce_dh_sp(run *r, CUstream stream)
+{
+    const plan *pl = r->pl;
+    float *buf = (float *)(uintptr_t)(r->ws + pl->off_dh_tp);
+    uint64_t local = (uint64_t)pl->n_local * (uint64_t)pl->d;
+    TRY(comm_reduce_scatter_f32(r->t->comm, buf, local, pl->rank, stream, "the dH reduce-scatter"));
+    buf += (uint64_t)pl->rank * local;
+    r->rp.cast_src = addr(buf);
+    r->rp.cast_dst = addr(r->t->grad_hidden);
+    r->rp.cast_count = (long long)local;
+    r->rp.cast_accumulate = r->p->accumulate_grad_hidden;
+    block none = {0, 0, 0, 0, 1, 1};
+    CUstream caller = r->stream;
+    r->stream = stream;
+    flce_status st = run_rows(r, K_CAST, &none);
+    r->stream = caller;
+    return st;
+}
+
+/* The dH rows of `rows_done` summed over the ranks (under SP: all rows, reduce-scattered). */
+static flce_status reduce_dh(run *r, const block *rows_done, CUstream stream)
+{
+    return r->pl->sp ? reduce_dh_sp(r, stream) : reduce_dh_rows(r, rows_done->row0, rows_done->rows, stream);
+}
+
 /* FLCE_TP_OVERLAP (plan.h, tp_overlap): the dH rows of `rows_done` are final on this rank; their
  * reduction goes to the side stream, after everything the caller's stream holds so far, and the
  * caller's stream goes on with dW. launch_run joins the two before it returns. */
 static flce_status overlap_dh(run *r, const block *rows_done)
 {
     TRY(side_fork(r));
-    return reduce_dh_rows(r, rows_done->row0, rows_done->rows, r->ctx->side);
+    return reduce_dh(r, rows_done, r->ctx->side);
 }
 
 /* Stream s (the side or the fill stream) waits for everything the caller's stream holds so far. */
@@ -857,17 +893,8 @@ static flce_status finish_dh(run *r)
 {
     const plan *pl = r->pl;
     if (!pl->need_dh_tp || !r->t->grad_hidden || pl->tp_overlap) return FLCE_OK;
-    if (!pl->sp) return reduce_dh_rows(r, 0, pl->n_local, r->stream);
-    float *buf = (float *)(uintptr_t)(r->ws + pl->off_dh_tp);
-    uint64_t local = (uint64_t)pl->n_local * (uint64_t)pl->d;
-    TRY(comm_reduce_scatter_f32(r->t->comm, buf, local, pl->rank, r->stream, "the dH reduce-scatter"));
-    buf += (uint64_t)pl->rank * local;
-    r->rp.cast_src = addr(buf);
-    r->rp.cast_dst = addr(r->t->grad_hidden);
-    r->rp.cast_count = (long long)local;
-    r->rp.cast_accumulate = r->p->accumulate_grad_hidden;
-    block none = {0, 0, 0, 0, 1, 1};
-    return run_rows(r, K_CAST, &none);
+    block all = {0, pl->n_local, 0, 0, 1, 1};
+    return reduce_dh(r, &all, r->stream);
 }
 
 /* Sequence parallelism: the per-token arrays that hold all tokens, by SP_* index. */

@@ -460,7 +460,7 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
      * before it is rounded once. */
     pl->need_dh_tp = grads && pl->collective && (!t || t->grad_hidden);
     int dw_counter_ok = hopper_tma(&pl->dw) && pl->dw.cluster == 0;
-    pl->tp_overlap = pl->overlap_wanted && pl->need_dh_tp && !pl->sp && (!t || t->grad_weight) && dw_counter_ok;
+    pl->tp_overlap = pl->overlap_wanted && pl->need_dh_tp && (!t || t->grad_weight) && dw_counter_ok;
     pl->concurrent_grads = grads_overlap(pl, pl->num_sms) && grads && dw_counter_ok &&
                            (!t || (t->grad_hidden && t->grad_weight));
     pl->dw_dynamic = pl->tp_overlap || pl->concurrent_grads;

@@ -153,11 +153,12 @@ typedef struct plan {
      * all-reduce for a block whose values do not split into 4-aligned slices. */
     int dh_gather16;
     /* FLCE_TP_OVERLAP=1 (overlap_wanted): each token chunk's summed dH rows (all rows after the last
-     * vocab chunk in recompute) are reduced across ranks on the context's side stream while dW runs,
-     * dW taking its tiles from a counter (off_tile_counter) in two launches, the first leaving
-     * tp_overlap_sms SMs to NCCL's kernel, the second joining when the reduction ends. With
-     * concurrent_grads as well, the reduction follows dH on its stream while dW fills dH's tail.
-     * Where: a plain all-reduce (no SP) and a dW on the wgmma TMA path without clusters. */
+     * vocab chunk in recompute; under SP all rows after the last chunk, one reduce-scatter) are
+     * reduced across ranks on the context's side stream while dW runs, dW taking its tiles from a
+     * counter (off_tile_counter) in two launches, the first leaving tp_overlap_sms SMs to NCCL's
+     * kernel, the second joining when the reduction ends. With concurrent_grads as well, the
+     * reduction follows dH on its stream while dW fills dH's tail. Where dW is on the wgmma TMA path
+     * without clusters. */
     int overlap_wanted, tp_overlap;
     /* Under tp_overlap: dW's first launch leaves this many SMs to NCCL's kernel; a second launch of
      * as many CTAs joins the tile counter once the reduction is done (launch.c). 0: one launch. */

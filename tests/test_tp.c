@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "bench_data.h"
 #include "check.h"
 #include "error.h"
 #include "devmem.h"
@@ -555,6 +557,105 @@ static void disagreeing_shards_are_reported(void)
     }
 }
 
+/* FLCE_TEST_TP_TIME=N,D,V (bench/device_session.sh's spbench stage): no checks; flce_loss_and_grad
+ * timed at that global shape (bf16, logit std 4, labels over the whole vocab) on 2 and 4 GPUs,
+ * without and with sequence parallelism (N/tp tokens per rank): 3 warm-up steps, then 20 steps
+ * queued on each rank's stream after a barrier, each rank's host time over them; the slowest
+ * rank's ms per step. Environment knobs (FLCE_TP_OVERLAP…) apply as in any call. */
+typedef struct time_io {
+    int tp, rank, sp;
+    int64_t n, d, v;
+    ncclComm_t comm;
+    pthread_barrier_t *bar;
+    double ms;
+    flce_status st;
+} time_io;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static flce_status time_rank(time_io *io, bench_data *bd, void **stream)
+{
+    int64_t shard = io->v / io->tp, off = io->rank * shard;
+    if (io->rank == io->tp - 1) shard = io->v - off;
+    TRY(devmem_use(io->rank));
+    flce_problem *p = &bd->p;
+    flce_problem_init(p);
+    p->tokens = io->sp ? io->n / io->tp : io->n, p->hidden = io->d, p->dtype = FLCE_DTYPE_BF16;
+    p->vocab_shard = shard, p->vocab_offset = off, p->vocab_total = io->v;
+    p->tp_rank = io->rank, p->tp_size = io->tp, p->sequence_parallel = io->sp;
+    if (!bench_data_fill(bd, 1234 + (uint64_t)io->rank, 4.0)) return FLCE_ERR_OUT_OF_MEMORY;
+    host_rng r;
+    host_rng_seed(&r, 99 + (uint64_t)(io->sp ? io->rank : 0)); /* without SP every rank has the same labels */
+    for (int64_t i = 0; i < p->tokens; i++)
+        if (bd->labels[i] != (int32_t)p->ignore_index) bd->labels[i] = (int32_t)host_rng_below(&r, (uint64_t)io->v);
+    TRY(bench_data_upload(bd));
+    TRY(devmem_stream_create(stream));
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = bd->d_h, t.weight = bd->d_w, t.labels = bd->d_labels, t.loss = bd->d_loss, t.lse = bd->d_lse;
+    t.grad_hidden = bd->d_dh, t.grad_weight = bd->d_dw, t.comm = io->comm;
+    for (int k = 0; k < 3; k++) TRY(flce_loss_and_grad(ctxs[io->rank], p, &t, *stream));
+    TRY(devmem_stream_sync(*stream));
+    pthread_barrier_wait(io->bar);
+    double t0 = now_ms();
+    for (int k = 0; k < 20; k++) TRY(flce_loss_and_grad(ctxs[io->rank], p, &t, *stream));
+    TRY(devmem_stream_sync(*stream));
+    io->ms = (now_ms() - t0) / 20;
+    return flce_check(ctxs[io->rank], *stream);
+}
+
+static void *time_main(void *arg)
+{
+    time_io *io = arg;
+    bench_data bd;
+    memset(&bd, 0, sizeof bd);
+    void *stream = NULL;
+    io->st = time_rank(io, &bd, &stream);
+    if (io->st != FLCE_OK) printf("rank %d: %s\n", io->rank, flce_last_error());
+    pthread_barrier_wait(io->bar); /* every rank's steps done before any frees its buffers */
+    if (stream) devmem_stream_destroy(stream);
+    bench_data_free(&bd);
+    return NULL;
+}
+
+static int time_steps(const char *shape)
+{
+    long long n, d, v;
+    if (sscanf(shape, "%lld,%lld,%lld", &n, &d, &v) != 3 || n < 8 || d < 8 || v < 8) {
+        printf("FAIL: FLCE_TEST_TP_TIME=%s: expected N,D,V\n", shape);
+        return 1;
+    }
+    int bad = 0;
+    for (int tp = 2; tp <= 4 && tp <= n_gpus; tp += 2) {
+        for (int sp = 0; sp < 2; sp++) {
+            time_io io[4];
+            pthread_t th[4];
+            pthread_barrier_t bar;
+            pthread_barrier_init(&bar, NULL, (unsigned)tp);
+            for (int r = 0; r < tp; r++) {
+                io[r] = (time_io){tp, r, sp, n, d, v, tp == 2 ? comms2[r] : comms4[r], &bar, 0, FLCE_OK};
+                pthread_create(&th[r], NULL, time_main, &io[r]);
+            }
+            double worst = 0;
+            for (int r = 0; r < tp; r++) {
+                pthread_join(th[r], NULL);
+                bad |= io[r].st != FLCE_OK;
+                if (io[r].ms > worst) worst = io[r].ms;
+            }
+            pthread_barrier_destroy(&bar);
+            printf("time %lldx%lldx%lld tp=%d sp=%d: %.3f ms per step (slowest rank; ranks", n, d, v, tp, sp, worst);
+            for (int r = 0; r < tp; r++) printf(" %.3f", io[r].ms);
+            printf(")\n");
+        }
+    }
+    return bad;
+}
+
 int main(void)
 {
     int rc = 0;
@@ -573,6 +674,14 @@ int main(void)
     if (make_comms(2, comms2) != 0 || (n_gpus >= 4 && make_comms(4, comms4) != 0)) {
         printf("FAIL: NCCL communicators\n");
         return 1;
+    }
+    const char *timed = getenv("FLCE_TEST_TP_TIME");
+    if (timed && *timed) {
+        int bad = time_steps(timed);
+        for (int r = 0; r < 2; r++) ncclCommDestroy(comms2[r]);
+        for (int r = 0; r < 4 && n_gpus >= 4; r++) ncclCommDestroy(comms4[r]);
+        for (int r = 0; r < n_gpus; r++) flce_context_destroy(ctxs[r]);
+        return bad;
     }
     RUN(every_case_matches_on_2_gpus);
     RUN(every_case_matches_on_4_gpus);
