@@ -20,6 +20,10 @@
 #            with --strategy recompute, ar
 #            FLCE_TP_DH_GATHER16=0 (dH's fp32 all-reduce), noq FLCE_QROWS=0, reg
 #            flce-nccl-reg; multicast (NVLS) off (issues 5, 20)
+#   tptime   with 2 or more GPUs: `FLCE_TEST_TP_TIME=$TPTIME_SHAPE test_tp` (default 8192,4096,128256:
+#            loss_and_grad with and without SP at tp = 2 and 4, 20 queued steps, the slowest rank)
+#            once per setting in $TPTIME_VARIANTS (space-separated NAME=value, "-" for none;
+#            default "- FLCE_TP_OVERLAP=0 - FLCE_TP_OVERLAP=0")
 #   profile  per-kernel durations (ncu, clocks and caches left alone) of one loss-and-grad call per
 #            strategy in $PROFILE_STRATEGIES at $PROFILE_SHAPE (bench/ncu_summary.py tables)
 #   timeline `flce bench --timeline` (each kernel's in-run time, each run's time and input set) for
@@ -179,6 +183,20 @@ for stage in "${stages[@]}"; do
           bench/tp_compare.py --out "$OUT" --tag "$variant" "${args[@]}" ${TP_ARGS:-} > "$OUT/tp_compare-$tp-$variant.log" 2>&1
         grep '^| flce\|^Tensor par' "$OUT/tp_compare-$tp-$variant.log" | tee -a "$LOG"
       done
+    done
+    ;;
+  tptime)
+    gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+    if [ "$gpus" -lt 2 ]; then step "tptime: skipped, $gpus GPU"; continue; fi
+    k=0
+    for setting in ${TPTIME_VARIANTS:-- FLCE_TP_OVERLAP=0 - FLCE_TP_OVERLAP=0}; do
+      k=$((k + 1))
+      step "tptime $k: ${setting} FLCE_TEST_TP_TIME=${TPTIME_SHAPE:-8192,4096,128256} test_tp"
+      [ "$setting" = - ] && setting=NONE=1
+      env "$setting" FLCE_TEST_TP_TIME=${TPTIME_SHAPE:-8192,4096,128256} timeout "$(left)" ./build/tests/test_tp \
+        > "$OUT/tptime-$k.log" 2>&1
+      echo "status $?" >> "$OUT/tptime-$k.log"
+      grep -E '^time|status|FAIL|^rank' "$OUT/tptime-$k.log" | sed "s/^/$setting: /" | tee -a "$LOG"
     done
     ;;
   profile)

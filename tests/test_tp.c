@@ -557,7 +557,7 @@ static void disagreeing_shards_are_reported(void)
     }
 }
 
-/* FLCE_TEST_TP_TIME=N,D,V (bench/device_session.sh's spbench stage): no checks; flce_loss_and_grad
+/* FLCE_TEST_TP_TIME=N,D,V (bench/device_session.sh's tptime stage): no checks; flce_loss_and_grad
  * timed at that global shape (bf16, logit std 4, labels over the whole vocab) on 2 and 4 GPUs,
  * without and with sequence parallelism (N/tp tokens per rank): 3 warm-up steps, then 20 steps
  * queued on each rank's stream after a barrier, each rank's host time over them; the slowest
