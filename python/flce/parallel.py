@@ -7,8 +7,8 @@ vocab_total ids and all N tokens; every rank gets the same loss. Two ways to run
                        all_gather_into_tensor of a few floats per token, then flce_forward_finish;
                        backward recomputes the logits (8NVD) and all-reduces dH in fp32.
   comm=NcclComm(group) flce issues the NCCL collectives itself on its own communicator (one
-                       all-gather per token chunk, dH all-reduced in fp32) and computes loss and
-                       gradients in one call (6NVD), as the C API does.
+                       all-gather per token chunk, dH summed in fp32 and rounded once) and
+                       computes loss and gradients in one call (6NVD), as the C API does.
 """
 import ctypes
 
