@@ -337,6 +337,15 @@ void fz_sample_free(fz_sample *s)
     memset(s, 0, sizeof *s);
 }
 
+int fz_inputs_make(const fz_case *c, fz_data *x, fz_sample *s)
+{
+    memset(s, 0, sizeof *s);
+    if (fz_data_make(c, x) == 0 && fz_sample_make(c, x, s) == 0) return 0;
+    fz_sample_free(s);
+    fz_data_free(x);
+    return -1;
+}
+
 static int fz_has(const int64_t *a, int64_t n, int64_t v)
 {
     for (int64_t i = 0; i < n; i++)

@@ -93,6 +93,8 @@ typedef struct fz_sample {
 /* Picks the sampled rows (all of them for full_ref cases). Returns 0 or -1 (memory). */
 int fz_sample_make(const fz_case *c, const fz_data *x, fz_sample *s);
 void fz_sample_free(fz_sample *s);
+/* fz_data_make then fz_sample_make: 0, or -1 (memory) with both freed. */
+int fz_inputs_make(const fz_case *c, fz_data *x, fz_sample *s);
 
 /* Quantities compared, in this order in fz_result.err. */
 enum {

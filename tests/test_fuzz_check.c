@@ -392,9 +392,8 @@ static void checker_passes_noise_and_flags_each_mutation(void)
                 }
                 fz_data x;
                 fz_sample s;
-                if (fz_data_make(&c, &x) || fz_sample_make(&c, &x, &s)) {
+                if (fz_inputs_make(&c, &x, &s)) {
                     CHECK(!"host memory");
-                    fz_data_free(&x);
                     continue;
                 }
                 mutate_case(&c, &x, &s, path ? "sampled" : "whole", &t);
@@ -427,9 +426,8 @@ static void the_compact_p_step_is_allowed_where_dz_cancels(void)
     CHECK(c.p.label_smoothing > 0.2f && c.p.tokens == 2 && c.p.dtype == FLCE_DTYPE_F16);
     fz_data x;
     fz_sample s;
-    if (fz_data_make(&c, &x) || fz_sample_make(&c, &x, &s)) {
+    if (fz_inputs_make(&c, &x, &s)) {
         CHECK(!"host memory");
-        fz_data_free(&x);
         return;
     }
     const double step = 0x1p-12;
@@ -472,9 +470,8 @@ static void compact_p_subnormals_are_allowed(void)
         CHECK(c.p.tokens <= 2 && c.p.has_bias && c.full_ref);
         fz_data x;
         fz_sample s;
-        if (fz_data_make(&c, &x) || fz_sample_make(&c, &x, &s)) {
+        if (fz_inputs_make(&c, &x, &s)) {
             CHECK(!"host memory");
-            fz_data_free(&x);
             continue;
         }
         double verdict[3] = {-1, -1, -1}; /* compact plan; gradients × 1.01; no compact logits */

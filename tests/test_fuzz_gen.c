@@ -293,7 +293,7 @@ static void checker_accepts_an_fp32_model_where_dz_cancels(void)
         if (!c.full_ref || fz_case_work(&c) > 2e7) continue;
         fz_data x;
         fz_sample s;
-        if (fz_data_make(&c, &x) || fz_sample_make(&c, &x, &s)) {
+        if (fz_inputs_make(&c, &x, &s)) {
             CHECK(!"host memory");
             continue;
         }
@@ -350,9 +350,8 @@ static void checker_accepts_the_fp32_model_of_case_1346(void)
     CHECK(c.p.dtype == FLCE_DTYPE_BF16 && c.p.has_bias && !c.full_ref);
     fz_data x;
     fz_sample s;
-    if (fz_data_make(&c, &x) || fz_sample_make(&c, &x, &s)) {
+    if (fz_inputs_make(&c, &x, &s)) {
         CHECK(!"host memory");
-        fz_data_free(&x);
         return;
     }
     sim o;
@@ -448,7 +447,7 @@ static void checker_passes_the_reference_and_fails_corruptions(void)
             }
             fz_data x;
             fz_sample s;
-            if (fz_data_make(&c, &x) || fz_sample_make(&c, &x, &s)) {
+            if (fz_inputs_make(&c, &x, &s)) {
                 CHECK(!"host memory");
                 continue;
             }

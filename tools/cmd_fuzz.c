@@ -263,8 +263,7 @@ static void fz_run_case(flce_context *ctx, uint64_t seed, uint64_t k, fz_record 
     fz_sample s;
     fz_dev d;
     memset(&d, 0, sizeof d);
-    memset(&s, 0, sizeof s);
-    if (fz_data_make(&c, &x) || fz_sample_make(&c, &x, &s)) {
+    if (fz_inputs_make(&c, &x, &s)) {
         rec->status = FZ_HOST_ERROR;
         snprintf(rec->msg, sizeof rec->msg, "host memory");
         goto out;
