@@ -22,7 +22,8 @@
 #            flce-nccl-reg; multicast (NVLS) off (issues 5, 20)
 #   tptime   with 2 or more GPUs: `FLCE_TEST_TP_TIME=$TPTIME_SHAPE test_tp` (default 8192,4096,128256:
 #            loss_and_grad with and without SP at tp = 2 and 4, 20 queued steps, the slowest rank)
-#            once per setting in $TPTIME_VARIANTS (space-separated NAME=value, "-" for none;
+#            once per setting in $TPTIME_VARIANTS (space-separated NAME=value, several joined by
+#            "+" as NCCL_MAX_CTAS=16+FLCE_TP_OVERLAP_SMS=16, "-" for none;
 #            default "- FLCE_TP_OVERLAP=0 - FLCE_TP_OVERLAP=0")
 #   profile  per-kernel durations (ncu, clocks and caches left alone) of one loss-and-grad call per
 #            strategy in $PROFILE_STRATEGIES at $PROFILE_SHAPE (bench/ncu_summary.py tables)
@@ -193,7 +194,7 @@ for stage in "${stages[@]}"; do
       k=$((k + 1))
       step "tptime $k: ${setting} FLCE_TEST_TP_TIME=${TPTIME_SHAPE:-8192,4096,128256} test_tp"
       [ "$setting" = - ] && setting=NONE=1
-      env "$setting" FLCE_TEST_TP_TIME=${TPTIME_SHAPE:-8192,4096,128256} timeout "$(left)" ./build/tests/test_tp \
+      env ${setting//+/ } FLCE_TEST_TP_TIME=${TPTIME_SHAPE:-8192,4096,128256} timeout "$(left)" ./build/tests/test_tp \
         > "$OUT/tptime-$k.log" 2>&1
       echo "status $?" >> "$OUT/tptime-$k.log"
       grep -E '^time|status|FAIL|^rank' "$OUT/tptime-$k.log" | sed "s/^/$setting: /" | tee -a "$LOG"
