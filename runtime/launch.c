@@ -636,7 +636,7 @@ static flce_status run_rows(run *r, int kernel, const block *b)
  * accumulation state (first/last) of the outputs indexed by rows (dH) and by vocab columns (dW,
  * db): token chunks complete their dH rows at once and build dW up; vocab chunks the reverse. */
 static flce_status overlap_dh(run *r, const block *rows_done);
-static flce_status reduce_dh(run *r, const block *rows_done, CUstream stream);
+static flce_status reduce_dh(run *r, const block *rows_done);
 
 /* Whether dH's reduction across ranks goes beside dW after this row step (tp_overlap): after the
  * last vocab step of each token chunk; under SP once, after the last chunk (one reduce-scatter of
@@ -674,7 +674,7 @@ static flce_status run_dh_dw_at_once(run *r, const block *rows_step, const block
     CUstream caller = r->stream;
     r->stream = r->ctx->side;
     flce_status st = run_dh(r, rows_step);
-    if (st == FLCE_OK && reduce) st = reduce_dh(r, rows_step, r->ctx->side);
+    if (st == FLCE_OK && reduce) st = reduce_dh(r, rows_step); /* (r->stream is the side stream) */
     r->stream = r->ctx->fill;
     if (st == FLCE_OK) st = run_dw_split(r, cols_step, late);
     r->stream = caller;
@@ -780,69 +780,59 @@ static flce_status run_recompute(run *r)
 }
 
 /* dH rows [row0, row0 + rows) summed over the ranks and rounded once into the caller's grad_hidden
- * (or added to it in accumulate mode), on `stream`: under dh_gather16 an fp32 reduce-scatter, the
+ * (or added to it in accumulate mode), on r->stream: under dh_gather16 an fp32 reduce-scatter, the
  * cast of this rank's slice and a 16-bit all-gather in grad_hidden; else the fp32 all-reduce then
  * the cast; or under FLCE_TP_DH_16BIT the cast of this rank's part then a 16-bit all-reduce. */
-static flce_status reduce_dh_rows(run *r, int64_t row0, int64_t rows, CUstream stream)
+static flce_status reduce_dh_rows(run *r, int64_t row0, int64_t rows)
 {
     const plan *pl = r->pl;
     uint64_t at = (uint64_t)row0 * (uint64_t)pl->d, count = (uint64_t)rows * (uint64_t)pl->d;
     float *buf = (float *)(uintptr_t)(r->ws + pl->off_dh_tp) + at;
     CUdeviceptr dst = addr(r->t->grad_hidden) + at * (r->p->accumulate_grad_hidden ? 4 : r->es);
     block none = {0, 0, 0, 0, 1, 1};
-    CUstream caller = r->stream;
-    flce_status st = FLCE_OK;
     r->rp.cast_src = addr(buf), r->rp.cast_dst = dst, r->rp.cast_count = (long long)count;
     r->rp.cast_accumulate = r->p->accumulate_grad_hidden;
-    r->stream = stream;
     if (pl->dh_reduce_16bit) { /* round this rank's part once, then sum the 16-bit parts */
         r->rp.cast_accumulate = 0;
-        st = run_rows(r, K_CAST, &none);
-        if (st == FLCE_OK)
-            st = comm_all_reduce_16(r->t->comm, (void *)(uintptr_t)dst, count, r->p->dtype == FLCE_DTYPE_BF16, stream,
-                                    "the dH all-reduce (16-bit)");
-    } else if (pl->dh_gather16 && count % (4 * (uint64_t)pl->tp) == 0) {
+        TRY(run_rows(r, K_CAST, &none));
+        return comm_all_reduce_16(r->t->comm, (void *)(uintptr_t)dst, count, r->p->dtype == FLCE_DTYPE_BF16,
+                                  r->stream, "the dH all-reduce (16-bit)");
+    }
+    if (pl->dh_gather16 && count % (4 * (uint64_t)pl->tp) == 0) {
         /* each slice a multiple of 4 values: the cast's float4 loads and 8-byte stores stay aligned */
         uint64_t slice = count / (uint64_t)pl->tp, own = (uint64_t)pl->rank * slice;
-        st = comm_reduce_scatter_f32(r->t->comm, buf, slice, pl->rank, stream, "the dH reduce-scatter");
+        TRY(comm_reduce_scatter_f32(r->t->comm, buf, slice, pl->rank, r->stream, "the dH reduce-scatter"));
         r->rp.cast_src = addr(buf + own), r->rp.cast_dst = dst + own * r->es, r->rp.cast_count = (long long)slice;
-        if (st == FLCE_OK) st = run_rows(r, K_CAST, &none);
-        if (st == FLCE_OK)
-            st = comm_all_gather(r->t->comm, (const void *)(uintptr_t)(dst + own * r->es), (void *)(uintptr_t)dst,
-                                 slice * r->es, stream, "the dH all-gather");
-    } else {
-        st = comm_all_reduce_f32(r->t->comm, buf, count, stream, "the dH all-reduce");
-        if (st == FLCE_OK) st = run_rows(r, K_CAST, &none);
+        TRY(run_rows(r, K_CAST, &none));
+        return comm_all_gather(r->t->comm, (const void *)(uintptr_t)(dst + own * r->es), (void *)(uintptr_t)dst,
+                               slice * r->es, r->stream, "the dH all-gather");
     }
-    r->stream = caller;
-    return st;
+    TRY(comm_all_reduce_f32(r->t->comm, buf, count, r->stream, "the dH all-reduce"));
+    return run_rows(r, K_CAST, &none);
 }
 
 /* SP: every row's dH summed over the ranks by an fp32 reduce-scatter to this rank's rows, then
- * rounded once into the caller's grad_hidden (or added to it in accumulate mode), on `stream`. */
-static flce_status reduce_dh_sp(run *r, CUstream stream)
+ * rounded once into the caller's grad_hidden (or added to it in accumulate mode), on r->stream. */
+static flce_status reduce_dh_sp(run *r)
 {
     const plan *pl = r->pl;
     float *buf = (float *)(uintptr_t)(r->ws + pl->off_dh_tp);
     uint64_t local = (uint64_t)pl->n_local * (uint64_t)pl->d;
-    TRY(comm_reduce_scatter_f32(r->t->comm, buf, local, pl->rank, stream, "the dH reduce-scatter"));
+    TRY(comm_reduce_scatter_f32(r->t->comm, buf, local, pl->rank, r->stream, "the dH reduce-scatter"));
     buf += (uint64_t)pl->rank * local;
     r->rp.cast_src = addr(buf);
     r->rp.cast_dst = addr(r->t->grad_hidden);
     r->rp.cast_count = (long long)local;
     r->rp.cast_accumulate = r->p->accumulate_grad_hidden;
     block none = {0, 0, 0, 0, 1, 1};
-    CUstream caller = r->stream;
-    r->stream = stream;
-    flce_status st = run_rows(r, K_CAST, &none);
-    r->stream = caller;
-    return st;
+    return run_rows(r, K_CAST, &none);
 }
 
-/* The dH rows of `rows_done` summed over the ranks (under SP: all rows, reduce-scattered). */
-static flce_status reduce_dh(run *r, const block *rows_done, CUstream stream)
+/* The dH rows of `rows_done` summed over the ranks (under SP: all rows, reduce-scattered), on
+ * r->stream. */
+static flce_status reduce_dh(run *r, const block *rows_done)
 {
-    return r->pl->sp ? reduce_dh_sp(r, stream) : reduce_dh_rows(r, rows_done->row0, rows_done->rows, stream);
+    return r->pl->sp ? reduce_dh_sp(r) : reduce_dh_rows(r, rows_done->row0, rows_done->rows);
 }
 
 /* FLCE_TP_OVERLAP (plan.h, tp_overlap): the dH rows of `rows_done` are final on this rank; their
@@ -851,7 +841,11 @@ static flce_status reduce_dh(run *r, const block *rows_done, CUstream stream)
 static flce_status overlap_dh(run *r, const block *rows_done)
 {
     TRY(side_fork(r));
-    return reduce_dh(r, rows_done, r->ctx->side);
+    CUstream caller = r->stream;
+    r->stream = r->ctx->side;
+    flce_status st = reduce_dh(r, rows_done);
+    r->stream = caller;
+    return st;
 }
 
 /* Stream s (the side or the fill stream) waits for everything the caller's stream holds so far. */
@@ -894,7 +888,7 @@ static flce_status finish_dh(run *r)
     const plan *pl = r->pl;
     if (!pl->need_dh_tp || !r->t->grad_hidden || pl->tp_overlap) return FLCE_OK;
     block all = {0, pl->n_local, 0, 0, 1, 1};
-    return reduce_dh(r, &all, r->stream);
+    return reduce_dh(r, &all);
 }
 
 /* Sequence parallelism: the per-token arrays that hold all tokens, by SP_* index. */

@@ -659,10 +659,10 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     pl->red_acc = cfg->red_acc, pl->bulk_red = cfg->bulk_red;
     pl->dz_convert_wanted = cfg->dz_convert;
     pl->dh_k_slice_max = cfg->dh_k_slice;
-    pl->dh_reduce_16bit = cfg->tp_dh_16bit && pl->collective && !pl->sp && !p->accumulate_grad_hidden &&
-                          p->dtype != FLCE_DTYPE_F32;
-    pl->dh_gather16 = cfg->tp_dh_gather16 && pl->collective && !pl->sp && !p->accumulate_grad_hidden &&
-                      p->dtype != FLCE_DTYPE_F32 && !pl->dh_reduce_16bit;
+    /* Where dH's plain fp32 all-reduce would apply, the two ways of doing it with fewer bytes. */
+    int plain_all_reduce = pl->collective && !pl->sp && !p->accumulate_grad_hidden && p->dtype != FLCE_DTYPE_F32;
+    pl->dh_reduce_16bit = plain_all_reduce && cfg->tp_dh_16bit;
+    pl->dh_gather16 = plain_all_reduce && cfg->tp_dh_gather16 && !pl->dh_reduce_16bit;
     pl->overlap_wanted = cfg->tp_overlap;
     pl->tp_overlap_sms = cfg->tp_overlap_sms;
     pl->grad_streams_wanted = cfg->grad_streams;
