@@ -73,6 +73,11 @@ typedef struct flce_config {
     int logits_cluster; /* FLCE_LOGITS_CLUSTER: the logits pass on the wgmma TMA path in 2-CTA clusters that
                          * share W's tile by multicast: -1 (default, unset) where a launch has at least
                          * PLAN_LOGITS_CLUSTER_MIN_BLOCKS row blocks, 1 always, 0 never */
+    int logits_splits;  /* FLCE_LOGITS_SPLITS: the statistics pass's vocab splits (0, default: plan.c's
+                         * rule), for side-by-side runs */
+    int logits_extras;  /* FLCE_LOGITS_EXTRAS: where the logits pass's row blocks × splits CTAs leave SMs idle
+                         * (128 of 132), extra CTAs take the last tiles of every split (default on;
+                         * runtime/launch.c logits_extras) */
     config_nvrtc_fast nvrtc_fast; /* FLCE_NVRTC_FAST (default off) */
 } flce_config;
 

@@ -125,7 +125,8 @@ static flce_status launch_cluster(CUfunction fn, int64_t gx, int64_t gy, int clu
     return FLCE_OK;
 }
 
-/* The CTA slots of a persistent dH/dW launch (tma_prepare_gemm's num_sms): the SMs, or for spec
+/* The CTA slots of a persistent dH/dW launch (tma_prepare_gemm's num_sms), and of the statistics
+ * pass's one round of logits CTAs (plan_logits_extras): the SMs, or for spec
  * cluster = 2 twice the clusters of 2 resident at once: cuOccupancyMaxActiveClusters, asked once
  * per function (an H100 SXM has 132 SMs; GPCs with an odd number of them leave one idle), or the
  * SMs rounded down to even when the driver does not say. Only the grid's size depends on it. */
@@ -242,7 +243,7 @@ static void init_row_params(run *r)
     rp->vocab_offset = r->p->vocab_offset;
     rp->vocab_total = r->p->vocab_total ? r->p->vocab_total : r->p->vocab_offset + r->p->vocab_shard;
     rp->ignore_index = r->p->ignore_index;
-    rp->splits = pl->splits;
+    rp->splits = pl->splits + pl->logits_extra_slot; /* the partials' slots per row */
     rp->vocab_shard = r->p->vocab_shard;
     rp->tp_size = pl->tp;
     if (pl->collective && pl->op != FLCE_OP_BACKWARD) {
@@ -282,11 +283,15 @@ static flce_status launch_logits(run *r, const kernel_spec *spec, CUfunction fn,
     if (spec->full_tiles && b->cols % spec->tile.bn != 0)
         return err_set(FLCE_ERR_INTERNAL, "%s: compiled for whole %d-column tiles, launched over %lld columns "
                        "(a planning bug)", what, spec->tile.bn, (long long)b->cols);
-    int splits = pl->splits, tps = pl->tiles_per_split;
+    int splits = pl->splits, tps = pl->tiles_per_split, units = 0, keep = 0;
     if (!stats) plan_vocab_splits(pl, b->rows, b->cols, r->ctx->num_sms, &splits, &tps);
-    g->splits = splits;
+    if (stats && pl->logits_extra_slot) /* the CTA slots the driver gives this kernel's clusters */
+        plan_logits_extras(pl, b->rows, b->cols, grad_slots(r->ctx, spec, fn), &units, &keep);
+    g->splits = splits + (stats ? pl->logits_extra_slot : 0);
     g->tiles_per_split = tps;
-    int64_t gx = ceil_div(b->rows, spec->tile.bm), gy = splits;
+    g->extra_slot = stats ? pl->logits_extra_slot : 0;
+    g->extra_units = units, g->keep_tiles = units ? keep : 0;
+    int64_t gx = ceil_div(b->rows, spec->tile.bm), gy = splits + (units > 0);
     if (spec->cluster > 1) gx = ceil_div(gx, spec->cluster) * spec->cluster; /* pairs of row blocks */
     TRY(tma_prepare_gemm(spec, g, r->ctx->num_sms, &gx, &gy));
     return launch_cluster(fn, gx, gy, spec->cluster, spec_threads(spec), spec_smem_bytes(spec), r->stream, g, what);

@@ -654,6 +654,42 @@ static void dw_clusters_where_its_token_chunk_is_short(void)
  * for the forward and recompute, one token chunk for chunked); 1 always, 0 never; only on the wgmma
  * TMA path. FLCE_PINGPONG: the ping-pong logits spec with 64 rows of A per stage and 5 stages, the
  * most that fit beside the compact store's staging; kernel sources name both. */
+/* FLCE_LOGITS_SPLITS forces the statistics pass's split count; where its CTAs leave SMs idle
+ * (2 splits × 64 row blocks of 132) the partials get the extra CTAs' slot (plan.h
+ * logits_extra_slot; the planner's own 39 splits at 8192 × 4096 × 128256 fill whole rounds: none),
+ * unless FLCE_LOGITS_EXTRAS=0, the entropy or argmax statistics are asked for, or the pass is the
+ * portable one. */
+static void logits_extra_slot_where_the_splits_leave_sms(void)
+{
+    static const char mark;
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = t.weight = t.labels = &mark;
+    t.loss = t.lse = (float *)(uintptr_t)&mark;
+    t.grad_hidden = t.grad_weight = (void *)(uintptr_t)&mark;
+    flce_config cfg;
+    config_defaults(&cfg);
+    plan pl;
+    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
+    CHECK(!pl.logits_extra_slot && pl.splits > 2);
+    cfg.logits_splits = 2;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
+    CHECK(pl.splits == 2 && pl.tiles_per_split == 251 && pl.logits_extra_slot);
+    uint64_t with_slot = pl.off_part_s - pl.off_part_m;
+    CHECK(with_slot >= (uint64_t)pl.stat_rows * 3 * 4); /* three partial slots per row */
+    cfg.logits_extras = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
+    CHECK(pl.splits == 2 && !pl.logits_extra_slot);
+    cfg.logits_extras = 1;
+    t.argmax = (int64_t *)(uintptr_t)&mark;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
+    CHECK(pl.splits == 2 && !pl.logits_extra_slot);
+    t.argmax = NULL;
+    CHECK(plan_build(&p, FLCE_OP_FORWARD, 80, 108, &cfg, NULL, &t, &pl) == FLCE_OK); /* sm_80: mma.sync */
+    CHECK(!pl.logits_extra_slot);
+}
+
 static void logits_clusters_where_the_launch_has_row_blocks_to_pair(void)
 {
     flce_config cfg;
@@ -856,5 +892,6 @@ int main(void)
     RUN(dh_splits_where_tiles_leave_most_sms_idle);
     RUN(dw_clusters_where_its_token_chunk_is_short);
     RUN(logits_clusters_where_the_launch_has_row_blocks_to_pair);
+    RUN(logits_extra_slot_where_the_splits_leave_sms);
     FINISH();
 }
