@@ -285,8 +285,12 @@ static flce_status launch_logits(run *r, const kernel_spec *spec, CUfunction fn,
                        "(a planning bug)", what, spec->tile.bn, (long long)b->cols);
     int splits = pl->splits, tps = pl->tiles_per_split, units = 0, keep = 0;
     if (!stats) plan_vocab_splits(pl, b->rows, b->cols, r->ctx->num_sms, &splits, &tps);
-    if (stats && pl->logits_extra_slot) /* the CTA slots the driver gives this kernel's clusters */
-        plan_logits_extras(pl, b->rows, b->cols, grad_slots(r->ctx, spec, fn), &units, &keep);
+    if (stats && pl->logits_extra_slot) { /* the CTA slots the driver gives this kernel's clusters */
+        int slots = grad_slots(r->ctx, spec, fn);
+        plan_logits_extras(pl, b->rows, b->cols, slots, &units, &keep);
+        log_msg(LOG_DEBUG, "logits: %d split(s) of %d tiles, %d extra unit(s) (%d slots), main CTAs keep %d", splits, tps,
+                units, slots, units ? keep : tps);
+    }
     g->splits = splits + (stats ? pl->logits_extra_slot : 0);
     g->tiles_per_split = tps;
     g->extra_slot = stats ? pl->logits_extra_slot : 0;
