@@ -33,7 +33,7 @@ void config_defaults(flce_config *c)
     c->dh_splits = -1;
     c->cluster = -1;
     c->logits_cluster = -1;
-    c->logits_extras = 1;
+    c->logits_persist = 1;
     /* dZ formed inside dH (FLCE_DZ_CONVERT) stays off: measured slower than the dz pass (bench/NOTES.md v35) */
     c->dz_convert = 0;
     /* TP: dH's all-reduce beside dW, which leaves NCCL 32 SMs (it launched 24 CTAs on 2 and 4
@@ -126,7 +126,7 @@ void config_from_env(flce_config *c)
     c->bulk_red = config_parse_bool("FLCE_BULK_RED", getenv("FLCE_BULK_RED"), c->bulk_red);
     c->pingpong = config_parse_bool("FLCE_PINGPONG", getenv("FLCE_PINGPONG"), c->pingpong);
     c->logits_cluster = config_parse_int("FLCE_LOGITS_CLUSTER", getenv("FLCE_LOGITS_CLUSTER"), -1, 1, c->logits_cluster);
-    c->logits_extras = config_parse_bool("FLCE_LOGITS_EXTRAS", getenv("FLCE_LOGITS_EXTRAS"), c->logits_extras);
+    c->logits_persist = config_parse_bool("FLCE_LOGITS_PERSIST", getenv("FLCE_LOGITS_PERSIST"), c->logits_persist);
     c->logits_splits = config_parse_int("FLCE_LOGITS_SPLITS", getenv("FLCE_LOGITS_SPLITS"), 0, 64, c->logits_splits);
     c->nvrtc_fast = parse_nvrtc_fast(getenv("FLCE_NVRTC_FAST"));
 }
@@ -171,7 +171,7 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_BULK_RED", "%s", on_off(c->bulk_red), c->bulk_red == d.bulk_red);
     CONFIG_LOG_ONE("FLCE_PINGPONG", "%s", on_off(c->pingpong), c->pingpong == d.pingpong);
     CONFIG_LOG_ONE("FLCE_LOGITS_CLUSTER", "%d", c->logits_cluster, c->logits_cluster == d.logits_cluster);
-    CONFIG_LOG_ONE("FLCE_LOGITS_EXTRAS", "%s", on_off(c->logits_extras), c->logits_extras == d.logits_extras);
+    CONFIG_LOG_ONE("FLCE_LOGITS_PERSIST", "%s", on_off(c->logits_persist), c->logits_persist == d.logits_persist);
     CONFIG_LOG_ONE("FLCE_LOGITS_SPLITS", "%d", c->logits_splits, c->logits_splits == d.logits_splits);
     CONFIG_LOG_ONE("FLCE_NVRTC_FAST", "%s", fast[c->nvrtc_fast], c->nvrtc_fast == d.nvrtc_fast);
 #undef CONFIG_LOG_ONE

@@ -125,8 +125,7 @@ static flce_status launch_cluster(CUfunction fn, int64_t gx, int64_t gy, int clu
     return FLCE_OK;
 }
 
-/* The CTA slots of a persistent dH/dW launch (tma_prepare_gemm's num_sms), and of the statistics
- * pass's one round of logits CTAs (plan_logits_extras): the SMs, or for spec
+/* The CTA slots of a persistent dH/dW launch (tma_prepare_gemm's num_sms) or logits launch: the SMs, or for spec
  * cluster = 2 twice the clusters of 2 resident at once: cuOccupancyMaxActiveClusters, asked once
  * per function (an H100 SXM has 132 SMs; GPCs with an odd number of them leave one idle), or the
  * SMs rounded down to even when the driver does not say. Only the grid's size depends on it. */
@@ -243,7 +242,7 @@ static void init_row_params(run *r)
     rp->vocab_offset = r->p->vocab_offset;
     rp->vocab_total = r->p->vocab_total ? r->p->vocab_total : r->p->vocab_offset + r->p->vocab_shard;
     rp->ignore_index = r->p->ignore_index;
-    rp->splits = pl->splits + pl->logits_extra_slot; /* the partials' slots per row */
+    rp->splits = pl->splits;
     rp->vocab_shard = r->p->vocab_shard;
     rp->tp_size = pl->tp;
     if (pl->collective && pl->op != FLCE_OP_BACKWARD) {
@@ -283,20 +282,24 @@ static flce_status launch_logits(run *r, const kernel_spec *spec, CUfunction fn,
     if (spec->full_tiles && b->cols % spec->tile.bn != 0)
         return err_set(FLCE_ERR_INTERNAL, "%s: compiled for whole %d-column tiles, launched over %lld columns "
                        "(a planning bug)", what, spec->tile.bn, (long long)b->cols);
-    int splits = pl->splits, tps = pl->tiles_per_split, units = 0, keep = 0;
+    int splits = pl->splits, tps = pl->tiles_per_split;
     if (!stats) plan_vocab_splits(pl, b->rows, b->cols, r->ctx->num_sms, &splits, &tps);
-    if (stats && pl->logits_extra_slot) { /* the CTA slots the driver gives this kernel's clusters */
-        int slots = grad_slots(r->ctx, spec, fn);
-        plan_logits_extras(pl, b->rows, b->cols, slots, &units, &keep);
-        log_msg(LOG_DEBUG, "logits: %d split(s) of %d tiles, %d extra unit(s) (%d slots), main CTAs keep %d", splits, tps,
-                units, slots, units ? keep : tps);
-    }
-    g->splits = splits + (stats ? pl->logits_extra_slot : 0);
+    g->splits = splits;
     g->tiles_per_split = tps;
-    g->extra_slot = stats ? pl->logits_extra_slot : 0;
-    g->extra_units = units, g->keep_tiles = units ? keep : 0;
-    int64_t gx = ceil_div(b->rows, spec->tile.bm), gy = splits + (units > 0);
+    int64_t gx = ceil_div(b->rows, spec->tile.bm), gy = splits;
     if (spec->cluster > 1) gx = ceil_div(gx, spec->cluster) * spec->cluster; /* pairs of row blocks */
+    if (stats && pl->logits_persist) {
+        /* more items than CTAs resident at once (the slots the driver gives this kernel's
+         * clusters): persistent CTAs walk them in turn (templates/gemm_entry.cu) */
+        int cl = spec->cluster > 1 ? spec->cluster : 1;
+        int64_t units = gx / cl, resident = grad_slots(r->ctx, spec, fn) / cl;
+        if (resident > 0 && units * gy > resident) {
+            g->persist = (int)resident;
+            gx = resident * cl, gy = 1;
+        }
+        log_msg(LOG_DEBUG, "logits: %lld item(s) of %d tile(s), %s", (long long)(units * splits), tps,
+                g->persist ? "persistent" : "one per CTA");
+    }
     TRY(tma_prepare_gemm(spec, g, r->ctx->num_sms, &gx, &gy));
     return launch_cluster(fn, gx, gy, spec->cluster, spec_threads(spec), spec_smem_bytes(spec), r->stream, g, what);
 }

@@ -112,34 +112,6 @@ void plan_vocab_splits(const plan *pl, int64_t rows, int64_t cols, int num_sms, 
     *splits = (int)ceil_div(tiles, best_tps);
 }
 
-void plan_logits_extras(const plan *pl, int64_t rows, int64_t cols, int64_t slots, int *units, int *keep)
-{
-    /* Each main CTA walks keep tiles; each extra walks the splits' leftovers (tiles_per_split −
-     * keep each, less for a short last split) for ceil(U / E) row-block units, plus ~0.1 of a
-     * tile per unit for its statistics store and label loads. At 8192 × 4096 × 128256 (64 row
-     * blocks in 32 clusters × 2 splits of 251 tiles, 132 SMs): 2 extra clusters, keep 243, the
-     * pass's longest CTA 243 tiles instead of 251. */
-    const int64_t s = pl->splits, tps = pl->tiles_per_split, cl = pl->logits.cluster > 1 ? 2 : 1;
-    const int64_t tiles = ceil_div(cols, pl->logits.tile.bn);
-    const int64_t u = ceil_div(ceil_div(rows, pl->logits.tile.bm), cl), mains = u * cl * s;
-    *units = 0, *keep = (int)tps;
-    int64_t e = mains < slots ? (slots - mains) / cl : 0;
-    if (e > u) e = u;
-    if (e < 1 || tps < 2) return;
-    const int64_t per = ceil_div(u, e); /* units of the busiest extra */
-    double best = (double)tps;
-    for (int64_t k = tps - 1; k >= 1; k--) {
-        int64_t left = 0;
-        for (int64_t j = 0; j < s; j++) {
-            int64_t end = (j + 1) * tps < tiles ? (j + 1) * tps : tiles, from = j * tps + k;
-            if (end > from) left += end - from;
-        }
-        double extra = (double)(per * left) + 0.1 * (double)per, cost = extra > (double)k ? extra : (double)k;
-        if (cost < best) best = cost, *keep = (int)k, *units = (int)e;
-        if (extra > (double)k) break; /* fewer kept tiles only load the extras more */
-    }
-}
-
 /* Cuts `total` into chunks of at most `fit` (a multiple of `unit` when at least one unit fits),
  * balanced so the last chunk is not a sliver. */
 static int64_t balanced_chunk(int64_t total, int64_t fit, int64_t unit)
@@ -510,7 +482,7 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
      * token chunk (chunked loss-and-grad). */
     pl->stat_rows = stats ? (pl->op == FLCE_OP_FORWARD || pl->recompute ? pl->n : pl->chunk_rows) : 0;
 
-    uint64_t cur = 0, rows = (uint64_t)pl->stat_rows, sp = (uint64_t)(pl->splits + pl->logits_extra_slot);
+    uint64_t cur = 0, rows = (uint64_t)pl->stat_rows, sp = (uint64_t)pl->splits;
     unsigned o = pl->logits.opts;
     pl->off_stats = take(&cur, 16);
     if (stats) {
@@ -699,21 +671,16 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
 }
 
 /* The rest, once the tiles are final (built-in or tuned). */
-/* FLCE_LOGITS_EXTRAS (plan.h logits_extra_slot): the statistics pass gets the extra slot where
- * extra CTAs would shorten it on num_sms SMs (one CTA each: the wgmma TMA logits kernel's). Only
- * there: the extras' loop stores each row block's statistics straight from the warp that owns its
- * rows (one warp column), with the consumers' turns and tcgen05 left out, and without the entropy
- * and argmax statistics (the loop's registers made that kernel spill). */
-static void plan_extra_slot(const flce_config *cfg, int num_sms, int64_t stat_rows, plan *pl)
+/* FLCE_LOGITS_PERSIST (plan.h logits_persist): the statistics pass on the wgmma TMA path with one
+ * CTA per SM may walk its items in persistent CTAs: there the loop stores each item's statistics
+ * straight from the warp that owns its rows (one warp column), with the consumers' turns and
+ * tcgen05 left out, and without the entropy and argmax statistics (the loop's registers made that
+ * kernel spill; templates/gemm_entry.cu LOGITS_PERSIST). */
+static void plan_logits_persist(const flce_config *cfg, plan *pl)
 {
-    pl->logits_extra_slot = 0;
-    if (!cfg->logits_extras || stat_rows < 1 || num_sms < 1 || !hopper_tma(&pl->logits) || pl->logits.pingpong ||
-        pl->logits.tile.warps_n != 1 || logits_ctas_per_sm(&pl->logits) != 1 ||
-        (pl->logits.opts & (SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX))) /* (templates/gemm_entry.cu LOGITS_EXTRAS) */
-        return;
-    int units = 0, keep = 0;
-    plan_logits_extras(pl, stat_rows, pl->v, num_sms, &units, &keep);
-    pl->logits_extra_slot = units > 0;
+    pl->logits_persist = cfg->logits_persist && hopper_tma(&pl->logits) && !pl->logits.pingpong &&
+                         pl->logits.tile.warps_n == 1 && logits_ctas_per_sm(&pl->logits) == 1 &&
+                         !(pl->logits.opts & (SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX));
 }
 
 static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, const flce_config *cfg,
@@ -754,7 +721,7 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
     pl->logits_splits_forced = cfg->logits_splits;
     plan_vocab_splits(pl, stat_rows, pl->v, num_sms, &pl->splits, &pl->tiles_per_split);
     pl->logits_splits_forced = 0; /* (the statistics pass's only: launch.c plans the others per launch) */
-    plan_extra_slot(cfg, num_sms, stat_rows, pl);
+    plan_logits_persist(cfg, pl);
     plan_layout(p, t, pl);
     if (op != FLCE_OP_FORWARD) plan_grad_stores(p, pl);
     return FLCE_OK;

@@ -57,11 +57,9 @@ typedef struct plan {
     int64_t ldz;          /* row stride of the block's logits and dZ: chunk_cols rounded up to 8 */
     int splits;           /* vocab splits of the forward statistics pass */
     int tiles_per_split;
-    /* FLCE_LOGITS_EXTRAS: 1 where the statistics pass's partials have one more slot per row, for
-     * the extra CTAs that take the last tiles of every split where row blocks × splits CTAs leave
-     * SMs idle (plan_logits_extras; launch.c decides with the device's real cluster slots, and an
-     * unused slot holds empty statistics). */
-    int logits_extra_slot;
+    /* FLCE_LOGITS_PERSIST: 1 where the statistics pass may run persistent CTAs that walk its
+     * items in turn (launch.c, where the items outnumber the CTAs resident at once). */
+    int logits_persist;
     int logits_splits_forced; /* FLCE_LOGITS_SPLITS: the statistics pass's split count, or 0 */
     kernel_spec logits, dh, dw, rowops;
     /* Recompute: each vocab chunk's logits pass writes dZ itself (logits_dz: the logits spec with
@@ -225,10 +223,5 @@ double plan_estimate_ms(const flce_problem *p, const plan *pl, int num_sms);
 void plan_vocab_splits(const plan *pl, int64_t rows, int64_t cols, int num_sms, int *splits,
                        int *tiles_per_split);
 
-/* The statistics pass's extra CTAs over rows × cols with `slots` CTAs resident at once (the
- * logits spec's, clusters counted as their CTAs): *units extra CTAs (clusters) and the tiles each
- * main CTA keeps of its split (*keep), chosen to minimize the pass's longest CTA; *units = 0 and
- * *keep = tiles_per_split where no extra shortens it. */
-void plan_logits_extras(const plan *pl, int64_t rows, int64_t cols, int64_t slots, int *units, int *keep);
 
 #endif

@@ -50,88 +50,76 @@ __device__ __forceinline__ void logits_portable(const flce_gemm_params &p, unsig
 }
 #endif // !FLCE_WGMMA
 
-// The tiles [b, e) segment `seg` of a logits CTA walks: a main CTA's one range, or an extra
-// CTA's leftover of main split `seg` (the tiles past its keep_tiles; params.h extra_units).
-__device__ __forceinline__ void logits_segment(const flce_gemm_params &p, long long tiles, bool extra, int seg,
-                                               long long t_begin, long long t_end, long long &b, long long &e)
-{
-    if (!extra) {
-        b = t_begin, e = t_end;
-        return;
-    }
-    b = (long long)seg * p.tiles_per_split + p.keep_tiles;
-    e = (long long)(seg + 1) * p.tiles_per_split < tiles ? (long long)(seg + 1) * p.tiles_per_split : tiles;
-    if (e < b) e = b;
-}
-
-// The extra CTAs' loop, compiled where it costs no spills: without the entropy and argmax
-// statistics, whose registers it would push past the bound (runtime/plan.c plan_extra_slot).
+// The persistent loop, compiled where it costs no spills: without the entropy and argmax
+// statistics, whose registers it would push past the bound (runtime/plan.c plan_logits_persist).
 // (generator/emit.c keeps the two blocks below only in the Blackwell and the turn-taking kernels)
-#define LOGITS_EXTRAS_PATH 1
+#define LOGITS_PERSIST_PATH 1
 #if FLCE_TCGEN05
-#undef LOGITS_EXTRAS_PATH
-#define LOGITS_EXTRAS_PATH 0
+#undef LOGITS_PERSIST_PATH
+#define LOGITS_PERSIST_PATH 0
 #endif
 #if FLCE_PINGPONG
-#undef LOGITS_EXTRAS_PATH
-#define LOGITS_EXTRAS_PATH 0
+#undef LOGITS_PERSIST_PATH
+#define LOGITS_PERSIST_PATH 0
 #endif
-#if LOGITS_EXTRAS_PATH && FLCE_WGMMA && FLCE_TMA && !FLCE_FUSED_DZ && !OPT_ENTROPY && !OPT_ARGMAX
-#define LOGITS_EXTRAS (WARPS_N == 1)
+#if LOGITS_PERSIST_PATH && FLCE_WGMMA && FLCE_TMA && !FLCE_FUSED_DZ && !OPT_ENTROPY && !OPT_ARGMAX
+#define LOGITS_PERSIST (WARPS_N == 1)
 #else
-#define LOGITS_EXTRAS false
+#define LOGITS_PERSIST false
 #endif
 
-// grid: (row blocks, vocab splits [+ 1]). Each main CTA walks the first keep_tiles (at most
-// tiles_per_split) vocab tiles of its split for its row block. With extra_units > 0 the grid's
-// last row holds the extra CTAs: extra e takes row-block units [e·U/E, (e+1)·U/E) (U the units of
-// a row, E = extra_units; the rest of that row exits at once) and, for each, the tiles every main
-// split left past keep_tiles, its statistics in partial slot splits − 1 (runtime/launch.c,
-// logits_extras: where row blocks × splits CTAs leave SMs idle, e.g. 128 of 132).
+// Item `lin` of a pass over `units` row-block units (a row block, or the 2 of a cluster) × `splits`
+// vocab splits, renumbered in groups of LOGITS_GROUP row blocks × all splits: the items running at
+// once share a few A blocks (which stay in L2) and each vocab tile of W is read by LOGITS_GROUP of
+// them at about the same time. Items start in order (a grid's CTAs in launch order, blockIdx.x
+// fastest; a persistent CTA's items in strides of the grid); taken as given, the items running at
+// once would hold ~all row blocks (at 8192 tokens, 64 blocks of A, 1 MiB each at D = 4096: more
+// than L2) and each would re-read its block for every vocab tile. A bijection.
+__device__ __forceinline__ void logits_item(long long lin, long long units, long long splits, long long cl,
+                                            long long &unit, int &split)
+{
+    const long long group = LOGITS_GROUP / cl, per_group = group * splits, g = lin / per_group, w = lin % per_group;
+    const long long first = g * group, here = units - first < group ? units - first : group;
+    unit = first + w % here;
+    split = (int)(w / here);
+}
+
+// grid: (row-block units × CL, vocab splits), one item (a row block's split of tiles_per_split
+// vocab tiles) per CTA; or with p.persist > 0 (runtime/launch.c, where the items outnumber the CTAs
+// resident at once) p.persist units of CL CTAs along x, each walking items u, u + persist, … in
+// turn with its pipeline running on: no CTA starts, fills its pipeline and drains it again per item
+// (at the tp = 4 shard's 4032 items of 2 tiles, 31 rounds of that).
 extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = tile_smem(smem_raw);
-    // CTAs start in launch order (blockIdx.x fastest). Taken as given, the CTAs running at once
-    // would hold ~all row blocks (at 8192 tokens, 64 blocks of A, 1 MiB each at D = 4096: more than
-    // L2) and each re-reads its block for every vocab tile. Renumbered in groups of LOGITS_GROUP
-    // row blocks × all splits, the CTAs in flight share a few A blocks (which stay in L2) and each
-    // vocab tile of W is read by LOGITS_GROUP of them at about the same time. A bijection of the
-    // main grid, so every (row block, split) still runs exactly once.
-    long long m0 = 0, u_begin = 0, u_end = 1;
-    int split;
-    // In 2-CTA clusters (FLCE_CLUSTER, the TMA path) the unit renumbered is the cluster: two
-    // adjacent row blocks of one split (rank 1's may lie past the rows: loaded as zeros, multiplied,
-    // never stored, since every store is of a row below p.m).
+    // In 2-CTA clusters (FLCE_CLUSTER, the TMA path) the unit is the cluster: two adjacent row
+    // blocks of one split (rank 1's may lie past the rows: loaded as zeros, multiplied, never
+    // stored, since every store is of a row below p.m).
 #if FLCE_CLUSTER
     constexpr long long CL = 2;
     const long long rank = cluster_ctarank();
 #else
     constexpr long long CL = 1, rank = 0;
 #endif
-    const int main_splits = p.splits - p.extra_slot;
-    const bool extra = LOGITS_EXTRAS && p.extra_units > 0 && blockIdx.y == gridDim.y - 1; // uniform over a cluster
-    const long long units = gridDim.x / CL;
-    if (extra) {
-        const long long e = blockIdx.x / CL;
-        if (e >= p.extra_units) return;
-        u_begin = e * units / p.extra_units, u_end = (e + 1) * units / p.extra_units;
-        split = main_splits;
-    } else {
-        const long long rows_y = gridDim.y - (p.extra_units > 0 ? 1 : 0);
-        const long long lin = (long long)blockIdx.y * units + blockIdx.x / CL;
-        const long long group = LOGITS_GROUP / CL, per_group = group * rows_y, g = lin / per_group, w = lin % per_group;
-        const long long first = g * group, here = units - first < group ? units - first : group;
-        m0 = (CL * (first + w % here) + rank) * BM;
-        split = (int)(w / here);
-    }
-    const int segs = extra ? main_splits : 1;
+    const bool persist = LOGITS_PERSIST && p.persist > 0;
+    const long long units = persist ? ((p.m + BM - 1) / BM + CL - 1) / CL : gridDim.x / CL;
+    const long long splits = persist ? p.splits : gridDim.y, items = units * splits;
+    const long long first_item = persist ? blockIdx.x / CL : (long long)blockIdx.y * units + blockIdx.x / CL;
+    const long long stride = persist ? p.persist : items; // one item without persist
     const long long tiles = (p.n + BN - 1) / BN;
-    long long t_begin = (long long)split * p.tiles_per_split;
-    long long keep = p.keep_tiles > 0 && p.keep_tiles < p.tiles_per_split ? p.keep_tiles : p.tiles_per_split;
-    long long t_end = t_begin + keep < tiles ? t_begin + keep : tiles;
+    long long unit, m0, t_begin, t_end;
+    int split;
+    // item l's row block and tiles
+    auto item = [&](long long l) {
+        logits_item(l, units, splits, CL, unit, split);
+        m0 = (CL * unit + rank) * BM;
+        t_begin = (long long)split * p.tiles_per_split;
+        t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
+    };
+    item(first_item);
 #if !FLCE_WGMMA
-    logits_portable(p, smem, m0, split, t_begin, t_end); // (never extra: runtime/plan.c)
+    logits_portable(p, smem, m0, split, t_begin, t_end);
 #else
 #if FLCE_TMA
     pipe_init(smem);
@@ -139,13 +127,10 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
         setmaxnreg_dec<PRODUCER_REGS>();
         int it = 0;
         if (threadIdx.x == 0) {
-            for (long long u = u_begin; u < u_end; u++) {
-                const long long um0 = extra ? (CL * u + rank) * BM : m0;
-                for (int sg = 0; sg < segs; sg++) {
-                    long long b, e;
-                    logits_segment(p, tiles, extra, sg, t_begin, t_end, b, e);
-                    produce_logits(p, smem, um0, b * BN, e - b, it);
-                }
+            for (long long l = first_item; l < items; l += stride) {
+                item(l);
+                produce_logits(p, smem, m0, t_begin * BN, t_end - t_begin, it);
+                if (!LOGITS_PERSIST) break;
             }
 #if FLCE_CLUSTER
             drain_pair(smem, it);
@@ -172,11 +157,11 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
     it = wg * ktiles; // warpgroup 1's k-tiles follow warpgroup 0's in the ring
 #endif
     long long lab[MI][2];
-    row_state rs[MI][2]; // dZ factors, or the running statistics of the CTA's vocab tiles
-    for (long long u = u_begin; u < u_end; u++) { // a main CTA: its one row block
-        if (extra) m0 = (CL * u + rank) * BM;
+    row_state rs[MI][2]; // dZ factors, or the running statistics of the item's vocab tiles
+    for (long long l = first_item; l < items; l += stride) {
+        item(l);
         rows_setup(p, m0, wm, lane, lab, rs);
-        float qc[MI * 2]; // FLCE_QROWS: each owned row's reference (the CTA keeps its row block)
+        float qc[MI * 2]; // FLCE_QROWS: each owned row's reference (the item keeps its row block)
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -184,34 +169,30 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
                 const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
                 qc[mi * 2 + h] = FLCE_QROWS && row < p.m ? ((const float *)p.qref)[row] : 0.f;
             }
-        for (int sg = 0; sg < segs; sg++) {
-            long long b, e;
-            logits_segment(p, tiles, extra, sg, t_begin, t_end, b, e);
-            for (long long vt = b; vt < e; vt++) {
+        for (long long vt = t_begin; vt < t_end; vt++) {
 #if FLCE_PINGPONG
-                if (wg == 1 || vt > t_begin) pp_wait_turn(wg); // (never extra: runtime/plan.c)
-                mainloop(acc, smem, p, it, wg); // passes the turn once its last k-tile is in
-                it += ktiles;                   // past the other warpgroup's k-tiles of this tile
+            if (wg == 1 || vt > t_begin) pp_wait_turn(wg);
+            mainloop(acc, smem, p, it, wg); // passes the turn once its last k-tile is in
+            it += ktiles;                   // past the other warpgroup's k-tiles of this tile
 #else
 #if FLCE_TMA
-                mainloop(acc, smem, p, it, wm / 4);
+            mainloop(acc, smem, p, it, wm / 4);
 #else
-                mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
+            mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
 #endif
 #endif
 #if FLCE_FUSED_DZ
-                if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
-                else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
+            if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
+            else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
 #else
-                logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, rs, smem, qc);
+            logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, rs, smem, qc);
 #endif
-            }
         }
 #if !FLCE_FUSED_DZ
         // One warp column (the wgmma paths) owns whole rows: its lane 4g stores them after the 4
         // lanes that share each have merged, no CTA barrier (the TMA path's producer warpgroup has
-        // left), so an extra CTA stores each of its row blocks as it finishes it. Several warp
-        // columns (never extra: runtime/plan.c) merge through shared memory below.
+        // left), so a persistent CTA stores each item's statistics as it finishes it. Several warp
+        // columns (never persistent: runtime/plan.c) merge through shared memory below.
         if (WARPS_N == 1 && p.part_m) {
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
@@ -219,14 +200,11 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
                 for (int h = 0; h < 2; h++) {
                     quad_merge(rs[mi][h]);
                     const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
-                    if (lane % 4 != 0 || row >= p.m) continue;
-                    store_partials(p, row, split, rs[mi][h]);
-                    // extra slot reserved, no extra CTA launched: it holds nothing
-                    if (p.extra_slot && p.extra_units == 0 && split == 0)
-                        store_partials(p, row, main_splits, empty_stats());
+                    if (lane % 4 == 0 && row < p.m) store_partials(p, row, split, rs[mi][h]);
                 }
         }
 #endif
+        if (!LOGITS_PERSIST) break;
     }
 #if FLCE_PINGPONG
     if (wg == 0 && t_end > t_begin) pp_wait_turn(0); // warpgroup 1's last pass: every arrival met
@@ -252,7 +230,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
         row_stats a = red[r];
         for (int w = 1; w < WARPS_N; w++) stats_merge(a, red[w * BM + r]);
         store_partials(p, m0 + r, split, a);
-        if (p.extra_slot && p.extra_units == 0 && split == 0) store_partials(p, m0 + r, main_splits, empty_stats());
     }
 #endif // FLCE_FUSED_DZ
 #endif // !FLCE_WGMMA

@@ -53,11 +53,9 @@ struct flce_gemm_params {
     int out_f32;                  /* dH/dW: out holds fp32 (else the input dtype) */
     int splits;                   /* logits: vocab splits (gridDim.y) */
     int tiles_per_split;          /* logits: BN-wide vocab tiles each split walks */
-    int keep_tiles;               /* logits: of them, the ones its main CTA walks (0: all); the rest
-                                     go to the extra CTAs */
-    int extra_slot;               /* logits: 1 where the last of the splits partial slots is the extra
-                                     CTAs' (runtime plan logits_extra_slot; splits counts it) */
-    int extra_units;              /* logits: extra CTAs (clusters) in the grid's last row, 0: none */
+    int persist;                  /* logits: 0, one item per CTA of the (units, splits) grid; else the
+                                     grid's units (CTAs or clusters) along x, each walking items
+                                     u, u + persist, … (templates/gemm_entry.cu) */
     int raster_rows;              /* dH/dW, TMA (persistent): tiles walk in groups of this many row
                                      blocks × all column tiles, row blocks fastest; 0: column tiles
                                      fastest over all rows */

@@ -654,12 +654,10 @@ static void dw_clusters_where_its_token_chunk_is_short(void)
  * for the forward and recompute, one token chunk for chunked); 1 always, 0 never; only on the wgmma
  * TMA path. FLCE_PINGPONG: the ping-pong logits spec with 64 rows of A per stage and 5 stages, the
  * most that fit beside the compact store's staging; kernel sources name both. */
-/* FLCE_LOGITS_SPLITS forces the statistics pass's split count; where its CTAs leave SMs idle
- * (2 splits × 64 row blocks of 132) the partials get the extra CTAs' slot (plan.h
- * logits_extra_slot; the planner's own 39 splits at 8192 × 4096 × 128256 fill whole rounds: none),
- * unless FLCE_LOGITS_EXTRAS=0, the entropy or argmax statistics are asked for, or the pass is the
- * portable one. */
-static void logits_extra_slot_where_the_splits_leave_sms(void)
+/* The statistics pass may run persistent CTAs (plan.h logits_persist) on the wgmma TMA path,
+ * unless FLCE_LOGITS_PERSIST=0, the entropy or argmax statistics are asked for (that kernel has no
+ * persistent loop), or the pass is another path; FLCE_LOGITS_SPLITS forces its split count. */
+static void logits_persist_where_the_kernel_has_the_loop(void)
 {
     static const char mark;
     flce_tensors t;
@@ -672,22 +670,24 @@ static void logits_extra_slot_where_the_splits_leave_sms(void)
     plan pl;
     flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
-    CHECK(!pl.logits_extra_slot && pl.splits > 2);
+    CHECK(pl.logits_persist && pl.splits == 39 && pl.tiles_per_split == 13);
     cfg.logits_splits = 2;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
-    CHECK(pl.splits == 2 && pl.tiles_per_split == 251 && pl.logits_extra_slot);
-    uint64_t with_slot = pl.off_part_s - pl.off_part_m;
-    CHECK(with_slot >= (uint64_t)pl.stat_rows * 3 * 4); /* three partial slots per row */
-    cfg.logits_extras = 0;
+    CHECK(pl.splits == 2 && pl.tiles_per_split == 251 && pl.logits_persist);
+    cfg.logits_splits = 0, cfg.logits_persist = 0;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
-    CHECK(pl.splits == 2 && !pl.logits_extra_slot);
-    cfg.logits_extras = 1;
+    CHECK(pl.splits == 39 && !pl.logits_persist);
+    cfg.logits_persist = 1;
     t.argmax = (int64_t *)(uintptr_t)&mark;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
-    CHECK(pl.splits == 2 && !pl.logits_extra_slot);
+    CHECK(!pl.logits_persist);
     t.argmax = NULL;
+    cfg.pingpong = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
+    CHECK(pl.logits.pingpong && !pl.logits_persist);
+    cfg.pingpong = 0;
     CHECK(plan_build(&p, FLCE_OP_FORWARD, 80, 108, &cfg, NULL, &t, &pl) == FLCE_OK); /* sm_80: mma.sync */
-    CHECK(!pl.logits_extra_slot);
+    CHECK(!pl.logits_persist);
 }
 
 static void logits_clusters_where_the_launch_has_row_blocks_to_pair(void)
@@ -892,6 +892,6 @@ int main(void)
     RUN(dh_splits_where_tiles_leave_most_sms_idle);
     RUN(dw_clusters_where_its_token_chunk_is_short);
     RUN(logits_clusters_where_the_launch_has_row_blocks_to_pair);
-    RUN(logits_extra_slot_where_the_splits_leave_sms);
+    RUN(logits_persist_where_the_kernel_has_the_loop);
     FINISH();
 }

@@ -286,52 +286,6 @@ static void vocab_splits_fill_whole_waves(void)
     }
 }
 
-/* plan_logits_extras: where row blocks × splits leave SMs idle (64 × 2 of 132 at 8192 tokens with
- * two splits), extra CTAs take the last tiles of every split, so the longest CTA walks fewer
- * tiles: 243 of 251 at the main shape, 62 of 63 at its tp = 4 shard. The extras' row-block units
- * split evenly and cover every unit, mains and extras fit one round; with whole rounds of CTAs (the
- * planner's own split counts here) or many splits (the leftovers outweigh the gain) there are none. */
-static void logits_extras_shorten_the_longest_cta(void)
-{
-    const struct {
-        int64_t n, d, v;
-        int splits, units, keep; /* splits forced (0: the planner's); expected units (0: none) and keep */
-    } cases[] = {{8192, 4096, 128256, 2, 2, 243}, {8192, 4096, 32064, 2, 2, 62}, {8192, 4096, 64128, 2, 2, 122},
-                 {8192, 4096, 128256, 0, 0, 0}, {32768, 4096, 128256, 0, 0, 0}, {512, 4096, 128256, 32, 0, 0}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        flce_problem p = problem(cases[i].n, cases[i].d, cases[i].v, FLCE_DTYPE_BF16);
-        plan pl;
-        CHECK(plan_make(&p, FLCE_OP_FORWARD, 90, 132, NULL, &pl) == FLCE_OK);
-        if (cases[i].splits) {
-            int64_t tiles = (cases[i].v + pl.logits.tile.bn - 1) / pl.logits.tile.bn;
-            pl.splits = cases[i].splits, pl.tiles_per_split = (int)((tiles + pl.splits - 1) / pl.splits);
-        }
-        int units = -1, keep = -1;
-        plan_logits_extras(&pl, pl.stat_rows, pl.v, 132, &units, &keep);
-        CHECKF(units == cases[i].units && (!units || keep == cases[i].keep), "%lldx%lldx%lld, %d splits of %d tiles: "
-               "%d extra units keeping %d", (long long)cases[i].n, (long long)cases[i].d, (long long)cases[i].v,
-               pl.splits, pl.tiles_per_split, units, keep);
-        if (!units) {
-            CHECK(keep == pl.tiles_per_split);
-            continue;
-        }
-        int64_t cl = pl.logits.cluster > 1 ? 2 : 1, u = (pl.stat_rows / pl.logits.tile.bm + cl - 1) / cl;
-        CHECK(u * cl * pl.splits + units * cl <= 132 && keep < pl.tiles_per_split);
-        int64_t covered = 0;
-        for (int64_t e = 0; e < units; e++) {
-            int64_t lo = e * u / units, hi = (e + 1) * u / units;
-            CHECK(lo == covered && hi - lo >= u / units && hi - lo <= u / units + 1);
-            covered = hi;
-        }
-        CHECK(covered == u);
-        /* fewer slots (a GPC with an odd SM count leaves a cluster out): fewer extras, or none */
-        plan_logits_extras(&pl, pl.stat_rows, pl.v, 130, &units, &keep);
-        CHECK(units <= 1 && (units || keep == pl.tiles_per_split));
-        plan_logits_extras(&pl, pl.stat_rows, pl.v, 128, &units, &keep);
-        CHECK(units == 0 && keep == pl.tiles_per_split);
-    }
-}
-
 static void auto_recomputes_when_token_chunks_are_short(void)
 {
     plan pl;
@@ -671,7 +625,6 @@ int main(void)
     RUN(arch_names_parse_and_print);
     RUN(chunks_fit_the_memory_budget);
     RUN(vocab_splits_fill_whole_waves);
-    RUN(logits_extras_shorten_the_longest_cta);
     RUN(small_problems_take_one_chunk_and_no_accumulator);
     RUN(default_budget_takes_one_chunk_when_it_costs_no_more_memory);
     RUN(default_budget_grows_to_a_sixteenth_of_the_device);
