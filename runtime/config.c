@@ -128,6 +128,7 @@ void config_from_env(flce_config *c)
     c->logits_cluster = config_parse_int("FLCE_LOGITS_CLUSTER", getenv("FLCE_LOGITS_CLUSTER"), -1, 1, c->logits_cluster);
     c->logits_persist = config_parse_bool("FLCE_LOGITS_PERSIST", getenv("FLCE_LOGITS_PERSIST"), c->logits_persist);
     c->logits_splits = config_parse_int("FLCE_LOGITS_SPLITS", getenv("FLCE_LOGITS_SPLITS"), 0, 64, c->logits_splits);
+    c->logits_group = config_parse_int("FLCE_LOGITS_GROUP", getenv("FLCE_LOGITS_GROUP"), 0, 4096, c->logits_group);
     c->nvrtc_fast = parse_nvrtc_fast(getenv("FLCE_NVRTC_FAST"));
 }
 
@@ -173,6 +174,7 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_LOGITS_CLUSTER", "%d", c->logits_cluster, c->logits_cluster == d.logits_cluster);
     CONFIG_LOG_ONE("FLCE_LOGITS_PERSIST", "%s", on_off(c->logits_persist), c->logits_persist == d.logits_persist);
     CONFIG_LOG_ONE("FLCE_LOGITS_SPLITS", "%d", c->logits_splits, c->logits_splits == d.logits_splits);
+    CONFIG_LOG_ONE("FLCE_LOGITS_GROUP", "%d", c->logits_group, c->logits_group == d.logits_group);
     CONFIG_LOG_ONE("FLCE_NVRTC_FAST", "%s", fast[c->nvrtc_fast], c->nvrtc_fast == d.nvrtc_fast);
 #undef CONFIG_LOG_ONE
 }

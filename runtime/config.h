@@ -75,6 +75,8 @@ typedef struct flce_config {
                          * PLAN_LOGITS_CLUSTER_MIN_BLOCKS row blocks, 1 always, 0 never */
     int logits_splits;  /* FLCE_LOGITS_SPLITS: the statistics pass's vocab splits (0, default: plan.c's
                          * rule), for side-by-side runs */
+    int logits_group;   /* FLCE_LOGITS_GROUP: row blocks per group of the logits pass's item order (0, default:
+                         * the kernel's LOGITS_GROUP, 8) */
     int logits_persist; /* FLCE_LOGITS_PERSIST: the statistics pass in persistent CTAs that walk its items
                          * in turn where they outnumber the CTAs resident at once (default on) */
     config_nvrtc_fast nvrtc_fast; /* FLCE_NVRTC_FAST (default off) */

@@ -286,6 +286,7 @@ static flce_status launch_logits(run *r, const kernel_spec *spec, CUfunction fn,
     if (!stats) plan_vocab_splits(pl, b->rows, b->cols, r->ctx->num_sms, &splits, &tps);
     g->splits = splits;
     g->tiles_per_split = tps;
+    g->group_rows = pl->logits_group;
     int64_t gx = ceil_div(b->rows, spec->tile.bm), gy = splits;
     if (spec->cluster > 1) gx = ceil_div(gx, spec->cluster) * spec->cluster; /* pairs of row blocks */
     if (stats && pl->logits_persist) {

@@ -722,6 +722,7 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
     plan_vocab_splits(pl, stat_rows, pl->v, num_sms, &pl->splits, &pl->tiles_per_split);
     pl->logits_splits_forced = 0; /* (the statistics pass's only: launch.c plans the others per launch) */
     plan_logits_persist(cfg, pl);
+    pl->logits_group = cfg->logits_group;
     plan_layout(p, t, pl);
     if (op != FLCE_OP_FORWARD) plan_grad_stores(p, pl);
     return FLCE_OK;

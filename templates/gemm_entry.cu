@@ -76,9 +76,10 @@ __device__ __forceinline__ void logits_portable(const flce_gemm_params &p, unsig
 // once would hold ~all row blocks (at 8192 tokens, 64 blocks of A, 1 MiB each at D = 4096: more
 // than L2) and each would re-read its block for every vocab tile. A bijection.
 __device__ __forceinline__ void logits_item(long long lin, long long units, long long splits, long long cl,
-                                            long long &unit, int &split)
+                                            int group_rows, long long &unit, int &split)
 {
-    const long long group = LOGITS_GROUP / cl, per_group = group * splits, g = lin / per_group, w = lin % per_group;
+    const long long rows = group_rows > 0 ? group_rows : LOGITS_GROUP, group = rows / cl > 0 ? rows / cl : 1;
+    const long long per_group = group * splits, g = lin / per_group, w = lin % per_group;
     const long long first = g * group, here = units - first < group ? units - first : group;
     unit = first + w % here;
     split = (int)(w / here);
@@ -112,7 +113,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
     int split;
     // item l's row block and tiles
     auto item = [&](long long l) {
-        logits_item(l, units, splits, CL, unit, split);
+        logits_item(l, units, splits, CL, LOGITS_PERSIST ? p.group_rows : 0, unit, split); // (no spills there)
         m0 = (CL * unit + rank) * BM;
         t_begin = (long long)split * p.tiles_per_split;
         t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;

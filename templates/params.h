@@ -53,6 +53,8 @@ struct flce_gemm_params {
     int out_f32;                  /* dH/dW: out holds fp32 (else the input dtype) */
     int splits;                   /* logits: vocab splits (gridDim.y) */
     int tiles_per_split;          /* logits: BN-wide vocab tiles each split walks */
+    int group_rows;               /* logits: row blocks per group of the items' order (0: LOGITS_GROUP;
+                                     the kernels with the persistent loop, templates/gemm_entry.cu) */
     int persist;                  /* logits: 0, one item per CTA of the (units, splits) grid; else the
                                      grid's units (CTAs or clusters) along x, each walking items
                                      u, u + persist, … (templates/gemm_entry.cu) */
