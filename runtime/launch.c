@@ -129,7 +129,7 @@ static flce_status launch_cluster(CUfunction fn, int64_t gx, int64_t gy, int clu
  * cluster = 2 twice the clusters of 2 resident at once: cuOccupancyMaxActiveClusters, asked once
  * per function (an H100 SXM has 132 SMs; GPCs with an odd number of them leave one idle), or the
  * SMs rounded down to even when the driver does not say. Only the grid's size depends on it. */
-static int grad_slots(const flce_context *ctx, const kernel_spec *s, CUfunction fn)
+static int resident_slots(const flce_context *ctx, const kernel_spec *s, CUfunction fn)
 {
     enum { CACHED = 16 };
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -293,7 +293,7 @@ static flce_status launch_logits(run *r, const kernel_spec *spec, CUfunction fn,
         /* more items than CTAs resident at once (the slots the driver gives this kernel's
          * clusters): persistent CTAs walk them in turn (templates/gemm_entry.cu) */
         int cl = spec->cluster > 1 ? spec->cluster : 1;
-        int64_t units = gx / cl, resident = grad_slots(r->ctx, spec, fn) / cl;
+        int64_t units = gx / cl, resident = resident_slots(r->ctx, spec, fn) / cl;
         if (resident > 0 && units * gy > resident) {
             g->persist = (int)resident;
             gx = resident * cl, gy = 1;
@@ -432,7 +432,7 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
         g.row_scale = r->rp.row_scale;
         if (!pl->qdh) g.qlab = r->rp.qlab, g.qlab_k0 = off; /* else flce_qdh adds them after dH */
     }
-    TRY(tma_prepare_gemm(&pl->dh, &g, grad_slots(r->ctx, &pl->dh, r->k.dh), &gx, &gy));
+    TRY(tma_prepare_gemm(&pl->dh, &g, resident_slots(r->ctx, &pl->dh, r->k.dh), &gx, &gy));
     if (pl->dz_convert) {
         /* Bands of about 1.5 waves of dH tiles: the row blocks its CTAs start on first are
          * converted first (gemm_dz_convert.cu); at least one raster group. */
@@ -565,7 +565,7 @@ static flce_status run_dw_split(run *r, const block *b, int late)
         if (!late) TRY(zero_tile_counter(r));
     }
     const int64_t tiles_x = ceil_div(pl->d, pl->dw.tile.bn), tiles_y = ceil_div(b->cols, pl->dw.tile.bm);
-    int64_t slots = grad_slots(r->ctx, &pl->dw, r->k.dw), gx = tiles_x, gy = tiles_y;
+    int64_t slots = resident_slots(r->ctx, &pl->dw, r->k.dw), gx = tiles_x, gy = tiles_y;
     int split = dynamic && late > 0 && late < slots && tiles_x * tiles_y > slots - late;
     TRY(tma_prepare_gemm(&pl->dw, &g, split ? slots - late : slots, &gx, &gy));
     g.counter_base = gx, g.block0 = 0;

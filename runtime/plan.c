@@ -101,8 +101,6 @@ void plan_vocab_splits(const plan *pl, int64_t rows, int64_t cols, int num_sms, 
     int64_t slots = (int64_t)(num_sms > 0 ? num_sms : 1) * logits_ctas_per_sm(&pl->logits);
     int64_t best_cost = -1, best_tps = tiles;
     for (int64_t want = 1; want <= tiles && want <= MAX_SPLITS; want++) {
-        if (pl->logits_splits_forced > 0 && want != (pl->logits_splits_forced < tiles ? pl->logits_splits_forced : tiles))
-            continue;
         int64_t tps = ceil_div(tiles, want), sp = ceil_div(tiles, tps);
         int64_t cost = ceil_div(row_blocks * sp, slots) * tps;
         if (best_cost < 0 || cost < best_cost) best_cost = cost, best_tps = tps;
@@ -670,7 +668,6 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     pl->grad_streams_wanted = cfg->grad_streams;
 }
 
-/* The rest, once the tiles are final (built-in or tuned). */
 /* FLCE_LOGITS_PERSIST (plan.h logits_persist): the statistics pass on the wgmma TMA path with one
  * CTA per SM may walk its items in persistent CTAs: there the loop stores each item's statistics
  * straight from the warp that owns its rows (one warp column), with the consumers' turns and
@@ -683,6 +680,16 @@ static void plan_logits_persist(const flce_config *cfg, plan *pl)
                          !(pl->logits.opts & (SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX));
 }
 
+/* FLCE_LOGITS_SPLITS: the statistics pass's split count forced (at most one per vocab tile). */
+static void plan_forced_splits(int want, plan *pl)
+{
+    int64_t tiles = ceil_div(pl->v, pl->logits.tile.bn);
+    if (want > tiles) want = (int)tiles;
+    pl->tiles_per_split = (int)ceil_div(tiles, want);
+    pl->splits = (int)ceil_div(tiles, pl->tiles_per_split);
+}
+
+/* The rest, once the tiles are final (built-in or tuned). */
 static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, const flce_config *cfg,
                                const flce_tensors *t, plan *pl)
 {
@@ -718,9 +725,8 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
         pl->logits_dz.smoothing = p->label_smoothing;
         pl->logits_dz.z_loss = p->z_loss;
     }
-    pl->logits_splits_forced = cfg->logits_splits;
     plan_vocab_splits(pl, stat_rows, pl->v, num_sms, &pl->splits, &pl->tiles_per_split);
-    pl->logits_splits_forced = 0; /* (the statistics pass's only: launch.c plans the others per launch) */
+    if (cfg->logits_splits > 0) plan_forced_splits(cfg->logits_splits, pl);
     plan_logits_persist(cfg, pl);
     pl->logits_group = cfg->logits_group;
     plan_layout(p, t, pl);

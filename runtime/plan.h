@@ -60,7 +60,6 @@ typedef struct plan {
     /* FLCE_LOGITS_PERSIST: 1 where the statistics pass may run persistent CTAs that walk its
      * items in turn (launch.c, where the items outnumber the CTAs resident at once). */
     int logits_persist;
-    int logits_splits_forced; /* FLCE_LOGITS_SPLITS: the statistics pass's split count, or 0 */
     int logits_group;         /* FLCE_LOGITS_GROUP: row blocks per group of the logits items' order, or 0 */
     kernel_spec logits, dh, dw, rowops;
     /* Recompute: each vocab chunk's logits pass writes dZ itself (logits_dz: the logits spec with

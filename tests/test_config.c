@@ -654,42 +654,6 @@ static void dw_clusters_where_its_token_chunk_is_short(void)
  * for the forward and recompute, one token chunk for chunked); 1 always, 0 never; only on the wgmma
  * TMA path. FLCE_PINGPONG: the ping-pong logits spec with 64 rows of A per stage and 5 stages, the
  * most that fit beside the compact store's staging; kernel sources name both. */
-/* The statistics pass may run persistent CTAs (plan.h logits_persist) on the wgmma TMA path,
- * unless FLCE_LOGITS_PERSIST=0, the entropy or argmax statistics are asked for (that kernel has no
- * persistent loop), or the pass is another path; FLCE_LOGITS_SPLITS forces its split count. */
-static void logits_persist_where_the_kernel_has_the_loop(void)
-{
-    static const char mark;
-    flce_tensors t;
-    flce_tensors_init(&t);
-    t.hidden = t.weight = t.labels = &mark;
-    t.loss = t.lse = (float *)(uintptr_t)&mark;
-    t.grad_hidden = t.grad_weight = (void *)(uintptr_t)&mark;
-    flce_config cfg;
-    config_defaults(&cfg);
-    plan pl;
-    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
-    CHECK(pl.logits_persist && pl.splits == 39 && pl.tiles_per_split == 13);
-    cfg.logits_splits = 2;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
-    CHECK(pl.splits == 2 && pl.tiles_per_split == 251 && pl.logits_persist);
-    cfg.logits_splits = 0, cfg.logits_persist = 0;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
-    CHECK(pl.splits == 39 && !pl.logits_persist);
-    cfg.logits_persist = 1;
-    t.argmax = (int64_t *)(uintptr_t)&mark;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
-    CHECK(!pl.logits_persist);
-    t.argmax = NULL;
-    cfg.pingpong = 1;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
-    CHECK(pl.logits.pingpong && !pl.logits_persist);
-    cfg.pingpong = 0;
-    CHECK(plan_build(&p, FLCE_OP_FORWARD, 80, 108, &cfg, NULL, &t, &pl) == FLCE_OK); /* sm_80: mma.sync */
-    CHECK(!pl.logits_persist);
-}
-
 static void logits_clusters_where_the_launch_has_row_blocks_to_pair(void)
 {
     flce_config cfg;
@@ -738,6 +702,42 @@ static void logits_clusters_where_the_launch_has_row_blocks_to_pair(void)
     CHECK(emit_source(&pl.logits, &src) == FLCE_OK && src && strstr(src, "#define FLCE_PINGPONG 1") &&
           !strstr(src, "#if FLCE_PINGPONG") && strstr(src, "pp_wait_turn"));
     free(src);
+}
+
+/* The statistics pass may run persistent CTAs (plan.h logits_persist) on the wgmma TMA path,
+ * unless FLCE_LOGITS_PERSIST=0, the entropy or argmax statistics are asked for (that kernel has no
+ * persistent loop), or the pass is another path; FLCE_LOGITS_SPLITS forces its split count. */
+static void logits_persist_where_the_kernel_has_the_loop(void)
+{
+    static const char mark;
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = t.weight = t.labels = &mark;
+    t.loss = t.lse = (float *)(uintptr_t)&mark;
+    t.grad_hidden = t.grad_weight = (void *)(uintptr_t)&mark;
+    flce_config cfg;
+    config_defaults(&cfg);
+    plan pl;
+    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
+    CHECK(pl.logits_persist && pl.splits == 39 && pl.tiles_per_split == 13);
+    cfg.logits_splits = 2;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
+    CHECK(pl.splits == 2 && pl.tiles_per_split == 251 && pl.logits_persist);
+    cfg.logits_splits = 0, cfg.logits_persist = 0;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
+    CHECK(pl.splits == 39 && !pl.logits_persist);
+    cfg.logits_persist = 1;
+    t.argmax = (int64_t *)(uintptr_t)&mark;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
+    CHECK(!pl.logits_persist);
+    t.argmax = NULL;
+    cfg.pingpong = 1;
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
+    CHECK(pl.logits.pingpong && !pl.logits_persist);
+    cfg.pingpong = 0;
+    CHECK(plan_build(&p, FLCE_OP_FORWARD, 80, 108, &cfg, NULL, &t, &pl) == FLCE_OK); /* sm_80: mma.sync */
+    CHECK(!pl.logits_persist);
 }
 
 /* FLCE_GRAD_STREAMS (default on): dH and dW at once where both are asked for, dW can take its
