@@ -96,6 +96,9 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     sb_printf(b, "#define OPT_ZSUM %d\n", !!(s->opts & SPEC_OPT_ZSUM));
     sb_printf(b, "#define OPT_ENTROPY %d\n", !!(s->opts & SPEC_OPT_ENTROPY));
     sb_printf(b, "#define OPT_ARGMAX %d\n", !!(s->opts & SPEC_OPT_ARGMAX));
+    if (s->opts >> SPEC_OPT_TOKEN_GRADS_SHIFT) /* only then: the other kernels' text stays as it was */
+        sb_printf(b, "#define OPT_TOKEN_GRADS %u  // FLCE_GRAD_* bits: per-token upstream gradients\n",
+                  s->opts >> SPEC_OPT_TOKEN_GRADS_SHIFT);
     /* Hex float literals: the exact float the caller passed, no decimal round trip. */
     sb_printf(b, "constexpr float SOFTCAP = %af, INV_TEMP = %af, SMOOTHING = %af, ZLOSS = %af;\n",
               (double)s->softcap, (double)(s->temperature > 0 ? 1.0f / s->temperature : 1.0f), (double)s->smoothing,

@@ -88,7 +88,13 @@ enum {
     SPEC_OPT_WEIGHTS = 1u << 1, /* class weights */
     SPEC_OPT_ZSUM = 1u << 2,    /* Σ_j w_j·z_j per row (label smoothing) */
     SPEC_OPT_ENTROPY = 1u << 3, /* Σ_j p_j·z_j per row */
-    SPEC_OPT_ARGMAX = 1u << 4   /* argmax_j z_j per row */
+    SPEC_OPT_ARGMAX = 1u << 4,  /* argmax_j z_j per row */
+    /* ROWOPS: per-token upstream gradients of the outputs (flce.h FLCE_GRAD_*, shifted by 5), and
+     * the loss's scalar folded into each row's dZ (templates/common.cuh dz_coef) */
+    SPEC_OPT_GRAD_LOGPROB = 1u << 5,
+    SPEC_OPT_GRAD_LSE = 1u << 6,
+    SPEC_OPT_GRAD_ENTROPY = 1u << 7,
+    SPEC_OPT_TOKEN_GRADS_SHIFT = 5
 };
 
 /* The NVRTC target for an arch: "sm_90a" for 90, "sm_100a" for 100, else "sm_<sm>". */

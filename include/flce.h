@@ -38,7 +38,7 @@ extern "C" {
 #define FLCE_VERSION_PATCH 0
 #define FLCE_VERSION_STRING "0.1.0"
 /* Bumped when a struct gains a field; struct_size tells the library which fields a caller has. */
-#define FLCE_API_VERSION 2
+#define FLCE_API_VERSION 3
 
 #if defined(_WIN32)
 #define FLCE_API
@@ -79,8 +79,21 @@ typedef enum flce_strategy {
     FLCE_STRATEGY_FORWARD = 1,  /* loss/lse only, O(N) memory */
     FLCE_STRATEGY_CHUNKED = 2,  /* loss and grads in one pass over token chunks, 6NVD; 16-bit
                                    training calls store the chunk's logits compactly (2 bytes) */
-    FLCE_STRATEGY_RECOMPUTE = 3 /* backward that recomputes the logits, 8NVD */
+    FLCE_STRATEGY_RECOMPUTE = 3, /* backward that recomputes the logits, 8NVD */
+    FLCE_STRATEGY_SAVED = 4      /* loss-and-grad in two calls, 6NVD: flce_forward keeps the
+                                    compact logits and statistics in tensors.workspace and
+                                    flce_backward forms the gradients from them, with upstream
+                                    gradients known only then ("Saved logits" below) */
 } flce_strategy;
+
+/* problem.grad_outputs: the per-token outputs whose upstream gradients flce_backward (and
+ * flce_loss_and_grad) receive besides the loss's grad_output (tensors.grad_logprob, grad_lse,
+ * grad_entropy). Kernels are specialized on them. */
+enum {
+    FLCE_GRAD_LOGPROB = 1, /* d(z_y − lse): g·(1[j=y] − p_j) */
+    FLCE_GRAD_LSE = 2,     /* d lse: g·p_j (z-loss written by hand, λ·lse², is g = 2λ·lse) */
+    FLCE_GRAD_ENTROPY = 4  /* d(lse − Σ p z): −g·p_j·(log p_j + H); compact logits with a dz pass */
+};
 
 typedef enum flce_op {
     FLCE_OP_FORWARD = 0,
@@ -140,6 +153,11 @@ typedef struct flce_problem {
     int32_t sequence_parallel;      /* with tp_size > 1: hidden, labels, per-token inputs and
                                        outputs and grad_hidden hold this rank's `tokens` rows of
                                        the tp_size·tokens global tokens (rank r: rows r·tokens ...) */
+    /* --- API version 3 --- */
+    int32_t grad_outputs;           /* FLCE_GRAD_* bits: per-token outputs that carry gradients
+                                       (16-bit inputs, strategies CHUNKED and SAVED). With any bit
+                                       set the loss's scalar grad_output (mean, sum) is folded into
+                                       each token's dZ instead of the GEMM epilogues */
 } flce_problem;
 
 /* Device buffers of one call. Unused outputs may be NULL. */
@@ -174,6 +192,12 @@ typedef struct flce_tensors {
                                    workspace every rank registered with comm (ncclCommRegister,
                                    all ranks or none; deregister before freeing it) lets NCCL skip
                                    its staging copies (README, "Tensor parallelism") */
+    /* --- API version 3: per-token upstream gradients (N fp32 values each, read on the device by
+     * flce_backward and flce_loss_and_grad; NULL means zeros), with problem.grad_outputs --- */
+    const float *grad_logprob;  /* of target_logprob (0 where the label is ignored) */
+    const float *grad_lse;      /* of lse (every token, ignored ones too) */
+    const float *grad_entropy;  /* of entropy (every token); also needs tensors.entropy as the
+                                   forward wrote it (an input here) */
 } flce_tensors;
 
 /* A context binds one device's primary context (the one PyTorch and the CUDA runtime use) and keeps
@@ -234,6 +258,25 @@ FLCE_API flce_status flce_loss_and_grad(flce_context *ctx, const flce_problem *p
  * strategy RECOMPUTE it walks the vocab in chunks and needs no workspace that grows with V. */
 FLCE_API flce_status flce_backward(flce_context *ctx, const flce_problem *problem,
                                    const flce_tensors *t, void *stream);
+
+/* Saved logits (problem.strategy = FLCE_STRATEGY_SAVED, 16-bit inputs, tp_size 1): a training step
+ * whose upstream gradients are known only after the forward (per-token losses, log-probs, entropy,
+ * lse, fp32 accumulators) in 6·N·V·D instead of recompute's 8:
+ *     flce_forward(ctx, &p, &t, stream)    loss, lse, per-token outputs; keeps in t.workspace the
+ *                                          compact logits of all N tokens (2 bytes per logit) and
+ *                                          their statistics (4 bytes per row and 256 columns, a few
+ *                                          floats per token)
+ *     ... the caller computes its upstream gradients ...
+ *     flce_backward(ctx, &p, &t, stream)   dH, dW (and db) from them and t.grad_output,
+ *                                          t.grad_logprob, t.grad_lse, t.grad_entropy
+ * Both calls take the same problem, the same workspace (caller-owned, required: bytes from
+ * flce_workspace_size with this problem, for either op) and tensors with the same non-NULL
+ * pointers (the plan, and so the workspace layout, depends on which outputs and gradients are
+ * asked for, not on their addresses); t.lse (and t.entropy with FLCE_GRAD_ENTROPY) must still hold
+ * what the forward wrote. The backward turns the stored logits into dZ in place: one backward per
+ * forward. Memory: the whole workspace is held from forward to backward; a problem whose N tokens
+ * do not fit memory_budget (0: the default rule of the chunked strategy, up to 1/16 of the
+ * device's memory) is FLCE_ERR_INVALID_ARGUMENT, with the bytes it needs: use RECOMPUTE then. */
 
 /* Multiplies, in place, the gradients an earlier flce_loss_and_grad call wrote (t->grad_hidden,
  * t->grad_weight, t->grad_bias: whichever are set; same problem) by the fp32 scalar at

@@ -129,7 +129,7 @@ static flce_status check_enums(const flce_problem *p)
         p->reduction != FLCE_REDUCTION_NONE)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.reduction=%d: not an flce_reduction",
                        (int)p->reduction);
-    if ((int)p->strategy < FLCE_STRATEGY_AUTO || (int)p->strategy > FLCE_STRATEGY_RECOMPUTE)
+    if ((int)p->strategy < FLCE_STRATEGY_AUTO || (int)p->strategy > FLCE_STRATEGY_SAVED)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.strategy=%d: not an flce_strategy",
                        (int)p->strategy);
     if (p->tp_size < 1 || p->tp_rank < 0 || p->tp_rank >= p->tp_size)
@@ -142,6 +142,15 @@ static flce_status check_enums(const flce_problem *p)
                        p->tp_size);
     if (p->has_bias != 0 && p->has_bias != 1)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.has_bias=%d: must be 0 or 1", p->has_bias);
+    if (p->grad_outputs & ~(FLCE_GRAD_LOGPROB | FLCE_GRAD_LSE | FLCE_GRAD_ENTROPY))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.grad_outputs=0x%x: unknown bits (FLCE_GRAD_*)",
+                       (unsigned)p->grad_outputs);
+    if (p->grad_outputs && p->dtype == FLCE_DTYPE_F32)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.grad_outputs=0x%x: needs 16-bit inputs (dtype=F32)",
+                       (unsigned)p->grad_outputs);
+    if ((p->grad_outputs || p->strategy == FLCE_STRATEGY_SAVED) && p->tp_size > 1)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.%s with tp_size=%d: not yet supported under tensor parallelism",
+                       p->grad_outputs ? "grad_outputs" : "strategy=SAVED", p->tp_size);
     return FLCE_OK;
 }
 
@@ -265,6 +274,24 @@ static flce_status check_tensors(const flce_problem *p, const flce_tensors *t, f
     TRY(check_ptr(t->target_logprob, "target_logprob", 4, 0));
     TRY(check_ptr(t->entropy, "entropy", 4, 0));
     TRY(check_ptr(t->argmax, "argmax", 8, 0));
+    int saved = p->strategy == FLCE_STRATEGY_SAVED;
+    TRY(check_ptr(t->workspace, "workspace (strategy SAVED: the logits kept between the calls)", 256, saved));
+    const struct {
+        const float *ptr;
+        int bit;
+        const char *name;
+    } token_grads[] = {{t->grad_logprob, FLCE_GRAD_LOGPROB, "grad_logprob"},
+                       {t->grad_lse, FLCE_GRAD_LSE, "grad_lse"},
+                       {t->grad_entropy, FLCE_GRAD_ENTROPY, "grad_entropy"}};
+    for (int k = 0; k < 3; k++) {
+        TRY(check_ptr(token_grads[k].ptr, token_grads[k].name, 4, 0));
+        if (token_grads[k].ptr && !(p->grad_outputs & token_grads[k].bit))
+            return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.%s: given, but problem.grad_outputs lacks its bit",
+                           token_grads[k].name);
+    }
+    if (t->grad_entropy && op != FLCE_OP_FORWARD && !t->entropy)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.entropy: NULL, but grad_entropy is given (its dZ needs each token's entropy)");
     if (t->grad_bias && !p->has_bias)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.grad_bias: given, but problem.has_bias is 0");
     if (t->class_weights && !p->has_class_weights)
@@ -285,6 +312,14 @@ static flce_status check_strategy(const flce_problem *p, flce_op op)
     if (p->strategy == FLCE_STRATEGY_FORWARD && op != FLCE_OP_FORWARD)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "problem.strategy=FORWARD: computes no gradients; use AUTO or CHUNKED here");
+    if (p->strategy == FLCE_STRATEGY_SAVED && op == FLCE_OP_LOSS_AND_GRAD)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.strategy=SAVED: splits loss-and-grad into flce_forward + flce_backward; "
+                       "use CHUNKED (or AUTO) for one call");
+    if (p->strategy == FLCE_STRATEGY_RECOMPUTE && p->grad_outputs)
+        return err_set(FLCE_ERR_UNSUPPORTED,
+                       "problem.grad_outputs=0x%x: gradients of per-token outputs need strategy SAVED or CHUNKED, "
+                       "not RECOMPUTE", (unsigned)p->grad_outputs);
     if ((p->strategy == FLCE_STRATEGY_CHUNKED || p->strategy == FLCE_STRATEGY_RECOMPUTE) &&
         op == FLCE_OP_FORWARD)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
@@ -305,6 +340,7 @@ static flce_status plan_for(flce_context *ctx, const flce_problem *problem, flce
     TRY(normalize_problem(problem, &p));
     TRY(flce_problem_validate(&p));
     TRY(check_strategy(&p, op));
+    if (p.strategy == FLCE_STRATEGY_SAVED) op = FLCE_OP_LOSS_AND_GRAD; /* both calls run its plan */
     return plan_make_dev(&p, op, ctx->name, ctx->sm, ctx->num_sms, ctx->mem_bytes, t, pl);
 }
 
@@ -359,7 +395,8 @@ flce_status flce_strategy_of(flce_context *ctx, const flce_problem *problem, flc
     if (!strategy) return err_set(FLCE_ERR_INVALID_ARGUMENT, "strategy: NULL");
     plan pl;
     TRY(plan_for(ctx, problem, op, NULL, &pl));
-    *strategy = op == FLCE_OP_FORWARD ? FLCE_STRATEGY_FORWARD
+    *strategy = pl.saved                  ? FLCE_STRATEGY_SAVED
+                : op == FLCE_OP_FORWARD ? FLCE_STRATEGY_FORWARD
                 : pl.recompute        ? FLCE_STRATEGY_RECOMPUTE
                                       : FLCE_STRATEGY_CHUNKED;
     launch_log_plan(&pl);
@@ -413,6 +450,10 @@ static flce_status run_op(flce_context *ctx, const flce_problem *problem,
                            "problem.tp_size=%d: the split-phase calls need tp_size > 1", p.tp_size);
         TRY(check_ptr(tp_buffer, part == PART_TP_STATS ? "stats (argument)" : "gathered (argument)", 16, 1));
         tt.comm = NULL; /* the caller owns the collective */
+    }
+    if (p.strategy == FLCE_STRATEGY_SAVED) { /* the one plan of both calls (flce.h "Saved logits") */
+        part = op == FLCE_OP_FORWARD ? PART_SAVE : PART_SAVED_GRADS;
+        return launch_call(ctx, &p, FLCE_OP_LOSS_AND_GRAD, t, (CUstream)stream, part, 0);
     }
     if (part == PART_ALL) TRY(tune_first_use(ctx, &p, op, t, stream)); /* FLCE_TUNE=1 */
     flce_status st = launch_call(ctx, &p, op, t, (CUstream)stream, part, (CUdeviceptr)(uintptr_t)tp_buffer);

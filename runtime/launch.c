@@ -232,6 +232,9 @@ static void init_row_params(run *r)
     rp->entropy = addr(t->entropy);
     rp->argmax = addr(t->argmax);
     rp->grad_output = addr(t->grad_output);
+    rp->grad_logprob = addr(t->grad_logprob);
+    rp->grad_lse = addr(t->grad_lse);
+    rp->grad_entropy = addr(t->grad_entropy);
     rp->stats = r->ws + pl->off_stats;
     rp->class_weights = r->p->has_class_weights ? addr(t->class_weights) : 0;
     rp->flag = r->ctx->flag_dev;
@@ -354,6 +357,10 @@ static void set_dz_factors(const run *r, const block *b, struct flce_gemm_params
 static void set_scale(const run *r, struct flce_gemm_params *g)
 {
     if (r->p->reduction == FLCE_REDUCTION_NONE) return; /* g_i already in dZ */
+    if (r->p->grad_outputs) { /* the scalar is folded into each row's dZ (rowops.cu loss_g) */
+        if (r->p->dtype == FLCE_DTYPE_F16) g->scale_mode = 4;
+        return;
+    }
     g->scale_mode = r->p->reduction == FLCE_REDUCTION_MEAN ? 2 : 1;
     if (r->p->dtype == FLCE_DTYPE_F16) g->scale_mode |= 4; /* dZ stored × DZ_SCALE_F16 */
     g->scale_grad = addr(r->t->grad_output);
@@ -778,6 +785,26 @@ static flce_status run_chunked(run *r)
     return FLCE_OK;
 }
 
+/* Strategy SAVED (flce.h): run_chunked's one chunk cut between two calls. The forward's compact
+ * logits, maxima, target logits and row references stay in the workspace (the caller keeps it),
+ * with lse in the caller's buffer; the backward forms dZ from them with the upstream gradients it
+ * is given. */
+static flce_status run_saved(run *r, launch_part part)
+{
+    const plan *pl = r->pl;
+    if (!pl->saved || pl->n_chunks != 1)
+        return err_set(FLCE_ERR_INTERNAL, "SAVED call planned with %lld token chunks (a planning bug)",
+                       (long long)pl->n_chunks);
+    block b = {0, pl->n, 0, pl->v, 1, 1};
+    if (part == PART_SAVE) {
+        if (pl->qrows) TRY(run_rows(r, K_QREF, &b));
+        TRY(run_logits(r, &b, 1, 1));
+        return combine_rows(r, &b);
+    }
+    block rows_done = complete(b);
+    return run_grads(r, &rows_done, &b);
+}
+
 static flce_status run_recompute(run *r)
 {
     const plan *pl = r->pl;
@@ -998,7 +1025,9 @@ flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,
     init_row_params(&r);
     block whole = {0, pl->n, 0, pl->v, 1, 1};
     TRY(run_rows(&r, K_PREPARE, &whole));
-    if (part != PART_ALL) {
+    if (part == PART_SAVE || part == PART_SAVED_GRADS) {
+        TRY(run_saved(&r, part));
+    } else if (part != PART_ALL) {
         TRY(run_tp_part(&r, part, tp_buffer));
         if (part == PART_TP_STATS) return FLCE_OK;
     } else if (pl->op == FLCE_OP_FORWARD) {
@@ -1010,7 +1039,7 @@ flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,
         TRY(joined);
     }
     int reduced = p->reduction != FLCE_REDUCTION_NONE;
-    if (pl->op != FLCE_OP_BACKWARD && reduced && (r.t->loss || r.t->z_loss_out))
+    if (pl->op != FLCE_OP_BACKWARD && part != PART_SAVED_GRADS && reduced && (r.t->loss || r.t->z_loss_out))
         TRY(run_rows(&r, K_REDUCE, &whole));
     TRY(finish_dh(&r));
     if (pl->sp) TRY(sp_scatter_outputs(&r, t));

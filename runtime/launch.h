@@ -20,7 +20,9 @@ void launch_prebuild_kernels(flce_context *ctx, const plan *pl, int all);
 typedef enum launch_part {
     PART_ALL = 0,
     PART_TP_STATS = 1, /* statistics of this rank's shard → tp_buffer (one rank's block) */
-    PART_TP_FINISH = 2 /* every rank's blocks (tp_buffer) → lse, loss, per-token outputs */
+    PART_TP_FINISH = 2, /* every rank's blocks (tp_buffer) → lse, loss, per-token outputs */
+    PART_SAVE = 3,      /* SAVED's forward: statistics and outputs, compact logits kept in the workspace */
+    PART_SAVED_GRADS = 4 /* SAVED's backward: dZ from the kept logits, dH and dW */
 } launch_part;
 
 flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,

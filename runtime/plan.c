@@ -54,12 +54,14 @@ static void plan_specs(const flce_problem *p, const flce_tensors *t, int sm, con
     if (p->label_smoothing > 0) opts |= SPEC_OPT_ZSUM;
     if (wants(t, t ? t->entropy : NULL)) opts |= SPEC_OPT_ENTROPY;
     if (wants(t, t ? t->argmax : NULL)) opts |= SPEC_OPT_ARGMAX;
+    /* per-token upstream gradients: the rowops kernels only (they form dZ) */
+    unsigned token_grads = (unsigned)(p->grad_outputs & 7) << SPEC_OPT_TOKEN_GRADS_SHIFT;
     float temperature = p->temperature == 1.0f ? 0.0f : p->temperature; /* 0 = off */
     /* The logits GEMM needs the weights only for the weighted Σ w·z of smoothing. */
     pl->logits.opts = opts & ~(p->label_smoothing > 0 ? 0u : (unsigned)SPEC_OPT_WEIGHTS);
     pl->logits.softcap = p->softcap;
     pl->logits.temperature = temperature;
-    pl->rowops.opts = opts;
+    pl->rowops.opts = opts | token_grads;
     pl->rowops.reduction = p->reduction;
     pl->rowops.softcap = p->softcap;
     pl->rowops.temperature = temperature;
@@ -212,7 +214,7 @@ static int wgmma_tma(const kernel_spec *s)
  * forming dZ without the dz pass (dz_operand, dz_convert) rest on it. */
 static int dz_factors_apply(const flce_problem *p, const plan *pl)
 {
-    return pl->compact && p->label_smoothing == 0 && !(p->softcap > 0) && pl->tile_cols > 0 &&
+    return pl->compact && p->label_smoothing == 0 && !(p->softcap > 0) && !p->grad_outputs && pl->tile_cols > 0 &&
            (pl->tile_cols & (pl->tile_cols - 1)) == 0;
 }
 static void plan_dz_operand(const flce_problem *p, const flce_config *cfg, plan *pl)
@@ -243,7 +245,9 @@ static int qrows_allowed(const flce_problem *p, const flce_config *cfg, const pl
 {
     int64_t total = p->vocab_total ? p->vocab_total : p->vocab_offset + p->vocab_shard;
     int whole = pl->tp <= 1 ? p->vocab_offset == 0 && total == p->vocab_shard : pl->collective && !pl->sp;
+    /* (entropy's dz is not linear in p: it needs the dz pass) */
     return cfg->qrows != 0 && pl->compact && !pl->recompute && p->dtype == FLCE_DTYPE_BF16 && hopper_tma(&pl->logits) &&
+           !(p->grad_outputs & FLCE_GRAD_ENTROPY) &&
            !p->has_bias && p->label_smoothing == 0 && !(p->softcap > 0) && p->z_loss == 0 && whole &&
            pl->tile_cols % 8 == 0 && !cfg->dz_operand && !cfg->dz_convert;
 }
@@ -274,6 +278,29 @@ static uint64_t grown_budget(plan *pl, uint64_t budget, uint64_t all_rows, int64
     return budget;
 }
 
+/* SAVED (flce.h): all N tokens' compact logits (all_rows bytes) in one block, held from the forward
+ * to the backward, within the caller's budget or else the default rule of grown_budget: the 512 MiB
+ * block plus the dW accumulator one chunk makes unnecessary, or the device's share mem_cap. */
+static flce_status saved_fits(const flce_problem *p, const plan *pl, uint64_t budget, uint64_t all_rows,
+                              int64_t v_rows)
+{
+    if (!pl->compact)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.strategy=SAVED: needs 16-bit inputs (compact logits), "
+                       "dtype=%d; use RECOMPUTE", (int)p->dtype);
+    uint64_t acc = (uint64_t)v_rows * (uint64_t)pl->d * 4, cap = budget;
+    if (!p->memory_budget) {
+        cap = budget + acc;
+        if (pl->mem_cap > cap) cap = pl->mem_cap;
+    }
+    if (all_rows > cap)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.strategy=SAVED: the compact logits of all %lld tokens take %llu bytes, more than "
+                       "the %s %llu; use RECOMPUTE, fewer tokens per call, or a larger memory_budget",
+                       (long long)pl->n, (unsigned long long)all_rows,
+                       p->memory_budget ? "memory_budget" : "default budget's", (unsigned long long)cap);
+    return FLCE_OK;
+}
+
 static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, plan *pl)
 {
     uint64_t budget = p->memory_budget ? p->memory_budget : PLAN_DEFAULT_BUDGET;
@@ -302,8 +329,12 @@ static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, pl
         if (budget < per_row) return budget_error(budget, per_row, "token's row");
         /* Under TP the unit is fixed too: ranks with different (tuned) tiles must still agree. */
         int64_t unit = pl->tp > 1 ? 128 : pl->logits.tile.bm;
-        if (!p->memory_budget && pl->compact && !p->accumulate_grad_weight)
+        if (pl->saved) {
+            TRY(saved_fits(p, pl, budget, (uint64_t)pl->n * per_row, v_rows));
+            budget = (uint64_t)pl->n * per_row;
+        } else if (!p->memory_budget && pl->compact && !p->accumulate_grad_weight) {
             budget = grown_budget(pl, budget, (uint64_t)pl->n * per_row, v_rows);
+        }
         pl->chunk_rows = balanced_chunk(pl->n, (int64_t)(budget / per_row), unit);
         pl->n_chunks = ceil_div(pl->n, pl->chunk_rows);
         pl->chunk_cols = pl->v, pl->n_vchunks = 1;
@@ -409,7 +440,8 @@ static flce_status no_plan_fits(const flce_problem *p, const flce_config *cfg, c
  * budget and has the smaller estimate. */
 static flce_status plan_auto(const flce_problem *p, int num_sms, const flce_config *cfg, plan *pl)
 {
-    if (p->strategy != FLCE_STRATEGY_AUTO) return plan_chunks(p, cfg, pl);
+    /* (per-token upstream gradients: the chunked rowops form dZ; recompute's logits pass does not) */
+    if (p->strategy != FLCE_STRATEGY_AUTO || p->grad_outputs) return plan_chunks(p, cfg, pl);
     plan chunked = *pl, recompute = *pl;
     recompute.recompute = 1;
     int ok_c = plan_chunks(p, cfg, &chunked) == FLCE_OK, ok_r = plan_chunks(p, cfg, &recompute) == FLCE_OK;
@@ -646,6 +678,7 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     memset(pl, 0, sizeof *pl);
     pl->op = op;
     pl->recompute = op != FLCE_OP_FORWARD && p->strategy == FLCE_STRATEGY_RECOMPUTE;
+    pl->saved = op == FLCE_OP_LOSS_AND_GRAD && p->strategy == FLCE_STRATEGY_SAVED;
     pl->tp = p->tp_size, pl->rank = p->tp_rank;
     pl->collective = p->tp_size > 1 && (!t || t->comm);
     pl->sp = p->tp_size > 1 && p->sequence_parallel;

@@ -49,6 +49,9 @@ typedef struct plan {
     int tp, rank, sp, collective;
     int64_t n_local;
     int recompute;        /* gradients walk vocab chunks with all tokens (RECOMPUTE strategy) */
+    /* SAVED strategy (flce.h): the chunked plan of all tokens in one chunk, run in two calls (the
+     * forward keeps the workspace's compact logits for the backward; launch.c run_saved) */
+    int saved;
     int64_t n, d, v;      /* tokens, hidden, vocab shard */
     /* Gradient passes work on a (rows × cols) block of logits at a time: token chunks × the whole
      * shard (chunked), or all tokens × vocab chunks (recompute). */

@@ -197,6 +197,36 @@ __device__ __forceinline__ float dz_value_p(float prob, float z, float a, bool i
 #endif
     return v;
 }
+// Per-token upstream gradients (flce.h problem.grad_outputs; the generator defines OPT_TOKEN_GRADS,
+// FLCE_GRAD_* bits, only for rowops kernels that take them). A row's dz is then
+//   ap·p_j − al·1[j=y] − aw·w_j − ah·p_j·(log p_j + H)      (then 1/T and softcap's chain factor)
+// with ap = g·a + g_lse − g_lp, al = g·(1−ε)·w_y − g_lp, aw = g·ε/V, ah = g_H: the loss's term
+// (g with the reduction's scalar folded in, a as above), the log-prob's g_lp·(1[j=y] − p_j), lse's
+// g_lse·p_j and entropy's −g_H·p_j·(log p_j + H) (RL-AND-DISTILL §2). Where p_j underflowed to 0,
+// p_j·log p_j → 0: the entropy term is 0.
+#ifndef OPT_TOKEN_GRADS
+#define OPT_TOKEN_GRADS 0
+#endif
+struct dz_coef {
+    float ap, al, aw, ah, h;
+};
+__device__ __forceinline__ float dz_value_c(float prob, float logp, float z, bool is_label, float wj, const dz_coef &c)
+{
+    float v = c.ap * prob;
+    if (is_label) v -= c.al;
+    if (OPT_ZSUM) v -= c.aw * wj;
+    if ((OPT_TOKEN_GRADS & 4) && c.ah != 0.f && prob > 0.f) v -= c.ah * prob * (logp + c.h);
+    if (INV_TEMP != 1.f) v *= INV_TEMP;
+    if (SOFTCAP > 0.f) {
+        float r = z * (1.f / SOFTCAP);
+        v *= 1.f - r * r;
+    }
+#if FLCE_DTYPE == DTYPE_F16 && FLCE_REDUCTION != REDUCTION_NONE
+    v *= DZ_SCALE_F16;
+#endif
+    return v;
+}
+
 // dz of the transformed logit z of a valid row (g = token scale, wj = w_j, used with smoothing).
 __device__ __forceinline__ float dz_value(float z, float lse, float a, bool is_label, float wy, float wj, float g,
                                           long long vocab_total)

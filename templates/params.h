@@ -208,6 +208,9 @@ struct flce_row_params {
      * flce_qlist_count/_fill: the chunk rows grouped by label, qlist_start (cols + 1 ints),
      * qlist_tok (rows ints), qlist_blk (one int per 128 vocab rows) */
     unsigned long long qlab, qlist_start, qlist_tok, qlist_blk;
+    /* OPT_TOKEN_GRADS (flce.h grad_outputs): fp32 per-token upstream gradients of target_logprob,
+     * lse and entropy (N values each, or 0 for zeros); entropy (above) is then read as H */
+    unsigned long long grad_logprob, grad_lse, grad_entropy;
     /* flce_qdw / flce_qdh: the dW rows of this launch's output / the chunk's dH rows (cast_dst, fp32
      * where cast_accumulate, else the dtype; row stride d) to which the labels' Σ dz_i·h_i / dz_i·W_y
      * are added */

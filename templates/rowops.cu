@@ -272,6 +272,52 @@ __device__ __forceinline__ float token_scale(const flce_row_params &p, long long
 #endif
 }
 
+__device__ __forceinline__ float mean_scale(const flce_row_params &p);
+
+#if OPT_TOKEN_GRADS
+// The loss term's g_i when the other outputs carry per-token gradients: token_scale times the
+// reduction's scalar grad_output·(1/denominator), which the GEMM epilogues then leave out
+// (runtime/launch.c set_scale): each output's term has its own per-token factor, so no one scalar
+// applied after the GEMMs could serve them all.
+__device__ __forceinline__ float loss_g(const flce_row_params &p, long long row, bool valid)
+{
+    float g = token_scale(p, row, valid);
+#if FLCE_REDUCTION != REDUCTION_NONE
+    const float *go = (const float *)p.grad_output;
+    g *= (go ? go[0] : 1.f) * mean_scale(p);
+#endif
+    return g;
+}
+
+// A row's dz coefficients (common.cuh dz_coef) from its label's validity, w_y (0 when not valid)
+// and lse. A log-prob is 0 for an ignored token (no gradient); lse and entropy exist for every
+// token, so their terms apply to ignored rows too.
+__device__ __forceinline__ dz_coef row_coef(const flce_row_params &p, long long row, bool valid, float wy, float lse)
+{
+    const float g = loss_g(p, row, valid);
+    dz_coef c;
+    c.ap = g * dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
+    c.al = g * (1.f - SMOOTHING) * wy;
+    c.aw = g * SMOOTHING / (float)p.vocab_total;
+    c.ah = 0.f, c.h = 0.f;
+    const float glp = (OPT_TOKEN_GRADS & 1) && valid && p.grad_logprob ? ((const float *)p.grad_logprob)[row] : 0.f;
+    const float gl = (OPT_TOKEN_GRADS & 2) && p.grad_lse ? ((const float *)p.grad_lse)[row] : 0.f;
+    c.ap += gl - glp;
+    c.al -= glp;
+    if ((OPT_TOKEN_GRADS & 4) && p.grad_entropy) {
+        c.ah = ((const float *)p.grad_entropy)[row];
+        c.h = c.ah != 0.f ? ((const float *)p.entropy)[row] : 0.f;
+    }
+    return c;
+}
+
+// Whether a row has any dz: a valid label, or a nonzero lse or entropy term.
+__device__ __forceinline__ bool row_active(const dz_coef &c, bool valid)
+{
+    return valid || c.ap != 0.f || c.ah != 0.f;
+}
+#endif
+
 // dZ of DZ_COMPACT_COLS consecutive columns j… of row i from the compact logits (common.cuh),
 // their 16 bytes `raw` and their group's maximum m already loaded:
 // p = p̃·2^-15·exp(m − lse) with one exp per group, except at the label, whose p comes from the
@@ -325,6 +371,48 @@ __device__ __forceinline__ void dz_compact(const flce_row_params &p, long long i
         d[c] = dz_value_p(prob, z, a, col == local_y, wy, class_weight(p, p.chunk_offset + col), g, p.vocab_total);
     }
 }
+
+#if OPT_TOKEN_GRADS
+// dz_compact with per-token upstream gradients (row_coef): the entropy term needs log p_j =
+// log p̃ − ln 2^15 + m − lse per logit, so only rows without it take the linear shortcut.
+__device__ __forceinline__ void dz_compact_c(const flce_row_params &p, long long i, long long j, uint4 raw, float m,
+                                             float lse, long long local_y, const dz_coef &cf, bool active,
+                                             float (&d)[DZ_COMPACT_COLS])
+{
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+    const float scale = expf(m - lse) * (1.f / COMPACT_SCALE);
+    if (!OPT_ZSUM && SOFTCAP == 0.f && cf.ah == 0.f && j + DZ_COMPACT_COLS <= p.cols &&
+        (unsigned long long)(local_y - j) >= DZ_COMPACT_COLS) {
+        const float f = active ? dz_value_c(scale, 0.f, 0.f, false, 1.f, cf) : 0.f;
+#pragma unroll
+        for (int c = 0; c < DZ_COMPACT_COLS; c++) {
+            float pt_f;
+            const unsigned short half = (unsigned short)(c & 1 ? words[c / 2] >> 16 : words[c / 2] & 0xffff);
+            asm("cvt.f32.f16 %0, %1;" : "=f"(pt_f) : "h"(half));
+            d[c] = pt_f * f;
+        }
+        return;
+    }
+#pragma unroll
+    for (int c = 0; c < DZ_COMPACT_COLS; c++) {
+        const long long col = j + c;
+        d[c] = 0.f;
+        if (col >= p.cols || !active) continue;
+        const unsigned short half = (unsigned short)(c & 1 ? words[c / 2] >> 16 : words[c / 2] & 0xffff);
+        float pt_f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(pt_f) : "h"(half));
+        float prob = pt_f * scale, z = 0.f;
+        float logp = pt_f > 0.f ? logf(pt_f) - COMPACT_LN_SCALE + m - lse : 0.f;
+        if (col == local_y) {
+            z = ((const float *)p.target)[i];
+            prob = expf(z - lse), logp = z - lse;
+        } else if (SOFTCAP > 0.f) {
+            z = fminf(fmaxf(m + logf(pt_f) - COMPACT_LN_SCALE, -SOFTCAP), SOFTCAP);
+        }
+        d[c] = dz_value_c(prob, logp, z, col == local_y, class_weight(p, p.chunk_offset + col), cf);
+    }
+}
+#endif
 
 // The dZ operand's factors (gemm_wgmma_tma.cu, FLCE_DZ_OPERAND), one CTA per chunk row, once lse
 // is known: each (row, column group) maximum m in tile_max becomes the factor F with dz = p̃ · F,
@@ -529,9 +617,17 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
     const float lse = ((const float *)p.lse)[row];
     const float wy = valid ? class_weight(p, y) : 0.f;
     const float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
+#if OPT_TOKEN_GRADS
+    const dz_coef cf = row_coef(p, row, valid, wy, lse);
+    const bool active = row_active(cf, valid);
+    const float gs = active ? cf.ap : 0.f; // s_i's factor: dz is linear in p (no entropy term here)
+#else
+    const bool active = valid;
+    const float gs = g;
+#endif
     float c = ((const float *)p.qref)[i];
     unsigned short *q = (unsigned short *)p.z + i * p.ldz;
-    const bool fix = ((const int *)p.qflags)[i] != 0 || (g != 0.f && !(lse - c <= QROWS_SPAN));
+    const bool fix = ((const int *)p.qflags)[i] != 0 || (gs != 0.f && !(lse - c <= QROWS_SPAN));
     if (fix) { // uniform across the CTA
         const float *ref = (const float *)p.tile_max + i * p.tile_max_ld;
         for (long long j = (long long)threadIdx.x * 8; j < p.cols; j += 256 * 8) {
@@ -541,7 +637,11 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
         c = lse;
         __syncthreads(); // the label's entry below is written after every rescale
     }
-    const float s = valid ? g * a * expf(c - lse) * INV_TEMP : 0.f;
+#if OPT_TOKEN_GRADS
+    const float s = active ? gs * expf(c - lse) * INV_TEMP : 0.f;
+#else
+    const float s = active ? g * a * expf(c - lse) * INV_TEMP : 0.f;
+#endif
     if (threadIdx.x == 0) ((float *)p.row_scale)[i] = s;
     const elem_t *h = (const elem_t *)p.hidden + row * p.d;
     elem_t *hs = (elem_t *)p.qh + i * p.d;
@@ -556,7 +656,11 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
         // mantissa, twice in dW with s ⊙ H) is added by dH's epilogue times W_y (gemm_grad.cu
         // scale_rows) and by flce_qdw times h_i, and its stored p̃ becomes 0.
         const float z = ((const float *)p.target)[i];
+#if OPT_TOKEN_GRADS
+        dz = dz_value_c(expf(z - lse), z - lse, z, true, class_weight(p, y), cf);
+#else
         dz = dz_value_p(expf(z - lse), z, a, true, wy, class_weight(p, y), g, p.vocab_total);
+#endif
         q[local_y] = 0;
         ycol = (int)local_y;
     }
@@ -752,10 +856,9 @@ __device__ __forceinline__ void *qadd_dst(const flce_row_params &p, long long at
 
 // The scalar the GEMM epilogues apply (and db, the labels' terms): grad_output (mean, sum) times
 // 1/denominator (mean); 1 for none (g_i is in each dz).
-__device__ __forceinline__ float mean_scale(const flce_row_params &p);
 __device__ __forceinline__ float upstream_scale(const flce_row_params &p)
 {
-#if FLCE_REDUCTION != REDUCTION_NONE
+#if FLCE_REDUCTION != REDUCTION_NONE && !OPT_TOKEN_GRADS // (else folded into each row: loss_g)
     const float *go = (const float *)p.grad_output;
     return (go ? go[0] : 1.f) * mean_scale(p);
 #else
@@ -836,6 +939,10 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
         float wy = valid ? class_weight(p, y) : 0.f;
         float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
         long long local_y = valid ? y - p.chunk_offset : -1;
+#if OPT_TOKEN_GRADS
+        const dz_coef cf = row_coef(p, p.row0 + i, valid, wy, lse);
+        const bool active = row_active(cf, valid);
+#endif
         uint4 raw[DZ_COMPACT_GROUPS];
         float m[DZ_COMPACT_GROUPS];
 #pragma unroll
@@ -852,7 +959,11 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
             const long long j = j0 + q * span;
             if (j >= p.ldz) break;
             float d[DZ_COMPACT_COLS];
+#if OPT_TOKEN_GRADS
+            dz_compact_c(p, i, j, raw[q], m[q], lse, local_y, cf, active, d);
+#else
             dz_compact(p, i, j, raw[q], m[q], lse, a, local_y, wy, g, valid, d);
+#endif
             unsigned w[DZ_COMPACT_COLS / 2];
 #pragma unroll
             for (int c = 0; c < DZ_COMPACT_COLS / 2; c++) w[c] = pack2_elem(d[2 * c], d[2 * c + 1]);
@@ -873,12 +984,22 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
     float d[4];
     float4 z = *(const float4 *)((const float *)p.z + i * p.ldz + j);
     float zs[4] = {z.x, z.y, z.z, z.w};
+#if OPT_TOKEN_GRADS
+    const dz_coef cf = row_coef(p, p.row0 + i, valid, wy, lse);
+    const bool active = row_active(cf, valid);
+#endif
 #pragma unroll
     for (int c = 0; c < 4; c++) {
         long long col = j + c;
         float v = 0.f;
+#if OPT_TOKEN_GRADS
+        if (col < p.cols && active)
+            v = dz_value_c(exp_le0(zs[c] - lse), zs[c] - lse, zs[c], col == local_y,
+                           class_weight(p, p.chunk_offset + col), cf);
+#else
         if (col < p.cols && valid)
             v = dz_value(zs[c], lse, a, col == local_y, wy, class_weight(p, p.chunk_offset + col), g, p.vocab_total);
+#endif
         d[c] = v;
     }
 #if FLCE_DTYPE == DTYPE_F32

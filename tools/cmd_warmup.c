@@ -51,7 +51,9 @@ static void warmup_usage(FILE *f)
 {
     fprintf(f,
             "usage: flce warmup --shapes NxDxV,... [--dtype bf16] [--arch sm_90a]\n"
-            "                   [--op loss-and-grad|forward|backward] [--strategy auto|chunked|recompute|forward]\n"
+            "                   [--op loss-and-grad|forward|backward]\n"
+            "                   [--strategy auto|chunked|recompute|forward|saved]\n"
+            "                   [--grad-outputs logprob,lse,entropy]\n"
             "                   [--budget-mib N] [--reduction mean|sum|none] [--labels 32|64]\n"
             "                   [--smoothing E] [--z-loss L] [--softcap C] [--temperature T] [--bias]\n"
             "                   [--class-weights] [--accumulate] [--outputs usual|all|entropy,argmax]\n"
@@ -105,7 +107,23 @@ static int parse_strategy(const char *s, flce_strategy *st)
     else if (!strcmp(s, "chunked")) *st = FLCE_STRATEGY_CHUNKED;
     else if (!strcmp(s, "recompute")) *st = FLCE_STRATEGY_RECOMPUTE;
     else if (!strcmp(s, "forward")) *st = FLCE_STRATEGY_FORWARD;
+    else if (!strcmp(s, "saved")) *st = FLCE_STRATEGY_SAVED;
     else return 0;
+    return 1;
+}
+
+/* --grad-outputs logprob,lse,entropy: problem.grad_outputs */
+static int parse_grad_outputs(const char *s, int32_t *bits)
+{
+    char buf[128];
+    if (snprintf(buf, sizeof buf, "%s", s) >= (int)sizeof buf) return 0;
+    *bits = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(tok, "logprob")) *bits |= FLCE_GRAD_LOGPROB;
+        else if (!strcmp(tok, "lse")) *bits |= FLCE_GRAD_LSE;
+        else if (!strcmp(tok, "entropy")) *bits |= FLCE_GRAD_ENTROPY;
+        else return 0;
+    }
     return 1;
 }
 
@@ -164,6 +182,7 @@ static int warmup_parse(warmup_opts *o, int argc, char **argv)
         else if (!strcmp(k, "--op")) ok = parse_op(v, &o->op);
         else if (!strcmp(k, "--strategy")) ok = parse_strategy(v, &p->strategy);
         else if (!strcmp(k, "--outputs")) ok = parse_outputs(o, v);
+        else if (!strcmp(k, "--grad-outputs")) ok = parse_grad_outputs(v, &p->grad_outputs);
         else if (!strcmp(k, "--smoothing")) ok = parse_float(v, &p->label_smoothing);
         else if (!strcmp(k, "--z-loss")) ok = parse_float(v, &p->z_loss);
         else if (!strcmp(k, "--softcap")) ok = parse_float(v, &p->softcap);
@@ -287,7 +306,8 @@ int cmd_warmup(int argc, char **argv)
         flce_tensors t;
         plan pl;
         if (flce_problem_validate(&p) != FLCE_OK ||
-            plan_make_on(&p, o.op, device[0] ? device : NULL, o.t.sm, o.sms, warmup_tensors(&o, &t),
+            plan_make_on(&p, p.strategy == FLCE_STRATEGY_SAVED ? FLCE_OP_LOSS_AND_GRAD : o.op,
+                         device[0] ? device : NULL, o.t.sm, o.sms, warmup_tensors(&o, &t),
                          &pl) != FLCE_OK) {
             fprintf(stderr, "flce warmup: %lldx%lldx%lld: %s\n", (long long)p.tokens,
                     (long long)p.hidden, (long long)p.vocab_shard, flce_last_error());

@@ -1,0 +1,251 @@
+/* test_saved.c — the saved-logits strategy (flce.h "Saved logits": flce_forward keeps the compact
+ * logits, flce_backward forms dZ from them) and the gradients of per-token outputs
+ * (problem.grad_outputs: log-prob, lse, entropy) against an fp64 reference of RL-AND-DISTILL §2:
+ *   dz_ij = g_i·∂loss_i/∂z_ij + c_ij·[g_lp,i·(1[j=y] − p_ij) + g_lse,i·p_ij − g_H,i·p_ij·(log p_ij + H_i)]
+ * with c_ij the chain factor of temperature and softcap. Fresh random data each run, outputs
+ * poisoned before the calls. Also run under FLCE_QROWS=1 (row-scaled logits at every size), as
+ * test_saved_qrows. Exits 77 without a GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "devmem.h"
+#include "gpu_io.h"
+#include "gpu_ready.h"
+#include "host.h"
+#include "ref.h"
+
+static flce_context *ctx;
+static host_rng rng;
+
+typedef struct scase {
+    const char *name;
+    int64_t n, d, v;
+    flce_dtype dtype;
+    flce_reduction reduction;
+    double logit_sd, ignore_frac;
+    int grad_outputs;      /* FLCE_GRAD_* bits given upstream gradients */
+    int loss_grad;         /* the loss also gets an upstream gradient (else 0: only the outputs) */
+    float temperature, smoothing, softcap;
+    flce_strategy strategy; /* SAVED (two calls) or CHUNKED (one loss-and-grad call) */
+} scase;
+
+/* The reference: loss, lse, log-probs, entropy and dH, dW of the case's upstream gradients. */
+typedef struct refout {
+    double *loss, *lse, *lp, *ent, *dh, *dw;
+} refout;
+
+static void reference(const scase *c, const flce_problem *p, const double *h, const double *w, const int64_t *y,
+                      const double *g_loss, const double *g_lp, const double *g_lse, const double *g_h, refout *r)
+{
+    int64_t n = c->n, d = c->d, v = c->v;
+    double *g = dalloc(n), *dz = dalloc(v), *z = dalloc(v);
+    ref_token_scales(p, NULL, n, v, y, g_loss, g);
+    memset(r->dh, 0, sizeof(double) * (size_t)(n * d));
+    memset(r->dw, 0, sizeof(double) * (size_t)(v * d));
+    double total = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        ref_row_out o;
+        ref_row(p, NULL, d, v, h + i * d, w, NULL, y[i], &o, dz);
+        r->lse[i] = o.lse, r->lp[i] = o.target_logprob, r->ent[i] = o.entropy;
+        if (c->reduction == FLCE_REDUCTION_NONE) r->loss[i] = o.loss;
+        total += o.loss, den += o.valid;
+        for (int64_t j = 0; j < v; j++) {
+            double s = 0;
+            for (int64_t k = 0; k < d; k++) s += h[i * d + k] * w[j * d + k];
+            double zj = s / (c->temperature > 0 ? c->temperature : 1.0), chain = 1.0 / (c->temperature > 0 ? c->temperature : 1.0);
+            if (c->softcap > 0) {
+                double t = tanh(zj / c->softcap);
+                zj = c->softcap * t, chain *= 1 - t * t;
+            }
+            z[j] = zj;
+        }
+        for (int64_t j = 0; j < v; j++) {
+            double lp = z[j] - o.lse, pj = exp(lp), extra = 0;
+            if (g_lp && o.valid) extra += g_lp[i] * ((j == y[i]) - pj);
+            if (g_lse) extra += g_lse[i] * pj;
+            if (g_h) extra -= g_h[i] * pj * (lp + o.entropy);
+            double chain = 1.0 / (c->temperature > 0 ? c->temperature : 1.0);
+            if (c->softcap > 0) chain *= 1 - (z[j] / c->softcap) * (z[j] / c->softcap);
+            dz[j] = g[i] * dz[j] + chain * extra;
+        }
+        for (int64_t j = 0; j < v; j++) {
+            if (dz[j] == 0) continue;
+            for (int64_t k = 0; k < d; k++) {
+                r->dh[i * d + k] += dz[j] * w[j * d + k];
+                r->dw[j * d + k] += dz[j] * h[i * d + k];
+            }
+        }
+    }
+    if (c->reduction != FLCE_REDUCTION_NONE) r->loss[0] = c->reduction == FLCE_REDUCTION_MEAN ? (den ? total / den : 0) : total;
+    free(g), free(dz), free(z);
+}
+
+static double *upstream(int64_t n, int on)
+{
+    if (!on) return NULL;
+    double *g = dalloc(n);
+    for (int64_t i = 0; i < n; i++) g[i] = host_rng_normal(&rng); /* advantages: both signs */
+    return g;
+}
+
+static void check_saved(const scase *c)
+{
+    int64_t n = c->n, d = c->d, v = c->v, n_loss = c->reduction == FLCE_REDUCTION_NONE ? n : 1;
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = n, p.hidden = d, p.vocab_shard = v, p.dtype = c->dtype, p.reduction = c->reduction;
+    p.temperature = c->temperature > 0 ? c->temperature : 1.0f, p.label_smoothing = c->smoothing;
+    p.softcap = c->softcap, p.grad_outputs = c->grad_outputs, p.strategy = c->strategy;
+    double *h = dalloc(n * d), *w = dalloc(v * d);
+    int64_t *y = malloc(sizeof(int64_t) * (size_t)n);
+    double sw = c->logit_sd / sqrt((double)d);
+    for (int64_t i = 0; i < n * d; i++) h[i] = host_rng_normal(&rng);
+    for (int64_t i = 0; i < v * d; i++) w[i] = sw * host_rng_normal(&rng);
+    host_round_to_dtype(c->dtype, h, (size_t)(n * d));
+    host_round_to_dtype(c->dtype, w, (size_t)(v * d));
+    for (int64_t i = 0; i < n; i++) y[i] = host_rng_uniform(&rng) < c->ignore_frac ? -100 : host_rng_below(&rng, v);
+    double *g_loss = upstream(n_loss, c->loss_grad);
+    double *g_lp = upstream(n, c->grad_outputs & FLCE_GRAD_LOGPROB);
+    double *g_lse = upstream(n, c->grad_outputs & FLCE_GRAD_LSE);
+    double *g_h = upstream(n, c->grad_outputs & FLCE_GRAD_ENTROPY);
+    if (!c->loss_grad) { /* the loss unused: an upstream gradient of 0 */
+        g_loss = dalloc(n_loss);
+    }
+
+    int32_t *y32 = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) y32[i] = (int32_t)y[i];
+    void *dlab = NULL;
+    devmem_alloc(&dlab, (size_t)n * 4);
+    devmem_upload(dlab, y32, (size_t)n * 4);
+    size_t es = host_dtype_size(c->dtype);
+    flce_tensors t;
+    flce_tensors_init(&t);
+    t.hidden = upload_dtype(c->dtype, h, n * d), t.weight = upload_dtype(c->dtype, w, v * d), t.labels = dlab;
+    t.loss = poisoned((size_t)n * 4), t.lse = poisoned((size_t)n * 4);
+    t.target_logprob = poisoned((size_t)n * 4), t.entropy = poisoned((size_t)n * 4);
+    t.grad_hidden = poisoned((size_t)(n * d) * es), t.grad_weight = poisoned((size_t)(v * d) * es);
+    t.grad_output = upload_f32(g_loss, n_loss);
+    if (g_lp) t.grad_logprob = upload_f32(g_lp, n);
+    if (g_lse) t.grad_lse = upload_f32(g_lse, n);
+    if (g_h) t.grad_entropy = upload_f32(g_h, n);
+    uint64_t ws = 0;
+    void *dws = NULL;
+    flce_status st = flce_workspace_size(ctx, &p, c->strategy == FLCE_STRATEGY_SAVED ? FLCE_OP_FORWARD
+                                                                                   : FLCE_OP_LOSS_AND_GRAD, &ws);
+    if (st == FLCE_OK) st = devmem_alloc(&dws, ws ? ws : 256);
+    t.workspace = dws, t.workspace_bytes = ws;
+    if (st == FLCE_OK) {
+        if (c->strategy == FLCE_STRATEGY_SAVED) {
+            st = flce_forward(ctx, &p, &t, NULL);
+            /* the caller's own work in between: the backward must not depend on it */
+            if (st == FLCE_OK) st = devmem_sync();
+            if (st == FLCE_OK) st = flce_backward(ctx, &p, &t, NULL);
+        } else {
+            st = flce_loss_and_grad(ctx, &p, &t, NULL);
+        }
+    }
+    if (st == FLCE_OK) st = flce_check(ctx, NULL);
+    CHECKF(st == FLCE_OK, "%s: %s", c->name, flce_last_error());
+    if (st == FLCE_OK) {
+        refout r = {dalloc(n), dalloc(n), dalloc(n), dalloc(n), dalloc(n * d), dalloc(v * d)};
+        reference(c, &p, h, w, y, g_loss, g_lp, g_lse, g_h, &r);
+        double *gl = dalloc(n), *glse = dalloc(n), *glp = dalloc(n), *gent = dalloc(n);
+        double *gdh = dalloc(n * d), *gdw = dalloc(v * d);
+        down_f32(t.loss, gl, n_loss), down_f32(t.lse, glse, n), down_f32(t.target_logprob, glp, n);
+        down_f32(t.entropy, gent, n);
+        download_f64(c->dtype, t.grad_hidden, gdh, (size_t)(n * d));
+        download_f64(c->dtype, t.grad_weight, gdw, (size_t)(v * d));
+        double e_loss = ref_rel_l2(r.loss, gl, (size_t)n_loss), e_lse = ref_rel_l2(r.lse, glse, (size_t)n);
+        double e_lp = ref_rel_l2(r.lp, glp, (size_t)n), e_ent = ref_rel_l2(r.ent, gent, (size_t)n);
+        double e_dh = ref_rel_l2(r.dh, gdh, (size_t)(n * d)), e_dw = ref_rel_l2(r.dw, gdw, (size_t)(v * d));
+        printf("  %-58s loss %.1e lse %.1e lp %.1e H %.1e dH %.1e dW %.1e\n", c->name, e_loss, e_lse, e_lp, e_ent,
+               e_dh, e_dw);
+        CHECKF(e_loss <= 1e-5 && e_lse <= 1e-5 && e_lp <= 1e-4 && e_ent <= 1e-4,
+               "%s: outputs off: loss %.2e lse %.2e logprob %.2e entropy %.2e", c->name, e_loss, e_lse, e_lp, e_ent);
+        CHECKF(e_dh <= 4e-3 && e_dw <= 4e-3, "%s: gradients off: dH %.2e dW %.2e (tolerance 4e-3)", c->name, e_dh,
+               e_dw);
+        free(r.loss), free(r.lse), free(r.lp), free(r.ent), free(r.dh), free(r.dw);
+        free(gl), free(glse), free(glp), free(gent), free(gdh), free(gdw);
+    }
+    devmem_free((void *)t.hidden), devmem_free((void *)t.weight), devmem_free(dlab), devmem_free(t.loss);
+    devmem_free(t.lse), devmem_free(t.target_logprob), devmem_free(t.entropy), devmem_free(t.grad_hidden);
+    devmem_free(t.grad_weight), devmem_free((void *)t.grad_output), devmem_free((void *)t.grad_logprob);
+    devmem_free((void *)t.grad_lse), devmem_free((void *)t.grad_entropy), devmem_free(dws);
+    free(h), free(w), free(y), free(y32), free(g_loss), free(g_lp), free(g_lse), free(g_h);
+}
+
+#define SAVED FLCE_STRATEGY_SAVED
+#define CHUNKED FLCE_STRATEGY_CHUNKED
+#define LP FLCE_GRAD_LOGPROB
+#define LSE FLCE_GRAD_LSE
+#define ENT FLCE_GRAD_ENTROPY
+#define BF FLCE_DTYPE_BF16
+#define F16 FLCE_DTYPE_F16
+
+static void saved_logits_match_the_reference(void)
+{
+    static const scase cases[] = {
+        {"saved, mean, plain loss, sd 4", 300, 64, 3000, BF, FLCE_REDUCTION_MEAN, 4, 0.1, 0, 1, 0, 0, 0, SAVED},
+        {"saved, mean, plain loss, sd 0.5", 300, 64, 3000, BF, FLCE_REDUCTION_MEAN, 0.5, 0.1, 0, 1, 0, 0, 0, SAVED},
+        {"saved, none x advantage, sd 4", 257, 40, 1001, BF, FLCE_REDUCTION_NONE, 4, 0.2, 0, 1, 0, 0, 0, SAVED},
+        {"saved, f16, sum", 200, 64, 2000, F16, FLCE_REDUCTION_SUM, 4, 0.1, 0, 1, 0, 0, 0, SAVED},
+        {"saved, logprobs only (loss unused), sd 4", 300, 64, 3000, BF, FLCE_REDUCTION_MEAN, 4, 0.1, LP, 0, 0, 0, 0, SAVED},
+        {"saved, mean loss + logprobs + lse, T 0.7", 300, 64, 3000, BF, FLCE_REDUCTION_MEAN, 4, 0.1, LP | LSE, 1, 0.7f, 0, 0, SAVED},
+        {"saved, lse alone on ignored tokens too, sd 0.5", 256, 64, 2048, BF, FLCE_REDUCTION_MEAN, 0.5, 0.3, LSE, 0, 0, 0, 0, SAVED},
+        {"saved, logprobs + entropy, sd 4", 300, 64, 3000, BF, FLCE_REDUCTION_NONE, 4, 0.1, LP | ENT, 1, 0, 0, 0, SAVED},
+        {"saved, all three, T 0.7, sd 0.5", 300, 64, 3000, BF, FLCE_REDUCTION_MEAN, 0.5, 0.1, LP | LSE | ENT, 1, 0.7f, 0, 0, SAVED},
+        {"saved, smoothing 0.1 + logprobs", 200, 64, 1500, BF, FLCE_REDUCTION_MEAN, 4, 0.1, LP, 1, 0, 0.1f, 0, SAVED},
+        {"saved, softcap 15 + entropy", 200, 64, 1500, BF, FLCE_REDUCTION_MEAN, 4, 0.1, ENT, 1, 0, 0, 15, SAVED},
+        {"saved, f16, mean + logprobs + lse", 200, 64, 2000, F16, FLCE_REDUCTION_MEAN, 4, 0.1, LP | LSE, 1, 0, 0, 0, SAVED},
+        {"saved, N=1", 1, 64, 999, BF, FLCE_REDUCTION_NONE, 4, 0, LP | LSE, 1, 0, 0, 0, SAVED},
+        {"chunked one call, logprobs + lse + entropy", 300, 64, 3000, BF, FLCE_REDUCTION_NONE, 4, 0.1, LP | LSE | ENT, 1, 0, 0, 0, CHUNKED},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_saved(&cases[i]);
+}
+
+/* What a caller gets wrong: named in the message, nothing run. */
+static void saved_misuse_is_named(void)
+{
+    flce_problem p;
+    flce_problem_init(&p);
+    p.tokens = 64, p.hidden = 64, p.vocab_shard = 1000, p.strategy = FLCE_STRATEGY_SAVED;
+    flce_tensors t;
+    flce_tensors_init(&t);
+    void *buf = NULL;
+    devmem_alloc(&buf, 1 << 20);
+    t.hidden = t.weight = t.labels = t.loss = t.lse = t.grad_hidden = buf;
+    CHECK(flce_forward(ctx, &p, &t, NULL) == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "workspace"));
+    CHECK(flce_loss_and_grad(ctx, &p, &t, NULL) == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "SAVED"));
+    p.memory_budget = 4096; /* too small for all tokens' logits */
+    uint64_t bytes = 0;
+    CHECK(flce_workspace_size(ctx, &p, FLCE_OP_FORWARD, &bytes) == FLCE_ERR_INVALID_ARGUMENT &&
+          strstr(flce_last_error(), "RECOMPUTE"));
+    p.memory_budget = 0, p.strategy = FLCE_STRATEGY_AUTO;
+    t.grad_lse = buf; /* without its bit */
+    CHECK(flce_loss_and_grad(ctx, &p, &t, NULL) == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "grad_lse"));
+    p.grad_outputs = FLCE_GRAD_LSE, p.strategy = FLCE_STRATEGY_RECOMPUTE;
+    CHECK(flce_backward(ctx, &p, &t, NULL) == FLCE_ERR_UNSUPPORTED && strstr(flce_last_error(), "RECOMPUTE"));
+    p.strategy = FLCE_STRATEGY_AUTO, p.dtype = FLCE_DTYPE_F32;
+    CHECK(flce_loss_and_grad(ctx, &p, &t, NULL) == FLCE_ERR_UNSUPPORTED && strstr(flce_last_error(), "16-bit"));
+    devmem_free(buf);
+}
+
+int main(void)
+{
+    int rc = 0;
+    if (!gpu_ready(1, &rc)) return rc;
+    uint64_t seed = host_fresh_seed();
+    printf("seed %llu (FLCE_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
+    host_rng_seed(&rng, seed);
+    if (flce_context_create(0, &ctx) != FLCE_OK || devmem_use(0) != FLCE_OK) {
+        printf("FAIL: context: %s\n", flce_last_error());
+        return 1;
+    }
+    RUN(saved_logits_match_the_reference);
+    RUN(saved_misuse_is_named);
+    flce_context_destroy(ctx);
+    FINISH();
+}
