@@ -40,6 +40,9 @@ static const bench_strategy BASE_STRATEGIES[] = { /* budget 0: the library's def
     {"chunked", FLCE_STRATEGY_CHUNKED, 0, 0, 0},
     {"recompute", FLCE_STRATEGY_RECOMPUTE, 0, 0, 0},
     {"forward", FLCE_STRATEGY_AUTO, 0, 1, 0},
+    /* flce_forward then flce_backward from the logits the forward kept (flce.h "Saved logits"):
+     * what a binding runs when the upstream gradient comes only after the forward */
+    {"saved", FLCE_STRATEGY_SAVED, 0, 0, 0},
 };
 enum { N_STRATEGIES = 16 };
 static bench_strategy STRATEGIES[N_STRATEGIES];
@@ -82,7 +85,8 @@ typedef struct bench_row {
 static void bench_usage(FILE *f)
 {
     fprintf(f, "usage: flce bench [--list] [--shapes NxDxV,...] [--dtype bf16|f16|f32] [--logit-std 4,0.5]\n"
-               "                  [--strategies auto,chunked,chunked-128MiB,recompute,forward,chunked+fp32z,auto+maingrad]\n"
+               "                  [--strategies auto,chunked,chunked-128MiB,recompute,saved,forward,chunked+fp32z,\n"
+               "                                auto+maingrad,saved+maingrad]\n"
                "                  [--warmup 3] [--iters 10] [--sets 2] [--samples 8] [--json FILE]\n"
                "                  [--arch sm_90a (--list only)] [--timeline]\n"
                "--timeline: on stderr, each timed run with its input set and each kernel's time inside the\n"
@@ -157,8 +161,8 @@ static int parse_strategies(bench_opts *o, const char *s)
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         int k = parse_strategy(tok);
         if (k < 0) {
-            fprintf(stderr, "flce bench: --strategies: unknown strategy '%s' (use auto, chunked, recompute "
-                            "or forward, optionally with a budget, +fp32z and +maingrad: chunked-1536MiB+fp32z)\n", tok);
+            fprintf(stderr, "flce bench: --strategies: unknown strategy '%s' (use auto, chunked, recompute, "
+                            "saved or forward, optionally with a budget, +fp32z and +maingrad: chunked-1536MiB+fp32z)\n", tok);
             return 0;
         }
         if (o->n_strat < N_STRATEGIES) o->strat[o->n_strat++] = k;
@@ -425,8 +429,18 @@ static void progress(const char *fmt, ...)
     fputc('\n', stderr);
 }
 
+/* The "saved" row's workspace, which holds the logits from its forward to its backward. */
+static void *saved_ws;
+static uint64_t saved_ws_bytes;
+
 static flce_status bench_call(flce_context *ctx, const flce_problem *p, int forward, const flce_tensors *t)
 {
+    if (p->strategy == FLCE_STRATEGY_SAVED) {
+        flce_tensors s = *t;
+        s.workspace = saved_ws, s.workspace_bytes = saved_ws_bytes;
+        flce_status st = flce_forward(ctx, p, &s, NULL);
+        return st == FLCE_OK ? flce_backward(ctx, p, &s, NULL) : st;
+    }
     return forward ? flce_forward(ctx, p, t, NULL) : flce_loss_and_grad(ctx, p, t, NULL);
 }
 
@@ -505,13 +519,15 @@ static int bench_row_run_now(bench_run *b, int k, bench_row *row)
     }
     row->auto_choice = auto_choice(p, st->forward, ctx->name, ctx->sm, ctx->num_sms, ctx->mem_bytes);
     uint64_t ws = 0;
-    flce_op op = st->forward ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD;
+    flce_op op = st->forward || st->strategy == FLCE_STRATEGY_SAVED ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD;
     size_t free0 = 0, free1 = 0, total = 0;
     flce_tensors t;
     bench_tensors(b, 0, st->forward, mg, &t);
     /* The first call's wall time is what a process pays once: NVRTC, or with a warm disk cache
      * (and autotune table) only the module load. */
     int ok = flce_workspace_size(ctx, &p, op, &ws) == FLCE_OK && devmem_info(&free0, &total) == FLCE_OK;
+    saved_ws = NULL, saved_ws_bytes = ws;
+    if (ok && st->strategy == FLCE_STRATEGY_SAVED) ok = devmem_alloc(&saved_ws, ws) == FLCE_OK; /* extra memory */
     double t0 = host_now_s();
     ok = ok && bench_call(ctx, &p, st->forward, &t) == FLCE_OK && flce_check(ctx, NULL) == FLCE_OK &&
          devmem_sync() == FLCE_OK;
@@ -569,6 +585,8 @@ static int bench_row_run_now(bench_run *b, int k, bench_row *row)
     }
     if (!ok) fprintf(stderr, "flce bench: %s: %s\n", st->name, flce_last_error());
     devmem_free(mg);
+    devmem_free(saved_ws);
+    saved_ws = NULL;
     flce_context_destroy(ctx);
     return ok;
 }
@@ -585,8 +603,8 @@ static int bench_sets(bench_run *b)
         q.strategy = STRATEGIES[b->o->strat[j]].strategy, q.memory_budget = STRATEGIES[b->o->strat[j]].budget;
         q.accumulate_grad_weight = STRATEGIES[b->o->strat[j]].main_grad;
         uint64_t ws = 0;
-        if (flce_workspace_size(ctx, &q, STRATEGIES[b->o->strat[j]].forward ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD,
-                                &ws) != FLCE_OK)
+        int fwd_op = STRATEGIES[b->o->strat[j]].forward || q.strategy == FLCE_STRATEGY_SAVED;
+        if (flce_workspace_size(ctx, &q, fwd_op ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD, &ws) != FLCE_OK)
             continue;
         if (q.accumulate_grad_weight) ws += (uint64_t)(q.vocab_shard * q.hidden) * 4; /* its fp32 dW */
         if (ws > ws_max) ws_max = ws;
