@@ -94,6 +94,7 @@ enum {
     SPEC_OPT_GRAD_LOGPROB = 1u << 5,
     SPEC_OPT_GRAD_LSE = 1u << 6,
     SPEC_OPT_GRAD_ENTROPY = 1u << 7,
+    SPEC_OPT_GRAD_LOSS_ROWS = 1u << 8,
     SPEC_OPT_TOKEN_GRADS_SHIFT = 5
 };
 

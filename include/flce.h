@@ -92,7 +92,9 @@ typedef enum flce_strategy {
 enum {
     FLCE_GRAD_LOGPROB = 1, /* d(z_y − lse): g·(1[j=y] − p_j) */
     FLCE_GRAD_LSE = 2,     /* d lse: g·p_j (z-loss written by hand, λ·lse², is g = 2λ·lse) */
-    FLCE_GRAD_ENTROPY = 4  /* d(lse − Σ p z): −g·p_j·(log p_j + H); compact logits with a dz pass */
+    FLCE_GRAD_ENTROPY = 4, /* d(lse − Σ p z): −g·p_j·(log p_j + H); compact logits with a dz pass */
+    FLCE_GRAD_LOSS_PER_TOKEN = 8 /* d loss_i (reductions mean and sum: beside the reduced loss's
+                                    grad_output), added to the loss's per-token factor */
 };
 
 typedef enum flce_op {
@@ -155,7 +157,7 @@ typedef struct flce_problem {
                                        the tp_size·tokens global tokens (rank r: rows r·tokens ...) */
     /* --- API version 3 --- */
     int32_t grad_outputs;           /* FLCE_GRAD_* bits: per-token outputs that carry gradients
-                                       (16-bit inputs, strategies CHUNKED and SAVED). With any bit
+                                       (strategies CHUNKED and SAVED). With any bit
                                        set the loss's scalar grad_output (mean, sum) is folded into
                                        each token's dZ instead of the GEMM epilogues */
 } flce_problem;
@@ -198,6 +200,7 @@ typedef struct flce_tensors {
     const float *grad_lse;      /* of lse (every token, ignored ones too) */
     const float *grad_entropy;  /* of entropy (every token); also needs tensors.entropy as the
                                    forward wrote it (an input here) */
+    const float *grad_loss_per_token; /* of loss_per_token (0 where the label is ignored) */
 } flce_tensors;
 
 /* A context binds one device's primary context (the one PyTorch and the CUDA runtime use) and keeps

@@ -142,11 +142,8 @@ static flce_status check_enums(const flce_problem *p)
                        p->tp_size);
     if (p->has_bias != 0 && p->has_bias != 1)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.has_bias=%d: must be 0 or 1", p->has_bias);
-    if (p->grad_outputs & ~(FLCE_GRAD_LOGPROB | FLCE_GRAD_LSE | FLCE_GRAD_ENTROPY))
+    if (p->grad_outputs & ~(FLCE_GRAD_LOGPROB | FLCE_GRAD_LSE | FLCE_GRAD_ENTROPY | FLCE_GRAD_LOSS_PER_TOKEN))
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.grad_outputs=0x%x: unknown bits (FLCE_GRAD_*)",
-                       (unsigned)p->grad_outputs);
-    if (p->grad_outputs && p->dtype == FLCE_DTYPE_F32)
-        return err_set(FLCE_ERR_UNSUPPORTED, "problem.grad_outputs=0x%x: needs 16-bit inputs (dtype=F32)",
                        (unsigned)p->grad_outputs);
     if ((p->grad_outputs || p->strategy == FLCE_STRATEGY_SAVED) && p->tp_size > 1)
         return err_set(FLCE_ERR_UNSUPPORTED, "problem.%s with tp_size=%d: not yet supported under tensor parallelism",
@@ -282,8 +279,9 @@ static flce_status check_tensors(const flce_problem *p, const flce_tensors *t, f
         const char *name;
     } token_grads[] = {{t->grad_logprob, FLCE_GRAD_LOGPROB, "grad_logprob"},
                        {t->grad_lse, FLCE_GRAD_LSE, "grad_lse"},
-                       {t->grad_entropy, FLCE_GRAD_ENTROPY, "grad_entropy"}};
-    for (int k = 0; k < 3; k++) {
+                       {t->grad_entropy, FLCE_GRAD_ENTROPY, "grad_entropy"},
+                       {t->grad_loss_per_token, FLCE_GRAD_LOSS_PER_TOKEN, "grad_loss_per_token"}};
+    for (int k = 0; k < 4; k++) {
         TRY(check_ptr(token_grads[k].ptr, token_grads[k].name, 4, 0));
         if (token_grads[k].ptr && !(p->grad_outputs & token_grads[k].bit))
             return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.%s: given, but problem.grad_outputs lacks its bit",

@@ -235,6 +235,7 @@ static void init_row_params(run *r)
     rp->grad_logprob = addr(t->grad_logprob);
     rp->grad_lse = addr(t->grad_lse);
     rp->grad_entropy = addr(t->grad_entropy);
+    rp->grad_loss_rows = addr(t->grad_loss_per_token);
     rp->stats = r->ws + pl->off_stats;
     rp->class_weights = r->p->has_class_weights ? addr(t->class_weights) : 0;
     rp->flag = r->ctx->flag_dev;

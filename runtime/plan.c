@@ -55,7 +55,7 @@ static void plan_specs(const flce_problem *p, const flce_tensors *t, int sm, con
     if (wants(t, t ? t->entropy : NULL)) opts |= SPEC_OPT_ENTROPY;
     if (wants(t, t ? t->argmax : NULL)) opts |= SPEC_OPT_ARGMAX;
     /* per-token upstream gradients: the rowops kernels only (they form dZ) */
-    unsigned token_grads = (unsigned)(p->grad_outputs & 7) << SPEC_OPT_TOKEN_GRADS_SHIFT;
+    unsigned token_grads = (unsigned)(p->grad_outputs & 15) << SPEC_OPT_TOKEN_GRADS_SHIFT;
     float temperature = p->temperature == 1.0f ? 0.0f : p->temperature; /* 0 = off */
     /* The logits GEMM needs the weights only for the weighted Σ w·z of smoothing. */
     pl->logits.opts = opts & ~(p->label_smoothing > 0 ? 0u : (unsigned)SPEC_OPT_WEIGHTS);

@@ -198,6 +198,7 @@ __device__ __forceinline__ float dz_value_p(float prob, float z, float a, bool i
     return v;
 }
 // Per-token upstream gradients (flce.h problem.grad_outputs; the generator defines OPT_TOKEN_GRADS,
+// bit 8: loss_per_token's, added to the loss's g_i;
 // FLCE_GRAD_* bits, only for rowops kernels that take them). A row's dz is then
 //   ap·p_j − al·1[j=y] − aw·w_j − ah·p_j·(log p_j + H)      (then 1/T and softcap's chain factor)
 // with ap = g·a + g_lse − g_lp, al = g·(1−ε)·w_y − g_lp, aw = g·ε/V, ah = g_H: the loss's term

@@ -211,6 +211,7 @@ struct flce_row_params {
     /* OPT_TOKEN_GRADS (flce.h grad_outputs): fp32 per-token upstream gradients of target_logprob,
      * lse and entropy (N values each, or 0 for zeros); entropy (above) is then read as H */
     unsigned long long grad_logprob, grad_lse, grad_entropy;
+    unsigned long long grad_loss_rows; /* fp32 per-token gradient of loss_i, added to g_i (or 0) */
     /* flce_qdw / flce_qdh: the dW rows of this launch's output / the chunk's dH rows (cast_dst, fp32
      * where cast_accumulate, else the dtype; row stride d) to which the labels' Σ dz_i·h_i / dz_i·W_y
      * are added */

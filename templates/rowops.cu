@@ -286,6 +286,7 @@ __device__ __forceinline__ float loss_g(const flce_row_params &p, long long row,
     const float *go = (const float *)p.grad_output;
     g *= (go ? go[0] : 1.f) * mean_scale(p);
 #endif
+    if ((OPT_TOKEN_GRADS & 8) && valid && p.grad_loss_rows) g += ((const float *)p.grad_loss_rows)[row];
     return g;
 }
 

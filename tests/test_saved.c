@@ -38,11 +38,13 @@ typedef struct refout {
 } refout;
 
 static void reference(const scase *c, const flce_problem *p, const double *h, const double *w, const int64_t *y,
-                      const double *g_loss, const double *g_lp, const double *g_lse, const double *g_h, refout *r)
+                      const double *g_loss, const double *g_lp, const double *g_lse, const double *g_h,
+                      const double *g_rows, refout *r)
 {
     int64_t n = c->n, d = c->d, v = c->v;
     double *g = dalloc(n), *dz = dalloc(v), *z = dalloc(v);
     ref_token_scales(p, NULL, n, v, y, g_loss, g);
+    for (int64_t i = 0; g_rows && i < n; i++) g[i] += y[i] >= 0 && y[i] < v ? g_rows[i] : 0;
     memset(r->dh, 0, sizeof(double) * (size_t)(n * d));
     memset(r->dw, 0, sizeof(double) * (size_t)(v * d));
     double total = 0, den = 0;
@@ -111,6 +113,7 @@ static void check_saved(const scase *c)
     double *g_lp = upstream(n, c->grad_outputs & FLCE_GRAD_LOGPROB);
     double *g_lse = upstream(n, c->grad_outputs & FLCE_GRAD_LSE);
     double *g_h = upstream(n, c->grad_outputs & FLCE_GRAD_ENTROPY);
+    double *g_rows = upstream(n, c->grad_outputs & FLCE_GRAD_LOSS_PER_TOKEN);
     if (!c->loss_grad) { /* the loss unused: an upstream gradient of 0 */
         g_loss = dalloc(n_loss);
     }
@@ -131,6 +134,7 @@ static void check_saved(const scase *c)
     if (g_lp) t.grad_logprob = upload_f32(g_lp, n);
     if (g_lse) t.grad_lse = upload_f32(g_lse, n);
     if (g_h) t.grad_entropy = upload_f32(g_h, n);
+    if (g_rows) t.grad_loss_per_token = upload_f32(g_rows, n);
     uint64_t ws = 0;
     void *dws = NULL;
     flce_status st = flce_workspace_size(ctx, &p, c->strategy == FLCE_STRATEGY_SAVED ? FLCE_OP_FORWARD
@@ -151,7 +155,7 @@ static void check_saved(const scase *c)
     CHECKF(st == FLCE_OK, "%s: %s", c->name, flce_last_error());
     if (st == FLCE_OK) {
         refout r = {dalloc(n), dalloc(n), dalloc(n), dalloc(n), dalloc(n * d), dalloc(v * d)};
-        reference(c, &p, h, w, y, g_loss, g_lp, g_lse, g_h, &r);
+        reference(c, &p, h, w, y, g_loss, g_lp, g_lse, g_h, g_rows, &r);
         double *gl = dalloc(n), *glse = dalloc(n), *glp = dalloc(n), *gent = dalloc(n);
         double *gdh = dalloc(n * d), *gdw = dalloc(v * d);
         down_f32(t.loss, gl, n_loss), down_f32(t.lse, glse, n), down_f32(t.target_logprob, glp, n);
@@ -173,8 +177,9 @@ static void check_saved(const scase *c)
     devmem_free((void *)t.hidden), devmem_free((void *)t.weight), devmem_free(dlab), devmem_free(t.loss);
     devmem_free(t.lse), devmem_free(t.target_logprob), devmem_free(t.entropy), devmem_free(t.grad_hidden);
     devmem_free(t.grad_weight), devmem_free((void *)t.grad_output), devmem_free((void *)t.grad_logprob);
-    devmem_free((void *)t.grad_lse), devmem_free((void *)t.grad_entropy), devmem_free(dws);
-    free(h), free(w), free(y), free(y32), free(g_loss), free(g_lp), free(g_lse), free(g_h);
+    devmem_free((void *)t.grad_lse), devmem_free((void *)t.grad_entropy), devmem_free((void *)t.grad_loss_per_token);
+    devmem_free(dws);
+    free(h), free(w), free(y), free(y32), free(g_loss), free(g_lp), free(g_lse), free(g_h), free(g_rows);
 }
 
 #define SAVED FLCE_STRATEGY_SAVED
@@ -182,6 +187,7 @@ static void check_saved(const scase *c)
 #define LP FLCE_GRAD_LOGPROB
 #define LSE FLCE_GRAD_LSE
 #define ENT FLCE_GRAD_ENTROPY
+#define ROWS FLCE_GRAD_LOSS_PER_TOKEN
 #define BF FLCE_DTYPE_BF16
 #define F16 FLCE_DTYPE_F16
 
@@ -201,7 +207,10 @@ static void saved_logits_match_the_reference(void)
         {"saved, softcap 15 + entropy", 200, 64, 1500, BF, FLCE_REDUCTION_MEAN, 4, 0.1, ENT, 1, 0, 0, 15, SAVED},
         {"saved, f16, mean + logprobs + lse", 200, 64, 2000, F16, FLCE_REDUCTION_MEAN, 4, 0.1, LP | LSE, 1, 0, 0, 0, SAVED},
         {"saved, N=1", 1, 64, 999, BF, FLCE_REDUCTION_NONE, 4, 0, LP | LSE, 1, 0, 0, 0, SAVED},
+        {"saved, mean + loss_per_token + logprobs", 300, 64, 3000, BF, FLCE_REDUCTION_MEAN, 4, 0.1, LP | ROWS, 1, 0, 0, 0, SAVED},
+        {"saved, sum + loss_per_token, smoothing 0.1", 200, 64, 1500, BF, FLCE_REDUCTION_SUM, 4, 0.1, ROWS, 1, 0, 0.1f, 0, SAVED},
         {"chunked one call, logprobs + lse + entropy", 300, 64, 3000, BF, FLCE_REDUCTION_NONE, 4, 0.1, LP | LSE | ENT, 1, 0, 0, 0, CHUNKED},
+        {"chunked one call, fp32, mean + all four", 200, 64, 1500, FLCE_DTYPE_F32, FLCE_REDUCTION_MEAN, 4, 0.1, LP | LSE | ENT | ROWS, 1, 0.7f, 0, 0, CHUNKED},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_saved(&cases[i]);
 }
@@ -228,8 +237,9 @@ static void saved_misuse_is_named(void)
     CHECK(flce_loss_and_grad(ctx, &p, &t, NULL) == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "grad_lse"));
     p.grad_outputs = FLCE_GRAD_LSE, p.strategy = FLCE_STRATEGY_RECOMPUTE;
     CHECK(flce_backward(ctx, &p, &t, NULL) == FLCE_ERR_UNSUPPORTED && strstr(flce_last_error(), "RECOMPUTE"));
-    p.strategy = FLCE_STRATEGY_AUTO, p.dtype = FLCE_DTYPE_F32;
-    CHECK(flce_loss_and_grad(ctx, &p, &t, NULL) == FLCE_ERR_UNSUPPORTED && strstr(flce_last_error(), "16-bit"));
+    p.strategy = FLCE_STRATEGY_SAVED, p.dtype = FLCE_DTYPE_F32;
+    CHECK(flce_workspace_size(ctx, &p, FLCE_OP_FORWARD, &bytes) == FLCE_ERR_UNSUPPORTED &&
+          strstr(flce_last_error(), "16-bit"));
     devmem_free(buf);
 }
 

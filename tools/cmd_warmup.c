@@ -53,7 +53,7 @@ static void warmup_usage(FILE *f)
             "usage: flce warmup --shapes NxDxV,... [--dtype bf16] [--arch sm_90a]\n"
             "                   [--op loss-and-grad|forward|backward]\n"
             "                   [--strategy auto|chunked|recompute|forward|saved]\n"
-            "                   [--grad-outputs logprob,lse,entropy]\n"
+            "                   [--grad-outputs logprob,lse,entropy,loss_per_token]\n"
             "                   [--budget-mib N] [--reduction mean|sum|none] [--labels 32|64]\n"
             "                   [--smoothing E] [--z-loss L] [--softcap C] [--temperature T] [--bias]\n"
             "                   [--class-weights] [--accumulate] [--outputs usual|all|entropy,argmax]\n"
@@ -122,6 +122,7 @@ static int parse_grad_outputs(const char *s, int32_t *bits)
         if (!strcmp(tok, "logprob")) *bits |= FLCE_GRAD_LOGPROB;
         else if (!strcmp(tok, "lse")) *bits |= FLCE_GRAD_LSE;
         else if (!strcmp(tok, "entropy")) *bits |= FLCE_GRAD_ENTROPY;
+        else if (!strcmp(tok, "loss_per_token")) *bits |= FLCE_GRAD_LOSS_PER_TOKEN;
         else return 0;
     }
     return 1;
