@@ -24,7 +24,7 @@ def _run(self, op, strategy, half=None, buffer=None, **outs):
     p = self.problem
     p.strategy = _lib.STRATEGIES[strategy]
     _lib.validate(p)
-    if op == _lib.FLCE_OP_FORWARD and strategy not in ("auto", "forward"):
+    if op == _lib.FLCE_OP_FORWARD and strategy not in ("auto", "forward", "saved"):
         raise flce.FlceError(1, "FLCE_ERR_INVALID_ARGUMENT", "a forward call uses FORWARD (or AUTO)", "stand-in")
     if op != _lib.FLCE_OP_FORWARD and strategy == "forward":
         raise flce.FlceError(1, "FLCE_ERR_INVALID_ARGUMENT", "strategy FORWARD computes no gradients", "stand-in")
@@ -43,7 +43,7 @@ def _run(self, op, strategy, half=None, buffer=None, **outs):
                 outs[name].copy_(r[key].reshape(outs[name].shape))
     if op == _lib.FLCE_OP_FORWARD:
         return
-    dz, h, w = _dz(self, p, reduction, outs.get("grad_output"))
+    dz, h, w = _dz(self, p, reduction, outs.get("grad_output"), outs)
     for name, val in (("grad_hidden", lambda: dz @ w), ("grad_weight", lambda: dz.T @ h),
                       ("grad_bias", lambda: dz.sum(0))):
         dst = outs.get(name)
@@ -58,8 +58,9 @@ def _run(self, op, strategy, half=None, buffer=None, **outs):
             dst.copy_(val().reshape(dst.shape))
 
 
-def _dz(self, p, reduction, grad_output):
-    """flce.h's dZ in float64 (written out, not autograd: the stand-in runs below the autograd key)."""
+def _dz(self, p, reduction, grad_output, outs=None):
+    """flce.h's dZ in float64 (written out, not autograd: the stand-in runs below the autograd key),
+    with the per-token outputs' upstream gradients of problem.grad_outputs (RL-AND-DISTILL §2)."""
     h, w = self.hidden.double(), self.weight.double()
     y = self.labels.long()
     z = h @ w.T
@@ -85,7 +86,28 @@ def _dz(self, p, reduction, grad_output):
         den = wy.sum()
         g = g / den if den != 0 else g * 0
     gi = (g.reshape(-1) if reduction == "none" else g.expand(z.shape[0])) * valid
-    dz = dz * gi[:, None] / p.temperature
+    outs = outs or {}
+
+    def given(name, bit):
+        t = outs.get(name)
+        return t.double().reshape(-1) if t is not None and p.grad_outputs & bit else None
+    g_rows = given("grad_loss_per_token", _lib.FLCE_GRAD_LOSS_PER_TOKEN)
+    if g_rows is not None:
+        gi = gi + g_rows * valid
+    dz = dz * gi[:, None]
+    g_lp, g_lse = given("grad_logprob", _lib.FLCE_GRAD_LOGPROB), given("grad_lse", _lib.FLCE_GRAD_LSE)
+    g_h = given("grad_entropy", _lib.FLCE_GRAD_ENTROPY)
+    if g_lp is not None:
+        onehot = torch.zeros_like(prob)
+        onehot[torch.arange(z.shape[0]), yc] = 1.0
+        dz = dz + (g_lp * valid)[:, None] * (onehot - prob)
+    if g_lse is not None:
+        dz = dz + g_lse[:, None] * prob
+    if g_h is not None:
+        logp = z - lse[:, None]
+        ent = lse - (prob * z).sum(1)
+        dz = dz - g_h[:, None] * prob * (logp + ent[:, None])
+    dz = dz / p.temperature
     if c:
         dz = dz * (1 - (z / c) ** 2)
     return dz, h, w
@@ -116,6 +138,10 @@ def install():
         return
     flce._Call.__call__ = _run
     flce._Call.scale = _scale
+    # the saved logits' workspace: a token amount (nothing is kept on the CPU), none where a small
+    # budget says all tokens' would not fit (the library's rule, roughly: 2 bytes per logit)
+    flce._Call.saved_bytes = lambda self: 0 if self.problem.memory_budget and \
+        self.problem.memory_budget < 2 * self.problem.tokens * self.problem.vocab_shard else 256
     flce._Call.strategy_of = lambda self, op, strategy: _choice(
         None, self.problem.tokens, 0, 0, None, None, flce._Options(-100, "mean", strategy, self.problem.memory_budget,
                                                                     0, 0, 0, 1), None, False, False)

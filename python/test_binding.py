@@ -279,6 +279,7 @@ def check_outputs(n, d, v, dtype, spec, reduction, seed=1, objective="loss+logpr
         ref_leaves.append(kw["bias"].double().requires_grad_())
     kw_f = dict(kw, bias=leaves[2] if "bias" in kw else None)
     kw_r = dict(kw, bias=ref_leaves[2] if "bias" in kw else None)
+    kw_r.pop("memory_budget", None)  # (how flce cuts the work, not the math)
     out = flce.linear_cross_entropy(leaves[0], leaves[1], y, reduction=reduction, return_lse=True,
                                     return_logprobs=True, return_entropy=True, return_argmax=True,
                                     return_z_loss=True, return_loss_per_token=True, **kw_f)
@@ -308,6 +309,9 @@ def check_outputs(n, d, v, dtype, spec, reduction, seed=1, objective="loss+logpr
     def obj(o):
         if objective == "logprobs":
             return -(o["logprobs"].double() * adv).sum()
+        if objective == "rl":  # GRPO-like: advantages, an entropy bonus and a hand-written z-loss
+            total = -(o["logprobs"].double() * adv).sum() - 0.01 * o["entropy"].double().sum()
+            return total + 1e-2 * (o["lse"].double() ** 2 * adv.abs()).sum() + 0.5 * o["loss_per_token"].double().sum()
         total = (o["loss"].double() * up).sum() - (o["logprobs"].double() * adv).sum()
         return total + 0.5 * o["loss_per_token"].double().sum()
     obj(out._asdict()).backward()
@@ -375,7 +379,7 @@ def feature_cases():
     def not_differentiable_outputs():
         h, w, y = inputs(50, 16, 100, seed=7)
         h = h.requires_grad_()
-        for name in ("entropy", "lse", "z_loss"):
+        for name in ("z_loss",):
             out = flce.linear_cross_entropy(h, w, y, z_loss=1e-3, **{f"return_{name}": True})
             try:
                 (out.loss + getattr(out, name).sum()).backward()
@@ -387,7 +391,17 @@ def feature_cases():
         out = flce.linear_cross_entropy(h, w, y, return_entropy=True, return_lse=True)
         out.loss.backward()
         assert out.entropy.requires_grad
-    case("lse, entropy, z_loss not differentiable: NotImplementedError", not_differentiable_outputs)
+    case("z_loss not differentiable: NotImplementedError", not_differentiable_outputs)
+
+    def differentiable_lse_and_entropy():
+        # RL objectives: log-probs with advantages, an entropy bonus, z-loss written by hand on lse,
+        # per-token losses; every dtype, both logit regimes, reductions, options, a small budget
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for reduction, spec in (("mean", {}), ("none", dict(temperature=0.7)), ("sum", dict(label_smoothing=0.1)),
+                                    ("mean", dict(class_weights=True, bias=True)), ("mean", dict(softcap=5.0)),
+                                    ("mean", dict(memory_budget=1 << 12))):
+                check_outputs(48, 16, 120, dtype, spec, reduction, seed=31, objective="rl")
+    case("lse and entropy differentiable (RL objective) against float64 autograd", differentiable_lse_and_entropy)
 
     def shift_matches_slicing():
         g = gen(8)

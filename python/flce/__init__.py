@@ -100,8 +100,8 @@ def _check_args(hidden, weight, labels, reduction, strategy, memory_budget):
             raise ValueError(f"{name}: must be contiguous (call .contiguous() first)")
     if reduction not in _lib.REDUCTIONS:
         raise ValueError(f"reduction: {reduction!r}; expected 'mean', 'sum' or 'none'")
-    if strategy not in ("auto", "chunked", "recompute"):
-        raise ValueError(f"strategy: {strategy!r}; expected 'auto', 'chunked' or 'recompute'")
+    if strategy not in ("auto", "chunked", "recompute", "saved"):
+        raise ValueError(f"strategy: {strategy!r}; expected 'auto', 'chunked', 'recompute' or 'saved'")
     if memory_budget is not None:
         try:
             ok = operator.index(memory_budget) > 0
@@ -189,7 +189,8 @@ _registered_comms = {}
 
 # Alignment flce.h asks of each output (or extra input) buffer.
 _ALIGN = {"loss": 4, "lse": 4, "grad_output": 4, "grad_hidden": 16, "grad_weight": 16, "grad_bias": 4,
-          "loss_per_token": 4, "z_loss_out": 4, "target_logprob": 4, "entropy": 4, "argmax": 8}
+          "loss_per_token": 4, "z_loss_out": 4, "target_logprob": 4, "entropy": 4, "argmax": 8,
+          "grad_logprob": 4, "grad_lse": 4, "grad_entropy": 4, "grad_loss_per_token": 4}
 
 
 class _Call:
@@ -219,13 +220,20 @@ class _Call:
         self.problem.strategy = _lib.STRATEGIES[strategy]
         _lib.validate(self.problem)
 
-    def __call__(self, op, strategy, half=None, buffer=None, **outs):
+    def saved_bytes(self):
+        """Workspace bytes of strategy 'saved' for this problem (the logits kept from forward to
+        backward); FlceError where all tokens' do not fit the budget (flce.h "Saved logits")."""
+        self.problem.strategy = _lib.FLCE_STRATEGY_SAVED
+        return _lib.workspace_size(self._context(), self.problem, _lib.FLCE_OP_FORWARD)
+
+    def __call__(self, op, strategy, half=None, buffer=None, workspace=None, **outs):
         """Runs `op` with problem.strategy = `strategy`; `outs` are flce_tensors fields given as
         tensors (or None). The workspace is a torch uint8 tensor, so PyTorch's caching allocator
-        owns it and frees it in stream order."""
+        owns it and frees it in stream order; `workspace` given (strategy 'saved': the logits kept
+        between its two calls) is used as it is."""
         self.problem.strategy = _lib.STRATEGIES[strategy]
         ctx = self._context()
-        ws_bytes = _lib.workspace_size(ctx, self.problem, op)
+        ws_bytes = workspace.numel() if workspace is not None else _lib.workspace_size(ctx, self.problem, op)
         registered = _registered_comms.get(self.comm) if self.comm and half is None else None
 
         def new_workspace(nbytes):
@@ -233,7 +241,7 @@ class _Call:
                 return registered.workspace(max(nbytes, 256), self.device)
             return torch.empty(max(nbytes, 256), dtype=torch.uint8, device=self.device)
         try:
-            workspace = new_workspace(ws_bytes)
+            workspace = new_workspace(ws_bytes) if workspace is None else workspace
         except torch.cuda.OutOfMemoryError:
             # The default budget may plan up to 1/16 of the GPU where that is faster; next to what
             # PyTorch holds it may not fit. Then the 512 MiB plan, as the library does with its own
@@ -386,9 +394,10 @@ class LinearCrossEntropyOutput(NamedTuple):
     labels' shape (fp32; argmax int64) and are None unless asked for.
 
     loss            as without the options (scalar for mean/sum, per token for none)
-    lse             log Σ_j exp(z_j) of each token (all tokens, ignored ones too)
+    lse             log Σ_j exp(z_j) of each token (all tokens, ignored ones too); differentiable
+                    (not under tensor parallelism yet)
     logprobs        z_y − lse: log-probability of the label (0 for ignored tokens); differentiable
-    entropy         lse − Σ_j p_j z_j (all tokens); not differentiable (flce has no entropy gradient)
+    entropy         lse − Σ_j p_j z_j (all tokens); differentiable (not under tensor parallelism yet)
     argmax          id of the largest logit (first on ties)
     z_loss          the z_loss·w_y·lse² part of the loss, reduced like the loss; not differentiable
     loss_per_token  loss_i before the reduction (0 for ignored tokens); differentiable
@@ -453,10 +462,14 @@ def linear_cross_entropy(hidden, weight, labels, *, bias=None, class_weights=Non
         16-bit .grad) and weight's / hidden's autograd gradient is then None.
     return_lse, return_logprobs, return_entropy, return_argmax, return_z_loss,
         return_loss_per_token: also return these per-token values (see LinearCrossEntropyOutput);
-        then the result is a LinearCrossEntropyOutput instead of the loss tensor. logprobs and
-        loss_per_token are differentiable (RL objectives: temperature applies), lse, entropy and
-        z_loss are not: a gradient reaching them raises NotImplementedError (detach them or compute
-        them under torch.no_grad()).
+        then the result is a LinearCrossEntropyOutput instead of the loss tensor. logprobs,
+        loss_per_token, lse and entropy are differentiable (RL objectives, an entropy bonus, a
+        z-loss written by hand; temperature applies); z_loss is not: a gradient reaching it raises
+        NotImplementedError (use the z_loss= option). With 16-bit inputs the forward keeps the
+        compact logits of all tokens (2 bytes per logit, the budget rule of the chunked strategy)
+        and backward forms dZ from them with every upstream gradient at once (6·N·V·D; strategy
+        'saved', include/flce.h "Saved logits"); where they do not fit, backward runs one chunked
+        loss-and-grad (8·N·V·D in all).
 
     Returns the loss in float32: a scalar, or labels.shape for 'none'. Differentiable in hidden,
     weight and bias. With 'mean'/'sum' and strategy chunked (or auto, when the library picks chunked
@@ -514,12 +527,31 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
                _ops.OUT_LOSS_PER_TOKEN * bool(want["loss_per_token"]))
     grads = 0
     if need_any and opts.reduction != "none" and gh_acc is None and gw_acc is None and \
-            not (want["logprobs"] or want["loss_per_token"]) and \
+            not (want["logprobs"] or want["loss_per_token"] or (tp is None and (want["lse"] or want["entropy"]))) and \
             _grads_in_forward(h2, weight, y1, opts, tp, bias, cw):
         grads = (_ops.GRAD_HIDDEN * need_dh | _ops.GRAD_WEIGHT * need_dw | _ops.GRAD_BIAS * need_db)
         if not grads & (_ops.GRAD_HIDDEN | _ops.GRAD_WEIGHT):
             grads = 0  # the bias alone: flce_backward (with a scratch dH), as the C API wants dH or dW
     strategy = opts.strategy
+    # Differentiable per-token outputs (problem.grad_outputs): their upstream gradients reach the
+    # library in backward beside the loss's, and dZ is formed from all of them at once.
+    bits = 0
+    saved_grads = 0
+    if need_any and not grads:
+        bits = (_lib.FLCE_GRAD_LOGPROB * want["logprobs"] | _lib.FLCE_GRAD_LSE * want["lse"] |
+                _lib.FLCE_GRAD_ENTROPY * want["entropy"] |
+                _lib.FLCE_GRAD_LOSS_PER_TOKEN * (want["loss_per_token"] and opts.reduction != "none"))
+        if tp is None and strategy in ("auto", "saved") and h2.dtype != torch.float32:
+            # The saved logits (flce.h): forward keeps them, backward forms dZ with whatever upstream
+            # gradients arrive, 6·N·V·D. Where all tokens' do not fit the budget, forward keeps none
+            # and backward runs one chunked loss-and-grad (python/flce/_ops.py).
+            strategy = "saved"
+            saved_grads = (_ops.GRAD_HIDDEN * (need_dh or not need_dw) | _ops.GRAD_WEIGHT * need_dw |
+                           _ops.GRAD_BIAS * need_db)
+        elif tp is None and bits & (_lib.FLCE_GRAD_LSE | _lib.FLCE_GRAD_ENTROPY):
+            strategy = "chunked"  # backward: one chunked loss-and-grad with the outputs' gradients
+        else:
+            bits = 0  # log-probs and per-token losses by flce_backward, as before; lse and entropy not
     if need_any and not grads and strategy == "auto":
         # AUTO recomputes the logits for the gradients anyway (or there are few tokens): forward
         # now and flce_backward later do the same work as one loss-and-grad call, without scaling
@@ -529,7 +561,8 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
     res = _ops.forward(
         h2, weight, y1, bias, cw, gh_acc, gw_acc, opts.reduction, int(opts.ignore_index),
         float(opts.label_smoothing), float(opts.z_loss), float(opts.softcap), float(opts.temperature),
-        strategy, int(opts.memory_budget or 0), outputs, grads, rank, size, offset, total, int(comm or 0))
+        strategy, int(opts.memory_budget or 0), outputs, grads, rank, size, offset, total, int(comm or 0),
+        bits, saved_grads)
     loss, lse, logprob, entropy, argmax, zl, lpt = res[:7]
 
     if opts.reduction == "none":
@@ -546,9 +579,9 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
 
     return LinearCrossEntropyOutput(
         loss,
-        per_token(lse, "lse", False) if want["lse"] else None,
+        per_token(lse, "lse", bool(bits & _lib.FLCE_GRAD_LSE)) if want["lse"] else None,
         per_token(logprob, "logprobs") if want["logprobs"] else None,
-        per_token(entropy, "entropy", False) if want["entropy"] else None,
+        per_token(entropy, "entropy", bool(bits & _lib.FLCE_GRAD_ENTROPY)) if want["entropy"] else None,
         _unshift(argmax.reshape(lead), s, -1) if want["argmax"] else None,
         ((per_token(zl, "z_loss", False) if opts.reduction == "none" else
           _ops.not_differentiable(zl, anchor, "z_loss") if need_any else zl)

@@ -35,14 +35,22 @@ FLCE_STRATEGY_AUTO = 0
 FLCE_STRATEGY_FORWARD = 1
 FLCE_STRATEGY_CHUNKED = 2
 FLCE_STRATEGY_RECOMPUTE = 3
+FLCE_STRATEGY_SAVED = 4
 STRATEGIES = {"auto": FLCE_STRATEGY_AUTO, "forward": FLCE_STRATEGY_FORWARD,
-              "chunked": FLCE_STRATEGY_CHUNKED, "recompute": FLCE_STRATEGY_RECOMPUTE}
+              "chunked": FLCE_STRATEGY_CHUNKED, "recompute": FLCE_STRATEGY_RECOMPUTE,
+              "saved": FLCE_STRATEGY_SAVED}
+
+# problem.grad_outputs bits
+FLCE_GRAD_LOGPROB = 1
+FLCE_GRAD_LSE = 2
+FLCE_GRAD_ENTROPY = 4
+FLCE_GRAD_LOSS_PER_TOKEN = 8
 
 FLCE_OP_FORWARD = 0
 FLCE_OP_LOSS_AND_GRAD = 1
 FLCE_OP_BACKWARD = 2
 
-FLCE_API_VERSION = 2
+FLCE_API_VERSION = 3
 
 # C enums are `int` on every ABI flce supports.
 _enum = ctypes.c_int
@@ -80,6 +88,7 @@ class Problem(ctypes.Structure):
         ("accumulate_grad_hidden", ctypes.c_int32),
         ("accumulate_grad_weight", ctypes.c_int32),
         ("sequence_parallel", ctypes.c_int32),
+        ("grad_outputs", ctypes.c_int32),  # API version 3
     ]
 
 
@@ -107,6 +116,11 @@ class Tensors(ctypes.Structure):
         ("entropy", ctypes.c_void_p),
         ("argmax", ctypes.c_void_p),
         ("comm", ctypes.c_void_p),
+        # API version 3
+        ("grad_logprob", ctypes.c_void_p),
+        ("grad_lse", ctypes.c_void_p),
+        ("grad_entropy", ctypes.c_void_p),
+        ("grad_loss_per_token", ctypes.c_void_p),
     ]
 
 

@@ -5,6 +5,11 @@ torch.export and FakeTensor see them as opaque functional operators with known o
                            in forward; every output is a new tensor (empty (0,) when not asked for)
   flce::backward           flce_backward: gradients from the saved lse and the upstream gradient;
                            mutates only the caller's fp32 accumulators (declared)
+  flce::backward_saved     the gradients of the loss and of the differentiable per-token outputs
+                           (log-probs, lse, entropy, per-token losses) from the compact logits
+                           that a forward with strategy 'saved' kept (flce.h "Saved logits": its
+                           workspace, consumed in place: declared mutated), or without them one
+                           chunked flce_loss_and_grad with the same upstream gradients
   flce::scale_gradients_   flce_scale_gradients: gradients from forward times the upstream scalar,
                            in place (declared); used by the eager backward only
   flce::not_differentiable a copy whose backward raises NotImplementedError: lse, entropy and the
@@ -41,7 +46,7 @@ def _empty(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _forward_outputs(hidden, weight, bias, reduction, outputs, grads):
+def _forward_outputs(hidden, weight, bias, reduction, outputs, grads, saved_bytes=0):
     n, dev, f32 = hidden.shape[0], hidden.device, torch.float32
     loss_shape = (n,) if reduction == "none" else ()
 
@@ -55,7 +60,8 @@ def _forward_outputs(hidden, weight, bias, reduction, outputs, grads):
             per(OUT_LOSS_PER_TOKEN),
             _empty(hidden.shape if grads & GRAD_HIDDEN else (0,), hidden.dtype, dev),
             _empty(weight.shape if grads & GRAD_WEIGHT else (0,), weight.dtype, dev),
-            _empty(bias.shape if grads & GRAD_BIAS and bias is not None else (0,), hidden.dtype, dev))
+            _empty(bias.shape if grads & GRAD_BIAS and bias is not None else (0,), hidden.dtype, dev),
+            _empty((saved_bytes,), torch.uint8, dev))                      # strategy 'saved': its logits
 
 
 def _dense(t, align=16):
@@ -77,21 +83,38 @@ def _forward_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional
                class_weights: Optional[Tensor], grad_hidden_acc: Optional[Tensor], grad_weight_acc: Optional[Tensor],
                reduction: str, ignore_index: int, label_smoothing: float, z_loss: float, softcap: float,
                temperature: float, strategy: str, memory_budget: int, outputs: int, grads: int,
-               tp_rank: int, tp_size: int, vocab_offset: int, vocab_total: int, comm: int
-               ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Returns (loss, lse, logprob, entropy, argmax, z_loss, loss_per_token, dh, dw, db): loss () or
+               tp_rank: int, tp_size: int, vocab_offset: int, vocab_total: int, comm: int, grad_outputs: int = 0,
+               saved_grads: int = 0
+               ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Returns (loss, lse, logprob, entropy, argmax, z_loss, loss_per_token, dh, dw, db, saved): loss () or
     (N,) for 'none'; lse (N,); the per-token outputs (N,) when their `outputs` bit is set, else (0,);
     dh, dw, db the gradients of 1·loss when `grads` asks for them (one flce_loss_and_grad call),
     else (0,). Differentiable: loss, and logprob and loss_per_token unless `grads` is set. The accumulators are not touched here (flce::backward adds into them); they are
-    inputs so that the autograd formula can hand them to flce::backward."""
+    inputs so that the autograd formula can hand them to flce::backward.
+    strategy 'saved': `saved` is the workspace holding the compact logits for flce::backward_saved
+    (else (0,)); grad_outputs (FLCE_GRAD_* bits) and saved_grads (GRAD_* bits of the gradients the
+    backward will write) are the problem and tensors both calls must share."""
     from . import _Call
     hidden, weight, bias, class_weights = _dense(hidden), _dense(weight), _dense(bias), _dense(class_weights, 4)
     labels = _dense(labels, labels.element_size())
     opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget)
-    res = _forward_outputs(hidden, weight, bias, reduction, outputs, grads)
-    loss, lse, logprob, entropy, argmax, zl, lpt, dh, dw, db = res
     call = _Call(hidden, weight, labels, opts, _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm),
                  bias=bias, class_weights=class_weights)
+    if strategy == "saved":
+        _saved_problem(call, grad_outputs, grad_hidden_acc if saved_grads & GRAD_HIDDEN else None,
+                       grad_weight_acc if saved_grads & GRAD_WEIGHT else None)
+        res = _saved_outputs(call, hidden, weight, bias, reduction, outputs)
+        ws = res[10]
+        if ws.numel():
+            call(_lib.FLCE_OP_FORWARD, "saved", workspace=ws,
+                 **_saved_fields(*res[:7], ws=ws, saved_grads=saved_grads, bias=bias))
+            return res
+        # too large to keep: a plain forward; the backward then runs one chunked loss-and-grad
+        _saved_problem(call, 0, None, None)
+        strategy = "auto"
+    else:
+        res = _forward_outputs(hidden, weight, bias, reduction, outputs, grads)
+    loss, lse, logprob, entropy, argmax, zl, lpt, dh, dw, db, _ = res
     op = _lib.FLCE_OP_LOSS_AND_GRAD if grads else _lib.FLCE_OP_FORWARD
     call(op, strategy if grads else "auto", loss=loss, lse=lse, target_logprob=_given(logprob),
          entropy=_given(entropy), argmax=_given(argmax), z_loss_out=_given(zl), loss_per_token=_given(lpt),
@@ -105,21 +128,91 @@ forward_op = torch.library.custom_op("flce::forward", mutates_args=())(_forward_
 @forward_op.register_fake
 def _forward_fake(hidden, weight, labels, bias, class_weights, grad_hidden_acc, grad_weight_acc, reduction,
                   ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget, outputs,
-                  grads, tp_rank, tp_size, vocab_offset, vocab_total, comm):
-    return _forward_outputs(hidden, weight, bias, reduction, outputs, grads)
+                  grads, tp_rank, tp_size, vocab_offset, vocab_total, comm, grad_outputs=0, saved_grads=0):
+    saved = 0
+    if strategy == "saved":
+        saved = _fake_saved_bytes(hidden, weight, labels, bias, class_weights, grad_hidden_acc, grad_weight_acc,
+                                  reduction, ignore_index, label_smoothing, z_loss, softcap, temperature,
+                                  memory_budget, grad_outputs, saved_grads)
+    return _forward_outputs(hidden, weight, bias, reduction, outputs, grads, saved)
+
+
+def _fake_saved_bytes(hidden, weight, labels, bias, class_weights, gh_acc, gw_acc, reduction, ignore_index,
+                      label_smoothing, z_loss, softcap, temperature, memory_budget, grad_outputs, saved_grads):
+    """The saved logits' bytes as the real kernel will take them: the library's plan (host
+    arithmetic) for static shapes and options, else a size the graph does not know."""
+    from . import _Call
+    static = (*hidden.shape, weight.shape[0], ignore_index, memory_budget, label_smoothing, z_loss, softcap,
+              temperature)
+    if all(type(x) in (int, float) for x in static):
+        opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, "saved",
+                        memory_budget)
+        call = _Call(hidden, weight, labels, opts, None, bias=bias, class_weights=class_weights)
+        _saved_problem(call, grad_outputs, gh_acc if saved_grads & GRAD_HIDDEN else None,
+                       gw_acc if saved_grads & GRAD_WEIGHT else None)
+        try:
+            return call.saved_bytes()
+        except _lib.FlceError:
+            return 0
+    return torch.library.get_ctx().new_dynamic_size()
+
+
+def _saved_outputs(call, hidden, weight, bias, reduction, outputs):
+    """The forward's outputs with the saved logits' workspace, or with an empty one where all tokens'
+    logits do not fit the budget or the memory (flce.h "Saved logits")."""
+    try:
+        nbytes = call.saved_bytes()
+    except _lib.FlceError as e:
+        if e.status not in (_lib.FLCE_ERR_INVALID_ARGUMENT, _lib.FLCE_ERR_UNSUPPORTED):
+            raise
+        nbytes = 0
+    try:
+        return _forward_outputs(hidden, weight, bias, reduction, outputs, 0, nbytes)
+    except torch.cuda.OutOfMemoryError:
+        if not nbytes:
+            raise
+        return _forward_outputs(hidden, weight, bias, reduction, outputs, 0, 0)
+
+
+def _saved_problem(call, grad_outputs, gh_acc, gw_acc):
+    """The problem fields both calls of the saved strategy share (the plan depends on them)."""
+    call.problem.grad_outputs = grad_outputs
+    call.problem.accumulate_grad_hidden = int(gh_acc is not None)
+    call.problem.accumulate_grad_weight = int(gw_acc is not None)
+
+
+def _saved_fields(loss, lse, logprob, entropy, argmax, zl, lpt, ws, saved_grads, bias):
+    """The outputs and gradients both calls of the saved strategy name: the plan (and the layout of
+    the logits kept between them) depends on which pointers are given, not on where they point, and
+    each call writes only its own (flce.h "Saved logits"), so the 256-aligned workspace stands in
+    for the other call's."""
+    return dict(loss=loss, lse=lse, target_logprob=_given(logprob), entropy=_given(entropy),
+                argmax=_given(argmax), z_loss_out=_given(zl), loss_per_token=_given(lpt),
+                grad_hidden=ws if saved_grads & GRAD_HIDDEN else None,
+                grad_weight=ws if saved_grads & GRAD_WEIGHT else None,
+                grad_bias=ws if saved_grads & GRAD_BIAS and bias is not None else None)
 
 
 _OPTION_NAMES = ("reduction", "ignore_index", "label_smoothing", "z_loss", "softcap", "temperature", "strategy",
-                 "memory_budget", "outputs", "grads", "tp_rank", "tp_size", "vocab_offset", "vocab_total", "comm")
+                 "memory_budget", "outputs", "grads", "tp_rank", "tp_size", "vocab_offset", "vocab_total", "comm",
+                 "grad_outputs", "saved_grads")
 
 
 def _forward_setup(ctx, inputs, output):
     hidden, weight, labels, bias, class_weights, gh_acc, gw_acc = inputs[:7]
     ctx.o = dict(zip(_OPTION_NAMES, inputs[7:]))
-    loss, lse, logprob, entropy, argmax, zl, lpt, dh, dw, db = output
-    # Gradients flow only through loss, logprob and loss_per_token; the others are marked so, and
-    # outputs nobody differentiates arrive in backward as None (not as zeros to allocate).
-    ctx.mark_non_differentiable(lse, entropy, argmax, zl, dh, dw, db)
+    ctx.o.setdefault("grad_outputs", 0)
+    ctx.o.setdefault("saved_grads", 0)
+    bits = ctx.o["grad_outputs"]
+    loss, lse, logprob, entropy, argmax, zl, lpt, dh, dw, db, saved = output
+    # Gradients flow only through loss, logprob and loss_per_token, and lse and entropy where
+    # grad_outputs has their bits; the others are marked so, and outputs nobody differentiates
+    # arrive in backward as None (not as zeros to allocate).
+    ctx.mark_non_differentiable(argmax, zl, dh, dw, db, saved)
+    if not bits & _lib.FLCE_GRAD_LSE:
+        ctx.mark_non_differentiable(lse)
+    if not bits & _lib.FLCE_GRAD_ENTROPY:
+        ctx.mark_non_differentiable(entropy)
     if ctx.o["grads"]:
         # gradients computed in forward are those of the loss alone
         ctx.mark_non_differentiable(logprob, lpt)
@@ -131,6 +224,10 @@ def _forward_setup(ctx, inputs, output):
     ctx.acc = (gh_acc, gw_acc)
     if ctx.o["grads"]:
         ctx.save_for_backward(dh, dw, db)
+    elif ctx.o["strategy"] == "saved" or bits:
+        ctx.save_for_backward(hidden, weight, labels, bias, class_weights, lse,
+                              entropy if bits & _lib.FLCE_GRAD_ENTROPY else None,
+                              saved if ctx.o["strategy"] == "saved" else None)
     else:
         ctx.save_for_backward(hidden, weight, labels, bias, class_weights, lse)
 
@@ -175,7 +272,8 @@ def _valid_weight(labels, class_weights, ignore_index, vocab_total):
     return torch.where(valid, class_weights[labels.clamp(0, vocab_total - 1).long()], 0.0)
 
 
-def _forward_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_argmax, g_zl, g_lpt, g_dh, g_dw, g_db):
+def _forward_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_argmax, g_zl, g_lpt, g_dh, g_dw, g_db,
+                      g_saved=None):
     o = ctx.o
     if not o["outputs"] & OUT_LOGPROB:
         g_logprob = None  # the (0,) placeholder output
@@ -186,7 +284,7 @@ def _forward_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_argmax, g_zl, 
     if len(need) > 4 and need[4]:
         raise NotImplementedError("flce: class weights (weight=) are not differentiable (as in "
                                   "F.cross_entropy); pass them detached")
-    none = (None,) * 22
+    none = (None,) * 24
     if o["grads"]:
         dh, dw, db = ctx.saved_tensors
         if g_loss is None:
@@ -194,6 +292,8 @@ def _forward_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_argmax, g_zl, 
         dh, dw, db = (t if t is not None and t.numel() else None for t in (dh, dw, db))
         dh, dw, db = _scale(ctx, g_loss, dh, dw, db)
         return (dh if need_dh else None, dw if need_dw else None, None, db if need_db else None) + none[4:]
+    if o["strategy"] == "saved" or o["grad_outputs"]:
+        return _outputs_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_lpt, none)
 
     hidden, weight, labels, bias, class_weights, lse = ctx.saved_tensors
     gh_acc, gw_acc = ctx.acc
@@ -247,6 +347,44 @@ def _forward_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_argmax, g_zl, 
         dh = r[0] if dh is None else (dh if r[0] is None else dh + r[0])
         dw = r[1] if dw is None else (dw if r[1] is None else dw + r[1])
         db = r[2] if db is None else (db if r[2] is None else db + r[2])
+    return (dh if need_dh and gh_acc is None else None, dw if need_dw and gw_acc is None else None, None,
+            db if need_db else None) + none[4:]
+
+
+def _outputs_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_lpt, none):
+    """The gradients of the loss and of the differentiable per-token outputs in one library call:
+    from the logits the forward kept (strategy 'saved'), or one chunked loss-and-grad."""
+    o = ctx.o
+    bits = o["grad_outputs"]
+    hidden, weight, labels, bias, class_weights, lse, entropy, ws = ctx.saved_tensors
+    gh_acc, gw_acc = ctx.acc
+    need = ctx.needs_input_grad
+    need_dh, need_dw, need_db = need[0], need[1], len(need) > 3 and need[3]
+    if all(g is None for g in (g_loss, g_lse, g_logprob, g_entropy, g_lpt)):
+        return none
+    n = hidden.shape[0]
+    f32 = torch.float32
+    none_red = o["reduction"] == "none"
+    go = torch.zeros((n,) if none_red else (), dtype=f32, device=hidden.device) if g_loss is None else \
+        g_loss.to(f32).reshape((n,) if none_red else ())
+    if none_red and g_lpt is not None:  # loss_per_token is the loss itself
+        go, g_lpt = go + g_lpt.to(f32).reshape(n), None
+
+    def per_token(g, bit):
+        return g.to(f32).reshape(n).contiguous() if g is not None and bits & bit else None
+
+    grads = o["saved_grads"] if o["strategy"] == "saved" else \
+        (GRAD_HIDDEN * bool(need_dh) | GRAD_WEIGHT * bool(need_dw) | GRAD_BIAS * bool(need_db))
+    eager = getattr(ctx, "eager", False)
+    r = (_backward_saved_impl if eager else backward_saved_op)(
+        hidden, weight, labels, bias, class_weights, lse, entropy, ws, go.contiguous(),
+        per_token(g_logprob, _lib.FLCE_GRAD_LOGPROB), per_token(g_lse, _lib.FLCE_GRAD_LSE),
+        per_token(g_entropy, _lib.FLCE_GRAD_ENTROPY), per_token(g_lpt, _lib.FLCE_GRAD_LOSS_PER_TOKEN),
+        o["reduction"], o["ignore_index"], o["label_smoothing"], o["z_loss"], o["softcap"], o["temperature"],
+        o["memory_budget"], grads, bits, o["outputs"], gh_acc, gw_acc)
+    if eager:  # what the custom op's mutation declaration does: a second backward must see it
+        _bump(ws, gh_acc if need_dh else None, gw_acc if need_dw else None)
+    dh, dw, db = (t if t.numel() else None for t in r)
     return (dh if need_dh and gh_acc is None else None, dw if need_dw and gw_acc is None else None, None,
             db if need_db else None) + none[4:]
 
@@ -340,6 +478,69 @@ backward_op = torch.library.custom_op("flce::backward", mutates_args=("grad_hidd
 def _backward_fake(hidden, weight, labels, bias, class_weights, lse, grad_output, reduction, ignore_index,
                    label_smoothing, z_loss, softcap, temperature, strategy, memory_budget, grads, tp_rank, tp_size,
                    vocab_offset, vocab_total, comm, grad_hidden_acc, grad_weight_acc):
+    return _backward_outputs(hidden, weight, bias, grads, grad_hidden_acc, grad_weight_acc)
+
+
+# ---- flce::backward_saved ------------------------------------------------------------------------
+
+def _backward_saved_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[Tensor],
+                         class_weights: Optional[Tensor], lse: Tensor, entropy: Optional[Tensor],
+                         workspace: Optional[Tensor], grad_output: Tensor, grad_logprob: Optional[Tensor],
+                         grad_lse: Optional[Tensor], grad_entropy: Optional[Tensor],
+                         grad_loss_per_token: Optional[Tensor], reduction: str, ignore_index: int,
+                         label_smoothing: float, z_loss: float, softcap: float, temperature: float,
+                         memory_budget: int, grads: int, grad_outputs: int, outputs: int,
+                         grad_hidden_acc: Optional[Tensor], grad_weight_acc: Optional[Tensor]
+                         ) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dh, dw, db) of g·loss + Σ_i (g_lp,i·logprob_i + g_lse,i·lse_i + g_H,i·entropy_i + g_i·loss_i):
+    grad_output is the loss's upstream gradient (one value for mean/sum, N for none), the others N
+    values or None (zeros). With `workspace` (strategy 'saved') from the logits the forward kept
+    there, which become dZ in place; without, one chunked flce_loss_and_grad (the logits again).
+    grad_outputs: the FLCE_GRAD_* bits of the forward; outputs: its OUT_* bits."""
+    from . import _Call
+    hidden, weight, bias, class_weights = _dense(hidden), _dense(weight), _dense(bias), _dense(class_weights, 4)
+    labels, lse, grad_output = _dense(labels, labels.element_size()), _dense(lse, 4), _dense(grad_output, 4)
+    opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature,
+                    "saved" if workspace is not None else "chunked", memory_budget)
+    dh, dw, db = _backward_outputs(hidden, weight, bias, grads, grad_hidden_acc, grad_weight_acc)
+    call = _Call(hidden, weight, labels, opts, None, bias=bias, class_weights=class_weights)
+    _saved_problem(call, grad_outputs, grad_hidden_acc if grads & GRAD_HIDDEN else None,
+                   grad_weight_acc if grads & GRAD_WEIGHT else None)
+    gh = grad_hidden_acc if grads & GRAD_HIDDEN and grad_hidden_acc is not None else _given(dh)
+    gw = grad_weight_acc if grads & GRAD_WEIGHT and grad_weight_acc is not None else _given(dw)
+    if gh is None and gw is None:  # the bias alone: a scratch dH (the forward named one too)
+        gh = torch.empty_like(hidden)
+    upstream = dict(grad_output=grad_output, grad_logprob=_dense(grad_logprob, 4), grad_lse=_dense(grad_lse, 4),
+                    grad_entropy=_dense(grad_entropy, 4), grad_loss_per_token=_dense(grad_loss_per_token, 4))
+    if workspace is not None and workspace.numel():
+        ws = workspace
+        mark = {k: ws if outputs & bit else None for k, bit in (("logprob", OUT_LOGPROB), ("entropy", OUT_ENTROPY),
+                ("argmax", OUT_ARGMAX), ("zl", OUT_ZLOSS), ("lpt", OUT_LOSS_PER_TOKEN))}
+        if entropy is not None:
+            mark["entropy"] = _dense(entropy, 4)
+        fields = _saved_fields(ws, lse, ws=ws, saved_grads=grads, bias=bias, **mark)
+        fields.update(grad_hidden=gh, grad_weight=gw, grad_bias=_given(db))
+        call(_lib.FLCE_OP_BACKWARD, "saved", workspace=ws, **fields, **upstream)
+        return dh, dw, db
+    n, dev = hidden.shape[0], hidden.device
+    scratch = dict(loss=torch.empty((n,) if reduction == "none" else (), dtype=torch.float32, device=dev),
+                   lse=torch.empty(n, dtype=torch.float32, device=dev))
+    if grad_outputs & _lib.FLCE_GRAD_ENTROPY:
+        scratch["entropy"] = torch.empty(n, dtype=torch.float32, device=dev)
+    call(_lib.FLCE_OP_LOSS_AND_GRAD, "chunked", grad_hidden=gh, grad_weight=gw, grad_bias=_given(db), **scratch,
+         **upstream)
+    return dh, dw, db
+
+
+backward_saved_op = torch.library.custom_op(
+    "flce::backward_saved", mutates_args=("workspace", "grad_hidden_acc", "grad_weight_acc"))(_backward_saved_impl)
+
+
+@backward_saved_op.register_fake
+def _backward_saved_fake(hidden, weight, labels, bias, class_weights, lse, entropy, workspace, grad_output,
+                         grad_logprob, grad_lse, grad_entropy, grad_loss_per_token, reduction, ignore_index,
+                         label_smoothing, z_loss, softcap, temperature, memory_budget, grads, grad_outputs, outputs,
+                         grad_hidden_acc, grad_weight_acc):
     return _backward_outputs(hidden, weight, bias, grads, grad_hidden_acc, grad_weight_acc)
 
 

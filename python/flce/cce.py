@@ -6,8 +6,8 @@
 e: embeddings (..., D); c: classifier (V, D); targets: e's leading shape; shift (int or bool):
 e[..., t, :] is scored against targets[..., t + shift] (causal LM: shift=1), with no copy of e;
 for reduction 'none' the per-token loss is placed at the target's position (the first `shift`
-are 0), as CCE does. return_lse=True returns (loss, lse), lse aligned the same way (not
-differentiable: a gradient reaching it raises NotImplementedError; use flce's z_loss= instead).
+are 0), as CCE does. return_lse=True returns (loss, lse), lse aligned the same way and
+differentiable (CCE's z-loss recipe `loss + λ·(lse**2).mean()` works as written).
 CCE's accuracy and speed knobs (filter_eps, accum_e_fp32, accum_c_fp32, filter_e_grad,
 filter_c_grad, impl) are accepted and ignored: flce filters nothing and accumulates in fp32.
 vocab_parallel_options: use flce.vocab_parallel_cross_entropy.
