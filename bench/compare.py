@@ -807,6 +807,11 @@ def main():
     ap.add_argument("--out", "--out-dir", dest="out", default=os.environ.get("OUT") or ".",
                     help="directory of the result files (default: $OUT, else .)")
     ap.add_argument("--tag", default="", help="suffix of the result file names")
+    ap.add_argument("--paths", action="store_true",
+                    help="the training paths instead (bench/paths.py: mean, none-adv, logprobs-adv, "
+                         "logprobs-adv-entropy, mean-main-grad, mean-zloss-lse; flce vs torch.compile) into "
+                         "<out>/paths-<device>-<date>.{json,md}")
+    ap.add_argument("--path-list", help="with --paths: a comma-separated subset of the paths")
     args = ap.parse_args()
     args.portable_peak = None  # measured once, by the first portable_rows
     shapes = args.shapes or [parse_shape(s) for s in (QUICK_SHAPES if args.quick else ALL_SHAPES)]
@@ -839,6 +844,12 @@ def main():
         meta["triton"] = triton.__version__
     except ImportError:
         meta["triton"] = None
+    if args.paths:
+        import paths as paths_mod  # bench/, the script's own folder
+        args.shapes_text = ",".join(f"{n}x{d}x{v}" for n, d, v in args.shapes) if args.shapes else None
+        args.paths_list = args.path_list.split(",") if args.path_list else None
+        paths_mod.run(args, meta)
+        return
     monitor = GpuMonitor()
 
     suffix = (f"-{args.tag}" if args.tag else
