@@ -403,6 +403,53 @@ def feature_cases():
                 check_outputs(48, 16, 120, dtype, spec, reduction, seed=31, objective="rl")
     case("lse and entropy differentiable (RL objective) against float64 autograd", differentiable_lse_and_entropy)
 
+    def grpo_step():
+        # python/example_grpo.py, the README's RL example: clipped ratio, k3 KL, entropy bonus
+        import example_grpo
+        for dtype in (torch.bfloat16, torch.float32):
+            e_loss, e_dh, e_dw = example_grpo.check(DEV, dtype)
+            tol = 1e-4 if dtype == torch.float32 else 1e-2
+            assert e_loss < 1e-4 and e_dh < tol and e_dw < tol, (dtype, e_loss, e_dh, e_dw)
+    case("GRPO step on flce's outputs matches float64 logits (example_grpo.py)", grpo_step)
+
+    def saved_logits_edges():
+        # the saved logits are consumed by the backward: a second one through the graph raises
+        h, w, y = inputs(64, 16, 200, torch.bfloat16, seed=41)
+        h, w = h.requires_grad_(), w.requires_grad_()
+        out = flce.linear_cross_entropy(h, w, y, reduction="none", return_logprobs=True)
+        obj = out.logprobs.sum()
+        obj.backward(retain_graph=True)
+        try:
+            obj.backward()
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("a second backward through saved logits must raise")
+        # every token ignored: zero gradients, also for lse's term on ignored tokens being exact
+        y_all = torch.full_like(y, -100)
+        h.grad = w.grad = None
+        out = flce.linear_cross_entropy(h, w, y_all, return_logprobs=True, return_lse=True)
+        (out.loss + out.logprobs.sum()).backward()
+        assert float(h.grad.abs().max()) == 0 and float(w.grad.abs().max()) == 0
+        # one token
+        check_outputs(1, 16, 50, torch.bfloat16, {}, "none", seed=43, objective="rl")
+        # steps keep memory flat: what forward keeps is freed with the graph
+        if GPU:
+            hl, wl = h.detach().requires_grad_(), w.detach().requires_grad_()
+            torch.cuda.synchronize()
+            before = None
+            for step in range(1000):
+                o = flce.linear_cross_entropy(hl, wl, y, reduction="none", return_logprobs=True,
+                                              return_entropy=True)
+                (o.logprobs.sum() + 0.01 * o.entropy.sum()).backward()
+                hl.grad = wl.grad = None
+                if step == 10:
+                    torch.cuda.synchronize()
+                    before = torch.cuda.memory_allocated()
+            torch.cuda.synchronize()
+            assert torch.cuda.memory_allocated() <= before, (torch.cuda.memory_allocated(), before)
+    case("saved logits: second backward raises, all ignored, N = 1, 1000 steps flat memory", saved_logits_edges)
+
     def shift_matches_slicing():
         g = gen(8)
         hb = torch.randn(3, 20, 32, device=DEV, generator=g)
