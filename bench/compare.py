@@ -267,7 +267,7 @@ def p_torch_compile(h, w, y, state):
 
 def _options(strategy="auto", memory_budget=None):
     return flce._Options(ignore_index=IGNORE, reduction="mean", strategy=strategy, memory_budget=memory_budget,
-                         label_smoothing=0.0, z_loss=0.0, softcap=0.0, temperature=1.0)
+                         label_smoothing=0.0, z_loss=0.0, softcap=0.0, temperature=1.0, batch_invariant=False)
 
 
 def _accumulate_dw(call):

@@ -160,6 +160,13 @@ typedef struct flce_problem {
                                        (strategies CHUNKED and SAVED). With any bit
                                        set the loss's scalar grad_output (mean, sum) is folded into
                                        each token's dZ instead of the GEMM epilogues */
+    int32_t batch_invariant;        /* 1: a token's lse, loss_i, target_logprob, entropy and argmax
+                                       are bitwise identical whatever the number of tokens in the
+                                       call, the other tokens, the chunking and the strategy (a
+                                       fixed vocab split per 8192 columns, merged in order; every
+                                       16-bit logits pass takes the compact pass's statistics; no
+                                       row-scaled store; built-in logits tiles), for train/inference
+                                       agreement of RL log-probs. Same GPU and flce version only */
 } flce_problem;
 
 /* Device buffers of one call. Unused outputs may be NULL. */

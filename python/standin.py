@@ -144,7 +144,7 @@ def install():
         self.problem.memory_budget < 2 * self.problem.tokens * self.problem.vocab_shard else 256
     flce._Call.strategy_of = lambda self, op, strategy: _choice(
         None, self.problem.tokens, 0, 0, None, None, flce._Options(-100, "mean", strategy, self.problem.memory_budget,
-                                                                    0, 0, 0, 1), None, False, False)
+                                                                    0, 0, 0, 1, False), None, False, False)
     choice = torch.compiler.assume_constant_result(lambda *a: _choice(*a))
     flce._auto_choice = choice
     flce._require_cuda = lambda hidden: None

@@ -173,7 +173,7 @@ def basic_cases():
         # flce_backward later, exactly what strategy='recompute' runs: the same bits, and a second
         # backward (retain_graph) works.
         h, w, y = inputs(1500, 72, 3001, seed=5, std=1.0, ignore=0)
-        call = flce._Call(h, w, y, flce._Options(-100, "mean", "auto", 1 << 20, 0.0, 0.0, 0.0, 1.0))
+        call = flce._Call(h, w, y, flce._Options(-100, "mean", "auto", 1 << 20, 0.0, 0.0, 0.0, 1.0, False))
         assert call.strategy_of(_lib.FLCE_OP_LOSS_AND_GRAD, "auto") == "recompute", \
             "the library's AUTO no longer recomputes 1500x72x3001 in 1 MiB: the test needs a shape where it does"
         grads = []

@@ -142,6 +142,8 @@ static flce_status check_enums(const flce_problem *p)
                        p->tp_size);
     if (p->has_bias != 0 && p->has_bias != 1)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.has_bias=%d: must be 0 or 1", p->has_bias);
+    if (p->batch_invariant != 0 && p->batch_invariant != 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.batch_invariant=%d: must be 0 or 1", p->batch_invariant);
     if (p->grad_outputs & ~(FLCE_GRAD_LOGPROB | FLCE_GRAD_LSE | FLCE_GRAD_ENTROPY | FLCE_GRAD_LOSS_PER_TOKEN))
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.grad_outputs=0x%x: unknown bits (FLCE_GRAD_*)",
                        (unsigned)p->grad_outputs);

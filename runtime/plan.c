@@ -245,6 +245,9 @@ static int qrows_allowed(const flce_problem *p, const flce_config *cfg, const pl
 {
     int64_t total = p->vocab_total ? p->vocab_total : p->vocab_offset + p->vocab_shard;
     int whole = pl->tp <= 1 ? p->vocab_offset == 0 && total == p->vocab_shard : pl->collective && !pl->sp;
+    /* (batch_invariant: the row-scaled store sums a row's statistics against its own reference,
+     * taken only in chunks of 1e8 logits or more, so a token's bits would depend on N) */
+    if (p->batch_invariant) return 0;
     /* (entropy's dz is not linear in p: it needs the dz pass) */
     return cfg->qrows != 0 && pl->compact && !pl->recompute && p->dtype == FLCE_DTYPE_BF16 && hopper_tma(&pl->logits) &&
            !(p->grad_outputs & FLCE_GRAD_ENTROPY) &&
@@ -722,6 +725,27 @@ static void plan_forced_splits(int want, plan *pl)
     pl->splits = (int)ceil_div(tiles, pl->tiles_per_split);
 }
 
+/* problem.batch_invariant (flce.h): what a token's statistics depend on made independent of the
+ * call. The online (max, sum) of a row runs over its vocab split's tiles in order and the combine
+ * merges the splits in order, so the splits are fixed by V alone (PLAN_INVARIANT_SPLIT_COLS each);
+ * every 16-bit logits pass takes the compact pass's exp and per-warp-tile maxima (gemm_logits.cu:
+ * a forward then computes what a chunked or saved call's statistics pass does, storing nothing);
+ * the tile is the built-in one (a tune table entry is per token bucket). The row-scaled store is
+ * off (qrows_allowed). */
+static int sm_of(const plan *pl) { return pl->logits.sm; }
+static void plan_invariant_logits(const flce_problem *p, int sm, const flce_config *cfg, plan *pl)
+{
+    if (pl->tiles_tuned) {
+        pl->logits.tile = spec_tile_pick(sm, p->dtype, ROLE_LOGITS, cfg->tiles);
+        if (cfg->portable && (sm == 90 || sm == 100))
+            pl->logits.tile = spec_tile_pick(89, p->dtype, ROLE_LOGITS, cfg->tiles);
+    }
+    if (p->dtype != FLCE_DTYPE_F32 && !(pl->recompute && !pl->fused_dz)) pl->logits.compact = 1;
+    int64_t tiles = ceil_div(pl->v, pl->logits.tile.bn), per = PLAN_INVARIANT_SPLIT_COLS / pl->logits.tile.bn;
+    pl->tiles_per_split = (int)(per > 0 ? (per < tiles ? per : tiles) : 1);
+    pl->splits = (int)ceil_div(tiles, pl->tiles_per_split);
+}
+
 /* The rest, once the tiles are final (built-in or tuned). */
 static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, const flce_config *cfg,
                                const flce_tensors *t, plan *pl)
@@ -760,6 +784,7 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
     }
     plan_vocab_splits(pl, stat_rows, pl->v, num_sms, &pl->splits, &pl->tiles_per_split);
     if (cfg->logits_splits > 0) plan_forced_splits(cfg->logits_splits, pl);
+    if (p->batch_invariant) plan_invariant_logits(p, sm_of(pl), cfg, pl);
     plan_logits_persist(cfg, pl);
     pl->logits_group = cfg->logits_group;
     plan_layout(p, t, pl);

@@ -33,6 +33,9 @@
  * its fp32 slab's store). */
 #define PLAN_DH_SPLITS_MAX 8
 #define PLAN_DH_SPLIT_MIN_K 8192
+/* problem.batch_invariant: the statistics pass's vocab splits are this many columns each, whatever
+ * the rows (plan.c plan_invariant_logits) */
+#define PLAN_INVARIANT_SPLIT_COLS 8192
 /* The statistics all-gather of TP: each rank's block is a header of FLCE_TP_HEADER words, then
  * FLCE_TP_RECORD words per token row (templates/params.h). */
 uint64_t plan_tp_block_bytes(int64_t rows);

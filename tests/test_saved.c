@@ -215,6 +215,82 @@ static void saved_logits_match_the_reference(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_saved(&cases[i]);
 }
 
+/* problem.batch_invariant: a token's lse, loss (none), log-prob, entropy and argmax have the same
+ * bits whatever the call holds: N ∈ {1, 7, 513, 8192} prefixes of one batch, each through a forward,
+ * the saved strategy, a chunked call in many chunks and recompute, against one forward of all. */
+enum { BI_OUTS = 5 };
+static int bi_run(flce_problem p, flce_strategy s, void *const dev[BI_OUTS], void *dh, void *dw, void *ws,
+                  uint64_t ws_bytes, const flce_tensors *in)
+{
+    flce_tensors t = *in;
+    t.lse = dev[0], t.loss = dev[1], t.target_logprob = dev[2], t.entropy = dev[3], t.argmax = dev[4];
+    p.strategy = s;
+    if (s == FLCE_STRATEGY_FORWARD) return flce_forward(ctx, &p, &t, NULL) == FLCE_OK;
+    t.grad_hidden = dh, t.grad_weight = dw;
+    if (s == FLCE_STRATEGY_SAVED) {
+        t.workspace = ws, t.workspace_bytes = ws_bytes;
+        return flce_forward(ctx, &p, &t, NULL) == FLCE_OK && flce_backward(ctx, &p, &t, NULL) == FLCE_OK;
+    }
+    if (s == FLCE_STRATEGY_CHUNKED) p.memory_budget = 8 << 20; /* many token chunks */
+    return flce_loss_and_grad(ctx, &p, &t, NULL) == FLCE_OK;
+}
+
+static void batch_invariant_outputs_are_bitwise_equal(void)
+{
+    const int64_t N = 8192, d = 256, v = 32000;
+    double *h = dalloc(N * d), *w = dalloc(v * d);
+    for (int64_t i = 0; i < N * d; i++) h[i] = host_rng_normal(&rng);
+    for (int64_t i = 0; i < v * d; i++) w[i] = 4.0 / sqrt((double)d) * host_rng_normal(&rng);
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)N);
+    for (int64_t i = 0; i < N; i++) y[i] = host_rng_uniform(&rng) < 0.05 ? -100 : (int32_t)host_rng_below(&rng, v);
+    flce_tensors in;
+    flce_tensors_init(&in);
+    void *lab = NULL, *dh = NULL, *dw = NULL, *ws = NULL;
+    devmem_alloc(&lab, (size_t)N * 4);
+    devmem_upload(lab, y, (size_t)N * 4);
+    in.hidden = upload_dtype(BF, h, N * d), in.weight = upload_dtype(BF, w, v * d), in.labels = lab;
+    devmem_alloc(&dh, (size_t)(N * d) * 2), devmem_alloc(&dw, (size_t)(v * d) * 2);
+    const size_t bytes[BI_OUTS] = {4, 4, 4, 4, 8};
+    void *ref[BI_OUTS], *got[BI_OUTS];
+    for (int k = 0; k < BI_OUTS; k++) ref[k] = poisoned(bytes[k] * (size_t)N), got[k] = poisoned(bytes[k] * (size_t)N);
+    flce_problem p;
+    flce_problem_init(&p);
+    p.hidden = d, p.vocab_shard = v, p.reduction = FLCE_REDUCTION_NONE, p.batch_invariant = 1, p.tokens = N;
+    p.strategy = FLCE_STRATEGY_SAVED;
+    uint64_t ws_bytes = 0;
+    int ok = flce_workspace_size(ctx, &p, FLCE_OP_FORWARD, &ws_bytes) == FLCE_OK &&
+             devmem_alloc(&ws, ws_bytes) == FLCE_OK && bi_run(p, FLCE_STRATEGY_FORWARD, ref, dh, dw, ws, ws_bytes, &in);
+    CHECKF(ok, "batch invariant: the reference forward: %s", flce_last_error());
+    unsigned char *a = malloc(8 * (size_t)N), *b = malloc(8 * (size_t)N);
+    static const int64_t ns[] = {1, 7, 513, 8192};
+    static const flce_strategy ss[] = {FLCE_STRATEGY_FORWARD, FLCE_STRATEGY_SAVED, FLCE_STRATEGY_CHUNKED,
+                                       FLCE_STRATEGY_RECOMPUTE};
+    static const char *sname[] = {"forward", "saved", "chunked (many chunks)", "recompute"};
+    static const char *oname[] = {"lse", "loss", "target_logprob", "entropy", "argmax"};
+    for (size_t i = 0; ok && i < sizeof ns / sizeof ns[0]; i++) {
+        for (size_t s = 0; ok && s < sizeof ss / sizeof ss[0]; s++) {
+            p.tokens = ns[i];
+            for (int k = 0; k < BI_OUTS; k++) devmem_poison(got[k], bytes[k] * (size_t)N);
+            ok = bi_run(p, ss[s], got, dh, dw, ws, ws_bytes, &in) && flce_check(ctx, NULL) == FLCE_OK;
+            CHECKF(ok, "batch invariant: N=%lld %s: %s", (long long)ns[i], sname[s], flce_last_error());
+            for (int k = 0; ok && k < BI_OUTS; k++) {
+                devmem_download(a, ref[k], bytes[k] * (size_t)ns[i]);
+                devmem_download(b, got[k], bytes[k] * (size_t)ns[i]);
+                size_t at = 0;
+                while (at < bytes[k] * (size_t)ns[i] && a[at] == b[at]) at++;
+                CHECKF(at == bytes[k] * (size_t)ns[i], "batch invariant: N=%lld %s: %s of token %zu differs",
+                       (long long)ns[i], sname[s], oname[k], at / bytes[k]);
+            }
+        }
+    }
+    printf("  batch invariant: N in {1, 7, 513, 8192} x {forward, saved, chunked, recompute}: %s\n",
+           ok && !check_case_failed ? "bitwise equal" : "DIFFERENT");
+    for (int k = 0; k < BI_OUTS; k++) devmem_free(ref[k]), devmem_free(got[k]);
+    devmem_free((void *)in.hidden), devmem_free((void *)in.weight), devmem_free(lab), devmem_free(dh);
+    devmem_free(dw), devmem_free(ws);
+    free(h), free(w), free(y), free(a), free(b);
+}
+
 /* What a caller gets wrong: named in the message, nothing run. */
 static void saved_misuse_is_named(void)
 {
@@ -256,6 +332,7 @@ int main(void)
     }
     RUN(saved_logits_match_the_reference);
     RUN(saved_misuse_is_named);
+    RUN(batch_invariant_outputs_are_bitwise_equal);
     flce_context_destroy(ctx);
     FINISH();
 }

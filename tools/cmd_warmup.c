@@ -53,7 +53,7 @@ static void warmup_usage(FILE *f)
             "usage: flce warmup --shapes NxDxV,... [--dtype bf16] [--arch sm_90a]\n"
             "                   [--op loss-and-grad|forward|backward]\n"
             "                   [--strategy auto|chunked|recompute|forward|saved]\n"
-            "                   [--grad-outputs logprob,lse,entropy,loss_per_token]\n"
+            "                   [--grad-outputs logprob,lse,entropy,loss_per_token] [--batch-invariant]\n"
             "                   [--budget-mib N] [--reduction mean|sum|none] [--labels 32|64]\n"
             "                   [--smoothing E] [--z-loss L] [--softcap C] [--temperature T] [--bias]\n"
             "                   [--class-weights] [--accumulate] [--outputs usual|all|entropy,argmax]\n"
@@ -163,8 +163,10 @@ static int warmup_parse(warmup_opts *o, int argc, char **argv)
             return 0;
         }
         /* flags without a value */
-        if (!strcmp(k, "--bias") || !strcmp(k, "--class-weights") || !strcmp(k, "--accumulate")) {
+        if (!strcmp(k, "--bias") || !strcmp(k, "--class-weights") || !strcmp(k, "--accumulate") ||
+            !strcmp(k, "--batch-invariant")) {
             if (!strcmp(k, "--bias")) p->has_bias = 1;
+            else if (!strcmp(k, "--batch-invariant")) p->batch_invariant = 1;
             else if (!strcmp(k, "--class-weights")) p->has_class_weights = 1;
             else p->accumulate_grad_hidden = p->accumulate_grad_weight = 1;
             i++;

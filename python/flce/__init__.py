@@ -164,6 +164,7 @@ class _Options(NamedTuple):
     z_loss: float
     softcap: float
     temperature: float
+    batch_invariant: bool
 
 
 def _problem(n, d, v, dtype, label_dtype, opts, tp=None, has_bias=False, has_class_weights=False):
@@ -178,6 +179,8 @@ def _problem(n, d, v, dtype, label_dtype, opts, tp=None, has_bias=False, has_cla
         softcap=float(opts.softcap), temperature=float(opts.temperature))
     if has_bias:
         fields["has_bias"] = 1
+    if opts.batch_invariant:
+        fields["batch_invariant"] = 1
     if has_class_weights:
         fields["has_class_weights"] = 1
     return _lib.new_problem(**fields)
@@ -362,7 +365,7 @@ def _plan_options(opts):
     budget = None if opts.memory_budget is None else num(opts.memory_budget, 0)
     return _Options(num(opts.ignore_index, 0), opts.reduction, opts.strategy, budget,
                     num(opts.label_smoothing, 0.5), num(opts.z_loss, 1e-4), num(opts.softcap, 1.0),
-                    num(opts.temperature, 1.0))
+                    num(opts.temperature, 1.0), opts.batch_invariant)
 
 
 def _grads_in_forward(h2, weight, y1, opts, tp, bias, class_weights):
@@ -439,7 +442,7 @@ def linear_cross_entropy(hidden, weight, labels, *, bias=None, class_weights=Non
                          z_loss=0.0, softcap=0.0, temperature=1.0, shift=0, grad_weight_accumulator=None,
                          grad_hidden_accumulator=None, return_lse=False, return_logprobs=False,
                          return_entropy=False, return_argmax=False, return_z_loss=False,
-                         return_loss_per_token=False):
+                         return_loss_per_token=False, batch_invariant=False):
     """cross_entropy(hidden @ weight.T + bias, labels) without materializing the logits.
 
     hidden:  (N, D) or (..., D), float32 / float16 / bfloat16, contiguous, on a CUDA device.
@@ -460,6 +463,9 @@ def linear_cross_entropy(hidden, weight, labels, *, bias=None, class_weights=Non
     grad_weight_accumulator / grad_hidden_accumulator: float32 tensors shaped like weight / hidden
         (Megatron's main_grad): backward adds dW / dH into them in fp32 (one rounding less than a
         16-bit .grad) and weight's / hidden's autograd gradient is then None.
+    batch_invariant: a token's lse, loss, logprobs, entropy and argmax bitwise identical whatever
+        else the call holds (its token count, the other tokens, chunks, strategy): train/inference
+        agreement of RL log-probs (include/flce.h problem.batch_invariant).
     return_lse, return_logprobs, return_entropy, return_argmax, return_z_loss,
         return_loss_per_token: also return these per-token values (see LinearCrossEntropyOutput);
         then the result is a LinearCrossEntropyOutput instead of the loss tensor. logprobs,
@@ -485,7 +491,8 @@ def linear_cross_entropy(hidden, weight, labels, *, bias=None, class_weights=Non
     _check_extra(hidden, weight, bias, class_weights, vocab_total, grad_hidden_accumulator, grad_weight_accumulator)
     s = operator.index(shift)
     labels = _shift_labels(labels, s, ignore_index)
-    opts = _Options(ignore_index, reduction, strategy, memory_budget, label_smoothing, z_loss, softcap, temperature)
+    opts = _Options(ignore_index, reduction, strategy, memory_budget, label_smoothing, z_loss, softcap, temperature,
+                    bool(batch_invariant))
     want = dict(lse=return_lse, logprobs=return_logprobs, entropy=return_entropy, argmax=return_argmax,
                 z_loss=return_z_loss, loss_per_token=return_loss_per_token)
     return _apply(hidden, weight, labels, opts, None, bias, class_weights, grad_hidden_accumulator,
@@ -562,7 +569,7 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
         h2, weight, y1, bias, cw, gh_acc, gw_acc, opts.reduction, int(opts.ignore_index),
         float(opts.label_smoothing), float(opts.z_loss), float(opts.softcap), float(opts.temperature),
         strategy, int(opts.memory_budget or 0), outputs, grads, rank, size, offset, total, int(comm or 0),
-        bits, saved_grads)
+        bits, saved_grads, int(opts.batch_invariant))
     loss, lse, logprob, entropy, argmax, zl, lpt = res[:7]
 
     if opts.reduction == "none":

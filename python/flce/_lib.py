@@ -89,6 +89,7 @@ class Problem(ctypes.Structure):
         ("accumulate_grad_weight", ctypes.c_int32),
         ("sequence_parallel", ctypes.c_int32),
         ("grad_outputs", ctypes.c_int32),  # API version 3
+        ("batch_invariant", ctypes.c_int32),
     ]
 
 

@@ -31,10 +31,11 @@ OUT_LOGPROB, OUT_ENTROPY, OUT_ARGMAX, OUT_ZLOSS, OUT_LOSS_PER_TOKEN = 1, 2, 4, 8
 GRAD_HIDDEN, GRAD_WEIGHT, GRAD_BIAS = 1, 2, 4
 
 
-def _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget):
+def _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget,
+             batch_invariant=0):
     from . import _Options
     return _Options(ignore_index, reduction, strategy, memory_budget or None, label_smoothing, z_loss, softcap,
-                    temperature)
+                    temperature, bool(batch_invariant))
 
 
 def _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm):
@@ -84,7 +85,7 @@ def _forward_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional
                reduction: str, ignore_index: int, label_smoothing: float, z_loss: float, softcap: float,
                temperature: float, strategy: str, memory_budget: int, outputs: int, grads: int,
                tp_rank: int, tp_size: int, vocab_offset: int, vocab_total: int, comm: int, grad_outputs: int = 0,
-               saved_grads: int = 0
+               saved_grads: int = 0, batch_invariant: int = 0
                ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Returns (loss, lse, logprob, entropy, argmax, z_loss, loss_per_token, dh, dw, db, saved): loss () or
     (N,) for 'none'; lse (N,); the per-token outputs (N,) when their `outputs` bit is set, else (0,);
@@ -97,7 +98,8 @@ def _forward_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional
     from . import _Call
     hidden, weight, bias, class_weights = _dense(hidden), _dense(weight), _dense(bias), _dense(class_weights, 4)
     labels = _dense(labels, labels.element_size())
-    opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget)
+    opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget,
+                    batch_invariant)
     call = _Call(hidden, weight, labels, opts, _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm),
                  bias=bias, class_weights=class_weights)
     if strategy == "saved":
@@ -128,17 +130,19 @@ forward_op = torch.library.custom_op("flce::forward", mutates_args=())(_forward_
 @forward_op.register_fake
 def _forward_fake(hidden, weight, labels, bias, class_weights, grad_hidden_acc, grad_weight_acc, reduction,
                   ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget, outputs,
-                  grads, tp_rank, tp_size, vocab_offset, vocab_total, comm, grad_outputs=0, saved_grads=0):
+                  grads, tp_rank, tp_size, vocab_offset, vocab_total, comm, grad_outputs=0, saved_grads=0,
+                  batch_invariant=0):
     saved = 0
     if strategy == "saved":
         saved = _fake_saved_bytes(hidden, weight, labels, bias, class_weights, grad_hidden_acc, grad_weight_acc,
                                   reduction, ignore_index, label_smoothing, z_loss, softcap, temperature,
-                                  memory_budget, grad_outputs, saved_grads)
+                                  memory_budget, grad_outputs, saved_grads, batch_invariant)
     return _forward_outputs(hidden, weight, bias, reduction, outputs, grads, saved)
 
 
 def _fake_saved_bytes(hidden, weight, labels, bias, class_weights, gh_acc, gw_acc, reduction, ignore_index,
-                      label_smoothing, z_loss, softcap, temperature, memory_budget, grad_outputs, saved_grads):
+                      label_smoothing, z_loss, softcap, temperature, memory_budget, grad_outputs, saved_grads,
+                      batch_invariant=0):
     """The saved logits' bytes as the real kernel will take them: the library's plan (host
     arithmetic) for static shapes and options, else a size the graph does not know."""
     from . import _Call
@@ -146,7 +150,7 @@ def _fake_saved_bytes(hidden, weight, labels, bias, class_weights, gh_acc, gw_ac
               temperature)
     if all(type(x) in (int, float) for x in static):
         opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, "saved",
-                        memory_budget)
+                        memory_budget, batch_invariant)
         call = _Call(hidden, weight, labels, opts, None, bias=bias, class_weights=class_weights)
         _saved_problem(call, grad_outputs, gh_acc if saved_grads & GRAD_HIDDEN else None,
                        gw_acc if saved_grads & GRAD_WEIGHT else None)
@@ -195,7 +199,7 @@ def _saved_fields(loss, lse, logprob, entropy, argmax, zl, lpt, ws, saved_grads,
 
 _OPTION_NAMES = ("reduction", "ignore_index", "label_smoothing", "z_loss", "softcap", "temperature", "strategy",
                  "memory_budget", "outputs", "grads", "tp_rank", "tp_size", "vocab_offset", "vocab_total", "comm",
-                 "grad_outputs", "saved_grads")
+                 "grad_outputs", "saved_grads", "batch_invariant")
 
 
 def _forward_setup(ctx, inputs, output):
@@ -203,6 +207,7 @@ def _forward_setup(ctx, inputs, output):
     ctx.o = dict(zip(_OPTION_NAMES, inputs[7:]))
     ctx.o.setdefault("grad_outputs", 0)
     ctx.o.setdefault("saved_grads", 0)
+    ctx.o.setdefault("batch_invariant", 0)
     bits = ctx.o["grad_outputs"]
     loss, lse, logprob, entropy, argmax, zl, lpt, dh, dw, db, saved = output
     # Gradients flow only through loss, logprob and loss_per_token, and lse and entropy where
@@ -284,7 +289,7 @@ def _forward_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_argmax, g_zl, 
     if len(need) > 4 and need[4]:
         raise NotImplementedError("flce: class weights (weight=) are not differentiable (as in "
                                   "F.cross_entropy); pass them detached")
-    none = (None,) * 24
+    none = (None,) * len(ctx.needs_input_grad)  # one per input of flce::forward
     if o["grads"]:
         dh, dw, db = ctx.saved_tensors
         if g_loss is None:
@@ -381,7 +386,7 @@ def _outputs_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_lpt, none):
         per_token(g_logprob, _lib.FLCE_GRAD_LOGPROB), per_token(g_lse, _lib.FLCE_GRAD_LSE),
         per_token(g_entropy, _lib.FLCE_GRAD_ENTROPY), per_token(g_lpt, _lib.FLCE_GRAD_LOSS_PER_TOKEN),
         o["reduction"], o["ignore_index"], o["label_smoothing"], o["z_loss"], o["softcap"], o["temperature"],
-        o["memory_budget"], grads, bits, o["outputs"], gh_acc, gw_acc)
+        o["memory_budget"], grads, bits, o["outputs"], gh_acc, gw_acc, o["batch_invariant"])
     if eager:  # what the custom op's mutation declaration does: a second backward must see it
         _bump(ws, gh_acc if need_dh else None, gw_acc if need_dw else None)
     dh, dw, db = (t if t.numel() else None for t in r)
@@ -490,8 +495,8 @@ def _backward_saved_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: O
                          grad_loss_per_token: Optional[Tensor], reduction: str, ignore_index: int,
                          label_smoothing: float, z_loss: float, softcap: float, temperature: float,
                          memory_budget: int, grads: int, grad_outputs: int, outputs: int,
-                         grad_hidden_acc: Optional[Tensor], grad_weight_acc: Optional[Tensor]
-                         ) -> Tuple[Tensor, Tensor, Tensor]:
+                         grad_hidden_acc: Optional[Tensor], grad_weight_acc: Optional[Tensor],
+                         batch_invariant: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """(dh, dw, db) of g·loss + Σ_i (g_lp,i·logprob_i + g_lse,i·lse_i + g_H,i·entropy_i + g_i·loss_i):
     grad_output is the loss's upstream gradient (one value for mean/sum, N for none), the others N
     values or None (zeros). With `workspace` (strategy 'saved') from the logits the forward kept
@@ -501,7 +506,7 @@ def _backward_saved_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: O
     hidden, weight, bias, class_weights = _dense(hidden), _dense(weight), _dense(bias), _dense(class_weights, 4)
     labels, lse, grad_output = _dense(labels, labels.element_size()), _dense(lse, 4), _dense(grad_output, 4)
     opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature,
-                    "saved" if workspace is not None else "chunked", memory_budget)
+                    "saved" if workspace is not None else "chunked", memory_budget, batch_invariant)
     dh, dw, db = _backward_outputs(hidden, weight, bias, grads, grad_hidden_acc, grad_weight_acc)
     call = _Call(hidden, weight, labels, opts, None, bias=bias, class_weights=class_weights)
     _saved_problem(call, grad_outputs, grad_hidden_acc if grads & GRAD_HIDDEN else None,
@@ -540,7 +545,7 @@ backward_saved_op = torch.library.custom_op(
 def _backward_saved_fake(hidden, weight, labels, bias, class_weights, lse, entropy, workspace, grad_output,
                          grad_logprob, grad_lse, grad_entropy, grad_loss_per_token, reduction, ignore_index,
                          label_smoothing, z_loss, softcap, temperature, memory_budget, grads, grad_outputs, outputs,
-                         grad_hidden_acc, grad_weight_acc):
+                         grad_hidden_acc, grad_weight_acc, batch_invariant=0):
     return _backward_outputs(hidden, weight, bias, grads, grad_hidden_acc, grad_weight_acc)
 
 

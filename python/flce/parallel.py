@@ -145,7 +145,7 @@ def vocab_parallel_cross_entropy(hidden, weight, labels, *, vocab_offset, vocab_
     if comm is not None and (comm.rank != rank or comm.size != size):
         raise ValueError(f"comm: rank {comm.rank} of {comm.size}, but the group has rank {rank} of {size}")
     opts = _Options(ignore_index, reduction, strategy, memory_budget, label_smoothing, z_loss, softcap,
-                    temperature)
+                    temperature, False)
     tp = (rank, size, int(vocab_offset), int(vocab_total), comm.ptr.value if comm is not None else None)
     lead = labels.shape
     h2, y1 = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
