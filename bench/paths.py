@@ -10,6 +10,7 @@ Paths (bf16; ~5% of the labels ignored; adv ~ N(0, 1) per token):
   mean-main-grad        mean, dW added into an fp32 V×D main_grad (Megatron); weight.grad stays None
                         (torch.compile: loss.backward(), then main_grad.add_(w.grad), as Megatron's hook)
   mean-zloss-lse        mean + 1e-4 · mean_i lse_i²                   (z-loss written by hand on lse)
+Providers: flce, torch-compile, and on mean and logprobs-adv flce-batch-invariant (batch_invariant=True).
 
 Each row: {shape, path, provider, ms, extra_mib, err_dh, err_dw, logit_std, device, date, commit} and
 the ratios the issue's targets read: vs_flce_mean (ms / flce's mean row of the same shape and std)
@@ -39,6 +40,8 @@ MiB = 1 << 20
 PATHS = ["mean", "none-adv", "logprobs-adv", "logprobs-adv-entropy", "mean-main-grad", "mean-zloss-lse"]
 SHAPES = ["8192x4096x128256", "8192x4096x151936", "16384x4096x151936", "4096x2048x32000", "32768x4096x128256"]
 ENTROPY_BONUS = 0.01
+# flce with batch_invariant=True (a token's outputs bitwise whatever the call holds): its cost
+BI_PATHS = ("mean", "logprobs-adv")
 ZLOSS = 1e-4
 ROW_KEYS = ["shape", "path", "provider", "ms", "ms_min", "ms_max", "extra_mib", "err_dh", "err_dw", "logit_std",
             "vs_flce_mean", "vs_torch_compile", "error", "device", "date", "commit", "torch"]
@@ -60,8 +63,9 @@ def make_data(n, d, v, std, seed):
 
 # ---- the objectives ------------------------------------------------------------------------------
 
-def flce_objective(path, h, w, y, adv, main_grad):
-    lce = flce.linear_cross_entropy
+def flce_objective(path, h, w, y, adv, main_grad, **extra):
+    def lce(*a, **k):
+        return flce.linear_cross_entropy(*a, **k, **extra)
     if path in ("mean", "mean-main-grad"):
         return lce(h, w, y, ignore_index=IGNORE, grad_weight_accumulator=main_grad)
     if path == "none-adv":
@@ -185,9 +189,11 @@ def make_step(provider, path, h, w, y, adv, state):
                 wl.grad = None
             return hl.grad, main_grad if main_grad is not None else wl.grad
     else:
+        extra = {"batch_invariant": True} if provider == "flce-batch-invariant" else {}
+
         def step():
             hl.grad = wl.grad = None
-            flce_objective(path, hl, wl, y, adv, main_grad).backward()
+            flce_objective(path, hl, wl, y, adv, main_grad, **extra).backward()
             return hl.grad, main_grad if main_grad is not None else wl.grad
     step.main_grad = main_grad
     return step
@@ -293,7 +299,7 @@ def run(args, meta):
             base = reference_base(h, w, y, args.samples, args.seed)
             for path in paths:
                 ref = reference(path, base, y, adv)
-                for provider in providers:
+                for provider in providers + (["flce-batch-invariant"] if path in BI_PATHS else []):
                     t0 = time.time()
                     row = run_row(provider, path, h, w, y, adv, ref, state, args.iters, args.warmup)
                     row.update(shape=shape, logit_std=std, device=meta["device"], date=meta["date"],
