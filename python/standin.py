@@ -127,7 +127,9 @@ _scale.calls = 0
 
 
 def _choice(device_index, n, d, v, dtype, label_dtype, opts, tp, has_bias, has_class_weights):
-    """AUTO's choice without a device: recompute when the chunk budget is small, as the planner does."""
+    """AUTO's choice without a device: recompute when the chunk budget is small, as the planner does.
+    opts: _Options or a plain tuple of its fields (flce._auto_choice's argument)."""
+    opts = flce._Options(*opts)
     return "recompute" if opts.memory_budget and opts.memory_budget < (1 << 21) else "chunked"
 
 

@@ -623,6 +623,14 @@ def op_cases():
                               leaf_args(1500, 64, 1000, torch.bfloat16 if GPU else torch.float32))
     case("torch.compile fullgraph = eager: gradients in forward (chunked)", compile_grads_in_forward)
 
+    def compile_auto_choice():
+        # > 256 tokens, strategy auto, static shapes: the library's AUTO is asked while tracing
+        # (_auto_choice, a constant to Dynamo; PyTorch 2.15 emptied a NamedTuple argument there)
+        torch._dynamo.reset()
+        compiled_equals_eager(lambda h, w, y: 2 * flce.linear_cross_entropy(h, w, y, label_smoothing=0.1),
+                              leaf_args(1500, 64, 1000, torch.bfloat16 if GPU else torch.float32))
+    case("torch.compile fullgraph = eager: AUTO's choice above 256 tokens", compile_auto_choice)
+
     def compile_deferred_rl():
         # per-token logprobs with temperature and a loss term: gradients in backward (flce_backward)
         torch._dynamo.reset()

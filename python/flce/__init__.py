@@ -15,7 +15,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import _lib
+from . import _compat, _lib
 from ._lib import FlceError, FlceLibraryNotFound  # noqa: F401  (public)
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropy", "LinearCrossEntropyOutput", "FlceError",
@@ -327,23 +327,24 @@ def _auto_choice(device_index, n, d, v, dtype, label_dtype, opts, tp, has_bias, 
     """The strategy ('chunked' or 'recompute') the library's AUTO picks for a loss-and-grad call
     (flce_strategy_of: host arithmetic, no GPU work). torch.compile evaluates it once while tracing
     (static shapes) and keeps the answer as a constant: it only chooses between two ways of
-    computing the same values."""
-    return _auto_choice_now(device_index, n, d, v, dtype, label_dtype, opts, tp, has_bias, has_class_weights)
+    computing the same values. opts: _Options as a plain tuple (PyTorch 2.15's Dynamo hands a
+    NamedTuple built inside the trace to such a function as an empty one)."""
+    return _auto_choice_now(device_index, n, d, v, dtype, label_dtype, _Options(*opts), tp, has_bias,
+                            has_class_weights)
 
 
 def _static_dims(*dims):
     """The dims as ints: themselves in eager mode and for static shapes under torch.compile; for
-    dynamic (symbolic) ones, the value of the call being traced (size_hint, no guard); None when
-    there is none (data-dependent sizes)."""
-    try:
-        from torch.fx.experimental.symbolic_shapes import has_static_value, size_hint
-    except ImportError:  # older PyTorch: every dim is an int outside a trace
+    dynamic (symbolic) ones, the value of the call being traced (a size hint, no guard); None when
+    there is none (data-dependent sizes) or this PyTorch has no way to ask (python/flce/_compat.py)."""
+    has_static_value, size_hint = _compat.has_static_value, _compat.size_hint
+    if has_static_value is None or size_hint is None:  # every dim is an int outside a trace
         return dims if all(type(x) is int for x in dims) else None
     if all(has_static_value(x) for x in dims):
         return dims
     try:
         return tuple(size_hint(x) for x in dims)
-    except Exception:  # noqa: BLE001  (an unbacked size has no hint)
+    except Exception:  # noqa: BLE001  (an unbacked size has no hint before PyTorch 2.15)
         return None
 
 
@@ -351,9 +352,8 @@ def _plan_options(opts):
     """opts with constants where torch.compile(dynamic=True) made them symbols (it does so even
     for defaults like ignore_index=-100 and z_loss=0.0): what AUTO's choice depends on is kept
     (whether smoothing, z-loss and softcap are on, under a guard), the rest is a stand-in."""
-    try:
-        from torch.fx.experimental.symbolic_shapes import has_static_value, size_hint
-    except ImportError:
+    has_static_value, size_hint = _compat.has_static_value, _compat.size_hint
+    if has_static_value is None or size_hint is None:
         return opts
 
     def num(x, on):
@@ -388,7 +388,7 @@ def _grads_in_forward(h2, weight, y1, opts, tp, bias, class_weights):
     opts = _plan_options(opts)
     index = h2.device.index if h2.device.index is not None else \
         (torch.cuda.current_device() if h2.is_cuda else -1)
-    return _auto_choice(index, n, d, v, h2.dtype, y1.dtype, opts, tp, bias is not None,
+    return _auto_choice(index, n, d, v, h2.dtype, y1.dtype, tuple(opts), tp, bias is not None,
                         class_weights is not None) != "recompute"
 
 
