@@ -1,12 +1,14 @@
 # install.cmake — `cmake --install` (issue 17): the header, libflce.so (SONAME libflce.so.0), the
 # static library, the `flce` tool, a CMake package (find_package(flce CONFIG) gives flce::flce and
-# flce::flce_static) and flce.pc for pkg-config. Included from the top CMakeLists.txt when
-# FLCE_INSTALL is on (the default when flce is the top-level project). Tests are not installed.
+# flce::flce_static), flce.pc for pkg-config and the licence (issue 41). Included from the top
+# CMakeLists.txt when FLCE_INSTALL is on (the default when flce is the top-level project). Tests
+# are not installed.
 include(CMakePackageConfigHelpers)
 set(FLCE_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/flce CACHE STRING
   "Where flceConfig.cmake goes, relative to the prefix")
 
 install(FILES ${PROJECT_SOURCE_DIR}/include/flce.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})  # share/doc/flce
 install(TARGETS flce EXPORT flceTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 # The static library has link requirements (NVRTC, dl, pthread, m) that need CUDAToolkit and

@@ -1,7 +1,8 @@
 # install_consume.cmake — issue 17: flce as a dependency. Run by CTest:
 #   cmake -DBUILD=<build dir> -DSRC=<repository> -DWORK=<scratch dir> -DCC=<c compiler>
 #         -DCXX=<c++ compiler> -DGENERATOR=<generator> -P install_consume.cmake
-# 1. `cmake --install` the build into a scratch prefix; libflce.so's SONAME is libflce.so.0;
+# 1. `cmake --install` the build into a scratch prefix; libflce.so's SONAME is libflce.so.0; the
+#    licence is in share/doc/flce;
 # 2. examples/ configured with find_package(flce CONFIG) against that prefix, built and run (hello
 #    and hello_cpp: their CPU part runs without a GPU);
 # 3. examples/hello.c compiled with `pkg-config --cflags --libs flce` and run (skipped, said so,
@@ -35,7 +36,7 @@ foreach(d IN LISTS libdirs)
     set(libdir ${d})
   endif()
 endforeach()
-foreach(f include/flce.h bin/flce)
+foreach(f include/flce.h bin/flce share/doc/flce/LICENSE)
   if(NOT EXISTS ${prefix}/${f})
     message(FATAL_ERROR "not installed: ${f}")
   endif()

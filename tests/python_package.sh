@@ -7,14 +7,21 @@ set -euo pipefail
 lib=$1 repo=$2
 { python3 -c "import setuptools" && python3 -c "import wheel" && python3 -m pip --version; } >/dev/null 2>&1 ||
   { echo "pip, setuptools or wheel missing (a PEP 517 build needs all three): skipped"; exit 77; }
+# pyproject.toml's SPDX `license` and `license-files` (PEP 639) need setuptools 77
+python3 -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)" ||
+  { echo "setuptools $(python3 -c 'import setuptools; print(setuptools.__version__)') < 77: skipped"; exit 77; }
 tmp=$(mktemp -d /tmp/flce-pip.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-cp -r "$repo/python" "$tmp/src"
+cp -rL "$repo/python" "$tmp/src"  # -L: python/LICENSE is a link to the repository's
 rm -rf "$tmp/src/flce/__pycache__"
 cp "$lib" "$tmp/src/flce/libflce.so.0"
 python3 -m pip install --quiet --no-deps --no-build-isolation --no-index --target "$tmp/site" "$tmp/src"
 test -f "$tmp/site/flce/libflce.so.0" || { echo "the library was not installed with the package"; exit 1; }
 test -f "$tmp/site/flce/__init__.py" && test -f "$tmp/site/flce/_lib.py"
+grep -qx "License-Expression: Apache-2.0" "$tmp"/site/flce-*.dist-info/METADATA ||
+  { echo "the metadata does not name the licence (License-Expression: Apache-2.0)"; exit 1; }
+cmp "$repo/LICENSE" "$tmp"/site/flce-*.dist-info/licenses/LICENSE ||
+  { echo "LICENSE is not in the installed package's dist-info/licenses"; exit 1; }
 env -u FLCE_LIBRARY python3 - "$tmp/site" <<'PY'
 import importlib.util, os, sys
 site = sys.argv[1]
