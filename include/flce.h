@@ -183,7 +183,12 @@ typedef struct flce_tensors {
     void *grad_hidden;          /* out: N × D, dtype */
     void *grad_weight;          /* out: V_r × D, dtype */
     void *workspace;            /* caller-owned scratch (flce_workspace_size bytes), or NULL to
-                                   let the context allocate and keep one (not during graph capture) */
+                                   let the context allocate and keep one (not during graph capture).
+                                   The context's one serves calls on any stream: a call on another
+                                   stream than the last such call's waits for that call's work on
+                                   the device (an event; no host synchronization); growing it waits
+                                   on the host for the last call that used it. A workspace per
+                                   stream from the caller avoids both (README, "Streams") */
     uint64_t workspace_bytes;
     /* --- fields below were added after the first layout; older callers get NULL --- */
     const float *class_weights; /* vocab_total fp32 values (needs has_class_weights) */
@@ -208,6 +213,15 @@ typedef struct flce_tensors {
     const float *grad_entropy;  /* of entropy (every token); also needs tensors.entropy as the
                                    forward wrote it (an input here) */
     const float *grad_loss_per_token; /* of loss_per_token (0 where the label is ignored) */
+    int *error_flag;            /* NULL: device-side errors of this call (a label outside [0, V) that
+                                   is not ignore_index; tensor-parallel ranks that disagree) are
+                                   reported by the next call on the context or flce_check. Else
+                                   int[2] of device memory (4-byte aligned, zeroed by the caller)
+                                   that this call's kernels set instead: [0] = 1 for a bad label,
+                                   [1] bits where tensor-parallel ranks disagree (1 shards, 2
+                                   vocab_total, 4 tokens); read it after the call's work (an
+                                   engine serving many requests on one context learns which call
+                                   had the bad label, without a synchronization of its own) */
 } flce_tensors;
 
 /* A context binds one device's primary context (the one PyTorch and the CUDA runtime use) and keeps
@@ -328,7 +342,13 @@ FLCE_API flce_status flce_forward_finish(flce_context *ctx, const flce_problem *
 
 /* Synchronizes `stream` and reports device-side errors raised since the last check: a label
  * outside [0, V) that is not ignore_index gives FLCE_ERR_BAD_LABEL (such tokens were treated as
- * ignored). Every other call also reports a flag raised by work that has already finished. */
+ * ignored). Every other call also reports a flag raised by work that has already finished, so
+ * with one context shared by many requests the call that returns the error need not be the one
+ * that had the bad label: give that call its own tensors.error_flag to know.
+ * What calls synchronize: flce_check (the stream), flce_prepare (compiles and loads), and a call
+ * whose kernels are not loaded yet (NVRTC or the disk cache, then cuModuleLoadData), or that grows
+ * the context's workspace (tensors.workspace). Nothing else waits for the device: a call on a new
+ * stream orders itself after the last one's work with an event. */
 FLCE_API flce_status flce_check(flce_context *ctx, void *stream);
 
 #ifdef __cplusplus

@@ -273,6 +273,7 @@ static flce_status check_tensors(const flce_problem *p, const flce_tensors *t, f
     TRY(check_ptr(t->target_logprob, "target_logprob", 4, 0));
     TRY(check_ptr(t->entropy, "entropy", 4, 0));
     TRY(check_ptr(t->argmax, "argmax", 8, 0));
+    TRY(check_ptr(t->error_flag, "error_flag", 4, 0));
     int saved = p->strategy == FLCE_STRATEGY_SAVED;
     TRY(check_ptr(t->workspace, "workspace (strategy SAVED: the logits kept between the calls)", 256, saved));
     const struct {

@@ -119,6 +119,8 @@ static flce_status ctx_free(flce_context *ctx)
     s = ctx->fork ? drv_release(drv.EventDestroy(ctx->fork), "cuEventDestroy (side stream fork)") : FLCE_OK;
     if (st == FLCE_OK) st = s;
     s = ctx->join ? drv_release(drv.EventDestroy(ctx->join), "cuEventDestroy (side stream join)") : FLCE_OK;
+    if (s == FLCE_OK && ctx->workspace_done)
+        s = drv_release(drv.EventDestroy(ctx->workspace_done), "cuEventDestroy (workspace done)");
     if (st == FLCE_OK) st = s;
     s = ctx->side ? drv_release(drv.StreamDestroy(ctx->side), "cuStreamDestroy (side stream)") : FLCE_OK;
     if (st == FLCE_OK) st = s;
@@ -395,12 +397,13 @@ flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CU
                     cap != CU_STREAM_CAPTURE_STATUS_NONE;
     if (bytes <= ctx->workspace_bytes && ctx->workspace) {
         /* One buffer, several streams (threads sharing the context, tests/test_concurrency.c):
-         * work queued on the last stream may still use it. Waiting for the device when the
-         * stream changes keeps calls on one stream free of host synchronization; the previous
-         * stream may be destroyed by now, so no event is recorded on it. Under capture the caller
-         * orders the streams (capture needs a workspace set up beforehand anyway). */
+         * work queued on the last stream may still use it. The new stream waits, on the device,
+         * for the event the last call recorded after its work (ctx_workspace_done; an event
+         * outlives the stream it was recorded on), so no call synchronizes the host. Under
+         * capture the caller orders the streams (capture needs a workspace set up beforehand). */
         if (stream != ctx->workspace_stream && !capturing) {
-            DRV_TRY(drv.CtxSynchronize());
+            if (ctx->workspace_done_set)
+                DRV_TRY(drv.StreamWaitEvent(stream, ctx->workspace_done, 0));
             ctx->workspace_stream = stream;
         }
         *out = ctx->workspace;
@@ -412,8 +415,11 @@ flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CU
                        "flce_tensors.workspace (flce_workspace_size bytes) or run once before "
                        "capturing");
     if (ctx->workspace) {
-        /* The old buffer may still be in use by queued work on another stream: wait for the device. */
-        DRV_TRY(drv.CtxSynchronize());
+        /* The old buffer may still be in use by queued work: the host waits for the last call
+         * that used it (every earlier one is ordered before it), then frees it. Growing is the
+         * one place a call without a workspace of its own synchronizes the host (flce.h). */
+        if (ctx->workspace_done_set) DRV_TRY(drv.EventSynchronize(ctx->workspace_done));
+        else DRV_TRY(drv.CtxSynchronize());
         flce_status st = drv_release(drv.MemFree(ctx->workspace), "cuMemFree (the smaller workspace)");
         ctx->workspace = 0, ctx->workspace_bytes = 0;
         TRY(st);
@@ -431,6 +437,17 @@ flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CU
     ctx->workspace_stream = stream;
     log_msg(LOG_INFO, "workspace grown to %.1f MiB", (double)bytes / (1 << 20));
     *out = ctx->workspace;
+    return FLCE_OK;
+}
+
+flce_status ctx_workspace_done(flce_context *ctx, CUstream stream)
+{
+    CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (drv.StreamIsCapturing(stream, &cap) != CUDA_SUCCESS || cap != CU_STREAM_CAPTURE_STATUS_NONE)
+        return FLCE_OK; /* a graph's replays are ordered by its caller */
+    if (!ctx->workspace_done) DRV_TRY(drv.EventCreate(&ctx->workspace_done, CU_EVENT_DISABLE_TIMING));
+    DRV_TRY(drv.EventRecord(ctx->workspace_done, stream));
+    ctx->workspace_done_set = 1;
     return FLCE_OK;
 }
 

@@ -54,6 +54,10 @@ struct flce_context {
     CUdeviceptr workspace; /* owned scratch, grown on demand */
     uint64_t workspace_bytes;
     CUstream workspace_stream; /* the stream the last call that used it was enqueued on */
+    /* Recorded on that stream after the call's work (ctx_workspace_done): a call on another stream
+     * waits for it on the device, not the host (flce.h, tensors.workspace) */
+    CUevent workspace_done;
+    int workspace_done_set;
     volatile int *flag_host; /* host-mapped int[2] (templates/params.h): kernels raise, the host reads */
     CUdeviceptr flag_dev;
     /* Tensor parallelism's overlapped dH reduction (launch.c): a non-blocking stream of the highest
@@ -88,6 +92,9 @@ void ctx_prebuild(flce_context *ctx, const kernel_spec *const *specs, int n, int
 
 /* Scratch of at least `bytes`, owned by the context (grown outside graph capture only). */
 flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CUdeviceptr *out);
+/* After a call that used the context's workspace on `stream`: records workspace_done there (not
+ * under capture), which the next call on another stream waits for on the device. */
+flce_status ctx_workspace_done(flce_context *ctx, CUstream stream);
 
 /* The side stream and its two events, made on first use. Call with ctx->lock held, inside ctx_enter. */
 flce_status ctx_side_stream(flce_context *ctx);

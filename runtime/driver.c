@@ -45,7 +45,8 @@ typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
     X(StreamEndCapture, 10000) X(GraphInstantiateWithFlags, 11040) X(GraphLaunch, 10000) \
     X(GraphExecDestroy, 10000) X(GraphDestroy, 10000) X(TensorMapEncodeTiled, 12000) \
     X(MemcpyDtoDAsync, 3020) X(LaunchKernelEx, 11060) X(OccupancyMaxActiveClusters, 11070) \
-    X(StreamWaitEvent, 3020) X(StreamCreateWithPriority, 5050) X(CtxGetStreamPriorityRange, 5050)
+    X(StreamWaitEvent, 3020) X(StreamCreateWithPriority, 5050) X(CtxGetStreamPriorityRange, 5050) \
+    X(StreamQuery, 2000)
 
 #define DRV_ABI(f, v)                                                                              \
     _Static_assert(_Generic(drv.f, PFN_cu##f##_v##v: 1, default: 0),                              \

@@ -59,6 +59,7 @@ typedef struct drv_table {
     CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
     /* the side stream of tensor parallelism's overlapped dH reduction (runtime/launch.c) */
     CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned int);
+    CUresult (*StreamQuery)(CUstream);
     CUresult (*StreamCreateWithPriority)(CUstream *, unsigned int, int);
     CUresult (*CtxGetStreamPriorityRange)(int *, int *);
     /* graph capture: used by tests and tools to prove calls are capturable */

@@ -238,7 +238,8 @@ static void init_row_params(run *r)
     rp->grad_loss_rows = addr(t->grad_loss_per_token);
     rp->stats = r->ws + pl->off_stats;
     rp->class_weights = r->p->has_class_weights ? addr(t->class_weights) : 0;
-    rp->flag = r->ctx->flag_dev;
+    /* the caller's flag for this call, else the context's (reported by the next call) */
+    rp->flag = t->error_flag ? addr(t->error_flag) : r->ctx->flag_dev;
     rp->dbias_acc = ws_at(r, pl->off_db_acc, pl->need_db_acc);
     rp->grad_bias = addr(t->grad_bias);
     rp->tokens = pl->n;
@@ -1138,6 +1139,10 @@ flce_status launch_call(flce_context *ctx, const flce_problem *p, flce_op op, co
                     (long long)pl.d, (long long)pl.v, pl.splits);
             launch_log_plan(&pl);
             st = launch_run(ctx, &pl, p, t, ws, stream, part, tp_buffer);
+            if (!t->workspace) { /* (after a failed call too: some of its work may be queued) */
+                flce_status done = ctx_workspace_done(ctx, stream);
+                if (st == FLCE_OK) st = done;
+            }
         }
         ctx_leave(prev);
     }

@@ -114,6 +114,11 @@ void devmem_stream_destroy(void *stream)
     if (stream) drv.StreamDestroy((CUstream)stream);
 }
 
+int devmem_stream_busy(void *stream)
+{
+    return drv.StreamQuery((CUstream)stream) == CUDA_ERROR_NOT_READY;
+}
+
 flce_status devmem_stream_sync(void *stream)
 {
     DRV_TRY(drv.StreamSynchronize((CUstream)stream));

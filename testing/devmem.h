@@ -30,6 +30,7 @@ flce_status devmem_timer_stop(devmem_timer *t, float *ms); /* frees the timer */
 flce_status devmem_stream_create(void **stream);
 void devmem_stream_destroy(void *stream);
 flce_status devmem_stream_sync(void *stream);
+int devmem_stream_busy(void *stream); /* 1: work queued on it has not finished (cuStreamQuery) */
 flce_status devmem_capture_begin(void *stream);
 /* Ends the capture and instantiates it: *exec is launched with devmem_graph_launch. */
 flce_status devmem_capture_end(void *stream, void **exec);

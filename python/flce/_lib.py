@@ -122,6 +122,7 @@ class Tensors(ctypes.Structure):
         ("grad_lse", ctypes.c_void_p),
         ("grad_entropy", ctypes.c_void_p),
         ("grad_loss_per_token", ctypes.c_void_p),
+        ("error_flag", ctypes.c_void_p),
     ]
 
 
