@@ -22,6 +22,7 @@ missing (a skip, as in CTest). The last line reads 'N passed, N failed'.
 """
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -543,6 +544,34 @@ def fwd_args(h, w, y, bias=None, cw=None, reduction="mean", outputs=0, grads=0, 
 def op_cases():
     all_out = (_ops.OUT_LOGPROB | _ops.OUT_ENTROPY | _ops.OUT_ARGMAX | _ops.OUT_ZLOSS | _ops.OUT_LOSS_PER_TOKEN)
     all_grads = _ops.GRAD_HIDDEN | _ops.GRAD_WEIGHT | _ops.GRAD_BIAS
+
+    def import_is_light():
+        # issue 41: `import flce` loads neither torch._dynamo nor sympy (over 1 s); once torch.compile
+        # imports them, _auto_choice carries assume_constant_result's mark (here _auto_choice_now
+        # calls ctypes, which Dynamo cannot trace: fullgraph=True fails unless the call is a constant)
+        script = """if True:
+            import ctypes, sys, time
+            sys.path.insert(0, sys.argv[1])
+            import torch
+            t = time.perf_counter()
+            import flce
+            took = time.perf_counter() - t
+            heavy = [m for m in ("torch._dynamo", "sympy", "torch.fx.experimental.symbolic_shapes") if m in sys.modules]
+            assert not heavy, f"import flce loaded {heavy}"
+            flce._auto_choice_now = lambda *a: "chunked" if ctypes.c_int(a[1]).value > 100 else "recompute"
+            opts = (None,) * len(flce._Options._fields)  # unread by this _auto_choice_now
+
+            def f(x):
+                c = flce._auto_choice(-1, x.shape[0], 8, 16, x.dtype, torch.int64, opts, None, False, False)
+                return x * (2 if c == "chunked" else 3)
+            out = torch.compile(f, fullgraph=True, backend="eager")(torch.ones(300))
+            assert out.eq(2).all() and flce._compat.size_hint is not None
+            print(f"import flce: {took:.3f} s after import torch")
+        """
+        r = subprocess.run([sys.executable, "-c", script, os.path.dirname(os.path.abspath(__file__))],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    case("import flce: no torch._dynamo or sympy; constant mark once torch.compile imports them", import_is_light)
 
     def opcheck_forward():
         h, w, y, kw = make_options(40, 16, 50, torch.float32, dict(bias=True, class_weights=True), 12)

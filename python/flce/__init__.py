@@ -322,7 +322,7 @@ def _auto_choice_now(device_index, n, d, v, dtype, label_dtype, opts, tp, has_bi
     return _lib.strategy_of(_lib.context(device_index), problem, _lib.FLCE_OP_LOSS_AND_GRAD)
 
 
-@torch.compiler.assume_constant_result
+@_compat.assume_constant_result  # torch.compiler's, taken when torch._dynamo is imported
 def _auto_choice(device_index, n, d, v, dtype, label_dtype, opts, tp, has_bias, has_class_weights):
     """The strategy ('chunked' or 'recompute') the library's AUTO picks for a loss-and-grad call
     (flce_strategy_of: host arithmetic, no GPU work). torch.compile evaluates it once while tracing
