@@ -141,6 +141,13 @@ __device__ __forceinline__ float ex2_approx(float x)
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+// log2(x) by the SFU (lg2.approx: ~2^-22 relative), for x > 0.
+__device__ __forceinline__ float lg2_approx(float x)
+{
+    float r;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
 __device__ __forceinline__ float exp_le0(float x) { return ex2_approx(x * 1.4426950408889634f); }
 
 // Merges two (max, Σexp(x − max)) pairs. Empty pairs carry max = −inf and sum = 0.

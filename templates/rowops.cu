@@ -394,6 +394,24 @@ __device__ __forceinline__ void dz_compact_c(const flce_row_params &p, long long
         }
         return;
     }
+    // The common group with the entropy term: p = p̃·scale and log p = ln p̃ + m − lse − ln 2^15, so
+    // dz = p·(ap − ah·(log p + H)) = p̃·(a0 + a1·log2 p̃) with two factors per group: one lg2 and two
+    // FMAs per logit, where the general path below takes a logf and the label and bounds tests.
+    if ((OPT_TOKEN_GRADS & 4) && !OPT_ZSUM && SOFTCAP == 0.f && active && j + DZ_COMPACT_COLS <= p.cols &&
+        (unsigned long long)(local_y - j) >= DZ_COMPACT_COLS) {
+        const dz_coef unit = {1.f, 0.f, 0.f, 0.f, 0.f};
+        const float post = dz_value_c(1.f, 0.f, 0.f, false, 1.f, unit) * scale; // 1/T (and fp16's scale)
+        const float a0 = (cf.ap - cf.ah * (m - lse - COMPACT_LN_SCALE + cf.h)) * post;
+        const float a1 = -cf.ah * 0.6931471805599453f * post;
+#pragma unroll
+        for (int c = 0; c < DZ_COMPACT_COLS; c++) {
+            float pt_f;
+            const unsigned short half = (unsigned short)(c & 1 ? words[c / 2] >> 16 : words[c / 2] & 0xffff);
+            asm("cvt.f32.f16 %0, %1;" : "=f"(pt_f) : "h"(half));
+            d[c] = pt_f > 0.f ? pt_f * fmaf(a1, lg2_approx(pt_f), a0) : 0.f;
+        }
+        return;
+    }
 #pragma unroll
     for (int c = 0; c < DZ_COMPACT_COLS; c++) {
         const long long col = j + c;
