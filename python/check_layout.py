@@ -100,13 +100,22 @@ def main():
     print(f"{len(constants)} enum constants: " + ("all match" if all(
         c["constants"][n] == v for n, v in constants.items()) else "MISMATCH"))
 
+    # One version: the package's (flce/_version.py), the project's (CMakeLists.txt) and the library's.
+    package_version = re.search(r'__version__ = "([^"]+)"', open(os.path.join(HERE, "flce", "_version.py")).read())[1]
+    cmake_version = re.search(r"project\(flce VERSION ([0-9.]+)", open(os.path.join(REPO, "CMakeLists.txt")).read())[1]
+    ok = package_version == cmake_version
+    bad += not ok
+    print(f"flce.__version__ {package_version}, CMakeLists.txt {cmake_version}: {'ok' if ok else 'MISMATCH'}")
+
     # With the library: its _init functions and its error path.
     try:
         path = L.library_path()
     except L.FlceLibraryNotFound as e:
         print(f"library not loaded, skipping its checks: {e}")
         return 1 if bad else 0
-    print(f"library: {path}, version {L.version()}")
+    ok = L.version() == package_version
+    bad += not ok
+    print(f"library: {path}, version {L.version()}  {'ok' if ok else 'MISMATCH (flce.__version__ ' + package_version + ')'}")
     for cname, cls in structs.items():
         lib_size = L.library_struct_size(cls)
         note = "ok" if lib_size == c[cname]["sizeof"] else (

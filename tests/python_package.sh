@@ -18,6 +18,10 @@ cp "$lib" "$tmp/src/flce/libflce.so.0"
 python3 -m pip install --quiet --no-deps --no-build-isolation --no-index --target "$tmp/site" "$tmp/src"
 test -f "$tmp/site/flce/libflce.so.0" || { echo "the library was not installed with the package"; exit 1; }
 test -f "$tmp/site/flce/__init__.py" && test -f "$tmp/site/flce/_lib.py"
+test -f "$tmp/site/flce/py.typed" || { echo "py.typed was not installed (PEP 561: the annotations)"; exit 1; }
+want=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$repo/python/flce/_version.py")
+grep -qx "Version: $want" "$tmp"/site/flce-*.dist-info/METADATA ||
+  { echo "the metadata's version is not flce/_version.py's ($want)"; exit 1; }
 grep -qx "License-Expression: Apache-2.0" "$tmp"/site/flce-*.dist-info/METADATA ||
   { echo "the metadata does not name the licence (License-Expression: Apache-2.0)"; exit 1; }
 cmp "$repo/LICENSE" "$tmp"/site/flce-*.dist-info/licenses/LICENSE ||

@@ -10,13 +10,20 @@ Other argument conventions: flce.functional.linear_cross_entropy (PyTorch's
 F.linear_cross_entropy names), flce.cce.linear_cross_entropy (Cut Cross-Entropy's names);
 Hugging Face causal LMs: flce.patch_hf(model).
 """
+from __future__ import annotations  # the annotations name typing_extensions' Unpack only for checkers
+
 import operator
-from typing import NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Optional, TypedDict, Union, overload
 
 import torch
+from torch import Tensor
 
 from . import _compat, _lib
 from ._lib import FlceError, FlceLibraryNotFound  # noqa: F401  (public)
+from ._version import __version__  # noqa: F401  (public)
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropy", "LinearCrossEntropyOutput", "FlceError",
            "FlceLibraryNotFound", "check", "version", "library_path", "vocab_parallel_cross_entropy",
@@ -27,12 +34,13 @@ _DTYPES = {torch.float32: _lib.FLCE_DTYPE_F32, torch.float16: _lib.FLCE_DTYPE_F1
 _LABEL_BITS = {torch.int32: 32, torch.int64: 64}
 
 
-def version():
-    """The library's version string (flce_version())."""
+def version() -> str:
+    """The library's version string (flce_version()); flce.__version__ is the package's (the same
+    for a package built with its library)."""
     return _lib.version()
 
 
-def library_path():
+def library_path() -> str:
     """The path libflce.so was loaded from."""
     return _lib.library_path()
 
@@ -41,7 +49,7 @@ def _stream(device):
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def check(device=None):
+def check(device: Union[torch.device, str, int, None] = None) -> None:
     """Synchronizes the current stream of `device` and raises FlceError (FLCE_ERR_BAD_LABEL) if a
     kernel saw a label outside [0, V) that was not ignore_index (such tokens were treated as
     ignored). flce calls never synchronize on their own, so bad labels are reported here or by the
@@ -188,7 +196,7 @@ def _problem(n, d, v, dtype, label_dtype, opts, tp=None, has_bias=False, has_cla
 
 # flce.NcclComm(register=True) objects by their ncclComm_t address: _Call takes their registered
 # workspace for the calls that issue collectives on them (python/flce/parallel.py).
-_registered_comms = {}
+_registered_comms: dict = {}
 
 # Alignment flce.h asks of each output (or extra input) buffer.
 _ALIGN = {"loss": 4, "lse": 4, "grad_output": 4, "grad_hidden": 16, "grad_weight": 16, "grad_bias": 4,
@@ -437,12 +445,77 @@ def _unshift(x, s, fill=0):
     return torch.nn.functional.pad(x[..., :-s], (s, 0), value=fill)
 
 
-def linear_cross_entropy(hidden, weight, labels, *, bias=None, class_weights=None, ignore_index=-100,
-                         reduction="mean", memory_budget=None, strategy="auto", label_smoothing=0.0,
-                         z_loss=0.0, softcap=0.0, temperature=1.0, shift=0, grad_weight_accumulator=None,
-                         grad_hidden_accumulator=None, return_lse=False, return_logprobs=False,
-                         return_entropy=False, return_argmax=False, return_z_loss=False,
-                         return_loss_per_token=False, batch_invariant=False):
+class _LossOptions(TypedDict, total=False):
+    """linear_cross_entropy's keyword options other than return_*, for the overloads below."""
+    bias: Optional[Tensor]
+    class_weights: Optional[Tensor]
+    ignore_index: int
+    reduction: str  # "mean", "sum" or "none"
+    memory_budget: Optional[int]
+    strategy: str  # "auto", "chunked", "recompute" or "saved"
+    label_smoothing: float
+    z_loss: float
+    softcap: Optional[float]
+    temperature: float
+    shift: int
+    grad_weight_accumulator: Optional[Tensor]
+    grad_hidden_accumulator: Optional[Tensor]
+    batch_invariant: bool
+
+
+# The result's type for type checkers: the loss tensor with no return_* option set, a
+# LinearCrossEntropyOutput with any set to True, either where they are bools known only at run time.
+@overload
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, return_lse: Literal[False] = ...,
+                         return_logprobs: Literal[False] = ..., return_entropy: Literal[False] = ...,
+                         return_argmax: Literal[False] = ..., return_z_loss: Literal[False] = ...,
+                         return_loss_per_token: Literal[False] = ..., **options: Unpack[_LossOptions]) -> Tensor: ...
+@overload
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, return_lse: Literal[True],
+                         return_logprobs: bool = ..., return_entropy: bool = ..., return_argmax: bool = ...,
+                         return_z_loss: bool = ..., return_loss_per_token: bool = ...,
+                         **options: Unpack[_LossOptions]) -> LinearCrossEntropyOutput: ...
+@overload
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, return_logprobs: Literal[True],
+                         return_lse: bool = ..., return_entropy: bool = ..., return_argmax: bool = ...,
+                         return_z_loss: bool = ..., return_loss_per_token: bool = ...,
+                         **options: Unpack[_LossOptions]) -> LinearCrossEntropyOutput: ...
+@overload
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, return_entropy: Literal[True],
+                         return_lse: bool = ..., return_logprobs: bool = ..., return_argmax: bool = ...,
+                         return_z_loss: bool = ..., return_loss_per_token: bool = ...,
+                         **options: Unpack[_LossOptions]) -> LinearCrossEntropyOutput: ...
+@overload
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, return_argmax: Literal[True],
+                         return_lse: bool = ..., return_logprobs: bool = ..., return_entropy: bool = ...,
+                         return_z_loss: bool = ..., return_loss_per_token: bool = ...,
+                         **options: Unpack[_LossOptions]) -> LinearCrossEntropyOutput: ...
+@overload
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, return_z_loss: Literal[True],
+                         return_lse: bool = ..., return_logprobs: bool = ..., return_entropy: bool = ...,
+                         return_argmax: bool = ..., return_loss_per_token: bool = ...,
+                         **options: Unpack[_LossOptions]) -> LinearCrossEntropyOutput: ...
+@overload
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, return_loss_per_token: Literal[True],
+                         return_lse: bool = ..., return_logprobs: bool = ..., return_entropy: bool = ...,
+                         return_argmax: bool = ..., return_z_loss: bool = ...,
+                         **options: Unpack[_LossOptions]) -> LinearCrossEntropyOutput: ...
+@overload
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, return_lse: bool = ...,
+                         return_logprobs: bool = ..., return_entropy: bool = ..., return_argmax: bool = ...,
+                         return_z_loss: bool = ..., return_loss_per_token: bool = ...,
+                         **options: Unpack[_LossOptions]) -> Union[Tensor, LinearCrossEntropyOutput]: ...
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, bias: Optional[Tensor] = None,
+                         class_weights: Optional[Tensor] = None, ignore_index: int = -100,
+                         reduction: str = "mean", memory_budget: Optional[int] = None, strategy: str = "auto",
+                         label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: Optional[float] = 0.0,
+                         temperature: float = 1.0, shift: int = 0, grad_weight_accumulator: Optional[Tensor] = None,
+                         grad_hidden_accumulator: Optional[Tensor] = None, return_lse: bool = False,
+                         return_logprobs: bool = False, return_entropy: bool = False, return_argmax: bool = False,
+                         return_z_loss: bool = False, return_loss_per_token: bool = False,
+                         batch_invariant: bool = False) -> Union[Tensor, LinearCrossEntropyOutput]:
     """cross_entropy(hidden @ weight.T + bias, labels) without materializing the logits.
 
     hidden:  (N, D) or (..., D), float32 / float16 / bfloat16, contiguous, on a CUDA device.
@@ -601,14 +674,16 @@ class LinearCrossEntropy(torch.nn.Module):
     linear_cross_entropy(hidden, weight, labels, **options). The weight is an argument (usually the
     model's lm_head.weight), not a parameter of this module."""
 
-    def __init__(self, **options):
+    def __init__(self, **options: Any) -> None:
         super().__init__()
-        unknown = set(options) - set(linear_cross_entropy.__kwdefaults__)
+        defaults = linear_cross_entropy.__kwdefaults__ or {}
+        unknown = set(options) - set(defaults)
         if unknown:
             raise TypeError(f"LinearCrossEntropy: unknown options {sorted(unknown)}")
-        self.options = dict(linear_cross_entropy.__kwdefaults__, **options)
+        self.options = dict(defaults, **options)
 
-    def forward(self, hidden, weight, labels, bias=None):
+    def forward(self, hidden: Tensor, weight: Tensor, labels: Tensor,
+                bias: Optional[Tensor] = None) -> Union[Tensor, LinearCrossEntropyOutput]:
         options = self.options if bias is None else dict(self.options, bias=bias)
         return linear_cross_entropy(hidden, weight, labels, **options)
 
@@ -616,13 +691,13 @@ class LinearCrossEntropy(torch.nn.Module):
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items() if v is not None)
 
 
-def patch_hf(model, **options):
+def patch_hf(model: torch.nn.Module, **options: object) -> torch.nn.Module:
     """Routes a Hugging Face causal LM's training loss through flce (python/flce/hf.py)."""
     from .hf import patch_hf as _patch
     return _patch(model, **options)
 
 
-def unpatch_hf(model):
+def unpatch_hf(model: torch.nn.Module) -> torch.nn.Module:
     """Undoes patch_hf(model)."""
     from .hf import unpatch_hf as _unpatch
     return _unpatch(model)

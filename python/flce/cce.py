@@ -12,8 +12,12 @@ CCE's accuracy and speed knobs (filter_eps, accum_e_fp32, accum_c_fp32, filter_e
 filter_c_grad, impl) are accepted and ignored: flce filters nothing and accumulates in fp32.
 vocab_parallel_options: use flce.vocab_parallel_cross_entropy.
 """
-import torch
+from typing import Optional, Tuple, Union, cast
 
+import torch
+from torch import Tensor
+
+from . import LinearCrossEntropyOutput
 from . import linear_cross_entropy as _flce_lce
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropy"]
@@ -27,9 +31,12 @@ def _is_dtensor(t):
     return isinstance(t, DTensor)
 
 
-def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=None, reduction="mean", shift=0,
-                         return_lse=False, filter_eps="auto", accum_e_fp32=False, accum_c_fp32=False,
-                         filter_e_grad=True, filter_c_grad=True, impl="cce", vocab_parallel_options=None):
+def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor] = None, ignore_index: int = -100,
+                         softcap: Optional[float] = None, reduction: str = "mean", shift: Union[int, bool] = 0,
+                         return_lse: bool = False, filter_eps: object = "auto", accum_e_fp32: bool = False,
+                         accum_c_fp32: bool = False, filter_e_grad: bool = True, filter_c_grad: bool = True,
+                         impl: str = "cce", vocab_parallel_options: object = None
+                         ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """CCE's linear_cross_entropy computed by flce. Returns the loss (float32), or (loss, lse)."""
     for name, t in (("e", e), ("c", c), ("targets", targets), ("bias", bias)):
         if t is not None and _is_dtensor(t):
@@ -42,8 +49,9 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
                     bias=None if bias is None else bias.contiguous(), ignore_index=ignore_index,
                     softcap=softcap, reduction=reduction, shift=int(shift), return_lse=return_lse)
     if return_lse:
-        return out.loss, out.lse
-    return out
+        r = cast(LinearCrossEntropyOutput, out)
+        return r.loss, cast(Tensor, r.lse)
+    return cast(Tensor, out)
 
 
 class LinearCrossEntropy(torch.nn.Module):

@@ -9,15 +9,20 @@ so swapping the import is enough. Not supported: class-probability targets, K-di
 losses (a linear_weight of more than 2 dims); `options` (PyTorch's chunking options) is accepted
 and ignored, flce plans its own chunks (memory_budget, strategy: use flce.linear_cross_entropy).
 """
+from typing import Any, Optional
+
 import torch
+from torch import Tensor
 
 from . import linear_cross_entropy as _flce_lce
 
 __all__ = ["linear_cross_entropy"]
 
 
-def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean",
-                         ignore_index=None, label_smoothing=0.0, options=None):
+def linear_cross_entropy(input: Tensor, linear_weight: Tensor, target: Tensor, *,
+                         linear_bias: Optional[Tensor] = None, weight: Optional[Tensor] = None,
+                         reduction: str = "mean", ignore_index: Optional[int] = None, label_smoothing: float = 0.0,
+                         options: Any = None) -> Tensor:
     """cross_entropy(linear(input, linear_weight, linear_bias), target, weight=weight, ...) computed
     by flce without the logits. input (N, D) or (D,), linear_weight (C, D), target (N,) or () of
     class indices. Returns float32 (PyTorch returns the input's dtype)."""

@@ -10,7 +10,10 @@ vocab_total ids and all N tokens; every rank gets the same loss. Two ways to run
                        all-gather per token chunk, dH summed in fp32 and rounded once) and
                        computes loss and gradients in one call (6NVD), as the C API does.
 """
+from __future__ import annotations  # dist.ProcessGroup: only for type checkers (not every build has it)
+
 import ctypes
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -28,7 +31,7 @@ class NcclComm:
     collectives on. Create it on every rank of `group` (collectively), after
     torch.cuda.set_device(). It uses the libnccl that libflce and PyTorch share in this process."""
 
-    def __init__(self, group=None, register=False):
+    def __init__(self, group: Optional[dist.ProcessGroup] = None, register: bool = False) -> None:
         """register=True: flce's calls on this communicator use one workspace kept for its lifetime
         and registered with it (ncclCommRegister), so NCCL may run flce's collectives without its
         staging copies. Give every rank of the group the same value (NCCL wants all ranks' buffers
@@ -84,7 +87,7 @@ class NcclComm:
             self._nccl.ncclGetErrorString.restype = ctypes.c_char_p
             raise RuntimeError(f"{what}: {self._nccl.ncclGetErrorString(r).decode()}")
 
-    def close(self):
+    def close(self) -> None:
         if self.ptr:
             _registered_comms.pop(self.ptr.value, None)
             self._release_workspace()
@@ -130,9 +133,12 @@ class _SplitPhase(torch.autograd.Function):
         return dh, dw, None, None, None, None, None, None
 
 
-def vocab_parallel_cross_entropy(hidden, weight, labels, *, vocab_offset, vocab_total, group=None, comm=None,
-                                 ignore_index=-100, reduction="mean", memory_budget=None, strategy="auto",
-                                 label_smoothing=0.0, z_loss=0.0, softcap=0.0, temperature=1.0):
+def vocab_parallel_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                                 vocab_offset: int, vocab_total: int, group: Optional[dist.ProcessGroup] = None,
+                                 comm: Optional[NcclComm] = None, ignore_index: int = -100, reduction: str = "mean",
+                                 memory_budget: Optional[int] = None, strategy: str = "auto",
+                                 label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float = 0.0,
+                                 temperature: float = 1.0) -> torch.Tensor:
     """cross_entropy(hidden @ W.T, labels) where this rank holds W's rows [vocab_offset,
     vocab_offset + weight.shape[0]) of vocab_total, every rank of `group` holds the same hidden
     (N, D) and labels (N,) (global ids), and the shards tile [0, vocab_total) in rank order.
