@@ -150,10 +150,12 @@ static size_t smem_bytes(const kernel_spec *s)
                                  * address, 36 bytes kept 16-aligned (gemm_tcgen05.cu, tmem_slot) */
         return (size_t)t->stages * (size_t)((s->pingpong ? 64 : t->bm) + t->bn) * (size_t)t->bk * 2 + 1024 +
                (t->tma ? 16u * (size_t)t->stages : 0) + (t->tcgen05 ? 48u : 0) +
-               /* dH/dW on wgmma + TMA: the dynamic tile order's ring of stages + 1 tile numbers */
+               /* dH/dW on wgmma + TMA: stages + 1 words for the dynamic tile order, which uses two
+                * of them since issue 43 (its tile slot and that slot's mbarrier; the room stays, and
+                * with it every offset after it: templates/gemm_wgmma_tma.cu tile_slot) */
                (t->tma && !t->tcgen05 && s->role != ROLE_LOGITS ? 8u * (size_t)(t->stages + 1) : 0) +
                /* compact logits, dH and dW on wgmma + TMA: a 2 KiB buffer per warp through which
-                * 16-bit tiles are stored, on a 128-byte boundary past the barriers and the ring
+                * 16-bit tiles are stored, on a 128-byte boundary past the barriers and the tile slot
                 * (templates/gemm_wgmma_tma.cu, STAGED_STORE, STAGING_OFFSET) */
                (t->tma && !t->tcgen05 && (s->role != ROLE_LOGITS || s->compact)
                     ? 128u + 2048u * (size_t)(t->warps_m * t->warps_n) : 0);

@@ -425,9 +425,9 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
                 long long t = 0;
                 if (lane0 == 0) t = i == 0 && me < p.counter_base ? me : p.counter_base + (long long)atomicAdd(counter, 1ull);
                 t = __shfl_sync(0xffffffffu, t, 0);
-                long long *slot = tile_ring(smem) + i % TILE_RING;
+                long long *slot = tile_slot(smem); // tile i's number; each consumer thread reads it once
                 if (t >= tiles) {
-                    if (lane0 == 0) announce_end(smem, slot, it);
+                    if (lane0 == 0) wait_tile_taken(smem, i), announce_end(smem, slot, it);
                     break;
                 }
                 long long m0, n0;
@@ -435,6 +435,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
                 prefetch_labels(p, m0, n0, lane0);
                 prefetch_addend(p, m0, n0, lane0, 32);
                 if (lane0 == 0) {
+                    wait_tile_taken(smem, i); // every consumer thread has read tile i - 1's number
                     produce(p, smem, m0, n0, 1, it, slot, t);
                 }
                 __syncwarp();
@@ -473,7 +474,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
 #if FLCE_TCGEN05 // (none on the Blackwell path; generator/emit.c resolves only this form)
     const bool dynamic = false;
 #else
-    const bool dynamic = p.tile_counter != 0; // uniform: the producer's order, tile numbers from the ring
+    const bool dynamic = p.tile_counter != 0; // uniform: the producer's order, tile numbers from its slot
 #endif
     // One call site for the main loop and one for the epilogue, whichever order the tiles come in:
     // each is inlined, and two copies of them (dynamic and static order) made this kernel 2x the
@@ -488,7 +489,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
 #if FLCE_TCGEN05
         mainloop(acc, smem, p, it, wm / 4, nullptr, nullptr, m0);
 #else
-        if (!mainloop(acc, smem, p, it, wm / 4, dynamic ? tile_ring(smem) + i % TILE_RING : nullptr, &t, m0, kn)) break;
+        if (!mainloop(acc, smem, p, it, wm / 4, dynamic ? tile_slot(smem) : nullptr, &t, m0, kn)) break;
 #endif
         (void)kb;
         if (dynamic) tile_origin(p, t, tiles_m, tiles_n, m0, n0);

@@ -156,6 +156,49 @@ __device__ __forceinline__ void release_stage(unsigned char *smem, int s)
 }
 #endif // FLCE_CLUSTER
 
+// Dynamic tile order (p.tile_counter, dH/dW): the producer thread picks each tile and tells the
+// consumers which one through a shared-memory slot after the pipeline's barriers; -1: no tile is
+// left. Tile i of the CTA (i = 0, 1, ...), whose first k-tile is at pipeline position P(i), is
+//  - written by the producer thread (produce, announce_end) after its wait on empty[P(i) % STAGES]
+//    and before its arrival on full[P(i) % STAGES]: that arrival releases the write, the consumers'
+//    wait on the barrier in mainloop acquires it;
+//  - read once by every consumer thread, into a register, before any wgmma of the tile, each of
+//    them then arriving on the slot's own mbarrier, tile_taken (THREADS arrivals complete its
+//    phase i: all have read tile i's number);
+//  - overwritten with tile i + 1's number only after the producer's wait for phase i.
+// So each reading thread orders its read before the next write by its own arrival on a barrier the
+// writer waits on: a release/acquire pair of the PTX memory model, thread to thread, which is also
+// what compute-sanitizer's racecheck follows. (Until issue 43: a ring of STAGES + 1 slots, one
+// reused STAGES + 1 tiles later behind the empty barriers, on which one thread per consumer
+// warpgroup arrives. The other threads' reads reached that arrival only through the warpgroup's
+// wgmma, each thread's read feeding a branch before it issues the tile's first wgmma, whose
+// completion the arriving thread waits for: sound by how a warpgroup runs wgmma, not by the memory
+// model, and racecheck reported every consumer warp's reads against the producer's next write:
+// at 2304x512x33000 on an H200, 11 reports, 7144 WAR hazards with --racecheck-report hazard; a
+// warpgroup barrier between the reads and the arrival left them as they were; none with this slot.
+// test_dw_race, which a tile computed twice or left out fails, passed with this slot and with the
+// ring plus that barrier; it was not run on the ring alone.)
+// The producer runs up to one tile ahead of the consumers' reads of the slot: tile i + 1's number
+// waits for their reads of tile i's, made as they start tile i, and tile i + 1's loads go on during
+// tile i. Where a tile has more than STAGES k-tiles (dW: over 256 tokens) that wait is already
+// satisfied, the producer's empty wait for the tile's last k-tile having needed the consumers past
+// its first; shorter tiles keep one tile of loads ahead rather than STAGES k-tiles.
+// The slot and its barrier take 16 of the 8·(STAGES + 1) bytes the generator leaves after the
+// pipeline's barriers for them (generator/spec.c smem_bytes, STAGING_OFFSET below).
+static_assert(16 <= 8 * (STAGES + 1), "the tile slot and its barrier fit the generator's room for them");
+__device__ __forceinline__ unsigned tile_taken_bar(unsigned char *smem) { return smem_addr(smem + PIPE_BYTES + 16 * STAGES); }
+__device__ __forceinline__ long long *tile_slot(unsigned char *smem)
+{
+    return (long long *)(smem + PIPE_BYTES + 16 * STAGES + 8);
+}
+// Producer thread, before it writes tile i's number (or -1) into the slot: every consumer thread has
+// read tile i - 1's (phase i - 1 of tile_taken completed; it cannot be further on, since phase i needs
+// tile i's number). Nothing to wait for before the first tile.
+__device__ __forceinline__ void wait_tile_taken(unsigned char *smem, int i)
+{
+    if (i > 0) mbar_wait(tile_taken_bar(smem), (unsigned)(i - 1) & 1);
+}
+
 #if FLCE_TCGEN05
 // (tcgen05: its pipe_init also allocates tensor memory, gemm_tcgen05.cu)
 #else
@@ -186,6 +229,9 @@ __device__ __forceinline__ void pipe_init(unsigned char *smem)
 #else
         for (int s = 0; s < STAGES; s++) mbar_init(full_bar(smem, s), 1), mbar_init(empty_bar(smem, s), CONSUMER_WGS);
 #endif
+#if !ROLE_IS_LOGITS
+        mbar_init(tile_taken_bar(smem), THREADS); // the dynamic tile order's slot: every consumer thread reads it
+#endif
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the copy engine
     }
     __syncthreads();
@@ -203,17 +249,6 @@ __device__ __forceinline__ void tma_operand(unsigned char *dst, const flce_tmap 
 #pragma unroll
         for (int b = 0; b < ROWS / 64; b++) tma_load_2d(smem_addr(dst + b * (BK * 128)), map, mn0 + 64 * b, k0, bar);
     }
-}
-
-// Dynamic tile order (p.tile_counter, dH/dW): the producer thread picks each tile and tells the
-// consumers which one through a ring of TILE_RING slots after the barriers, written before the
-// arrival on the full barrier of the tile's first k-tile (the arrival releases it, the consumers'
-// wait acquires it). A slot is rewritten TILE_RING tiles later, by then at least STAGES k-tiles
-// on, after the consumers released the k-tile at which they read it. −1: no tile is left.
-constexpr int TILE_RING = STAGES + 1;
-__device__ __forceinline__ long long *tile_ring(unsigned char *smem)
-{
-    return (long long *)(smem + PIPE_BYTES + 16 * STAGES);
 }
 
 // Producer (one thread): every k-tile of n_tiles output tiles (m0, n0 + i·BN), in the consumers'
@@ -612,6 +647,9 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
     if (slot) { // before any wgmma of this tile (the loop's first wait then passes at once)
         mbar_wait(full_bar(smem, it % STAGES), (it / STAGES) & 1);
         *tile = *(const volatile long long *)slot;
+#if !ROLE_IS_LOGITS
+        mbar_arrive(tile_taken_bar(smem)); // this thread is done with the slot (tile_slot)
+#endif
         if (*tile < 0) return false;
     }
     const int ktiles = (int)(((kn < 0 ? p.k : kn) + BK - 1) / BK);
@@ -687,7 +725,7 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
 #endif
 // per warp (two with FLCE_GRAD_BULK: gemm_grad.cu); the generator's spec_smem_bytes adds them
 constexpr int STAGING_BYTES = (FLCE_GRAD_BULK ? 2 : 1) * 16 * 64 * 2;
-// The staging buffers follow the barriers and the tile ring, on a 128-byte boundary (the
+// The staging buffers follow the barriers and the tile slot, on a 128-byte boundary (the
 // generator's spec_smem_bytes counts the same).
 constexpr int STAGING_OFFSET = PIPE_BYTES + (16 * STAGES + 8 * (STAGES + 1) + 127) / 128 * 128;
 __device__ __forceinline__ unsigned staging_addr(unsigned char *smem, int warp)

@@ -6,8 +6,13 @@
 # at the end, exit 1 when any run failed. bench/device_ci.sh runs it as
 # `ctest --test-dir build -C Extra -L sanitize`.
 #
-# Usage: sanitize.sh [--dry-run | --list] FLCE_TOOL [GPU_PROBE]
-#   (by hand: bash tests/sanitize.sh build/flce build/tests/gpu_probe)
+# Usage: sanitize.sh [--dry-run | --list] [--log FILE] FLCE_TOOL [GPU_PROBE]
+#   (by hand: bash tests/sanitize.sh --log sanitize-h200.log build/flce build/tests/gpu_probe)
+#   --log FILE (or SANITIZE_LOG=FILE): one log of the whole run besides the per-run logs: the
+#   sanitizer's version, the device, the commit, and per case and tool one line with the verdict
+#   and compute-sanitizer's own summary line ("ERROR SUMMARY: 0 errors", racecheck's "RACECHECK
+#   SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"), then the totals (what issue 43 keeps as
+#   bench/results/sanitize-<device>-<date>.log).
 #   GPU_PROBE (tests/gpu_probe.c) decides as every GPU test does (tests/gpu_ready.h): exit 77
 #   (skipped) without a usable GPU, a failure for a broken driver or, under FLCE_REQUIRE_GPU=n, for
 #   fewer than n GPUs. No compute-sanitizer (COMPUTE_SANITIZER, PATH, $CUDA_HOME/bin,
@@ -30,6 +35,7 @@
 #                     relative-L2 check of dH is 0/0 for an all-ignored call.
 #   SANITIZE_LOG_DIR  where each run's output goes, <case>.<tool>.log, and summary.txt: the lines
 #                     printed (CTest shows them only for a failure) (default ./sanitize-logs)
+#   SANITIZE_LOG      the one log of the run, as --log (default: none beside summary.txt)
 #
 # The cases: `flce demo` is the main one, but it can express only --dtype, --tokens, --hidden,
 # --vocab, --budget-mib and --arch, and checks only a mean loss with int32 labels. So:
@@ -50,13 +56,35 @@
 #     description (`flce fuzz --seed S --cases C --list`): when the fuzz generator changes what a
 #     case number means, that run fails with "fuzz case changed" instead of silently testing
 #     something else; pick the new case numbers from the list then.
-#   - not covered: tensor and sequence parallelism (NCCL, 2+ GPUs: test_tp), the tcgen05 tile
-#     (sm_100, FLCE_ENABLE_SM100; no Blackwell GPU here), tuned tiles (FLCE_TUNE), FLCE_NVRTC_FAST.
+#   - the variants the planner picks by default only past those small shapes (issue 43: the
+#     report's racecheck hazard was at a shape no case here took): dW taking its tiles from a
+#     counter beside dH (FLCE_GRAD_STREAMS; plan.h concurrent_grads, dw_dynamic; the tile slot of
+#     templates/gemm_wgmma_tma.cu) in the chunked strategy with one and several token chunks (the
+#     fp32 dW accumulator) and in recompute's vocab chunks; dH split over the vocab (plan_dh_splits:
+#     few tokens, a long vocab); dW in 2-CTA clusters (short token chunks); the logits pass in
+#     2-CTA clusters and persistent (its items outnumber the CTAs: most shapes past 256 tokens);
+#     row-scaled compact logits (qrows: chunks of 1e8 logits or more by default; the small cases
+#     force them with FLCE_QROWS=1, with the labels' dH term after dH and in its epilogue). The
+#     "gs-", "dh-splits-" and "qrows-" cases; what each runs as is in the table's comments, read
+#     from the plans for a 132-SM Hopper part (H100 SXM, H200): `flce bench --list --shapes ...`
+#     or FLCE_LOG=info show a plan. A GPU with another SM count can plan some of them otherwise.
+#   - not covered: tensor and sequence parallelism (NCCL, 2+ GPUs: test_tp; dW's two launches
+#     sharing the counter under FLCE_TP_OVERLAP are TP-only), the tcgen05 tile (sm_100,
+#     FLCE_ENABLE_SM100; no Blackwell GPU here), tuned tiles (FLCE_TUNE), FLCE_NVRTC_FAST.
 set -uo pipefail
 
 mode=run
-case ${1:-} in --dry-run) mode=dry; shift ;; --list) mode=list; shift ;; esac
-FLCE=${1:?usage: sanitize.sh [--dry-run | --list] FLCE_TOOL [GPU_PROBE]}
+RUNLOG=${SANITIZE_LOG:-}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --dry-run) mode=dry; shift ;;
+    --list) mode=list; shift ;;
+    --log) RUNLOG=${2:?--log needs a file}; shift 2 ;;
+    --log=*) RUNLOG=${1#--log=}; shift ;;
+    *) break ;;
+  esac
+done
+FLCE=${1:?usage: sanitize.sh [--dry-run | --list] [--log FILE] FLCE_TOOL [GPU_PROBE]}
 PROBE=${2:-}
 TOOLS=${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 CASE_RE=${SANITIZE_CASES:-.}
@@ -80,6 +108,25 @@ FZ="fuzz --seed 20261122 --case"
 # (FLCE_TMA=0), the portable mma.sync tile (FLCE_PORTABLE=1), fp32 inputs (FFMA).
 CP=FLCE_TMA=0
 MMA=FLCE_PORTABLE=1
+# The planner's larger variants (the header's list), as planned for 132 SMs and AUTO:
+#  gs-report               issue 43's shape: chunked (compact fp16 logits, one token chunk), dW's 516
+#                          tiles from the counter beside dH, dH split in 3 over the vocab, logits in
+#                          2-CTA clusters and persistent
+#  gs-report-static        the same with dW alone in the static tile order (FLCE_GRAD_STREAMS=0)
+#  gs-token-chunks         chunked in 3 token chunks: the counter's dW adds into the fp32 accumulator
+#  gs-recompute-vchunks    recompute in 10 vocab chunks, each chunk's dW from the counter beside dH.
+#                          Its racecheck run failed on an H200 (compute-sanitizer 2025.3.1,
+#                          2026-11-28): the demo ended with status 9 and no output, 0 hazards;
+#                          the same without issue 43's template change and with FLCE_GRAD_STREAMS=0,
+#                          and memcheck and synccheck passed: open, not the tile slot
+#  gs-recompute-dh-splits  recompute, dH split in 4, dW from the counter beside it
+#  dh-splits-dw-cluster    chunked, dH split in 4, dW in 2-CTA clusters (logits without clusters)
+#  dh-splits-recompute     recompute, dH split in 2, dW and logits in 2-CTA clusters
+#  qrows-default           1.15e8 logits: row-scaled compact logits by default, dW from the counter,
+#                          dH split in 3
+#  qrows-small(-epilogue)  row-scaled logits forced at a small chunked shape, the labels' dH term
+#                          after dH (flce_qdh) or in dH's epilogue (FLCE_QDH=0); dW in clusters
+REPORT="demo --tokens 2304 --hidden 512 --vocab 33000"
 
 # name | environment (- for none) | flce command and arguments | fuzz only: start of its description
 CASES=$(cat <<EOF
@@ -131,6 +178,16 @@ f32-smoothing-bias        | -                          | $FZ 7  | N=3 D=24 V=508
 forward-options           | -                          | $FZ 12 | N=13 D=712 V=44 off=0 total=0 bf16 none forward/forward
 recompute-smoothing-bias  | -                          | $FZ 15 | N=204 D=16 V=8 off=0 total=0 bf16 sum loss_and_grad/recompute
 class-weights-smoothing   | -                          | $FZ 21 | N=2 D=584 V=4746 off=0 total=0 bf16 none loss_and_grad/recompute
+gs-report                 | -                          | $REPORT
+gs-report-static          | FLCE_GRAD_STREAMS=0        | $REPORT
+gs-token-chunks           | -                          | $BENCH --shapes 1024x256x16384 --strategies chunked-16MiB
+gs-recompute-vchunks      | -                          | $REPORT --budget-mib 16
+gs-recompute-dh-splits    | -                          | demo --tokens 1536 --hidden 256 --vocab 33000
+dh-splits-dw-cluster      | -                          | demo --tokens 256 --hidden 512 --vocab 33000
+dh-splits-recompute       | -                          | demo --tokens 512 --hidden 256 --vocab 16384
+qrows-default             | -                          | demo --tokens 2304 --hidden 512 --vocab 50000
+qrows-small               | FLCE_QROWS=1               | $BENCH --shapes 512x512x8192 --strategies chunked
+qrows-small-epilogue      | FLCE_QROWS=1 FLCE_QDH=0    | $BENCH --shapes 512x512x8192 --strategies chunked
 EOF
 )
 
@@ -225,16 +282,24 @@ fi
 command -v timeout >/dev/null || { echo "sanitize: needs timeout (coreutils)"; exit 1; }
 mkdir -p "$LOGDIR" || exit 1
 SUMMARY=$LOGDIR/summary.txt
-# say: a line on stdout and in summary.txt (one write each: the runs' lines do not interleave)
-say() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
+# say: a line on stdout, in summary.txt and in the run's log (one write each: the runs' lines do not
+# interleave)
+if [ -n "$RUNLOG" ]; then
+  mkdir -p "$(dirname "$RUNLOG")" && : >"$RUNLOG" || { echo "sanitize: cannot write the log $RUNLOG"; exit 1; }
+fi
+say() {
+  printf '%s\n' "$*" | tee -a "$SUMMARY"
+  [ -z "$RUNLOG" ] || printf '%s\n' "$*" >>"$RUNLOG"
+}
 : >"$SUMMARY"
 say "sanitize: $("$CS" --version 2>/dev/null | grep -m1 -i version)"
-say "sanitize: ${#names[@]} case(s) x tools '$TOOLS', $JOBS at once, ${TIMEOUT}s each, FLCE_SEED=$SEED, logs in $LOGDIR"
+say "sanitize: device $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo '?'), $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$(dirname "$0")" status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo ' (with uncommitted changes)')"
+say "sanitize: ${#names[@]} case(s) x tools '$TOOLS', $JOBS at once, ${TIMEOUT}s each, FLCE_SEED=$SEED, logs in $LOGDIR${RUNLOG:+, this log in $RUNLOG}"
 
 # run_one TOOL INDEX: one sanitized run; prints its line and leaves its verdict in a file.
 run_one() {
   local tool=$1 i=$2 n=${names[$2]}
-  local log=$LOGDIR/$n.$tool.log must t0 rc errs warns verdict
+  local log=$LOGDIR/$n.$tool.log must t0 rc errs warns verdict line
   must=$(must_say "${cmds[$i]}")
   t0=$(date +%s)
   env ${envs[$i]} FLCE_SEED="$SEED" timeout -k 10 "$TIMEOUT" \
@@ -251,7 +316,9 @@ run_one() {
   elif [ -n "$must" ] && ! grep -aqE "$must" "$log"; then verdict="FAIL (output lacks '$must')"
   else verdict=ok; [ "${warns:-0}" -gt 0 ] && verdict="ok ($warns racecheck warning(s))"
   fi
-  say "$(printf '%-28s %-10s %5ss  %s' "$n" "$tool" "$(( $(date +%s) - t0 ))" "$verdict")"
+  # compute-sanitizer's own last summary line, as it printed it
+  line=$(grep -aoE '(ERROR|RACECHECK) SUMMARY: .*' "$log" | tail -1)
+  say "$(printf '%-28s %-10s %5ss  %s | %s' "$n" "$tool" "$(( $(date +%s) - t0 ))" "$verdict" "${line:-no summary line}")"
   printf '%s\n' "$verdict" >"$LOGDIR/$n.$tool.verdict"
 }
 
