@@ -89,8 +89,6 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     if (s->full_tiles) sb_text(b, "#define FLCE_FULL_TILES 1  // every launch's n is a multiple of BN\n");
     if (s->role != ROLE_ROWOPS && s->cluster > 1)
         sb_printf(b, "#define FLCE_CLUSTER %d  // CTAs per cluster: the B tile is multicast to all of them\n", s->cluster);
-    if (s->role == ROLE_LOGITS && s->pingpong)
-        sb_text(b, "#define FLCE_PINGPONG 1  // the consumer warpgroups take turns at the tensor cores\n");
     sb_printf(b, "#define OPT_BIAS %d\n", !!(s->opts & SPEC_OPT_BIAS));
     sb_printf(b, "#define OPT_WEIGHTS %d\n", !!(s->opts & SPEC_OPT_WEIGHTS));
     sb_printf(b, "#define OPT_ZSUM %d\n", !!(s->opts & SPEC_OPT_ZSUM));
@@ -178,17 +176,15 @@ static int starts_with(const char *line, const char *end, const char *word)
     return (size_t)(end - line) >= n && !memcmp(line, word, n);
 }
 
-/* Appends a template with its `#if FLCE_TCGEN05`, `#if FLCE_CLUSTER` and `#if FLCE_PINGPONG` blocks
- * already resolved for the spec: the lines of the branch the spec takes stay, the directives and the
- * other branch go.
+/* Appends a template with its `#if FLCE_TCGEN05` and `#if FLCE_CLUSTER` blocks already resolved
+ * for the spec: the lines of the branch the spec takes stay, the directives and the other branch go.
  * Sources of the Hopper and portable specs therefore hold no line of the Blackwell path
  * (templates/gemm_tcgen05.cu is one such block, header included), those without clusters no line of
- * the 2-CTA cluster path (nor of ping-pong), and edits to one leave the other specs' JIT cache keys
- * alone. A block opens with a line starting `#if FLCE_TCGEN05`, `#if FLCE_CLUSTER` or
- * `#if FLCE_PINGPONG`, may have one `#else` (no `#elif`) and
- * closes at its `#endif`; such blocks may nest in each other, and other preprocessor conditionals
- * inside or around them are copied through untouched (when their lines are kept). */
-static void sb_template(sbuf *b, const char *text, int tcgen05, int cluster, int pingpong)
+ * the 2-CTA cluster path, and edits to one leave the other specs' JIT cache keys alone. A block
+ * opens with a line starting `#if FLCE_TCGEN05` or `#if FLCE_CLUSTER`, may have one `#else` (no
+ * `#elif`) and closes at its `#endif`; such blocks may nest in each other, and other preprocessor
+ * conditionals inside or around them are copied through untouched (when their lines are kept). */
+static void sb_template(sbuf *b, const char *text, int tcgen05, int cluster)
 {
     enum { MAX_DEPTH = 64 };
     struct {
@@ -199,10 +195,9 @@ static void sb_template(sbuf *b, const char *text, int tcgen05, int cluster, int
         const char *nl = strchr(line, '\n');
         const char *end = nl ? nl + 1 : line + strlen(line);
         int copy = !hidden;
-        int flag = starts_with(line, end, "#if FLCE_TCGEN05")    ? tcgen05
-                   : starts_with(line, end, "#if FLCE_CLUSTER")  ? cluster
-                   : starts_with(line, end, "#if FLCE_PINGPONG") ? pingpong
-                                                                 : -1;
+        int flag = starts_with(line, end, "#if FLCE_TCGEN05")   ? tcgen05
+                   : starts_with(line, end, "#if FLCE_CLUSTER") ? cluster
+                                                                : -1;
         if (flag >= 0 && depth < MAX_DEPTH) {
             stack[depth].resolved = 1, stack[depth].keep = (char)!!flag;
             hidden += !flag, depth++, copy = 0;
@@ -234,8 +229,7 @@ flce_status emit_source(const kernel_spec *s, char **src)
     if (s->role != ROLE_ROWOPS && s->tile.wgmma) emit_wgmma(&b, s);
     if (tcgen05) emit_tcgen05(&b, s);
     if (s->role == ROLE_ROWOPS) sb_text(&b, tmpl_rowops_cu);
-    else sb_template(&b, tmpl_gemm_cu, tcgen05, s->role != ROLE_ROWOPS && s->cluster > 1,
-                     s->role == ROLE_LOGITS && s->pingpong);
+    else sb_template(&b, tmpl_gemm_cu, tcgen05, s->role != ROLE_ROWOPS && s->cluster > 1);
     if (b.oom) {
         free(b.p);
         return err_set(FLCE_ERR_OUT_OF_MEMORY, "emitting kernel source: out of host memory");

@@ -65,9 +65,6 @@ typedef struct kernel_spec {
                           * each half multicast to both (templates/gemm_wgmma_tma.cu, FLCE_CLUSTER);
                           * LOGITS: 0, or 2 (two adjacent row blocks of one vocab split, W's tile
                           * multicast) */
-    int pingpong;        /* LOGITS on the wgmma TMA path: 1: the consumer warpgroups take turns, one
-                          * multiplying its 64 rows while the other runs its epilogue; a stage holds
-                          * 64 rows of A (templates/gemm_wgmma_tma.cu, FLCE_PINGPONG) */
     /* DH/DW epilogue variants (templates/gemm_grad.cu), so that a kernel holds only the stores its
      * launches make (each variant is unrolled over the whole accumulator tile; both cost ~40 % of
      * the kernel's NVRTC time):

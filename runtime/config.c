@@ -124,7 +124,6 @@ void config_from_env(flce_config *c)
     c->grad_streams = config_parse_bool("FLCE_GRAD_STREAMS", getenv("FLCE_GRAD_STREAMS"), c->grad_streams);
     c->dh_splits = config_parse_int("FLCE_DH_SPLITS", getenv("FLCE_DH_SPLITS"), -1, PLAN_DH_SPLITS_MAX, c->dh_splits);
     c->bulk_red = config_parse_bool("FLCE_BULK_RED", getenv("FLCE_BULK_RED"), c->bulk_red);
-    c->pingpong = config_parse_bool("FLCE_PINGPONG", getenv("FLCE_PINGPONG"), c->pingpong);
     c->logits_cluster = config_parse_int("FLCE_LOGITS_CLUSTER", getenv("FLCE_LOGITS_CLUSTER"), -1, 1, c->logits_cluster);
     c->logits_persist = config_parse_bool("FLCE_LOGITS_PERSIST", getenv("FLCE_LOGITS_PERSIST"), c->logits_persist);
     c->logits_splits = config_parse_int("FLCE_LOGITS_SPLITS", getenv("FLCE_LOGITS_SPLITS"), 0, 64, c->logits_splits);
@@ -170,7 +169,6 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_GRAD_STREAMS", "%s", on_off(c->grad_streams), c->grad_streams == d.grad_streams);
     CONFIG_LOG_ONE("FLCE_DH_SPLITS", "%d", c->dh_splits, c->dh_splits == d.dh_splits);
     CONFIG_LOG_ONE("FLCE_BULK_RED", "%s", on_off(c->bulk_red), c->bulk_red == d.bulk_red);
-    CONFIG_LOG_ONE("FLCE_PINGPONG", "%s", on_off(c->pingpong), c->pingpong == d.pingpong);
     CONFIG_LOG_ONE("FLCE_LOGITS_CLUSTER", "%d", c->logits_cluster, c->logits_cluster == d.logits_cluster);
     CONFIG_LOG_ONE("FLCE_LOGITS_PERSIST", "%s", on_off(c->logits_persist), c->logits_persist == d.logits_persist);
     CONFIG_LOG_ONE("FLCE_LOGITS_SPLITS", "%d", c->logits_splits, c->logits_splits == d.logits_splits);

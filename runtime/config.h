@@ -68,8 +68,6 @@ typedef struct flce_config {
     int bulk_red;      /* FLCE_BULK_RED: fp32 accumulators' reductions handed to the TMA unit as bulk
                         * reductions from shared memory where the tile allows (default on; off:
                         * red.global per thread) */
-    int pingpong;      /* FLCE_PINGPONG: the logits pass on the wgmma TMA path with its consumer warpgroups
-                        * taking turns (default off: measured slower, bench/NOTES.md v44) */
     int logits_cluster; /* FLCE_LOGITS_CLUSTER: the logits pass on the wgmma TMA path in 2-CTA clusters that
                          * share W's tile by multicast: -1 (default, unset) where a launch has at least
                          * PLAN_LOGITS_CLUSTER_MIN_BLOCKS row blocks, 1 always, 0 never */

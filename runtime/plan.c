@@ -145,25 +145,6 @@ uint64_t plan_tp_block_bytes(int64_t rows)
  * with clusters, the dW tile counter, the staged 16-bit store and the dZ operand. */
 static int hopper_tma(const kernel_spec *s) { return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05; }
 
-/* FLCE_PINGPONG: the logits spec on the wgmma TMA path with its consumer warpgroups taking turns,
- * where a stage holds 64 rows of A (40 KiB at 128×256×64), so the pipeline deepens to what shared
- * memory holds beside the compact store's staging, at most 5 stages. */
-static void plan_pingpong(const flce_config *cfg, kernel_spec *s)
-{
-    if (!cfg->pingpong || !hopper_tma(s)) return;
-    s->pingpong = 1;
-    kernel_spec worst = *s;
-    worst.compact = 1;
-    while (worst.tile.stages < 5) {
-        worst.tile.stages++;
-        if (spec_smem_bytes(&worst) > spec_smem_limit(worst.sm)) {
-            worst.tile.stages--;
-            break;
-        }
-    }
-    s->tile.stages = worst.tile.stages;
-}
-
 /* The logits pass in 2-CTA clusters, the pair's two row blocks sharing W's tile (each CTA loads
  * half and multicasts it: a third fewer operand bytes asked of L2 per tile, as cuBLAS's 2x1
  * clusters): FLCE_LOGITS_CLUSTER=1 always, 0 never, unset where its launches have
@@ -184,7 +165,6 @@ static void plan_cluster(const flce_config *cfg, plan *pl)
     pl->cluster = cfg->cluster == 2 ? 2 : 0;
     kernel_spec *grads[2] = {&pl->dh, &pl->dw};
     for (int i = 0; i < 2; i++) grads[i]->cluster = hopper_tma(grads[i]) ? pl->cluster : 0;
-    plan_pingpong(cfg, &pl->logits);
 }
 
 /* With FLCE_CLUSTER unset, dW alone in 2-CTA clusters where its k, the one token chunk, is short: a
@@ -670,12 +650,12 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
 
 /* FLCE_LOGITS_PERSIST (plan.h logits_persist): the statistics pass on the wgmma TMA path with one
  * CTA per SM may walk its items in persistent CTAs: there the loop stores each item's statistics
- * straight from the warp that owns its rows (one warp column), with the consumers' turns and
- * tcgen05 left out, and without the entropy and argmax statistics (the loop's registers made that
- * kernel spill; templates/gemm_entry.cu LOGITS_PERSIST). */
+ * straight from the warp that owns its rows (one warp column), with tcgen05 left out, and without
+ * the entropy and argmax statistics (the loop's registers made that kernel spill;
+ * templates/gemm_entry.cu LOGITS_PERSIST). */
 static void plan_logits_persist(const flce_config *cfg, plan *pl)
 {
-    pl->logits_persist = cfg->logits_persist && hopper_tma(&pl->logits) && !pl->logits.pingpong &&
+    pl->logits_persist = cfg->logits_persist && hopper_tma(&pl->logits) &&
                          pl->logits.tile.warps_n == 1 && logits_ctas_per_sm(&pl->logits) == 1 &&
                          !(pl->logits.opts & (SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX));
 }

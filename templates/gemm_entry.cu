@@ -52,13 +52,9 @@ __device__ __forceinline__ void logits_portable(const flce_gemm_params &p, unsig
 
 // The persistent loop, compiled where it costs no spills: without the entropy and argmax
 // statistics, whose registers it would push past the bound (runtime/plan.c plan_logits_persist).
-// (generator/emit.c keeps the two blocks below only in the Blackwell and the turn-taking kernels)
+// (generator/emit.c keeps the block below only in the Blackwell kernels)
 #define LOGITS_PERSIST_PATH 1
 #if FLCE_TCGEN05
-#undef LOGITS_PERSIST_PATH
-#define LOGITS_PERSIST_PATH 0
-#endif
-#if FLCE_PINGPONG
 #undef LOGITS_PERSIST_PATH
 #define LOGITS_PERSIST_PATH 0
 #endif
@@ -153,10 +149,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
 #endif
 
     float acc[MI][NI][4];
-#if FLCE_PINGPONG
-    const int ktiles = (int)((p.k + BK - 1) / BK), wg = wm / 4;
-    it = wg * ktiles; // warpgroup 1's k-tiles follow warpgroup 0's in the ring
-#endif
     long long lab[MI][2];
     row_state rs[MI][2]; // dZ factors, or the running statistics of the item's vocab tiles
     for (long long l = first_item; l < items; l += stride) {
@@ -171,16 +163,10 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
                 qc[mi * 2 + h] = FLCE_QROWS && row < p.m ? ((const float *)p.qref)[row] : 0.f;
             }
         for (long long vt = t_begin; vt < t_end; vt++) {
-#if FLCE_PINGPONG
-            if (wg == 1 || vt > t_begin) pp_wait_turn(wg);
-            mainloop(acc, smem, p, it, wg); // passes the turn once its last k-tile is in
-            it += ktiles;                   // past the other warpgroup's k-tiles of this tile
-#else
 #if FLCE_TMA
             mainloop(acc, smem, p, it, wm / 4);
 #else
             mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
-#endif
 #endif
 #if FLCE_FUSED_DZ
             if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
@@ -207,9 +193,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
 #endif
         if (!LOGITS_PERSIST) break;
     }
-#if FLCE_PINGPONG
-    if (wg == 0 && t_end > t_begin) pp_wait_turn(0); // warpgroup 1's last pass: every arrival met
-#endif
 #if FLCE_FUSED_DZ
     (void)split; // dZ is all this pass writes
 #else

@@ -60,22 +60,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const flce_tmap *map, 
 }
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-#if FLCE_PINGPONG
-// ---- Ping-pong (logits, FLCE_PINGPONG): the consumer warpgroups take turns at the tensor cores --
-// The producer loads, per vocab tile, warpgroup 0's k-tiles (A = rows m0…m0+63) and then
-// warpgroup 1's (rows m0+64…), each with the tile's B, into the one ring of stages; a warpgroup
-// skips the other's pipeline positions, and each stage has one reader (its empty barrier counts one
-// arrival per CTA). While one warpgroup multiplies, the other runs its epilogue: the exps, the row
-// statistics and the compact store no longer stall the tensor cores (cooperative, both warpgroups'
-// epilogues ran at once between two tiles' main loops: ~5 % of the pass, bench/NOTES.md d1b).
-// Turns are handed over by named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's), 256
-// threads each: a warpgroup waits for its turn before its first full-barrier wait of a tile and
-// passes the turn once it has waited for its last k-tile. That order is also what makes the ring's
-// parity waits sound: a warpgroup never waits on a full barrier more than one phase ahead of it
-// (waiting from the start, warpgroup 1 would see a phase of warpgroup 0's complete as its own).
-__device__ __forceinline__ void pp_wait_turn(int wg) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory"); }
-__device__ __forceinline__ void pp_pass_turn(int wg) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory"); }
-#endif
 #if FLCE_CLUSTER
 // ---- 2-CTA clusters (dH/dW, FLCE_CLUSTER = 2): one B tile for two CTAs, by TMA multicast --------
 // The two CTAs of a cluster work on vertically adjacent output tiles, row blocks 2i and 2i + 1 of
@@ -166,12 +150,8 @@ __device__ __forceinline__ void release_stage(unsigned char *smem, int s)
 __device__ __forceinline__ void pipe_init(unsigned char *smem)
 {
     if (threadIdx.x == 0) {
-#if FLCE_PINGPONG
-        for (int s = 0; s < STAGES; s++) mbar_init(full_bar(smem, s), 1), mbar_init(empty_bar(smem, s), CLUSTER_CTAS);
-#else
         for (int s = 0; s < STAGES; s++)
             mbar_init(full_bar(smem, s), 1), mbar_init(empty_bar(smem, s), CLUSTER_CTAS * CONSUMER_WGS);
-#endif
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the copy engine and the peer
     }
     cluster_sync();
@@ -181,11 +161,7 @@ __device__ __forceinline__ void pipe_init(unsigned char *smem)
 __device__ __forceinline__ void pipe_init(unsigned char *smem)
 {
     if (threadIdx.x == 0) {
-#if FLCE_PINGPONG
-        for (int s = 0; s < STAGES; s++) mbar_init(full_bar(smem, s), 1), mbar_init(empty_bar(smem, s), 1);
-#else
         for (int s = 0; s < STAGES; s++) mbar_init(full_bar(smem, s), 1), mbar_init(empty_bar(smem, s), CONSUMER_WGS);
-#endif
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the copy engine
     }
     __syncthreads();
@@ -279,15 +255,10 @@ __device__ void drain_pair(unsigned char *smem, int it)
 }
 #endif // FLCE_CLUSTER
 #if ROLE_IS_LOGITS
-// The logits producer (one thread): for each of n_tiles vocab tiles at n0 + t·BN, its k-tiles of A
-// (the CTA's row block at m0; in ping-pong, warpgroup 0's 64 rows and then warpgroup 1's, a whole
-// k loop each) with the tile's B. In a 2-CTA cluster B is this CTA's BN/2 rows, multicast to both
-// CTAs: the peer loads the other half at the same `it` (both CTAs walk the same tiles of one split).
-#if FLCE_PINGPONG
-constexpr int A_PARTS = 2, A_PART_ROWS = 64;
-#else
-constexpr int A_PARTS = 1, A_PART_ROWS = BM;
-#endif
+// The logits producer (one thread): for each of n_tiles vocab tiles at n0 + t·BN, the k-tiles of A
+// (the CTA's row block at m0) with the tile's B. In a 2-CTA cluster B is this CTA's BN/2 rows,
+// multicast to both CTAs: the peer loads the other half at the same `it` (both CTAs walk the same
+// tiles of one split).
 __device__ void produce_logits(const flce_gemm_params &p, unsigned char *smem, long long m0, long long n0,
                                long long n_tiles, int &it)
 {
@@ -296,21 +267,20 @@ __device__ void produce_logits(const flce_gemm_params &p, unsigned char *smem, l
     const unsigned rank = cluster_ctarank();
 #endif
     for (long long t = 0; t < n_tiles; t++)
-        for (int w = 0; w < A_PARTS; w++)
-            for (int kt = 0; kt < ktiles; kt++, it++) {
-                const int s = it % STAGES;
-                mbar_wait(empty_bar(smem, s), ((it / STAGES) & 1) ^ 1);
-                const unsigned full = full_bar(smem, s);
-                mbar_arrive_expect_tx(full, STAGE_BYTES);
-                unsigned char *stage = smem + s * STAGE_BYTES;
-                tma_load_2d(smem_addr(stage), &p.tmap_a, kt * BK, (int)(m0 + A_PART_ROWS * w), full);
+        for (int kt = 0; kt < ktiles; kt++, it++) {
+            const int s = it % STAGES;
+            mbar_wait(empty_bar(smem, s), ((it / STAGES) & 1) ^ 1);
+            const unsigned full = full_bar(smem, s);
+            mbar_arrive_expect_tx(full, STAGE_BYTES);
+            unsigned char *stage = smem + s * STAGE_BYTES;
+            tma_load_2d(smem_addr(stage), &p.tmap_a, kt * BK, (int)m0, full);
 #if FLCE_CLUSTER
-                tma_load_2d_multicast(smem_addr(stage + A_BYTES + rank * (BN / 2) * 128), &p.tmap_b, kt * BK,
-                                      (int)(n0 + t * BN + rank * (BN / 2)), full, (unsigned short)3);
+            tma_load_2d_multicast(smem_addr(stage + A_BYTES + rank * (BN / 2) * 128), &p.tmap_b, kt * BK,
+                                  (int)(n0 + t * BN + rank * (BN / 2)), full, (unsigned short)3);
 #else
-                tma_load_2d(smem_addr(stage + A_BYTES), &p.tmap_b, kt * BK, (int)(n0 + t * BN), full);
+            tma_load_2d(smem_addr(stage + A_BYTES), &p.tmap_b, kt * BK, (int)(n0 + t * BN), full);
 #endif
-            }
+        }
 }
 #endif // ROLE_IS_LOGITS
 
@@ -655,9 +625,6 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
         if (kt > 0 && signals) mbar_arrive(empty_bar(smem, (it - 1) % STAGES));
 #endif
     }
-#endif
-#if FLCE_PINGPONG
-    pp_pass_turn(wg); // every full wait of this tile is behind us; our last wgmmas run on
 #endif
     wgmma_wait<0>();
     fence_acc(acc);

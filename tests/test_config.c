@@ -82,7 +82,7 @@ static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM
                                     "FLCE_FUSED_DZ", "FLCE_ACC_PREFETCH", "FLCE_RED_ACC", "FLCE_CLUSTER",
                                     "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_TIERED", "FLCE_UNLOCKED_COMPILE", "FLCE_FULL_TILES", "FLCE_DH_K_SLICE", "FLCE_NVRTC_FAST",
                                     "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_TP_OVERLAP_SMS", "FLCE_GRAD_STREAMS",
-                                    "FLCE_DZ_OPERAND", "FLCE_DZ_CONVERT", "FLCE_QROWS", "FLCE_PINGPONG",
+                                    "FLCE_DZ_OPERAND", "FLCE_DZ_CONVERT", "FLCE_QROWS",
                                     "FLCE_LOGITS_CLUSTER", "FLCE_TP_DH_GATHER16"};
 
 static void clear_knobs(void)
@@ -102,7 +102,7 @@ static void an_empty_environment_gives_the_defaults(void)
     CHECK(!d.acc_prefetch && d.red_acc && d.cluster == -1 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.tiered && !d.unlocked_compile && d.full_tiles && d.dh_k_slice == PLAN_DH_K_SLICE && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && d.tp_overlap);
     CHECK(d.grad_streams && !d.dz_operand && !d.dz_convert && d.tp_overlap_sms == 32 && d.qrows == -1);
-    CHECK(!d.pingpong && d.logits_cluster == -1 && d.tp_dh_gather16);
+    CHECK(d.logits_cluster == -1 && d.tp_dh_gather16);
 }
 
 static void every_knob_reads_its_variable(void)
@@ -114,7 +114,7 @@ static void every_knob_reads_its_variable(void)
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_TIERED", "no", 1), setenv("FLCE_UNLOCKED_COMPILE", "yes", 1), setenv("FLCE_FULL_TILES", "off", 1), setenv("FLCE_DH_K_SLICE", "1000", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
     setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "off", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
     setenv("FLCE_DZ_OPERAND", "1", 1), setenv("FLCE_TP_OVERLAP_SMS", "16", 1), setenv("FLCE_DZ_CONVERT", "on", 1);
-    setenv("FLCE_QROWS", "0", 1), setenv("FLCE_PINGPONG", "on", 1), setenv("FLCE_LOGITS_CLUSTER", "0", 1);
+    setenv("FLCE_QROWS", "0", 1), setenv("FLCE_LOGITS_CLUSTER", "0", 1);
     setenv("FLCE_TP_DH_GATHER16", "off", 1);
     flce_config c;
     config_from_env(&c);
@@ -122,7 +122,7 @@ static void every_knob_reads_its_variable(void)
     CHECK(c.acc_prefetch && !c.red_acc && c.cluster == 2 && c.raster_rows == 16 && !c.tiered && !c.full_tiles && c.dh_k_slice == 768 && c.unlocked_compile);
     CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && !c.tp_overlap);
     CHECK(!c.grad_streams && c.dz_operand && c.dz_convert && c.tp_overlap_sms == 16 && c.qrows == 0);
-    CHECK(c.pingpong && c.logits_cluster == 0 && !c.tp_dh_gather16);
+    CHECK(c.logits_cluster == 0 && !c.tp_dh_gather16);
     clear_knobs();
 }
 
@@ -652,8 +652,7 @@ static void dw_clusters_where_its_token_chunk_is_short(void)
 /* FLCE_LOGITS_CLUSTER unset: the logits pass (and recompute's logits+dZ pass, its copy) in 2-CTA
  * clusters where its launch has at least PLAN_LOGITS_CLUSTER_MIN_BLOCKS row blocks (all tokens
  * for the forward and recompute, one token chunk for chunked); 1 always, 0 never; only on the wgmma
- * TMA path. FLCE_PINGPONG: the ping-pong logits spec with 64 rows of A per stage and 5 stages, the
- * most that fit beside the compact store's staging; kernel sources name both. */
+ * TMA path; the kernel source names the cluster size and holds no `#if FLCE_CLUSTER`. */
 static void logits_clusters_where_the_launch_has_row_blocks_to_pair(void)
 {
     flce_config cfg;
@@ -661,11 +660,11 @@ static void logits_clusters_where_the_launch_has_row_blocks_to_pair(void)
     plan pl;
     flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.logits.cluster == 2 && !pl.logits.pingpong && pl.logits.tile.stages == 4);
+    CHECK(pl.logits.cluster == 2 && pl.logits.tile.stages == 4);
     CHECK(spec_validate(&pl.logits) == FLCE_OK);
     char *src = NULL;
     CHECK(emit_source(&pl.logits, &src) == FLCE_OK && src && strstr(src, "#define FLCE_CLUSTER 2") &&
-          !strstr(src, "FLCE_PINGPONG") && !strstr(src, "#if FLCE_CLUSTER") && strstr(src, "produce_logits"));
+          !strstr(src, "#if FLCE_CLUSTER") && strstr(src, "produce_logits"));
     free(src);
     CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.logits.cluster == 2);
@@ -690,18 +689,9 @@ static void logits_clusters_where_the_launch_has_row_blocks_to_pair(void)
     config_defaults(&cfg);
     cfg.tiles.tma = 0; /* the cp.async wgmma tile: no clusters */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.logits.cluster == 0 && !pl.logits.pingpong);
+    CHECK(pl.logits.cluster == 0);
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 80, 108, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.logits.cluster == 0);
-    config_defaults(&cfg);
-    cfg.pingpong = 1;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.logits.pingpong && pl.logits.tile.stages == 5 && !pl.dh.pingpong && !pl.dw.pingpong);
-    CHECK(spec_smem_bytes(&pl.logits) <= spec_smem_limit(90));
-    src = NULL;
-    CHECK(emit_source(&pl.logits, &src) == FLCE_OK && src && strstr(src, "#define FLCE_PINGPONG 1") &&
-          !strstr(src, "#if FLCE_PINGPONG") && strstr(src, "pp_wait_turn"));
-    free(src);
 }
 
 /* The statistics pass may run persistent CTAs (plan.h logits_persist) on the wgmma TMA path,
@@ -732,10 +722,6 @@ static void logits_persist_where_the_kernel_has_the_loop(void)
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
     CHECK(!pl.logits_persist);
     t.argmax = NULL;
-    cfg.pingpong = 1;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
-    CHECK(pl.logits.pingpong && !pl.logits_persist);
-    cfg.pingpong = 0;
     CHECK(plan_build(&p, FLCE_OP_FORWARD, 80, 108, &cfg, NULL, &t, &pl) == FLCE_OK); /* sm_80: mma.sync */
     CHECK(!pl.logits_persist);
 }

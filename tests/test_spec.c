@@ -110,33 +110,23 @@ static void bulk_reductions_need_the_tma_tile_and_room_for_their_buffers(void)
     CHECK(!spec_bulk_red(&s));
 }
 
-/* Ping-pong: the logits role on the wgmma TMA tile only, a stage of 64 rows of A; clusters of 2 on
- * the wgmma TMA tile for every GEMM role (logits: W's tile shared by two row blocks). */
-static void pingpong_and_clusters_need_the_tma_tile(void)
+/* Clusters of 2 on the wgmma TMA tile for every GEMM role (logits: W's tile shared by two row
+ * blocks). */
+static void clusters_need_the_tma_tile(void)
 {
     kernel_spec s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16);
     s.tile = spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_LOGITS);
-    size_t coop = spec_smem_bytes(&s);
-    s.pingpong = 1;
-    CHECK(spec_validate(&s) == FLCE_OK);
-    CHECK(spec_smem_bytes(&s) == coop - (size_t)s.tile.stages * (size_t)(s.tile.bm - 64) * (size_t)s.tile.bk * 2);
     s.cluster = 2;
-    CHECK(spec_validate(&s) == FLCE_OK);
-    s.pingpong = 0;
     CHECK(spec_validate(&s) == FLCE_OK);
     s.cluster = 4;
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("cluster=4"));
-    s.cluster = 0, s.pingpong = 2;
-    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("pingpong=2"));
     s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16); /* the portable tile */
-    s.pingpong = 1;
-    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("pingpong=1"));
-    s.pingpong = 0, s.cluster = 2;
+    s.cluster = 2;
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("cluster=2"));
     s = good_gemm(ROLE_DH, FLCE_DTYPE_BF16);
     s.tile = spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_DH);
-    s.pingpong = 1;
-    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("pingpong=1"));
+    s.cluster = 2;
+    CHECK(spec_validate(&s) == FLCE_OK);
 }
 
 /* The tcgen05 tile: only on sm_100 16-bit with FLCE_ENABLE_SM100=1 (spec_knobs enable_sm100);
@@ -621,7 +611,7 @@ int main(void)
     RUN(tcgen05_tiles_are_opt_in_blackwell_16_bit_only);
     RUN(tma_tiles_are_the_hopper_default_and_need_wgmma);
     RUN(bulk_reductions_need_the_tma_tile_and_room_for_their_buffers);
-    RUN(pingpong_and_clusters_need_the_tma_tile);
+    RUN(clusters_need_the_tma_tile);
     RUN(arch_names_parse_and_print);
     RUN(chunks_fit_the_memory_budget);
     RUN(vocab_splits_fill_whole_waves);
