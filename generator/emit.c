@@ -82,7 +82,6 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     if (s->compact) sb_text(b, "#define FLCE_COMPACT 1\n");
     if (s->qrows) sb_text(b, "#define FLCE_QROWS 1  // p̃ = bf16 exp(z − ref) against one reference per row\n");
     if (s->dz_operand) sb_text(b, "#define FLCE_DZ_OPERAND 1  // A: compact logits, made dZ in registers\n");
-    if (s->dz_convert) sb_text(b, "#define FLCE_DZ_CONVERT 1  // A: compact logits, made dZ by the producer's idle warps\n");
     if (s->plain_out) sb_text(b, "#define FLCE_GRAD_PLAIN 1  // only complete 16-bit tiles, through shared memory\n");
     if (s->red_acc) sb_text(b, "#define FLCE_GRAD_RED 1  // fp32 accumulators may be updated by red.global\n");
     if (spec_bulk_red(s)) sb_text(b, "#define FLCE_GRAD_BULK 1  // … by bulk reductions from shared memory\n");

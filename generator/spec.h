@@ -57,9 +57,6 @@ typedef struct kernel_spec {
     int dz_operand;      /* DH/DW on the wgmma TMA path, 16-bit: A is the compact logits, turned
                           * into dZ in shared memory by the consumers before their wgmmas read it
                           * (no dZ pass; templates/gemm_wgmma_tma.cu, FLCE_DZ_OPERAND) */
-    int dz_convert;      /* DH on the wgmma TMA path, 16-bit, no cluster: A is the compact logits,
-                          * which the producer warpgroup's idle warps turn into dZ in place while
-                          * the consumers multiply (no dZ pass; templates/gemm_dz_convert.cu) */
     int cluster;         /* DH/DW on the wgmma TMA path: 0 (none), or 2: CTAs in clusters of 2 that
                           * work on vertically adjacent tiles and load their shared B tile once,
                           * each half multicast to both (templates/gemm_wgmma_tma.cu, FLCE_CLUSTER);

@@ -34,8 +34,6 @@ void config_defaults(flce_config *c)
     c->cluster = -1;
     c->logits_cluster = -1;
     c->logits_persist = 1;
-    /* dZ formed inside dH (FLCE_DZ_CONVERT) stays off: measured slower than the dz pass (bench/NOTES.md v35) */
-    c->dz_convert = 0;
     /* TP: dH's all-reduce beside dW, which leaves NCCL 32 SMs (it launched 24 CTAs on 2 and 4
      * NVLink H100s/H200s) until the reduction ends: −0.2 to −0.5 ms at tp = 2 and 4 (4 × H200 and
      * 4 × H100, 8192×4096×128256; bench/NOTES.md TP v4) */
@@ -102,7 +100,6 @@ void config_from_env(flce_config *c)
     c->qdh = config_parse_bool("FLCE_QDH", getenv("FLCE_QDH"), c->qdh);
     c->fused_dz = config_parse_bool("FLCE_FUSED_DZ", getenv("FLCE_FUSED_DZ"), c->fused_dz);
     c->dz_operand = config_parse_bool("FLCE_DZ_OPERAND", getenv("FLCE_DZ_OPERAND"), c->dz_operand);
-    c->dz_convert = config_parse_bool("FLCE_DZ_CONVERT", getenv("FLCE_DZ_CONVERT"), c->dz_convert);
     c->acc_prefetch = config_parse_bool("FLCE_ACC_PREFETCH", getenv("FLCE_ACC_PREFETCH"), c->acc_prefetch);
     c->red_acc = config_parse_bool("FLCE_RED_ACC", getenv("FLCE_RED_ACC"), c->red_acc);
     /* a 1-CTA cluster is no cluster: 0 and 1 both leave it off; -1 (unset): plan.c's rule */
@@ -151,7 +148,6 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_FUSED_DZ", "%s", on_off(c->fused_dz), c->fused_dz == d.fused_dz);
     CONFIG_LOG_ONE("FLCE_DZ_OPERAND", "%s", on_off(c->dz_operand), c->dz_operand == d.dz_operand);
     CONFIG_LOG_ONE("FLCE_ACC_PREFETCH", "%s", on_off(c->acc_prefetch), c->acc_prefetch == d.acc_prefetch);
-    CONFIG_LOG_ONE("FLCE_DZ_CONVERT", "%s", on_off(c->dz_convert), c->dz_convert == d.dz_convert);
     CONFIG_LOG_ONE("FLCE_RED_ACC", "%s", on_off(c->red_acc), c->red_acc == d.red_acc);
     CONFIG_LOG_ONE("FLCE_CLUSTER", "%d", c->cluster, c->cluster == d.cluster);
     CONFIG_LOG_ONE("FLCE_RASTER", "%d", c->raster_rows, c->raster_rows == d.raster_rows);

@@ -336,9 +336,8 @@ static flce_status run_logits_dz(run *r, const block *b)
     return launch_logits(r, &r->pl->logits_dz, r->k.logits_dz, b, 0, &g, "logits+dz kernel");
 }
 
-/* dH/dW reading the compact logits as A and forming dZ themselves (plan.h dz_operand, and dH
- * under dz_convert): the factors flce_dz_factors left in tile_max and target, and the labels of
- * block b's rows. */
+/* dH/dW reading the compact logits as A and forming dZ themselves (plan.h dz_operand): the factors
+ * flce_dz_factors left in tile_max and target, and the labels of block b's rows. */
 static void set_dz_factors(const run *r, const block *b, struct flce_gemm_params *g)
 {
     int log2 = 0;
@@ -427,19 +426,12 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
     g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     TRY(check_grad_stores(&pl->dh, &g, "dH"));
-    if (pl->dz_operand || pl->dz_convert) set_dz_factors(r, b, &g); /* never with slices (plan.c) */
+    if (pl->dz_operand) set_dz_factors(r, b, &g); /* never with slices (plan.c) */
     if (pl->qrows) { /* chunk rows, as the launch's; the labels' dz where they lie in its k range */
         g.row_scale = r->rp.row_scale;
         if (!pl->qdh) g.qlab = r->rp.qlab, g.qlab_k0 = off; /* else flce_qdh adds them after dH */
     }
     TRY(tma_prepare_gemm(&pl->dh, &g, resident_slots(r->ctx, &pl->dh, r->k.dh), &gx, &gy));
-    if (pl->dz_convert) {
-        /* Bands of about 1.5 waves of dH tiles: the row blocks its CTAs start on first are
-         * converted first (gemm_dz_convert.cu); at least one raster group. */
-        int64_t tiles_n = ceil_div(pl->d, pl->dh.tile.bn), band = ceil_div(3 * gx * gy, 2 * tiles_n);
-        g.dz_flags = r->ws + pl->off_dz_flags;
-        g.dz_band = band > pl->raster_rows ? band : (pl->raster_rows > 0 ? pl->raster_rows : 1);
-    }
     return launch_cluster(r->k.dh, gx, gy, pl->dh.cluster, spec_threads(&pl->dh), spec_smem_bytes(&pl->dh), r->stream,
                           &g, "dH kernel");
 }
@@ -707,11 +699,6 @@ static flce_status run_grads(run *r, const block *rows_step, const block *cols_s
         }
     } else if (r->pl->dz_operand) {
         TRY(run_rows(r, K_DZ_FACTORS, rows_step));
-    } else if (r->pl->dz_convert && r->t->grad_hidden) { /* formed inside dH: its counter and flags zeroed */
-        TRY(run_rows(r, K_DZ_FACTORS, rows_step));
-        CUresult res = drv.MemsetD32Async((CUdeviceptr)(r->ws + r->pl->off_dz_flags), 0, r->pl->dz_flags_bytes / 4,
-                                          r->stream);
-        if (res != CUDA_SUCCESS) return drv_error(res, "zeroing the dz flags");
     } else if (!r->pl->fused_dz) {
         TRY(run_rows(r, K_DZ, rows_step));
     }

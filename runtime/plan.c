@@ -188,8 +188,7 @@ static int wgmma_tma(const kernel_spec *s)
     return hopper_tma(s) && s->tile.stages >= 3; /* (dz_operand's look-ahead) */
 }
 /* Whether flce_dz_factors' per-(row, column group) factors give dZ (dz = p̃·F, the label apart):
- * compact logits in power-of-two groups and dz linear in p̃ (no smoothing or softcap). Both ways of
- * forming dZ without the dz pass (dz_operand, dz_convert) rest on it. */
+ * compact logits in power-of-two groups and dz linear in p̃ (no smoothing or softcap). */
 static int dz_factors_apply(const flce_problem *p, const plan *pl)
 {
     return pl->compact && p->label_smoothing == 0 && !(p->softcap > 0) && pl->tile_cols > 0 &&
@@ -225,7 +224,7 @@ static int qrows_allowed(const flce_problem *p, const flce_config *cfg, const pl
     int whole = pl->tp <= 1 ? p->vocab_offset == 0 && total == p->vocab_shard : pl->collective && !pl->sp;
     return cfg->qrows != 0 && pl->compact && !pl->recompute && p->dtype == FLCE_DTYPE_BF16 && hopper_tma(&pl->logits) &&
            !p->has_bias && p->label_smoothing == 0 && !(p->softcap > 0) && p->z_loss == 0 && whole &&
-           pl->tile_cols % 8 == 0 && !cfg->dz_operand && !cfg->dz_convert;
+           pl->tile_cols % 8 == 0 && !cfg->dz_operand;
 }
 
 /* The default budget of a compact chunked plan with its own dW. Fewer token chunks are faster: each chunk beyond the first reads and rewrites the V×D fp32 dW
@@ -449,10 +448,6 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
      * (its factors are per launch). */
     int64_t k_max = pl->dh_k_slice_max, k = pl->recompute ? pl->chunk_cols : pl->v;
     pl->dh_k_slice = grads && !pl->dz_operand && k_max > 0 && k > k_max ? k_max : 0;
-    pl->dz_convert = pl->dz_convert_wanted && grads && dz_factors_apply(p, pl) && !pl->dz_operand && !pl->qrows &&
-                     !pl->concurrent_grads && !pl->dh_k_slice && !pl->collective && pl->tp <= 1 &&
-                     hopper_tma(&pl->dh) && pl->dh.cluster == 0 && (!t || t->grad_hidden);
-    pl->dh.dz_convert = pl->dz_convert;
     pl->need_dh_acc = grads && ((pl->recompute && pl->n_vchunks > 1) || pl->dh_k_slice) && !f32 && !caller_dh &&
                       !pl->need_dh_tp && (!t || t->grad_hidden);
     pl->need_db_acc = grads && p->has_bias && pl->n_chunks > 1 && (!t || t->grad_bias);
@@ -511,11 +506,6 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
             pl->off_dh_split = take(&cur, (uint64_t)pl->dh_splits * (uint64_t)(pl->recompute ? pl->n : pl->chunk_rows) *
                                               (uint64_t)pl->d * 4);
         if (pl->dw_dynamic) pl->off_tile_counter = take(&cur, 8);
-        if (pl->dz_convert) { /* gemm_dz_convert.cu: 2 words, then one per (dH row block, 512 columns) */
-            uint64_t blocks = (uint64_t)ceil_div(pl->chunk_rows, pl->dh.tile.bm);
-            pl->dz_flags_bytes = 4 * (2 + blocks * (uint64_t)ceil_div(pl->ldz, 512));
-            pl->off_dz_flags = take(&cur, pl->dz_flags_bytes);
-        }
     }
     if (pl->collective && stats) {
         pl->tp_block_bytes = plan_tp_block_bytes(pl->stat_rows);
@@ -569,7 +559,7 @@ static void plan_dh_splits(const flce_config *cfg, int num_sms, plan *pl, int64_
     int64_t k_max = pl->dh_k_slice_max;
     pl->dh_splits = 0, pl->dh_split_k = 0;
     if (cfg->dh_splits == 0 || cfg->dh_splits == 1 || !hopper_tma(&pl->dh) || pl->dh.cluster || launches != 1 ||
-        pl->tp > 1 || cfg->dz_operand || cfg->dz_convert || (pl->qrows && !pl->qdh) || pl->dh.dtype == FLCE_DTYPE_F32 ||
+        pl->tp > 1 || cfg->dz_operand || (pl->qrows && !pl->qdh) || pl->dh.dtype == FLCE_DTYPE_F32 ||
         (k_max > 0 && k > k_max) || num_sms <= 0)
         return;
     int64_t tiles = blocks * ceil_div(pl->d, pl->dh.tile.bn);
@@ -637,7 +627,6 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     /* Off: measured slower (bench/NOTES.md v12); FLCE_ACC_PREFETCH=1 for side-by-side runs. */
     pl->acc_prefetch = cfg->acc_prefetch;
     pl->red_acc = cfg->red_acc, pl->bulk_red = cfg->bulk_red;
-    pl->dz_convert_wanted = cfg->dz_convert;
     pl->dh_k_slice_max = cfg->dh_k_slice;
     /* Where dH's plain fp32 all-reduce would apply, the two ways of doing it with fewer bytes. */
     int plain_all_reduce = pl->collective && !pl->sp && !p->accumulate_grad_hidden && p->dtype != FLCE_DTYPE_F32;

@@ -97,16 +97,6 @@ typedef struct plan {
      * unless FLCE_DZ_OPERAND=1: correct, but slower than the dz pass on an H100 (bench/NOTES.md v38:
      * AUTO 42.2 ms against 38.1 at 8192×4096×128256; dH ~1.1×, dW ~1.35× in-run). */
     int dz_operand;
-    /* With compact logits: the dz pass's work done inside the chunk's dH launch by its producer
-     * warpgroup's idle warps, in place, while the consumers multiply; dH's loads wait per (row
-     * block, 512-column segment) for it (spec dz_convert, templates/gemm_dz_convert.cu), after
-     * flce_dz_factors as for dz_operand. Where dz is linear in p̃ (no smoothing or softcap), dH is
-     * the first and only reader of dZ while it runs (one dH launch per chunk: no vocab slices, dW
-     * not beside it on another stream), without TP, on the wgmma TMA path without clusters.
-     * off_dz_flags: the part counter and flags (dz_flags_bytes, zeroed per chunk); dz_band: row
-     * blocks per band of the conversion order. FLCE_DZ_CONVERT=0 keeps the dz pass. */
-    int dz_convert_wanted, dz_convert;
-    uint64_t off_dz_flags, dz_flags_bytes;
     /* dH/dW (TMA path): the producer prefetches an accumulating tile's fp32 addend into L2 while the
      * tile's main loop runs. Off unless FLCE_ACC_PREFETCH=1: measured 1.7 % slower (NOTES v12). */
     int acc_prefetch;

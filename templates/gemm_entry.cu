@@ -386,12 +386,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
     pipe_init(smem);
     if (threadIdx.x < PRODUCER_THREADS) {
         setmaxnreg_dec<PRODUCER_REGS>();
-#if FLCE_DZ_CONVERT
-        if (threadIdx.x >= 32 && p.dz_flags) { // warps 1-3: dZ for this launch's loads (gemm_dz_convert.cu)
-            dzc_convert(p);
-            return;
-        }
-#endif
         // Warp 0: its lane 0 issues the loads; the whole warp walks the tiles with it for
         // prefetch_labels, one tile at a time (the __syncwarp waits for lane 0's produce).
         const int lane0 = threadIdx.x % 32;

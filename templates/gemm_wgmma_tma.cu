@@ -204,7 +204,6 @@ __device__ void produce(const flce_gemm_params &p, unsigned char *smem, long lon
         for (int kt = 0; kt < ktiles; kt++, it++) {
             const int s = it % STAGES;
             const int k = (int)kb + kt * BK;
-            dzc_wait(p, m0, (long long)k); // FLCE_DZ_CONVERT: the k-tile's dZ is formed
             mbar_wait(empty_bar(smem, s), ((it / STAGES) & 1) ^ 1);
             if (slot && kt == 0) *(volatile long long *)slot = tile;
             const unsigned full = full_bar(smem, s);

@@ -82,7 +82,7 @@ static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM
                                     "FLCE_FUSED_DZ", "FLCE_ACC_PREFETCH", "FLCE_RED_ACC", "FLCE_CLUSTER",
                                     "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_TIERED", "FLCE_UNLOCKED_COMPILE", "FLCE_FULL_TILES", "FLCE_DH_K_SLICE", "FLCE_NVRTC_FAST",
                                     "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_TP_OVERLAP_SMS", "FLCE_GRAD_STREAMS",
-                                    "FLCE_DZ_OPERAND", "FLCE_DZ_CONVERT", "FLCE_QROWS",
+                                    "FLCE_DZ_OPERAND", "FLCE_QROWS",
                                     "FLCE_LOGITS_CLUSTER", "FLCE_TP_DH_GATHER16"};
 
 static void clear_knobs(void)
@@ -101,7 +101,7 @@ static void an_empty_environment_gives_the_defaults(void)
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
     CHECK(!d.acc_prefetch && d.red_acc && d.cluster == -1 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.tiered && !d.unlocked_compile && d.full_tiles && d.dh_k_slice == PLAN_DH_K_SLICE && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && d.tp_overlap);
-    CHECK(d.grad_streams && !d.dz_operand && !d.dz_convert && d.tp_overlap_sms == 32 && d.qrows == -1);
+    CHECK(d.grad_streams && !d.dz_operand && d.tp_overlap_sms == 32 && d.qrows == -1);
     CHECK(d.logits_cluster == -1 && d.tp_dh_gather16);
 }
 
@@ -113,7 +113,7 @@ static void every_knob_reads_its_variable(void)
     setenv("FLCE_RED_ACC", "off", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_TIERED", "no", 1), setenv("FLCE_UNLOCKED_COMPILE", "yes", 1), setenv("FLCE_FULL_TILES", "off", 1), setenv("FLCE_DH_K_SLICE", "1000", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
     setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "off", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
-    setenv("FLCE_DZ_OPERAND", "1", 1), setenv("FLCE_TP_OVERLAP_SMS", "16", 1), setenv("FLCE_DZ_CONVERT", "on", 1);
+    setenv("FLCE_DZ_OPERAND", "1", 1), setenv("FLCE_TP_OVERLAP_SMS", "16", 1);
     setenv("FLCE_QROWS", "0", 1), setenv("FLCE_LOGITS_CLUSTER", "0", 1);
     setenv("FLCE_TP_DH_GATHER16", "off", 1);
     flce_config c;
@@ -121,7 +121,7 @@ static void every_knob_reads_its_variable(void)
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
     CHECK(c.acc_prefetch && !c.red_acc && c.cluster == 2 && c.raster_rows == 16 && !c.tiered && !c.full_tiles && c.dh_k_slice == 768 && c.unlocked_compile);
     CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && !c.tp_overlap);
-    CHECK(!c.grad_streams && c.dz_operand && c.dz_convert && c.tp_overlap_sms == 16 && c.qrows == 0);
+    CHECK(!c.grad_streams && c.dz_operand && c.tp_overlap_sms == 16 && c.qrows == 0);
     CHECK(c.logits_cluster == 0 && !c.tp_dh_gather16);
     clear_knobs();
 }
@@ -351,60 +351,6 @@ static void row_scaled_logits_only_where_dz_is_a_row_factor(void)
     cfg.dz_operand = 1; /* the opt-in forms of dZ from fp16 p̃ keep it */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(!pl.qrows && pl.dz_operand);
-}
-
-/* With FLCE_DZ_CONVERT=1 the chunked dH forms dZ itself (plan.h dz_convert) where it is dZ's only
- * reader while it runs and dz is linear in p̃: one dH launch per chunk on the wgmma TMA path, no TP;
- * its flags fit the workspace. Otherwise, and by default, the dz pass stays. */
-static void the_dz_convert_replaces_the_dz_pass_only_where_it_can(void)
-{
-    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
-    flce_config cfg;
-    plan pl;
-    config_defaults(&cfg);
-    p.strategy = FLCE_STRATEGY_CHUNKED;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_convert && !pl.dh.dz_convert && pl.off_dz_flags == 0); /* off by default */
-    cfg.dz_convert = 1;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && pl.dz_convert && pl.dh.dz_convert && !pl.dw.dz_convert && !pl.logits.dz_convert);
-    CHECK(spec_validate(&pl.dh) == FLCE_OK && !pl.concurrent_grads && !pl.dh_k_slice);
-    uint64_t blocks = (uint64_t)((pl.chunk_rows + pl.dh.tile.bm - 1) / pl.dh.tile.bm);
-    CHECK(pl.dz_flags_bytes == 4 * (2 + blocks * (uint64_t)((pl.ldz + 511) / 512)));
-    CHECK(pl.off_dz_flags > 0 && pl.off_dz_flags + pl.dz_flags_bytes <= pl.workspace_bytes);
-    p.has_bias = 1, p.z_loss = 1e-4f; /* db reads dZ after dH; z-loss keeps dz linear in p̃ */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.dz_convert);
-    p.has_bias = 0, p.z_loss = 0;
-    CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(!pl.dz_convert && !pl.dh.dz_convert);
-    p.label_smoothing = 0.1f;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_convert);
-    p.label_smoothing = 0, p.softcap = 30;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_convert);
-    p.softcap = 0;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 80, 108, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_convert && !pl.dh.dz_convert); /* mma.sync */
-    flce_problem tp = tp2_problem(8192, 4096, 128256);
-    tp.strategy = FLCE_STRATEGY_CHUNKED;
-    CHECK(plan_build(&tp, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_convert);
-    /* dW beside dH on the fill stream (dH leaves over 10 % of the SMs idle at D = 2304) */
-    flce_problem q = problem(8192, 2304, 256000, FLCE_DTYPE_BF16);
-    q.strategy = FLCE_STRATEGY_CHUNKED;
-    CHECK(plan_build(&q, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.concurrent_grads == !pl.dz_convert);
-    cfg.dz_operand = 1; /* the two do not go together: dz_operand wins */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.dz_operand && !pl.dz_convert && !pl.dh.dz_convert);
-    cfg.dz_operand = 0, cfg.dz_convert = 0;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_convert && !pl.dh.dz_convert && pl.off_dz_flags == 0);
-    kernel_spec bad = pl.dw;
-    bad.dz_convert = 1; /* a dW with it is not a valid spec */
-    CHECK(spec_validate(&bad) == FLCE_ERR_INVALID_ARGUMENT);
 }
 
 /* A tune entry's tiles are an input like the others: they replace the built-in tiles, and the
@@ -866,7 +812,6 @@ int main(void)
     RUN(planning_is_a_pure_function_of_its_inputs);
     RUN(each_setting_reaches_the_plan);
     RUN(the_dz_operand_replaces_the_dz_pass_only_where_it_can);
-    RUN(the_dz_convert_replaces_the_dz_pass_only_where_it_can);
     RUN(row_scaled_logits_only_where_dz_is_a_row_factor);
     RUN(gradient_kernels_hold_only_the_stores_they_make);
     RUN(tune_tiles_are_an_input);
