@@ -12,9 +12,8 @@ static const char *const logits_names[] = {"flce_logits", NULL};
 static const char *const dh_names[] = {"flce_dh", NULL};
 static const char *const dw_names[] = {"flce_dw", NULL};
 static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
-                                           "flce_dbias", "flce_tp_pack", "flce_cast", "flce_dz_factors",
-                                           "flce_qref", "flce_qscale", "flce_qlist_count", "flce_qlist_fill", "flce_qdw",
-                                           "flce_qdh", NULL};
+                                           "flce_dbias", "flce_tp_pack", "flce_cast", "flce_qref", "flce_qscale",
+                                           "flce_qlist_count", "flce_qlist_fill", "flce_qdw", "flce_qdh", NULL};
 
 const char *const *emit_kernel_names(spec_role role)
 {
@@ -81,7 +80,6 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     if (s->fused_dz) sb_text(b, "#define FLCE_FUSED_DZ 1\n");
     if (s->compact) sb_text(b, "#define FLCE_COMPACT 1\n");
     if (s->qrows) sb_text(b, "#define FLCE_QROWS 1  // p̃ = bf16 exp(z − ref) against one reference per row\n");
-    if (s->dz_operand) sb_text(b, "#define FLCE_DZ_OPERAND 1  // A: compact logits, made dZ in registers\n");
     if (s->plain_out) sb_text(b, "#define FLCE_GRAD_PLAIN 1  // only complete 16-bit tiles, through shared memory\n");
     if (s->red_acc) sb_text(b, "#define FLCE_GRAD_RED 1  // fp32 accumulators may be updated by red.global\n");
     if (spec_bulk_red(s)) sb_text(b, "#define FLCE_GRAD_BULK 1  // … by bulk reductions from shared memory\n");
@@ -145,17 +143,6 @@ static void emit_wgmma(sbuf *b, const kernel_spec *s)
     sb_printf(b, "                 \"}, %%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n\"\n", regs, regs + 1, ta, tb);
     emit_wgmma_acc(b, regs);
     sb_text(b, "\n                 : \"l\"(da), \"l\"(db));\n}\n\n");
-    if (!s->dz_operand) return;
-    /* dZ operand (templates/gemm_wgmma_tma.cu): A from four registers, mma.sync's fragment layout;
-     * only B's transpose is given then */
-    sb_printf(b, "// The same with A(64x16) from registers: this warp's 16 rows in mma.sync's A fragment layout.\n");
-    sb_printf(b, "__device__ __forceinline__ void wgmma_tile_rs(float (&d)[%d][4], const unsigned (&a)[4], "
-                 "unsigned long long db)\n{\n", n / 8);
-    emit_wgmma_asm(b, n, ab);
-    sb_printf(b, "                 \"}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, %d;\\n}\\n\"\n", regs, regs + 1,
-              regs + 2, regs + 3, regs + 4, tb);
-    emit_wgmma_acc(b, regs);
-    sb_text(b, "\n                 : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db));\n}\n\n");
 }
 
 /* The tcgen05 flags: the Hopper path's swizzled TMA tiles and pipeline (FLCE_WGMMA, FLCE_TMA) with

@@ -105,7 +105,7 @@ static void summary_text(const kernel_spec *s, int with_shape, char *out, size_t
     }
     const spec_tile *t = &s->tile;
     snprintf(out, cap, "%s%s %s%s labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s%s%s%s%s%s",
-             spec_role_name(s->role), s->fused_dz ? "+dz" : s->qrows ? "+qrows" : s->compact ? "+compact" : s->dz_operand ? "+dzop" : "",
+             spec_role_name(s->role), s->fused_dz ? "+dz" : s->qrows ? "+qrows" : s->compact ? "+compact" : "",
              spec_dtype_name(s->dtype), shape, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk, t->stages,
              t->warps_m, t->warps_n, t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "",
              s->cluster > 1 ? " cluster=2" : "", s->plain_out ? " plain-out" : "", s->red_acc == 2 ? " red-acc-thread" : s->red_acc ? " red-acc" : "",
@@ -385,12 +385,6 @@ flce_status spec_validate(const kernel_spec *s)
                           !s->tile.wgmma || !s->tile.tma || s->tile.tcgen05))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "qrows=%d: 0, or 1 for the compact bf16 logits pass on the wgmma TMA path", s->qrows);
-    if (s->dz_operand != 0 && (s->dz_operand != 1 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
-                               s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32 || s->tile.stages < 3 || s->cluster > 1))
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "dz_operand=%d: 0, or 1 for dH/dW on the wgmma TMA path with a 16-bit dtype, 3+ stages and no "
-                       "cluster",
-                       s->dz_operand);
     if (s->plain_out != 0 && (s->plain_out != 1 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
                               s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32 || s->hidden % s->tile.bn != 0))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,

@@ -54,9 +54,6 @@ typedef struct kernel_spec {
                           * against one reference c_i per row (flce_qref), or the tile's maximum where
                           * that lies far above c_i (the row is then rescaled by flce_qscale), so that
                           * dZ = s_i·p̃ with one factor per row: no dz pass (templates/gemm_logits.cu) */
-    int dz_operand;      /* DH/DW on the wgmma TMA path, 16-bit: A is the compact logits, turned
-                          * into dZ in shared memory by the consumers before their wgmmas read it
-                          * (no dZ pass; templates/gemm_wgmma_tma.cu, FLCE_DZ_OPERAND) */
     int cluster;         /* DH/DW on the wgmma TMA path: 0 (none), or 2: CTAs in clusters of 2 that
                           * work on vertically adjacent tiles and load their shared B tile once,
                           * each half multicast to both (templates/gemm_wgmma_tma.cu, FLCE_CLUSTER);

@@ -28,8 +28,6 @@ typedef struct flce_config {
     spec_knobs tiles;  /* FLCE_TMA (default on), FLCE_ENABLE_SM100 (default off) */
     int compact;       /* FLCE_COMPACT: chunked strategy stores compact p̃ (default on) */
     int fused_dz;      /* FLCE_FUSED_DZ: recompute's logits pass writes dZ (default on) */
-    int dz_operand;    /* FLCE_DZ_OPERAND: chunked dH/dW form dZ from compact logits themselves (default off:
-                        * measured 1.1x slower, bench/NOTES.md v38) */
     int qrows;         /* FLCE_QROWS: the chunked bf16 compact logits stored against one reference per row, so
                         * that dZ is a per-row factor times them: no dz pass. -1 (default, unset): where a
                         * chunk holds at least PLAN_QROWS_MIN_LOGITS logits; 1: wherever it applies; 0: never

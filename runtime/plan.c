@@ -142,7 +142,7 @@ uint64_t plan_tp_block_bytes(int64_t rows)
  * raster_rows. */
 
 /* The Hopper wgmma main loop fed by TMA (not tcgen05, which shares its pipeline): the only path
- * with clusters, the dW tile counter, the staged 16-bit store and the dZ operand. */
+ * with clusters, the dW tile counter and the staged 16-bit store. */
 static int hopper_tma(const kernel_spec *s) { return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05; }
 
 /* The logits pass in 2-CTA clusters, the pair's two row blocks sharing W's tile (each CTA loads
@@ -172,35 +172,14 @@ static void plan_cluster(const flce_config *cfg, plan *pl)
  * 256 KB of H per tile, L2 ~70 % busy) and the pair's shared H tile comes once, by multicast.
  * 512×4096×128256 on an H100: dW 0.87-0.88 ms against 0.89-0.92 (bench/NOTES.md session 14, d1).
  * Not with several chunks (dW's tile counter lets it fill dH's tails there), TP (the counter again,
- * for the overlap), the dZ operand, or tuned tiles (measured as they are). */
+ * for the overlap), or tuned tiles (measured as they are). */
 #define PLAN_DW_CLUSTER_MAX_ROWS 1024
 static void plan_dw_cluster(const flce_config *cfg, plan *pl)
 {
     int64_t k = pl->recompute ? pl->n : pl->chunk_rows, launches = pl->recompute ? pl->n_vchunks : pl->n_chunks;
     if (cfg->cluster < 0 && hopper_tma(&pl->dw) && !pl->tiles_tuned && k <= PLAN_DW_CLUSTER_MAX_ROWS && launches == 1 &&
-        pl->tp <= 1 && !cfg->dz_operand)
+        pl->tp <= 1)
         pl->dw.cluster = 2;
-}
-
-/* dH and dW forming dZ from the compact logits themselves (plan.h dz_operand). */
-static int wgmma_tma(const kernel_spec *s)
-{
-    return hopper_tma(s) && s->tile.stages >= 3; /* (dz_operand's look-ahead) */
-}
-/* Whether flce_dz_factors' per-(row, column group) factors give dZ (dz = p̃·F, the label apart):
- * compact logits in power-of-two groups and dz linear in p̃ (no smoothing or softcap). */
-static int dz_factors_apply(const flce_problem *p, const plan *pl)
-{
-    return pl->compact && p->label_smoothing == 0 && !(p->softcap > 0) && pl->tile_cols > 0 &&
-           (pl->tile_cols & (pl->tile_cols - 1)) == 0;
-}
-static void plan_dz_operand(const flce_problem *p, const flce_config *cfg, plan *pl)
-{
-    /* (dW takes one factor group per warpgroup's 64 columns: groups of 64 columns or more) */
-    pl->dz_operand = cfg->dz_operand && dz_factors_apply(p, pl) && pl->tile_cols >= 64 && pl->tp <= 1 &&
-                     !p->has_bias && wgmma_tma(&pl->dh) && wgmma_tma(&pl->dw) && pl->dh.cluster <= 1 &&
-                     pl->dw.cluster <= 1;
-    pl->dh.dz_operand = pl->dw.dz_operand = pl->dz_operand;
 }
 
 /* Whether the chunked strategy may store compact logits: a training call (the statistics pass
@@ -217,14 +196,14 @@ static int compact_allowed(const flce_problem *p, const flce_config *cfg, const 
  * whole, or a TP shard whose statistics this call gathers (collective, no SP): each rank then
  * keeps its own references c_i (flce_qref samples its shard), flce_qscale runs after the combine
  * with the global lse, and only the rank that holds a label takes its exact terms (its dH term
- * into the fp32 dH part that the ranks sum). Not beside the opt-in ways of forming dZ from fp16 p̃. */
+ * into the fp32 dH part that the ranks sum). */
 static int qrows_allowed(const flce_problem *p, const flce_config *cfg, const plan *pl)
 {
     int64_t total = p->vocab_total ? p->vocab_total : p->vocab_offset + p->vocab_shard;
     int whole = pl->tp <= 1 ? p->vocab_offset == 0 && total == p->vocab_shard : pl->collective && !pl->sp;
     return cfg->qrows != 0 && pl->compact && !pl->recompute && p->dtype == FLCE_DTYPE_BF16 && hopper_tma(&pl->logits) &&
            !p->has_bias && p->label_smoothing == 0 && !(p->softcap > 0) && p->z_loss == 0 && whole &&
-           pl->tile_cols % 8 == 0 && !cfg->dz_operand;
+           pl->tile_cols % 8 == 0;
 }
 
 /* The default budget of a compact chunked plan with its own dW. Fewer token chunks are faster: each chunk beyond the first reads and rewrites the V×D fp32 dW
@@ -444,10 +423,9 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
                            (!t || (t->grad_hidden && t->grad_weight));
     pl->dw_dynamic = pl->tp_overlap || pl->concurrent_grads;
     /* A vocab range too long for one launch's fp32 sum (PLAN_DH_K_SLICE): the whole shard of a
-     * chunked call, recompute's vocab chunk. dH in slices. Not with dZ formed in the operand path
-     * (its factors are per launch). */
+     * chunked call, recompute's vocab chunk. dH in slices. */
     int64_t k_max = pl->dh_k_slice_max, k = pl->recompute ? pl->chunk_cols : pl->v;
-    pl->dh_k_slice = grads && !pl->dz_operand && k_max > 0 && k > k_max ? k_max : 0;
+    pl->dh_k_slice = grads && k_max > 0 && k > k_max ? k_max : 0;
     pl->need_dh_acc = grads && ((pl->recompute && pl->n_vchunks > 1) || pl->dh_k_slice) && !f32 && !caller_dh &&
                       !pl->need_dh_tp && (!t || t->grad_hidden);
     pl->need_db_acc = grads && p->has_bias && pl->n_chunks > 1 && (!t || t->grad_bias);
@@ -487,10 +465,6 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
                 pl->off_qlist_start = take(&cur, ((uint64_t)pl->v + 1) * 4);
                 pl->off_qlist_tok = take(&cur, r * 4);
                 pl->off_qlist_blk = take(&cur, (uint64_t)ceil_div(pl->v, 128) * 4);
-            }
-            if (pl->dz_operand) {
-                pl->tile_max_t_ld = ceil_div(pl->chunk_rows, 64) * 64;
-                pl->off_tile_max_t = take(&cur, (uint64_t)pl->tile_max_t_ld * (uint64_t)pl->tile_max_ld * 4);
             }
         } else {
             pl->off_z = take(&cur, block * 4);
@@ -551,15 +525,15 @@ static double dh_col_cost(int bn) { return bn >= 256 ? 1.0 : bn >= 192 ? PLAN_DH
  * (128 tiles) at 855 µs and cuBLAS its split-K 256×128 tiles at 758 µs, at ncu's locked clock.
  * Cost per split count as plan_dh_width's: waves of units / S, ties to fewer splits; a forced
  * FLCE_DH_SPLITS is taken as long as every split keeps 64 columns. Only one dH launch (no token or
- * vocab chunks, no k slices), no TP, no cluster, no dZ formed in dH's operand path, and with
- * row-scaled logits only where flce_qdh adds the labels' terms. */
+ * vocab chunks, no k slices), no TP, no cluster, and with row-scaled logits only where flce_qdh
+ * adds the labels' terms. */
 static void plan_dh_splits(const flce_config *cfg, int num_sms, plan *pl, int64_t blocks, int64_t launches)
 {
     int64_t k = pl->v; /* the one launch's vocab columns */
     int64_t k_max = pl->dh_k_slice_max;
     pl->dh_splits = 0, pl->dh_split_k = 0;
     if (cfg->dh_splits == 0 || cfg->dh_splits == 1 || !hopper_tma(&pl->dh) || pl->dh.cluster || launches != 1 ||
-        pl->tp > 1 || cfg->dz_operand || (pl->qrows && !pl->qdh) || pl->dh.dtype == FLCE_DTYPE_F32 ||
+        pl->tp > 1 || (pl->qrows && !pl->qdh) || pl->dh.dtype == FLCE_DTYPE_F32 ||
         (k_max > 0 && k > k_max) || num_sms <= 0)
         return;
     int64_t tiles = blocks * ceil_div(pl->d, pl->dh.tile.bn);
@@ -682,7 +656,6 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
         pl->logits.qrows = pl->qrows;
         pl->logits.full_tiles = cfg->full_tiles && pl->v % pl->logits.tile.bn == 0;
     }
-    plan_dz_operand(p, cfg, pl);
     if (pl->fused_dz) {
         pl->logits_dz = pl->logits; /* the same (possibly tuned) tile */
         pl->logits_dz.fused_dz = 1;

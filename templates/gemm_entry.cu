@@ -249,16 +249,6 @@ __device__ __forceinline__ void unit_origin(const flce_gemm_params &p, long long
     out = p.out + (unsigned long long)s * p.out_split_stride;
 }
 
-#if FLCE_DZ_OPERAND
-// The first row of tile t of the persistent walk (the dZ operand's dynamic order, gemm_wgmma_tma.cu).
-__device__ long long dh_dw_tile_m0(const flce_gemm_params &p, long long t)
-{
-    long long m0, n0;
-    tile_origin(p, t, (p.m + BM - 1) / BM, (p.n + BN - 1) / BN, m0, n0);
-    return m0;
-}
-#endif
-
 #if FLCE_CLUSTER
 // 2-CTA clusters (FLCE_CLUSTER = 2, gemm_wgmma_tma.cu): the unit of the persistent walk is a pair
 // tile, row blocks 2·pr and 2·pr + 1 of one BN-column tile (the cluster's CTA of rank r takes row
@@ -373,7 +363,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
         long long pr, n0;
         pair_origin(p, q, pair_rows, tiles_n, pr, n0);
         const long long rb = 2 * pr + rank;
-        mainloop(acc, smem, p, it, wm / 4, nullptr, nullptr, (rb < tiles_m ? rb : 2 * pr) * BM);
+        mainloop(acc, smem, p, it, wm / 4);
         if (rb < tiles_m) grad_epilogue(acc, p, rb * BM, n0, wm, wn, lane, scale, smem, p.out);
     }
     bulk_red_drain(lane);
@@ -463,9 +453,9 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
             unit_origin(p, t, tiles, tiles_m, tiles_n, m0, n0, kb, kn, out);
         }
 #if FLCE_TCGEN05
-        mainloop(acc, smem, p, it, wm / 4, nullptr, nullptr, m0);
+        mainloop(acc, smem, p, it, wm / 4);
 #else
-        if (!mainloop(acc, smem, p, it, wm / 4, dynamic ? tile_ring(smem) + i % TILE_RING : nullptr, &t, m0, kn)) break;
+        if (!mainloop(acc, smem, p, it, wm / 4, dynamic ? tile_ring(smem) + i % TILE_RING : nullptr, &t, kn)) break;
 #endif
         (void)kb;
         if (dynamic) tile_origin(p, t, tiles_m, tiles_n, m0, n0);

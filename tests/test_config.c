@@ -82,7 +82,7 @@ static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM
                                     "FLCE_FUSED_DZ", "FLCE_ACC_PREFETCH", "FLCE_RED_ACC", "FLCE_CLUSTER",
                                     "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_TIERED", "FLCE_UNLOCKED_COMPILE", "FLCE_FULL_TILES", "FLCE_DH_K_SLICE", "FLCE_NVRTC_FAST",
                                     "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_TP_OVERLAP_SMS", "FLCE_GRAD_STREAMS",
-                                    "FLCE_DZ_OPERAND", "FLCE_QROWS",
+                                    "FLCE_QROWS",
                                     "FLCE_LOGITS_CLUSTER", "FLCE_TP_DH_GATHER16"};
 
 static void clear_knobs(void)
@@ -101,7 +101,7 @@ static void an_empty_environment_gives_the_defaults(void)
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
     CHECK(!d.acc_prefetch && d.red_acc && d.cluster == -1 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.tiered && !d.unlocked_compile && d.full_tiles && d.dh_k_slice == PLAN_DH_K_SLICE && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && d.tp_overlap);
-    CHECK(d.grad_streams && !d.dz_operand && d.tp_overlap_sms == 32 && d.qrows == -1);
+    CHECK(d.grad_streams && d.tp_overlap_sms == 32 && d.qrows == -1);
     CHECK(d.logits_cluster == -1 && d.tp_dh_gather16);
 }
 
@@ -113,7 +113,7 @@ static void every_knob_reads_its_variable(void)
     setenv("FLCE_RED_ACC", "off", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_TIERED", "no", 1), setenv("FLCE_UNLOCKED_COMPILE", "yes", 1), setenv("FLCE_FULL_TILES", "off", 1), setenv("FLCE_DH_K_SLICE", "1000", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
     setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "off", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
-    setenv("FLCE_DZ_OPERAND", "1", 1), setenv("FLCE_TP_OVERLAP_SMS", "16", 1);
+    setenv("FLCE_TP_OVERLAP_SMS", "16", 1);
     setenv("FLCE_QROWS", "0", 1), setenv("FLCE_LOGITS_CLUSTER", "0", 1);
     setenv("FLCE_TP_DH_GATHER16", "off", 1);
     flce_config c;
@@ -121,7 +121,7 @@ static void every_knob_reads_its_variable(void)
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
     CHECK(c.acc_prefetch && !c.red_acc && c.cluster == 2 && c.raster_rows == 16 && !c.tiered && !c.full_tiles && c.dh_k_slice == 768 && c.unlocked_compile);
     CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && !c.tp_overlap);
-    CHECK(!c.grad_streams && c.dz_operand && c.tp_overlap_sms == 16 && c.qrows == 0);
+    CHECK(!c.grad_streams && c.tp_overlap_sms == 16 && c.qrows == 0);
     CHECK(c.logits_cluster == 0 && !c.tp_dh_gather16);
     clear_knobs();
 }
@@ -249,46 +249,6 @@ static void each_setting_reaches_the_plan(void)
     CHECK(pl.cluster == 2 && pl.dh.cluster == 0 && pl.dw.cluster == 0);
 }
 
-/* With FLCE_DZ_OPERAND=1, dH/dW form dZ from the compact logits (plan.h dz_operand) where dz is
- * linear in p̃ and both run on the wgmma TMA path; otherwise, and by default, the dz pass stays. */
-static void the_dz_operand_replaces_the_dz_pass_only_where_it_can(void)
-{
-    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
-    flce_config cfg;
-    plan pl;
-    config_defaults(&cfg);
-    p.strategy = FLCE_STRATEGY_CHUNKED;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand); /* off by default */
-    CHECK(pl.off_tile_max_t == 0); /* the transposed factors only for the dZ operand */
-    cfg.dz_operand = 1;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && pl.dz_operand && pl.dh.dz_operand && pl.dw.dz_operand && !pl.logits.dz_operand);
-    /* dW reads each k-tile's 64 factors from [group][token] rows of whole k-tiles */
-    CHECK(pl.off_tile_max_t != 0 && pl.tile_max_t_ld >= pl.chunk_rows && pl.tile_max_t_ld % 64 == 0);
-    cfg.cluster = 2; /* one CTA per tile (the register operand's main loop has no cluster path) */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand && pl.off_tile_max_t == 0);
-    cfg.cluster = 0;
-    CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(!pl.dz_operand && !pl.dh.dz_operand);
-    p.label_smoothing = 0.1f;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_operand && !pl.dw.dz_operand);
-    p.label_smoothing = 0, p.softcap = 30;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_operand);
-    p.softcap = 0, p.has_bias = 1;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(!pl.dz_operand);
-    p.has_bias = 0;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 80, 108, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand); /* mma.sync */
-    cfg.dz_operand = 0;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand);
-}
-
 /* Row-scaled compact logits (plan.h qrows, on by default) where dz is one factor per row times them
  * and every label lies in the shard: bf16 chunked on the wgmma TMA path with no bias, smoothing,
  * softcap, z-loss or TP; its arrays inside the workspace, s ⊙ H counted in the chunk's bytes. */
@@ -348,9 +308,6 @@ static void row_scaled_logits_only_where_dz_is_a_row_factor(void)
     CHECK(pl.collective && pl.qrows && pl.logits.qrows && pl.off_qh != 0);
     CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(!pl.qrows && !pl.logits.qrows);
-    cfg.dz_operand = 1; /* the opt-in forms of dZ from fp16 p̃ keep it */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(!pl.qrows && pl.dz_operand);
 }
 
 /* A tune entry's tiles are an input like the others: they replace the built-in tiles, and the
@@ -811,7 +768,6 @@ int main(void)
     RUN(the_process_settings_change_only_on_reload);
     RUN(planning_is_a_pure_function_of_its_inputs);
     RUN(each_setting_reaches_the_plan);
-    RUN(the_dz_operand_replaces_the_dz_pass_only_where_it_can);
     RUN(row_scaled_logits_only_where_dz_is_a_row_factor);
     RUN(gradient_kernels_hold_only_the_stores_they_make);
     RUN(tune_tiles_are_an_input);
