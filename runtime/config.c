@@ -99,7 +99,6 @@ void config_from_env(flce_config *c)
     c->qrows = config_parse_int("FLCE_QROWS", getenv("FLCE_QROWS"), 0, 1, c->qrows);
     c->qdh = config_parse_bool("FLCE_QDH", getenv("FLCE_QDH"), c->qdh);
     c->fused_dz = config_parse_bool("FLCE_FUSED_DZ", getenv("FLCE_FUSED_DZ"), c->fused_dz);
-    c->acc_prefetch = config_parse_bool("FLCE_ACC_PREFETCH", getenv("FLCE_ACC_PREFETCH"), c->acc_prefetch);
     c->red_acc = config_parse_bool("FLCE_RED_ACC", getenv("FLCE_RED_ACC"), c->red_acc);
     /* a 1-CTA cluster is no cluster: 0 and 1 both leave it off; -1 (unset): plan.c's rule */
     int cl = config_parse_int("FLCE_CLUSTER", getenv("FLCE_CLUSTER"), -1, 2, c->cluster);
@@ -145,7 +144,6 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_QROWS", "%s", c->qrows < 0 ? "auto" : on_off(c->qrows), c->qrows == d.qrows);
     CONFIG_LOG_ONE("FLCE_QDH", "%s", on_off(c->qdh), c->qdh == d.qdh);
     CONFIG_LOG_ONE("FLCE_FUSED_DZ", "%s", on_off(c->fused_dz), c->fused_dz == d.fused_dz);
-    CONFIG_LOG_ONE("FLCE_ACC_PREFETCH", "%s", on_off(c->acc_prefetch), c->acc_prefetch == d.acc_prefetch);
     CONFIG_LOG_ONE("FLCE_RED_ACC", "%s", on_off(c->red_acc), c->red_acc == d.red_acc);
     CONFIG_LOG_ONE("FLCE_CLUSTER", "%d", c->cluster, c->cluster == d.cluster);
     CONFIG_LOG_ONE("FLCE_RASTER", "%d", c->raster_rows, c->raster_rows == d.raster_rows);

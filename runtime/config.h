@@ -34,7 +34,6 @@ typedef struct flce_config {
                         * (bench/NOTES.md v39) */
     int qdh;           /* FLCE_QDH: under qrows, the labels' term of dH added by a pass after dH (flce_qdh)
                         * instead of dH's epilogue (default on: bench/NOTES.md v40) */
-    int acc_prefetch;  /* FLCE_ACC_PREFETCH: L2 prefetch of dH/dW addends (default off) */
     int red_acc;       /* FLCE_RED_ACC: red.global.add into fp32 accumulators (default on) */
     int cluster;       /* FLCE_CLUSTER: 2-CTA clusters for dH/dW on wgmma + TMA (2), none (0 or 1), or
                         * (-1, default) dW's alone where plan.c's rule takes them (short token chunks) */

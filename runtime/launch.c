@@ -408,7 +408,7 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
         g.out_split_stride = (unsigned long long)s->rows * (unsigned long long)pl->d * 4;
         gy *= pl->dh_splits; /* the units tma_prepare_gemm spreads over the persistent grid */
     }
-    g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
+    g.raster_rows = pl->raster_rows;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     TRY(check_grad_stores(&pl->dh, &g, "dH"));
     if (pl->qrows) { /* chunk rows, as the launch's; the labels' dz where they lie in its k range */
@@ -531,7 +531,7 @@ static flce_status run_dw_split(run *r, const block *b, int late)
     g.a_rows = b->rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
     g.b_rows = b->rows, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
-    g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
+    g.raster_rows = pl->raster_rows;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     TRY(check_grad_stores(&pl->dw, &g, "dW"));
     int dynamic = pl->dw_dynamic && b->rows > 0; /* tiles from a counter: see plan.h, dw_dynamic */

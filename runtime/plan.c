@@ -598,8 +598,6 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     pl->d = p->hidden, pl->v = p->vocab_shard;
     plan_specs(p, t, sm, cfg, pl);
     pl->raster_rows = cfg->raster_rows;
-    /* Off: measured slower (bench/NOTES.md v12); FLCE_ACC_PREFETCH=1 for side-by-side runs. */
-    pl->acc_prefetch = cfg->acc_prefetch;
     pl->red_acc = cfg->red_acc, pl->bulk_red = cfg->bulk_red;
     pl->dh_k_slice_max = cfg->dh_k_slice;
     /* Where dH's plain fp32 all-reduce would apply, the two ways of doing it with fewer bytes. */

@@ -86,9 +86,6 @@ typedef struct plan {
     /* qlab: (dz, column) of each row's label; qlist_*: the chunk rows grouped by label, for the
      * labels' term of dW, which flce_qdw adds after the dW GEMM */
     uint64_t off_qref, off_qflags, off_row_scale, off_qh, off_qlab, off_qlist_start, off_qlist_tok, off_qlist_blk;
-    /* dH/dW (TMA path): the producer prefetches an accumulating tile's fp32 addend into L2 while the
-     * tile's main loop runs. Off unless FLCE_ACC_PREFETCH=1: measured 1.7 % slower (NOTES v12). */
-    int acc_prefetch;
     /* dH/dW adding into an fp32 accumulator in place (chunked dW, recompute's dH, the caller's
      * fp32 buffers): red.global.add from the epilogue instead of load + add + store, so the
      * consumers go on to the next tile while L2 adds. One reduction per element per launch: the

@@ -277,28 +277,6 @@ __device__ __forceinline__ void pair_origin(const flce_gemm_params &p, long long
 #else
 #define FLCE_GRAD_ENTRY flce_dw
 #endif
-#if FLCE_TMA
-// An accumulating tile (chunked dW, recompute's dH, caller fp32 buffers) adds 128 KB of fp32 addend
-// read from DRAM in its epilogue, which nothing overlaps: the chunked strategy's dW loses ~1 ms per
-// chunk to it at 8192×4096×128256 (bench/NOTES.md v11). With p.prefetch_addend the producer asks L2
-// for the tile's addend rows when it starts loading the tile, a main loop before the epilogue reads
-// them. Measured 1.7 % slower (NOTES v12: the cost is DRAM bandwidth, not latency), so the runtime
-// leaves it off unless FLCE_ACC_PREFETCH=1. Row r is asked by lane r % lanes of the calling warp
-// (the whole producer warp where it walks the tiles: lane 0 alone, issuing 128 prefetches before
-// the tile's loads, held those loads back).
-__device__ __forceinline__ void prefetch_addend(const flce_gemm_params &p, long long m0, long long n0, int lane,
-                                                int lanes)
-{
-    if (!p.addend || !p.prefetch_addend) return;
-    const long long cols = p.n - n0 < BN ? p.n - n0 : BN;
-    const unsigned bytes = (unsigned)(cols * 4); // n is a multiple of 8: whole 32-byte sectors
-    for (int r = lane; r < BM && m0 + r < p.m; r += lanes) {
-        const float *row = (const float *)p.addend + (m0 + r) * p.ldo + n0;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(bytes) : "memory");
-    }
-}
-#endif
-
 // Row-scaled compact logits with the label terms in dH's epilogue (FLCE_QDH=0; p.qlab set): it
 // adds each row's label term times the label's row of W (gemm_grad.cu scale_rows); those rows are
 // asked of L2 when the producer starts the tile, by its whole warp (rows lane, lane + 32, …: one
@@ -347,7 +325,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
                 long long pr, n0;
                 pair_origin(p, q, pair_rows, tiles_n, pr, n0);
                 const long long rb = 2 * pr + rank; // this CTA's row block
-                if (rb < tiles_m) prefetch_addend(p, rb * BM, n0, 0, 1);
                 produce_pair(p, smem, (rb < tiles_m ? rb : 2 * pr) * BM, n0, rank, it);
             }
             drain_pair(smem, it); // this CTA stays until the peer is done arriving on its barriers
@@ -400,7 +377,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
                 long long m0, n0;
                 tile_origin(p, t, tiles_m, tiles_n, m0, n0);
                 prefetch_labels(p, m0, n0, lane0);
-                prefetch_addend(p, m0, n0, lane0, 32);
                 if (lane0 == 0) {
                     produce(p, smem, m0, n0, 1, it, slot, t);
                 }
@@ -414,7 +390,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
                 unsigned long long out;
                 unit_origin(p, u, tiles, tiles_m, tiles_n, m0, n0, kb, kn, out);
                 prefetch_labels(p, m0, n0, lane0);
-                prefetch_addend(p, m0, n0, lane0, 32);
                 if (lane0 == 0) {
                     produce(p, smem, m0, n0, 1, it, nullptr, 0, kb, kn);
                 }

@@ -79,7 +79,7 @@ static void integers_outside_their_range_are_the_default(void)
 }
 
 static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM100", "FLCE_COMPACT",
-                                    "FLCE_FUSED_DZ", "FLCE_ACC_PREFETCH", "FLCE_RED_ACC", "FLCE_CLUSTER",
+                                    "FLCE_FUSED_DZ", "FLCE_RED_ACC", "FLCE_CLUSTER",
                                     "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_TIERED", "FLCE_UNLOCKED_COMPILE", "FLCE_FULL_TILES", "FLCE_DH_K_SLICE", "FLCE_NVRTC_FAST",
                                     "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_TP_OVERLAP_SMS", "FLCE_GRAD_STREAMS",
                                     "FLCE_QROWS",
@@ -99,7 +99,7 @@ static void an_empty_environment_gives_the_defaults(void)
     config_from_env(&e);
     CHECK(!memcmp(&d, &e, sizeof d));
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
-    CHECK(!d.acc_prefetch && d.red_acc && d.cluster == -1 && d.raster_rows == PLAN_RASTER_ROWS);
+    CHECK(d.red_acc && d.cluster == -1 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.tiered && !d.unlocked_compile && d.full_tiles && d.dh_k_slice == PLAN_DH_K_SLICE && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && d.tp_overlap);
     CHECK(d.grad_streams && d.tp_overlap_sms == 32 && d.qrows == -1);
     CHECK(d.logits_cluster == -1 && d.tp_dh_gather16);
@@ -109,7 +109,7 @@ static void every_knob_reads_its_variable(void)
 {
     clear_knobs();
     setenv("FLCE_PORTABLE", "yes", 1), setenv("FLCE_TMA", "off", 1), setenv("FLCE_ENABLE_SM100", "true", 1);
-    setenv("FLCE_COMPACT", "0", 1), setenv("FLCE_FUSED_DZ", "no", 1), setenv("FLCE_ACC_PREFETCH", "1", 1);
+    setenv("FLCE_COMPACT", "0", 1), setenv("FLCE_FUSED_DZ", "no", 1);
     setenv("FLCE_RED_ACC", "off", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_TIERED", "no", 1), setenv("FLCE_UNLOCKED_COMPILE", "yes", 1), setenv("FLCE_FULL_TILES", "off", 1), setenv("FLCE_DH_K_SLICE", "1000", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
     setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "off", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
@@ -119,7 +119,7 @@ static void every_knob_reads_its_variable(void)
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
-    CHECK(c.acc_prefetch && !c.red_acc && c.cluster == 2 && c.raster_rows == 16 && !c.tiered && !c.full_tiles && c.dh_k_slice == 768 && c.unlocked_compile);
+    CHECK(!c.red_acc && c.cluster == 2 && c.raster_rows == 16 && !c.tiered && !c.full_tiles && c.dh_k_slice == 768 && c.unlocked_compile);
     CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && !c.tp_overlap);
     CHECK(!c.grad_streams && c.tp_overlap_sms == 16 && c.qrows == 0);
     CHECK(c.logits_cluster == 0 && !c.tp_dh_gather16);
@@ -240,10 +240,10 @@ static void each_setting_reaches_the_plan(void)
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 100, 148, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.logits.tile.tcgen05 && pl.dh.tile.tcgen05);
     config_defaults(&cfg);
-    cfg.cluster = 2, cfg.red_acc = 1, cfg.acc_prefetch = 1, cfg.raster_rows = 0, cfg.logits_cluster = 0;
+    cfg.cluster = 2, cfg.red_acc = 1, cfg.raster_rows = 0, cfg.logits_cluster = 0;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.cluster == 2 && pl.dh.cluster == 2 && pl.dw.cluster == 2 && pl.logits.cluster == 0);
-    CHECK(pl.red_acc && pl.acc_prefetch && pl.raster_rows == 0);
+    CHECK(pl.red_acc && pl.raster_rows == 0);
     /* clusters only on the wgmma TMA path */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 80, 108, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.cluster == 2 && pl.dh.cluster == 0 && pl.dw.cluster == 0);

@@ -373,19 +373,17 @@ static void gradient_tile_order_comes_from_the_plan(void)
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && pl.raster_rows == 0);
 }
 
-/* The accumulator knobs: L2 reductions on (FLCE_RED_ACC, measured faster where fp32 accumulators
- * are updated: NOTES session 7), the L2 prefetch off (measured slower, NOTES v12). */
-static void accumulator_knobs_default_to_reductions_without_prefetch(void)
+/* The accumulator knob: L2 reductions on (FLCE_RED_ACC, measured faster where fp32 accumulators
+ * are updated: NOTES session 7). */
+static void fp32_accumulators_default_to_reductions(void)
 {
     flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
     plan pl;
-    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && !pl.acc_prefetch && pl.red_acc);
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.red_acc);
     flce_config cfg;
     config_defaults(&cfg);
     cfg.red_acc = 0; /* FLCE_RED_ACC=0 */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && !pl.red_acc && !pl.acc_prefetch);
-    cfg.acc_prefetch = 1; /* FLCE_ACC_PREFETCH=1 */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && !pl.red_acc && pl.acc_prefetch);
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && !pl.red_acc);
 }
 
 /* A dH over a vocab range longer than PLAN_DH_K_SLICE (a chunked call's shard, recompute's vocab
@@ -601,7 +599,7 @@ int main(void)
     RUN(default_specs_validate_for_every_arch_and_dtype);
     RUN(recompute_writes_dz_in_the_logits_pass);
     RUN(auto_takes_the_cheaper_estimate);
-    RUN(accumulator_knobs_default_to_reductions_without_prefetch);
+    RUN(fp32_accumulators_default_to_reductions);
     RUN(long_vocab_shards_slice_dh);
     RUN(gradient_tile_order_comes_from_the_plan);
     RUN(shared_memory_over_the_arch_limit_names_the_tile);
