@@ -12,9 +12,8 @@ static const char *const logits_names[] = {"flce_logits", NULL};
 static const char *const dh_names[] = {"flce_dh", NULL};
 static const char *const dw_names[] = {"flce_dw", NULL};
 static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
-                                           "flce_dbias", "flce_tp_pack", "flce_cast", "flce_dz_factors",
-                                           "flce_qref", "flce_qscale", "flce_qlist_count", "flce_qlist_fill", "flce_qdw",
-                                           "flce_qdh", NULL};
+                                           "flce_dbias", "flce_tp_pack", "flce_cast", "flce_qref", "flce_qscale",
+                                           "flce_qlist_count", "flce_qlist_fill", "flce_qdw", "flce_qdh", NULL};
 
 const char *const *emit_kernel_names(spec_role role)
 {
@@ -81,16 +80,12 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     if (s->fused_dz) sb_text(b, "#define FLCE_FUSED_DZ 1\n");
     if (s->compact) sb_text(b, "#define FLCE_COMPACT 1\n");
     if (s->qrows) sb_text(b, "#define FLCE_QROWS 1  // p̃ = bf16 exp(z − ref) against one reference per row\n");
-    if (s->dz_operand) sb_text(b, "#define FLCE_DZ_OPERAND 1  // A: compact logits, made dZ in registers\n");
-    if (s->dz_convert) sb_text(b, "#define FLCE_DZ_CONVERT 1  // A: compact logits, made dZ by the producer's idle warps\n");
     if (s->plain_out) sb_text(b, "#define FLCE_GRAD_PLAIN 1  // only complete 16-bit tiles, through shared memory\n");
     if (s->red_acc) sb_text(b, "#define FLCE_GRAD_RED 1  // fp32 accumulators may be updated by red.global\n");
     if (spec_bulk_red(s)) sb_text(b, "#define FLCE_GRAD_BULK 1  // … by bulk reductions from shared memory\n");
     if (s->full_tiles) sb_text(b, "#define FLCE_FULL_TILES 1  // every launch's n is a multiple of BN\n");
     if (s->role != ROLE_ROWOPS && s->cluster > 1)
         sb_printf(b, "#define FLCE_CLUSTER %d  // CTAs per cluster: the B tile is multicast to all of them\n", s->cluster);
-    if (s->role == ROLE_LOGITS && s->pingpong)
-        sb_text(b, "#define FLCE_PINGPONG 1  // the consumer warpgroups take turns at the tensor cores\n");
     sb_printf(b, "#define OPT_BIAS %d\n", !!(s->opts & SPEC_OPT_BIAS));
     sb_printf(b, "#define OPT_WEIGHTS %d\n", !!(s->opts & SPEC_OPT_WEIGHTS));
     sb_printf(b, "#define OPT_ZSUM %d\n", !!(s->opts & SPEC_OPT_ZSUM));
@@ -151,17 +146,6 @@ static void emit_wgmma(sbuf *b, const kernel_spec *s)
     sb_printf(b, "                 \"}, %%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n\"\n", regs, regs + 1, ta, tb);
     emit_wgmma_acc(b, regs);
     sb_text(b, "\n                 : \"l\"(da), \"l\"(db));\n}\n\n");
-    if (!s->dz_operand) return;
-    /* dZ operand (templates/gemm_wgmma_tma.cu): A from four registers, mma.sync's fragment layout;
-     * only B's transpose is given then */
-    sb_printf(b, "// The same with A(64x16) from registers: this warp's 16 rows in mma.sync's A fragment layout.\n");
-    sb_printf(b, "__device__ __forceinline__ void wgmma_tile_rs(float (&d)[%d][4], const unsigned (&a)[4], "
-                 "unsigned long long db)\n{\n", n / 8);
-    emit_wgmma_asm(b, n, ab);
-    sb_printf(b, "                 \"}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, %d;\\n}\\n\"\n", regs, regs + 1,
-              regs + 2, regs + 3, regs + 4, tb);
-    emit_wgmma_acc(b, regs);
-    sb_text(b, "\n                 : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db));\n}\n\n");
 }
 
 /* The tcgen05 flags: the Hopper path's swizzled TMA tiles and pipeline (FLCE_WGMMA, FLCE_TMA) with
@@ -181,17 +165,15 @@ static int starts_with(const char *line, const char *end, const char *word)
     return (size_t)(end - line) >= n && !memcmp(line, word, n);
 }
 
-/* Appends a template with its `#if FLCE_TCGEN05`, `#if FLCE_CLUSTER` and `#if FLCE_PINGPONG` blocks
- * already resolved for the spec: the lines of the branch the spec takes stay, the directives and the
- * other branch go.
+/* Appends a template with its `#if FLCE_TCGEN05` and `#if FLCE_CLUSTER` blocks already resolved
+ * for the spec: the lines of the branch the spec takes stay, the directives and the other branch go.
  * Sources of the Hopper and portable specs therefore hold no line of the Blackwell path
  * (templates/gemm_tcgen05.cu is one such block, header included), those without clusters no line of
- * the 2-CTA cluster path (nor of ping-pong), and edits to one leave the other specs' JIT cache keys
- * alone. A block opens with a line starting `#if FLCE_TCGEN05`, `#if FLCE_CLUSTER` or
- * `#if FLCE_PINGPONG`, may have one `#else` (no `#elif`) and
- * closes at its `#endif`; such blocks may nest in each other, and other preprocessor conditionals
- * inside or around them are copied through untouched (when their lines are kept). */
-static void sb_template(sbuf *b, const char *text, int tcgen05, int cluster, int pingpong)
+ * the 2-CTA cluster path, and edits to one leave the other specs' JIT cache keys alone. A block
+ * opens with a line starting `#if FLCE_TCGEN05` or `#if FLCE_CLUSTER`, may have one `#else` (no
+ * `#elif`) and closes at its `#endif`; such blocks may nest in each other, and other preprocessor
+ * conditionals inside or around them are copied through untouched (when their lines are kept). */
+static void sb_template(sbuf *b, const char *text, int tcgen05, int cluster)
 {
     enum { MAX_DEPTH = 64 };
     struct {
@@ -202,10 +184,9 @@ static void sb_template(sbuf *b, const char *text, int tcgen05, int cluster, int
         const char *nl = strchr(line, '\n');
         const char *end = nl ? nl + 1 : line + strlen(line);
         int copy = !hidden;
-        int flag = starts_with(line, end, "#if FLCE_TCGEN05")    ? tcgen05
-                   : starts_with(line, end, "#if FLCE_CLUSTER")  ? cluster
-                   : starts_with(line, end, "#if FLCE_PINGPONG") ? pingpong
-                                                                 : -1;
+        int flag = starts_with(line, end, "#if FLCE_TCGEN05")   ? tcgen05
+                   : starts_with(line, end, "#if FLCE_CLUSTER") ? cluster
+                                                                : -1;
         if (flag >= 0 && depth < MAX_DEPTH) {
             stack[depth].resolved = 1, stack[depth].keep = (char)!!flag;
             hidden += !flag, depth++, copy = 0;
@@ -237,8 +218,7 @@ flce_status emit_source(const kernel_spec *s, char **src)
     if (s->role != ROLE_ROWOPS && s->tile.wgmma) emit_wgmma(&b, s);
     if (tcgen05) emit_tcgen05(&b, s);
     if (s->role == ROLE_ROWOPS) sb_text(&b, tmpl_rowops_cu);
-    else sb_template(&b, tmpl_gemm_cu, tcgen05, s->role != ROLE_ROWOPS && s->cluster > 1,
-                     s->role == ROLE_LOGITS && s->pingpong);
+    else sb_template(&b, tmpl_gemm_cu, tcgen05, s->role != ROLE_ROWOPS && s->cluster > 1);
     if (b.oom) {
         free(b.p);
         return err_set(FLCE_ERR_OUT_OF_MEMORY, "emitting kernel source: out of host memory");

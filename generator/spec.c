@@ -105,11 +105,11 @@ static void summary_text(const kernel_spec *s, int with_shape, char *out, size_t
         return;
     }
     const spec_tile *t = &s->tile;
-    snprintf(out, cap, "%s%s %s%s labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s%s%s%s%s%s%s",
-             spec_role_name(s->role), s->fused_dz ? "+dz" : s->qrows ? "+qrows" : s->compact ? "+compact" : s->dz_operand ? "+dzop" : s->dz_convert ? "+dzconv" : "",
+    snprintf(out, cap, "%s%s %s%s labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s%s%s%s%s%s",
+             spec_role_name(s->role), s->fused_dz ? "+dz" : s->qrows ? "+qrows" : s->compact ? "+compact" : "",
              spec_dtype_name(s->dtype), shape, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk, t->stages,
              t->warps_m, t->warps_n, t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "",
-             s->cluster > 1 ? " cluster=2" : "", s->pingpong ? " pingpong" : "", s->plain_out ? " plain-out" : "", s->red_acc == 2 ? " red-acc-thread" : s->red_acc ? " red-acc" : "",
+             s->cluster > 1 ? " cluster=2" : "", s->plain_out ? " plain-out" : "", s->red_acc == 2 ? " red-acc-thread" : s->red_acc ? " red-acc" : "",
              s->full_tiles ? " full-tiles" : "", opts,
              s->fused_dz ? (s->reduction == FLCE_REDUCTION_NONE ? " reduction=none" : " reduction=mean/sum") : "");
 }
@@ -148,7 +148,7 @@ static size_t smem_bytes(const kernel_spec *s)
                                  * bytes, plus TMA's two 8-byte mbarriers per stage; tcgen05 adds two
                                  * mbarriers per accumulator buffer (2) and the 4-byte tensor-memory
                                  * address, 36 bytes kept 16-aligned (gemm_tcgen05.cu, tmem_slot) */
-        return (size_t)t->stages * (size_t)((s->pingpong ? 64 : t->bm) + t->bn) * (size_t)t->bk * 2 + 1024 +
+        return (size_t)t->stages * (size_t)(t->bm + t->bn) * (size_t)t->bk * 2 + 1024 +
                (t->tma ? 16u * (size_t)t->stages : 0) + (t->tcgen05 ? 48u : 0) +
                /* dH/dW on wgmma + TMA: stages + 1 words for the dynamic tile order, which uses two
                 * of them since issue 43 (its tile slot and that slot's mbarrier; the room stays, and
@@ -388,18 +388,6 @@ flce_status spec_validate(const kernel_spec *s)
                           !s->tile.wgmma || !s->tile.tma || s->tile.tcgen05))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "qrows=%d: 0, or 1 for the compact bf16 logits pass on the wgmma TMA path", s->qrows);
-    if (s->dz_operand != 0 && (s->dz_operand != 1 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
-                               s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32 || s->tile.stages < 3 || s->cluster > 1))
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "dz_operand=%d: 0, or 1 for dH/dW on the wgmma TMA path with a 16-bit dtype, 3+ stages and no "
-                       "cluster",
-                       s->dz_operand);
-    if (s->dz_convert != 0 && (s->dz_convert != 1 || s->role != ROLE_DH || !s->tile.wgmma || !s->tile.tma ||
-                               s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32 || s->cluster > 1 || s->dz_operand))
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "dz_convert=%d: 0, or 1 for dH on the wgmma TMA path with a 16-bit dtype, no cluster and no "
-                       "dz_operand",
-                       s->dz_convert);
     if (s->plain_out != 0 && (s->plain_out != 1 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
                               s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32 || s->hidden % s->tile.bn != 0))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
@@ -413,11 +401,6 @@ flce_status spec_validate(const kernel_spec *s)
                        s->full_tiles);
     if (s->red_acc != 0 && (s->red_acc < 0 || s->red_acc > 2 || s->role == ROLE_LOGITS || s->plain_out))
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "red_acc=%d: 0, or 1 or 2 for dH/dW without plain_out", s->red_acc);
-    if (s->pingpong != 0 && (s->pingpong != 1 || s->role != ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
-                             s->tile.tcgen05))
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "pingpong=%d: 0, or 1 for the logits role on the wgmma TMA path (tile.wgmma=1, tile.tma=1)",
-                       s->pingpong);
     if (s->cluster != 0 && (s->cluster != 2 || !s->tile.wgmma || !s->tile.tma || s->tile.tcgen05))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "cluster=%d: 0, or 2 on the wgmma TMA path (tile.wgmma=1, tile.tma=1)", s->cluster);

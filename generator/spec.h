@@ -54,20 +54,11 @@ typedef struct kernel_spec {
                           * against one reference c_i per row (flce_qref), or the tile's maximum where
                           * that lies far above c_i (the row is then rescaled by flce_qscale), so that
                           * dZ = s_i·p̃ with one factor per row: no dz pass (templates/gemm_logits.cu) */
-    int dz_operand;      /* DH/DW on the wgmma TMA path, 16-bit: A is the compact logits, turned
-                          * into dZ in shared memory by the consumers before their wgmmas read it
-                          * (no dZ pass; templates/gemm_wgmma_tma.cu, FLCE_DZ_OPERAND) */
-    int dz_convert;      /* DH on the wgmma TMA path, 16-bit, no cluster: A is the compact logits,
-                          * which the producer warpgroup's idle warps turn into dZ in place while
-                          * the consumers multiply (no dZ pass; templates/gemm_dz_convert.cu) */
     int cluster;         /* DH/DW on the wgmma TMA path: 0 (none), or 2: CTAs in clusters of 2 that
                           * work on vertically adjacent tiles and load their shared B tile once,
                           * each half multicast to both (templates/gemm_wgmma_tma.cu, FLCE_CLUSTER);
                           * LOGITS: 0, or 2 (two adjacent row blocks of one vocab split, W's tile
                           * multicast) */
-    int pingpong;        /* LOGITS on the wgmma TMA path: 1: the consumer warpgroups take turns, one
-                          * multiplying its 64 rows while the other runs its epilogue; a stage holds
-                          * 64 rows of A (templates/gemm_wgmma_tma.cu, FLCE_PINGPONG) */
     /* DH/DW epilogue variants (templates/gemm_grad.cu), so that a kernel holds only the stores its
      * launches make (each variant is unrolled over the whole accumulator tile; both cost ~40 % of
      * the kernel's NVRTC time):

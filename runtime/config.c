@@ -34,8 +34,6 @@ void config_defaults(flce_config *c)
     c->cluster = -1;
     c->logits_cluster = -1;
     c->logits_persist = 1;
-    /* dZ formed inside dH (FLCE_DZ_CONVERT) stays off: measured slower than the dz pass (bench/NOTES.md v35) */
-    c->dz_convert = 0;
     /* TP: dH's all-reduce beside dW, which leaves NCCL 32 SMs (it launched 24 CTAs on 2 and 4
      * NVLink H100s/H200s) until the reduction ends: −0.2 to −0.5 ms at tp = 2 and 4 (4 × H200 and
      * 4 × H100, 8192×4096×128256; bench/NOTES.md TP v4) */
@@ -101,9 +99,6 @@ void config_from_env(flce_config *c)
     c->qrows = config_parse_int("FLCE_QROWS", getenv("FLCE_QROWS"), 0, 1, c->qrows);
     c->qdh = config_parse_bool("FLCE_QDH", getenv("FLCE_QDH"), c->qdh);
     c->fused_dz = config_parse_bool("FLCE_FUSED_DZ", getenv("FLCE_FUSED_DZ"), c->fused_dz);
-    c->dz_operand = config_parse_bool("FLCE_DZ_OPERAND", getenv("FLCE_DZ_OPERAND"), c->dz_operand);
-    c->dz_convert = config_parse_bool("FLCE_DZ_CONVERT", getenv("FLCE_DZ_CONVERT"), c->dz_convert);
-    c->acc_prefetch = config_parse_bool("FLCE_ACC_PREFETCH", getenv("FLCE_ACC_PREFETCH"), c->acc_prefetch);
     c->red_acc = config_parse_bool("FLCE_RED_ACC", getenv("FLCE_RED_ACC"), c->red_acc);
     /* a 1-CTA cluster is no cluster: 0 and 1 both leave it off; -1 (unset): plan.c's rule */
     int cl = config_parse_int("FLCE_CLUSTER", getenv("FLCE_CLUSTER"), -1, 2, c->cluster);
@@ -124,7 +119,6 @@ void config_from_env(flce_config *c)
     c->grad_streams = config_parse_bool("FLCE_GRAD_STREAMS", getenv("FLCE_GRAD_STREAMS"), c->grad_streams);
     c->dh_splits = config_parse_int("FLCE_DH_SPLITS", getenv("FLCE_DH_SPLITS"), -1, PLAN_DH_SPLITS_MAX, c->dh_splits);
     c->bulk_red = config_parse_bool("FLCE_BULK_RED", getenv("FLCE_BULK_RED"), c->bulk_red);
-    c->pingpong = config_parse_bool("FLCE_PINGPONG", getenv("FLCE_PINGPONG"), c->pingpong);
     c->logits_cluster = config_parse_int("FLCE_LOGITS_CLUSTER", getenv("FLCE_LOGITS_CLUSTER"), -1, 1, c->logits_cluster);
     c->logits_persist = config_parse_bool("FLCE_LOGITS_PERSIST", getenv("FLCE_LOGITS_PERSIST"), c->logits_persist);
     c->logits_splits = config_parse_int("FLCE_LOGITS_SPLITS", getenv("FLCE_LOGITS_SPLITS"), 0, 64, c->logits_splits);
@@ -150,9 +144,6 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_QROWS", "%s", c->qrows < 0 ? "auto" : on_off(c->qrows), c->qrows == d.qrows);
     CONFIG_LOG_ONE("FLCE_QDH", "%s", on_off(c->qdh), c->qdh == d.qdh);
     CONFIG_LOG_ONE("FLCE_FUSED_DZ", "%s", on_off(c->fused_dz), c->fused_dz == d.fused_dz);
-    CONFIG_LOG_ONE("FLCE_DZ_OPERAND", "%s", on_off(c->dz_operand), c->dz_operand == d.dz_operand);
-    CONFIG_LOG_ONE("FLCE_ACC_PREFETCH", "%s", on_off(c->acc_prefetch), c->acc_prefetch == d.acc_prefetch);
-    CONFIG_LOG_ONE("FLCE_DZ_CONVERT", "%s", on_off(c->dz_convert), c->dz_convert == d.dz_convert);
     CONFIG_LOG_ONE("FLCE_RED_ACC", "%s", on_off(c->red_acc), c->red_acc == d.red_acc);
     CONFIG_LOG_ONE("FLCE_CLUSTER", "%d", c->cluster, c->cluster == d.cluster);
     CONFIG_LOG_ONE("FLCE_RASTER", "%d", c->raster_rows, c->raster_rows == d.raster_rows);
@@ -170,7 +161,6 @@ void config_log(const flce_config *c)
     CONFIG_LOG_ONE("FLCE_GRAD_STREAMS", "%s", on_off(c->grad_streams), c->grad_streams == d.grad_streams);
     CONFIG_LOG_ONE("FLCE_DH_SPLITS", "%d", c->dh_splits, c->dh_splits == d.dh_splits);
     CONFIG_LOG_ONE("FLCE_BULK_RED", "%s", on_off(c->bulk_red), c->bulk_red == d.bulk_red);
-    CONFIG_LOG_ONE("FLCE_PINGPONG", "%s", on_off(c->pingpong), c->pingpong == d.pingpong);
     CONFIG_LOG_ONE("FLCE_LOGITS_CLUSTER", "%d", c->logits_cluster, c->logits_cluster == d.logits_cluster);
     CONFIG_LOG_ONE("FLCE_LOGITS_PERSIST", "%s", on_off(c->logits_persist), c->logits_persist == d.logits_persist);
     CONFIG_LOG_ONE("FLCE_LOGITS_SPLITS", "%d", c->logits_splits, c->logits_splits == d.logits_splits);

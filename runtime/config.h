@@ -28,17 +28,12 @@ typedef struct flce_config {
     spec_knobs tiles;  /* FLCE_TMA (default on), FLCE_ENABLE_SM100 (default off) */
     int compact;       /* FLCE_COMPACT: chunked strategy stores compact p̃ (default on) */
     int fused_dz;      /* FLCE_FUSED_DZ: recompute's logits pass writes dZ (default on) */
-    int dz_operand;    /* FLCE_DZ_OPERAND: chunked dH/dW form dZ from compact logits themselves (default off:
-                        * measured 1.1x slower, bench/NOTES.md v38) */
-    int dz_convert;    /* FLCE_DZ_CONVERT: the chunked dH's idle producer warps form dZ from compact logits
-                        * while it multiplies, instead of the dz pass (default off: slower so far, NOTES v35) */
     int qrows;         /* FLCE_QROWS: the chunked bf16 compact logits stored against one reference per row, so
                         * that dZ is a per-row factor times them: no dz pass. -1 (default, unset): where a
                         * chunk holds at least PLAN_QROWS_MIN_LOGITS logits; 1: wherever it applies; 0: never
                         * (bench/NOTES.md v39) */
     int qdh;           /* FLCE_QDH: under qrows, the labels' term of dH added by a pass after dH (flce_qdh)
                         * instead of dH's epilogue (default on: bench/NOTES.md v40) */
-    int acc_prefetch;  /* FLCE_ACC_PREFETCH: L2 prefetch of dH/dW addends (default off) */
     int red_acc;       /* FLCE_RED_ACC: red.global.add into fp32 accumulators (default on) */
     int cluster;       /* FLCE_CLUSTER: 2-CTA clusters for dH/dW on wgmma + TMA (2), none (0 or 1), or
                         * (-1, default) dW's alone where plan.c's rule takes them (short token chunks) */
@@ -68,8 +63,6 @@ typedef struct flce_config {
     int bulk_red;      /* FLCE_BULK_RED: fp32 accumulators' reductions handed to the TMA unit as bulk
                         * reductions from shared memory where the tile allows (default on; off:
                         * red.global per thread) */
-    int pingpong;      /* FLCE_PINGPONG: the logits pass on the wgmma TMA path with its consumer warpgroups
-                        * taking turns (default off: measured slower, bench/NOTES.md v44) */
     int logits_cluster; /* FLCE_LOGITS_CLUSTER: the logits pass on the wgmma TMA path in 2-CTA clusters that
                          * share W's tile by multicast: -1 (default, unset) where a launch has at least
                          * PLAN_LOGITS_CLUSTER_MIN_BLOCKS row blocks, 1 always, 0 never */

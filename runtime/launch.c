@@ -22,8 +22,8 @@
 #include "tma.h"
 
 enum {
-    K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6, K_DZ_FACTORS = 7,
-    K_QREF = 8, K_QSCALE = 9, K_QLIST_COUNT = 10, K_QLIST_FILL = 11, K_QDW = 12, K_QDH = 13
+    K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6, K_QREF = 7,
+    K_QSCALE = 8, K_QLIST_COUNT = 9, K_QLIST_FILL = 10, K_QDW = 11, K_QDH = 12
 };
 
 typedef struct kernels {
@@ -206,7 +206,6 @@ static void init_row_params(run *r)
     if (pl->compact) {
         rp->tile_max = r->ws + pl->off_tile_max;
         rp->tile_max_ld = pl->tile_max_ld, rp->tile_cols = pl->tile_cols;
-        if (pl->off_tile_max_t) rp->tile_max_t = r->ws + pl->off_tile_max_t, rp->tile_max_t_ld = pl->tile_max_t_ld;
     }
     if (pl->qrows) {
         rp->hidden = addr(t->hidden), rp->weight = addr(t->weight), rp->d = pl->d;
@@ -341,21 +340,6 @@ static flce_status run_logits_dz(run *r, const block *b)
     return launch_logits(r, &r->pl->logits_dz, r->k.logits_dz, b, 0, &g, "logits+dz kernel");
 }
 
-/* dH/dW reading the compact logits as A and forming dZ themselves (plan.h dz_operand, and dH
- * under dz_convert): the factors flce_dz_factors left in tile_max and target, and the labels of
- * block b's rows. */
-static void set_dz_factors(const run *r, const block *b, struct flce_gemm_params *g)
-{
-    int log2 = 0;
-    while ((1ll << log2) < r->pl->tile_cols) log2++;
-    g->tile_max = r->rp.tile_max, g->ld_tile_max = r->pl->tile_max_ld, g->tile_cols_log2 = log2;
-    g->tile_max_t = r->rp.tile_max_t, g->ld_tile_max_t = r->rp.tile_max_t_ld;
-    g->target = r->rp.target;
-    g->labels = addr(r->t->labels) + (unsigned long long)b->row0 * (unsigned long long)(r->p->label_bits / 8);
-    g->vocab_offset = r->p->vocab_offset + b->col0;
-    g->vocab_total = r->rp.vocab_total, g->ignore_index = r->rp.ignore_index;
-}
-
 static void set_scale(const run *r, struct flce_gemm_params *g)
 {
     if (r->p->reduction == FLCE_REDUCTION_NONE) return; /* g_i already in dZ */
@@ -433,22 +417,14 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
         g.out_split_stride = (unsigned long long)s->rows * (unsigned long long)pl->d * 4;
         gy *= pl->dh_splits; /* the units tma_prepare_gemm spreads over the persistent grid */
     }
-    g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
+    g.raster_rows = pl->raster_rows;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     TRY(check_grad_stores(&pl->dh, &g, "dH"));
-    if (pl->dz_operand || pl->dz_convert) set_dz_factors(r, b, &g); /* never with slices (plan.c) */
     if (pl->qrows) { /* chunk rows, as the launch's; the labels' dz where they lie in its k range */
         g.row_scale = r->rp.row_scale;
         if (!pl->qdh) g.qlab = r->rp.qlab, g.qlab_k0 = off; /* else flce_qdh adds them after dH */
     }
     TRY(tma_prepare_gemm(&pl->dh, &g, resident_slots(r->ctx, &pl->dh, r->k.dh), &gx, &gy));
-    if (pl->dz_convert) {
-        /* Bands of about 1.5 waves of dH tiles: the row blocks its CTAs start on first are
-         * converted first (gemm_dz_convert.cu); at least one raster group. */
-        int64_t tiles_n = ceil_div(pl->d, pl->dh.tile.bn), band = ceil_div(3 * gx * gy, 2 * tiles_n);
-        g.dz_flags = r->ws + pl->off_dz_flags;
-        g.dz_band = band > pl->raster_rows ? band : (pl->raster_rows > 0 ? pl->raster_rows : 1);
-    }
     return launch_cluster(r->k.dh, gx, gy, pl->dh.cluster, spec_threads(&pl->dh), spec_smem_bytes(&pl->dh), r->stream,
                           &g, "dH kernel");
 }
@@ -564,10 +540,9 @@ static flce_status run_dw_split(run *r, const block *b, int late)
     g.a_rows = b->rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
     g.b_rows = b->rows, g.b_cols = pl->d, g.ldb = pl->d;
     g.ldo = pl->d;
-    g.raster_rows = pl->raster_rows, g.prefetch_addend = pl->acc_prefetch;
+    g.raster_rows = pl->raster_rows;
     g.red_addend = pl->red_acc && g.addend && g.addend == g.out && g.out_f32;
     TRY(check_grad_stores(&pl->dw, &g, "dW"));
-    if (pl->dz_operand) set_dz_factors(r, b, &g);
     int dynamic = pl->dw_dynamic && b->rows > 0; /* tiles from a counter: see plan.h, dw_dynamic */
     if (dynamic) {
         g.tile_counter = r->ws + pl->off_tile_counter;
@@ -625,10 +600,6 @@ static flce_status run_rows(run *r, int kernel, const block *b)
         return launch(r->k.row[K_DZ], b->rows,
                       r->pl->compact ? ceil_div(r->pl->ldz, 256 * 8 * 4) : ceil_div(r->pl->ldz / 4, 256), 256, 0,
                       r->stream, &rp, "dz kernel");
-    case K_DZ_FACTORS:
-        /* the bf16 dZ operand reads packed words (templates/gemm_wgmma_tma.cu dzop_form) */
-        rp.dz_pack = r->pl->dz_operand && r->p->dtype == FLCE_DTYPE_BF16;
-        return launch(r->k.row[K_DZ_FACTORS], b->rows, 1, 256, 0, r->stream, &rp, "dz factors kernel");
     case K_QREF: { /* groups of G warps per 4 rows (rowops.cu QREF_ROWS), 8 warps per CTA: G as
                     * small as keeps a CTA on every SM */
         int g = 1;
@@ -706,21 +677,14 @@ static flce_status run_dh_dw_at_once(run *r, const block *rows_step, const block
 
 static flce_status run_grads(run *r, const block *rows_step, const block *cols_step)
 {
-    /* dZ: written by recompute's logits pass (fused_dz), formed by dH and dW themselves from the
-     * factors (dz_operand), or by the dz pass */
+    /* dZ: written by recompute's logits pass (fused_dz), the row-scaled logits themselves (qrows:
+     * flce_qscale writes the labels' entries, dH and dW apply s_i), or the dz pass */
     if (r->pl->qrows) {
         TRY(run_rows(r, K_QSCALE, rows_step));
         if (r->t->grad_weight) { /* the chunk rows by label, for flce_qdw after dW */
             TRY(run_rows(r, K_QLIST_COUNT, rows_step));
             TRY(run_rows(r, K_QLIST_FILL, rows_step));
         }
-    } else if (r->pl->dz_operand) {
-        TRY(run_rows(r, K_DZ_FACTORS, rows_step));
-    } else if (r->pl->dz_convert && r->t->grad_hidden) { /* formed inside dH: its counter and flags zeroed */
-        TRY(run_rows(r, K_DZ_FACTORS, rows_step));
-        CUresult res = drv.MemsetD32Async((CUdeviceptr)(r->ws + r->pl->off_dz_flags), 0, r->pl->dz_flags_bytes / 4,
-                                          r->stream);
-        if (res != CUDA_SUCCESS) return drv_error(res, "zeroing the dz flags");
     } else if (!r->pl->fused_dz) {
         TRY(run_rows(r, K_DZ, rows_step));
     }

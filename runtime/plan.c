@@ -144,27 +144,8 @@ uint64_t plan_tp_block_bytes(int64_t rows)
  * raster_rows. */
 
 /* The Hopper wgmma main loop fed by TMA (not tcgen05, which shares its pipeline): the only path
- * with clusters, the dW tile counter, the staged 16-bit store and the dZ operand. */
+ * with clusters, the dW tile counter and the staged 16-bit store. */
 static int hopper_tma(const kernel_spec *s) { return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05; }
-
-/* FLCE_PINGPONG: the logits spec on the wgmma TMA path with its consumer warpgroups taking turns,
- * where a stage holds 64 rows of A (40 KiB at 128×256×64), so the pipeline deepens to what shared
- * memory holds beside the compact store's staging, at most 5 stages. */
-static void plan_pingpong(const flce_config *cfg, kernel_spec *s)
-{
-    if (!cfg->pingpong || !hopper_tma(s)) return;
-    s->pingpong = 1;
-    kernel_spec worst = *s;
-    worst.compact = 1;
-    while (worst.tile.stages < 5) {
-        worst.tile.stages++;
-        if (spec_smem_bytes(&worst) > spec_smem_limit(worst.sm)) {
-            worst.tile.stages--;
-            break;
-        }
-    }
-    s->tile.stages = worst.tile.stages;
-}
 
 /* The logits pass in 2-CTA clusters, the pair's two row blocks sharing W's tile (each CTA loads
  * half and multicasts it: a third fewer operand bytes asked of L2 per tile, as cuBLAS's 2x1
@@ -186,7 +167,6 @@ static void plan_cluster(const flce_config *cfg, plan *pl)
     pl->cluster = cfg->cluster == 2 ? 2 : 0;
     kernel_spec *grads[2] = {&pl->dh, &pl->dw};
     for (int i = 0; i < 2; i++) grads[i]->cluster = hopper_tma(grads[i]) ? pl->cluster : 0;
-    plan_pingpong(cfg, &pl->logits);
 }
 
 /* With FLCE_CLUSTER unset, dW alone in 2-CTA clusters where its k, the one token chunk, is short: a
@@ -194,36 +174,14 @@ static void plan_cluster(const flce_config *cfg, plan *pl)
  * 256 KB of H per tile, L2 ~70 % busy) and the pair's shared H tile comes once, by multicast.
  * 512×4096×128256 on an H100: dW 0.87-0.88 ms against 0.89-0.92 (bench/NOTES.md session 14, d1).
  * Not with several chunks (dW's tile counter lets it fill dH's tails there), TP (the counter again,
- * for the overlap), the dZ operand, or tuned tiles (measured as they are). */
+ * for the overlap), or tuned tiles (measured as they are). */
 #define PLAN_DW_CLUSTER_MAX_ROWS 1024
 static void plan_dw_cluster(const flce_config *cfg, plan *pl)
 {
     int64_t k = pl->recompute ? pl->n : pl->chunk_rows, launches = pl->recompute ? pl->n_vchunks : pl->n_chunks;
     if (cfg->cluster < 0 && hopper_tma(&pl->dw) && !pl->tiles_tuned && k <= PLAN_DW_CLUSTER_MAX_ROWS && launches == 1 &&
-        pl->tp <= 1 && !cfg->dz_operand)
+        pl->tp <= 1)
         pl->dw.cluster = 2;
-}
-
-/* dH and dW forming dZ from the compact logits themselves (plan.h dz_operand). */
-static int wgmma_tma(const kernel_spec *s)
-{
-    return hopper_tma(s) && s->tile.stages >= 3; /* (dz_operand's look-ahead) */
-}
-/* Whether flce_dz_factors' per-(row, column group) factors give dZ (dz = p̃·F, the label apart):
- * compact logits in power-of-two groups and dz linear in p̃ (no smoothing or softcap). Both ways of
- * forming dZ without the dz pass (dz_operand, dz_convert) rest on it. */
-static int dz_factors_apply(const flce_problem *p, const plan *pl)
-{
-    return pl->compact && p->label_smoothing == 0 && !(p->softcap > 0) && !p->grad_outputs && pl->tile_cols > 0 &&
-           (pl->tile_cols & (pl->tile_cols - 1)) == 0;
-}
-static void plan_dz_operand(const flce_problem *p, const flce_config *cfg, plan *pl)
-{
-    /* (dW takes one factor group per warpgroup's 64 columns: groups of 64 columns or more) */
-    pl->dz_operand = cfg->dz_operand && dz_factors_apply(p, pl) && pl->tile_cols >= 64 && pl->tp <= 1 &&
-                     !p->has_bias && wgmma_tma(&pl->dh) && wgmma_tma(&pl->dw) && pl->dh.cluster <= 1 &&
-                     pl->dw.cluster <= 1;
-    pl->dh.dz_operand = pl->dw.dz_operand = pl->dz_operand;
 }
 
 /* Whether the chunked strategy may store compact logits: a training call (the statistics pass
@@ -240,7 +198,7 @@ static int compact_allowed(const flce_problem *p, const flce_config *cfg, const 
  * whole, or a TP shard whose statistics this call gathers (collective, no SP): each rank then
  * keeps its own references c_i (flce_qref samples its shard), flce_qscale runs after the combine
  * with the global lse, and only the rank that holds a label takes its exact terms (its dH term
- * into the fp32 dH part that the ranks sum). Not beside the opt-in ways of forming dZ from fp16 p̃. */
+ * into the fp32 dH part that the ranks sum). */
 static int qrows_allowed(const flce_problem *p, const flce_config *cfg, const plan *pl)
 {
     int64_t total = p->vocab_total ? p->vocab_total : p->vocab_offset + p->vocab_shard;
@@ -252,7 +210,7 @@ static int qrows_allowed(const flce_problem *p, const flce_config *cfg, const pl
     return cfg->qrows != 0 && pl->compact && !pl->recompute && p->dtype == FLCE_DTYPE_BF16 && hopper_tma(&pl->logits) &&
            !(p->grad_outputs & FLCE_GRAD_ENTROPY) &&
            !p->has_bias && p->label_smoothing == 0 && !(p->softcap > 0) && p->z_loss == 0 && whole &&
-           pl->tile_cols % 8 == 0 && !cfg->dz_operand && !cfg->dz_convert;
+           pl->tile_cols % 8 == 0;
 }
 
 /* The default budget of a compact chunked plan with its own dW. Fewer token chunks are faster: each chunk beyond the first reads and rewrites the V×D fp32 dW
@@ -500,14 +458,9 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
                            (!t || (t->grad_hidden && t->grad_weight));
     pl->dw_dynamic = pl->tp_overlap || pl->concurrent_grads;
     /* A vocab range too long for one launch's fp32 sum (PLAN_DH_K_SLICE): the whole shard of a
-     * chunked call, recompute's vocab chunk. dH in slices. Not with dZ formed in the operand path
-     * (its factors are per launch). */
+     * chunked call, recompute's vocab chunk. dH in slices. */
     int64_t k_max = pl->dh_k_slice_max, k = pl->recompute ? pl->chunk_cols : pl->v;
-    pl->dh_k_slice = grads && !pl->dz_operand && k_max > 0 && k > k_max ? k_max : 0;
-    pl->dz_convert = pl->dz_convert_wanted && grads && dz_factors_apply(p, pl) && !pl->dz_operand && !pl->qrows &&
-                     !pl->concurrent_grads && !pl->dh_k_slice && !pl->collective && pl->tp <= 1 &&
-                     hopper_tma(&pl->dh) && pl->dh.cluster == 0 && (!t || t->grad_hidden);
-    pl->dh.dz_convert = pl->dz_convert;
+    pl->dh_k_slice = grads && k_max > 0 && k > k_max ? k_max : 0;
     pl->need_dh_acc = grads && ((pl->recompute && pl->n_vchunks > 1) || pl->dh_k_slice) && !f32 && !caller_dh &&
                       !pl->need_dh_tp && (!t || t->grad_hidden);
     pl->need_db_acc = grads && p->has_bias && pl->n_chunks > 1 && (!t || t->grad_bias);
@@ -548,10 +501,6 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
                 pl->off_qlist_tok = take(&cur, r * 4);
                 pl->off_qlist_blk = take(&cur, (uint64_t)ceil_div(pl->v, 128) * 4);
             }
-            if (pl->dz_operand) {
-                pl->tile_max_t_ld = ceil_div(pl->chunk_rows, 64) * 64;
-                pl->off_tile_max_t = take(&cur, (uint64_t)pl->tile_max_t_ld * (uint64_t)pl->tile_max_ld * 4);
-            }
         } else {
             pl->off_z = take(&cur, block * 4);
             pl->off_dz = f32 ? pl->off_z : take(&cur, block * 2);
@@ -566,11 +515,6 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
             pl->off_dh_split = take(&cur, (uint64_t)pl->dh_splits * (uint64_t)(pl->recompute ? pl->n : pl->chunk_rows) *
                                               (uint64_t)pl->d * 4);
         if (pl->dw_dynamic) pl->off_tile_counter = take(&cur, 8);
-        if (pl->dz_convert) { /* gemm_dz_convert.cu: 2 words, then one per (dH row block, 512 columns) */
-            uint64_t blocks = (uint64_t)ceil_div(pl->chunk_rows, pl->dh.tile.bm);
-            pl->dz_flags_bytes = 4 * (2 + blocks * (uint64_t)ceil_div(pl->ldz, 512));
-            pl->off_dz_flags = take(&cur, pl->dz_flags_bytes);
-        }
     }
     if (pl->collective && stats) {
         pl->tp_block_bytes = plan_tp_block_bytes(pl->stat_rows);
@@ -616,15 +560,15 @@ static double dh_col_cost(int bn) { return bn >= 256 ? 1.0 : bn >= 192 ? PLAN_DH
  * (128 tiles) at 855 µs and cuBLAS its split-K 256×128 tiles at 758 µs, at ncu's locked clock.
  * Cost per split count as plan_dh_width's: waves of units / S, ties to fewer splits; a forced
  * FLCE_DH_SPLITS is taken as long as every split keeps 64 columns. Only one dH launch (no token or
- * vocab chunks, no k slices), no TP, no cluster, no dZ formed in dH's operand path, and with
- * row-scaled logits only where flce_qdh adds the labels' terms. */
+ * vocab chunks, no k slices), no TP, no cluster, and with row-scaled logits only where flce_qdh
+ * adds the labels' terms. */
 static void plan_dh_splits(const flce_config *cfg, int num_sms, plan *pl, int64_t blocks, int64_t launches)
 {
     int64_t k = pl->v; /* the one launch's vocab columns */
     int64_t k_max = pl->dh_k_slice_max;
     pl->dh_splits = 0, pl->dh_split_k = 0;
     if (cfg->dh_splits == 0 || cfg->dh_splits == 1 || !hopper_tma(&pl->dh) || pl->dh.cluster || launches != 1 ||
-        pl->tp > 1 || cfg->dz_operand || cfg->dz_convert || (pl->qrows && !pl->qdh) || pl->dh.dtype == FLCE_DTYPE_F32 ||
+        pl->tp > 1 || (pl->qrows && !pl->qdh) || pl->dh.dtype == FLCE_DTYPE_F32 ||
         (k_max > 0 && k > k_max) || num_sms <= 0)
         return;
     int64_t tiles = blocks * ceil_div(pl->d, pl->dh.tile.bn);
@@ -690,10 +634,7 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
     pl->d = p->hidden, pl->v = p->vocab_shard;
     plan_specs(p, t, sm, cfg, pl);
     pl->raster_rows = cfg->raster_rows;
-    /* Off: measured slower (bench/NOTES.md v12); FLCE_ACC_PREFETCH=1 for side-by-side runs. */
-    pl->acc_prefetch = cfg->acc_prefetch;
     pl->red_acc = cfg->red_acc, pl->bulk_red = cfg->bulk_red;
-    pl->dz_convert_wanted = cfg->dz_convert;
     pl->dh_k_slice_max = cfg->dh_k_slice;
     /* Where dH's plain fp32 all-reduce would apply, the two ways of doing it with fewer bytes. */
     int plain_all_reduce = pl->collective && !pl->sp && !p->accumulate_grad_hidden && p->dtype != FLCE_DTYPE_F32;
@@ -706,12 +647,12 @@ static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_con
 
 /* FLCE_LOGITS_PERSIST (plan.h logits_persist): the statistics pass on the wgmma TMA path with one
  * CTA per SM may walk its items in persistent CTAs: there the loop stores each item's statistics
- * straight from the warp that owns its rows (one warp column), with the consumers' turns and
- * tcgen05 left out, and without the entropy and argmax statistics (the loop's registers made that
- * kernel spill; templates/gemm_entry.cu LOGITS_PERSIST). */
+ * straight from the warp that owns its rows (one warp column), with tcgen05 left out, and without
+ * the entropy and argmax statistics (the loop's registers made that kernel spill;
+ * templates/gemm_entry.cu LOGITS_PERSIST). */
 static void plan_logits_persist(const flce_config *cfg, plan *pl)
 {
-    pl->logits_persist = cfg->logits_persist && hopper_tma(&pl->logits) && !pl->logits.pingpong &&
+    pl->logits_persist = cfg->logits_persist && hopper_tma(&pl->logits) &&
                          pl->logits.tile.warps_n == 1 && logits_ctas_per_sm(&pl->logits) == 1 &&
                          !(pl->logits.opts & (SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX));
 }
@@ -770,7 +711,6 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
         pl->logits.qrows = pl->qrows;
         pl->logits.full_tiles = cfg->full_tiles && pl->v % pl->logits.tile.bn == 0;
     }
-    plan_dz_operand(p, cfg, pl);
     if (pl->fused_dz) {
         pl->logits_dz = pl->logits; /* the same (possibly tuned) tile */
         pl->logits_dz.fused_dz = 1;

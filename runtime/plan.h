@@ -92,30 +92,6 @@ typedef struct plan {
     /* qlab: (dz, column) of each row's label; qlist_*: the chunk rows grouped by label, for the
      * labels' term of dW, which flce_qdw adds after the dW GEMM */
     uint64_t off_qref, off_qflags, off_row_scale, off_qh, off_qlab, off_qlist_start, off_qlist_tok, off_qlist_blk;
-    /* dz_operand: the factors again, transposed ([group][token], row stride tile_max_t_ld = the
-     * chunk's rows rounded up to 64), so dW's k-tile of 64 tokens reads 256 contiguous bytes */
-    int64_t tile_max_t_ld;
-    /* With compact logits: dH and dW read p̃ itself and form dZ in registers, wgmma taking A from
-     * them (spec dz_operand, templates/gemm_wgmma_tma.cu), after flce_dz_factors turned the maxima
-     * into dz factors: no dz pass (its 4 bytes of DRAM traffic per logit). Where dz is linear in p̃
-     * (no smoothing or softcap), without TP and bias gradients (both read the dZ buffer), both
-     * gradient kernels on the wgmma TMA path without clusters, column groups of 64 or more. Off
-     * unless FLCE_DZ_OPERAND=1: correct, but slower than the dz pass on an H100 (bench/NOTES.md v38:
-     * AUTO 42.2 ms against 38.1 at 8192×4096×128256; dH ~1.1×, dW ~1.35× in-run). */
-    int dz_operand;
-    /* With compact logits: the dz pass's work done inside the chunk's dH launch by its producer
-     * warpgroup's idle warps, in place, while the consumers multiply; dH's loads wait per (row
-     * block, 512-column segment) for it (spec dz_convert, templates/gemm_dz_convert.cu), after
-     * flce_dz_factors as for dz_operand. Where dz is linear in p̃ (no smoothing or softcap), dH is
-     * the first and only reader of dZ while it runs (one dH launch per chunk: no vocab slices, dW
-     * not beside it on another stream), without TP, on the wgmma TMA path without clusters.
-     * off_dz_flags: the part counter and flags (dz_flags_bytes, zeroed per chunk); dz_band: row
-     * blocks per band of the conversion order. FLCE_DZ_CONVERT=0 keeps the dz pass. */
-    int dz_convert_wanted, dz_convert;
-    uint64_t off_dz_flags, dz_flags_bytes;
-    /* dH/dW (TMA path): the producer prefetches an accumulating tile's fp32 addend into L2 while the
-     * tile's main loop runs. Off unless FLCE_ACC_PREFETCH=1: measured 1.7 % slower (NOTES v12). */
-    int acc_prefetch;
     /* dH/dW adding into an fp32 accumulator in place (chunked dW, recompute's dH, the caller's
      * fp32 buffers): red.global.add from the epilogue instead of load + add + store, so the
      * consumers go on to the next tile while L2 adds. One reduction per element per launch: the
@@ -132,7 +108,7 @@ typedef struct plan {
     /* Workspace layout: byte offsets, each 256-aligned; regions not needed are 0 and unused. */
     uint64_t off_stats, off_target, off_part_m, off_part_s, off_part_t, off_part_zs, off_part_arg,
         off_loss_rows, off_zloss_rows, off_lse, off_z, off_dz, off_dw_acc, off_dh_acc, off_db_acc,
-        off_tile_max, off_tile_max_t;
+        off_tile_max;
     int need_loss_rows, need_zloss_rows, need_lse, need_dw_acc, need_dh_acc, need_db_acc;
     /* Chunked: dH of a token chunk in launches over at most this many vocab columns each, added
      * up in fp32 (0: one launch over the whole shard) */

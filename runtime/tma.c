@@ -47,9 +47,9 @@ flce_status tma_prepare_gemm(const kernel_spec *s, struct flce_gemm_params *g, i
     if (s->role == ROLE_ROWOPS || !(s->tile.wgmma || s->tile.tcgen05) || !s->tile.tma) return FLCE_OK;
     const unsigned bk = (unsigned)s->tile.bk;
     int a_kmajor = s->role != ROLE_DW, b_kmajor = s->role == ROLE_LOGITS;
-    /* ping-pong logits: a stage holds one warpgroup's 64 rows of A, and in a cluster each CTA loads
-     * (and multicasts) BN/2 rows of B (templates/gemm_wgmma_tma.cu, produce_logits) */
-    const unsigned a_box = s->pingpong ? 64u : (unsigned)s->tile.bm;
+    /* logits in a cluster: each CTA loads (and multicasts) BN/2 rows of B (templates/gemm_wgmma_tma.cu,
+     * produce_logits) */
+    const unsigned a_box = (unsigned)s->tile.bm;
     const unsigned b_box = (unsigned)s->tile.bn / (s->role == ROLE_LOGITS && s->cluster > 1 ? 2u : 1u);
     TRY(encode(&g->tmap_a, s->dtype, g->a, g->a_rows, g->a_cols, g->lda, a_kmajor ? bk : 64, a_kmajor ? a_box : bk,
                "tensor map of the GEMM's A operand"));

@@ -68,7 +68,6 @@ constexpr int MI = WTM / 16, NI = WTN / 8;             // mma tiles per warp
 #ifndef FLCE_GENERATED
 // Compiled alone, the pieces follow here, in the order CMakeLists.txt lists them (keep the two alike).
 #include "gemm_wgmma.cu"          // Hopper: 128-byte-swizzled shared tiles, one stage of wgmma
-#include "gemm_dz_convert.cu"     // dH: dZ formed from compact logits by idle producer warps
 #include "gemm_wgmma_tma.cu"      // Hopper main loop: TMA + mbarrier pipeline, producer warpgroup
 #if FLCE_TCGEN05
 #include "gemm_tcgen05.cu"        // Blackwell main loop: tcgen05.mma into tensor memory

@@ -52,13 +52,9 @@ __device__ __forceinline__ void logits_portable(const flce_gemm_params &p, unsig
 
 // The persistent loop, compiled where it costs no spills: without the entropy and argmax
 // statistics, whose registers it would push past the bound (runtime/plan.c plan_logits_persist).
-// (generator/emit.c keeps the two blocks below only in the Blackwell and the turn-taking kernels)
+// (generator/emit.c keeps the block below only in the Blackwell kernels)
 #define LOGITS_PERSIST_PATH 1
 #if FLCE_TCGEN05
-#undef LOGITS_PERSIST_PATH
-#define LOGITS_PERSIST_PATH 0
-#endif
-#if FLCE_PINGPONG
 #undef LOGITS_PERSIST_PATH
 #define LOGITS_PERSIST_PATH 0
 #endif
@@ -153,10 +149,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
 #endif
 
     float acc[MI][NI][4];
-#if FLCE_PINGPONG
-    const int ktiles = (int)((p.k + BK - 1) / BK), wg = wm / 4;
-    it = wg * ktiles; // warpgroup 1's k-tiles follow warpgroup 0's in the ring
-#endif
     long long lab[MI][2];
     row_state rs[MI][2]; // dZ factors, or the running statistics of the item's vocab tiles
     for (long long l = first_item; l < items; l += stride) {
@@ -171,16 +163,10 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
                 qc[mi * 2 + h] = FLCE_QROWS && row < p.m ? ((const float *)p.qref)[row] : 0.f;
             }
         for (long long vt = t_begin; vt < t_end; vt++) {
-#if FLCE_PINGPONG
-            if (wg == 1 || vt > t_begin) pp_wait_turn(wg);
-            mainloop(acc, smem, p, it, wg); // passes the turn once its last k-tile is in
-            it += ktiles;                   // past the other warpgroup's k-tiles of this tile
-#else
 #if FLCE_TMA
             mainloop(acc, smem, p, it, wm / 4);
 #else
             mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
-#endif
 #endif
 #if FLCE_FUSED_DZ
             if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
@@ -207,9 +193,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
 #endif
         if (!LOGITS_PERSIST) break;
     }
-#if FLCE_PINGPONG
-    if (wg == 0 && t_end > t_begin) pp_wait_turn(0); // warpgroup 1's last pass: every arrival met
-#endif
 #if FLCE_FUSED_DZ
     (void)split; // dZ is all this pass writes
 #else
@@ -266,16 +249,6 @@ __device__ __forceinline__ void unit_origin(const flce_gemm_params &p, long long
     out = p.out + (unsigned long long)s * p.out_split_stride;
 }
 
-#if FLCE_DZ_OPERAND
-// The first row of tile t of the persistent walk (the dZ operand's dynamic order, gemm_wgmma_tma.cu).
-__device__ long long dh_dw_tile_m0(const flce_gemm_params &p, long long t)
-{
-    long long m0, n0;
-    tile_origin(p, t, (p.m + BM - 1) / BM, (p.n + BN - 1) / BN, m0, n0);
-    return m0;
-}
-#endif
-
 #if FLCE_CLUSTER
 // 2-CTA clusters (FLCE_CLUSTER = 2, gemm_wgmma_tma.cu): the unit of the persistent walk is a pair
 // tile, row blocks 2·pr and 2·pr + 1 of one BN-column tile (the cluster's CTA of rank r takes row
@@ -304,28 +277,6 @@ __device__ __forceinline__ void pair_origin(const flce_gemm_params &p, long long
 #else
 #define FLCE_GRAD_ENTRY flce_dw
 #endif
-#if FLCE_TMA
-// An accumulating tile (chunked dW, recompute's dH, caller fp32 buffers) adds 128 KB of fp32 addend
-// read from DRAM in its epilogue, which nothing overlaps: the chunked strategy's dW loses ~1 ms per
-// chunk to it at 8192×4096×128256 (bench/NOTES.md v11). With p.prefetch_addend the producer asks L2
-// for the tile's addend rows when it starts loading the tile, a main loop before the epilogue reads
-// them. Measured 1.7 % slower (NOTES v12: the cost is DRAM bandwidth, not latency), so the runtime
-// leaves it off unless FLCE_ACC_PREFETCH=1. Row r is asked by lane r % lanes of the calling warp
-// (the whole producer warp where it walks the tiles: lane 0 alone, issuing 128 prefetches before
-// the tile's loads, held those loads back).
-__device__ __forceinline__ void prefetch_addend(const flce_gemm_params &p, long long m0, long long n0, int lane,
-                                                int lanes)
-{
-    if (!p.addend || !p.prefetch_addend) return;
-    const long long cols = p.n - n0 < BN ? p.n - n0 : BN;
-    const unsigned bytes = (unsigned)(cols * 4); // n is a multiple of 8: whole 32-byte sectors
-    for (int r = lane; r < BM && m0 + r < p.m; r += lanes) {
-        const float *row = (const float *)p.addend + (m0 + r) * p.ldo + n0;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(bytes) : "memory");
-    }
-}
-#endif
-
 // Row-scaled compact logits with the label terms in dH's epilogue (FLCE_QDH=0; p.qlab set): it
 // adds each row's label term times the label's row of W (gemm_grad.cu scale_rows); those rows are
 // asked of L2 when the producer starts the tile, by its whole warp (rows lane, lane + 32, …: one
@@ -374,7 +325,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
                 long long pr, n0;
                 pair_origin(p, q, pair_rows, tiles_n, pr, n0);
                 const long long rb = 2 * pr + rank; // this CTA's row block
-                if (rb < tiles_m) prefetch_addend(p, rb * BM, n0, 0, 1);
                 produce_pair(p, smem, (rb < tiles_m ? rb : 2 * pr) * BM, n0, rank, it);
             }
             drain_pair(smem, it); // this CTA stays until the peer is done arriving on its barriers
@@ -390,7 +340,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
         long long pr, n0;
         pair_origin(p, q, pair_rows, tiles_n, pr, n0);
         const long long rb = 2 * pr + rank;
-        mainloop(acc, smem, p, it, wm / 4, nullptr, nullptr, (rb < tiles_m ? rb : 2 * pr) * BM);
+        mainloop(acc, smem, p, it, wm / 4);
         if (rb < tiles_m) grad_epilogue(acc, p, rb * BM, n0, wm, wn, lane, scale, smem, p.out);
     }
     bulk_red_drain(lane);
@@ -403,12 +353,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
     pipe_init(smem);
     if (threadIdx.x < PRODUCER_THREADS) {
         setmaxnreg_dec<PRODUCER_REGS>();
-#if FLCE_DZ_CONVERT
-        if (threadIdx.x >= 32 && p.dz_flags) { // warps 1-3: dZ for this launch's loads (gemm_dz_convert.cu)
-            dzc_convert(p);
-            return;
-        }
-#endif
         // Warp 0: its lane 0 issues the loads; the whole warp walks the tiles with it for
         // prefetch_labels, one tile at a time (the __syncwarp waits for lane 0's produce).
         const int lane0 = threadIdx.x % 32;
@@ -433,7 +377,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
                 long long m0, n0;
                 tile_origin(p, t, tiles_m, tiles_n, m0, n0);
                 prefetch_labels(p, m0, n0, lane0);
-                prefetch_addend(p, m0, n0, lane0, 32);
                 if (lane0 == 0) {
                     wait_tile_taken(smem, i); // every consumer thread has read tile i - 1's number
                     produce(p, smem, m0, n0, 1, it, slot, t);
@@ -448,7 +391,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
                 unsigned long long out;
                 unit_origin(p, u, tiles, tiles_m, tiles_n, m0, n0, kb, kn, out);
                 prefetch_labels(p, m0, n0, lane0);
-                prefetch_addend(p, m0, n0, lane0, 32);
                 if (lane0 == 0) {
                     produce(p, smem, m0, n0, 1, it, nullptr, 0, kb, kn);
                 }
@@ -487,9 +429,9 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
             unit_origin(p, t, tiles, tiles_m, tiles_n, m0, n0, kb, kn, out);
         }
 #if FLCE_TCGEN05
-        mainloop(acc, smem, p, it, wm / 4, nullptr, nullptr, m0);
+        mainloop(acc, smem, p, it, wm / 4);
 #else
-        if (!mainloop(acc, smem, p, it, wm / 4, dynamic ? tile_slot(smem) : nullptr, &t, m0, kn)) break;
+        if (!mainloop(acc, smem, p, it, wm / 4, dynamic ? tile_slot(smem) : nullptr, &t, kn)) break;
 #endif
         (void)kb;
         if (dynamic) tile_origin(p, t, tiles_m, tiles_n, m0, n0);

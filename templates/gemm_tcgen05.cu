@@ -137,11 +137,8 @@ __device__ __forceinline__ void tmem_ld64(float (&d)[NI][4], int j0, unsigned ta
 
 // Consumer: acc = this warp's 16 rows of the next output tile (tile `it` of the CTA's sequence, in
 // accumulator buffer it % 2); `it` counts tiles here, not k-tiles. wg is unused (kept for the call).
-// (m0, the tile's first row, is for the wgmma path's dZ operand; unused here)
-__device__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flce_gemm_params &p, int &it, int wg,
-                         const long long * = nullptr, long long * = nullptr, long long m0 = 0)
+__device__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flce_gemm_params &p, int &it, int wg)
 {
-    (void)m0;
     (void)wg;
     const int buf = it & 1;
     mbar_wait(tmem_full_bar(smem, buf), (unsigned)(it >> 1) & 1);

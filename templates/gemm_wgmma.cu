@@ -14,13 +14,7 @@
 // K-major SBO = 1024 (8 rows); MN-major LBO = BK*128 (next 64-wide block), SBO = 1024 (next 8 k rows).
 static_assert(BK == 64 && BM == 128 && WARPS_M == 8 && WARPS_N == 1, "wgmma tile shape");
 static_assert(ELEM_BYTES == 2, "wgmma path takes 16-bit inputs");
-#if FLCE_PINGPONG
-// Ping-pong (logits, TMA): the two consumer warpgroups take turns, each multiplying its own 64 rows
-// of a vocab tile while the other runs its epilogue, so a stage holds one warpgroup's A.
-constexpr int A_BYTES = 64 * BK * 2, B_BYTES = BN * BK * 2;
-#else
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
-#endif
 constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
 
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -45,12 +39,7 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned 
 // inside the swizzled row; MN-major ones advance 16 k rows (2048 bytes).
 __device__ __forceinline__ void compute_stage(float (&acc)[MI][NI][4], unsigned char *stage, int wg)
 {
-#if FLCE_PINGPONG
-    (void)wg; // the stage's A is the warpgroup's own
-    unsigned a_base = smem_addr(stage), b_base = smem_addr(stage + A_BYTES);
-#else
     unsigned a_base = smem_addr(stage) + wg * (64 * 128), b_base = smem_addr(stage + A_BYTES);
-#endif
     constexpr unsigned A_LBO = A_KMAJOR ? 16 : BK * 128, B_LBO = B_KMAJOR ? 16 : BK * 128;
     wgmma_fence();
 #pragma unroll

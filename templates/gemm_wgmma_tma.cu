@@ -60,22 +60,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const flce_tmap *map, 
 }
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-#if FLCE_PINGPONG
-// ---- Ping-pong (logits, FLCE_PINGPONG): the consumer warpgroups take turns at the tensor cores --
-// The producer loads, per vocab tile, warpgroup 0's k-tiles (A = rows m0…m0+63) and then
-// warpgroup 1's (rows m0+64…), each with the tile's B, into the one ring of stages; a warpgroup
-// skips the other's pipeline positions, and each stage has one reader (its empty barrier counts one
-// arrival per CTA). While one warpgroup multiplies, the other runs its epilogue: the exps, the row
-// statistics and the compact store no longer stall the tensor cores (cooperative, both warpgroups'
-// epilogues ran at once between two tiles' main loops: ~5 % of the pass, bench/NOTES.md d1b).
-// Turns are handed over by named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's), 256
-// threads each: a warpgroup waits for its turn before its first full-barrier wait of a tile and
-// passes the turn once it has waited for its last k-tile. That order is also what makes the ring's
-// parity waits sound: a warpgroup never waits on a full barrier more than one phase ahead of it
-// (waiting from the start, warpgroup 1 would see a phase of warpgroup 0's complete as its own).
-__device__ __forceinline__ void pp_wait_turn(int wg) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory"); }
-__device__ __forceinline__ void pp_pass_turn(int wg) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory"); }
-#endif
 #if FLCE_CLUSTER
 // ---- 2-CTA clusters (dH/dW, FLCE_CLUSTER = 2): one B tile for two CTAs, by TMA multicast --------
 // The two CTAs of a cluster work on vertically adjacent output tiles, row blocks 2i and 2i + 1 of
@@ -209,12 +193,8 @@ __device__ __forceinline__ void wait_tile_taken(unsigned char *smem, int i)
 __device__ __forceinline__ void pipe_init(unsigned char *smem)
 {
     if (threadIdx.x == 0) {
-#if FLCE_PINGPONG
-        for (int s = 0; s < STAGES; s++) mbar_init(full_bar(smem, s), 1), mbar_init(empty_bar(smem, s), CLUSTER_CTAS);
-#else
         for (int s = 0; s < STAGES; s++)
             mbar_init(full_bar(smem, s), 1), mbar_init(empty_bar(smem, s), CLUSTER_CTAS * CONSUMER_WGS);
-#endif
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the copy engine and the peer
     }
     cluster_sync();
@@ -224,11 +204,7 @@ __device__ __forceinline__ void pipe_init(unsigned char *smem)
 __device__ __forceinline__ void pipe_init(unsigned char *smem)
 {
     if (threadIdx.x == 0) {
-#if FLCE_PINGPONG
-        for (int s = 0; s < STAGES; s++) mbar_init(full_bar(smem, s), 1), mbar_init(empty_bar(smem, s), 1);
-#else
         for (int s = 0; s < STAGES; s++) mbar_init(full_bar(smem, s), 1), mbar_init(empty_bar(smem, s), CONSUMER_WGS);
-#endif
 #if !ROLE_IS_LOGITS
         mbar_init(tile_taken_bar(smem), THREADS); // the dynamic tile order's slot: every consumer thread reads it
 #endif
@@ -263,7 +239,6 @@ __device__ void produce(const flce_gemm_params &p, unsigned char *smem, long lon
         for (int kt = 0; kt < ktiles; kt++, it++) {
             const int s = it % STAGES;
             const int k = (int)kb + kt * BK;
-            dzc_wait(p, m0, (long long)k); // FLCE_DZ_CONVERT: the k-tile's dZ is formed
             mbar_wait(empty_bar(smem, s), ((it / STAGES) & 1) ^ 1);
             if (slot && kt == 0) *(volatile long long *)slot = tile;
             const unsigned full = full_bar(smem, s);
@@ -314,15 +289,10 @@ __device__ void drain_pair(unsigned char *smem, int it)
 }
 #endif // FLCE_CLUSTER
 #if ROLE_IS_LOGITS
-// The logits producer (one thread): for each of n_tiles vocab tiles at n0 + t·BN, its k-tiles of A
-// (the CTA's row block at m0; in ping-pong, warpgroup 0's 64 rows and then warpgroup 1's, a whole
-// k loop each) with the tile's B. In a 2-CTA cluster B is this CTA's BN/2 rows, multicast to both
-// CTAs: the peer loads the other half at the same `it` (both CTAs walk the same tiles of one split).
-#if FLCE_PINGPONG
-constexpr int A_PARTS = 2, A_PART_ROWS = 64;
-#else
-constexpr int A_PARTS = 1, A_PART_ROWS = BM;
-#endif
+// The logits producer (one thread): for each of n_tiles vocab tiles at n0 + t·BN, the k-tiles of A
+// (the CTA's row block at m0) with the tile's B. In a 2-CTA cluster B is this CTA's BN/2 rows,
+// multicast to both CTAs: the peer loads the other half at the same `it` (both CTAs walk the same
+// tiles of one split).
 __device__ void produce_logits(const flce_gemm_params &p, unsigned char *smem, long long m0, long long n0,
                                long long n_tiles, int &it)
 {
@@ -331,306 +301,23 @@ __device__ void produce_logits(const flce_gemm_params &p, unsigned char *smem, l
     const unsigned rank = cluster_ctarank();
 #endif
     for (long long t = 0; t < n_tiles; t++)
-        for (int w = 0; w < A_PARTS; w++)
-            for (int kt = 0; kt < ktiles; kt++, it++) {
-                const int s = it % STAGES;
-                mbar_wait(empty_bar(smem, s), ((it / STAGES) & 1) ^ 1);
-                const unsigned full = full_bar(smem, s);
-                mbar_arrive_expect_tx(full, STAGE_BYTES);
-                unsigned char *stage = smem + s * STAGE_BYTES;
-                tma_load_2d(smem_addr(stage), &p.tmap_a, kt * BK, (int)(m0 + A_PART_ROWS * w), full);
+        for (int kt = 0; kt < ktiles; kt++, it++) {
+            const int s = it % STAGES;
+            mbar_wait(empty_bar(smem, s), ((it / STAGES) & 1) ^ 1);
+            const unsigned full = full_bar(smem, s);
+            mbar_arrive_expect_tx(full, STAGE_BYTES);
+            unsigned char *stage = smem + s * STAGE_BYTES;
+            tma_load_2d(smem_addr(stage), &p.tmap_a, kt * BK, (int)m0, full);
 #if FLCE_CLUSTER
-                tma_load_2d_multicast(smem_addr(stage + A_BYTES + rank * (BN / 2) * 128), &p.tmap_b, kt * BK,
-                                      (int)(n0 + t * BN + rank * (BN / 2)), full, (unsigned short)3);
+            tma_load_2d_multicast(smem_addr(stage + A_BYTES + rank * (BN / 2) * 128), &p.tmap_b, kt * BK,
+                                  (int)(n0 + t * BN + rank * (BN / 2)), full, (unsigned short)3);
 #else
-                tma_load_2d(smem_addr(stage + A_BYTES), &p.tmap_b, kt * BK, (int)(n0 + t * BN), full);
+            tma_load_2d(smem_addr(stage + A_BYTES), &p.tmap_b, kt * BK, (int)(n0 + t * BN), full);
 #endif
-            }
+        }
 }
 #endif // ROLE_IS_LOGITS
 
-#ifndef FLCE_DZ_OPERAND
-#define FLCE_DZ_OPERAND 0
-#endif
-#if FLCE_DZ_OPERAND
-// ---- dZ formed in registers, wgmma's A from registers (dH/dW, chunked strategy, compact logits) --
-// A is the compact logits themselves, fp16 p̃ = exp(z − m)·2^15 (common.cuh), loaded by TMA like
-// any A tile. dZ = p̃·F except at the label: flce_dz_factors (rowops.cu) overwrote each (token,
-// column group) maximum m in tile_max with its factor F and the chunk's target logit with the
-// label's exact dz, so these are the dz pass's bits. Each consumer warp reads its A fragments of a
-// k-tile from the stage with ldmatrix (dW: .trans, its A being p̃ᵀ), turns them into dZ in registers
-// (two conversions, two multiplies and one pack per pair of logits) and hands them to wgmma as its
-// register operand (wgmma_tile_rs, generator/emit.c); B stays in shared memory. This replaces the
-// dz pass (2 + 2 bytes of DRAM traffic per logit, 1.49 ms at 8192×4096×128256) without v22's
-// round trip through the stage (dZ written back, fence.proxy.async, a warpgroup barrier per k-tile:
-// 1.5× slower, bench/NOTES.md). k-tile kt's conversion runs while k-tile kt − 1's wgmmas do, so
-// its registers alternate between two arrays (the loop is unrolled by two).
-// Fragment of warp w of a warpgroup (rows 16w… of its 64), lane 4g + t: register q of k16 step kk
-// holds (row g + 8(q & 1), k 2t + 8(q >> 1) + {0, 1}), the low half first: mma.sync's A layout,
-// the one wgmma takes from registers.
-static_assert(!ROLE_IS_LOGITS && FLCE_DTYPE != DTYPE_F32 && A_KMAJOR == (bool)ROLE_IS_DH && STAGES >= 2,
-              "dZ operand: dH/dW, 16-bit, 2 or more stages");
-__device__ long long dh_dw_tile_m0(const flce_gemm_params &p, long long t); // gemm_entry.cu
-
-// Token t's label as a column of this launch's vocab (dH: its k, dW: its m), or −1: ignored, out of
-// range, or in another chunk or shard (the same test as flce_dz_factors').
-__device__ __forceinline__ int dzop_label(const flce_gemm_params &p, long long t, long long cols)
-{
-    const long long lab = load_label(p.labels, t), ly = lab - p.vocab_offset;
-    return lab != p.ignore_index && lab >= 0 && lab < p.vocab_total && ly >= 0 && ly < cols ? (int)ly : -1;
-}
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr)
-{
-#if ROLE_IS_DH
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-#else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-#endif
-}
-// p̃ pair (lo, hi) · (f_lo, f_hi) rounded to the dtype's pair, as the dz pass rounds it.
-__device__ __forceinline__ unsigned dzop_pair(unsigned v, float f_lo, float f_hi)
-{
-    float lo, hi;
-    asm("{\n.reg .f16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}\n"
-        : "=f"(lo), "=f"(hi)
-        : "r"(v));
-    return pack2_elem(lo * f_lo, hi * f_hi);
-}
-// Register (kk, q)'s half `hi` of a[][] replaced by the dtype's bits of x (the label's dz).
-__device__ __forceinline__ void dzop_patch(unsigned (&a)[4][4], int kk, int q, int hi, float x)
-{
-    const unsigned bits = pack2_elem(x, x);
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            if (i == kk && j == q) a[i][j] = hi ? (a[i][j] & 0xffffu) | (bits & 0xffff0000u) : (a[i][j] & 0xffff0000u) | (bits & 0xffffu);
-}
-
-// The factors as flce_dz_factors left them: for bf16 its packed words (rowops.cu dz_pack_word:
-// G in fp16, R in bf16), formed with SIMD multiplies and shifts; for fp16 fp32 F, through fp32
-// (conversions run at a quarter of the FMA rate on Hopper: 16 pairs per k-tile cost ~1000 cycles
-// that way, as much as the k-tile's wgmmas, bench/NOTES.md v38).
-#if FLCE_DTYPE == DTYPE_BF16
-#define DZOP_PACKED 1
-typedef unsigned dz_factor;
-#else
-#define DZOP_PACKED 0
-typedef float dz_factor;
-#endif
-// p̃ pair (lo, hi) times the factors of lo and hi, in the dtype.
-__device__ __forceinline__ unsigned dzop_pair2(unsigned v, dz_factor f_lo, dz_factor f_hi)
-{
-#if DZOP_PACKED
-    unsigned g, r, x;
-    asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(g) : "r"(f_lo), "r"(f_hi)); // the G halves
-    asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(r) : "r"(f_lo), "r"(f_hi)); // the R halves
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(x) : "r"(v), "r"(g));
-    x = ((x + 0x00040004u) >> 3) & 0x1fff1fffu; // each half: an fp16 ≥ 0 as the bf16 of its value·2^-112
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(x) : "r"(x), "r"(r));
-    return x;
-#else
-    return dzop_pair(v, f_lo, f_hi);
-#endif
-}
-
-#if FLCE_LABEL_BITS == 32
-typedef int dz_label;
-#else
-typedef long long dz_label;
-#endif
-// One consumer thread's view of the tile: what it needs besides the stage to form its fragments.
-// Per k-tile it costs four ldmatrix, 16 pairs converted and the next k-tile's factor loads; the
-// label test is one comparison per row (dH) or a warp vote (dW), its patch a rare branch.
-struct dz_operand {
-    int k0;        // the current k-tile's first k
-    unsigned ld;   // this lane's ldmatrix address inside a stage (kk = 0)
-    int lane;
-#if ROLE_IS_DH
-    const dz_factor *frow[2]; // rows g, g + 8: their factors (tile_max rows; a row past the matrix reads row 0)
-    dz_factor f[2], nf[2];    // … of the current / next k-tile
-    int y[2];             // their labels' columns, or INT_MAX
-    float l[2];           // their labels' dz
-#else
-    const dz_factor *fcol; // the warpgroup's factor group, token 0, in the transposed table
-    long long label_base; // the global id of the warp's fragment row 0
-    int mw;               // its column in this launch
-    dz_factor f[2], nf[2]; // lane l: tokens k0 + 2l, + 1 of the current / next k-tile: factors
-    dz_label nlab[2];     // … the next k-tile's labels (tested a k-tile later: no wait on the loads;
-                          // kept as loaded: widening them here would wait for them)
-    bool hit[2];          // whether the current k-tile's labels are among the warp's 16 columns
-#endif
-};
-// The factors (dW: and labels) of k-tile kt into nf (nlab), not waited for; zeros past the matrix.
-__device__ __forceinline__ void dzop_fetch(dz_operand &o, const flce_gemm_params &p, int kt)
-{
-    const int k0 = kt * BK;
-#if ROLE_IS_DH
-    const int g = k0 >> p.tile_cols_log2;
-#pragma unroll
-    for (int r = 0; r < 2; r++) o.nf[r] = o.frow[r][g];
-#else
-    const long long t = k0 + 2 * o.lane; // even, and the table's rows start 8-byte aligned
-    if (t + 1 < p.k) {
-        const uint2 f = *(const uint2 *)(o.fcol + t);
-#if DZOP_PACKED
-        o.nf[0] = f.x, o.nf[1] = f.y;
-#else
-        o.nf[0] = __uint_as_float(f.x), o.nf[1] = __uint_as_float(f.y);
-#endif
-#if FLCE_LABEL_BITS == 32
-        if ((p.labels & 7) == 0) { // (a caller's labels may start anywhere)
-            const int2 l = *(const int2 *)((const int *)p.labels + t);
-            o.nlab[0] = l.x, o.nlab[1] = l.y;
-        } else
-#endif
-            o.nlab[0] = (dz_label)load_label(p.labels, t),
-            o.nlab[1] = (dz_label)load_label(p.labels, t + 1);
-    } else {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            o.nf[h] = 0, o.nlab[h] = -1;
-            if (t + h < p.k) o.nf[h] = o.fcol[t + h], o.nlab[h] = (dz_label)load_label(p.labels, t + h);
-        }
-    }
-#endif
-}
-// Per tile: the thread's rows (dH: tokens, their labels), the first k-tile's factors in flight.
-__device__ __forceinline__ void dzop_begin(dz_operand &o, const flce_gemm_params &p, long long m0, int wg)
-{
-    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, j = lane >> 3, r8 = lane & 7;
-    o.lane = lane;
-#if ROLE_IS_DH
-    // matrix j of ldmatrix.x4: rows 8(j & 1)…, k 8(j >> 1)…; the lane gives row r8 of it
-    o.ld = wg * (64 * 128) + (16 * warp + 8 * (j & 1) + r8) * 128 + ((unsigned)((j >> 1) ^ r8) << 4);
-    const long long tok = m0 + 64 * wg + 16 * warp + lane / 4;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const long long t = tok + 8 * r;
-        const int y = t < p.m ? dzop_label(p, t, p.k) : -1;
-        o.y[r] = y >= 0 ? y : 0x7fffffff;
-        o.l[r] = y >= 0 ? ((const float *)p.target)[t] : 0.f;
-        o.frow[r] = (const dz_factor *)p.tile_max + (t < p.m ? t : 0) * p.ld_tile_max;
-    }
-#else
-    // .trans: matrix j holds columns (vocab) 8(j & 1)… of k rows (tokens) 8(j >> 1)…; the stage's
-    // 64-column box of this warpgroup, k row r at r·128, 16-byte chunk c at c ^ (r & 7)
-    o.ld = wg * (BK * 128) + (8 * (j >> 1) + r8) * 128 + ((unsigned)((2 * warp + (j & 1)) ^ r8) << 4);
-    const long long col = m0 + 64 * wg;
-    o.mw = (int)(col + 16 * warp);
-    o.label_base = p.vocab_offset + o.mw;
-    o.fcol = (const dz_factor *)p.tile_max_t + (col < p.m ? col >> p.tile_cols_log2 : 0) * p.ld_tile_max_t;
-#endif
-    dzop_fetch(o, p, 0);
-}
-// Makes the fetched k-tile kt current and starts fetching kt + 1.
-__device__ __forceinline__ void dzop_next(dz_operand &o, const flce_gemm_params &p, int kt, int ktiles)
-{
-    o.k0 = kt * BK;
-#pragma unroll
-    for (int h = 0; h < 2; h++) o.f[h] = o.nf[h];
-#if !ROLE_IS_DH
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const long long lab = o.nlab[h];
-        o.hit[h] = (unsigned long long)(lab - o.label_base) < 16 && lab != p.ignore_index && lab < p.vocab_total;
-    }
-#endif
-    if (kt + 1 < ktiles) dzop_fetch(o, p, kt + 1);
-}
-// This lane's p̃ fragments of a k-tile from its stage.
-__device__ __forceinline__ void dzop_load(unsigned (&raw)[4][4], const dz_operand &o, unsigned stage)
-{
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-#if ROLE_IS_DH
-        ldsm_x4(raw[kk], stage + (o.ld ^ ((unsigned)(2 * kk) << 4))); // chunk 2kk + (j >> 1), swizzled by r8
-#else
-        ldsm_x4(raw[kk], stage + o.ld + kk * 2048); // 16 k rows further
-#endif
-}
-// This thread's dZ fragments of the current k-tile from its p̃ fragments.
-__device__ __forceinline__ void dzop_form(unsigned (&a)[4][4], const unsigned (&raw)[4][4], const dz_operand &o,
-                                          const flce_gemm_params &p)
-{
-    const int lane = o.lane, t = lane & 3;
-#if ROLE_IS_DH
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) a[kk][q] = dzop_pair2(raw[kk][q], o.f[q & 1], o.f[q & 1]);
-    // The label's exact dz where a row's label falls in this k-tile: once per row and dH.
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const unsigned d = (unsigned)(o.y[r] - o.k0);
-        if (d < BK && ((d & 7) >> 1) == (unsigned)t) dzop_patch(a, d >> 4, ((d >> 3) & 1) * 2 + r, d & 1, o.l[r]);
-    }
-#else
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-        // tokens 16kk + 2t (+ 1) sit in lane 8kk + t's fetch, 16kk + 2t + 8 (+ 1) in lane 8kk + t + 4's
-        const int src = 8 * kk + t;
-        const dz_factor f0 = __shfl_sync(0xffffffffu, o.f[0], src), f1 = __shfl_sync(0xffffffffu, o.f[1], src);
-        const dz_factor f2 = __shfl_sync(0xffffffffu, o.f[0], src + 4), f3 = __shfl_sync(0xffffffffu, o.f[1], src + 4);
-        a[kk][0] = dzop_pair2(raw[kk][0], f0, f1), a[kk][1] = dzop_pair2(raw[kk][1], f0, f1);
-        a[kk][2] = dzop_pair2(raw[kk][2], f2, f3), a[kk][3] = dzop_pair2(raw[kk][3], f2, f3);
-    }
-    // Tokens whose label is one of the warp's 16 columns: rare (64·16/V per k-tile), warp-uniform.
-    unsigned mask = __ballot_sync(0xffffffffu, o.hit[0] || o.hit[1]);
-    while (mask) {
-        const int src = __ffs(mask) - 1;
-        mask &= mask - 1;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            if (!__shfl_sync(0xffffffffu, (int)o.hit[h], src)) continue; // (uniform)
-            const int tok = 2 * src + h, kin = tok & 15;
-            const int rr = (int)(load_label(p.labels, o.k0 + tok) - o.label_base);
-            const float dz = ((const float *)p.target)[o.k0 + tok];
-            if (lane == (rr & 7) * 4 + ((kin & 7) >> 1)) dzop_patch(a, tok >> 4, (kin >> 3) * 2 + (rr >> 3), kin & 1, dz);
-        }
-    }
-#endif
-}
-// One k-tile: wait for its stage, form A in `a`, issue its wgmmas; then the previous k-tile's are
-// done and its stage goes back to the producer.
-__device__ __forceinline__ void dzop_step(float (&acc)[MI][NI][4], unsigned (&a)[4][4], dz_operand &o,
-                                          unsigned char *smem, const flce_gemm_params &p, int &it, int kt, int ktiles,
-                                          bool signals)
-{
-    const int s = it % STAGES;
-    mbar_wait(full_bar(smem, s), (it / STAGES) & 1);
-    dzop_next(o, p, kt, ktiles);
-    unsigned char *stage = smem + s * STAGE_BYTES;
-    unsigned raw[4][4];
-    dzop_load(raw, o, smem_addr(stage));
-    dzop_form(a, raw, o, p);
-    const unsigned b_base = smem_addr(stage + A_BYTES);
-    constexpr unsigned B_LBO = B_KMAJOR ? 16 : BK * 128;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++)
-        wgmma_tile_rs(acc[0], a[kk], smem_desc(b_base + (B_KMAJOR ? kk * 32 : kk * 2048), B_LBO, 1024));
-    wgmma_commit();
-    wgmma_wait<1>();
-    if (kt > 0 && signals) mbar_arrive(empty_bar(smem, (it - 1) % STAGES));
-    it++;
-}
-// The registers of `a` are read by wgmmas in flight until the wait that retires them: this keeps
-// the compiler from giving them to anything else before that point (it sees them used here).
-__device__ __forceinline__ void dzop_hold(unsigned (&a)[4][4])
-{
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) asm volatile("" : "+r"(a[kk][q])::"memory");
-}
-#endif // FLCE_DZ_OPERAND
 
 #if FLCE_TCGEN05
 // (tcgen05: warp 1 issues the MMAs, the consumers' mainloop reads tensor memory, gemm_tcgen05.cu)
@@ -638,11 +325,9 @@ __device__ __forceinline__ void dzop_hold(unsigned (&a)[4][4])
 // Consumer warpgroup wg: acc = this warpgroup's 64 rows of the next output tile. `it` carries the
 // pipeline position from tile to tile. With `slot` (dynamic tile order), *tile = the number the
 // producer put there with the first k-tile; false (nothing computed) when it says no tile is left.
-// m0: the tile's first row (static order; FLCE_DZ_OPERAND needs it). kn ≥ 0: the tile's k-tiles
-// cover kn columns (a split of k, as produce's), else all of k.
+// kn ≥ 0: the tile's k-tiles cover kn columns (a split of k, as produce's), else all of k.
 __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flce_gemm_params &p, int &it, int wg,
-                         const long long *slot = nullptr, long long *tile = nullptr, long long m0 = 0,
-                         long long kn = -1)
+                         const long long *slot = nullptr, long long *tile = nullptr, long long kn = -1)
 {
     if (slot) { // before any wgmma of this tile (the loop's first wait then passes at once)
         mbar_wait(full_bar(smem, it % STAGES), (it / STAGES) & 1);
@@ -659,28 +344,6 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
         for (int e = 0; e < 4; e++) acc[0][j][e] = 0.f;
     fence_acc(acc);
     const bool signals = threadIdx.x % 128 == 0; // one arrival per warpgroup
-#if FLCE_DZ_OPERAND
-#if FLCE_CLUSTER
-#error "dZ operand: one CTA per tile (generator/spec.c)"
-#endif
-    dz_operand op;
-    dzop_begin(op, p, slot ? dh_dw_tile_m0(p, *tile) : m0, wg);
-    // k-tiles alternate between two register arrays: one is read by the wgmmas in flight while the
-    // other is formed (wgmma reads its A registers until the wait that retires it; PTX ISA)
-    unsigned a0[4][4], a1[4][4];
-    int kt = 0;
-    for (; kt + 1 < ktiles; kt += 2) {
-        dzop_step(acc, a0, op, smem, p, it, kt, ktiles, signals);
-        dzop_hold(a1);
-        dzop_step(acc, a1, op, smem, p, it, kt + 1, ktiles, signals);
-        dzop_hold(a0);
-    }
-    if (kt < ktiles) {
-        dzop_step(acc, a0, op, smem, p, it, kt, ktiles, signals);
-        dzop_hold(a1);
-    }
-#else
-    (void)m0;
     for (int kt = 0; kt < ktiles; kt++, it++) {
         const int s = it % STAGES;
         mbar_wait(full_bar(smem, s), (it / STAGES) & 1);
@@ -693,10 +356,6 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
         if (kt > 0 && signals) mbar_arrive(empty_bar(smem, (it - 1) % STAGES));
 #endif
     }
-#endif
-#if FLCE_PINGPONG
-    pp_pass_turn(wg); // every full wait of this tile is behind us; our last wgmmas run on
-#endif
     wgmma_wait<0>();
     fence_acc(acc);
 #if FLCE_CLUSTER

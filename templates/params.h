@@ -63,13 +63,8 @@ struct flce_gemm_params {
                                      fastest over all rows */
     int scale_mode;               /* dH/dW: multiply acc by g = 1 (0), grad (1, sum) or grad/count (2,
                                      mean); + 4: and by 1/DZ_SCALE_F16 (fp16 dZ, common.cuh) */
-    int prefetch_addend;          /* dH/dW, TMA: the producer prefetches each tile's addend into L2 */
     int red_addend;               /* dH/dW with addend == out (fp32): out += scale·acc by fire-and-
                                      forget reductions (red.global.add) instead of load, add, store */
-    int tile_cols_log2;           /* dH/dW with FLCE_DZ_OPERAND: log2 of the compact logits' column
-                                     group; tile_max then holds each (row, group)'s dz factor, target
-                                     the label's dz, labels/vocab_offset/ignore_index/vocab_total
-                                     as for logits (gemm_wgmma_tma.cu) */
     int k_splits;                 /* dH on the wgmma TMA path, static walk (runtime plan dh_splits): > 1
                                      walks k_splits × the output tiles: unit u is tile u % tiles over
                                      k columns [s·k_split, min(k, (s + 1)·k_split)), s = u / tiles,
@@ -87,17 +82,6 @@ struct flce_gemm_params {
      * second, late launch (block0 = counter_base = the first's grid) joins the same counter once
      * the dH all-reduce has freed the SMs it held (launch.c run_dw_beside_reduction). */
     long long counter_base, block0;
-    /* dH with FLCE_DZ_CONVERT (templates/gemm_dz_convert.cu): its A is the compact logits, which
-     * the producer warpgroup's idle warps turn into dZ in place (the factors of tile_max, target,
-     * labels, vocab_offset/ignore_index/vocab_total and tile_cols_log2 as for FLCE_DZ_OPERAND);
-     * dz_flags: the zeroed part counter and per-(row block, segment) flags; dz_band: row blocks
-     * per band of the conversion order. */
-    unsigned long long dz_flags;
-    long long dz_band;
-    /* dW with FLCE_DZ_OPERAND: flce_dz_factors' factors transposed, [group][token], row stride
-     * ld_tile_max_t (so a k-tile's 64 tokens are contiguous) */
-    unsigned long long tile_max_t;
-    long long ld_tile_max_t;
     /* Logits with FLCE_QROWS (the compact pass stores bf16 exp(z − ref)): qref the fp32 reference c
      * of each row (flce_qref), qflags an int per row set to 1 where a tile's maximum lies more than
      * QROWS_SPAN above c (that tile's ref is its maximum; tile_max holds every (row, tile)'s ref).
@@ -166,8 +150,6 @@ struct flce_row_params {
     long long vocab_offset, vocab_total, ignore_index;
     int splits;
     int first, last;                /* dbias: first and last pass of the accumulation */
-    int dz_pack;                    /* flce_dz_factors: each factor F as the bf16 dZ operand's packed word
-                                       (rowops.cu dz_pack_word) instead of fp32 */
     /* tensor parallelism (DESIGN §2) */
     unsigned long long tp_send;     /* this rank's block of the all-gather */
     unsigned long long tp_recv;     /* every rank's block, in rank order (0 without TP) */
@@ -190,10 +172,6 @@ struct flce_row_params {
     /* flce_cast in place (flce_scale_gradients): cast_dst *= the fp32 scalar at cast_scale, in the
      * dtype; the kernel reads it first and does nothing when it is exactly 1. 0: a plain cast. */
     unsigned long long cast_scale;
-    /* flce_dz_factors under the dZ operand: the factors also transposed, [group][row], row stride
-     * tile_max_t_ld (gemm_wgmma_tma.cu, dW); 0: not written */
-    unsigned long long tile_max_t;
-    long long tile_max_t_ld;
     /* The chunked strategy's row-scaled compact logits (FLCE_QROWS, templates/gemm_logits.cu):
      * flce_qref reads the chunk's hidden rows and sampled weight rows (d per row) and writes qref and
      * zeroes qflags (both chunk rows); flce_qscale rescales flagged rows to the reference lse,

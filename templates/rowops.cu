@@ -433,58 +433,6 @@ __device__ __forceinline__ void dz_compact_c(const flce_row_params &p, long long
 }
 #endif
 
-// The dZ operand's factors (gemm_wgmma_tma.cu, FLCE_DZ_OPERAND), one CTA per chunk row, once lse
-// is known: each (row, column group) maximum m in tile_max becomes the factor F with dz = p̃ · F,
-// the dz of p = exp(m − lse)·2^-15 (dz_compact's common group, so dH and dW read the dz pass's
-// bits), 0 for an ignored row; the row's target logit becomes its label's exact dz. Options that
-// make dz non-linear in p̃ (smoothing, softcap) keep the dz pass (runtime/plan.c).
-// The bf16 dZ operand's form of a factor F (p.dz_pack; gemm_wgmma_tma.cu dzop_form): with
-// |F| = m·2^e, m in [0.5, 1), the low half is G = m in fp16 (full precision, and p̃·G < 2^15: no
-// overflow), the high half R = ±2^(112 + e) in bf16 (F's sign). dz = p̃·F is then formed with two
-// SIMD multiplies and three integer operations per pair: v = p̃·G (fp16); v's bits shifted right by
-// 3 (rounded) are a bf16 with v's exponent field, i.e. v·2^-112; times R (exact: a power of two).
-// F = 0 gives 0; a non-finite F goes into R, so a NaN row stays NaN.
-__device__ __forceinline__ unsigned dz_pack_word(float f)
-{
-    if (f == 0.f) return 0u;
-    unsigned short g, r;
-    if (!(fabsf(f) <= 3.0e38f)) { // NaN or ±inf: R carries it, G = 1
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
-        return 0x3c00u | ((unsigned)r << 16);
-    }
-    int e;
-    const float m = frexpf(fabsf(f), &e); // |f| = m·2^e, m in [0.5, 1): G = m, R = ±2^(112 + e)
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(g) : "f"(m));
-    const int rb = 112 + e + 127; // R's bf16 exponent field; F ≤ a·2^-15 keeps it in range
-    r = (unsigned short)((rb > 254 ? 0x7f80 : rb < 1 ? 0 : rb << 7) | (f < 0.f ? 0x8000 : 0));
-    return g | ((unsigned)r << 16);
-}
-
-extern "C" __global__ void __launch_bounds__(256) flce_dz_factors(const flce_row_params p)
-{
-    const long long i = blockIdx.x;
-    const long long y = load_label(p.labels, p.row0 + i);
-    const bool valid = label_valid(y, p);
-    const float g = token_scale(p, p.row0 + i, valid);
-    const float lse = ((const float *)p.lse)[p.row0 + i];
-    const float wy = valid ? class_weight(p, y) : 0.f;
-    const float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
-    float *f = (float *)p.tile_max + i * p.tile_max_ld;
-    for (long long t = threadIdx.x; t < p.tile_max_ld; t += blockDim.x) {
-        const float x =
-            valid ? dz_value_p(expf(f[t] - lse) * (1.f / COMPACT_SCALE), 0.f, a, false, wy, 1.f, g, p.vocab_total) : 0.f;
-        const unsigned w = p.dz_pack ? dz_pack_word(x) : __float_as_uint(x);
-        ((unsigned *)f)[t] = w;
-        if (p.tile_max_t) ((unsigned *)p.tile_max_t)[t * p.tile_max_t_ld + i] = w;
-    }
-    const long long local_y = y - p.chunk_offset;
-    if (threadIdx.x == 0 && valid && local_y >= 0 && local_y < p.cols) {
-        float *target = (float *)p.target + i;
-        const float z = *target;
-        *target = dz_value_p(expf(z - lse), z, a, true, wy, class_weight(p, y), g, p.vocab_total);
-    }
-}
-
 // The low and high bf16 of a packed pair, as floats (exact).
 __device__ __forceinline__ float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }

@@ -144,7 +144,6 @@ strat-unfused-dz-tma      | FLCE_FUSED_DZ=0            | $BENCH --shapes 256x256
 strat-unfused-dz-mma-sync | $MMA FLCE_FUSED_DZ=0       | $BENCH --shapes 256x256x4096 --strategies recompute,recompute-1MiB
 strat-cluster2            | FLCE_CLUSTER=2             | $BENCH --shapes 256x256x4096 --strategies chunked,$ACC
 strat-red-acc             | FLCE_RED_ACC=1             | $BENCH --shapes 256x256x4096 --strategies $ACC
-strat-acc-prefetch        | FLCE_ACC_PREFETCH=1        | $BENCH --shapes 256x256x4096 --strategies $ACC
 strat-raster0             | FLCE_RASTER=0              | $BENCH --shapes 256x256x4096 --strategies $ACC
 n1-wgmma-tma              | -                          | $BENCH --shapes 1x256x4096 --strategies $F32
 n1-wgmma-cpasync          | $CP                        | $BENCH --shapes 1x256x4096 --strategies $F32

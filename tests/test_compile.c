@@ -175,21 +175,16 @@ static void every_dispatchable_spec_compiles_for_sm_90a(void)
     n_specs = failures = 0;
     add_arch(90);
     /* the bf16 logits passes (compact, statistics only, logits+dZ; every option and none) in 2-CTA
-     * clusters (the default from 4 row blocks), in ping-pong (opt-in) and both */
+     * clusters (the default from 4 row blocks) */
     const int base = n_specs;
-    for (int i = 0; i < base && n_specs + 3 <= MAX_SPECS; i++) {
+    for (int i = 0; i < base && n_specs + 1 <= MAX_SPECS; i++) {
         kernel_spec c = specs[i];
-        if (c.role != ROLE_LOGITS || !c.tile.tma || c.dtype != FLCE_DTYPE_BF16 || c.label_bits != 32 || c.cluster ||
-            c.pingpong)
+        if (c.role != ROLE_LOGITS || !c.tile.tma || c.dtype != FLCE_DTYPE_BF16 || c.label_bits != 32 || c.cluster)
             continue;
         c.cluster = 2;
         specs[n_specs++] = c;
-        c.cluster = 0, c.pingpong = 1, c.tile.stages = 5;
-        specs[n_specs++] = c;
-        c.cluster = 2;
-        specs[n_specs++] = c;
     }
-    printf("     (%d specs, %d of them logits in clusters or ping-pong)\n", n_specs, n_specs - base);
+    printf("     (%d specs, %d of them logits in clusters)\n", n_specs, n_specs - base);
     compile_all();
     CHECKF(failures == 0, "%d of %d specs failed", failures, n_specs);
 }

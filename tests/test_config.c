@@ -79,10 +79,10 @@ static void integers_outside_their_range_are_the_default(void)
 }
 
 static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM100", "FLCE_COMPACT",
-                                    "FLCE_FUSED_DZ", "FLCE_ACC_PREFETCH", "FLCE_RED_ACC", "FLCE_CLUSTER",
+                                    "FLCE_FUSED_DZ", "FLCE_RED_ACC", "FLCE_CLUSTER",
                                     "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_TIERED", "FLCE_UNLOCKED_COMPILE", "FLCE_FULL_TILES", "FLCE_DH_K_SLICE", "FLCE_NVRTC_FAST",
                                     "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_TP_OVERLAP_SMS", "FLCE_GRAD_STREAMS",
-                                    "FLCE_DZ_OPERAND", "FLCE_DZ_CONVERT", "FLCE_QROWS", "FLCE_PINGPONG",
+                                    "FLCE_QROWS",
                                     "FLCE_LOGITS_CLUSTER", "FLCE_TP_DH_GATHER16"};
 
 static void clear_knobs(void)
@@ -99,30 +99,30 @@ static void an_empty_environment_gives_the_defaults(void)
     config_from_env(&e);
     CHECK(!memcmp(&d, &e, sizeof d));
     CHECK(!d.portable && d.tiles.tma && !d.tiles.enable_sm100 && d.compact && d.fused_dz);
-    CHECK(!d.acc_prefetch && d.red_acc && d.cluster == -1 && d.raster_rows == PLAN_RASTER_ROWS);
+    CHECK(d.red_acc && d.cluster == -1 && d.raster_rows == PLAN_RASTER_ROWS);
     CHECK(!d.tune && d.prefetch && d.tiered && !d.unlocked_compile && d.full_tiles && d.dh_k_slice == PLAN_DH_K_SLICE && d.nvrtc_fast == CONFIG_NVRTC_FAST_OFF && !d.tp_dh_16bit && d.tp_overlap);
-    CHECK(d.grad_streams && !d.dz_operand && !d.dz_convert && d.tp_overlap_sms == 32 && d.qrows == -1);
-    CHECK(!d.pingpong && d.logits_cluster == -1 && d.tp_dh_gather16);
+    CHECK(d.grad_streams && d.tp_overlap_sms == 32 && d.qrows == -1);
+    CHECK(d.logits_cluster == -1 && d.tp_dh_gather16);
 }
 
 static void every_knob_reads_its_variable(void)
 {
     clear_knobs();
     setenv("FLCE_PORTABLE", "yes", 1), setenv("FLCE_TMA", "off", 1), setenv("FLCE_ENABLE_SM100", "true", 1);
-    setenv("FLCE_COMPACT", "0", 1), setenv("FLCE_FUSED_DZ", "no", 1), setenv("FLCE_ACC_PREFETCH", "1", 1);
+    setenv("FLCE_COMPACT", "0", 1), setenv("FLCE_FUSED_DZ", "no", 1);
     setenv("FLCE_RED_ACC", "off", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
     setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_TIERED", "no", 1), setenv("FLCE_UNLOCKED_COMPILE", "yes", 1), setenv("FLCE_FULL_TILES", "off", 1), setenv("FLCE_DH_K_SLICE", "1000", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
     setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "off", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
-    setenv("FLCE_DZ_OPERAND", "1", 1), setenv("FLCE_TP_OVERLAP_SMS", "16", 1), setenv("FLCE_DZ_CONVERT", "on", 1);
-    setenv("FLCE_QROWS", "0", 1), setenv("FLCE_PINGPONG", "on", 1), setenv("FLCE_LOGITS_CLUSTER", "0", 1);
+    setenv("FLCE_TP_OVERLAP_SMS", "16", 1);
+    setenv("FLCE_QROWS", "0", 1), setenv("FLCE_LOGITS_CLUSTER", "0", 1);
     setenv("FLCE_TP_DH_GATHER16", "off", 1);
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
-    CHECK(c.acc_prefetch && !c.red_acc && c.cluster == 2 && c.raster_rows == 16 && !c.tiered && !c.full_tiles && c.dh_k_slice == 768 && c.unlocked_compile);
+    CHECK(!c.red_acc && c.cluster == 2 && c.raster_rows == 16 && !c.tiered && !c.full_tiles && c.dh_k_slice == 768 && c.unlocked_compile);
     CHECK(c.tune && !c.prefetch && c.nvrtc_fast == CONFIG_NVRTC_FAST_MAX && c.tp_dh_16bit && !c.tp_overlap);
-    CHECK(!c.grad_streams && c.dz_operand && c.dz_convert && c.tp_overlap_sms == 16 && c.qrows == 0);
-    CHECK(c.pingpong && c.logits_cluster == 0 && !c.tp_dh_gather16);
+    CHECK(!c.grad_streams && c.tp_overlap_sms == 16 && c.qrows == 0);
+    CHECK(c.logits_cluster == 0 && !c.tp_dh_gather16);
     clear_knobs();
 }
 
@@ -240,53 +240,13 @@ static void each_setting_reaches_the_plan(void)
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 100, 148, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.logits.tile.tcgen05 && pl.dh.tile.tcgen05);
     config_defaults(&cfg);
-    cfg.cluster = 2, cfg.red_acc = 1, cfg.acc_prefetch = 1, cfg.raster_rows = 0, cfg.logits_cluster = 0;
+    cfg.cluster = 2, cfg.red_acc = 1, cfg.raster_rows = 0, cfg.logits_cluster = 0;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.cluster == 2 && pl.dh.cluster == 2 && pl.dw.cluster == 2 && pl.logits.cluster == 0);
-    CHECK(pl.red_acc && pl.acc_prefetch && pl.raster_rows == 0);
+    CHECK(pl.red_acc && pl.raster_rows == 0);
     /* clusters only on the wgmma TMA path */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 80, 108, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.cluster == 2 && pl.dh.cluster == 0 && pl.dw.cluster == 0);
-}
-
-/* With FLCE_DZ_OPERAND=1, dH/dW form dZ from the compact logits (plan.h dz_operand) where dz is
- * linear in p̃ and both run on the wgmma TMA path; otherwise, and by default, the dz pass stays. */
-static void the_dz_operand_replaces_the_dz_pass_only_where_it_can(void)
-{
-    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
-    flce_config cfg;
-    plan pl;
-    config_defaults(&cfg);
-    p.strategy = FLCE_STRATEGY_CHUNKED;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand); /* off by default */
-    CHECK(pl.off_tile_max_t == 0); /* the transposed factors only for the dZ operand */
-    cfg.dz_operand = 1;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && pl.dz_operand && pl.dh.dz_operand && pl.dw.dz_operand && !pl.logits.dz_operand);
-    /* dW reads each k-tile's 64 factors from [group][token] rows of whole k-tiles */
-    CHECK(pl.off_tile_max_t != 0 && pl.tile_max_t_ld >= pl.chunk_rows && pl.tile_max_t_ld % 64 == 0);
-    cfg.cluster = 2; /* one CTA per tile (the register operand's main loop has no cluster path) */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand && pl.off_tile_max_t == 0);
-    cfg.cluster = 0;
-    CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(!pl.dz_operand && !pl.dh.dz_operand);
-    p.label_smoothing = 0.1f;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_operand && !pl.dw.dz_operand);
-    p.label_smoothing = 0, p.softcap = 30;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_operand);
-    p.softcap = 0, p.has_bias = 1;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(!pl.dz_operand);
-    p.has_bias = 0;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 80, 108, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand); /* mma.sync */
-    cfg.dz_operand = 0;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_operand && !pl.dh.dz_operand);
 }
 
 /* Row-scaled compact logits (plan.h qrows, on by default) where dz is one factor per row times them
@@ -348,63 +308,6 @@ static void row_scaled_logits_only_where_dz_is_a_row_factor(void)
     CHECK(pl.collective && pl.qrows && pl.logits.qrows && pl.off_qh != 0);
     CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(!pl.qrows && !pl.logits.qrows);
-    cfg.dz_operand = 1; /* the opt-in forms of dZ from fp16 p̃ keep it */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(!pl.qrows && pl.dz_operand);
-}
-
-/* With FLCE_DZ_CONVERT=1 the chunked dH forms dZ itself (plan.h dz_convert) where it is dZ's only
- * reader while it runs and dz is linear in p̃: one dH launch per chunk on the wgmma TMA path, no TP;
- * its flags fit the workspace. Otherwise, and by default, the dz pass stays. */
-static void the_dz_convert_replaces_the_dz_pass_only_where_it_can(void)
-{
-    flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
-    flce_config cfg;
-    plan pl;
-    config_defaults(&cfg);
-    p.strategy = FLCE_STRATEGY_CHUNKED;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_convert && !pl.dh.dz_convert && pl.off_dz_flags == 0); /* off by default */
-    cfg.dz_convert = 1;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && pl.dz_convert && pl.dh.dz_convert && !pl.dw.dz_convert && !pl.logits.dz_convert);
-    CHECK(spec_validate(&pl.dh) == FLCE_OK && !pl.concurrent_grads && !pl.dh_k_slice);
-    uint64_t blocks = (uint64_t)((pl.chunk_rows + pl.dh.tile.bm - 1) / pl.dh.tile.bm);
-    CHECK(pl.dz_flags_bytes == 4 * (2 + blocks * (uint64_t)((pl.ldz + 511) / 512)));
-    CHECK(pl.off_dz_flags > 0 && pl.off_dz_flags + pl.dz_flags_bytes <= pl.workspace_bytes);
-    p.has_bias = 1, p.z_loss = 1e-4f; /* db reads dZ after dH; z-loss keeps dz linear in p̃ */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.dz_convert);
-    p.has_bias = 0, p.z_loss = 0;
-    CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(!pl.dz_convert && !pl.dh.dz_convert);
-    p.label_smoothing = 0.1f;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_convert);
-    p.label_smoothing = 0, p.softcap = 30;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_convert);
-    p.softcap = 0;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 80, 108, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_convert && !pl.dh.dz_convert); /* mma.sync */
-    flce_problem tp = tp2_problem(8192, 4096, 128256);
-    tp.strategy = FLCE_STRATEGY_CHUNKED;
-    CHECK(plan_build(&tp, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_convert);
-    /* dW beside dH on the fill stream (dH leaves over 10 % of the SMs idle at D = 2304) */
-    flce_problem q = problem(8192, 2304, 256000, FLCE_DTYPE_BF16);
-    q.strategy = FLCE_STRATEGY_CHUNKED;
-    CHECK(plan_build(&q, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.concurrent_grads == !pl.dz_convert);
-    cfg.dz_operand = 1; /* the two do not go together: dz_operand wins */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.dz_operand && !pl.dz_convert && !pl.dh.dz_convert);
-    cfg.dz_operand = 0, cfg.dz_convert = 0;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.compact && !pl.dz_convert && !pl.dh.dz_convert && pl.off_dz_flags == 0);
-    kernel_spec bad = pl.dw;
-    bad.dz_convert = 1; /* a dW with it is not a valid spec */
-    CHECK(spec_validate(&bad) == FLCE_ERR_INVALID_ARGUMENT);
 }
 
 /* A tune entry's tiles are an input like the others: they replace the built-in tiles, and the
@@ -652,8 +555,7 @@ static void dw_clusters_where_its_token_chunk_is_short(void)
 /* FLCE_LOGITS_CLUSTER unset: the logits pass (and recompute's logits+dZ pass, its copy) in 2-CTA
  * clusters where its launch has at least PLAN_LOGITS_CLUSTER_MIN_BLOCKS row blocks (all tokens
  * for the forward and recompute, one token chunk for chunked); 1 always, 0 never; only on the wgmma
- * TMA path. FLCE_PINGPONG: the ping-pong logits spec with 64 rows of A per stage and 5 stages, the
- * most that fit beside the compact store's staging; kernel sources name both. */
+ * TMA path; the kernel source names the cluster size and holds no `#if FLCE_CLUSTER`. */
 static void logits_clusters_where_the_launch_has_row_blocks_to_pair(void)
 {
     flce_config cfg;
@@ -661,11 +563,11 @@ static void logits_clusters_where_the_launch_has_row_blocks_to_pair(void)
     plan pl;
     flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.logits.cluster == 2 && !pl.logits.pingpong && pl.logits.tile.stages == 4);
+    CHECK(pl.logits.cluster == 2 && pl.logits.tile.stages == 4);
     CHECK(spec_validate(&pl.logits) == FLCE_OK);
     char *src = NULL;
     CHECK(emit_source(&pl.logits, &src) == FLCE_OK && src && strstr(src, "#define FLCE_CLUSTER 2") &&
-          !strstr(src, "FLCE_PINGPONG") && !strstr(src, "#if FLCE_CLUSTER") && strstr(src, "produce_logits"));
+          !strstr(src, "#if FLCE_CLUSTER") && strstr(src, "produce_logits"));
     free(src);
     CHECK(plan_build(&p, FLCE_OP_FORWARD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.logits.cluster == 2);
@@ -690,18 +592,9 @@ static void logits_clusters_where_the_launch_has_row_blocks_to_pair(void)
     config_defaults(&cfg);
     cfg.tiles.tma = 0; /* the cp.async wgmma tile: no clusters */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.logits.cluster == 0 && !pl.logits.pingpong);
+    CHECK(pl.logits.cluster == 0);
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 80, 108, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.logits.cluster == 0);
-    config_defaults(&cfg);
-    cfg.pingpong = 1;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.logits.pingpong && pl.logits.tile.stages == 5 && !pl.dh.pingpong && !pl.dw.pingpong);
-    CHECK(spec_smem_bytes(&pl.logits) <= spec_smem_limit(90));
-    src = NULL;
-    CHECK(emit_source(&pl.logits, &src) == FLCE_OK && src && strstr(src, "#define FLCE_PINGPONG 1") &&
-          !strstr(src, "#if FLCE_PINGPONG") && strstr(src, "pp_wait_turn"));
-    free(src);
 }
 
 /* The statistics pass may run persistent CTAs (plan.h logits_persist) on the wgmma TMA path,
@@ -732,10 +625,6 @@ static void logits_persist_where_the_kernel_has_the_loop(void)
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
     CHECK(!pl.logits_persist);
     t.argmax = NULL;
-    cfg.pingpong = 1;
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, &t, &pl) == FLCE_OK);
-    CHECK(pl.logits.pingpong && !pl.logits_persist);
-    cfg.pingpong = 0;
     CHECK(plan_build(&p, FLCE_OP_FORWARD, 80, 108, &cfg, NULL, &t, &pl) == FLCE_OK); /* sm_80: mma.sync */
     CHECK(!pl.logits_persist);
 }
@@ -879,8 +768,6 @@ int main(void)
     RUN(the_process_settings_change_only_on_reload);
     RUN(planning_is_a_pure_function_of_its_inputs);
     RUN(each_setting_reaches_the_plan);
-    RUN(the_dz_operand_replaces_the_dz_pass_only_where_it_can);
-    RUN(the_dz_convert_replaces_the_dz_pass_only_where_it_can);
     RUN(row_scaled_logits_only_where_dz_is_a_row_factor);
     RUN(gradient_kernels_hold_only_the_stores_they_make);
     RUN(tune_tiles_are_an_input);

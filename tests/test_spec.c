@@ -110,33 +110,23 @@ static void bulk_reductions_need_the_tma_tile_and_room_for_their_buffers(void)
     CHECK(!spec_bulk_red(&s));
 }
 
-/* Ping-pong: the logits role on the wgmma TMA tile only, a stage of 64 rows of A; clusters of 2 on
- * the wgmma TMA tile for every GEMM role (logits: W's tile shared by two row blocks). */
-static void pingpong_and_clusters_need_the_tma_tile(void)
+/* Clusters of 2 on the wgmma TMA tile for every GEMM role (logits: W's tile shared by two row
+ * blocks). */
+static void clusters_need_the_tma_tile(void)
 {
     kernel_spec s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16);
     s.tile = spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_LOGITS);
-    size_t coop = spec_smem_bytes(&s);
-    s.pingpong = 1;
-    CHECK(spec_validate(&s) == FLCE_OK);
-    CHECK(spec_smem_bytes(&s) == coop - (size_t)s.tile.stages * (size_t)(s.tile.bm - 64) * (size_t)s.tile.bk * 2);
     s.cluster = 2;
-    CHECK(spec_validate(&s) == FLCE_OK);
-    s.pingpong = 0;
     CHECK(spec_validate(&s) == FLCE_OK);
     s.cluster = 4;
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("cluster=4"));
-    s.cluster = 0, s.pingpong = 2;
-    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("pingpong=2"));
     s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16); /* the portable tile */
-    s.pingpong = 1;
-    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("pingpong=1"));
-    s.pingpong = 0, s.cluster = 2;
+    s.cluster = 2;
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("cluster=2"));
     s = good_gemm(ROLE_DH, FLCE_DTYPE_BF16);
     s.tile = spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_DH);
-    s.pingpong = 1;
-    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("pingpong=1"));
+    s.cluster = 2;
+    CHECK(spec_validate(&s) == FLCE_OK);
 }
 
 /* The tcgen05 tile: only on sm_100 16-bit with FLCE_ENABLE_SM100=1 (spec_knobs enable_sm100);
@@ -383,19 +373,17 @@ static void gradient_tile_order_comes_from_the_plan(void)
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && pl.raster_rows == 0);
 }
 
-/* The accumulator knobs: L2 reductions on (FLCE_RED_ACC, measured faster where fp32 accumulators
- * are updated: NOTES session 7), the L2 prefetch off (measured slower, NOTES v12). */
-static void accumulator_knobs_default_to_reductions_without_prefetch(void)
+/* The accumulator knob: L2 reductions on (FLCE_RED_ACC, measured faster where fp32 accumulators
+ * are updated: NOTES session 7). */
+static void fp32_accumulators_default_to_reductions(void)
 {
     flce_problem p = problem(8192, 4096, 128256, FLCE_DTYPE_BF16);
     plan pl;
-    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && !pl.acc_prefetch && pl.red_acc);
+    CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.red_acc);
     flce_config cfg;
     config_defaults(&cfg);
     cfg.red_acc = 0; /* FLCE_RED_ACC=0 */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && !pl.red_acc && !pl.acc_prefetch);
-    cfg.acc_prefetch = 1; /* FLCE_ACC_PREFETCH=1 */
-    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && !pl.red_acc && pl.acc_prefetch);
+    CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && !pl.red_acc);
 }
 
 /* A dH over a vocab range longer than PLAN_DH_K_SLICE (a chunked call's shard, recompute's vocab
@@ -611,7 +599,7 @@ int main(void)
     RUN(default_specs_validate_for_every_arch_and_dtype);
     RUN(recompute_writes_dz_in_the_logits_pass);
     RUN(auto_takes_the_cheaper_estimate);
-    RUN(accumulator_knobs_default_to_reductions_without_prefetch);
+    RUN(fp32_accumulators_default_to_reductions);
     RUN(long_vocab_shards_slice_dh);
     RUN(gradient_tile_order_comes_from_the_plan);
     RUN(shared_memory_over_the_arch_limit_names_the_tile);
@@ -621,7 +609,7 @@ int main(void)
     RUN(tcgen05_tiles_are_opt_in_blackwell_16_bit_only);
     RUN(tma_tiles_are_the_hopper_default_and_need_wgmma);
     RUN(bulk_reductions_need_the_tma_tile_and_room_for_their_buffers);
-    RUN(pingpong_and_clusters_need_the_tma_tile);
+    RUN(clusters_need_the_tma_tile);
     RUN(arch_names_parse_and_print);
     RUN(chunks_fit_the_memory_budget);
     RUN(vocab_splits_fill_whole_waves);

@@ -358,9 +358,8 @@ static int bench_list(const bench_opts *o)
              * plan_dh_splits, plan_dw_cluster, plan_dh_width) */
             char runs[192];
             int at = snprintf(runs, sizeof runs, "%s", kind);
-            if (pl.logits.cluster > 1 || pl.logits.pingpong)
-                at += snprintf(runs + at, sizeof runs - (size_t)at, "; logits%s%s", pl.logits.pingpong ? " in ping-pong" : "",
-                               pl.logits.cluster > 1 ? " in 2-CTA clusters" : "");
+            if (pl.logits.cluster > 1)
+                at += snprintf(runs + at, sizeof runs - (size_t)at, "; logits in 2-CTA clusters");
             if (op != FLCE_OP_FORWARD && pl.dh_splits > 1)
                 at += snprintf(runs + at, sizeof runs - (size_t)at, "; dH split in %d over the vocab", pl.dh_splits);
             else if (op != FLCE_OP_FORWARD && pl.dh.tile.wgmma && pl.dh.tile.bn < 256)
