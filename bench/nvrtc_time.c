@@ -216,9 +216,11 @@ int main(int argc, char **argv)
     static const char *const syms[] = {"nvrtcGetErrorString", "nvrtcVersion", "nvrtcCreateProgram",
                                        "nvrtcCompileProgram", "nvrtcGetCUBINSize", "nvrtcGetCUBIN",
                                        "nvrtcGetProgramLogSize", "nvrtcGetProgramLog", "nvrtcDestroyProgram"};
-    char why[1024];
+    static const char *const wheels[] = {"nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+                                         NULL};
+    char why[3072];
     double t_load = now_ms();
-    if (!dyn_load_table(libs, getenv("FLCE_NVRTC_LIBRARY"), syms, (int)(sizeof syms / sizeof syms[0]), &nv, why,
+    if (!dyn_load_table(libs, wheels, getenv("FLCE_NVRTC_LIBRARY"), syms, (int)(sizeof syms / sizeof syms[0]), &nv, why,
                         sizeof why)) {
         fprintf(stderr, "nvrtc_time: %s\n", why);
         return 1;

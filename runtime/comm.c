@@ -14,7 +14,9 @@
 #include "dynload.h"
 
 /* NCCL is opened on the first collective (dynload.h): a machine without it loads libflce and runs
- * everything but tensor parallelism with its own communicator. FLCE_NCCL_LIBRARY names the file. */
+ * everything but tensor parallelism with its own communicator. Looked for on the library path, then
+ * in the pip wheel (nvidia-nccl-cu13, nvidia-nccl-cu12) of the Python environments dynload.h lists,
+ * then in the build's toolkit; FLCE_NCCL_LIBRARY names the file. */
 static struct {
     ncclResult_t (*GetVersion)(int *);
     const char *(*GetLastError)(ncclComm_t);
@@ -29,7 +31,7 @@ static struct {
                                   cudaStream_t);
 } nc;
 static int nc_loaded;
-static char nc_why[1024];
+static char nc_why[3072];
 static pthread_once_t nc_once = PTHREAD_ONCE_INIT;
 
 static void nc_load(void)
@@ -40,16 +42,22 @@ static void nc_load(void)
                                        "ncclGroupEnd", "ncclAllGather", "ncclAllReduce", "ncclReduceScatter"};
     enum { N = sizeof syms / sizeof syms[0] };
     _Static_assert(sizeof nc == N * sizeof(void *), "one slot per symbol");
-    nc_loaded = dyn_load_table(libs, getenv("FLCE_NCCL_LIBRARY"), syms, N, &nc, nc_why, sizeof nc_why);
+    static const char *const wheels[] = {"nvidia/nccl/lib/libnccl.so.2", NULL}; /* nvidia-nccl-cu13, -cu12 */
+    char tried[2560];
+    nc_loaded = dyn_load_table(libs, wheels, getenv("FLCE_NCCL_LIBRARY"), syms, N, &nc, tried, sizeof tried);
+    if (!nc_loaded)
+        snprintf(nc_why, sizeof nc_why,
+                 "NCCL could not be loaded: %s. Install NCCL 2: pip install nvidia-nccl-cu13 (CUDA 13) or "
+                 "nvidia-nccl-cu12 (CUDA 12) in a Python environment searched above, or libnccl.so.2 on the "
+                 "library path (e.g. apt install libnccl2); or set FLCE_NCCL_LIBRARY to the file",
+                 tried);
 }
 
 static flce_status nc_require(void)
 {
     pthread_once(&nc_once, nc_load);
     if (nc_loaded) return FLCE_OK;
-    return err_set(FLCE_ERR_UNSUPPORTED,
-                   "tensors.comm: NCCL could not be loaded: %s. Install NCCL 2 (libnccl.so.2: apt install "
-                   "libnccl2, or pip install nvidia-nccl) or set FLCE_NCCL_LIBRARY to the file", nc_why);
+    return err_set(FLCE_ERR_UNSUPPORTED, "tensors.comm: %s", nc_why);
 }
 
 const char *comm_nccl_version(char *out, size_t cap)
@@ -57,7 +65,7 @@ const char *comm_nccl_version(char *out, size_t cap)
     int v = 0;
     pthread_once(&nc_once, nc_load);
     if (!nc_loaded) {
-        snprintf(out, cap, "NCCL not loaded (%s)", nc_why);
+        snprintf(out, cap, "%s", nc_why);
         return out;
     }
     if (nc.GetVersion(&v) != ncclSuccess) {
@@ -65,7 +73,9 @@ const char *comm_nccl_version(char *out, size_t cap)
         return out;
     }
     /* Since 2.9 the code is major*10000 + minor*100 + patch. */
-    snprintf(out, cap, "NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+    const char *file = dyn_file_of(&nc);
+    snprintf(out, cap, "NCCL %d.%d.%d%s%s%s", v / 10000, v / 100 % 100, v % 100, file ? " (" : "", file ? file : "",
+             file ? ")" : "");
     return out;
 }
 

@@ -2,6 +2,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* dl_iterate_phdr and struct dl_phdr_info (link.h) */
 #endif
+#include <dlfcn.h>
 #include <elf.h>
 #include <link.h>
 #include <pthread.h>
@@ -20,8 +21,9 @@
 #include "spec.h"
 
 /* NVRTC is opened on first use (dynload.h), so the library loads where NVRTC is missing or of another
- * CUDA major version than the build's; nvrtc.h gives the prototypes. FLCE_NVRTC_LIBRARY names the
- * file explicitly (a pip wheel's libnvrtc, say). */
+ * CUDA major version than the build's; nvrtc.h gives the prototypes. Looked for on the library path,
+ * then in the pip wheels (nvidia-cuda-nvrtc for CUDA 13, nvidia-cuda-nvrtc-cu12) of the Python
+ * environments dynload.h lists, then in the build's toolkit; FLCE_NVRTC_LIBRARY names the file. */
 static struct {
     nvrtcResult (*Version)(int *, int *);
     const char *(*GetErrorString)(nvrtcResult);
@@ -35,8 +37,27 @@ static struct {
     nvrtcResult (*DestroyProgram)(nvrtcProgram *);
 } nv;
 static int nv_loaded;
-static char nv_why[1024];
+static char nv_why[3072];
 static pthread_once_t nv_once = PTHREAD_ONCE_INIT;
+
+/* NVRTC opens libnvrtc-builtins.so.<major>.<minor> by name when it compiles. Some of its builds (the
+ * 13.0 toolkit's and wheel's) carry no RUNPATH, so a copy loaded from a directory outside the library
+ * path (a pip wheel's, FLCE_NVRTC_LIBRARY's) would not find the builtins beside it: open them from
+ * that directory first; the loader then matches NVRTC's request by soname. Kept open for good. */
+static void nv_preload_builtins(void)
+{
+    const char *file = dyn_file_of(&nv);
+    const char *slash = file ? strrchr(file, '/') : NULL;
+    int major = 0, minor = 0;
+    if (!slash || nv.Version(&major, &minor) != NVRTC_SUCCESS) return;
+    char path[4096];
+    int n = snprintf(path, sizeof path, "%.*s/libnvrtc-builtins.so.%d.%d", (int)(slash - file), file, major, minor);
+    if (n < 0 || n >= (int)sizeof path) return;
+    FILE *probe = fopen(path, "rb");
+    if (!probe) return;
+    fclose(probe);
+    if (!dlopen(path, RTLD_NOW | RTLD_LOCAL)) (void)dlerror(); /* NVRTC's own message says it, if it matters */
+}
 
 static void nv_load(void)
 {
@@ -46,7 +67,19 @@ static void nv_load(void)
                                        "nvrtcGetProgramLogSize", "nvrtcGetProgramLog", "nvrtcDestroyProgram"};
     enum { N = sizeof syms / sizeof syms[0] };
     _Static_assert(sizeof nv == N * sizeof(void *), "one slot per symbol");
-    nv_loaded = dyn_load_table(libs, getenv("FLCE_NVRTC_LIBRARY"), syms, N, &nv, nv_why, sizeof nv_why);
+    /* the wheels' layouts: CUDA 13 (nvidia-cuda-nvrtc) and CUDA 12 (nvidia-cuda-nvrtc-cu12) */
+    static const char *const wheels[] = {"nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+                                         NULL};
+    char tried[2560];
+    nv_loaded = dyn_load_table(libs, wheels, getenv("FLCE_NVRTC_LIBRARY"), syms, N, &nv, tried, sizeof tried);
+    if (nv_loaded) nv_preload_builtins();
+    else
+        snprintf(nv_why, sizeof nv_why,
+                 "NVRTC (the CUDA runtime compiler flce compiles its kernels with) could not be loaded: %s. "
+                 "Install it: pip install nvidia-cuda-nvrtc (CUDA 13) or nvidia-cuda-nvrtc-cu12 (CUDA 12) "
+                 "in a Python environment searched above, or the CUDA toolkit's libnvrtc (e.g. apt install "
+                 "cuda-nvrtc-13-0) on the library path; or set FLCE_NVRTC_LIBRARY to the file",
+                 tried);
 }
 
 /* FLCE_OK once NVRTC is loaded; else FLCE_ERR_COMPILE saying what was tried and how to get it. */
@@ -54,11 +87,7 @@ static flce_status nv_require(void)
 {
     pthread_once(&nv_once, nv_load);
     if (nv_loaded) return FLCE_OK;
-    return err_set(FLCE_ERR_COMPILE,
-                   "NVRTC (the CUDA runtime compiler flce compiles its kernels with) could not be loaded: "
-                   "%s. Install it (the CUDA toolkit's libnvrtc, e.g. apt install cuda-nvrtc-13-0, or pip "
-                   "install nvidia-cuda-nvrtc) and put it on the library path, or set FLCE_NVRTC_LIBRARY "
-                   "to the file", nv_why);
+    return err_set(FLCE_ERR_COMPILE, "%s", nv_why);
 }
 
 enum { NVRTC_MAX_OPTS = 8 };
@@ -175,6 +204,12 @@ const char *nvrtc_load_error(void)
 {
     pthread_once(&nv_once, nv_load);
     return nv_loaded ? NULL : nv_why;
+}
+
+const char *nvrtc_library_file(void)
+{
+    pthread_once(&nv_once, nv_load);
+    return nv_loaded ? dyn_file_of(&nv) : NULL;
 }
 
 const char *nvrtc_version_text(void)

@@ -20,5 +20,7 @@ const char *nvrtc_version_text(void);
 const char *nvrtc_build_text(void);
 /* NULL once NVRTC is loaded (it is opened at run time, runtime/dynload.h), else what was tried. */
 const char *nvrtc_load_error(void);
+/* The file NVRTC was loaded from (NULL when it could not be loaded or the file is unknown). */
+const char *nvrtc_library_file(void);
 
 #endif

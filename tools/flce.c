@@ -36,9 +36,10 @@ static void usage(FILE *f)
 
 static int cmd_info(void)
 {
-    char nccl[1200];
+    char nccl[4096];
     printf("flce %s\n", flce_version());
-    if (nvrtc_load_error()) printf("NVRTC: not loaded: %s\n", nvrtc_load_error());
+    if (nvrtc_load_error()) printf("%s\n", nvrtc_load_error());
+    else if (nvrtc_library_file()) printf("NVRTC %s (%s)\n", nvrtc_version_text(), nvrtc_library_file());
     else printf("NVRTC %s\n", nvrtc_version_text());
     printf("%s\n", comm_nccl_version(nccl, sizeof nccl));
     char table[4096];
