@@ -271,15 +271,15 @@ for stage in "${stages[@]}"; do
       grep -E 'FAIL|passed|failed|status' "$OUT/py-$py.log" | tail -8 | sed "s/^/$py: /" | tee -a "$LOG"
     done
     fi
-    # issue 17: the package as users get it: pip install (the built libflce.so.0 inside, as
-    # tests/python_package.sh does; offline) into a scratch target, then test_installed.py with
-    # FLCE_LIBRARY unset and only the target on PYTHONPATH (it checks flce comes from there)
-    step "python package: pip install --target, test_installed.py"
-    pysrc=/tmp/flce-pip-src pysite=/tmp/flce-pip-site
-    rm -rf "$pysrc" "$pysite"
-    { cp -r python "$pysrc" && rm -rf "$pysrc/build" "$pysrc"/*.egg-info "$pysrc/flce/__pycache__" &&
-      cp build/libflce.so.0 "$pysrc/flce/libflce.so.0" &&
-      python3 -m pip install --no-deps --no-build-isolation --no-index --target "$pysite" "$pysrc"; } \
+    # issues 17 and 41: the package as users get it: the README's one command, `pip install ./python`
+    # (scikit-build-core builds the library and the tool through CMake; offline, as
+    # tests/python_package.sh does) into a scratch target, then test_installed.py with FLCE_LIBRARY
+    # unset and only the target on PYTHONPATH (it checks flce comes from there). The machine needs
+    # scikit-build-core installed (pip install scikit-build-core) for the offline build.
+    step "python package: pip install ./python --target, test_installed.py"
+    pysite=/tmp/flce-pip-site
+    rm -rf "$pysite"
+    python3 -m pip install --no-deps --no-build-isolation --no-index --target "$pysite" ./python \
       > "$OUT/py-installed.log" 2>&1
     echo "pip status $?" >> "$OUT/py-installed.log"
     env -u FLCE_LIBRARY PYTHONPATH="$pysite" timeout "$(left)" python3 python/test_installed.py --target "$pysite" \

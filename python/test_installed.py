@@ -8,8 +8,7 @@ logprobs and entropy with temperature) compiled the same way; and, when transfor
 a tiny Llama patched with flce.patch_hf (python/test_hf.py's checks, then the patched model under
 torch.compile(fullgraph=True)) against the unpatched model.
 
-  cp -r python /tmp/src && cp build/libflce.so.0 /tmp/src/flce/
-  python3 -m pip install --no-deps --no-build-isolation --no-index --target /tmp/site /tmp/src
+  python3 -m pip install --no-deps --no-build-isolation --no-index --target /tmp/site ./python
   env -u FLCE_LIBRARY PYTHONPATH=/tmp/site python3 python/test_installed.py --target /tmp/site
 
 Exit status 0 when all pass, 1 on a failure, 77 when torch or a GPU is missing (a skip, as in

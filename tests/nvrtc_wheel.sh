@@ -8,8 +8,9 @@
 # hiding). Then, with an empty library path and a controlled environment, `flce info`:
 #   - with no Python environment holding them: says what it searched (the site-packages directories
 #     by name) and which pip package provides each library;
-#   - with VIRTUAL_ENV, PYTHONPATH or a python3 in PATH leading to the scratch environment: loads
-#     both from there (the path printed is the wheel's), and `flce gen --compile` compiles a kernel.
+#   - with VIRTUAL_ENV, PYTHONPATH or a python3 in PATH leading to the scratch environment, or the
+#     tool itself inside it (site-packages/flce/bin/flce, as pip installs it): loads both from there
+#     (the path printed is the wheel's), and `flce gen --compile` compiles a kernel.
 # Usage: nvrtc_wheel.sh <flce tool> <toolkit library directory>. Exit 77 (skipped) where no mount
 # namespace can be had, where NVRTC is not installed, or where it sits beside the C library (a
 # directory that cannot be hidden without hiding libc).
@@ -121,6 +122,12 @@ for how in "VIRTUAL_ENV=$tmp/venv" "PYTHONPATH=$tmp/nowhere:$site" "PATH=$tmp/no
     expect "NCCL from the wheel ($how)" "$out" "($site/nvidia/nccl/lib/libnccl.so.2)"
   fi
 done
+
+# ... and as the pip package lays the tool out (site-packages/flce/bin/flce): from its own
+# site-packages, with nothing in the environment pointing there.
+mkdir -p "$site/flce/bin" && cp "$flce" "$site/flce/bin/flce"
+out=$(run "$site/flce/bin/flce" info)
+expect "NVRTC from the wheel beside the packaged tool" "$out" "NVRTC 1" "($site/$wheel/$so)"
 
 # 3. It compiles from there (NVRTC finds its builtins beside itself).
 if out=$(run VIRTUAL_ENV="$tmp/venv" "$flce" gen --compile --role rowops --arch sm_80 2>&1); then

@@ -1,32 +1,55 @@
 #!/usr/bin/env bash
-# python_package.sh — `pip install` of the Python binding (python/pyproject.toml) with libflce.so
-# shipped inside the package, into a scratch target directory, then the installed flce/_lib.py
-# (which needs no torch) loads the library from beside itself and calls it. No GPU, no torch.
-# Usage: python_package.sh <libflce.so.0> <repository>; exit 77 (skipped) without pip, setuptools or wheel.
+# python_package.sh — the README's one Python command, `pip install ./python` (python/pyproject.toml:
+# scikit-build-core builds the C library and the tool through CMake), offline into a scratch
+# site-packages: the package holds libflce.so.0 and flce/bin/flce, the metadata its version, licence,
+# platform tag and extras, the `flce` console script runs the tool, the installed flce/_lib.py (no
+# torch) loads the library from beside itself and calls it, and `import flce` (where PyTorch is
+# installed) gives __version__ from the installed copy. No GPU.
+# Usage: python_package.sh <repository>; exit 77 (skipped) without pip or scikit-build-core (the build
+# runs --no-build-isolation: an isolated build would fetch scikit-build-core from the network).
 set -euo pipefail
-lib=$1 repo=$2
-{ python3 -c "import setuptools" && python3 -c "import wheel" && python3 -m pip --version; } >/dev/null 2>&1 ||
-  { echo "pip, setuptools or wheel missing (a PEP 517 build needs all three): skipped"; exit 77; }
-# pyproject.toml's SPDX `license` and `license-files` (PEP 639) need setuptools 77
-python3 -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)" ||
-  { echo "setuptools $(python3 -c 'import setuptools; print(setuptools.__version__)') < 77: skipped"; exit 77; }
+repo=$(realpath "$1")
+python3 -m pip --version >/dev/null 2>&1 || { echo "pip missing: skipped"; exit 77; }
+python3 -c "import scikit_build_core" 2>/dev/null ||
+  { echo "scikit-build-core is not installed (pip install scikit-build-core): skipped"; exit 77; }
 tmp=$(mktemp -d /tmp/flce-pip.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-cp -rL "$repo/python" "$tmp/src"  # -L: python/LICENSE is a link to the repository's
-rm -rf "$tmp/src/flce/__pycache__"
-cp "$lib" "$tmp/src/flce/libflce.so.0"
-python3 -m pip install --quiet --no-deps --no-build-isolation --no-index --target "$tmp/site" "$tmp/src"
-test -f "$tmp/site/flce/libflce.so.0" || { echo "the library was not installed with the package"; exit 1; }
-test -f "$tmp/site/flce/__init__.py" && test -f "$tmp/site/flce/_lib.py"
-test -f "$tmp/site/flce/py.typed" || { echo "py.typed was not installed (PEP 561: the annotations)"; exit 1; }
+site=$tmp/site-packages
+start=$(date +%s)
+python3 -m pip install --quiet --no-deps --no-build-isolation --no-index --target "$site" "$repo/python"
+echo "pip install ./python: $(($(date +%s) - start)) s (CMake build of the library and the tool included)"
+
+fail() { echo "FAIL: $*"; exit 1; }
+test -f "$site/flce/libflce.so.0" || fail "the library was not installed with the package"
+test -x "$site/flce/bin/flce" || fail "the tool was not installed as flce/bin/flce"
+test -f "$site/flce/__init__.py" && test -f "$site/flce/_lib.py" && test -f "$site/flce/_cli.py"
+test -f "$site/flce/py.typed" || fail "py.typed was not installed (PEP 561: the annotations)"
+meta=$(echo "$site"/flce-*.dist-info)
 want=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$repo/python/flce/_version.py")
-grep -qx "Version: $want" "$tmp"/site/flce-*.dist-info/METADATA ||
-  { echo "the metadata's version is not flce/_version.py's ($want)"; exit 1; }
-grep -qx "License-Expression: Apache-2.0" "$tmp"/site/flce-*.dist-info/METADATA ||
-  { echo "the metadata does not name the licence (License-Expression: Apache-2.0)"; exit 1; }
-cmp "$repo/LICENSE" "$tmp"/site/flce-*.dist-info/licenses/LICENSE ||
-  { echo "LICENSE is not in the installed package's dist-info/licenses"; exit 1; }
-env -u FLCE_LIBRARY python3 - "$tmp/site" <<'PY'
+grep -qx "Version: $want" "$meta/METADATA" || fail "the metadata's version is not flce/_version.py's ($want)"
+grep -qx "License-Expression: Apache-2.0" "$meta/METADATA" ||
+  fail "the metadata does not name the licence (License-Expression: Apache-2.0)"
+cmp "$repo/LICENSE" "$meta/licenses/LICENSE" || fail "LICENSE is not in the installed package's dist-info/licenses"
+grep -qx 'Requires-Dist: transformers; extra == "hf"' "$meta/METADATA" || fail "no hf extra (transformers)"
+# One wheel for every Python 3 (ctypes, no CPython ABI), tagged for the platform its library is for.
+grep -qx "Root-Is-Purelib: false" "$meta/WHEEL" || fail "the wheel claims to be pure Python"
+tag=$(sed -n 's/^Tag: //p' "$meta/WHEEL")
+case $tag in
+  py3-none-any) fail "wheel tag $tag: it holds a $(uname -m) library" ;;
+  py3-none-*"$(uname -m)") echo "wheel tag $tag" ;;
+  *) fail "wheel tag $tag: want py3-none-<platform>" ;;
+esac
+objdump -p "$site/flce/libflce.so.0" | grep -q "SONAME *libflce.so.0" || fail "libflce.so.0's SONAME"
+
+# The console script: flce --version and flce info through the packaged tool.
+test -x "$site/bin/flce" || fail "no flce console script"
+out=$(PYTHONPATH="$site" "$site/bin/flce" --version 2>&1 || true)
+grep -q "$want" <<<"$out" || fail "flce --version: $out"
+out=$(PYTHONPATH="$site" "$site/bin/flce" info)
+grep -q "^flce $want" <<<"$out" || fail "flce info: $out"
+echo "console script: $(head -2 <<<"$out" | tr '\n' ' ')"
+
+env -u FLCE_LIBRARY python3 - "$site" <<'PY'
 import importlib.util, os, sys
 site = sys.argv[1]
 spec = importlib.util.spec_from_file_location("flce_lib", os.path.join(site, "flce", "_lib.py"))
@@ -38,7 +61,7 @@ assert os.path.samefile(mod._lib_path, want), (mod._lib_path, want)
 print("installed package loads", mod._lib_path, "version", lib.flce_version().decode())
 PY
 # An explicit FLCE_LIBRARY that does not exist is an error naming it, not a silent fallback.
-FLCE_LIBRARY=/nonexistent/libflce.so python3 - "$tmp/site" <<'PY'
+FLCE_LIBRARY=/nonexistent/libflce.so python3 - "$site" <<'PY'
 import importlib.util, os, sys
 spec = importlib.util.spec_from_file_location("flce_lib", os.path.join(sys.argv[1], "flce", "_lib.py"))
 mod = importlib.util.module_from_spec(spec)
@@ -51,3 +74,19 @@ except mod.FlceLibraryNotFound as e:
 else:
     raise SystemExit("FLCE_LIBRARY=/nonexistent loaded something")
 PY
+# import flce from the installed copy (needs PyTorch; the rest above does not).
+if python3 -c "import torch" 2>/dev/null; then
+  (cd "$tmp" && env -u FLCE_LIBRARY PYTHONPATH="$site" python3 - "$site" "$want" <<'PY'
+import os, sys
+import flce
+site, want = sys.argv[1], sys.argv[2]
+assert os.path.dirname(os.path.abspath(flce.__file__)) == os.path.join(site, "flce"), flce.__file__
+assert flce.__version__ == want, (flce.__version__, want)
+assert flce.version() == want, flce.version()
+print("import flce:", flce.__version__, "from", os.path.dirname(flce.__file__))
+PY
+  )
+else
+  echo "PyTorch not installed: import flce not tried (the library and the tool were)"
+fi
+echo "python package: all checks passed"

@@ -240,8 +240,9 @@ def lib():
             return _lib
         where = "FLCE_LIBRARY" if from_env else "the default places"
         raise FlceLibraryNotFound(
-            f"libflce.so not found in {where} (build the CMake target `flce` and set FLCE_LIBRARY "
-            f"to build/libflce.so, or copy it into the flce package before `pip install ./python`): "
+            f"libflce.so not found in {where} (`pip install ./python` from the repository builds it "
+            f"into the package; or build the CMake target `flce` and set FLCE_LIBRARY to "
+            f"build/libflce.so): "
             + "; ".join(errors))
 
 
