@@ -434,6 +434,13 @@ def feature_cases():
         assert float(h.grad.abs().max()) == 0 and float(w.grad.abs().max()) == 0
         # one token
         check_outputs(1, 16, 50, torch.bfloat16, {}, "none", seed=43, objective="rl")
+        # strategy='saved' forced on a plain mean loss (the fuzzer found its gradients dropped)
+        h2, w2, y2 = inputs(300, 16, 200, torch.bfloat16, seed=44)
+        h2, w2 = h2.requires_grad_(), w2.requires_grad_()
+        flce.linear_cross_entropy(h2, w2, y2, strategy="saved").backward()
+        ref_h, ref_w = h2.detach().double().requires_grad_(), w2.detach().double().requires_grad_()
+        F.cross_entropy(ref_h @ ref_w.T, y2).backward()
+        assert h2.grad is not None and rel(h2.grad, ref_h.grad) < 1e-2 and rel(w2.grad, ref_w.grad) < 1e-2
         # steps keep memory flat: what forward keeps is freed with the graph
         if GPU:
             hl, wl = h.detach().requires_grad_(), w.detach().requires_grad_()

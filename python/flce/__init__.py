@@ -74,6 +74,23 @@ def _require_cuda(hidden):
         raise ValueError(f"hidden: must be on a CUDA device, is on {hidden.device}")
 
 
+def _check_scalars(ignore_index, label_smoothing, z_loss, softcap, temperature, shift, batch_invariant):
+    """Scalar options of the right kind, named when not (torch.compile may pass SymInt/SymFloat)."""
+    def kind(x):
+        return type(x).__name__
+    for name, x in (("ignore_index", ignore_index), ("shift", shift)):
+        if not (isinstance(x, int) or kind(x) == "SymInt"):
+            raise TypeError(f"{name}: expected an int, got {kind(x)} {x!r}")
+    for name, x in (("label_smoothing", label_smoothing), ("z_loss", z_loss), ("temperature", temperature),
+                    ("softcap", softcap)):
+        if name == "softcap" and x is None:
+            continue
+        if isinstance(x, bool) or not (isinstance(x, (int, float)) or kind(x) in ("SymInt", "SymFloat")):
+            raise TypeError(f"{name}: expected a number, got {kind(x)} {x!r}")
+    if not isinstance(batch_invariant, bool) and batch_invariant not in (0, 1):
+        raise TypeError(f"batch_invariant: expected a bool, got {kind(batch_invariant)} {batch_invariant!r}")
+
+
 def _check_args(hidden, weight, labels, reduction, strategy, memory_budget):
     for name, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
         if not isinstance(t, torch.Tensor):
@@ -106,9 +123,9 @@ def _check_args(hidden, weight, labels, reduction, strategy, memory_budget):
     for name, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
         if not t.is_contiguous():
             raise ValueError(f"{name}: must be contiguous (call .contiguous() first)")
-    if reduction not in _lib.REDUCTIONS:
+    if not isinstance(reduction, str) or reduction not in _lib.REDUCTIONS:
         raise ValueError(f"reduction: {reduction!r}; expected 'mean', 'sum' or 'none'")
-    if strategy not in ("auto", "chunked", "recompute", "saved"):
+    if not isinstance(strategy, str) or strategy not in ("auto", "chunked", "recompute", "saved"):
         raise ValueError(f"strategy: {strategy!r}; expected 'auto', 'chunked', 'recompute' or 'saved'")
     if memory_budget is not None:
         try:
@@ -158,6 +175,9 @@ def _check_extra(hidden, weight, bias, class_weights, vocab_total, grad_hidden_a
             raise ValueError(f"{name}: shape {tuple(acc.shape)}, expected {tuple(like.shape)}")
         if not acc.is_contiguous():
             raise ValueError(f"{name}: must be contiguous")
+        if not torch.compiler.is_compiling() and acc.data_ptr() % 16:  # (no storage while tracing)
+            raise ValueError(f"{name}: data_ptr() {acc.data_ptr():#x} is not 16-byte aligned (a view with a "
+                             f"storage offset?); flce adds into it in place, so pass a tensor of its own")
 
 
 # ---- the library calls -----------------------------------------------------------------------
@@ -383,7 +403,7 @@ def _grads_in_forward(h2, weight, y1, opts, tp, bias, class_weights):
     the shapes (the library's AUTO, flce_strategy_of). Under torch.compile with a dynamic token
     count the library is asked about the token count of the call being traced, and the compiled
     graph keeps that choice for the other counts it runs (apart from the N <= _DEFER_TOKENS guard)."""
-    if opts.strategy == "recompute":
+    if opts.strategy in ("recompute", "saved"):  # (saved: forward keeps the logits for backward)
         return False
     if opts.strategy == "chunked" or tp is not None:  # vocab-parallel with flce's NCCL: as before
         return True
@@ -559,6 +579,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, bias
     capture. Needs a GPU of sm_80 or newer.
     """
     _check_args(hidden, weight, labels, reduction, strategy, memory_budget)
+    _check_scalars(ignore_index, label_smoothing, z_loss, softcap, temperature, shift, batch_invariant)
     softcap = 0.0 if softcap is None else softcap
     vocab_total = weight.shape[0]
     _check_extra(hidden, weight, bias, class_weights, vocab_total, grad_hidden_accumulator, grad_weight_accumulator)
@@ -632,6 +653,9 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
             strategy = "chunked"  # backward: one chunked loss-and-grad with the outputs' gradients
         else:
             bits = 0  # log-probs and per-token losses by flce_backward, as before; lse and entropy not
+    if strategy == "saved" and not saved_grads:
+        # asked for, but nothing to keep for a backward (no gradients, fp32 inputs, TP): as AUTO
+        strategy = "recompute" if need_any and not grads else "auto"
     if need_any and not grads and strategy == "auto":
         # AUTO recomputes the logits for the gradients anyway (or there are few tokens): forward
         # now and flce_backward later do the same work as one loss-and-grad call, without scaling
