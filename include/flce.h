@@ -283,7 +283,7 @@ FLCE_API flce_status flce_loss_and_grad(flce_context *ctx, const flce_problem *p
 FLCE_API flce_status flce_backward(flce_context *ctx, const flce_problem *problem,
                                    const flce_tensors *t, void *stream);
 
-/* Saved logits (problem.strategy = FLCE_STRATEGY_SAVED, 16-bit inputs, tp_size 1): a training step
+/* Saved logits (problem.strategy = FLCE_STRATEGY_SAVED, 16-bit inputs): a training step
  * whose upstream gradients are known only after the forward (per-token losses, log-probs, entropy,
  * lse, fp32 accumulators) in 6·N·V·D instead of recompute's 8:
  *     flce_forward(ctx, &p, &t, stream)    loss, lse, per-token outputs; keeps in t.workspace the
@@ -300,7 +300,13 @@ FLCE_API flce_status flce_backward(flce_context *ctx, const flce_problem *proble
  * what the forward wrote. The backward turns the stored logits into dZ in place: one backward per
  * forward. Memory: the whole workspace is held from forward to backward; a problem whose N tokens
  * do not fit memory_budget (0: the default rule of the chunked strategy, up to 1/16 of the
- * device's memory) is FLCE_ERR_INVALID_ARGUMENT, with the bytes it needs: use RECOMPUTE then. */
+ * device's memory) is FLCE_ERR_INVALID_ARGUMENT, with the bytes it needs: use RECOMPUTE then.
+ * Under tensor parallelism each rank keeps its shard's logits: with tensors.comm (the same in both
+ * calls) as above, the backward summing dH across ranks (under sequence_parallel the upstream
+ * gradients, lse and entropy are this rank's rows; the forward's gathered hidden states stay in the
+ * workspace); without it, the split-phase halves flce_forward_stats and flce_forward_finish are the
+ * forward (the statistics half stores the logits) and flce_backward writes this rank's part of dH,
+ * every call with the same problem (accumulate_grad_hidden included) and workspace. */
 
 /* Multiplies, in place, the gradients an earlier flce_loss_and_grad call wrote (t->grad_hidden,
  * t->grad_weight, t->grad_bias: whichever are set; same problem) by the fp32 scalar at
@@ -320,7 +326,8 @@ FLCE_API flce_status flce_scale_gradients(flce_context *ctx, const flce_problem 
  *    grad_bias) is this rank's shard and needs no collective; grad_hidden is summed across ranks
  *    in fp32 (all-reduce) before it is rounded. All on `stream`, no host synchronization.
  *  - sequence_parallel = 1: hidden, labels, grad_output (reduction none), lse (backward input),
- *    the per-token outputs and grad_hidden hold this rank's `tokens` rows; flce all-gathers the
+ *    the per-token outputs, their upstream gradients (grad_logprob, ...) and grad_hidden hold
+ *    this rank's `tokens` rows; flce all-gathers the
  *    inputs, runs as above over tp_size·tokens tokens and reduce-scatters dH. The mean divides by
  *    the valid tokens of all ranks.
  *  - Ranks whose shards overlap, leave gaps, or disagree on vocab_total or tokens are detected in

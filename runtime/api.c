@@ -147,9 +147,6 @@ static flce_status check_enums(const flce_problem *p)
     if (p->grad_outputs & ~(FLCE_GRAD_LOGPROB | FLCE_GRAD_LSE | FLCE_GRAD_ENTROPY | FLCE_GRAD_LOSS_PER_TOKEN))
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.grad_outputs=0x%x: unknown bits (FLCE_GRAD_*)",
                        (unsigned)p->grad_outputs);
-    if ((p->grad_outputs || p->strategy == FLCE_STRATEGY_SAVED) && p->tp_size > 1)
-        return err_set(FLCE_ERR_UNSUPPORTED, "problem.%s with tp_size=%d: not yet supported under tensor parallelism",
-                       p->grad_outputs ? "grad_outputs" : "strategy=SAVED", p->tp_size);
     return FLCE_OK;
 }
 
@@ -453,8 +450,10 @@ static flce_status run_op(flce_context *ctx, const flce_problem *problem,
         tt.comm = NULL; /* the caller owns the collective */
     }
     if (p.strategy == FLCE_STRATEGY_SAVED) { /* the one plan of both calls (flce.h "Saved logits") */
-        part = op == FLCE_OP_FORWARD ? PART_SAVE : PART_SAVED_GRADS;
-        return launch_call(ctx, &p, FLCE_OP_LOSS_AND_GRAD, t, (CUstream)stream, part, 0);
+        /* (the split-phase halves keep their part: the statistics half stores the logits too) */
+        if (part == PART_ALL) part = op == FLCE_OP_FORWARD ? PART_SAVE : PART_SAVED_GRADS;
+        return launch_call(ctx, &p, FLCE_OP_LOSS_AND_GRAD, t, (CUstream)stream, part,
+                           (CUdeviceptr)(uintptr_t)tp_buffer);
     }
     if (part == PART_ALL) TRY(tune_first_use(ctx, &p, op, t, stream)); /* FLCE_TUNE=1 */
     flce_status st = launch_call(ctx, &p, op, t, (CUstream)stream, part, (CUdeviceptr)(uintptr_t)tp_buffer);

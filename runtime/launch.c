@@ -755,13 +755,18 @@ static flce_status run_chunked(run *r)
  * logits, maxima, target logits and row references stay in the workspace (the caller keeps it),
  * with lse in the caller's buffer; the backward forms dZ from them with the upstream gradients it
  * is given. */
-static flce_status run_saved(run *r, launch_part part)
+static flce_status run_tp_part(run *r, launch_part part, CUdeviceptr tp_buffer);
+
+/* Under the split-phase TP forward (no communicator) its statistics half stores the logits too and
+ * the finishing half combines the gathered statistics; the backward leaves dH as this rank's part. */
+static flce_status run_saved(run *r, launch_part part, CUdeviceptr tp_buffer)
 {
     const plan *pl = r->pl;
     if (!pl->saved || pl->n_chunks != 1)
         return err_set(FLCE_ERR_INTERNAL, "SAVED call planned with %lld token chunks (a planning bug)",
                        (long long)pl->n_chunks);
     block b = {0, pl->n, 0, pl->v, 1, 1};
+    if (part == PART_TP_STATS || part == PART_TP_FINISH) return run_tp_part(r, part, tp_buffer);
     if (part == PART_SAVE) {
         if (pl->qrows) TRY(run_rows(r, K_QREF, &b));
         TRY(run_logits(r, &b, 1, 1));
@@ -913,11 +918,21 @@ static void **sp_field(flce_tensors *t, int k, int none)
 
 /* SP: all-gathers the token-sharded inputs into the workspace and points `all` (a copy of the
  * caller's tensors) at them and at all-token stand-ins for the per-token outputs. */
-static flce_status sp_gather(run *r, const flce_tensors *caller, flce_tensors *all)
+static const float **sp_grad_field(flce_tensors *t, int k)
+{
+    return k == SP_GRAD_LOGPROB ? &t->grad_logprob : k == SP_GRAD_LSE ? &t->grad_lse
+           : k == SP_GRAD_ENTROPY ? &t->grad_entropy : &t->grad_loss_per_token;
+}
+
+/* (SAVED: the forward's gathered hidden states and labels, its all-token outputs (lse, entropy)
+ * stay in the workspace for the backward, which gathers only the upstream gradients; the forward
+ * gathers none of these.) */
+static flce_status sp_gather(run *r, const flce_tensors *caller, flce_tensors *all, launch_part part)
 {
     const plan *pl = r->pl;
     uint64_t nl = (uint64_t)pl->n_local;
     int none = r->p->reduction == FLCE_REDUCTION_NONE;
+    int inputs = part != PART_SAVED_GRADS, grads = part != PART_SAVE;
     *all = *caller;
     all->hidden = (const void *)(uintptr_t)(r->ws + pl->off_sp_hidden);
     all->labels = (const void *)(uintptr_t)(r->ws + pl->off_sp_labels);
@@ -926,16 +941,29 @@ static flce_status sp_gather(run *r, const flce_tensors *caller, flce_tensors *a
         void **f = sp_field(all, k, none);
         if (f && *f && pl->off_sp_out[k]) *f = (void *)(uintptr_t)(r->ws + pl->off_sp_out[k]);
     }
+    for (int k = 0; k < SP_GRADS; k++) {
+        const float **f = sp_grad_field(all, k);
+        if (*f && pl->off_sp_grads[k]) *f = (const float *)(uintptr_t)(r->ws + pl->off_sp_grads[k]);
+    }
     if (pl->off_sp_lse) all->lse = (float *)(uintptr_t)(r->ws + pl->off_sp_lse); /* backward's input */
     TRY(comm_group_start());
-    flce_status st = comm_all_gather(caller->comm, caller->hidden, (void *)all->hidden,
-                                     nl * (uint64_t)pl->d * r->es, r->stream, "the hidden-state all-gather");
-    if (st == FLCE_OK)
+    flce_status st = FLCE_OK;
+    if (inputs)
+        st = comm_all_gather(caller->comm, caller->hidden, (void *)all->hidden,
+                             nl * (uint64_t)pl->d * r->es, r->stream, "the hidden-state all-gather");
+    if (st == FLCE_OK && inputs)
         st = comm_all_gather(caller->comm, caller->labels, (void *)all->labels,
                              nl * (uint64_t)(r->p->label_bits / 8), r->stream, "the label all-gather");
-    if (st == FLCE_OK && pl->off_sp_go && caller->grad_output)
+    if (st == FLCE_OK && grads && pl->off_sp_go && caller->grad_output)
         st = comm_all_gather(caller->comm, caller->grad_output, (void *)all->grad_output, nl * 4,
                              r->stream, "the grad_output all-gather");
+    for (int k = 0; k < SP_GRADS && st == FLCE_OK && grads; k++) {
+        const float *mine = k == SP_GRAD_LOGPROB ? caller->grad_logprob : k == SP_GRAD_LSE ? caller->grad_lse
+                            : k == SP_GRAD_ENTROPY ? caller->grad_entropy : caller->grad_loss_per_token;
+        if (mine && pl->off_sp_grads[k])
+            st = comm_all_gather(caller->comm, mine, (void *)(uintptr_t)(r->ws + pl->off_sp_grads[k]), nl * 4,
+                                 r->stream, "a per-token upstream gradient's all-gather");
+    }
     if (st == FLCE_OK && pl->off_sp_lse)
         st = comm_all_gather(caller->comm, caller->lse, (void *)(uintptr_t)(r->ws + pl->off_sp_lse), nl * 4, r->stream, "the lse all-gather");
     flce_status end = comm_group_end();
@@ -966,7 +994,7 @@ static flce_status run_tp_part(run *r, launch_part part, CUdeviceptr tp_buffer)
 {
     block all = {0, r->pl->n, 0, r->pl->v, 1, 1};
     if (part == PART_TP_STATS) {
-        TRY(run_logits(r, &all, 1, 0));
+        TRY(run_logits(r, &all, 1, r->pl->saved)); /* SAVED: the logits stay for flce_backward */
         r->rp.tp_send = tp_buffer;
         return run_rows(r, K_TP_PACK, &all);
     }
@@ -985,14 +1013,18 @@ flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,
     r.es = p->dtype == FLCE_DTYPE_F32 ? 4 : 2;
     TRY(get_kernels(ctx, pl, &r.k));
     if (pl->sp) {
-        TRY(sp_gather(&r, t, &all));
+        TRY(sp_gather(&r, t, &all, part));
         r.t = &all;
     }
     init_row_params(&r);
     block whole = {0, pl->n, 0, pl->v, 1, 1};
     TRY(run_rows(&r, K_PREPARE, &whole));
-    if (part == PART_SAVE || part == PART_SAVED_GRADS) {
-        TRY(run_saved(&r, part));
+    if (pl->saved) {
+        flce_status st = run_saved(&r, part, tp_buffer);
+        flce_status joined = side_join(&r); /* (tp_overlap: dH's reduction beside dW) */
+        TRY(st);
+        TRY(joined);
+        if (part == PART_TP_STATS) return FLCE_OK;
     } else if (part != PART_ALL) {
         TRY(run_tp_part(&r, part, tp_buffer));
         if (part == PART_TP_STATS) return FLCE_OK;
@@ -1007,8 +1039,8 @@ flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,
     int reduced = p->reduction != FLCE_REDUCTION_NONE;
     if (pl->op != FLCE_OP_BACKWARD && part != PART_SAVED_GRADS && reduced && (r.t->loss || r.t->z_loss_out))
         TRY(run_rows(&r, K_REDUCE, &whole));
-    TRY(finish_dh(&r));
-    if (pl->sp) TRY(sp_scatter_outputs(&r, t));
+    if (part == PART_ALL || part == PART_SAVED_GRADS) TRY(finish_dh(&r));
+    if (pl->sp && part != PART_SAVED_GRADS) TRY(sp_scatter_outputs(&r, t));
     return FLCE_OK;
 }
 

@@ -426,6 +426,9 @@ static void plan_sp_layout(const flce_problem *p, const flce_tensors *t, plan *p
     if (none && pl->op != FLCE_OP_FORWARD && wants(t, t ? t->grad_output : NULL))
         pl->off_sp_go = take(cur, n * 4);
     if (pl->op == FLCE_OP_BACKWARD) pl->off_sp_lse = take(cur, n * 4);
+    /* by the problem's bits, not the pointers: a SAVED forward and its backward share this layout */
+    for (int k = 0; k < SP_GRADS && pl->op != FLCE_OP_FORWARD; k++)
+        if (p->grad_outputs & (1 << k)) pl->off_sp_grads[k] = take(cur, n * 4);
     if (!stats) return;
     const void *given[SP_OUTPUTS] = {NULL};
     if (t) {

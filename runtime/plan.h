@@ -43,6 +43,9 @@ uint64_t plan_tp_block_bytes(int64_t rows);
 /* Per-token outputs that sequence parallelism computes for all tokens in the workspace and then
  * copies back as this rank's rows (the order of launch.c's sp_output table). */
 enum { SP_LSE, SP_LOSS, SP_LOSS_PER_TOKEN, SP_ZLOSS, SP_LOGPROB, SP_ENTROPY, SP_ARGMAX, SP_OUTPUTS };
+/* The per-token upstream gradients (problem.grad_outputs, FLCE_GRAD_* bit 1 << k) that sequence
+ * parallelism all-gathers into the workspace for the dz pass. */
+enum { SP_GRAD_LOGPROB, SP_GRAD_LSE, SP_GRAD_ENTROPY, SP_GRAD_LOSS_PER_TOKEN, SP_GRADS };
 
 typedef struct plan {
     flce_op op;
@@ -166,7 +169,7 @@ typedef struct plan {
     /* dW takes its tiles from the counter at off_tile_counter (tp_overlap or concurrent_grads). */
     int dw_dynamic;
     uint64_t off_tile_counter;
-    uint64_t off_sp_hidden, off_sp_labels, off_sp_go, off_sp_lse, off_sp_out[SP_OUTPUTS];
+    uint64_t off_sp_hidden, off_sp_labels, off_sp_go, off_sp_lse, off_sp_out[SP_OUTPUTS], off_sp_grads[SP_GRADS];
     uint64_t workspace_bytes;
 } plan;
 

@@ -275,6 +275,32 @@ int ref_loss_and_grad(const flce_problem *p, const ref_extra *x, int64_t n, int6
     return 0;
 }
 
+int ref_add_output_grads(const flce_problem *p, const ref_extra *x, int64_t n, int64_t d, int64_t v,
+                         const double *h, const double *w, const double *bias, const int64_t *labels,
+                         const double *g_lp, const double *g_lse, const double *g_h, double *dh, double *dw,
+                         double *db) {
+    ref_opts o = ref_opts_of(p);
+    double *z = malloc((size_t)(v > 0 ? v : 1) * sizeof *z);
+    if (!z)
+        return -1;
+    for (int64_t i = 0; i < n; i++) {
+        int valid = ref_label_valid(p, labels[i], v);
+        ref_stats st = ref_row_stats(&o, x, d, v, h + i * d, w, bias, valid ? labels[i] : -1, z);
+        double lse = st.m + log(st.s), ent = lse - st.pz / st.s;
+        double glp = g_lp && valid ? g_lp[i] : 0.0, gl = g_lse ? g_lse[i] : 0.0, gh = g_h ? g_h[i] : 0.0;
+        if (glp == 0.0 && gl == 0.0 && gh == 0.0)
+            continue;
+        for (int64_t j = 0; j < v; j++) {
+            double lp = z[j] - lse, pj = exp(lp);
+            double g = glp * ((valid && j == labels[i]) - pj) + gl * pj - gh * pj * (lp + ent);
+            z[j] = g * ref_logit_slope(&o, z[j]);
+        }
+        ref_accumulate_grads(d, v, h + i * d, w, z, dh ? dh + i * d : NULL, dw, db);
+    }
+    free(z);
+    return 0;
+}
+
 double ref_rel_l2(const double *ref, const double *got, size_t n) {
     double diff = 0.0, norm = 0.0;
     for (size_t i = 0; i < n; i++) {

@@ -47,6 +47,16 @@ int ref_loss_and_grad(const flce_problem *p, const ref_extra *x, int64_t n, int6
                       const double *grad_output, double *loss, double *lse, double *dh, double *dw,
                       double *db);
 
+/* The gradients of the per-token outputs' terms Σ_i g_lp,i·logprob_i + g_lse,i·lse_i + g_H,i·H_i
+ * (problem.grad_outputs: upstream gradients of target_logprob, lse and entropy; any may be NULL;
+ * a log-prob is 0 for an ignored token) ADDED into dh (N×D), dw (V×D) and db (V), each may be NULL:
+ *   ∂/∂z_j = g_lp·(1[j=y] − p_j) + g_lse·p_j − g_H·p_j·(log p_j + H), through softcap and temperature.
+ * Returns 0, or -1 when memory runs out. */
+int ref_add_output_grads(const flce_problem *p, const ref_extra *x, int64_t n, int64_t d, int64_t v,
+                         const double *h, const double *w, const double *bias, const int64_t *labels,
+                         const double *g_lp, const double *g_lse, const double *g_h, double *dh, double *dw,
+                         double *db);
+
 /* g_i of §1 for each token (reduction, count of valid tokens, ignore_index, class weights). */
 void ref_token_scales(const flce_problem *p, const ref_extra *x, int64_t n, int64_t v,
                       const int64_t *labels, const double *grad_output, double *g);

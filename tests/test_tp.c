@@ -23,7 +23,10 @@
 #include "ref.h"
 #include "spec.h"
 
-enum { OP_LOSS_AND_GRAD, OP_FORWARD, OP_FWD_THEN_BWD, OP_SPLIT_PHASE };
+/* OP_SAVED: strategy SAVED, flce_forward then flce_backward with the per-token outputs' upstream
+ * gradients (tcase.gout); OP_SAVED_SPLIT: the same with the split-phase forward and dH summed by the
+ * caller. */
+enum { OP_LOSS_AND_GRAD, OP_FORWARD, OP_FWD_THEN_BWD, OP_SPLIT_PHASE, OP_SAVED, OP_SAVED_SPLIT };
 enum { O_SMOOTH = 1, O_ZLOSS = 2, O_SOFTCAP = 4, O_TEMP = 8, O_WEIGHTS = 16, O_BIAS = 32, O_TOKENS = 64 };
 enum { LAB_RANDOM, LAB_RANK0, LAB_IGNORED };
 
@@ -36,11 +39,13 @@ typedef struct tcase {
     flce_strategy strategy;
     uint64_t budget;
     double sd;             /* logit standard deviation */
+    int gout;              /* problem.grad_outputs (FLCE_GRAD_LOGPROB, LSE, ENTROPY) */
 } tcase;
 
 /* One case's global data, shared read-only by the rank threads. */
 typedef struct gdata {
     double *h, *w, *b, *cw, *go;
+    double *glp, *glse, *gh; /* upstream gradients of log-probs, lse and entropy (advantages: both signs) */
     int64_t *labels;
     int64_t cut[9];        /* shard r is [cut[r], cut[r+1]) */
 } gdata;
@@ -116,7 +121,15 @@ static flce_status rank_run(rank_io *io)
     t.bias = p.has_bias ? upload_dtype(c->dtype, g->b + off, shard) : NULL;
     t.class_weights = p.has_class_weights ? upload_f32(g->cw, c->v) : NULL;
     t.grad_output = none ? upload_f32(g->go + row0, rows) : upload_f32(g->go, 1);
-    int grads = c->op != OP_FORWARD, split = c->op == OP_SPLIT_PHASE;
+    int grads = c->op != OP_FORWARD, split = c->op == OP_SPLIT_PHASE || c->op == OP_SAVED_SPLIT;
+    int saved = c->op == OP_SAVED || c->op == OP_SAVED_SPLIT;
+    if (saved) {
+        p.strategy = FLCE_STRATEGY_SAVED, p.grad_outputs = c->gout;
+        p.accumulate_grad_hidden = split; /* every call of SAVED takes the same problem */
+        if (c->gout & FLCE_GRAD_LOGPROB) t.grad_logprob = upload_f32(g->glp + row0, rows);
+        if (c->gout & FLCE_GRAD_LSE) t.grad_lse = upload_f32(g->glse + row0, rows);
+        if (c->gout & FLCE_GRAD_ENTROPY) t.grad_entropy = upload_f32(g->gh + row0, rows);
+    }
     size_t es = host_dtype_size(c->dtype), dh_es = split ? 4 : es;
     float *loss = poisoned((size_t)rows * 4), *lse = poisoned((size_t)rows * 4);
     float *lpt = NULL, *lp = NULL, *ent = NULL;
@@ -140,7 +153,15 @@ static flce_status rank_run(rank_io *io)
      * the same here gives. Deregistered before it is freed. */
     void *ws = NULL, *ws_handle = NULL;
     flce_status st = FLCE_OK;
-    if (!split && register_workspace()) {
+    if (saved) { /* the workspace that holds the logits from the forward to the backward */
+        uint64_t need = 0;
+        st = flce_workspace_size(io->ctx, &p, FLCE_OP_FORWARD, &need);
+        if (st == FLCE_OK) st = devmem_alloc(&ws, need);
+        if (st == FLCE_OK && !split && register_workspace() &&
+            ncclCommRegister(io->comm, ws, (size_t)need, &ws_handle) != ncclSuccess)
+            st = FLCE_ERR_CUDA, snprintf(io->msg, sizeof io->msg, "test's ncclCommRegister failed");
+        t.workspace = ws, t.workspace_bytes = need;
+    } else if (!split && register_workspace()) {
         uint64_t need = 0, each = 0;
         flce_op ops[3] = {FLCE_OP_FORWARD, FLCE_OP_LOSS_AND_GRAD, FLCE_OP_BACKWARD};
         for (int k = 0; k < 3 && st == FLCE_OK; k++) {
@@ -156,6 +177,25 @@ static flce_status rank_run(rank_io *io)
     }
     if (st != FLCE_OK) {
         /* no registered workspace: io->msg or flce_last_error says why */
+    } else if (c->op == OP_SAVED) { /* both calls name the same tensors (flce.h "Saved logits") */
+        st = flce_forward(io->ctx, &p, &t, stream);
+        if (st == FLCE_OK) st = flce_backward(io->ctx, &p, &t, stream);
+    } else if (c->op == OP_SAVED_SPLIT) {
+        uint64_t bytes = 0;
+        void *stats = NULL, *gathered = NULL;
+        st = flce_tp_stats_bytes(&p, &bytes);
+        if (st == FLCE_OK) st = devmem_alloc(&stats, bytes);
+        if (st == FLCE_OK) st = devmem_alloc(&gathered, bytes * (uint64_t)io->tp);
+        if (st == FLCE_OK) st = flce_forward_stats(io->ctx, &p, &t, stats, stream);
+        if (st == FLCE_OK && ncclAllGather(stats, gathered, bytes, ncclUint8, io->comm, stream) != ncclSuccess)
+            st = FLCE_ERR_CUDA, snprintf(io->msg, sizeof io->msg, "test's ncclAllGather failed");
+        if (st == FLCE_OK) st = flce_forward_finish(io->ctx, &p, &t, gathered, stream);
+        if (st == FLCE_OK) st = flce_backward(io->ctx, &p, &t, stream);
+        if (st == FLCE_OK && ncclAllReduce(t.grad_hidden, t.grad_hidden, (size_t)(rows * d), ncclFloat32,
+                                           ncclSum, io->comm, stream) != ncclSuccess)
+            st = FLCE_ERR_CUDA, snprintf(io->msg, sizeof io->msg, "test's ncclAllReduce failed");
+        if (st == FLCE_OK) st = devmem_stream_sync(stream);
+        devmem_free(stats), devmem_free(gathered);
     } else if (c->op == OP_LOSS_AND_GRAD) {
         st = flce_loss_and_grad(io->ctx, &p, &t, stream);
     } else if (c->op == OP_FORWARD) {
@@ -210,7 +250,7 @@ static flce_status rank_run(rank_io *io)
             devmem_download(io->am, am, (size_t)rows * 8);
         }
         if (grads) {
-            if (split) down_f32(t.grad_hidden, io->dh, rows * d);
+            if (p.accumulate_grad_hidden) down_f32(t.grad_hidden, io->dh, rows * d);
             else download_f64(c->dtype, t.grad_hidden, io->dh, (size_t)(rows * d));
             download_f64(c->dtype, t.grad_weight, io->dw, (size_t)(shard * d));
             if (p.has_bias) download_f64(c->dtype, t.grad_bias, io->db, (size_t)(shard));
@@ -220,6 +260,7 @@ static flce_status rank_run(rank_io *io)
     devmem_free((void *)t.bias), devmem_free((void *)t.class_weights), devmem_free((void *)t.grad_output);
     devmem_free(loss), devmem_free(lse), devmem_free(lpt), devmem_free(lp), devmem_free(ent), devmem_free(am);
     devmem_free(t.grad_hidden), devmem_free(t.grad_weight), devmem_free(t.grad_bias);
+    devmem_free((void *)t.grad_logprob), devmem_free((void *)t.grad_lse), devmem_free((void *)t.grad_entropy);
     devmem_stream_destroy(stream);
     return st;
 }
@@ -236,12 +277,15 @@ static void make_data(const tcase *c, int tp, gdata *g)
 {
     int64_t n = c->n, d = c->d, v = c->v;
     g->h = dalloc(n * d), g->w = dalloc(v * d), g->b = dalloc(v), g->cw = dalloc(v), g->go = dalloc(n);
+    g->glp = dalloc(n), g->glse = dalloc(n), g->gh = dalloc(n);
     g->labels = malloc(sizeof(int64_t) * (size_t)n);
     double sw = c->sd / sqrt((double)d);
     for (int64_t i = 0; i < n * d; i++) g->h[i] = host_rng_normal(&rng);
     for (int64_t i = 0; i < v * d; i++) g->w[i] = sw * host_rng_normal(&rng);
     for (int64_t j = 0; j < v; j++) g->b[j] = 0.5 * host_rng_normal(&rng), g->cw[j] = 0.5 + 1.5 * host_rng_uniform(&rng);
     for (int64_t i = 0; i < n; i++) g->go[i] = 0.5 + host_rng_uniform(&rng);
+    for (int64_t i = 0; i < n; i++)
+        g->glp[i] = host_rng_normal(&rng), g->glse[i] = 0.1 * host_rng_normal(&rng), g->gh[i] = 0.1 * host_rng_normal(&rng);
     host_round_to_dtype(c->dtype, g->h, (size_t)(n * d));
     host_round_to_dtype(c->dtype, g->w, (size_t)(v * d));
     host_round_to_dtype(c->dtype, g->b, (size_t)v);
@@ -262,6 +306,7 @@ static void make_data(const tcase *c, int tp, gdata *g)
 static void free_data(gdata *g)
 {
     free(g->h), free(g->w), free(g->b), free(g->cw), free(g->go), free(g->labels);
+    free(g->glp), free(g->glse), free(g->gh);
 }
 
 static int same_bits(const double *a, const double *b, int64_t n)
@@ -371,6 +416,10 @@ static void check_case(const tcase *c, int tp, ncclComm_t *comms)
         double *rl = dalloc(n), *rlse = dalloc(n), *rdh = dalloc(n * d), *rdw = dalloc(v * d), *rdb = dalloc(v);
         const double *bias = p.has_bias ? g.b : NULL;
         ref_loss_and_grad(&p, &x, n, d, v, g.h, g.w, bias, g.labels, g.go, rl, rlse, rdh, rdw, rdb);
+        if (c->gout) /* OP_SAVED*: the per-token outputs' terms on top of the loss's */
+            ref_add_output_grads(&p, &x, n, d, v, g.h, g.w, bias, g.labels, c->gout & FLCE_GRAD_LOGPROB ? g.glp : NULL,
+                                 c->gout & FLCE_GRAD_LSE ? g.glse : NULL, c->gout & FLCE_GRAD_ENTROPY ? g.gh : NULL,
+                                 rdh, rdw, rdb);
         int64_t nl = none ? n : 1;
         double tg = tol_grad(c->dtype);
         double e_loss = ref_rel_l2(rl, loss, (size_t)nl), e_lse = ref_rel_l2(rlse, lse, (size_t)n);
@@ -440,6 +489,12 @@ static const tcase cases[] = {
     {"every option, recompute",            256, 64,  2001, FLCE_DTYPE_F16,  FLCE_REDUCTION_SUM,  1, OP_LOSS_AND_GRAD, 127,                      LAB_RANDOM,  32, FLCE_STRATEGY_RECOMPUTE, 1 << 20,   4},
     {"forward, then backward",             256, 64,  2001, FLCE_DTYPE_BF16, FLCE_REDUCTION_NONE, 1, OP_FWD_THEN_BWD,  O_SMOOTH,                 LAB_RANDOM,  32, FLCE_STRATEGY_AUTO,      0,         4},
     {"all ignored",                        128, 32,  1000, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 1, OP_LOSS_AND_GRAD, 0,                        LAB_IGNORED, 32, FLCE_STRATEGY_AUTO,      0,         2},
+    /* issue 45: the saved logits and the per-token outputs' gradients under TP (RL) */
+    {"saved: log-probs, lse, entropy",     384, 128, 3001, FLCE_DTYPE_BF16, FLCE_REDUCTION_NONE, 0, OP_SAVED,         O_TOKENS,                 LAB_RANDOM,  32, FLCE_STRATEGY_SAVED,     0,         4, FLCE_GRAD_LOGPROB | FLCE_GRAD_LSE | FLCE_GRAD_ENTROPY},
+    {"saved: bias, weights, smoothing",    256, 64,  1999, FLCE_DTYPE_BF16, FLCE_REDUCTION_SUM,  0, OP_SAVED,         O_TOKENS | O_BIAS | O_WEIGHTS | O_SMOOTH, LAB_RANDOM, 32, FLCE_STRATEGY_SAVED, 0, 2, FLCE_GRAD_LOGPROB},
+    {"saved, split phase: temperature",    256, 64,  2001, FLCE_DTYPE_F16,  FLCE_REDUCTION_NONE, 0, OP_SAVED_SPLIT,   O_TOKENS | O_TEMP,        LAB_RANDOM,  32, FLCE_STRATEGY_SAVED,     0,         4, FLCE_GRAD_LOGPROB | FLCE_GRAD_ENTROPY},
+    {"saved: mean + log-probs + entropy",  512, 64,  2050, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 1, OP_SAVED,         O_TOKENS,                 LAB_RANDOM,  64, FLCE_STRATEGY_SAVED,     0,         4, FLCE_GRAD_LOGPROB | FLCE_GRAD_ENTROPY},
+    {"saved: none, lse, softcap",          256, 64,  2001, FLCE_DTYPE_F16,  FLCE_REDUCTION_NONE, 1, OP_SAVED,         O_TOKENS | O_SOFTCAP,     LAB_RANDOM,  32, FLCE_STRATEGY_SAVED,     0,         4, FLCE_GRAD_LSE | FLCE_GRAD_LOGPROB},
 };
 
 static ncclComm_t comms2[8], comms4[8];
