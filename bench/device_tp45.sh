@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# device_tp45.sh — issue 45's device runs on a 2-GPU machine: build, the C TP tests (test_tp and its
+# qrows/overlap variant), then, by STAGES, the Python TP suite (torchrun) and bench/tp_compare.py.
+# Logs tarred into $OUT. STAGES: space-separated subset of "ctest py bench" (default "ctest").
+source "$(dirname "$0")/device_lib.sh"
+device_begin out
+STAGES=${STAGES:-ctest}
+device_env "$OUT/env.txt" "stages: $STAGES" "commit (real): ${REAL_COMMIT:-unknown}"
+t0=$(date +%s)
+device_build "$OUT/build.log" || { echo "build failed"; exit 1; }
+echo "build $(( $(date +%s) - t0 )) s"
+export FLCE_CACHE_DIR=$PWD/build/kcache
+rc=0
+for s in $STAGES; do
+  case $s in
+    ctest)
+      ( cd build && timeout 420 ctest -R "${CTEST_RE:-^test_tp$}" --output-on-failure -V ) > "$OUT/ctest.log" 2>&1 || rc=1
+      grep -E "tp=2|FAIL|passed|failed|rank" "$OUT/ctest.log" | tail -60 ;;
+    py)
+      FLCE_LIBRARY=$PWD/build/libflce.so timeout 300 torchrun --nproc_per_node=2 python/test_tp.py > "$OUT/py_tp.log" 2>&1 || rc=1
+      tail -50 "$OUT/py_tp.log" ;;
+    bench)
+      NCCL_NVLS_ENABLE=0 FLCE_LIBRARY=$PWD/build/libflce.so timeout ${BENCH_TIMEOUT:-400} torchrun --nproc_per_node=2 bench/tp_compare.py \
+        --out "$OUT/bench" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 || rc=1
+      tail -40 "$OUT/bench.log"; cat "$OUT"/bench/*.md 2>/dev/null | tail -30 ;;
+  esac
+done
+echo "total $(( $(date +%s) - t0 )) s, rc $rc"
+tar czf "$OUT/logs.tgz" -C "$OUT" --exclude logs.tgz . 2>/dev/null
+exit $rc
