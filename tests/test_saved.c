@@ -42,47 +42,22 @@ static void reference(const scase *c, const flce_problem *p, const double *h, co
                       const double *g_rows, refout *r)
 {
     int64_t n = c->n, d = c->d, v = c->v;
-    double *g = dalloc(n), *dz = dalloc(v), *z = dalloc(v);
-    ref_token_scales(p, NULL, n, v, y, g_loss, g);
-    for (int64_t i = 0; g_rows && i < n; i++) g[i] += y[i] >= 0 && y[i] < v ? g_rows[i] : 0;
-    memset(r->dh, 0, sizeof(double) * (size_t)(n * d));
-    memset(r->dw, 0, sizeof(double) * (size_t)(v * d));
-    double total = 0, den = 0;
+    ref_loss_and_grad(p, NULL, n, d, v, h, w, NULL, y, g_loss, r->loss, r->lse, r->dh, r->dw, NULL);
+    if (g_rows) { /* d Σ_i g_rows,i·loss_i: the same rows under reduction none, added */
+        flce_problem q = *p;
+        q.reduction = FLCE_REDUCTION_NONE;
+        double *dh = dalloc(n * d), *dw = dalloc(v * d);
+        ref_loss_and_grad(&q, NULL, n, d, v, h, w, NULL, y, g_rows, NULL, NULL, dh, dw, NULL);
+        for (int64_t k = 0; k < n * d; k++) r->dh[k] += dh[k];
+        for (int64_t k = 0; k < v * d; k++) r->dw[k] += dw[k];
+        free(dh), free(dw);
+    }
+    ref_add_output_grads(p, NULL, n, d, v, h, w, NULL, y, g_lp, g_lse, g_h, r->dh, r->dw, NULL);
     for (int64_t i = 0; i < n; i++) {
         ref_row_out o;
-        ref_row(p, NULL, d, v, h + i * d, w, NULL, y[i], &o, dz);
-        r->lse[i] = o.lse, r->lp[i] = o.target_logprob, r->ent[i] = o.entropy;
-        if (c->reduction == FLCE_REDUCTION_NONE) r->loss[i] = o.loss;
-        total += o.loss, den += o.valid;
-        for (int64_t j = 0; j < v; j++) {
-            double s = 0;
-            for (int64_t k = 0; k < d; k++) s += h[i * d + k] * w[j * d + k];
-            double zj = s / (c->temperature > 0 ? c->temperature : 1.0), chain = 1.0 / (c->temperature > 0 ? c->temperature : 1.0);
-            if (c->softcap > 0) {
-                double t = tanh(zj / c->softcap);
-                zj = c->softcap * t, chain *= 1 - t * t;
-            }
-            z[j] = zj;
-        }
-        for (int64_t j = 0; j < v; j++) {
-            double lp = z[j] - o.lse, pj = exp(lp), extra = 0;
-            if (g_lp && o.valid) extra += g_lp[i] * ((j == y[i]) - pj);
-            if (g_lse) extra += g_lse[i] * pj;
-            if (g_h) extra -= g_h[i] * pj * (lp + o.entropy);
-            double chain = 1.0 / (c->temperature > 0 ? c->temperature : 1.0);
-            if (c->softcap > 0) chain *= 1 - (z[j] / c->softcap) * (z[j] / c->softcap);
-            dz[j] = g[i] * dz[j] + chain * extra;
-        }
-        for (int64_t j = 0; j < v; j++) {
-            if (dz[j] == 0) continue;
-            for (int64_t k = 0; k < d; k++) {
-                r->dh[i * d + k] += dz[j] * w[j * d + k];
-                r->dw[j * d + k] += dz[j] * h[i * d + k];
-            }
-        }
+        ref_row(p, NULL, d, v, h + i * d, w, NULL, y[i], &o, NULL);
+        r->lp[i] = o.target_logprob, r->ent[i] = o.entropy;
     }
-    if (c->reduction != FLCE_REDUCTION_NONE) r->loss[0] = c->reduction == FLCE_REDUCTION_MEAN ? (den ? total / den : 0) : total;
-    free(g), free(dz), free(z);
 }
 
 static double *upstream(int64_t n, int on)
