@@ -124,8 +124,11 @@ static flce_status rank_run(rank_io *io)
     int grads = c->op != OP_FORWARD, split = c->op == OP_SPLIT_PHASE || c->op == OP_SAVED_SPLIT;
     int saved = c->op == OP_SAVED || c->op == OP_SAVED_SPLIT;
     if (saved) {
-        p.strategy = FLCE_STRATEGY_SAVED, p.grad_outputs = c->gout;
+        p.strategy = FLCE_STRATEGY_SAVED;
         p.accumulate_grad_hidden = split; /* every call of SAVED takes the same problem */
+    }
+    if (c->gout) { /* OP_SAVED*, or OP_LOSS_AND_GRAD: the upstream gradients given with the call */
+        p.grad_outputs = c->gout;
         if (c->gout & FLCE_GRAD_LOGPROB) t.grad_logprob = upload_f32(g->glp + row0, rows);
         if (c->gout & FLCE_GRAD_LSE) t.grad_lse = upload_f32(g->glse + row0, rows);
         if (c->gout & FLCE_GRAD_ENTROPY) t.grad_entropy = upload_f32(g->gh + row0, rows);
@@ -448,7 +451,7 @@ static void check_case(const tcase *c, int tp, ncclComm_t *comms)
         }
         /* the same data through single-GPU flce: TP must land as close as the reference tolerance */
         double s_loss = 0, s_dh = 0, s_dw = 0;
-        if (c->op == OP_LOSS_AND_GRAD) {
+        if (c->op == OP_LOSS_AND_GRAD && !c->gout) {
             double *sl = dalloc(n), *sdh = dalloc(n * d), *sdw = dalloc(v * d);
             flce_status st = single_gpu(c, &g, sl, sdh, sdw);
             CHECKF(st == FLCE_OK, "%s: single-GPU run: %s", name, flce_last_error());
@@ -494,6 +497,7 @@ static const tcase cases[] = {
     {"saved: bias, weights, smoothing",    256, 64,  1999, FLCE_DTYPE_BF16, FLCE_REDUCTION_SUM,  0, OP_SAVED,         O_TOKENS | O_BIAS | O_WEIGHTS | O_SMOOTH, LAB_RANDOM, 32, FLCE_STRATEGY_SAVED, 0, 2, FLCE_GRAD_LOGPROB},
     {"saved, split phase: temperature",    256, 64,  2001, FLCE_DTYPE_F16,  FLCE_REDUCTION_NONE, 0, OP_SAVED_SPLIT,   O_TOKENS | O_TEMP,        LAB_RANDOM,  32, FLCE_STRATEGY_SAVED,     0,         4, FLCE_GRAD_LOGPROB | FLCE_GRAD_ENTROPY},
     {"saved: mean + log-probs + entropy",  512, 64,  2050, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 1, OP_SAVED,         O_TOKENS,                 LAB_RANDOM,  64, FLCE_STRATEGY_SAVED,     0,         4, FLCE_GRAD_LOGPROB | FLCE_GRAD_ENTROPY},
+    {"chunked: none, log-probs + entropy", 512, 64,  2050, FLCE_DTYPE_BF16, FLCE_REDUCTION_NONE, 1, OP_LOSS_AND_GRAD, O_TOKENS,                 LAB_RANDOM,  32, FLCE_STRATEGY_CHUNKED,   1 << 20,   4, FLCE_GRAD_LOGPROB | FLCE_GRAD_ENTROPY},
     {"saved: none, lse, softcap",          256, 64,  2001, FLCE_DTYPE_F16,  FLCE_REDUCTION_NONE, 1, OP_SAVED,         O_TOKENS | O_SOFTCAP,     LAB_RANDOM,  32, FLCE_STRATEGY_SAVED,     0,         4, FLCE_GRAD_LSE | FLCE_GRAD_LOGPROB},
 };
 
