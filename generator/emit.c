@@ -67,8 +67,12 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     char summary[256];
     spec_code_summary(s, summary, sizeof summary);
     sb_printf(b, "// flce %s generated kernel: %s\n", FLCE_VERSION_STRING, summary);
-    sb_printf(b, "// Compile it alone with: nvcc -std=c++17 -arch=%s -c <this file>\n",
-              spec_arch_name(s->sm));
+    /* -gencode with the virtual arch spelled out: nvcc 13 reads -arch=sm_90a as compute_90 PTX for
+     * sm_90a, and ptxas then refuses wgmma and setmaxnreg (checked: tests/gen_nvcc.cmake). -x cu: the
+     * file may be saved under any name. */
+    const char *arch = spec_arch_name(s->sm);
+    sb_printf(b, "// Compile it alone with: nvcc -std=c++17 -gencode arch=compute_%s,code=%s -x cu -c <this file>\n",
+              arch + 3, arch);
     sb_text(b, "#define FLCE_GENERATED 1\n");
     sb_printf(b, "#define FLCE_SM %d\n", s->sm);
     sb_printf(b, "#define FLCE_DTYPE %d\n", (int)s->dtype);
