@@ -178,6 +178,16 @@ static int cache_is_lock_name(const char *name)
            strcmp(name + CACHE_HEX_DIGITS, CACHE_LOCK_SUFFIX) == 0;
 }
 
+/* flock(), or the no-locks fault of fault.h: ENOLCK, as NFS without lockd answers. */
+static int cache_flock(int fd, int op)
+{
+    if (fault_fire(FAULT_CACHE_LOCK)) {
+        errno = ENOLCK;
+        return -1;
+    }
+    return flock(fd, op);
+}
+
 static double cache_now_ms(void)
 {
     struct timespec ts;
@@ -219,10 +229,14 @@ static int cache_entry_path(char *out, const char *dir, const void *key, size_t 
     return cache_key_path(out, dir, key, key_len, CACHE_SUFFIX);
 }
 
-/* True the first time this process sees `dir` here; the caller then logs its one warning. */
-static int cache_first_warning(const char *dir)
+/* What a one-time warning is about, so that one directory can get one of each. */
+typedef enum cache_warning { CACHE_WARN_UNUSABLE = 0, CACHE_WARN_NO_FLOCK = 1 } cache_warning;
+
+/* True the first time this process sees `dir` here for `what`; the caller then logs its one
+ * warning. */
+static int cache_first_warning(const char *dir, cache_warning what)
 {
-    uint64_t id = hash64(dir, strlen(dir), 0);
+    uint64_t id = hash64(dir, strlen(dir), (uint64_t)what);
     int first = 1;
     pthread_mutex_lock(&cache_warn_lock);
     for (size_t i = 0; i < cache_warned_count && first; i++) first = cache_warned[i] != id;
@@ -234,7 +248,7 @@ static int cache_first_warning(const char *dir)
 
 static void cache_warn_unusable(const char *dir, const char *what, int err)
 {
-    if (!cache_first_warning(dir)) return;
+    if (!cache_first_warning(dir, CACHE_WARN_UNUSABLE)) return;
     log_msg(LOG_WARN, "cache directory '%s' is unusable (%s: %s); kernels stay in memory only",
             dir, what, strerror(err));
 }
@@ -640,7 +654,7 @@ flce_status cache_dir_writable(char *out, size_t cap)
     if (why[0]) {
         char tmp[CACHE_PATH_MAX];
         if (cache_private_tmp(tmp, sizeof tmp) == 0) {
-            if (cache_first_warning(tmp))
+            if (cache_first_warning(tmp, CACHE_WARN_UNUSABLE))
                 log_msg(LOG_WARN, "%s; using %s instead (set FLCE_CACHE_DIR to choose)", why, tmp);
             memcpy(dir, tmp, sizeof dir);
         } else if (!dir[0]) {
@@ -809,6 +823,24 @@ static void cache_lock_holder(int fd, char *out, size_t cap)
     if (!out[0]) snprintf(out, cap, "?");
 }
 
+/* flock refused (ENOLCK, EOPNOTSUPP, ENOSYS...: a file system without locks): the caller compiles
+ * without the lock, and says so once per directory. The file just opened (created, most likely)
+ * is removed if nobody ever held it (a holder writes its pid into it), so such a directory does
+ * not collect one lock file per kernel that nothing could ever prune. */
+static void cache_lock_refused(const char *dir, const char *path, int fd, const struct stat *mine, int err)
+{
+    struct stat now;
+    if (cache_first_warning(dir, CACHE_WARN_NO_FLOCK))
+        log_msg(LOG_WARN, "cache: the file system of '%s' refuses flock (%s); compiling without the "
+                "compile lock (processes missing a kernel at once may each compile it; entries stay whole)",
+                dir, strerror(err));
+    else
+        log_msg(LOG_DEBUG, "cache: no compile lock %s (flock: %s)", path, strerror(err));
+    if (fstat(fd, &now) == 0 && now.st_size == 0 && cache_same_file(&now, mine) &&
+        stat(path, &now) == 0 && cache_same_file(&now, mine))
+        (void)unlink(path);
+}
+
 /* Polls flock(LOCK_NB) rather than blocking in flock(): the wait must be bounded, a lock file
  * replaced or removed meanwhile must be followed to the new one, and a hung holder noticed. */
 int cache_lock_entry(const char *dir, const void *key, size_t key_len, cache_entry_lock *lk)
@@ -831,7 +863,7 @@ int cache_lock_entry(const char *dir, const void *key, size_t key_len, cache_ent
             if (fd < 0) break; /* a read-only directory: compile without the lock */
             if (fstat(fd, &mine) != 0) break;
         }
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        if (cache_flock(fd, LOCK_EX | LOCK_NB) == 0) {
             /* Ours only if the file is still the one at the path: a holder removes it before it
              * unlocks, and a waiter that breaks a stale lock removes it. */
             if (stat(lk->path, &now) == 0 && cache_same_file(&now, &mine)) {
@@ -844,7 +876,7 @@ int cache_lock_entry(const char *dir, const void *key, size_t key_len, cache_ent
         }
         if (errno == EINTR) continue;
         if (errno != EWOULDBLOCK) {
-            log_msg(LOG_DEBUG, "cache: no compile lock %s (flock: %s)", lk->path, strerror(errno));
+            cache_lock_refused(dir, lk->path, fd, &mine, errno);
             break;
         }
         if (stat(lk->path, &now) != 0 || !cache_same_file(&now, &mine)) {
@@ -920,8 +952,9 @@ static int cache_remove_stale_lock(const char *path)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
     int removed = 0;
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &mine) == 0 && lstat(path, &st) == 0 &&
-        cache_same_file(&st, &mine))
+    /* Locked by us, or a file system that refuses flock: then nobody can hold it either. */
+    int ours = cache_flock(fd, LOCK_EX | LOCK_NB) == 0 || (errno != EWOULDBLOCK && errno != EINTR);
+    if (ours && fstat(fd, &mine) == 0 && lstat(path, &st) == 0 && cache_same_file(&st, &mine))
         removed = unlink(path) == 0;
     close(fd);
     return removed;
@@ -1247,7 +1280,7 @@ static int cache_stats_flock(int fd, int op)
 {
     double t0 = cache_now_ms(), pause = CACHE_LOCK_POLL_MIN_MS;
     for (;;) {
-        if (flock(fd, op | LOCK_NB) == 0) return 1;
+        if (cache_flock(fd, op | LOCK_NB) == 0) return 1;
         if (errno == EINTR) continue;
         if (errno != EWOULDBLOCK || cache_now_ms() - t0 > CACHE_STATS_LOCK_WAIT_MS) return 0;
         cache_sleep_ms(pause);
@@ -1274,7 +1307,7 @@ static void cache_stats_compact(const char *path)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
     struct stat mine, now;
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &mine) != 0 || stat(path, &now) != 0 ||
+    if (cache_flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &mine) != 0 || stat(path, &now) != 0 ||
         !cache_same_file(&mine, &now) || (uint64_t)mine.st_size <= CACHE_STATS_COMPACT_BYTES) {
         close(fd);
         return;

@@ -17,6 +17,8 @@
  *  - Compile lock (cache_lock_entry): processes that miss the same key at once compile it once; the
  *    others wait for the entry. The lock only saves work: whatever happens to it (a holder killed,
  *    hung or on a file system without flock), entries stay whole and every caller gets a cubin.
+ *    A file system that refuses flock (ENOLCK, EOPNOTSUPP, ...) means compiling without the lock:
+ *    one warning (log.h, level warn) per process for that directory, and no lock file left.
  *  - Size cap: a store that takes the directory's entries past $FLCE_CACHE_MAX_MIB (default 2048;
  *    0 = no cap) removes the least recently used entries (file mtime, which a hit refreshes when it
  *    is more than a minute old) down to 90 % of the cap. The check is a directory scan, made at a
@@ -87,7 +89,8 @@ typedef struct cache_entry_lock {
  * cannot be created or opened (read-only directory), the file system refuses flock, or the wait
  * timed out: the caller compiles anyway. A lock whose file is older than the timeout (its holder
  * hung) is broken: removed, so later callers lock a new file. A holder that dies releases it at
- * once (flock). Never fails; *lk is always initialized. */
+ * once (flock), leaving its lock file unheld: the next caller takes it without waiting. Never
+ * fails; *lk is always initialized. */
 int cache_lock_entry(const char *dir, const void *key, size_t key_len, cache_entry_lock *lk);
 /* Removes the lock file (if it is still the one held) and releases the lock. No-op when not held. */
 void cache_unlock_entry(cache_entry_lock *lk);
@@ -154,7 +157,8 @@ void cache_note_compile(double ms, double cpu_ms);
  * flushes its parent's counts. A flush that finds the file over CACHE_STATS_COMPACT_BYTES folds it
  * into one line (under flock; appenders hold it shared, so no line is lost). A directory that
  * cannot be written keeps no counts; nothing here ever fails a call. cache_clear removes the file
- * (the counters restart with the cache). $FLCE_CACHE_STATS=0 turns recording off. */
+ * (the counters restart with the cache). $FLCE_CACHE_STATS=0 turns recording off. On a file system
+ * without flock the lines are appended unlocked and the file is never compacted. */
 #define CACHE_STATS_FILE "stats.log"
 #define CACHE_STATS_FLUSH_EVENTS 64
 #define CACHE_STATS_COMPACT_BYTES (64u * 1024u)

@@ -15,6 +15,7 @@ static const char *const fault_names[] = {
     [FAULT_NVRTC_COMPILE] = "nvrtc",
     [FAULT_CACHE_WRITE] = "cache_write",
     [FAULT_CACHE_RENAME] = "cache_rename",
+    [FAULT_CACHE_LOCK] = "cache_lock",
     [FAULT_MODULE_LOAD] = "module_load",
     [FAULT_DEVICE_ALLOC] = "device_alloc",
 };

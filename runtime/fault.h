@@ -3,11 +3,11 @@
  * (tests/test_fault.c) can check that every failure ends in a clean status and message, leaves the
  * disk cache valid and leaks nothing (SQLite-style fault injection). Always compiled in, inert
  * unless the environment variable FLCE_FAULT is set, and consulted only on cold paths (compile,
- * cache store, module load, workspace allocation), so it costs one getenv per such call.
+ * cache store and locks, module load, workspace allocation), so it costs one getenv per such call.
  *
  *   FLCE_FAULT=<point>[:<nth>[:stall]]
  *
- *   point   nvrtc | cache_write | cache_rename | module_load | device_alloc
+ *   point   nvrtc | cache_write | cache_rename | cache_lock | module_load | device_alloc
  *   nth     which call at that point fails, counting from 1 since FLCE_FAULT took its current
  *           value in this process (setting the same value again does not restart the count;
  *           a forked child inherits it); 0 or absent = every call.
@@ -25,6 +25,8 @@ typedef enum fault_point {
     FAULT_NVRTC_COMPILE,  /* nvrtc_compile: FLCE_ERR_COMPILE before NVRTC runs */
     FAULT_CACHE_WRITE,    /* cache_store: a short write ending in ENOSPC (disk full) */
     FAULT_CACHE_RENAME,   /* cache_store: rename() of the finished temp file fails */
+    FAULT_CACHE_LOCK,     /* cache.c: flock() (compile locks, stats.log) fails with ENOLCK; without
+                             nth, every one: a file system without locks (NFS without lockd) */
     FAULT_MODULE_LOAD,    /* ctx_load_module: cuModuleLoadData fails (CUDA_ERROR_INVALID_IMAGE) */
     FAULT_DEVICE_ALLOC    /* ctx_workspace: cuMemAlloc fails (CUDA_ERROR_OUT_OF_MEMORY) */
 } fault_point;

@@ -1,8 +1,9 @@
 /*
  * test_cache.c — the on-disk kernel cache (runtime/cache.c, DESIGN.md §5): hits and misses,
- * collisions, corrupt/truncated/garbage entries, racing writer processes, unusable directories,
- * the directory's environment variables, and list/stat/clear; the compile lock (processes that
- * miss one kernel together compile it once; killed, hung and stale holders), the size cap's
+ * collisions, corrupt/truncated/garbage entries and entries of another format version, racing
+ * writer processes, unusable directories, the directory's environment variables, and
+ * list/stat/clear; the compile lock (processes that miss one kernel together compile it once;
+ * killed, hung and stale holders; a file system without flock), the size cap's
  * least-recently-used eviction, prune, read-only layers, the temp-directory fallback, the
  * counters (this process's, and each directory's persistent ones in stats.log), and `flce warmup` followed by `flce gen --compile` (all hits). Every case works in its
  * own mkdtemp directory under /tmp and removes it afterwards.
@@ -265,6 +266,56 @@ static void truncated_entry_is_a_miss(void)
         CHECKF(load_str(dir, KEY_A, VALUE_A) == 0, "size %ld of %ld", sizes[i], full);
         CHECK(store_str(dir, KEY_A, VALUE_A) == FLCE_OK);
         CHECK(load_str(dir, KEY_A, VALUE_A) == 1);
+        remove_tree(dir);
+    }
+}
+
+/* cache.c's CACHE_CHECKSUM_SEED: part of the entry file's format, like the offsets below. */
+#define TEST_CHECKSUM_SEED 0x5fd3a1c9e04b7263ull
+
+/* Rewrites the format version field (offset 4, little-endian) of the entry at `path` and
+ * recomputes its checksum (the last 8 bytes: hash64 chained over header, key and value), so that
+ * the version is the only thing wrong with it. 0 on success. */
+static int set_format_version(const char *path, uint32_t version)
+{
+    long size = file_size(path);
+    unsigned char *buf = size >= 32 ? malloc((size_t)size) : NULL;
+    FILE *f = buf ? fopen(path, "rb") : NULL;
+    int ok = f && fread(buf, 1, (size_t)size, f) == (size_t)size;
+    if (f) fclose(f);
+    if (ok) {
+        uint64_t key_len = 0, sum;
+        for (int i = 7; i >= 0; i--) key_len = (key_len << 8) | buf[8 + i];
+        for (int i = 0; i < 4; i++) buf[4 + i] = (unsigned char)(version >> (8 * i));
+        sum = hash64(buf, 24, TEST_CHECKSUM_SEED);
+        sum = hash64(buf + 24, (size_t)key_len, sum);
+        sum = hash64(buf + 24 + key_len, (size_t)size - 32 - (size_t)key_len, sum);
+        for (int i = 0; i < 8; i++) buf[size - 8 + i] = (unsigned char)(sum >> (8 * i));
+        ok = write_file(path, buf, (size_t)size) == 0;
+    }
+    free(buf);
+    return ok ? 0 : -1;
+}
+
+/* An entry written in another format version (a newer or older flce sharing the directory) is a
+ * miss, is removed, and the next store replaces it. Version 1 rewritten the same way still hits,
+ * so the misses come from the version field and not from the rewrite. */
+static void entry_of_another_format_version_is_a_miss_and_is_replaced(void)
+{
+    static const uint32_t versions[] = {1, 2, 0, 0xffffffffu};
+    for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {
+        char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
+        make_tmpdir(dir);
+        entry_path(dir, KEY_A, path);
+        CHECK(store_str(dir, KEY_A, VALUE_A) == FLCE_OK);
+        CHECK(set_format_version(path, versions[i]) == 0);
+        int want = versions[i] == 1 ? 1 : 0;
+        CHECKF(load_str(dir, KEY_A, VALUE_A) == want, "format version %u", versions[i]);
+        CHECKF(file_exists(path) == want, "format version %u: entry %s", versions[i],
+               want ? "removed" : "kept");
+        CHECK(store_str(dir, KEY_A, VALUE_A) == FLCE_OK);
+        CHECK(load_str(dir, KEY_A, VALUE_A) == 1);
+        CHECK(count_files(dir, NULL) == 1);
         remove_tree(dir);
     }
 }
@@ -974,6 +1025,83 @@ static void no_lock_where_the_directory_is_unusable_or_locking_is_off(void)
     remove_tree(root);
 }
 
+/* cache_lock_entry on each of dirs[0..n) with FLCE_LOG=warn and stderr sent to log_path; returns
+ * how many of them held the lock (each is released at once). */
+static int lock_each_with_warnings(const char *const *dirs, int n, const char *log_path)
+{
+    const char *old = getenv("FLCE_LOG");
+    char *saved_log = old ? strdup(old) : NULL;
+    int saved_err = dup(2), held = 0;
+    fflush(stderr);
+    if (saved_err >= 0 && capture_warnings(log_path) == 0)
+        for (int i = 0; i < n; i++) {
+            cache_entry_lock lk;
+            int got = cache_lock_entry(dirs[i], KEY_A, strlen(KEY_A), &lk);
+            held += got;
+            CHECKF(got == (lk.fd >= 0) && lk.waited_ms == 0, "%s: held %d, fd %d, waited %.1f ms",
+                   dirs[i], got, lk.fd, lk.waited_ms);
+            cache_unlock_entry(&lk);
+        }
+    fflush(stderr);
+    if (saved_err >= 0) {
+        dup2(saved_err, 2);
+        close(saved_err);
+    }
+    set_or_unset("FLCE_LOG", saved_log);
+    free(saved_log);
+    return held;
+}
+
+/* A file system without flock (NFS without lockd: ENOLCK; others say EOPNOTSUPP or ENOSYS, which
+ * cache.c treats alike), injected with FLCE_FAULT=cache_lock: cache_lock_entry gives up at once
+ * without the lock, leaves no lock file behind, and says so once per directory (level warn); the
+ * cache itself works (stores, loads, the stats file), and an old lock file nobody can hold is
+ * pruned. */
+static void without_flock_there_is_no_lock_one_warning_and_no_lock_file(void)
+{
+    char root[TEST_PATH_MAX], d1[TEST_PATH_MAX], d2[TEST_PATH_MAX], log_path[TEST_PATH_MAX],
+        old_lock[TEST_PATH_MAX];
+    saved_env env_fault = save_env("FLCE_FAULT"), env_timeout = save_env("FLCE_CACHE_LOCK_TIMEOUT"),
+              env_stats = save_env("FLCE_CACHE_STATS");
+    make_tmpdir(root);
+    join(d1, root, "one");
+    join(d2, root, "two");
+    join(log_path, root, "stderr.txt");
+    unsetenv("FLCE_CACHE_LOCK_TIMEOUT");
+    unsetenv("FLCE_CACHE_STATS");
+    setenv("FLCE_FAULT", "cache_lock", 1);
+    const char *dirs[] = {d1, d1, d2, d1, d2};
+    double t0 = now_s();
+    CHECK(lock_each_with_warnings(dirs, 5, log_path) == 0);
+    CHECKF(now_s() - t0 < 5, "%.3f s for 5 refused locks: they must not wait", now_s() - t0);
+    CHECKF(count_lines_with(log_path, "flock") == 2, "%d warnings about flock for 2 directories",
+           count_lines_with(log_path, "flock"));
+    CHECK(lock_each_with_warnings(dirs, 2, log_path) == 0);
+    CHECK(count_lines_with(log_path, "flock") == 0); /* already warned about both */
+    CHECKF(count_files(d1, NULL) == 0 && count_files(d2, NULL) == 0, "%d and %d files left",
+           count_files(d1, NULL), count_files(d2, NULL));
+
+    /* The cache works without locks: the entry, and the stats file appended unlocked. */
+    CHECK(store_str(d1, KEY_A, VALUE_A) == FLCE_OK);
+    CHECK(load_str(d1, KEY_A, VALUE_A) == 1);
+    cache_stats_note(d1, CACHE_OUTCOME_COMPILED, 5.0, 4.0, 0);
+    cache_stats_flush();
+    cache_dir_counters c;
+    CHECK(cache_dir_counters_read(d1, &c) == FLCE_OK && c.compiles == 1 && c.records == 1);
+
+    /* A lock file left from when the file system had locks, stale: nobody can hold it now. */
+    lock_path(d1, "kernel old", old_lock);
+    CHECK(write_file(old_lock, "123\n", 4) == 0 && set_age(old_lock, -2 * CACHE_STALE_SECONDS) == 0);
+    cache_prune_result r;
+    CHECK(cache_prune(d1, 0, &r) == FLCE_OK && r.locks_removed == 1 && !file_exists(old_lock));
+    CHECK(count_files(d1, ".cubin") == 1);
+
+    restore_env(&env_fault);
+    restore_env(&env_timeout);
+    restore_env(&env_stats);
+    remove_tree(root);
+}
+
 /* ---- size cap, prune, layers, fallback, counters ---------------------------------------- */
 
 static void store_big(const char *dir, const char *key, const unsigned char *value)
@@ -1551,6 +1679,7 @@ int main(void)
     RUN(hash_collision_is_a_miss);
     RUN(corrupt_entry_is_a_miss_and_is_replaced);
     RUN(truncated_entry_is_a_miss);
+    RUN(entry_of_another_format_version_is_a_miss_and_is_replaced);
     RUN(empty_and_garbage_files_are_misses);
     RUN(eight_processes_writing_the_same_key_at_once);
     RUN(readers_racing_writers_see_a_miss_or_the_whole_value);
@@ -1568,6 +1697,7 @@ int main(void)
     RUN(a_hung_holder_is_waited_for_only_up_to_the_timeout);
     RUN(a_stale_lock_is_broken);
     RUN(no_lock_where_the_directory_is_unusable_or_locking_is_off);
+    RUN(without_flock_there_is_no_lock_one_warning_and_no_lock_file);
     RUN(store_over_the_cap_evicts_the_least_recently_used);
     RUN(cap_of_zero_keeps_everything);
     RUN(max_bytes_follows_the_environment);
