@@ -133,6 +133,11 @@ flce_status jit_build(const kernel_spec *s, jit_result *out)
                 err_message());
         err_clear();
     }
+    /* The compile lock (when one was had) is held from here until after the store: a process
+     * killed in NVRTC leaves the lock file unheld and no entry (tests/test_fault.c waits for this
+     * line to kill one there). */
+    log_msg(LOG_DEBUG, "kernel %s: cache miss, compiling%s", summary,
+            lock.fd >= 0 ? " (holding its compile lock)" : "");
     double tc = now_ms(), cpu0 = thread_cpu_ms();
     st = nvrtc_compile(src, spec_role_name(s->role), s->sm, &out->cubin, &out->len);
     double cpu1 = thread_cpu_ms();
