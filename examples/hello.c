@@ -1,9 +1,11 @@
 /* hello.c — the smallest program against an installed flce (issue 17). Describes a problem,
  * checks it (no GPU needed), and asks a GPU, if there is one, how much workspace it takes.
- * Without a GPU (or driver) it says why and still exits 0: everything before the context runs
- * on the CPU.
+ * Without a GPU (or driver) it says so in one line and still exits 0: everything before the
+ * context ran on the CPU, which is what a check of an installation needs.
  *   cmake:       see CMakeLists.txt here (find_package(flce CONFIG REQUIRED))
- *   pkg-config:  cc hello.c $(pkg-config --cflags --libs flce) -o hello */
+ *   pkg-config:  the README's line, which tests/install_consume.cmake runs as written:
+ *     cc hello.c $(pkg-config --cflags --libs flce) -Wl,-rpath,$(pkg-config --variable=libdir flce) -o hello
+ *   (-Wl,-rpath: ./hello finds libflce.so.0 in the prefix without LD_LIBRARY_PATH) */
 #include <flce.h>
 #include <stdio.h>
 
@@ -31,7 +33,7 @@ int main(void)
 
     flce_context *ctx = NULL;
     if (flce_context_create(0, &ctx) != FLCE_OK) {
-        printf("no GPU: %s\n", flce_last_error());
+        printf("no GPU, so no workspace size (the calls that run kernels need one): %s\n", flce_last_error());
         return 0;
     }
     uint64_t bytes = 0;

@@ -1,6 +1,6 @@
 // hello.cpp — flce.h from C++ (issue 17): the header compiles as C++ with warnings as errors and
 // links without name mangling. The same steps as hello.c; the CPU part runs without a GPU.
-//   pkg-config:  c++ hello.cpp $(pkg-config --cflags --libs flce) -o hello_cpp
+//   pkg-config:  c++ hello.cpp $(pkg-config --cflags --libs flce) -Wl,-rpath,$(pkg-config --variable=libdir flce) -o hello_cpp
 #include <flce.h>
 
 #include <cstdint>

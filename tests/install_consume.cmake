@@ -5,8 +5,10 @@
 #    licence is in share/doc/flce;
 # 2. examples/ configured with find_package(flce CONFIG) against that prefix, built and run (hello
 #    and hello_cpp: their CPU part runs without a GPU);
-# 3. examples/hello.c compiled with `pkg-config --cflags --libs flce` and run (skipped, said so,
-#    where there is no pkg-config);
+# 3. examples/hello.c compiled with the README's pkg-config line, read from README.md and run by sh
+#    as written (-Wl,-rpath from `pkg-config --variable=libdir flce`), then ./hello run with no
+#    LD_LIBRARY_PATH: it validates a problem on the CPU and, without a GPU, says so and exits 0
+#    (skipped, said so, where there is no pkg-config);
 # 4. a parent project that add_subdirectory()s the repository with its tests off builds hello.c
 #    against the target flce (this builds the library once more: the only slow step).
 cmake_minimum_required(VERSION 3.25)
@@ -96,17 +98,35 @@ foreach(exe hello hello_cpp)
   endif()
 endforeach()
 
-# 3. pkg-config
+# 3. pkg-config: the README's line, as written
 find_program(PKG_CONFIG pkg-config)
 if(PKG_CONFIG)
+  file(STRINGS ${SRC}/README.md readme_lines REGEX "^    cc hello\\.c \\$\\(pkg-config ")
+  list(LENGTH readme_lines n)
+  if(NOT n EQUAL 1)
+    message(FATAL_ERROR "README.md: expected one line '    cc hello.c $(pkg-config ...' (Install), found ${n}")
+  endif()
+  string(STRIP "${readme_lines}" line)
+  find_program(CC_IN_PATH cc)
+  if(NOT CC_IN_PATH) # the README says cc; where there is none, the compiler this build used
+    string(REGEX REPLACE "^cc " "${CC} " line "${line}")
+  endif()
+  file(MAKE_DIRECTORY ${WORK}/pc)
+  file(COPY ${SRC}/examples/hello.c DESTINATION ${WORK}/pc)
   set(ENV{PKG_CONFIG_PATH} ${libdir}/pkgconfig)
-  run("pkg-config" ${PKG_CONFIG} --cflags --libs flce)
-  string(STRIP "${out}" flags)
-  separate_arguments(flags UNIX_COMMAND "${flags}")
-  run("cc hello.c $(pkg-config --cflags --libs flce)" ${CC} -Wall -Wextra -Werror
-    ${SRC}/examples/hello.c ${flags} -o ${WORK}/hello_pc)
-  run("hello (pkg-config)" ${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${WORK}/hello_pc)
-  message(STATUS "hello (pkg-config):\n${out}")
+  execute_process(COMMAND sh -c "${line}" WORKING_DIRECTORY ${WORK}/pc RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT EXISTS ${WORK}/pc/hello)
+    message(FATAL_ERROR "the README's line, in ${WORK}/pc: ${line}\nstatus ${rc}\n${out}${err}")
+  endif()
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ./hello WORKING_DIRECTORY ${WORK}/pc
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "flce 0\\.1\\.0" OR NOT out MATCHES "problem 4096x2048x32000: valid"
+     OR NOT out MATCHES "hidden=1001: FLCE_ERR_INVALID_ARGUMENT: "
+     OR NOT out MATCHES "(no GPU, so no workspace size[^\n]*: [^\n]+|workspace for loss and gradients: [0-9.]+ MiB)\n")
+    message(FATAL_ERROR "./hello (pkg-config, no LD_LIBRARY_PATH): status ${rc}\n${out}${err}")
+  endif()
+  message(STATUS "hello (pkg-config, the README's line: ${line}):\n${out}")
 else()
   message(STATUS "SKIPPED the pkg-config half: no pkg-config on this machine (apt-get install pkg-config)")
 endif()
