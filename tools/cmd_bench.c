@@ -2,6 +2,7 @@
  * Python). Per shape, logit spread and strategy: CUDA-event time (median of --iters after --warmup,
  * inputs rotated over --sets buffers), TFLOP/s, workspace and measured extra device memory, and
  * errors against the sampled fp64 reference (bench_data.h). `--list` prints the plans, no GPU. */
+#include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <time.h>
 
 #include "bench_data.h"
+#include "cmd_gen.h"
 #include "config.h"
 #include "context.h"
 #include "devmem.h"
@@ -48,7 +50,7 @@ enum { N_STRATEGIES = 16 };
 static bench_strategy STRATEGIES[N_STRATEGIES];
 static int n_strategies;
 
-/* The five shapes, N × D × V. */
+/* The five shapes, N × D × V (bench_usage says them too). */
 static const char *DEFAULT_SHAPES = "8192x4096x128256,8192x2304x256000,4096x2048x32000,"
                                     "32768x4096x128256,512x4096x128256";
 
@@ -84,37 +86,66 @@ typedef struct bench_row {
 
 static void bench_usage(FILE *f)
 {
-    fprintf(f, "usage: flce bench [--list] [--shapes NxDxV,...] [--dtype bf16|f16|f32] [--logit-std 4,0.5]\n"
-               "                  [--strategies auto,chunked,chunked-128MiB,recompute,saved,forward,chunked+fp32z,\n"
-               "                                auto+maingrad,saved+maingrad]\n"
-               "                  [--warmup 3] [--iters 10] [--sets 2] [--samples 8] [--json FILE]\n"
-               "                  [--arch sm_90a (--list only)] [--timeline]\n"
-               "--timeline: on stderr, each timed run with its input set and each kernel's time inside the\n"
-               "run (CUDA events between launches); with --json, each row's \"kernels\" (the per-role\n"
-               "times bench/compare.py --roles reports)\n");
+    fprintf(f,
+            "usage: flce bench [options]\n"
+            "Times flce's fused loss-and-gradient call on GPU 0 and checks what it computes. For every\n"
+            "shape (N tokens x D hidden x V vocab), spread of the random logits and strategy, it makes\n"
+            "--warmup calls, then times --iters calls with CUDA events on one stream, and prints a\n"
+            "Markdown table per shape: milliseconds per call (median, min, max), TFLOP/s (counted as\n"
+            "6*N*V*D; 2*N*V*D for forward), the workspace and the measured extra device memory (MiB),\n"
+            "the first call's wall time (compile or cache load, ms), and the relative errors of loss,\n"
+            "lse, dH and dW against an fp64 CPU reference on sampled tokens and vocab rows. The\n"
+            "strategies are set against each other (the auto row names what AUTO chose); PyTorch's\n"
+            "side is bench/compare.py's. Progress goes to stderr.\n"
+            "\n"
+            "Options (default in brackets):\n"
+            "  --shapes NxDxV,...   up to %d shapes [the issue's five: 8192x4096x128256,\n"
+            "                       8192x2304x256000, 4096x2048x32000, 32768x4096x128256,\n"
+            "                       512x4096x128256]\n"
+            "  --dtype T            bf16, f16 or f32 [bf16]\n"
+            "  --logit-std S,...    standard deviations of the random logits, up to %d [4,0.5]\n"
+            "  --strategies S,...   auto, chunked, recompute, saved (forward, then backward from the\n"
+            "                       logits it kept) or forward (loss and lse only); any but forward\n"
+            "                       with a memory budget (chunked-128MiB), +fp32z (the chunked logits\n"
+            "                       stored as fp32: FLCE_COMPACT=0) or +maingrad (dW added into an\n"
+            "                       fp32 buffer) [auto,chunked,chunked-128MiB,recompute,forward]\n"
+            "  --warmup K           untimed calls before the timed ones, 0 to 1000 [3]\n"
+            "  --iters K            timed calls, 1 to 10000; the median is reported [10]\n"
+            "  --sets K             copies of the inputs the calls rotate over, 1 to %d, so that no\n"
+            "                       call finds its operands in L2 (fewer where memory is short) [2]\n"
+            "  --samples K          tokens and vocab rows checked against fp64, 2 to 1024 [8]\n"
+            "  --json FILE          also write every row to FILE as JSON\n"
+            "  --timeline           on stderr, each timed call and each kernel's time inside it (CUDA\n"
+            "                       events between launches); with --json, each row's \"kernels\"\n"
+            "  --list               print the plans instead (chunks, workspace, estimated ms, AUTO's\n"
+            "                       choice and why), for an H100-sized GPU: no GPU needed\n"
+            "  --arch A             the target --list plans for: sm_80 ... sm_120 [sm_90a]\n"
+            "  -h, --help           this text\n"
+            "\n"
+            "Examples:\n"
+            "  flce bench --shapes 8192x4096x128256 --strategies auto,recompute --iters 20\n"
+            "  flce bench --list --shapes 512x4096x128256\n"
+            "\n"
+            "Exit status: 0 every row ran within tolerance (loss and lse 1e-5, per-token loss 1e-4,\n"
+            "dH and dW 4e-3 for bf16 and f16, 1e-4 for f32), 1 a row failed or was outside it,\n"
+            "2 a usage error, 3 no GPU (--list needs none).\n",
+            BENCH_MAX_SHAPES, BENCH_MAX_STDS, BENCH_MAX_SETS);
 }
 
 static int parse_shapes(bench_opts *o, const char *s)
 {
     char buf[1024];
-    snprintf(buf, sizeof buf, "%s", s);
+    if (snprintf(buf, sizeof buf, "%s", s) >= (int)sizeof buf) return tool_misuse("bench", "--shapes: too long"), 0;
     o->n_shapes = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        long long n, d, v;
-        char end;
-        if (sscanf(tok, "%lldx%lldx%lld%c", &n, &d, &v, &end) != 3 || n < 1 || d < 1 || v < 1) {
-            fprintf(stderr, "flce bench: --shapes '%s': expected NxDxV, e.g. 8192x4096x128256\n", tok);
-            return 0;
-        }
-        if (o->n_shapes == BENCH_MAX_SHAPES) {
-            fprintf(stderr, "flce bench: --shapes: at most %d shapes\n", BENCH_MAX_SHAPES);
-            return 0;
-        }
-        o->shape[o->n_shapes][0] = n, o->shape[o->n_shapes][1] = d, o->shape[o->n_shapes][2] = v;
+        if (!tool_shape(tok, o->shape[o->n_shapes < BENCH_MAX_SHAPES ? o->n_shapes : 0]))
+            return tool_misuse("bench", "--shapes '%s': expected NxDxV, e.g. 8192x4096x128256", tok), 0;
+        if (o->n_shapes == BENCH_MAX_SHAPES)
+            return tool_misuse("bench", "--shapes: at most %d shapes", BENCH_MAX_SHAPES), 0;
         o->n_shapes++;
     }
-    if (!o->n_shapes) fprintf(stderr, "flce bench: --shapes '%s': no shape given\n", s);
-    return o->n_shapes > 0;
+    if (!o->n_shapes) return tool_misuse("bench", "--shapes '%s': no shape given", s), 0;
+    return 1;
 }
 
 /* "<base>[-<N>MiB][+fp32z][+maingrad]" → a STRATEGIES entry (reused when the same name came before); -1 when
@@ -139,6 +170,7 @@ static int parse_strategy(const char *tok)
     long long mib = 0; /* 0: the library's default budget */
     if (dash) {
         char *end = NULL;
+        if (!isdigit((unsigned char)dash[1])) return -1;
         mib = strtoll(dash + 1, &end, 10);
         if (mib < 1 || mib > (1ll << 30) || strcmp(end, "MiB")) return -1;
         *dash = 0;
@@ -160,43 +192,29 @@ static int parse_strategies(bench_opts *o, const char *s)
     o->n_strat = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         int k = parse_strategy(tok);
-        if (k < 0) {
-            fprintf(stderr, "flce bench: --strategies: unknown strategy '%s' (use auto, chunked, recompute, "
-                            "saved or forward, optionally with a budget, +fp32z and +maingrad: chunked-1536MiB+fp32z)\n", tok);
-            return 0;
-        }
+        if (k < 0)
+            return tool_misuse("bench", "--strategies: unknown strategy '%s' (use auto, chunked, recompute, saved "
+                               "or forward, optionally with a budget, +fp32z and +maingrad: chunked-1536MiB+fp32z)", tok), 0;
         if (o->n_strat < N_STRATEGIES) o->strat[o->n_strat++] = k;
     }
-    return o->n_strat > 0;
+    if (!o->n_strat) return tool_misuse("bench", "--strategies '%s': no strategy given", s), 0;
+    return 1;
 }
 
 static int parse_stds(bench_opts *o, const char *s)
 {
     char buf[256];
-    snprintf(buf, sizeof buf, "%s", s);
+    if (snprintf(buf, sizeof buf, "%s", s) >= (int)sizeof buf) return tool_misuse("bench", "--logit-std: too long"), 0;
     o->n_stds = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         char *end;
         double x = strtod(tok, &end);
-        if (*end || !(x > 0) || o->n_stds == BENCH_MAX_STDS) {
-            fprintf(stderr, "flce bench: --logit-std '%s': expected up to %d positive numbers, e.g. 4,0.5\n",
-                    tok, BENCH_MAX_STDS);
-            return 0;
-        }
+        if (end == tok || *end || !(x > 0) || !isfinite(x) || o->n_stds == BENCH_MAX_STDS)
+            return tool_misuse("bench", "--logit-std '%s': expected up to %d positive numbers, e.g. 4,0.5", tok,
+                               BENCH_MAX_STDS), 0;
         o->std[o->n_stds++] = x;
     }
-    return o->n_stds > 0;
-}
-
-static int parse_count(const char *name, const char *v, int lo, int hi, int *out)
-{
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end || x < lo || x > hi) {
-        fprintf(stderr, "flce bench: %s '%s': expected an integer in [%d, %d]\n", name, v, lo, hi);
-        return 0;
-    }
-    *out = (int)x;
+    if (!o->n_stds) return tool_misuse("bench", "--logit-std '%s': no number given", s), 0;
     return 1;
 }
 
@@ -212,6 +230,23 @@ static flce_problem bench_problem(const bench_opts *o, int shape, int strat)
     return p;
 }
 
+static const struct option bench_options[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"list", no_argument, NULL, 'l'},
+    {"timeline", no_argument, NULL, 'T'},
+    {"shapes", required_argument, NULL, 's'},
+    {"strategies", required_argument, NULL, 'S'},
+    {"logit-std", required_argument, NULL, 'L'},
+    {"warmup", required_argument, NULL, 'w'},
+    {"iters", required_argument, NULL, 'i'},
+    {"sets", required_argument, NULL, 'e'},
+    {"samples", required_argument, NULL, 'n'},
+    {"json", required_argument, NULL, 'j'},
+    {"dtype", required_argument, NULL, 'd'},
+    {"arch", required_argument, NULL, 'a'},
+    {NULL, 0, NULL, 0},
+};
+
 /* Returns 1 when parsed, 0 after --help, -1 (message printed) for a bad argument. */
 static int bench_parse(bench_opts *o, int argc, char **argv)
 {
@@ -220,48 +255,46 @@ static int bench_parse(bench_opts *o, int argc, char **argv)
     parse_shapes(o, DEFAULT_SHAPES);
     parse_stds(o, "4,0.5");
     parse_strategies(o, "auto,chunked,chunked-128MiB,recompute,forward");
-    for (int i = 1; i < argc; i++) {
-        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(k, "--list")) { o->list = 1; continue; }
-        if (!strcmp(k, "--timeline")) { o->timeline = 1; continue; }
-        if (!strcmp(k, "-h") || !strcmp(k, "--help")) { bench_usage(stdout); return 0; }
-        if (!v) {
-            fprintf(stderr, "flce bench: %s: missing value or unknown option\n", k);
-            bench_usage(stderr);
-            return -1;
-        }
-        int ok;
-        if (!strcmp(k, "--shapes")) ok = parse_shapes(o, v);
-        else if (!strcmp(k, "--strategies")) ok = parse_strategies(o, v);
-        else if (!strcmp(k, "--logit-std")) ok = parse_stds(o, v);
-        else if (!strcmp(k, "--warmup")) ok = parse_count(k, v, 0, 1000, &o->warmup);
-        else if (!strcmp(k, "--iters")) ok = parse_count(k, v, 1, 10000, &o->iters);
-        else if (!strcmp(k, "--sets")) ok = parse_count(k, v, 1, BENCH_MAX_SETS, &o->sets);
-        else if (!strcmp(k, "--samples")) ok = parse_count(k, v, 2, 1024, &o->samples);
-        else if (!strcmp(k, "--json")) ok = 1, o->json = v;
-        else if (!strcmp(k, "--dtype")) {
-            ok = 1;
-            if (!strcmp(v, "bf16")) o->dtype = FLCE_DTYPE_BF16;
-            else if (!strcmp(v, "f16") || !strcmp(v, "fp16")) o->dtype = FLCE_DTYPE_F16;
-            else if (!strcmp(v, "f32") || !strcmp(v, "fp32")) o->dtype = FLCE_DTYPE_F32;
-            else ok = 0, fprintf(stderr, "flce bench: --dtype '%s': use bf16, f16 or f32\n", v);
-        } else if (!strcmp(k, "--arch")) {
-            o->sm = spec_parse_arch(v);
-            ok = o->sm != 0;
-            if (!ok) fprintf(stderr, "flce bench: --arch '%s': unknown (try sm_80, sm_90a, sm_100a)\n", v);
-        } else {
-            fprintf(stderr, "flce bench: unknown option '%s'\n", k);
-            bench_usage(stderr);
-            return -1;
+    tool_cli c;
+    tool_cli_start(&c, "bench", argc, argv, bench_options);
+    for (int v; (v = tool_next(&c)) != TOOL_NEXT_END;) {
+        int ok = 1;
+        tool_opts t; /* --dtype and --arch through the tool's common parser */
+        tool_opts_init(&t);
+        switch (v) {
+        case TOOL_NEXT_HELP: bench_usage(stdout); return 0;
+        case TOOL_NEXT_BAD: return -1;
+        case TOOL_NEXT_WORD: tool_misuse(c.cmd, "unexpected argument '%s'", c.arg); return -1;
+        case 'l': o->list = 1; break;
+        case 'T': o->timeline = 1; break;
+        case 's': ok = parse_shapes(o, c.arg); break;
+        case 'S': ok = parse_strategies(o, c.arg); break;
+        case 'L': ok = parse_stds(o, c.arg); break;
+        case 'w': ok = tool_int32(c.cmd, c.name, c.arg, 0, 1000, &o->warmup); break;
+        case 'i': ok = tool_int32(c.cmd, c.name, c.arg, 1, 10000, &o->iters); break;
+        case 'e': ok = tool_int32(c.cmd, c.name, c.arg, 1, BENCH_MAX_SETS, &o->sets); break;
+        case 'n': ok = tool_int32(c.cmd, c.name, c.arg, 2, 1024, &o->samples); break;
+        case 'j':
+            ok = c.arg[0] != '\0';
+            if (!ok) tool_misuse(c.cmd, "--json needs a file name");
+            o->json = c.arg;
+            break;
+        case 'd':
+            ok = tool_set_common(&t, c.cmd, c.name, c.arg) > 0;
+            o->dtype = t.problem.dtype;
+            break;
+        case 'a':
+            ok = tool_set_common(&t, c.cmd, c.name, c.arg) > 0;
+            o->sm = t.sm;
+            break;
         }
         if (!ok) return -1;
-        i++;
     }
     for (int s = 0; s < o->n_shapes; s++) {
         flce_problem p = bench_problem(o, s, 0);
         if (flce_problem_validate(&p) != FLCE_OK) {
-            fprintf(stderr, "flce bench: shape %lldx%lldx%lld: %s\n", (long long)p.tokens,
-                    (long long)p.hidden, (long long)p.vocab_shard, flce_last_error());
+            tool_misuse(c.cmd, "shape %lldx%lldx%lld: %s", (long long)p.tokens, (long long)p.hidden,
+                        (long long)p.vocab_shard, flce_last_error());
             return -1;
         }
     }
@@ -384,14 +417,10 @@ int cmd_bench(int argc, char **argv)
 {
     bench_opts o;
     int r = bench_parse(&o, argc, argv);
-    if (r <= 0) return r < 0 ? 2 : 0;
+    if (r <= 0) return r < 0 ? TOOL_EXIT_USAGE : TOOL_EXIT_OK;
     if (o.list) return bench_list(&o);
-    if (devmem_gpu_count() < 1) {
-        fprintf(stderr, "flce bench: no GPU (%s); `flce bench --list` prints the plans without one\n",
-                flce_last_error()[0] ? flce_last_error() : "no CUDA device");
-        return 1;
-    }
-    return bench_gpu(&o);
+    if (devmem_gpu_count() < 1) return tool_no_gpu("bench", "; `flce bench --list` prints the plans without one");
+    return bench_gpu(&o) ? TOOL_EXIT_FAILED : TOOL_EXIT_OK;
 }
 
 /* ---- on the GPU ---------------------------------------------------------------------------- */

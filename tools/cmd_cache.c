@@ -11,32 +11,39 @@
 
 #include "cache.h"
 #include "cmd_cache.h"
+#include "cmd_gen.h" /* the command line: tool_cli, tool_misuse */
 #include "flce.h"
 
 static const char cmd_cache_usage[] =
-    "usage: flce cache ls|stats|prune|clear [--dir DIR] [--max-mib N] [--json]\n"
-    "  ls     one line per entry: file, bytes, ok/invalid, the key's first line\n"
+    "usage: flce cache ls|stats|prune|clear [options]\n"
+    "Looks after the on-disk cache of compiled kernels (the autotune table in the same directory\n"
+    "is left alone). No GPU needed.\n"
+    "  ls     one line per entry: file, bytes, ok/invalid, the first line of its key\n"
     "  stats  directory, entries, total bytes, size cap, invalid entries, temporary and lock files,\n"
     "         and the counters every process that used the directory left in its stats.log:\n"
     "         kernel lookups, hits, misses, compiles and their NVRTC seconds (wall and CPU), waits\n"
-    "         for another process's compile, evictions (--json: one JSON object)\n"
-    "  prune  remove invalid entries, temporary and lock files left by killed processes (older\n"
+    "         for another process's compile, evictions\n"
+    "  prune  remove invalid entries, and temporary and lock files left by killed processes (older\n"
     "         than 10 minutes), then the least recently used entries until the rest fit the cap\n"
     "  clear  remove every cache entry, temporary and lock file, and the counters (nothing else)\n"
-    "  --dir  use DIR instead of $FLCE_CACHE_DIR, $XDG_CACHE_HOME/flce, ~/.cache/flce\n"
-    "  --max-mib N  prune's cap in MiB (default $FLCE_CACHE_MAX_MIB, else 2048; 0: no eviction)\n";
+    "\n"
+    "Options (default in brackets):\n"
+    "  --dir DIR      the cache directory [$FLCE_CACHE_DIR, else $XDG_CACHE_HOME/flce, else\n"
+    "                 ~/.cache/flce]\n"
+    "  --max-mib N    prune's size cap in MiB, 0: no eviction [$FLCE_CACHE_MAX_MIB, else 2048]\n"
+    "  --json         stats as one JSON object\n"
+    "  -h, --help     this text\n"
+    "\n"
+    "Examples:\n"
+    "  flce cache stats\n"
+    "  flce cache prune --max-mib 512 --dir /shared/flce-cache\n"
+    "\n"
+    "Exit status: 0 done, 1 a file or directory could not be read or removed, 2 a usage error.\n";
 
 static int cmd_cache_fail(void)
 {
     fprintf(stderr, "flce cache: %s\n", flce_last_error());
     return 1;
-}
-
-static int cmd_cache_misuse(const char *why, const char *arg)
-{
-    if (why) fprintf(stderr, "flce cache: %s%s%s\n", why, arg ? ": " : "", arg ? arg : "");
-    fputs(cmd_cache_usage, stderr);
-    return 2;
 }
 
 static void cmd_cache_print_entry(void *user, const char *file_name, uint64_t bytes, int valid,
@@ -141,6 +148,14 @@ static int cmd_cache_clear(const char *dir)
     return status == FLCE_OK ? 0 : cmd_cache_fail();
 }
 
+static const struct option cmd_cache_options[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"dir", required_argument, NULL, 'd'},
+    {"max-mib", required_argument, NULL, 'm'},
+    {"json", no_argument, NULL, 'j'},
+    {NULL, 0, NULL, 0},
+};
+
 int cmd_cache(int argc, char **argv)
 {
     const char *sub = NULL;
@@ -148,44 +163,36 @@ int cmd_cache(int argc, char **argv)
     const char *max_opt = NULL;
     int json = 0;
     char dir[CACHE_PATH_MAX];
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs(cmd_cache_usage, stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--dir")) {
-            if (++i == argc) return cmd_cache_misuse("--dir needs a directory", NULL);
-            dir_opt = argv[i];
-        } else if (!strncmp(argv[i], "--dir=", 6)) {
-            dir_opt = argv[i] + 6;
-        } else if (!strcmp(argv[i], "--json")) {
-            json = 1;
-        } else if (!strcmp(argv[i], "--max-mib")) {
-            if (++i == argc) return cmd_cache_misuse("--max-mib needs a number", NULL);
-            max_opt = argv[i];
-        } else if (argv[i][0] == '-' || sub) {
-            return cmd_cache_misuse("unexpected argument", argv[i]);
-        } else {
-            sub = argv[i];
+    tool_cli c;
+    tool_cli_start(&c, "cache", argc, argv, cmd_cache_options);
+    for (int v; (v = tool_next(&c)) != TOOL_NEXT_END;) {
+        switch (v) {
+        case TOOL_NEXT_HELP: fputs(cmd_cache_usage, stdout); return TOOL_EXIT_OK;
+        case TOOL_NEXT_BAD: return TOOL_EXIT_USAGE;
+        case TOOL_NEXT_WORD:
+            if (sub) return tool_misuse(c.cmd, "unexpected argument '%s' (after '%s')", c.arg, sub);
+            sub = c.arg;
+            break;
+        case 'd': dir_opt = c.arg; break;
+        case 'm': max_opt = c.arg; break;
+        case 'j': json = 1; break;
         }
     }
-    if (!sub) return cmd_cache_misuse(NULL, NULL);
+    if (!sub) return tool_misuse(c.cmd, "a subcommand is needed: ls, stats, prune or clear");
     if (strcmp(sub, "ls") && strcmp(sub, "stats") && strcmp(sub, "prune") && strcmp(sub, "clear"))
-        return cmd_cache_misuse("unknown subcommand", sub);
-    if (json && strcmp(sub, "stats")) return cmd_cache_misuse("--json is for stats", NULL);
+        return tool_misuse(c.cmd, "unknown subcommand '%s' (ls, stats, prune or clear)", sub);
+    if (json && strcmp(sub, "stats")) return tool_misuse(c.cmd, "--json is for stats");
     uint64_t max_bytes = cache_max_bytes();
     if (max_opt) {
-        char *end;
-        unsigned long long mib = strtoull(max_opt, &end, 10);
-        if (strcmp(sub, "prune")) return cmd_cache_misuse("--max-mib is prune's", NULL);
-        if (end == max_opt || *end || max_opt[0] == '-' || mib > (UINT64_MAX >> 20))
-            return cmd_cache_misuse("--max-mib needs a number of MiB", max_opt);
+        int64_t mib;
+        if (strcmp(sub, "prune")) return tool_misuse(c.cmd, "--max-mib is prune's");
+        if (!tool_int(c.cmd, "max-mib", max_opt, 0, INT64_MAX >> 20, &mib)) return TOOL_EXIT_USAGE;
         max_bytes = (uint64_t)mib << 20;
     }
     if (dir_opt) {
-        if (!*dir_opt) return cmd_cache_misuse("--dir needs a directory", NULL);
+        if (!*dir_opt) return tool_misuse(c.cmd, "--dir needs a directory");
         if (snprintf(dir, sizeof dir, "%s", dir_opt) >= (int)sizeof dir)
-            return cmd_cache_misuse("directory name too long", NULL);
+            return tool_misuse(c.cmd, "--dir: the directory name is too long");
     } else if (cache_dir_writable(dir, sizeof dir) != FLCE_OK) {
         return cmd_cache_fail();
     }

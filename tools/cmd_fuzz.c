@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cmd_gen.h"
 #include "devmem.h"
 #include "error.h"
 #include "fuzz_case.h"
@@ -436,6 +437,7 @@ static int fz_many(const fz_opts *o)
     memset(&sm, 0, sizeof sm);
     fz_record rec;
     double last = 0;
+    int drew = 0; /* a progress line is on stderr: end it */
     for (;;) {
         /* wake every 2 s without a record: the progress line (and the running cases past the
          * limit) stays current while long cases run */
@@ -444,7 +446,7 @@ static int fz_many(const fz_opts *o)
         if (ready < 0 && errno == EINTR) continue;
         if (ready == 0) {
             fz_progress(o, &sm, sh, start);
-            last = host_now_s();
+            last = host_now_s(), drew = 1;
             continue;
         }
         ssize_t got = 0;
@@ -461,10 +463,10 @@ static int fz_many(const fz_opts *o)
         double now = host_now_s();
         if (now - last > 2 || sm.done == o->cases) {
             fz_progress(o, &sm, sh, start);
-            last = now;
+            last = now, drew = 1;
         }
     }
-    fprintf(stderr, "\n");
+    if (drew) fprintf(stderr, "\n");
     close(fds[0]);
     int skipped = 0, crashed = 0;
     for (int j = 0; j < o->jobs; j++) {
@@ -475,9 +477,9 @@ static int fz_many(const fz_opts *o)
     }
     free(kids);
     munmap(sh, shared_bytes);
-    if (skipped == o->jobs) {
-        printf("flce fuzz: no GPU: skipped\n");
-        return 77;
+    if (skipped == o->jobs) { /* the workers are gone: asking the driver here now harms none */
+        devmem_gpu_count();   /* for the reason in flce_last_error() */
+        return tool_no_gpu("fuzz", "; --list describes the cases without one");
     }
     fz_print_summary(o, &sm, host_now_s() - start);
     if (crashed) printf("flce fuzz: %d worker(s) died\n", crashed);
@@ -487,10 +489,7 @@ static int fz_many(const fz_opts *o)
 
 static int fz_one(const fz_opts *o)
 {
-    if (devmem_gpu_count() < 1) {
-        printf("flce fuzz: no GPU: skipped\n");
-        return 77;
-    }
+    if (devmem_gpu_count() < 1) return tool_no_gpu("fuzz", "; --list describes the cases without one");
     flce_context *ctx = NULL;
     if (flce_context_create(0, &ctx) != FLCE_OK || devmem_use(0) != FLCE_OK) {
         fprintf(stderr, "flce fuzz: %s\n", flce_last_error());
@@ -508,31 +507,76 @@ static int fz_one(const fz_opts *o)
 
 static void fz_usage(FILE *f)
 {
-    fprintf(f, "usage: flce fuzz [--seed S] [--cases C] [--jobs J] [--time-limit SECONDS] [--verbose]\n"
-               "       flce fuzz --seed S --case K    (rerun one case: the line a failure prints)\n"
-               "       flce fuzz --seed S --cases C --list   (describe the cases; no GPU needed)\n");
+    fprintf(f,
+            "usage: flce fuzz [options]\n"
+            "       flce fuzz --seed S --case K      (rerun one case: the line a failure prints)\n"
+            "The GPU differential fuzzer: random problems (every dtype, reduction, option, output,\n"
+            "accumulate mode and strategy; N 1-40000, D 8-8192, V 1-256000, vocab shards) run on GPU 0\n"
+            "with poisoned outputs and are checked against an fp64 CPU reference on sampled rows. A\n"
+            "failing case prints one line that reruns it and its table of errors; the summary gives\n"
+            "each dtype's largest errors and where the time went.\n"
+            "\n"
+            "Options (default in brackets):\n"
+            "  --seed S          the cases' seed, decimal or 0x... [a fresh one, printed first]\n"
+            "  --cases C         number of cases, at least 1 [200]\n"
+            "  --case K          run case K (from 0) of the seed alone, with its table of errors\n"
+            "  --jobs J          worker processes, 1 to 256, sharing GPU 0 and the disk cache [1]\n"
+            "  --time-limit T    start no case after T seconds (0: no limit); a running case ends\n"
+            "                    first [0]\n"
+            "  --list            describe the cases instead: no GPU needed\n"
+            "  --verbose         a line for every case that passes too\n"
+            "  -h, --help        this text\n"
+            "\n"
+            "Examples:\n"
+            "  flce fuzz --seed 7 --cases 500 --jobs 8 --time-limit 600\n"
+            "  flce fuzz --seed 7 --cases 20 --list\n"
+            "\n"
+            "Exit status: 0 every case passed, 1 a case failed (or a worker died, or none ran),\n"
+            "2 a usage error, 3 no GPU (--list needs none).\n");
+}
+
+static const struct option fz_options[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"seed", required_argument, NULL, 's'},
+    {"cases", required_argument, NULL, 'c'},
+    {"case", required_argument, NULL, 'k'},
+    {"jobs", required_argument, NULL, 'j'},
+    {"time-limit", required_argument, NULL, 't'},
+    {"list", no_argument, NULL, 'l'},
+    {"verbose", no_argument, NULL, 'v'},
+    {NULL, 0, NULL, 0},
+};
+
+/* Parses argv into o; returns -1 to go on, else the exit code (help: 0, misuse: 2). */
+static int fz_parse(fz_opts *o, int argc, char **argv)
+{
+    tool_cli c;
+    tool_cli_start(&c, "fuzz", argc, argv, fz_options);
+    for (int v; (v = tool_next(&c)) != TOOL_NEXT_END;) {
+        int ok = 1;
+        switch (v) {
+        case TOOL_NEXT_HELP: fz_usage(stdout); return TOOL_EXIT_OK;
+        case TOOL_NEXT_BAD: return TOOL_EXIT_USAGE;
+        case TOOL_NEXT_WORD: return tool_misuse(c.cmd, "unexpected argument '%s'", c.arg);
+        case 'l': o->list = 1; break;
+        case 'v': o->verbose = 1; break;
+        case 's': ok = tool_u64(c.cmd, c.name, c.arg, &o->seed); break;
+        case 'c': ok = tool_int(c.cmd, c.name, c.arg, 1, INT64_MAX, &o->cases); break;
+        case 'k': ok = tool_int(c.cmd, c.name, c.arg, 0, INT64_MAX, &o->one_case); break;
+        case 'j': ok = tool_int32(c.cmd, c.name, c.arg, 1, 256, &o->jobs); break;
+        case 't': ok = tool_real(c.cmd, c.name, c.arg, 0, 1e9, "from 0 (no limit) to 1e9 seconds", &o->time_limit); break;
+        }
+        if (!ok) return TOOL_EXIT_USAGE;
+    }
+    return -1;
 }
 
 int cmd_fuzz(int argc, char **argv)
 {
     fz_opts o = {0, 200, -1, 1, 0, 0, 0};
     o.seed = host_fresh_seed();
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fz_usage(stdout); return 0; }
-        if (!strcmp(a, "--list")) { o.list = 1; continue; }
-        if (!strcmp(a, "--verbose")) { o.verbose = 1; continue; }
-        if (!v) { fz_usage(stderr); return 2; }
-        if (!strcmp(a, "--seed")) o.seed = strtoull(v, &end, 0);
-        else if (!strcmp(a, "--cases")) o.cases = strtoll(v, &end, 0);
-        else if (!strcmp(a, "--case")) o.one_case = strtoll(v, &end, 0);
-        else if (!strcmp(a, "--jobs")) o.jobs = (int)strtol(v, &end, 0);
-        else if (!strcmp(a, "--time-limit")) o.time_limit = strtod(v, &end);
-        else { fz_usage(stderr); return 2; }
-        if (!end || *end || o.cases < 1 || o.jobs < 1 || o.jobs > 256) { fz_usage(stderr); return 2; }
-        i++;
-    }
+    int rc = fz_parse(&o, argc, argv);
+    if (rc >= 0) return rc;
     if (o.list) {
         for (int64_t k = 0; k < o.cases; k++) {
             fz_case c;

@@ -206,66 +206,92 @@ static int time_all(flce_context *ctx, tune_data *d, const tune_cands *c, int ru
 static void tune_usage(FILE *f)
 {
     fprintf(f,
-            "usage: flce tune [--device N] [--tokens N] [--hidden D] [--vocab V] [--dtype bf16|f16|f32]\n"
-            "                 [--labels 32|64] [--budget-mib M] [--softcap C] [--temperature T]\n"
-            "                 [--smoothing E] [--z-loss L] [--jobs J] [--runs R] [--max-candidates K]\n"
-            "                 [--dry-run [--arch sm_90a]]\n"
-            "Times every candidate tile configuration of the problem class on the GPU and stores the\n"
-            "winner in the autotune table of the cache directory (`flce info` names it); the library\n"
-            "then uses it for every call of that class (FLCE_LOG=info says \"tuned tiles from ...\").\n"
-            "--dry-run lists and compiles the candidates without a GPU.\n");
+            "usage: flce tune [options]\n"
+            "Autotunes one problem class on a GPU: compiles every candidate tile configuration of the\n"
+            "logits, dH and dW kernels (in parallel, through the disk cache), checks each one's loss,\n"
+            "lse, dH and dW against the built-in tiles' on random data of the real size, times them\n"
+            "with CUDA events role after role, and stores the fastest in the autotune table of the\n"
+            "cache directory (`flce info` names it). Every later call of that class (device, arch,\n"
+            "dtype, D, V, the token count's power-of-two bucket, options) uses it; FLCE_LOG=info says\n"
+            "\"tuned tiles from ...\".\n"
+            "\n"
+            "Options (default in brackets):\n"
+            "  --tokens N           tokens N [4096]\n"
+            "  --hidden D           hidden size D, a multiple of 8 [4096]\n"
+            "  --vocab V            vocabulary (shard) size V [32768]\n"
+            "  --dtype T            bf16, f16 or f32 [bf16]\n"
+            "  --labels B           label width in bits: 32 or 64 [32]\n"
+            "  --reduction R        mean, sum or none [mean]\n"
+            "  --budget-mib M       memory budget for stored logits, MiB [0: the library's default]\n"
+            "  --softcap C          logit softcap, 0 = off [0]\n"
+            "  --temperature T      logit temperature, > 0 [1]\n"
+            "  --smoothing E        label smoothing, in [0, 1) [0]\n"
+            "  --z-loss L           z-loss coefficient, >= 0 [0]\n"
+            "  --device N           the GPU to tune on [0]\n"
+            "  --jobs J             parallel compiles, at least 1 [the CPU count]\n"
+            "  --runs R             timed calls per candidate, 1 to 32; the median counts [5]\n"
+            "  --max-candidates K   at most K candidates per kernel, 1 to %d [%d]\n"
+            "  --dry-run            list and compile the candidates only: no GPU needed\n"
+            "  --arch A             the target of --dry-run: sm_80 ... sm_120 [sm_90a]\n"
+            "  -h, --help           this text\n"
+            "\n"
+            "Examples:\n"
+            "  flce tune --tokens 8192 --hidden 4096 --vocab 128256\n"
+            "  flce tune --dry-run --arch sm_90a --tokens 8192 --hidden 4096 --vocab 128256\n"
+            "\n"
+            "Exit status: 0 a winner was stored (--dry-run: every candidate compiled), 1 a failure,\n"
+            "2 a usage error, 3 no GPU (--dry-run needs none).\n",
+            TUNE_MAX_CAND, TUNE_MAX_CAND);
 }
 
-/* Options beyond tool_parse_common: 2 consumed, 1 for flags, 0 not ours, -1 bad value. */
-static int parse_tune_opt(tune_opts *o, int argc, char **argv, int i)
-{
-    const char *k = argv[i];
-    if (!strcmp(k, "--dry-run")) return o->dry_run = 1;
-    if (i + 1 >= argc) return 0;
-    char *end = NULL;
-    double v = strtod(argv[i + 1], &end);
-    if (end == argv[i + 1] || *end) {
-        if (!strncmp(k, "--", 2)) fprintf(stderr, "flce tune: %s %s: not a number\n", k, argv[i + 1]);
-        return strncmp(k, "--", 2) ? 0 : -1;
-    }
-    flce_problem *p = &o->t.problem;
-    if (!strcmp(k, "--device")) o->device = (int)v;
-    else if (!strcmp(k, "--jobs")) o->jobs = (int)v;
-    else if (!strcmp(k, "--runs")) o->runs = (int)v;
-    else if (!strcmp(k, "--max-candidates")) o->max_cand = (int)v;
-    else if (!strcmp(k, "--softcap")) p->softcap = (float)v;
-    else if (!strcmp(k, "--temperature")) p->temperature = (float)v;
-    else if (!strcmp(k, "--smoothing")) p->label_smoothing = (float)v;
-    else if (!strcmp(k, "--z-loss")) p->z_loss = (float)v;
-    else return 0;
-    return 2;
-}
+static const struct option tune_options[] = {
+    {"help", no_argument, NULL, 'h'},
+    TOOL_PROBLEM_OPT("tokens"),
+    TOOL_PROBLEM_OPT("hidden"),
+    TOOL_PROBLEM_OPT("vocab"),
+    TOOL_PROBLEM_OPT("dtype"),
+    TOOL_PROBLEM_OPT("labels"),
+    TOOL_PROBLEM_OPT("reduction"),
+    TOOL_PROBLEM_OPT("budget-mib"),
+    TOOL_PROBLEM_OPT("softcap"),
+    TOOL_PROBLEM_OPT("temperature"),
+    TOOL_PROBLEM_OPT("smoothing"),
+    TOOL_PROBLEM_OPT("z-loss"),
+    TOOL_PROBLEM_OPT("arch"),
+    {"device", required_argument, NULL, 'D'},
+    {"jobs", required_argument, NULL, 'j'},
+    {"runs", required_argument, NULL, 'r'},
+    {"max-candidates", required_argument, NULL, 'k'},
+    {"dry-run", no_argument, NULL, 'n'},
+    {NULL, 0, NULL, 0},
+};
 
+/* Parses argv into o; returns -1 to go on, else the exit code (help: 0, misuse: 2). */
 static int parse_args(tune_opts *o, int argc, char **argv)
 {
     tool_opts_init(&o->t);
     o->device = 0, o->runs = 5, o->max_cand = TUNE_MAX_CAND;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     o->jobs = cpus > 0 ? (int)cpus : 2;
-    for (int i = 1; i < argc;) {
-        int used = tool_parse_common(&o->t, argc, argv, i);
-        if (used == 0) used = parse_tune_opt(o, argc, argv, i);
-        if (used <= 0) {
-            if (used == 0) fprintf(stderr, "flce tune: unknown option '%s'\n", argv[i]);
-            tune_usage(stderr);
-            return 0;
+    tool_cli c;
+    tool_cli_start(&c, "tune", argc, argv, tune_options);
+    for (int v; (v = tool_next(&c)) != TOOL_NEXT_END;) {
+        int ok = 1;
+        switch (v) {
+        case TOOL_NEXT_HELP: tune_usage(stdout); return TOOL_EXIT_OK;
+        case TOOL_NEXT_BAD: return TOOL_EXIT_USAGE;
+        case TOOL_NEXT_WORD: return tool_misuse(c.cmd, "unexpected argument '%s'", c.arg);
+        case 'n': o->dry_run = 1; break;
+        case 'D': ok = tool_int32(c.cmd, c.name, c.arg, 0, 1023, &o->device); break;
+        case 'j': ok = tool_int32(c.cmd, c.name, c.arg, 1, 1024, &o->jobs); break;
+        case 'r': ok = tool_int32(c.cmd, c.name, c.arg, 1, 32, &o->runs); break;
+        case 'k': ok = tool_int32(c.cmd, c.name, c.arg, 1, TUNE_MAX_CAND, &o->max_cand); break;
+        default: ok = tool_set_common(&o->t, c.cmd, c.name, c.arg) > 0;
         }
-        i += used;
+        if (!ok) return TOOL_EXIT_USAGE;
     }
-    if (o->runs < 1 || o->runs > 32 || o->max_cand < 1 || o->jobs < 1) {
-        fprintf(stderr, "flce tune: --runs must be 1 to 32, --max-candidates and --jobs at least 1\n");
-        return 0;
-    }
-    if (flce_problem_validate(&o->t.problem) != FLCE_OK) {
-        fprintf(stderr, "flce tune: %s\n", flce_last_error());
-        return 0;
-    }
-    return 1;
+    if (tool_validate(c.cmd, &o->t.problem)) return TOOL_EXIT_USAGE;
+    return -1;
 }
 
 static int list_candidates(const tune_opts *o, int sm, tune_cands *c)
@@ -341,27 +367,20 @@ int cmd_tune(int argc, char **argv)
 {
     tune_opts o;
     memset(&o, 0, sizeof o);
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            tune_usage(stdout);
-            return 0;
-        }
-    if (!parse_args(&o, argc, argv)) return 2;
+    int rc = parse_args(&o, argc, argv);
+    if (rc >= 0) return rc;
     if (!o.dry_run) {
-        if (devmem_gpu_count() < 1) {
-            fprintf(stderr, "flce tune: no GPU (%s); --dry-run --arch sm_XX lists and compiles the candidates\n",
-                    flce_last_error()[0] ? flce_last_error() : "no CUDA device");
-            return 1;
-        }
+        if (devmem_gpu_count() < 1)
+            return tool_no_gpu("tune", "; --dry-run --arch sm_XX lists and compiles the candidates without one");
         return tune_gpu(&o);
     }
     static tune_cands c;
     printf("flce tune --dry-run: %s, N=%lld D=%lld V=%lld %s (class bucket N~%lld)\n", spec_arch_name(o.t.sm),
            (long long)o.t.problem.tokens, (long long)o.t.problem.hidden, (long long)o.t.problem.vocab_shard,
            host_dtype_name(o.t.problem.dtype), (long long)tune_bucket(o.t.problem.tokens));
-    if (!list_candidates(&o, o.t.sm, &c)) return 1;
+    if (!list_candidates(&o, o.t.sm, &c)) return TOOL_EXIT_FAILED;
     int failed = compile_all(&c, o.jobs);
     printf("%d of %d candidates compiled for %s; nothing was timed (dry run)\n",
            c.n[0] + c.n[1] + c.n[2] - failed, c.n[0] + c.n[1] + c.n[2], spec_arch_name(o.t.sm));
-    return failed ? 1 : 0;
+    return failed ? TOOL_EXIT_FAILED : TOOL_EXIT_OK;
 }

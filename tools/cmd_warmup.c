@@ -50,46 +50,63 @@ typedef struct warmup_kernel {
 static void warmup_usage(FILE *f)
 {
     fprintf(f,
-            "usage: flce warmup --shapes NxDxV,... [--dtype bf16] [--arch sm_90a]\n"
-            "                   [--op loss-and-grad|forward|backward]\n"
-            "                   [--strategy auto|chunked|recompute|forward|saved]\n"
-            "                   [--grad-outputs logprob,lse,entropy,loss_per_token] [--batch-invariant]\n"
-            "                   [--budget-mib N] [--reduction mean|sum|none] [--labels 32|64]\n"
-            "                   [--smoothing E] [--z-loss L] [--softcap C] [--temperature T] [--bias]\n"
-            "                   [--class-weights] [--accumulate] [--outputs usual|all|entropy,argmax]\n"
-            "                   [--jobs 1-8] [--sms N] [--device NAME]\n"
-            "Compiles into the disk cache every kernel the op's calls on these shapes (N tokens, hidden D,\n"
-            "vocab shard V) will load, and says which were compiled and which were already cached.\n"
-            "No GPU needed. --arch: default GPU 0's arch, else sm_90a. --outputs: which outputs the\n"
-            "calls ask for (usual: loss, lse and gradients, as flce_prepare with no tensors; all: every\n"
-            "output, as flce gen and flce_workspace_size plan; entropy, argmax: usual plus those).\n"
-            "--sms and --device (the autotune table's device name) stand in for a GPU's.\n");
-}
-
-static int warmup_misuse(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "flce warmup: ");
-    fprintf(stderr, fmt, arg);
-    fputc('\n', stderr);
-    warmup_usage(stderr);
-    return 2;
+            "usage: flce warmup --shapes NxDxV,... [options]\n"
+            "Compiles into the disk cache every kernel that one op's calls on these shapes (N tokens,\n"
+            "hidden D, vocab shard V) will load, so that a job's first step (or every rank of it) loads\n"
+            "them instead of compiling; says which were compiled and which were already cached. No GPU\n"
+            "needed; processes warming one cache directory together split the work.\n"
+            "\n"
+            "Options (default in brackets):\n"
+            "  --shapes NxDxV,...      the shapes the job will call, up to %d (required)\n"
+            "  --op O                  loss-and-grad, forward or backward [loss-and-grad]\n"
+            "  --strategy S            auto, chunked, recompute, forward or saved [auto]\n"
+            "  --dtype T               bf16, f16 or f32 [bf16]\n"
+            "  --arch A                target: sm_80, sm_86, sm_87, sm_89, sm_90a, sm_100a, sm_120\n"
+            "                          [GPU 0's, else sm_90a]\n"
+            "  --reduction R           mean, sum or none [mean]\n"
+            "  --labels B              label width in bits: 32 or 64 [32]\n"
+            "  --budget-mib M          memory budget for stored logits, MiB [0: the library's default]\n"
+            "  --smoothing E           label smoothing, in [0, 1) [0]\n"
+            "  --z-loss L              z-loss coefficient, >= 0 [0]\n"
+            "  --softcap C             logit softcap, 0 = off [0]\n"
+            "  --temperature T         logit temperature, > 0 [1]\n"
+            "  --bias                  the calls pass a bias\n"
+            "  --class-weights         the calls pass class weights\n"
+            "  --accumulate            the gradients are added into fp32 buffers (accumulate_grad_*)\n"
+            "  --batch-invariant       batch-invariant kernels (problem.batch_invariant)\n"
+            "  --grad-outputs G,...    per-token outputs with upstream gradients: logprob, lse,\n"
+            "                          entropy, loss_per_token [none]\n"
+            "  --outputs O,...         what the calls ask for: usual (loss, lse and the gradients, as\n"
+            "                          flce_prepare plans), all (every output, as flce gen plans), or\n"
+            "                          entropy and/or argmax besides the usual [usual]\n"
+            "  --jobs J                kernels compiled at once, 1 to %d [%d]\n"
+            "  --sms N                 SM count for AUTO's cost model [GPU 0's, else %d]\n"
+            "  --device NAME           the autotune table's device name to plan with, e.g.\n"
+            "                          NVIDIA_H100_80GB_HBM3 [GPU 0's, else none: built-in tiles]\n"
+            "  -h, --help              this text\n"
+            "\n"
+            "Example:\n"
+            "  flce warmup --shapes 8192x4096x128256,4096x4096x128256 --arch sm_90a\n"
+            "\n"
+            "Exit status: 0 every kernel is in the cache, 1 a compile or the cache failed, 2 a usage\n"
+            "error (an invalid shape too).\n",
+            WARMUP_MAX_SHAPES, WARMUP_MAX_JOBS, WARMUP_MAX_JOBS, WARMUP_DEFAULT_SMS);
 }
 
 static int parse_shapes(warmup_opts *o, const char *s)
 {
     char buf[2048];
-    if (snprintf(buf, sizeof buf, "%s", s) >= (int)sizeof buf) return 0;
+    if (snprintf(buf, sizeof buf, "%s", s) >= (int)sizeof buf) return tool_misuse("warmup", "--shapes: too long"), 0;
     o->n_shapes = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        long long n, d, v;
-        char end;
-        if (sscanf(tok, "%lldx%lldx%lld%c", &n, &d, &v, &end) != 3 || n < 1 || d < 1 || v < 1)
-            return 0;
-        if (o->n_shapes == WARMUP_MAX_SHAPES) return 0;
-        o->shape[o->n_shapes][0] = n, o->shape[o->n_shapes][1] = d, o->shape[o->n_shapes][2] = v;
+        if (o->n_shapes == WARMUP_MAX_SHAPES)
+            return tool_misuse("warmup", "--shapes: at most %d shapes", WARMUP_MAX_SHAPES), 0;
+        if (!tool_shape(tok, o->shape[o->n_shapes]))
+            return tool_misuse("warmup", "--shapes '%s': expected NxDxV, e.g. 8192x4096x128256", tok), 0;
         o->n_shapes++;
     }
-    return o->n_shapes > 0;
+    if (!o->n_shapes) return tool_misuse("warmup", "--shapes '%s': no shape given", s), 0;
+    return 1;
 }
 
 static int parse_op(const char *s, flce_op *op)
@@ -142,71 +159,85 @@ static int parse_outputs(warmup_opts *o, const char *s)
     return 1;
 }
 
-/* A float option's value: 0 when it is not a number. */
-static int parse_float(const char *s, float *out)
-{
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end) return 0;
-    *out = (float)v;
-    return 1;
-}
+static const struct option warmup_options[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"shapes", required_argument, NULL, 's'},
+    {"op", required_argument, NULL, 'o'},
+    {"strategy", required_argument, NULL, 'S'},
+    {"outputs", required_argument, NULL, 'O'},
+    {"grad-outputs", required_argument, NULL, 'g'},
+    {"jobs", required_argument, NULL, 'j'},
+    {"sms", required_argument, NULL, 'm'},
+    {"device", required_argument, NULL, 'D'},
+    {"bias", no_argument, NULL, 'b'},
+    {"class-weights", no_argument, NULL, 'w'},
+    {"accumulate", no_argument, NULL, 'A'},
+    {"batch-invariant", no_argument, NULL, 'B'},
+    {"arch", required_argument, NULL, 'a'},
+    TOOL_PROBLEM_OPT("dtype"),
+    TOOL_PROBLEM_OPT("reduction"),
+    TOOL_PROBLEM_OPT("labels"),
+    TOOL_PROBLEM_OPT("budget-mib"),
+    TOOL_PROBLEM_OPT("smoothing"),
+    TOOL_PROBLEM_OPT("z-loss"),
+    TOOL_PROBLEM_OPT("softcap"),
+    TOOL_PROBLEM_OPT("temperature"),
+    {NULL, 0, NULL, 0},
+};
 
 /* Parses argv into o; returns -1 to go on, else the exit code (help: 0, misuse: 2). */
 static int warmup_parse(warmup_opts *o, int argc, char **argv)
 {
     flce_problem *p = &o->t.problem;
-    for (int i = 1; i < argc;) {
-        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(k, "-h") || !strcmp(k, "--help")) {
-            warmup_usage(stdout);
-            return 0;
-        }
-        /* flags without a value */
-        if (!strcmp(k, "--bias") || !strcmp(k, "--class-weights") || !strcmp(k, "--accumulate") ||
-            !strcmp(k, "--batch-invariant")) {
-            if (!strcmp(k, "--bias")) p->has_bias = 1;
-            else if (!strcmp(k, "--batch-invariant")) p->batch_invariant = 1;
-            else if (!strcmp(k, "--class-weights")) p->has_class_weights = 1;
-            else p->accumulate_grad_hidden = p->accumulate_grad_weight = 1;
-            i++;
-            continue;
-        }
-        if (!strcmp(k, "--arch")) o->arch_given = 1;
-        int used = tool_parse_common(&o->t, argc, argv, i);
-        if (used < 0) return 2;
-        if (used > 0) {
-            i += used;
-            continue;
-        }
-        if (!v) return warmup_misuse("%s needs a value (or is unknown)", k);
+    tool_cli c;
+    tool_cli_start(&c, "warmup", argc, argv, warmup_options);
+    for (int v; (v = tool_next(&c)) != TOOL_NEXT_END;) {
         int ok = 1;
-        if (!strcmp(k, "--shapes")) ok = parse_shapes(o, v);
-        else if (!strcmp(k, "--op")) ok = parse_op(v, &o->op);
-        else if (!strcmp(k, "--strategy")) ok = parse_strategy(v, &p->strategy);
-        else if (!strcmp(k, "--outputs")) ok = parse_outputs(o, v);
-        else if (!strcmp(k, "--grad-outputs")) ok = parse_grad_outputs(v, &p->grad_outputs);
-        else if (!strcmp(k, "--smoothing")) ok = parse_float(v, &p->label_smoothing);
-        else if (!strcmp(k, "--z-loss")) ok = parse_float(v, &p->z_loss);
-        else if (!strcmp(k, "--softcap")) ok = parse_float(v, &p->softcap);
-        else if (!strcmp(k, "--temperature")) ok = parse_float(v, &p->temperature);
-        else if (!strcmp(k, "--jobs")) ok = (o->jobs = atoi(v)) >= 1 && o->jobs <= WARMUP_MAX_JOBS;
-        else if (!strcmp(k, "--sms")) ok = (o->sms = atoi(v)) >= 1;
-        else if (!strcmp(k, "--device")) o->device = v;
-        else return warmup_misuse("unknown option %s", k);
-        if (!ok) {
-            fprintf(stderr, "flce warmup: %s %s: bad value\n", k, v);
-            warmup_usage(stderr);
-            return 2;
+        const char *what = NULL; /* a value that is not one of the words the option takes */
+        switch (v) {
+        case TOOL_NEXT_HELP: warmup_usage(stdout); return TOOL_EXIT_OK;
+        case TOOL_NEXT_BAD: return TOOL_EXIT_USAGE;
+        case TOOL_NEXT_WORD: return tool_misuse(c.cmd, "unexpected argument '%s'", c.arg);
+        case 'b': p->has_bias = 1; break;
+        case 'w': p->has_class_weights = 1; break;
+        case 'A': p->accumulate_grad_hidden = p->accumulate_grad_weight = 1; break;
+        case 'B': p->batch_invariant = 1; break;
+        case 's': ok = parse_shapes(o, c.arg); break;
+        case 'o': what = parse_op(c.arg, &o->op) ? NULL : "loss-and-grad, forward or backward"; break;
+        case 'S': what = parse_strategy(c.arg, &p->strategy) ? NULL : "auto, chunked, recompute, forward or saved"; break;
+        case 'O': what = parse_outputs(o, c.arg) ? NULL : "usual, all, entropy or argmax, comma-separated"; break;
+        case 'g':
+            what = parse_grad_outputs(c.arg, &p->grad_outputs) ? NULL : "logprob, lse, entropy or loss_per_token, comma-separated";
+            break;
+        case 'j': ok = tool_int32(c.cmd, c.name, c.arg, 1, WARMUP_MAX_JOBS, &o->jobs); break;
+        case 'm': ok = tool_int32(c.cmd, c.name, c.arg, 1, 65536, &o->sms); break;
+        case 'D':
+            ok = c.arg[0] != '\0';
+            if (!ok) tool_misuse(c.cmd, "--device needs a device name");
+            o->device = c.arg;
+            break;
+        case 'a':
+            o->arch_given = 1;
+            ok = tool_set_common(&o->t, c.cmd, c.name, c.arg) > 0;
+            break;
+        default: ok = tool_set_common(&o->t, c.cmd, c.name, c.arg) > 0;
         }
-        i += 2;
+        if (what) return tool_misuse(c.cmd, "--%s '%s': use %s", c.name, c.arg, what);
+        if (!ok) return TOOL_EXIT_USAGE;
     }
-    if (!o->n_shapes) return warmup_misuse("%s", "--shapes is required (e.g. --shapes 8192x4096x128256)");
+    if (!o->n_shapes) return tool_misuse(c.cmd, "--shapes is required (e.g. --shapes 8192x4096x128256)");
     if (p->strategy == FLCE_STRATEGY_FORWARD && o->op != FLCE_OP_FORWARD)
-        return warmup_misuse("%s", "--strategy forward computes no gradients: use it with --op forward");
+        return tool_misuse(c.cmd, "--strategy forward computes no gradients: use it with --op forward");
     if ((p->strategy == FLCE_STRATEGY_CHUNKED || p->strategy == FLCE_STRATEGY_RECOMPUTE) &&
         o->op == FLCE_OP_FORWARD)
-        return warmup_misuse("%s", "a forward call uses --strategy forward or auto");
+        return tool_misuse(c.cmd, "a forward call uses --strategy forward or auto");
+    for (int k = 0; k < o->n_shapes; k++) { /* before anything is printed */
+        flce_problem q = *p;
+        q.tokens = o->shape[k][0], q.hidden = o->shape[k][1], q.vocab_shard = o->shape[k][2];
+        if (flce_problem_validate(&q) != FLCE_OK)
+            return tool_misuse(c.cmd, "shape %lldx%lldx%lld: %s", (long long)q.tokens, (long long)q.hidden,
+                               (long long)q.vocab_shard, flce_last_error());
+    }
     return -1;
 }
 
@@ -312,9 +343,8 @@ int cmd_warmup(int argc, char **argv)
             plan_make_on(&p, p.strategy == FLCE_STRATEGY_SAVED ? FLCE_OP_LOSS_AND_GRAD : o.op,
                          device[0] ? device : NULL, o.t.sm, o.sms, warmup_tensors(&o, &t),
                          &pl) != FLCE_OK) {
-            fprintf(stderr, "flce warmup: %lldx%lldx%lld: %s\n", (long long)p.tokens,
-                    (long long)p.hidden, (long long)p.vocab_shard, flce_last_error());
-            rc = 2;
+            rc = tool_misuse("warmup", "%lldx%lldx%lld: %s", (long long)p.tokens, (long long)p.hidden,
+                             (long long)p.vocab_shard, flce_last_error());
             break;
         }
         /* What launch.c's get_kernels loads for this plan. */
