@@ -3,6 +3,8 @@ flce.h's math in float64 PyTorch (flce/_reference.py), at the one place the bind
 (_Call.__call__ and _Call.scale), so that everything above — argument checks, the custom ops,
 their fake kernels and autograd formulas, torch.compile, the Hugging Face patch — runs on the CPU
 exactly as on a GPU. libflce.so is still loaded (the problems are built and validated by it).
+Tensor parallelism (flce.vocab_parallel_cross_entropy, both routes) runs on the ranks of a gloo
+world: the stand-in emulates flce's collectives with torch.distributed (_run_tp).
 
     import standin; standin.install()
 """
@@ -19,8 +21,7 @@ def _fields(p):
     return {f: getattr(p, f) for f, _ in _lib.Problem._fields_}
 
 
-def _run(self, op, strategy, half=None, buffer=None, **outs):
-    assert half is None, "the stand-in has no split-phase TP forward"
+def _run(self, op, strategy, half=None, buffer=None, workspace=None, **outs):
     p = self.problem
     p.strategy = _lib.STRATEGIES[strategy]
     _lib.validate(p)
@@ -29,23 +30,45 @@ def _run(self, op, strategy, half=None, buffer=None, **outs):
     if op != _lib.FLCE_OP_FORWARD and strategy == "forward":
         raise flce.FlceError(1, "FLCE_ERR_INVALID_ARGUMENT", "strategy FORWARD computes no gradients", "stand-in")
     reduction = {v: k for k, v in _lib.REDUCTIONS.items()}[p.reduction]
-    r = reference(self.hidden, self.weight, self.labels, bias=self.bias, class_weights=self.class_weights,
+    if p.tp_size > 1:
+        _run_tp(self, p, op, reduction, half, outs)
+        return
+    assert half is None, "the split-phase halves need tp_size > 1"
+    outputs, dz = _compute(self, p, op, reduction, outs)
+    if op != _lib.FLCE_OP_BACKWARD:
+        for name, val in outputs.items():
+            if outs.get(name) is not None:
+                outs[name].copy_(val.reshape(outs[name].shape))
+    if op == _lib.FLCE_OP_FORWARD:
+        return
+    h, w = self.hidden.double(), self.weight.double()
+    _write_grads(p, outs, lambda: dz @ w, lambda: dz.T @ h, lambda: dz.sum(0))
+
+
+_OUTPUT_KEYS = (("loss", "loss"), ("lse", "lse"), ("target_logprob", "logprobs"), ("entropy", "entropy"),
+                ("argmax", "argmax"), ("z_loss_out", "z_loss"), ("loss_per_token", "loss_per_token"))
+
+
+def _compute(t, p, op, reduction, inputs):
+    """The float64 outputs (flce_tensors names) of problem p on t's hidden, weight, labels, bias and
+    class weights, and dZ (None for a forward); inputs: grad_output, lse and the per-token upstream
+    gradients as flce_tensors fields."""
+    r = reference(t.hidden, t.weight, t.labels, bias=t.bias, class_weights=t.class_weights,
                   ignore_index=p.ignore_index, reduction=reduction, label_smoothing=p.label_smoothing,
                   z_loss=p.z_loss, softcap=p.softcap, temperature=p.temperature)
     if op == _lib.FLCE_OP_BACKWARD:
-        assert outs.get("lse") is not None, "backward needs lse"
-        assert torch.allclose(outs["lse"].double(), r["lse"].reshape(-1), rtol=1e-5, atol=1e-5), \
+        assert inputs.get("lse") is not None, "backward needs lse"
+        assert torch.allclose(inputs["lse"].double(), r["lse"].reshape(-1), rtol=1e-5, atol=1e-5), \
             "backward got a wrong lse"
-    else:
-        for name, key in (("loss", "loss"), ("lse", "lse"), ("target_logprob", "logprobs"), ("entropy", "entropy"),
-                          ("argmax", "argmax"), ("z_loss_out", "z_loss"), ("loss_per_token", "loss_per_token")):
-            if outs.get(name) is not None:
-                outs[name].copy_(r[key].reshape(outs[name].shape))
-    if op == _lib.FLCE_OP_FORWARD:
-        return
-    dz, h, w = _dz(self, p, reduction, outs.get("grad_output"), outs)
-    for name, val in (("grad_hidden", lambda: dz @ w), ("grad_weight", lambda: dz.T @ h),
-                      ("grad_bias", lambda: dz.sum(0))):
+    outputs = {name: r[key] for name, key in _OUTPUT_KEYS}
+    dz = None if op == _lib.FLCE_OP_FORWARD else _dz(t, p, reduction, inputs.get("grad_output"), inputs)[0]
+    return outputs, dz
+
+
+def _write_grads(p, outs, dh, dw, db):
+    """The gradients into the given buffers (dh, dw, db: functions computing them in float64), added
+    in fp32 where the problem accumulates."""
+    for name, val in (("grad_hidden", dh), ("grad_weight", dw), ("grad_bias", db)):
         dst = outs.get(name)
         if dst is None:
             continue
@@ -58,9 +81,91 @@ def _run(self, op, strategy, half=None, buffer=None, **outs):
             dst.copy_(val().reshape(dst.shape))
 
 
+# ---- tensor parallelism: the ranks of a torch.distributed (gloo) world emulate flce's collectives --
+
+def _gather_rows(x):
+    """Every rank's x stacked along dim 0 in rank order (the row counts may differ)."""
+    import torch.distributed as dist
+    size = dist.get_world_size()
+    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
+    dist.all_gather(counts, torch.tensor([x.shape[0]], dtype=torch.int64))
+    counts = [int(c) for c in counts]
+    pad = torch.zeros((max(counts),) + tuple(x.shape[1:]), dtype=x.dtype)
+    pad[:x.shape[0]] = x
+    parts = [torch.empty_like(pad) for _ in range(size)]
+    dist.all_gather(parts, pad)
+    return torch.cat([part[:c] for part, c in zip(parts, counts)])
+
+
+def _run_tp(self, p, op, reduction, half, outs):
+    """flce.h's tensor-parallel contract on the CPU: each rank gathers the weight shards and
+    computes the whole problem in float64; with tensors.comm the outputs are every rank's (this
+    rank's rows under sequence parallelism) and dH is summed over the ranks; without it (the
+    split-phase halves, flce_backward) dH is this rank's partial sum. The stats half does nothing:
+    the finish half computes everything."""
+    import types
+    import torch.distributed as dist
+    err = flce.FlceError
+    if half is not None and p.sequence_parallel:
+        raise err(2, "FLCE_ERR_UNSUPPORTED", "problem.sequence_parallel=1: the split-phase calls serve plain TP",
+                  "stand-in")
+    if half is None and self.comm is None and not (op == _lib.FLCE_OP_BACKWARD and not p.sequence_parallel):
+        raise err(1, "FLCE_ERR_INVALID_ARGUMENT", f"tensors.comm: NULL with tp_size={p.tp_size}", "stand-in")
+    assert half is None or op == _lib.FLCE_OP_FORWARD
+    if half == "flce_forward_stats":
+        return
+    assert dist.get_world_size() == p.tp_size and dist.get_rank() == p.tp_rank, "the stand-in's group is the world"
+    # what the library checks in its all-gather: the shards tile the vocab, the ranks agree
+    info = _gather_rows(torch.tensor([[p.vocab_offset, p.vocab_shard, p.vocab_total, p.tokens]], dtype=torch.int64))
+    starts = info[:, 0].tolist()
+    ends = (info[:, 0] + info[:, 1]).tolist()
+    if starts[0] != 0 or ends[-1] != p.vocab_total or starts[1:] != ends[:-1] or \
+            len(set(info[:, 2].tolist())) != 1 or len(set(info[:, 3].tolist())) != 1:
+        raise err(1, "FLCE_ERR_INVALID_ARGUMENT", f"ranks disagree or shards do not tile: {info.tolist()}",
+                  "stand-in")
+    sp = bool(p.sequence_parallel)
+    n_local = self.hidden.shape[0]
+    rows = slice(p.tp_rank * n_local, (p.tp_rank + 1) * n_local) if sp else slice(None)
+
+    def tokens(x):  # a per-token tensor over all tokens
+        return _gather_rows(x) if sp else x
+    t = types.SimpleNamespace(hidden=tokens(self.hidden.double()), weight=_gather_rows(self.weight.double()),
+                              labels=tokens(self.labels), class_weights=self.class_weights,
+                              bias=None if self.bias is None else _gather_rows(self.bias.double()))
+    inputs = {}
+    if op != _lib.FLCE_OP_FORWARD:
+        g = outs.get("grad_output")
+        inputs["grad_output"] = tokens(g) if g is not None and reduction == "none" else g
+        if op == _lib.FLCE_OP_BACKWARD:
+            inputs["lse"] = tokens(outs["lse"])
+        for name, bit in (("grad_logprob", _lib.FLCE_GRAD_LOGPROB), ("grad_lse", _lib.FLCE_GRAD_LSE),
+                          ("grad_entropy", _lib.FLCE_GRAD_ENTROPY),
+                          ("grad_loss_per_token", _lib.FLCE_GRAD_LOSS_PER_TOKEN)):
+            if outs.get(name) is not None and p.grad_outputs & bit:
+                inputs[name] = tokens(outs[name])
+    outputs, dz = _compute(t, p, op, reduction, inputs)
+    if op != _lib.FLCE_OP_BACKWARD:
+        for name, val in outputs.items():
+            dst = outs.get(name)
+            if dst is not None:
+                dst.copy_((val.reshape(-1)[rows] if val.dim() else val).reshape(dst.shape))
+    if op == _lib.FLCE_OP_FORWARD:
+        return
+    shard = slice(p.vocab_offset, p.vocab_offset + p.vocab_shard)
+    dz_r = dz[:, shard]
+    if self.comm is not None:
+        def dh():
+            return (dz @ t.weight)[rows]
+    else:
+        def dh():
+            return dz_r @ t.weight[shard]
+    _write_grads(p, outs, dh, lambda: dz_r.T @ t.hidden, lambda: dz_r.sum(0))
+
+
 def _dz(self, p, reduction, grad_output, outs=None):
     """flce.h's dZ in float64 (written out, not autograd: the stand-in runs below the autograd key),
-    with the per-token outputs' upstream gradients of problem.grad_outputs (RL-AND-DISTILL §2)."""
+    with the per-token outputs' upstream gradients of problem.grad_outputs (RL-AND-DISTILL §2).
+    self: anything with hidden, weight, labels, bias and class_weights (the whole vocab)."""
     h, w = self.hidden.double(), self.weight.double()
     y = self.labels.long()
     z = h @ w.T
@@ -141,9 +246,13 @@ def install():
     flce._Call.__call__ = _run
     flce._Call.scale = _scale
     # the saved logits' workspace: a token amount (nothing is kept on the CPU), none where a small
-    # budget says all tokens' would not fit (the library's rule, roughly: 2 bytes per logit)
-    flce._Call.saved_bytes = lambda self: 0 if self.problem.memory_budget and \
-        self.problem.memory_budget < 2 * self.problem.tokens * self.problem.vocab_shard else 256
+    # budget says all tokens' would not fit (the library's rule, roughly: 2 bytes per logit; under
+    # sequence parallelism every rank keeps all ranks' tokens)
+    def saved_bytes(self):
+        p = self.problem
+        tokens = p.tokens * (p.tp_size if p.sequence_parallel else 1)
+        return 0 if p.memory_budget and p.memory_budget < 2 * tokens * p.vocab_shard else 256
+    flce._Call.saved_bytes = saved_bytes
     flce._Call.strategy_of = lambda self, op, strategy: _choice(
         None, self.problem.tokens, 0, 0, None, None, flce._Options(-100, "mean", strategy, self.problem.memory_budget,
                                                                     0, 0, 0, 1, False), None, False, False)

@@ -16,7 +16,9 @@ ops (torch.library.opcheck); torch.compile(fullgraph=True) against eager, no gra
 (torch._dynamo.explain), dynamic shapes; CUDA-graph capture (GPU); per-token outputs (lse,
 logprobs, entropy, argmax, z-loss part, loss_per_token) and their gradients where defined,
 class weights, bias, label smoothing, z-loss, softcap, temperature, shift; fp32 accumulators
-(main_grad); the F.linear_cross_entropy and Cut Cross-Entropy argument conventions.
+(main_grad); the F.linear_cross_entropy and Cut Cross-Entropy argument conventions;
+flce.vocab_parallel_cross_entropy's argument errors and a group of one rank (without a GPU also
+python/test_tp.py --standin: both routes, sequence parallelism, on 2 gloo ranks of the CPU).
 Exit status 0 when all pass, 1 on a failure, 77 when torch (or, without a GPU, libflce.so) is
 missing (a skip, as in CTest). The last line reads 'N passed, N failed'.
 """
@@ -540,6 +542,107 @@ def feature_cases():
     case("flce.cce: Cut Cross-Entropy's names", cce_names)
 
 
+# ---- flce.vocab_parallel_cross_entropy (python/test_tp.py has the multi-rank tests) ------------------
+
+def parallel_cases():
+    import tempfile
+    import torch.distributed as dist
+
+    def one_rank_group(fn):
+        """fn() inside a torch.distributed group of this process alone (gloo, a FileStore)."""
+        def run():
+            if dist.is_initialized():
+                return fn()
+            with tempfile.TemporaryDirectory() as tmp:
+                dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0,
+                                        world_size=1)
+                try:
+                    return fn()
+                finally:
+                    dist.destroy_process_group()
+        return run
+
+    def vp(h, w, y, **kw):
+        kw.setdefault("vocab_offset", 0)
+        kw.setdefault("vocab_total", w.shape[0])
+        return flce.vocab_parallel_cross_entropy(h, w, y, **kw)
+
+    def bad_args():
+        h, w, y = inputs(8, 16, 5, seed=50)
+        for exc, kwargs, args, words in (
+                (ValueError, dict(sequence_parallel=True, shift=1), (h, w, y), "shift"),
+                (ValueError, dict(vocab_offset=3, vocab_total=7), (h, w, y), "vocab_offset"),
+                (ValueError, dict(vocab_offset=-1), (h, w, y), "vocab_offset"),
+                (ValueError, dict(vocab_offset=2, vocab_total=7), (h, w, y), "whole vocab"),  # one rank
+                (ValueError, dict(vocab_total=9), (h, w, y), "whole vocab"),
+                (TypeError, dict(vocab_offset=1.5), (h, w, y), "vocab_offset"),
+                (TypeError, dict(sequence_parallel="yes"), (h, w, y), "sequence_parallel"),
+                (TypeError, dict(comm=object()), (h, w, y), "comm"),
+                (ValueError, {}, (h, w, y[:4]), "labels"),
+                (ValueError, {}, (h[:, :8].contiguous(), w, y), "weight"),
+                (ValueError, dict(bias=torch.zeros(7, device=DEV)), (h, w, y), "bias"),
+                (ValueError, dict(vocab_total=9, class_weights=torch.ones(5, device=DEV)), (h, w, y), "class"),
+                (ValueError, dict(grad_hidden_accumulator=torch.zeros(4, 16, device=DEV)), (h, w, y),
+                 "grad_hidden_accumulator"),
+                (ValueError, dict(grad_weight_accumulator=torch.zeros(5, 16, device=DEV).half()), (h, w, y),
+                 "grad_weight_accumulator")):
+            try:
+                vp(*args, **kwargs)
+            except exc as e:
+                assert words in str(e), f"{exc.__name__} for {sorted(kwargs)} does not name '{words}': {e}"
+                continue
+            raise AssertionError(f"no {exc.__name__} for {sorted(kwargs)} {[tuple(a.shape) for a in args]}")
+    case("vocab_parallel_cross_entropy: argument errors", one_rank_group(bad_args))
+
+    def no_process_group():
+        h, w, y = inputs(8, 16, 5, seed=51)
+        try:
+            vp(h, w, y)
+        except RuntimeError as e:
+            assert "init_process_group" in str(e), e
+            return
+        raise AssertionError("no RuntimeError without torch.distributed initialized")
+    if not dist.is_initialized():
+        case("vocab_parallel_cross_entropy: no process group", no_process_group)
+
+    def one_rank_is_linear_cross_entropy():
+        # a group of one rank: linear_cross_entropy's values and gradients (logprobs, entropy, lse)
+        outs = dict(return_lse=True, return_logprobs=True, return_entropy=True, return_argmax=True,
+                    return_z_loss=True, return_loss_per_token=True)
+        for dtype, spec, reduction, shift, sp in ((torch.float32, OPTION_SETS[3][1], "mean", 0, False),
+                                                  (torch.bfloat16, dict(bias=True, z_loss=1e-3), "none", 0, True),
+                                                  (torch.float32, {}, "sum", 1, False)):
+            h, w, y, kw = make_options(40, 16, 90, dtype, spec, 52)
+            results = []
+            for fn in (flce.linear_cross_entropy, vp):
+                leaves = [h.clone().requires_grad_(), w.clone().requires_grad_()]
+                if "bias" in kw:
+                    leaves.append(kw["bias"].clone().requires_grad_())
+                kw_fn = dict(kw, bias=leaves[2] if "bias" in kw else None, reduction=reduction, shift=shift, **outs)
+                o = fn(leaves[0], leaves[1], y, **kw_fn, **({} if fn is flce.linear_cross_entropy else
+                                                            dict(sequence_parallel=sp)))
+                adv = torch.linspace(-1, 1, y.numel(), device=DEV, dtype=torch.float64)
+                obj = (o.loss.double().sum() - (o.logprobs.double() * adv).sum() - 0.01 * o.entropy.double().sum() +
+                       1e-3 * (o.lse.double() ** 2).sum())
+                obj.backward()
+                results.append((o, [t.grad for t in leaves]))
+            (a, ga), (b, gb) = results
+            for name in flce.LinearCrossEntropyOutput._fields:
+                assert torch.equal(getattr(a, name), getattr(b, name)), (dtype, name)
+            for x, z in zip(ga, gb):
+                assert torch.equal(x, z), (dtype, "gradients differ")
+    case("vocab_parallel_cross_entropy: a group of one rank is linear_cross_entropy",
+         one_rank_group(one_rank_is_linear_cross_entropy))
+
+    if not GPU:
+        def two_ranks():
+            # python/test_tp.py on 2 gloo ranks: both routes, sequence parallelism, option sets
+            r = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_tp.py"),
+                                "--standin"], capture_output=True, text=True, timeout=240)
+            assert r.returncode == 0, f"exit {r.returncode}:\n{r.stdout[-4000:]}{r.stderr[-2000:]}"
+        case("vocab_parallel_cross_entropy on 2 CPU ranks (test_tp.py --standin)", two_ranks)
+
+
 # ---- custom ops: opcheck, fake tensors, torch.compile, CUDA graphs -------------------------------
 
 def fwd_args(h, w, y, bias=None, cw=None, reduction="mean", outputs=0, grads=0, strategy="auto", eps=0.0, lam=0.0,
@@ -795,7 +898,8 @@ def main():
     else:
         print(f"{torch.cuda.get_device_name()}: flce {flce.version()} from {flce.library_path()}, torch "
               f"{torch.__version__}")
-    for name, section in (("basic", basic_cases), ("features", feature_cases), ("ops", op_cases)):
+    for name, section in (("basic", basic_cases), ("features", feature_cases), ("parallel", parallel_cases),
+                          ("ops", op_cases)):
         t0 = time.time()
         section()
         print(f"[{name}: {time.time() - t0:.1f} s]")

@@ -196,9 +196,10 @@ class _Options(NamedTuple):
 
 
 def _problem(n, d, v, dtype, label_dtype, opts, tp=None, has_bias=False, has_class_weights=False):
-    """flce_problem of n tokens, hidden size d, v weight rows (this rank's), torch dtypes and the
-    options; tp: None, or (rank, size, vocab_offset, vocab_total, comm pointer or None)."""
-    rank, size, offset, total, _ = tp or (0, 1, 0, v, None)
+    """flce_problem of n tokens (this rank's under sequence parallelism), hidden size d, v weight
+    rows (this rank's), torch dtypes and the options; tp: None, or (rank, size, vocab_offset,
+    vocab_total, comm pointer or None, sequence_parallel 0/1)."""
+    rank, size, offset, total, _, sp = tp or (0, 1, 0, v, None, 0)
     fields = dict(
         tokens=n, hidden=d, vocab_shard=v, vocab_offset=offset, vocab_total=total, tp_rank=rank, tp_size=size,
         dtype=_DTYPES[dtype], label_bits=_LABEL_BITS[label_dtype], reduction=_lib.REDUCTIONS[opts.reduction],
@@ -211,6 +212,8 @@ def _problem(n, d, v, dtype, label_dtype, opts, tp=None, has_bias=False, has_cla
         fields["batch_invariant"] = 1
     if has_class_weights:
         fields["has_class_weights"] = 1
+    if sp:
+        fields["sequence_parallel"] = 1
     return _lib.new_problem(**fields)
 
 
@@ -229,8 +232,8 @@ class _Call:
     weights (vocab_total,), and the options; calls ops on the current stream of the tensors' device."""
 
     def __init__(self, hidden, weight, labels, opts, tp=None, bias=None, class_weights=None):
-        """tp: None, or (rank, size, vocab_offset, vocab_total, comm pointer or None) for a
-        vocab-parallel call (python/flce/parallel.py)."""
+        """tp: None, or (rank, size, vocab_offset, vocab_total, comm pointer or None,
+        sequence_parallel) for a vocab-parallel call (python/flce/parallel.py)."""
         self.device = hidden.device
         self.comm = tp[4] if tp else None
         self.problem = _problem(hidden.shape[0], hidden.shape[1], weight.shape[0], hidden.dtype, labels.dtype,
@@ -426,12 +429,16 @@ class LinearCrossEntropyOutput(NamedTuple):
 
     loss            as without the options (scalar for mean/sum, per token for none)
     lse             log Σ_j exp(z_j) of each token (all tokens, ignored ones too); differentiable
-                    (not under tensor parallelism yet)
     logprobs        z_y − lse: log-probability of the label (0 for ignored tokens); differentiable
-    entropy         lse − Σ_j p_j z_j (all tokens); differentiable (not under tensor parallelism yet)
+    entropy         lse − Σ_j p_j z_j (all tokens); differentiable
     argmax          id of the largest logit (first on ties)
     z_loss          the z_loss·w_y·lse² part of the loss, reduced like the loss; not differentiable
     loss_per_token  loss_i before the reduction (0 for ignored tokens); differentiable
+
+    From flce.vocab_parallel_cross_entropy the same, over the whole vocab (argmax a global id);
+    under sequence parallelism the per-token fields are this rank's tokens. Gradients of lse and
+    entropy there need the saved logits on the split-phase route (comm=None; see
+    python/flce/parallel.py).
     """
     loss: torch.Tensor
     lse: Optional[torch.Tensor] = None
@@ -628,7 +635,7 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
                _ops.OUT_LOSS_PER_TOKEN * bool(want["loss_per_token"]))
     grads = 0
     if need_any and opts.reduction != "none" and gh_acc is None and gw_acc is None and \
-            not (want["logprobs"] or want["loss_per_token"] or (tp is None and (want["lse"] or want["entropy"]))) and \
+            not (want["logprobs"] or want["loss_per_token"] or want["lse"] or want["entropy"]) and \
             _grads_in_forward(h2, weight, y1, opts, tp, bias, cw):
         grads = (_ops.GRAD_HIDDEN * need_dh | _ops.GRAD_WEIGHT * need_dw | _ops.GRAD_BIAS * need_db)
         if not grads & (_ops.GRAD_HIDDEN | _ops.GRAD_WEIGHT):
@@ -642,15 +649,19 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
         bits = (_lib.FLCE_GRAD_LOGPROB * want["logprobs"] | _lib.FLCE_GRAD_LSE * want["lse"] |
                 _lib.FLCE_GRAD_ENTROPY * want["entropy"] |
                 _lib.FLCE_GRAD_LOSS_PER_TOKEN * (want["loss_per_token"] and opts.reduction != "none"))
-        if tp is None and strategy in ("auto", "saved") and h2.dtype != torch.float32:
+        if strategy in ("auto", "saved") and h2.dtype != torch.float32:
             # The saved logits (flce.h): forward keeps them, backward forms dZ with whatever upstream
-            # gradients arrive, 6·N·V·D. Where all tokens' do not fit the budget, forward keeps none
-            # and backward runs one chunked loss-and-grad (python/flce/_ops.py).
+            # gradients arrive, 6·N·V·D (under TP this rank's shard, with flce's collectives).
+            # Where all tokens' do not fit the budget, forward keeps none and backward runs one
+            # chunked loss-and-grad (python/flce/_ops.py).
             strategy = "saved"
             saved_grads = (_ops.GRAD_HIDDEN * (need_dh or not need_dw) | _ops.GRAD_WEIGHT * need_dw |
                            _ops.GRAD_BIAS * need_db)
-        elif tp is None and bits & (_lib.FLCE_GRAD_LSE | _lib.FLCE_GRAD_ENTROPY):
-            strategy = "chunked"  # backward: one chunked loss-and-grad with the outputs' gradients
+        elif bits and (tp is not None or bits & (_lib.FLCE_GRAD_LSE | _lib.FLCE_GRAD_ENTROPY)):
+            # backward: one chunked loss-and-grad with the outputs' gradients. Under TP also for
+            # log-probs and per-token losses: the library then divides a mean by the valid tokens of
+            # every rank (sequence parallelism), which flce_backward's per-token form below cannot.
+            strategy = "chunked"
         else:
             bits = 0  # log-probs and per-token losses by flce_backward, as before; lse and entropy not
     if strategy == "saved" and not saved_grads:
@@ -661,12 +672,12 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
         # now and flce_backward later do the same work as one loss-and-grad call, without scaling
         # dW and dH by the upstream gradient afterwards and without holding them in between.
         strategy = "recompute"
-    rank, size, offset, total, comm = tp or (0, 1, 0, weight.shape[0], None)
+    rank, size, offset, total, comm, sp = tp or (0, 1, 0, weight.shape[0], None, 0)
     res = _ops.forward(
         h2, weight, y1, bias, cw, gh_acc, gw_acc, opts.reduction, int(opts.ignore_index),
         float(opts.label_smoothing), float(opts.z_loss), float(opts.softcap), float(opts.temperature),
         strategy, int(opts.memory_budget or 0), outputs, grads, rank, size, offset, total, int(comm or 0),
-        bits, saved_grads, int(opts.batch_invariant))
+        bits, saved_grads, int(opts.batch_invariant), int(sp))
     loss, lse, logprob, entropy, argmax, zl, lpt = res[:7]
 
     if opts.reduction == "none":

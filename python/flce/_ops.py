@@ -12,8 +12,8 @@ torch.export and FakeTensor see them as opaque functional operators with known o
                            chunked flce_loss_and_grad with the same upstream gradients
   flce::scale_gradients_   flce_scale_gradients: gradients from forward times the upstream scalar,
                            in place (declared); used by the eager backward only
-  flce::not_differentiable a copy whose backward raises NotImplementedError: lse, entropy and the
-                           z-loss part, whose gradients the library does not compute
+  flce::not_differentiable a copy whose backward raises NotImplementedError: the z-loss part, and
+                           lse and entropy where forward did not prepare their gradients
 
 Each has a fake (meta) kernel that only computes shapes and an autograd formula
 (register_autograd). The kernels call the library through python/flce/__init__.py's _Call, on the
@@ -38,9 +38,11 @@ def _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperat
                     temperature, bool(batch_invariant))
 
 
-def _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm):
+def _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm, sequence_parallel=0):
     """_Call's tp tuple: None without tensor parallelism."""
-    return None if tp_size == 1 and comm == 0 else (tp_rank, tp_size, vocab_offset, vocab_total, comm or None)
+    if tp_size == 1 and comm == 0:
+        return None
+    return (tp_rank, tp_size, vocab_offset, vocab_total, comm or None, int(sequence_parallel))
 
 
 def _empty(shape, dtype, device):
@@ -85,7 +87,7 @@ def _forward_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional
                reduction: str, ignore_index: int, label_smoothing: float, z_loss: float, softcap: float,
                temperature: float, strategy: str, memory_budget: int, outputs: int, grads: int,
                tp_rank: int, tp_size: int, vocab_offset: int, vocab_total: int, comm: int, grad_outputs: int = 0,
-               saved_grads: int = 0, batch_invariant: int = 0
+               saved_grads: int = 0, batch_invariant: int = 0, sequence_parallel: int = 0
                ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Returns (loss, lse, logprob, entropy, argmax, z_loss, loss_per_token, dh, dw, db, saved): loss () or
     (N,) for 'none'; lse (N,); the per-token outputs (N,) when their `outputs` bit is set, else (0,);
@@ -94,14 +96,17 @@ def _forward_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional
     inputs so that the autograd formula can hand them to flce::backward.
     strategy 'saved': `saved` is the workspace holding the compact logits for flce::backward_saved
     (else (0,)); grad_outputs (FLCE_GRAD_* bits) and saved_grads (GRAD_* bits of the gradients the
-    backward will write) are the problem and tensors both calls must share."""
+    backward will write) are the problem and tensors both calls must share.
+    Tensor parallelism (tp_size > 1, flce's NCCL communicator `comm`): weight and bias are this
+    rank's vocab shard, dw and db its gradients; sequence_parallel = 1: hidden, labels and every
+    per-token output are this rank's rows of the tp_size·N tokens (flce.h)."""
     from . import _Call
     hidden, weight, bias, class_weights = _dense(hidden), _dense(weight), _dense(bias), _dense(class_weights, 4)
     labels = _dense(labels, labels.element_size())
     opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget,
                     batch_invariant)
-    call = _Call(hidden, weight, labels, opts, _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm),
-                 bias=bias, class_weights=class_weights)
+    tp = _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm, sequence_parallel)
+    call = _Call(hidden, weight, labels, opts, tp, bias=bias, class_weights=class_weights)
     if strategy == "saved":
         _saved_problem(call, grad_outputs, grad_hidden_acc if saved_grads & GRAD_HIDDEN else None,
                        grad_weight_acc if saved_grads & GRAD_WEIGHT else None)
@@ -131,27 +136,30 @@ forward_op = torch.library.custom_op("flce::forward", mutates_args=())(_forward_
 def _forward_fake(hidden, weight, labels, bias, class_weights, grad_hidden_acc, grad_weight_acc, reduction,
                   ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget, outputs,
                   grads, tp_rank, tp_size, vocab_offset, vocab_total, comm, grad_outputs=0, saved_grads=0,
-                  batch_invariant=0):
+                  batch_invariant=0, sequence_parallel=0):
+    # (under sequence parallelism the per-token outputs are hidden's rows too: the shapes hold)
     saved = 0
     if strategy == "saved":
         saved = _fake_saved_bytes(hidden, weight, labels, bias, class_weights, grad_hidden_acc, grad_weight_acc,
                                   reduction, ignore_index, label_smoothing, z_loss, softcap, temperature,
-                                  memory_budget, grad_outputs, saved_grads, batch_invariant)
+                                  memory_budget, grad_outputs, saved_grads, batch_invariant,
+                                  _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm, sequence_parallel))
     return _forward_outputs(hidden, weight, bias, reduction, outputs, grads, saved)
 
 
 def _fake_saved_bytes(hidden, weight, labels, bias, class_weights, gh_acc, gw_acc, reduction, ignore_index,
                       label_smoothing, z_loss, softcap, temperature, memory_budget, grad_outputs, saved_grads,
-                      batch_invariant=0):
+                      batch_invariant=0, tp=None):
     """The saved logits' bytes as the real kernel will take them: the library's plan (host
-    arithmetic) for static shapes and options, else a size the graph does not know."""
+    arithmetic) for static shapes and options, else a size the graph does not know. tp: _Call's
+    tuple (the plan of a vocab shard, and under sequence parallelism of all ranks' tokens)."""
     from . import _Call
     static = (*hidden.shape, weight.shape[0], ignore_index, memory_budget, label_smoothing, z_loss, softcap,
               temperature)
     if all(type(x) in (int, float) for x in static):
         opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, "saved",
                         memory_budget, batch_invariant)
-        call = _Call(hidden, weight, labels, opts, None, bias=bias, class_weights=class_weights)
+        call = _Call(hidden, weight, labels, opts, tp, bias=bias, class_weights=class_weights)
         _saved_problem(call, grad_outputs, gh_acc if saved_grads & GRAD_HIDDEN else None,
                        gw_acc if saved_grads & GRAD_WEIGHT else None)
         try:
@@ -199,7 +207,7 @@ def _saved_fields(loss, lse, logprob, entropy, argmax, zl, lpt, ws, saved_grads,
 
 _OPTION_NAMES = ("reduction", "ignore_index", "label_smoothing", "z_loss", "softcap", "temperature", "strategy",
                  "memory_budget", "outputs", "grads", "tp_rank", "tp_size", "vocab_offset", "vocab_total", "comm",
-                 "grad_outputs", "saved_grads", "batch_invariant")
+                 "grad_outputs", "saved_grads", "batch_invariant", "sequence_parallel")
 
 
 def _forward_setup(ctx, inputs, output):
@@ -208,6 +216,7 @@ def _forward_setup(ctx, inputs, output):
     ctx.o.setdefault("grad_outputs", 0)
     ctx.o.setdefault("saved_grads", 0)
     ctx.o.setdefault("batch_invariant", 0)
+    ctx.o.setdefault("sequence_parallel", 0)
     bits = ctx.o["grad_outputs"]
     loss, lse, logprob, entropy, argmax, zl, lpt, dh, dw, db, saved = output
     # Gradients flow only through loss, logprob and loss_per_token, and lse and entropy where
@@ -260,7 +269,7 @@ def _scale(ctx, g, dh, dw, db):
         scale(dh, dw, db, g.contiguous(), ctx.shapes[0][0], ctx.shapes[0][1], ctx.shapes[1][0],
               ctx.types[0], ctx.types[1], o["reduction"], o["ignore_index"], o["label_smoothing"],
               o["z_loss"], o["softcap"], o["temperature"], o["memory_budget"], ctx.types[2],
-              ctx.types[3], o["tp_rank"], o["tp_size"], o["vocab_offset"], o["vocab_total"])
+              ctx.types[3], o["tp_rank"], o["tp_size"], o["vocab_offset"], o["vocab_total"], o["sequence_parallel"])
         if eager:  # what the custom op's in-place declaration does: a second backward must see it
             _bump(dh, dw, db)
         return dh, dw, db
@@ -345,7 +354,8 @@ def _forward_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_argmax, g_zl, 
                         o["ignore_index"], 0.0 if plain_term else o["label_smoothing"],
                         0.0 if plain_term else o["z_loss"], o["softcap"], o["temperature"], o["strategy"],
                         o["memory_budget"], grads, o["tp_rank"], o["tp_size"], o["vocab_offset"], o["vocab_total"],
-                        o["comm"], gh_acc if need_dh else None, gw_acc if need_dw else None)
+                        o["comm"], gh_acc if need_dh else None, gw_acc if need_dw else None,
+                        o["sequence_parallel"])
         if eager:  # the accumulators it added into, as the custom op's declaration would mark them
             _bump(gh_acc if need_dh else None, gw_acc if need_dw else None)
         r = [t if t.numel() else None for t in r]
@@ -376,7 +386,13 @@ def _outputs_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_lpt, none):
         go, g_lpt = go + g_lpt.to(f32).reshape(n), None
 
     def per_token(g, bit):
-        return g.to(f32).reshape(n).contiguous() if g is not None and bits & bit else None
+        if not bits & bit:
+            return None
+        if g is None:
+            # Under TP every rank must name the same upstream gradients (the library's collectives
+            # depend on them, sequence parallelism all-gathers them): zeros where autograd has none.
+            return torch.zeros(n, dtype=f32, device=hidden.device) if o["tp_size"] > 1 else None
+        return g.to(f32).reshape(n).contiguous()
 
     grads = o["saved_grads"] if o["strategy"] == "saved" else \
         (GRAD_HIDDEN * bool(need_dh) | GRAD_WEIGHT * bool(need_dw) | GRAD_BIAS * bool(need_db))
@@ -386,7 +402,8 @@ def _outputs_backward(ctx, g_loss, g_lse, g_logprob, g_entropy, g_lpt, none):
         per_token(g_logprob, _lib.FLCE_GRAD_LOGPROB), per_token(g_lse, _lib.FLCE_GRAD_LSE),
         per_token(g_entropy, _lib.FLCE_GRAD_ENTROPY), per_token(g_lpt, _lib.FLCE_GRAD_LOSS_PER_TOKEN),
         o["reduction"], o["ignore_index"], o["label_smoothing"], o["z_loss"], o["softcap"], o["temperature"],
-        o["memory_budget"], grads, bits, o["outputs"], gh_acc, gw_acc, o["batch_invariant"])
+        o["memory_budget"], grads, bits, o["outputs"], gh_acc, gw_acc, o["batch_invariant"], o["tp_rank"],
+        o["tp_size"], o["vocab_offset"], o["vocab_total"], o["comm"], o["sequence_parallel"])
     if eager:  # what the custom op's mutation declaration does: a second backward must see it
         _bump(ws, gh_acc if need_dh else None, gw_acc if need_dw else None)
     dh, dw, db = (t if t.numel() else None for t in r)
@@ -447,7 +464,7 @@ def _backward_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optiona
                 ignore_index: int, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
                 strategy: str, memory_budget: int, grads: int, tp_rank: int, tp_size: int, vocab_offset: int,
                 vocab_total: int, comm: int, grad_hidden_acc: Optional[Tensor],
-                grad_weight_acc: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+                grad_weight_acc: Optional[Tensor], sequence_parallel: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """(dh, dw, db) of Σ_i g_i·loss_i from the lse of an earlier forward: grad_output is g (one fp32
     value for mean/sum, N for none). A gradient whose `grads` bit is clear, or that goes into an
     accumulator (+= in fp32), comes back as an empty (0,) tensor."""
@@ -459,8 +476,8 @@ def _backward_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optiona
             raise ValueError(f"{name}: must be contiguous and 16-byte aligned (flce adds into it in place)")
     opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature, strategy, memory_budget)
     dh, dw, db = _backward_outputs(hidden, weight, bias, grads, grad_hidden_acc, grad_weight_acc)
-    call = _Call(hidden, weight, labels, opts, _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm),
-                 bias=bias, class_weights=class_weights)
+    tp = _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm, sequence_parallel)
+    call = _Call(hidden, weight, labels, opts, tp, bias=bias, class_weights=class_weights)
     gh = grad_hidden_acc if grads & GRAD_HIDDEN and grad_hidden_acc is not None else _given(dh)
     gw = grad_weight_acc if grads & GRAD_WEIGHT and grad_weight_acc is not None else _given(dw)
     if gh is not None and grad_hidden_acc is not None and gh is grad_hidden_acc:
@@ -482,7 +499,7 @@ backward_op = torch.library.custom_op("flce::backward", mutates_args=("grad_hidd
 @backward_op.register_fake
 def _backward_fake(hidden, weight, labels, bias, class_weights, lse, grad_output, reduction, ignore_index,
                    label_smoothing, z_loss, softcap, temperature, strategy, memory_budget, grads, tp_rank, tp_size,
-                   vocab_offset, vocab_total, comm, grad_hidden_acc, grad_weight_acc):
+                   vocab_offset, vocab_total, comm, grad_hidden_acc, grad_weight_acc, sequence_parallel=0):
     return _backward_outputs(hidden, weight, bias, grads, grad_hidden_acc, grad_weight_acc)
 
 
@@ -496,19 +513,24 @@ def _backward_saved_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: O
                          label_smoothing: float, z_loss: float, softcap: float, temperature: float,
                          memory_budget: int, grads: int, grad_outputs: int, outputs: int,
                          grad_hidden_acc: Optional[Tensor], grad_weight_acc: Optional[Tensor],
-                         batch_invariant: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
+                         batch_invariant: int = 0, tp_rank: int = 0, tp_size: int = 1, vocab_offset: int = 0,
+                         vocab_total: int = 0, comm: int = 0, sequence_parallel: int = 0
+                         ) -> Tuple[Tensor, Tensor, Tensor]:
     """(dh, dw, db) of g·loss + Σ_i (g_lp,i·logprob_i + g_lse,i·lse_i + g_H,i·entropy_i + g_i·loss_i):
     grad_output is the loss's upstream gradient (one value for mean/sum, N for none), the others N
     values or None (zeros). With `workspace` (strategy 'saved') from the logits the forward kept
     there, which become dZ in place; without, one chunked flce_loss_and_grad (the logits again).
-    grad_outputs: the FLCE_GRAD_* bits of the forward; outputs: its OUT_* bits."""
+    grad_outputs: the FLCE_GRAD_* bits of the forward; outputs: its OUT_* bits. The tp fields as
+    flce::forward's; without `comm` (the split-phase route of python/flce/parallel.py) dh is this
+    rank's partial sum, added into grad_hidden_acc, and `workspace` is required."""
     from . import _Call
     hidden, weight, bias, class_weights = _dense(hidden), _dense(weight), _dense(bias), _dense(class_weights, 4)
     labels, lse, grad_output = _dense(labels, labels.element_size()), _dense(lse, 4), _dense(grad_output, 4)
     opts = _options(reduction, ignore_index, label_smoothing, z_loss, softcap, temperature,
                     "saved" if workspace is not None else "chunked", memory_budget, batch_invariant)
     dh, dw, db = _backward_outputs(hidden, weight, bias, grads, grad_hidden_acc, grad_weight_acc)
-    call = _Call(hidden, weight, labels, opts, None, bias=bias, class_weights=class_weights)
+    tp = _tp(tp_rank, tp_size, vocab_offset, vocab_total, comm, sequence_parallel)
+    call = _Call(hidden, weight, labels, opts, tp, bias=bias, class_weights=class_weights)
     _saved_problem(call, grad_outputs, grad_hidden_acc if grads & GRAD_HIDDEN else None,
                    grad_weight_acc if grads & GRAD_WEIGHT else None)
     gh = grad_hidden_acc if grads & GRAD_HIDDEN and grad_hidden_acc is not None else _given(dh)
@@ -545,7 +567,8 @@ backward_saved_op = torch.library.custom_op(
 def _backward_saved_fake(hidden, weight, labels, bias, class_weights, lse, entropy, workspace, grad_output,
                          grad_logprob, grad_lse, grad_entropy, grad_loss_per_token, reduction, ignore_index,
                          label_smoothing, z_loss, softcap, temperature, memory_budget, grads, grad_outputs, outputs,
-                         grad_hidden_acc, grad_weight_acc, batch_invariant=0):
+                         grad_hidden_acc, grad_weight_acc, batch_invariant=0, tp_rank=0, tp_size=1, vocab_offset=0,
+                         vocab_total=0, comm=0, sequence_parallel=0):
     return _backward_outputs(hidden, weight, bias, grads, grad_hidden_acc, grad_weight_acc)
 
 
@@ -556,7 +579,7 @@ def _scale_impl(grad_hidden: Optional[Tensor], grad_weight: Optional[Tensor], gr
                      label_dtype: torch.dtype, reduction: str, ignore_index: int, label_smoothing: float,
                      z_loss: float, softcap: float, temperature: float, memory_budget: int, has_bias: bool,
                      has_class_weights: bool, tp_rank: int, tp_size: int, vocab_offset: int,
-                     vocab_total: int) -> None:
+                     vocab_total: int, sequence_parallel: int = 0) -> None:
     """The gradients an flce::forward with `grads` wrote, times the fp32 scalar grad_output, in
     place (flce_scale_gradients; the problem's fields must be the forward's)."""
     from . import _Call, _problem
@@ -564,7 +587,8 @@ def _scale_impl(grad_hidden: Optional[Tensor], grad_weight: Optional[Tensor], gr
     call = _Call.__new__(_Call)
     call.device = grad_output.device
     call.problem = _problem(tokens, hidden, vocab, dtype, label_dtype, opts,
-                            _tp(tp_rank, tp_size, vocab_offset, vocab_total, 0), has_bias, has_class_weights)
+                            _tp(tp_rank, tp_size, vocab_offset, vocab_total, 0, sequence_parallel), has_bias,
+                            has_class_weights)
     call.comm = None
     call.scale(grad_output, grad_hidden, grad_weight, grad_bias)
 
@@ -601,7 +625,7 @@ def _nd_backward(ctx, grad):
         return None, None, None
     raise NotImplementedError(
         f"flce: a gradient reached the per-token output '{ctx.what}', which is not differentiable "
-        f"(libflce computes the gradients of the loss, logprobs and loss_per_token only). Use "
+        f"(libflce computes the gradients of the loss, logprobs, loss_per_token, lse and entropy). Use "
         f"{ctx.what}.detach() (under torch.compile: return it detached from the compiled function) or "
         f"compute it under torch.no_grad(); for a z-loss term use the z_loss= option.")
 
