@@ -14,10 +14,10 @@ rc=0
 for s in $STAGES; do
   case $s in
     ctest)
-      ( cd build && timeout 420 ctest -R "${CTEST_RE:-^test_tp$}" --output-on-failure -V ) > "$OUT/ctest.log" 2>&1 || rc=1
+      ( cd build && timeout ${CTEST_TIMEOUT:-420} ctest -R "${CTEST_RE:-^test_tp$}" --output-on-failure -V ) > "$OUT/ctest.log" 2>&1 || rc=1
       grep -E "tp=2|FAIL|passed|failed|rank" "$OUT/ctest.log" | tail -60 ;;
     py)
-      FLCE_LIBRARY=$PWD/build/libflce.so timeout 300 torchrun --nproc_per_node=2 python/test_tp.py > "$OUT/py_tp.log" 2>&1 || rc=1
+      FLCE_LIBRARY=$PWD/build/libflce.so timeout ${PY_TIMEOUT:-300} torchrun --nproc_per_node=2 python/test_tp.py > "$OUT/py_tp.log" 2>&1 || rc=1
       tail -50 "$OUT/py_tp.log" ;;
     bench)
       NCCL_NVLS_ENABLE=0 FLCE_LIBRARY=$PWD/build/libflce.so timeout ${BENCH_TIMEOUT:-400} torchrun --nproc_per_node=2 bench/tp_compare.py \
