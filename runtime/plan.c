@@ -423,7 +423,10 @@ static void plan_sp_layout(const flce_problem *p, const flce_tensors *t, plan *p
     int none = p->reduction == FLCE_REDUCTION_NONE, stats = pl->op != FLCE_OP_BACKWARD;
     pl->off_sp_hidden = take(cur, n * (uint64_t)pl->d * (p->dtype == FLCE_DTYPE_F32 ? 4 : 2));
     pl->off_sp_labels = take(cur, n * (uint64_t)(p->label_bits / 8));
-    if (none && pl->op != FLCE_OP_FORWARD && wants(t, t ? t->grad_output : NULL))
+    /* (SAVED: whether or not this call names grad_output; its forward usually does not, and both
+     * calls must share the layout: python test_tp found the backward reading the entropy it kept
+     * from a shifted offset) */
+    if (none && pl->op != FLCE_OP_FORWARD && (pl->saved || wants(t, t ? t->grad_output : NULL)))
         pl->off_sp_go = take(cur, n * 4);
     if (pl->op == FLCE_OP_BACKWARD) pl->off_sp_lse = take(cur, n * 4);
     /* by the problem's bits, not the pointers: a SAVED forward and its backward share this layout */

@@ -180,8 +180,10 @@ static flce_status rank_run(rank_io *io)
     }
     if (st != FLCE_OK) {
         /* no registered workspace: io->msg or flce_last_error says why */
-    } else if (c->op == OP_SAVED) { /* both calls name the same tensors (flce.h "Saved logits") */
-        st = flce_forward(io->ctx, &p, &t, stream);
+    } else if (c->op == OP_SAVED) { /* both calls name the same outputs (flce.h "Saved logits") */
+        flce_tensors f = t; /* the upstream gradients exist only after the forward */
+        f.grad_output = NULL, f.grad_logprob = f.grad_lse = f.grad_entropy = NULL;
+        st = flce_forward(io->ctx, &p, &f, stream);
         if (st == FLCE_OK) st = flce_backward(io->ctx, &p, &t, stream);
     } else if (c->op == OP_SAVED_SPLIT) {
         uint64_t bytes = 0;
