@@ -17,7 +17,8 @@
 #define DEMO_SAMPLES 8
 
 /* Without a GPU: the kernels the GPU demo would run, compiled twice (NVRTC, then the disk cache).
- * Returns TOOL_EXIT_NO_GPU after the one-line message, or TOOL_EXIT_FAILED when a compile fails. */
+ * Returns 0 after the one-line message (the demo's CPU half is done: the README's first command
+ * must succeed on a machine without a GPU), or TOOL_EXIT_FAILED when a compile fails. */
 static int demo_compile_only(const tool_opts *o)
 {
     char why[512];
@@ -54,7 +55,7 @@ static int demo_compile_only(const tool_opts *o)
     }
     fflush(stdout);
     fprintf(stderr, "flce demo: no GPU (%s); compiled the kernels for %s, ran none\n", why, spec_arch_name(o->sm));
-    return TOOL_EXIT_NO_GPU;
+    return 0;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -207,7 +208,7 @@ static void demo_usage(FILE *f)
             "  flce demo --tokens 8192 --hidden 4096 --vocab 128256\n"
             "\n"
             "Exit status: 0 all checks passed, 1 a check or a call failed, 2 a usage error,\n"
-            "3 no GPU (the kernels were compiled only).\n");
+            "3 never: without a GPU the demo compiles its kernels, says so in one line and exits 0.\n");
 }
 
 static const struct option demo_options[] = {

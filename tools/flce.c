@@ -37,8 +37,8 @@ static void usage(FILE *f)
             "  0  done (and every check passed)\n"
             "  1  failed: a check, a compile, a file (the message says which)\n"
             "  2  usage error: unknown option, bad value, invalid problem (the message names it)\n"
-            "  3  no GPU: demo, bench, fuzz and tune found no usable GPU (no driver, no device, or a\n"
-            "     driver that fails to start); demo still compiles its kernels, and bench --list,\n"
+            "  3  no GPU: bench, fuzz and tune found no usable GPU (no driver, no device, or a driver\n"
+            "     that fails to start); demo then compiles its kernels and exits 0, and bench --list,\n"
             "     fuzz --list and tune --dry-run need none\n"
             "\n"
             "Set FLCE_LOG=info to see each compile and cache hit.\n",
