@@ -1,6 +1,6 @@
 /*
  * spec.h — a kernel spec names everything one generated kernel module is specialized on
- * (DESIGN.md §4). The dispatcher fills specs, spec_validate rejects impossible ones with a message
+ * (docs/DESIGN.md §4). The dispatcher fills specs, spec_validate rejects impossible ones with a message
  * naming the field, emit.c turns a valid spec into CUDA source, and the JIT caches by that source.
  */
 #ifndef FLCE_SPEC_H
@@ -38,7 +38,7 @@ typedef struct kernel_spec {
     spec_tile tile;      /* GEMM roles only */
     int label_bits;      /* 32 or 64 */
     flce_reduction reduction; /* ROWOPS only */
-    /* Options (DESIGN §1), all compile-time: zero/off in the GEMMs that do not use them. */
+    /* Options (docs/DESIGN.md §1), all compile-time: zero/off in the GEMMs that do not use them. */
     unsigned opts;       /* SPEC_OPT_* bits: LOGITS and ROWOPS */
     float softcap;       /* c, 0 = off: LOGITS and ROWOPS */
     float temperature;   /* T; 0 = off (T = 1): LOGITS and ROWOPS */

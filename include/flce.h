@@ -12,7 +12,7 @@
  *  - Structs that may grow carry struct_size; initialize them with the _init functions
  *    (flce_problem_init, flce_tensors_init) so that fields added later get their defaults.
  *
- * The math (per token i, global vocab of size V; DESIGN.md §1):
+ * The math (per token i, global vocab of size V; docs/DESIGN.md §1):
  *    z_ij   = (h_i · w_j + b_j) / T           logits (never stored whole); bias b, temperature T
  *    z_ij   = c · tanh(z_ij / c)              softcap c > 0
  *    lse_i  = log Σ_j exp(z_ij),  p_ij = exp(z_ij − lse_i)
@@ -67,7 +67,8 @@ typedef enum flce_dtype {
 } flce_dtype;
 
 typedef enum flce_reduction {
-    FLCE_REDUCTION_MEAN = 0, /* Σ loss_i / count of valid tokens; 0 when there are none */
+    FLCE_REDUCTION_MEAN = 0, /* Σ loss_i / count of valid tokens (with class weights Σ_valid w_y);
+                                0 when there are none */
     FLCE_REDUCTION_SUM = 1,
     FLCE_REDUCTION_NONE = 2  /* loss is a per-token vector */
 } flce_reduction;
@@ -317,7 +318,7 @@ FLCE_API flce_status flce_backward(flce_context *ctx, const flce_problem *proble
 FLCE_API flce_status flce_scale_gradients(flce_context *ctx, const flce_problem *problem,
                                           const flce_tensors *t, void *stream);
 
-/* Tensor and sequence parallelism (DESIGN.md §2)
+/* Tensor and sequence parallelism (docs/DESIGN.md §2)
  * Each of tp_size ranks holds the weight rows [vocab_offset, vocab_offset + vocab_shard) of a vocab
  * of vocab_total ids (which must be set); the shards, in rank order, must tile [0, vocab_total).
  *  - With tensors.comm (an ncclComm_t whose rank tp_rank is this caller): flce_forward and

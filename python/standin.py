@@ -164,7 +164,7 @@ def _run_tp(self, p, op, reduction, half, outs):
 
 def _dz(self, p, reduction, grad_output, outs=None):
     """flce.h's dZ in float64 (written out, not autograd: the stand-in runs below the autograd key),
-    with the per-token outputs' upstream gradients of problem.grad_outputs (RL-AND-DISTILL §2).
+    with the per-token outputs' upstream gradients of problem.grad_outputs (docs/DESIGN.md §1.3).
     self: anything with hidden, weight, labels, bias and class_weights (the whole vocab)."""
     h, w = self.hidden.double(), self.weight.double()
     y = self.labels.long()

@@ -1,5 +1,5 @@
 /*
- * comm.h — the NCCL side of flce (DESIGN §2): the few collectives of vocab-parallel loss, issued on
+ * comm.h — the NCCL side of flce (docs/DESIGN.md §2): the few collectives of vocab-parallel loss, issued on
  * the caller's communicator and stream, with NCCL's own words in the message when one fails. A
  * build without NCCL answers FLCE_ERR_UNSUPPORTED.
  */

@@ -1,4 +1,4 @@
-/* jit.c — spec → source → cubin, memoized on disk (see jit.h and DESIGN.md §5). */
+/* jit.c — spec → source → cubin, memoized on disk (see jit.h and docs/DESIGN.md §5). */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdio.h>

@@ -5,9 +5,10 @@
  *               qrows) qref → logits → combine → qscale → dH → dW, no dz pass
  *   recompute:  [forward] → per vocab chunk: logits writing dZ (or Z → dz, FLCE_FUSED_DZ=0)
  *               → dH (accumulated) → dW → db
- * With tensor parallelism (DESIGN §2) every combine is preceded by tp_pack and ONE all-gather of
- * the per-row statistics, dH builds up in fp32 and is all-reduced (reduce-scattered under
- * sequence parallelism, which first all-gathers hidden states and labels) before it is rounded.
+ * With tensor parallelism (docs/DESIGN.md §2) every combine is preceded by tp_pack and ONE all-gather of
+ * the per-row statistics, dH builds up in fp32 and is summed across ranks before it is rounded once
+ * (by default an fp32 reduce-scatter, the cast and a 16-bit all-gather: reduce_dh_rows; under
+ * sequence parallelism, which first all-gathers hidden states and labels, a reduce-scatter).
  * No host synchronization anywhere. */
 #include <pthread.h>
 #include <stdint.h>

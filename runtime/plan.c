@@ -1,4 +1,4 @@
-/* plan.c — strategy, chunking, vocab splits and workspace layout of a call (plan.h, DESIGN §3). */
+/* plan.c — strategy, chunking, vocab splits and workspace layout of a call (plan.h, docs/DESIGN.md §3). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -49,7 +49,7 @@ enum { SP_GRAD_LOGPROB, SP_GRAD_LSE, SP_GRAD_ENTROPY, SP_GRAD_LOSS_PER_TOKEN, SP
 
 typedef struct plan {
     flce_op op;
-    /* Tensor parallelism (DESIGN §2): tp ranks, and whether this call issues the collectives
+    /* Tensor parallelism (docs/DESIGN.md §2): tp ranks, and whether this call issues the collectives
      * (tensors.comm given). Under sequence parallelism n counts every rank's tokens and
      * n_local this rank's. */
     int tp, rank, sp, collective;
@@ -98,12 +98,13 @@ typedef struct plan {
     /* dH/dW adding into an fp32 accumulator in place (chunked dW, recompute's dH, the caller's
      * fp32 buffers): red.global.add from the epilogue instead of load + add + store, so the
      * consumers go on to the next tile while L2 adds. One reduction per element per launch: the
-     * load-add-store's bits (but subnormals flush to zero). FLCE_RED_ACC=1 turns it on (not yet
-     * measured on a GPU). */
+     * load-add-store's bits (but subnormals flush to zero). On by default since NOTES v32
+     * (FLCE_RED_ACC=0 turns it off). */
     int red_acc;
     int bulk_red; /* FLCE_BULK_RED: those reductions as bulk ones from shared memory (spec red_acc 1, else 2) */
     /* FLCE_CLUSTER=2: the dH/dW kernels on the wgmma TMA path run in 2-CTA clusters that load their
-     * shared B tile once by TMA multicast (spec cluster; 0 = off, the default: not yet measured). */
+     * shared B tile once by TMA multicast (spec cluster). Default -1: the planner puts dW alone in
+     * clusters on short token chunks; 0 = off. */
     int cluster;
     /* AUTO: plan_estimate_ms of the chunked and the recompute plan it chose between (0: that plan
      * did not fit the budget, or the strategy was forced). */

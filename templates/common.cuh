@@ -159,7 +159,7 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
     m = mm;
 }
 
-// Per owned row, the running statistics of this CTA's vocab split (DESIGN.md §1):
+// Per owned row, the running statistics of this CTA's vocab split (docs/DESIGN.md §1):
 //   m = max z, s = Σ exp(z − m), t = Σ exp(z − m)·z (entropy), zs = Σ w_j·z (smoothing),
 //   arg = global id of the first maximum (argmax).
 // fp16 dZ of reduction mean/sum is stored times this power of two and the gradient GEMMs and db
@@ -210,7 +210,7 @@ __device__ __forceinline__ float dz_value_p(float prob, float z, float a, bool i
 //   ap·p_j − al·1[j=y] − aw·w_j − ah·p_j·(log p_j + H)      (then 1/T and softcap's chain factor)
 // with ap = g·a + g_lse − g_lp, al = g·(1−ε)·w_y − g_lp, aw = g·ε/V, ah = g_H: the loss's term
 // (g with the reduction's scalar folded in, a as above), the log-prob's g_lp·(1[j=y] − p_j), lse's
-// g_lse·p_j and entropy's −g_H·p_j·(log p_j + H) (RL-AND-DISTILL §2). Where p_j underflowed to 0,
+// g_lse·p_j and entropy's −g_H·p_j·(log p_j + H) (docs/DESIGN.md §1.3). Where p_j underflowed to 0,
 // p_j·log p_j → 0: the entropy term is 0.
 #ifndef OPT_TOKEN_GRADS
 #define OPT_TOKEN_GRADS 0
@@ -242,7 +242,7 @@ __device__ __forceinline__ float dz_value(float z, float lse, float a, bool is_l
     return dz_value_p(exp_le0(z - lse), z, a, is_label, wy, wj, g, vocab_total);
 }
 
-// Compact logits (the chunked strategy's store, PERF-PLAN §5): each logit z is kept as fp16
+// Compact logits (the chunked strategy's store, docs/DESIGN.md §3.2): each logit z is kept as fp16
 // p̃ = exp(z − m)·2^15, m the fp32 maximum of its (row, column group). fp16's 11 significant bits
 // put at most 2^-11 of relative error on p (bf16 dZ itself rounds at up to 2^-8); the 2^15 keeps p̃
 // a normal fp16 number down to exp(z − m) ≈ 2e-9 (z − m ≈ −20), below which p adds nothing measurable.

@@ -150,7 +150,7 @@ struct flce_row_params {
     long long vocab_offset, vocab_total, ignore_index;
     int splits;
     int first, last;                /* dbias: first and last pass of the accumulation */
-    /* tensor parallelism (DESIGN §2) */
+    /* tensor parallelism (docs/DESIGN.md §2) */
     unsigned long long tp_send;     /* this rank's block of the all-gather */
     unsigned long long tp_recv;     /* every rank's block, in rank order (0 without TP) */
     long long vocab_shard;          /* this rank's rows, for the header */

@@ -1,4 +1,4 @@
-// rowops.cu — the per-token kernels around the GEMMs (DESIGN.md §1, §3):
+// rowops.cu — the per-token kernels around the GEMMs (docs/DESIGN.md §1, §3):
 //   flce_prepare  Σ over valid tokens of w_y (the mean's denominator; the count without class
 //                 weights) and Σ_j w_j, in one CTA in a fixed order; raises the flag for labels
 //                 outside [0, vocab_total)

@@ -1,5 +1,5 @@
 /*
- * ref.c — the fp64 CPU reference of DESIGN.md §1 (contract in ref.h). Every GPU test and
+ * ref.c — the fp64 CPU reference of docs/DESIGN.md §1 (contract in ref.h). Every GPU test and
  * `flce demo` compares against it, and tests/test_ref.c checks it by finite differences, so it
  * favours obviously-correct loops over speed; the only concession to speed is a loop order that
  * streams each weight row contiguously (tests run it at N=64, V=5000, D=256).

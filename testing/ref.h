@@ -1,5 +1,5 @@
 /*
- * ref.h — the fp64 CPU reference of DESIGN.md §1: the oracle that every GPU test and `flce demo`
+ * ref.h — the fp64 CPU reference of docs/DESIGN.md §1: the oracle that every GPU test and `flce demo`
  * compares against. Plain loops, no cleverness, every option of the math (so later issues can
  * test against it), itself checked by finite differences in tests/test_ref.c.
  *
@@ -15,7 +15,7 @@
 
 #include "flce.h"
 
-/* Options the library does not have yet (class weights) live here until flce_problem grows them. */
+/* Inputs of the math that are tensors, not problem fields: the class weights (tensors.class_weights). */
 typedef struct ref_extra {
     const double *class_weight; /* V weights as torch cross_entropy(weight=); NULL = all 1 */
 } ref_extra;

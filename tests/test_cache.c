@@ -1,5 +1,5 @@
 /*
- * test_cache.c — the on-disk kernel cache (runtime/cache.c, DESIGN.md §5): hits and misses,
+ * test_cache.c — the on-disk kernel cache (runtime/cache.c, docs/DESIGN.md §5): hits and misses,
  * collisions, corrupt/truncated/garbage entries and entries of another format version, racing
  * writer processes, unusable directories, the directory's environment variables, and
  * list/stat/clear; the compile lock (processes that miss one kernel together compile it once;

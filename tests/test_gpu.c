@@ -263,7 +263,7 @@ static void forward_matches_loss_and_grad(void)
     devmem_download(&both[0], b.loss, 4);
     devmem_download(&both[1], b.lse, 4);
     /* The same bits, except where loss_and_grad stores row-scaled compact logits (FLCE_QROWS=1 at
-     * this size; by default chunks of 2^29 logits or more): their statistics are summed against each
+     * this size; by default chunks of 1e8 logits or more): their statistics are summed against each
      * row's reference c_i, not each tile's maximum (bench/NOTES.md v40b), so they agree with the
      * forward pass's within fp32 rounding. */
     const char *q = getenv("FLCE_QROWS");

@@ -1,4 +1,4 @@
-/* test_plan_tp.c — the plan of a tensor-parallel call (runtime/plan.c, DESIGN §2), without a GPU:
+/* test_plan_tp.c — the plan of a tensor-parallel call (runtime/plan.c, docs/DESIGN.md §2), without a GPU:
  * ranks with uneven shards must cut the tokens alike (each token chunk is one all-gather, so a
  * different count would leave NCCL waiting), and the workspace must hold the all-gather blocks,
  * the fp32 dH that is summed across ranks, and under sequence parallelism the gathered inputs and

@@ -1,5 +1,5 @@
 /*
- * test_ref.c — checks the oracle itself: the fp64 reference of DESIGN.md §1 (testing/ref.c) by
+ * test_ref.c — checks the oracle itself: the fp64 reference of docs/DESIGN.md §1 (testing/ref.c) by
  * central finite differences for every option and reduction, against a direct two-pass
  * (log-softmax) formula, on edge cases (ignored labels, huge logits, hand-computed values), and
  * the host helpers (testing/host.c): 16-bit conversions, the random generator, rel_l2.

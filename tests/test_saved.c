@@ -1,6 +1,6 @@
 /* test_saved.c — the saved-logits strategy (flce.h "Saved logits": flce_forward keeps the compact
  * logits, flce_backward forms dZ from them) and the gradients of per-token outputs
- * (problem.grad_outputs: log-prob, lse, entropy) against an fp64 reference of RL-AND-DISTILL §2:
+ * (problem.grad_outputs: log-prob, lse, entropy) against an fp64 reference of docs/DESIGN.md §1.3:
  *   dz_ij = g_i·∂loss_i/∂z_ij + c_ij·[g_lp,i·(1[j=y] − p_ij) + g_lse,i·p_ij − g_H,i·p_ij·(log p_ij + H_i)]
  * with c_ij the chain factor of temperature and softcap. Fresh random data each run, outputs
  * poisoned before the calls. Also run under FLCE_QROWS=1 (row-scaled logits at every size), as

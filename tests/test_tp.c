@@ -1,4 +1,4 @@
-/* test_tp.c — tensor and sequence parallelism (DESIGN.md §2) on 2 and 4 GPUs: one host thread per
+/* test_tp.c — tensor and sequence parallelism (docs/DESIGN.md §2) on 2 and 4 GPUs: one host thread per
  * rank with its own context, stream and NCCL communicator. For identical global data, the loss,
  * lse, per-token outputs and gradients (dW reassembled from the shards, dH) must match the fp64
  * reference and a single-GPU flce run within the single-GPU tolerances, and every rank must hold

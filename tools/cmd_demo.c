@@ -91,8 +91,8 @@ static int demo_verify(const bench_data *d, uint64_t seed)
     return !(e.mean < 1e-5) + !(e.lse < 1e-5) + !(e.loss_row < 1e-4) + !(e.dh < tol_grad) + !(e.dw < tol_grad);
 }
 
-/* The part of the workspace that is an fp32 gradient accumulator (outside memory_budget, DESIGN
- * §3): dW (V×D) for the chunked strategy, dH (N×D) for recompute. Planned as the library does for
+/* The part of the workspace that is an fp32 gradient accumulator (outside memory_budget,
+ * docs/DESIGN.md §3): dW (V×D) for the chunked strategy, dH (N×D) for recompute. Planned as the library does for
  * an H100-sized GPU, which is what decides the strategy here. */
 static double acc_mib(const flce_problem *p, const char **which)
 {
