@@ -145,6 +145,8 @@ strat-unfused-dz-mma-sync | $MMA FLCE_FUSED_DZ=0       | $BENCH --shapes 256x256
 strat-cluster2            | FLCE_CLUSTER=2             | $BENCH --shapes 256x256x4096 --strategies chunked,$ACC
 strat-red-acc             | FLCE_RED_ACC=1             | $BENCH --shapes 256x256x4096 --strategies $ACC
 strat-raster0             | FLCE_RASTER=0              | $BENCH --shapes 256x256x4096 --strategies $ACC
+strat-saved               | -                          | $BENCH --shapes 256x256x4096,2304x512x33000 --strategies saved
+strat-saved-f16           | -                          | $BENCH --shapes 256x256x4096 --strategies saved --dtype f16
 n1-wgmma-tma              | -                          | $BENCH --shapes 1x256x4096 --strategies $F32
 n1-wgmma-cpasync          | $CP                        | $BENCH --shapes 1x256x4096 --strategies $F32
 n1-mma-sync               | $MMA                       | $BENCH --shapes 1x256x4096 --strategies $F32
