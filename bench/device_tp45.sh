@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # device_tp45.sh — issue 45's device runs on a 2-GPU machine: build, the C TP tests (test_tp and its
-# qrows/overlap variant), then, by STAGES, the Python TP suite (torchrun) and bench/tp_compare.py.
-# Logs tarred into $OUT. STAGES: space-separated subset of "ctest py bench" (default "ctest").
+# qrows/overlap variant), then, by STAGES, the Python TP suite (torchrun) and bench/tp_compare.py;
+# also the session's other GPU checks: "binding" (python/test_binding.py on the GPU), "fuzz"
+# (python/fuzz_binding.py, FUZZ_CASES cases, JSON record), "san" (tests/sanitize.sh with
+# SANITIZE_CASES / SANITIZE_TOOLS). Logs tarred into $OUT. STAGES: space-separated, default "ctest".
 source "$(dirname "$0")/device_lib.sh"
 device_begin out
 STAGES=${STAGES:-ctest}
@@ -19,6 +21,17 @@ for s in $STAGES; do
     py)
       FLCE_LIBRARY=$PWD/build/libflce.so timeout ${PY_TIMEOUT:-300} torchrun --nproc_per_node=2 python/test_tp.py > "$OUT/py_tp.log" 2>&1 || rc=1
       tail -50 "$OUT/py_tp.log" ;;
+    binding)
+      ( cd python && FLCE_LIBRARY=$PWD/../build/libflce.so timeout ${BINDING_TIMEOUT:-300} python3 test_binding.py ) > "$OUT/binding.log" 2>&1 || rc=1
+      tail -5 "$OUT/binding.log" ;;
+    fuzz)
+      ( cd python && FLCE_LIBRARY=$PWD/../build/libflce.so timeout ${FUZZ_TIMEOUT:-300} python3 fuzz_binding.py --cases ${FUZZ_CASES:-1000} \
+        --seed ${FUZZ_SEED:-21} --json "$OUT/fuzz.json" ) > "$OUT/fuzz.log" 2>&1 || rc=1
+      tail -5 "$OUT/fuzz.log" ;;
+    san)
+      SANITIZE_LOG_DIR=$OUT/sanitize timeout ${SAN_TIMEOUT:-300} bash tests/sanitize.sh --log "$OUT/sanitize.log" build/flce build/tests/gpu_probe \
+        > "$OUT/san.out" 2>&1 || rc=1
+      tail -15 "$OUT/san.out" ;;
     bench)
       NCCL_NVLS_ENABLE=0 FLCE_LIBRARY=$PWD/build/libflce.so timeout ${BENCH_TIMEOUT:-400} torchrun --nproc_per_node=2 bench/tp_compare.py \
         --out "$OUT/bench" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 || rc=1
