@@ -1,12 +1,11 @@
-/* log.c — FLCE_LOG-gated logging to stderr (see log.h). */
+/* log.c — leveled logging to stderr (see log.h). */
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
 
-static log_level parse_level(const char *s)
+log_level log_parse_level(const char *s)
 {
     if (!s || !*s) return LOG_OFF;
     if (!strcmp(s, "warn") || !strcmp(s, "1")) return LOG_WARN;
@@ -15,10 +14,16 @@ static log_level parse_level(const char *s)
     return LOG_OFF;
 }
 
+/* Set once, when the library loads (config.c), before any thread of ours runs. */
+static int (*log_level_source)(void);
+
+void log_set_level_source(int (*read)(void)) { log_level_source = read; }
+
 log_level log_threshold(void)
 {
     /* Read every time: cheap, and lets tests flip FLCE_LOG with setenv. */
-    return parse_level(getenv("FLCE_LOG"));
+    int level = log_level_source ? log_level_source() : LOG_OFF;
+    return level < LOG_OFF || level > LOG_DEBUG ? LOG_OFF : (log_level)level;
 }
 
 int log_enabled(log_level level) { return level != LOG_OFF && level <= log_threshold(); }

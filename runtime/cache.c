@@ -419,7 +419,7 @@ static flce_status cache_load_from(const char *dir, const void *key, size_t key_
 static flce_status cache_load_layers(const char *dir, const void *key, size_t key_len, void **blob,
                                      size_t *len)
 {
-    const char *list = getenv("FLCE_CACHE_RO");
+    const char *list = config_env(CONFIG_CACHE_RO);
     char layer[CACHE_PATH_MAX];
     while (list && *list && !*blob) {
         size_t n = strcspn(list, ":");
@@ -588,10 +588,10 @@ flce_status cache_dir(char *out, size_t cap)
     if (!out || cap == 0)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "cache_dir: out=%p cap=%zu", (void *)out, cap);
     out[0] = '\0';
-    if ((v = getenv("FLCE_CACHE_DIR")) && *v) return cache_dir_put(out, cap, v, "");
+    if ((v = config_env(CONFIG_CACHE_DIR)) && *v) return cache_dir_put(out, cap, v, "");
     /* The XDG spec says relative paths in these variables are invalid and must be ignored. */
-    if ((v = getenv("XDG_CACHE_HOME")) && v[0] == '/') return cache_dir_put(out, cap, v, "/flce");
-    if ((v = getenv("HOME")) && *v) return cache_dir_put(out, cap, v, "/.cache/flce");
+    if ((v = config_env(CONFIG_XDG_CACHE_HOME)) && v[0] == '/') return cache_dir_put(out, cap, v, "/flce");
+    if ((v = config_env(CONFIG_HOME)) && *v) return cache_dir_put(out, cap, v, "/.cache/flce");
     return err_set(FLCE_ERR_IO,
                    "no cache directory: FLCE_CACHE_DIR, XDG_CACHE_HOME and HOME are all unset");
 }
@@ -600,7 +600,7 @@ flce_status cache_dir(char *out, size_t cap)
  * link) that nobody else can write, so nobody else can plant cubins in it. */
 static int cache_private_tmp(char *out, size_t cap)
 {
-    const char *base = getenv("TMPDIR");
+    const char *base = config_env(CONFIG_TMPDIR);
     struct stat st;
     if (!base || base[0] != '/') base = "/tmp";
     int n = snprintf(out, cap, "%s/flce-%lu", base, (unsigned long)geteuid());
@@ -620,10 +620,10 @@ static char cache_dir_memo[CACHE_PATH_MAX];
 /* Identifies the values cache_dir_writable's choice depends on. */
 static uint64_t cache_dir_env_id(void)
 {
-    static const char *names[] = {"XDG_CACHE_HOME", "HOME", "TMPDIR"};
+    static const config_id names[] = {CONFIG_XDG_CACHE_HOME, CONFIG_HOME, CONFIG_TMPDIR};
     uint64_t h = 0x9e3779b97f4a7c15ull;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        const char *v = getenv(names[i]);
+        const char *v = config_env(names[i]);
         h = hash64(v ? v : "", v ? strlen(v) + 1 : 0, h); /* unset differs from "" */
     }
     return h;
@@ -631,7 +631,7 @@ static uint64_t cache_dir_env_id(void)
 
 flce_status cache_dir_writable(char *out, size_t cap)
 {
-    const char *given = getenv("FLCE_CACHE_DIR");
+    const char *given = config_env(CONFIG_CACHE_DIR);
     if (!out || cap == 0 || (given && *given)) return cache_dir(out, cap);
     uint64_t id = cache_dir_env_id();
     char dir[CACHE_PATH_MAX], why[CACHE_PATH_MAX + 512];
@@ -800,7 +800,7 @@ flce_status cache_clear(const char *dir, uint64_t *removed)
 /* $FLCE_CACHE_LOCK_TIMEOUT in seconds (fractions allowed); 0 turns locking off. */
 static double cache_lock_timeout_s(void)
 {
-    const char *v = getenv("FLCE_CACHE_LOCK_TIMEOUT");
+    const char *v = config_env(CONFIG_CACHE_LOCK_TIMEOUT);
     char *end;
     if (!v || !*v) return CACHE_DEFAULT_LOCK_TIMEOUT_S;
     double t = strtod(v, &end);
@@ -964,7 +964,7 @@ static int cache_remove_stale_lock(const char *path)
 
 uint64_t cache_max_bytes(void)
 {
-    const char *v = getenv("FLCE_CACHE_MAX_MIB");
+    const char *v = config_env(CONFIG_CACHE_MAX_MIB);
     char *end;
     if (!v || !*v || *v == '-') return (uint64_t)CACHE_DEFAULT_MAX_MIB << 20;
     errno = 0;
@@ -1200,7 +1200,7 @@ static pthread_once_t cache_stats_once = PTHREAD_ONCE_INIT;
 
 static int cache_stats_enabled(void)
 {
-    return config_parse_bool("FLCE_CACHE_STATS", getenv("FLCE_CACHE_STATS"), 1); /* read at each use */
+    return config_env_bool(CONFIG_CACHE_STATS); /* read at each use */
 }
 
 static int cache_stats_pending(const cache_dir_counters *c)

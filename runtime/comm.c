@@ -2,6 +2,7 @@
 #include <stdio.h>
 
 #include "comm.h"
+#include "config.h"
 #include "error.h"
 
 #if FLCE_HAVE_NCCL
@@ -44,7 +45,7 @@ static void nc_load(void)
     _Static_assert(sizeof nc == N * sizeof(void *), "one slot per symbol");
     static const char *const wheels[] = {"nvidia/nccl/lib/libnccl.so.2", NULL}; /* nvidia-nccl-cu13, -cu12 */
     char tried[2560];
-    nc_loaded = dyn_load_table(libs, wheels, getenv("FLCE_NCCL_LIBRARY"), syms, N, &nc, tried, sizeof tried);
+    nc_loaded = dyn_load_table(libs, wheels, config_env(CONFIG_NCCL_LIBRARY), syms, N, &nc, tried, sizeof tried);
     if (!nc_loaded)
         snprintf(nc_why, sizeof nc_why,
                  "NCCL could not be loaded: %s. Install NCCL 2: pip install nvidia-nccl-cu13 (CUDA 13) or "

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "dynload.h"
 
 #ifndef FLCE_TOOLKIT_LIB_DIR
@@ -141,11 +142,11 @@ static void sites_find(site_list *s)
 {
     s->n = 0;
     site_add_own(s);
-    each_entry(s, getenv("PYTHONPATH"), site_add);
-    site_add_prefix(s, getenv("VIRTUAL_ENV"), "site-packages");
-    site_add_prefix(s, getenv("CONDA_PREFIX"), "site-packages");
-    each_entry(s, getenv("PATH"), site_add_path_dir);
-    const char *home = getenv("HOME");
+    each_entry(s, config_env(CONFIG_PYTHONPATH), site_add);
+    site_add_prefix(s, config_env(CONFIG_VIRTUAL_ENV), "site-packages");
+    site_add_prefix(s, config_env(CONFIG_CONDA_PREFIX), "site-packages");
+    each_entry(s, config_env(CONFIG_PATH), site_add_path_dir);
+    const char *home = config_env(CONFIG_HOME);
     if (home && *home) {
         char local[PATH_MAX];
         if (snprintf(local, sizeof local, "%s/.local", home) < (int)sizeof local)

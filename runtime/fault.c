@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "fault.h"
 #include "log.h"
 
@@ -53,7 +54,7 @@ static int fault_parse(const char *v, fault_setting *out)
 
 fault_action fault_fire(fault_point p)
 {
-    const char *v = getenv("FLCE_FAULT");
+    const char *v = config_env(CONFIG_FAULT);
     fault_setting s;
     if (!v || !*v || strlen(v) >= FAULT_SETTING_MAX || !fault_parse(v, &s) || s.point != p)
         return FAULT_PASS;

@@ -71,7 +71,7 @@ static void nv_load(void)
     static const char *const wheels[] = {"nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
                                          NULL};
     char tried[2560];
-    nv_loaded = dyn_load_table(libs, wheels, getenv("FLCE_NVRTC_LIBRARY"), syms, N, &nv, tried, sizeof tried);
+    nv_loaded = dyn_load_table(libs, wheels, config_env(CONFIG_NVRTC_LIBRARY), syms, N, &nv, tried, sizeof tried);
     if (nv_loaded) nv_preload_builtins();
     else
         snprintf(nv_why, sizeof nv_why,

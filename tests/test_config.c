@@ -78,16 +78,11 @@ static void integers_outside_their_range_are_the_default(void)
         CHECKF(config_parse_int("FLCE_X", bad[i], 0, 4096, 8) == 8, "%s", bad[i]);
 }
 
-static const char *const KNOBS[] = {"FLCE_PORTABLE", "FLCE_TMA", "FLCE_ENABLE_SM100", "FLCE_COMPACT",
-                                    "FLCE_FUSED_DZ", "FLCE_RED_ACC", "FLCE_CLUSTER",
-                                    "FLCE_RASTER", "FLCE_TUNE", "FLCE_PREFETCH", "FLCE_TIERED", "FLCE_UNLOCKED_COMPILE", "FLCE_FULL_TILES", "FLCE_DH_K_SLICE", "FLCE_NVRTC_FAST",
-                                    "FLCE_TP_DH_16BIT", "FLCE_TP_OVERLAP", "FLCE_TP_OVERLAP_SMS", "FLCE_GRAD_STREAMS",
-                                    "FLCE_QROWS",
-                                    "FLCE_LOGITS_CLUSTER", "FLCE_TP_DH_GATHER16"};
-
+/* Unsets every process setting of config_table.h (the rows read once into flce_config). */
 static void clear_knobs(void)
 {
-    for (size_t i = 0; i < sizeof KNOBS / sizeof KNOBS[0]; i++) unsetenv(KNOBS[i]);
+    for (int i = 0; i < CONFIG_COUNT; i++)
+        if (config_settings()[i].offset != CONFIG_NO_FIELD) unsetenv(config_settings()[i].name);
 }
 
 /* The defaults are today's behaviour: TMA, compact, fused dZ and prefetch on; raster groups of 8. */
@@ -147,6 +142,59 @@ static void cluster_and_nvrtc_fast_take_their_own_values(void)
         CHECKF(c.nvrtc_fast == fast[i].want, "FLCE_NVRTC_FAST=%s: %d", fast[i].text, (int)c.nvrtc_fast);
     }
     clear_knobs();
+}
+
+/* Each process row of config_table.h reads its own variable into its own field and nothing else. */
+static void every_table_row_reads_its_variable_into_its_field(void)
+{
+    const config_setting *rows = config_settings();
+    int process_rows = 0;
+    for (int i = 0; i < CONFIG_COUNT; i++) {
+        const config_setting *s = &rows[i];
+        if (s->offset == CONFIG_NO_FIELD) continue;
+        process_rows++;
+        clear_knobs();
+        int want = 0;
+        char text[32];
+        if (s->kind == CONFIG_KIND_FAST) want = CONFIG_NVRTC_FAST_MAX, snprintf(text, sizeof text, "max");
+        else if (s->kind == CONFIG_KIND_INT) want = s->lo != s->def ? s->lo : s->hi, snprintf(text, sizeof text, "%d", want);
+        else want = !s->def, snprintf(text, sizeof text, "%s", want ? "on" : "off");
+        setenv(s->name, text, 1);
+        flce_config d, c;
+        config_defaults(&d);
+        config_from_env(&c);
+        CHECKF(*(int *)((char *)&d + s->offset) == s->def, "%s: default %d in the struct, %d in the table", s->name,
+               *(int *)((char *)&d + s->offset), s->def);
+        *(int *)((char *)&d + s->offset) = want;
+        CHECKF(!memcmp(&c, &d, sizeof c), "%s=%s: not (only) its field set to %d", s->name, text, want);
+    }
+    clear_knobs();
+    CHECKF(process_rows == 29, "%d process settings (update this count with the table)", process_rows);
+}
+
+static void log_config(void *arg) { config_log(arg); }
+
+/* FLCE_LOG=info prints one line per process setting, and the rows read at each use that are set. */
+static void the_log_line_names_every_setting(void)
+{
+    flce_config c;
+    clear_knobs();
+    setenv("FLCE_CACHE_RO", "/nonexistent-ro", 1);
+    config_defaults(&c);
+    c.compact = 0;
+    const char *out = capture_stderr("info", log_config, &c);
+    int lines = 0, each_use = 0; /* FLCE_CACHE_DIR, set by CTest, is a line of its own too */
+    for (const char *p = out; (p = strstr(p, "flce: info: config: ")); p++) lines++;
+    for (const char *p = out; (p = strstr(p, " (each use)\n")); p++) each_use++;
+    int want = 0;
+    for (int i = 0; i < CONFIG_COUNT; i++) want += config_settings()[i].offset != CONFIG_NO_FIELD;
+    CHECKF(lines - each_use == want && each_use >= 1, "%d config lines, %d of them each use; want %d + 1 at least:\n%s",
+           lines, each_use, want, out);
+    CHECKF(strstr(out, "config: FLCE_COMPACT=off\n") && strstr(out, "config: FLCE_TMA=on (default)\n") &&
+               strstr(out, "config: FLCE_NVRTC_FAST=off (default)\n") && strstr(out, "config: FLCE_RASTER=8 (default)\n") &&
+               strstr(out, "config: FLCE_CACHE_RO=/nonexistent-ro (each use)\n"),
+           "%s", out);
+    unsetenv("FLCE_CACHE_RO");
 }
 
 /* config_get reads the environment once; config_reload (tests, bench +fp32z rows) again. */
@@ -765,6 +813,8 @@ int main(void)
     RUN(an_empty_environment_gives_the_defaults);
     RUN(every_knob_reads_its_variable);
     RUN(cluster_and_nvrtc_fast_take_their_own_values);
+    RUN(every_table_row_reads_its_variable_into_its_field);
+    RUN(the_log_line_names_every_setting);
     RUN(the_process_settings_change_only_on_reload);
     RUN(planning_is_a_pure_function_of_its_inputs);
     RUN(each_setting_reaches_the_plan);

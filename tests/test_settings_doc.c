@@ -1,0 +1,234 @@
+/* test_settings_doc.c — the README's settings tables come from runtime/config_table.h: this prints
+ * them in Markdown and fails when README.md's generated section differs; and the library reads its
+ * environment in one file (runtime/config.c). cpu.
+ *
+ *   test_settings_doc README.md SRCDIR   check (what CTest runs)
+ *   test_settings_doc --print            the generated section on stdout
+ *   test_settings_doc --write README.md  replace the section in place (after editing the table) */
+#include <dirent.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "config.h"
+
+#define BEGIN_MARK "<!-- settings: generated from runtime/config_table.h by tests/test_settings_doc.c"
+#define END_MARK "<!-- settings: end -->"
+
+/* A growing string. */
+typedef struct text {
+    char *s;
+    size_t n, cap;
+} text;
+
+static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(text *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int need = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (t->n + (size_t)need + 1 > t->cap) {
+        t->cap = 2 * (t->n + (size_t)need + 1);
+        t->s = realloc(t->s, t->cap);
+        if (!t->s) abort();
+    }
+    va_start(ap, fmt);
+    vsnprintf(t->s + t->n, t->cap - t->n, fmt, ap);
+    va_end(ap);
+    t->n += (size_t)need;
+}
+
+/* When the row is read, in the README's words (the rows read once per process say nothing: the
+ * section's introduction says it). */
+static const char *when_read(const config_setting *s)
+{
+    switch (s->kind) {
+    case CONFIG_KIND_LEVEL:
+    case CONFIG_KIND_TEXT:
+    case CONFIG_KIND_NUM:
+    case CONFIG_KIND_EBOOL: return " *Each use.*";
+    case CONFIG_KIND_LIB: return " Read once, when that library is first opened.";
+    default: return "";
+    }
+}
+
+static void table(text *t, config_audience a, config_audience b)
+{
+    const config_setting *rows = config_settings();
+    put(t, "| Variable | Values | Default | Effect |\n|---|---|---|---|\n");
+    for (int i = 0; i < CONFIG_COUNT; i++) {
+        if (rows[i].audience != a && rows[i].audience != b) continue;
+        char values[256], def[256];
+        config_setting_values(&rows[i], values, sizeof values);
+        config_setting_default(&rows[i], def, sizeof def);
+        put(t, "| `%s` | %s | %s | %s%s |\n", rows[i].name, values, def, rows[i].effect, when_read(&rows[i]));
+    }
+}
+
+/* The generated section, markers included. */
+static void section(text *t)
+{
+    const config_setting *rows = config_settings();
+    put(t, "%s: edit the table, then `test_settings_doc --write README.md` -->\n\n", BEGIN_MARK);
+    put(t, "### Settings\n\n");
+    table(t, CONFIG_AUDIENCE_USER, CONFIG_AUDIENCE_USER);
+    put(t, "\n### Developer switches\n\n");
+    put(t, "Algorithm variants kept for side-by-side measurements (`bench/NOTES.md`) and the tests that run "
+           "the other path; each default is the measured choice. Not settings for production: they may "
+           "go when the variant that lost is removed.\n\n");
+    table(t, CONFIG_AUDIENCE_DEV, CONFIG_AUDIENCE_TEST);
+    put(t, "\n### System variables\n\nRead to derive defaults, never set by flce.\n\n");
+    put(t, "| Variable | Used for |\n|---|---|\n");
+    for (int i = 0; i < CONFIG_COUNT; i++)
+        if (rows[i].kind == CONFIG_KIND_SYS) put(t, "| `%s` | %s |\n", rows[i].name, rows[i].effect);
+    put(t, "\n%s\n", END_MARK);
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) free(s), s = NULL;
+    fclose(f);
+    if (s) s[n] = '\0', *len = (size_t)n;
+    return s;
+}
+
+/* The section's start and end (past the end marker's line) in readme, or 0. */
+static int find_section(const char *readme, const char **begin, const char **end)
+{
+    *begin = strstr(readme, BEGIN_MARK);
+    const char *e = *begin ? strstr(*begin, END_MARK) : NULL;
+    if (!e) return 0;
+    e += strlen(END_MARK);
+    if (*e == '\n') e++;
+    *end = e;
+    return 1;
+}
+
+static int write_readme(const char *path)
+{
+    size_t len = 0;
+    char *readme = slurp(path, &len);
+    const char *b, *e;
+    if (!readme || !find_section(readme, &b, &e)) {
+        fprintf(stderr, "%s: no section between '%s' and '%s'\n", path, BEGIN_MARK, END_MARK);
+        return 1;
+    }
+    text t = {0};
+    section(&t);
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(readme, 1, (size_t)(b - readme), f) == (size_t)(b - readme) &&
+             fwrite(t.s, 1, t.n, f) == t.n && fwrite(e, 1, strlen(e), f) == strlen(e);
+    ok = f && !fclose(f) && ok;
+    free(readme), free(t.s);
+    return ok ? 0 : 1;
+}
+
+static const char *readme_path, *source_dir;
+
+static void readme_section_is_the_table(void)
+{
+    size_t len = 0;
+    char *readme = slurp(readme_path, &len);
+    const char *b = NULL, *e = NULL;
+    CHECKF(readme && find_section(readme, &b, &e), "%s: no generated settings section", readme_path);
+    if (!b) {
+        free(readme);
+        return;
+    }
+    text t = {0};
+    section(&t);
+    size_t have = (size_t)(e - b);
+    int same = have == t.n && !memcmp(b, t.s, t.n);
+    if (!same) { /* the first line that differs */
+        size_t i = 0, line = 1, start = 0;
+        while (i < have && i < t.n && b[i] == t.s[i])
+            if (b[i++] == '\n') line++, start = i;
+        fprintf(stderr, "README line %zu of the section differs from the table:\n  README: %.200s\n  table:  %.200s\n",
+                line, b + start, t.s + start);
+    }
+    CHECKF(same, "README.md's settings section is not the table's: run `test_settings_doc --write %s`", readme_path);
+    free(readme), free(t.s);
+}
+
+/* Every row says what it takes, its default and its effect; names are unique and ours start FLCE_. */
+static void every_row_is_complete(void)
+{
+    const config_setting *rows = config_settings();
+    for (int i = 0; i < CONFIG_COUNT; i++) {
+        char values[256], def[256];
+        config_setting_values(&rows[i], values, sizeof values);
+        config_setting_default(&rows[i], def, sizeof def);
+        int sys = rows[i].kind == CONFIG_KIND_SYS;
+        CHECKF(sys || (*values && *def), "%s: no values or default words", rows[i].name);
+        CHECKF(rows[i].effect && *rows[i].effect, "%s: no effect", rows[i].name);
+        CHECKF(sys == (rows[i].audience == CONFIG_AUDIENCE_SYSTEM), "%s: a system variable is SYS/SYSTEM", rows[i].name);
+        CHECKF(sys != !strncmp(rows[i].name, "FLCE_", 5), "%s: ours start FLCE_, system ones do not", rows[i].name);
+        for (int k = 0; k < i; k++) CHECKF(strcmp(rows[i].name, rows[k].name), "%s: two rows", rows[i].name);
+    }
+}
+
+/* Counts "getenv(" in the C files of dir (relative to the source dir) other than `allowed`. */
+static int stray_getenv(const char *dir, const char *allowed)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", source_dir, dir);
+    DIR *d = opendir(path);
+    CHECKF(d != NULL, "cannot list %s", path);
+    if (!d) return 1;
+    int stray = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (n < 3 || (strcmp(e->d_name + n - 2, ".c") && strcmp(e->d_name + n - 2, ".h"))) continue;
+        char file[4400], rel[4400];
+        snprintf(file, sizeof file, "%s/%s", path, e->d_name);
+        snprintf(rel, sizeof rel, "%s/%s", dir, e->d_name);
+        if (allowed && !strcmp(rel, allowed)) continue;
+        size_t len = 0;
+        char *s = slurp(file, &len);
+        if (s && strstr(s, "getenv(")) {
+            fprintf(stderr, "%s calls getenv: read the environment through config_env (runtime/config.h)\n", rel);
+            stray++;
+        }
+        free(s);
+    }
+    closedir(d);
+    return stray;
+}
+
+static void the_library_reads_its_environment_in_config_c_alone(void)
+{
+    int stray = stray_getenv("include", NULL) + stray_getenv("base", NULL) + stray_getenv("generator", NULL) +
+                stray_getenv("runtime", "runtime/config.c");
+    CHECKF(stray == 0, "%d library file(s) call getenv outside runtime/config.c", stray);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 2 && !strcmp(argv[1], "--print")) {
+        text t = {0};
+        section(&t);
+        fwrite(t.s, 1, t.n, stdout);
+        free(t.s);
+        return 0;
+    }
+    if (argc == 3 && !strcmp(argv[1], "--write")) return write_readme(argv[2]);
+    if (argc != 3) {
+        fprintf(stderr, "usage: test_settings_doc README.md SRCDIR | --print | --write README.md\n");
+        return 2;
+    }
+    readme_path = argv[1], source_dir = argv[2];
+    RUN(every_row_is_complete);
+    RUN(readme_section_is_the_table);
+    RUN(the_library_reads_its_environment_in_config_c_alone);
+    FINISH();
+}
