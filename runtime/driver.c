@@ -128,7 +128,7 @@ flce_status drv_release(CUresult r, const char *what)
 {
     if (r == CUDA_SUCCESS) return FLCE_OK;
     flce_status st = drv_error(r, what);
-    log_msg(LOG_WARN, "%s", flce_last_error());
+    log_msg(LOG_WARN, "%s", err_message());
     return st;
 }
 

@@ -53,7 +53,7 @@ static void tune_load_locked(void)
     snprintf(tune_cached_path, sizeof tune_cached_path, "%s", path);
     tune_loaded = 1;
     if (path[0] && tune_table_load(path, 0, &tune_cached) != FLCE_OK) {
-        log_msg(LOG_WARN, "tune table %s: %s; default tiles", path, flce_last_error());
+        log_msg(LOG_WARN, "tune table %s: %s; default tiles", path, err_message());
         err_clear();
         tune_table_free(&tune_cached);
     }
@@ -101,7 +101,7 @@ static int tune_tiles_fit(const plan *pl, const spec_tile tiles[TUNE_ROLES], cha
         kernel_spec s = *base[r];
         s.tile = tiles[r];
         if (spec_validate(&s) != FLCE_OK) {
-            snprintf(why, cap, "%s: %s", spec_role_name(s.role), flce_last_error());
+            snprintf(why, cap, "%s: %s", spec_role_name(s.role), err_message());
             err_clear();
             return 0;
         }

@@ -23,6 +23,13 @@
 #include "log.h"
 #include "tune_run.h"
 
+/* flce_tensors_init's result, without calling up into the public API (api.c calls this file). */
+static void tensors_empty(flce_tensors *t)
+{
+    memset(t, 0, sizeof *t);
+    t->struct_size = sizeof *t;
+}
+
 /* ---- candidates ---------------------------------------------------------------------------- */
 
 flce_status tune_cands_make(const flce_problem *p, int sm, int cap, tune_cands *c)
@@ -31,7 +38,7 @@ flce_status tune_cands_make(const flce_problem *p, int sm, int cap, tune_cands *
      * without tensors would assume every output and time heavier logits epilogues than the calls
      * the table's winner is used for, and leave their kernels uncompiled). */
     flce_tensors none;
-    flce_tensors_init(&none);
+    tensors_empty(&none);
     flce_problem pg = *p;
     if (pg.strategy == FLCE_STRATEGY_FORWARD) pg.strategy = FLCE_STRATEGY_AUTO; /* a forward's class */
     plan pl;
@@ -211,11 +218,11 @@ static double try_candidate(session *s, const spec_tile tiles[TUNE_ROLES], int i
     tune_force_tiles(tiles);
     char agree[512];
     if (call_and_wait(b) != FLCE_OK || download(s, is_reference ? &s->ref : &s->cur) != FLCE_OK)
-        snprintf(why, cap, "failed: %s", flce_last_error());
+        snprintf(why, cap, "failed: %s", err_message());
     else if (!is_reference && !outputs_agree(s, agree, sizeof agree))
         snprintf(why, cap, "rejected, its results disagree: %s", agree);
     else if (time_runs(s, &ms) != FLCE_OK)
-        snprintf(why, cap, "failed: %s", flce_last_error()), ms = -1;
+        snprintf(why, cap, "failed: %s", err_message()), ms = -1;
     tune_force_tiles(NULL);
     return ms;
 }
@@ -348,19 +355,19 @@ static void tune_class(tune_bench *b, first_use *f, const tune_key *k)
     spec_tile best[TUNE_ROLES];
     double best_ms = -1, builtin_ms = -1;
     if (tune_first_use_cands(f->p, b->ctx->sm, &c) != FLCE_OK) {
-        log_msg(LOG_WARN, "FLCE_TUNE: no candidates (%s); default tiles", flce_last_error());
+        log_msg(LOG_WARN, "FLCE_TUNE: no candidates (%s); default tiles", err_message());
         return;
     }
     log_msg(LOG_INFO, "FLCE_TUNE: tuning %s sm_%d D=%lld V=%lld N~%lld: %d logits candidates", k->device,
             k->sm, (long long)k->hidden, (long long)k->vocab, (long long)k->bucket, c.n[0]);
     if (tune_search(b, &c, best, &best_ms, &builtin_ms) != FLCE_OK || best_ms <= 0) {
-        log_msg(LOG_WARN, "FLCE_TUNE: no candidate could be timed (%s); default tiles", flce_last_error());
+        log_msg(LOG_WARN, "FLCE_TUNE: no candidate could be timed (%s); default tiles", err_message());
         return;
     }
     tune_entry e;
     char dir[CACHE_PATH_MAX];
     if (tune_store_winner(f->p, b->ctx->name, b->ctx->sm, best, best_ms, &e, dir, sizeof dir) != FLCE_OK)
-        log_msg(LOG_WARN, "FLCE_TUNE: winner not stored: %s", flce_last_error());
+        log_msg(LOG_WARN, "FLCE_TUNE: winner not stored: %s", err_message());
 }
 
 /* Scratch outputs of the timed forwards: lse, and the loss (per token for reduction none). */
@@ -393,7 +400,7 @@ flce_status tune_first_use(flce_context *ctx, const flce_problem *p, flce_op op,
     int cap = 0;
     if (capturing(ctx, stream, &cap) != FLCE_OK) {
         log_msg(LOG_WARN, "FLCE_TUNE: cannot tell whether the stream is captured (%s); not tuning",
-                flce_last_error());
+                err_message());
         err_clear();
         return FLCE_OK;
     }
@@ -403,7 +410,7 @@ flce_status tune_first_use(flce_context *ctx, const flce_problem *p, flce_op op,
     }
     CUdeviceptr lse = 0, loss = 0;
     if (first_use_outputs(ctx, p->tokens, &lse, &loss) != FLCE_OK) {
-        log_msg(LOG_WARN, "FLCE_TUNE: no memory for the tuning outputs (%s); default tiles", flce_last_error());
+        log_msg(LOG_WARN, "FLCE_TUNE: no memory for the tuning outputs (%s); default tiles", err_message());
     } else {
         first_use f = {ctx, p, op, t};
         tune_bench b;
@@ -412,7 +419,7 @@ flce_status tune_first_use(flce_context *ctx, const flce_problem *p, flce_op op,
         b.p.strategy = FLCE_STRATEGY_AUTO; /* a forward refuses CHUNKED and RECOMPUTE */
         b.runs = TUNE_FIRST_USE_RUNS, b.roles = 1;
         b.report = first_use_report, b.skip = first_use_skip, b.arg = &f;
-        flce_tensors_init(&b.t);
+        tensors_empty(&b.t);
         b.t.hidden = t->hidden, b.t.weight = t->weight, b.t.labels = t->labels;
         b.t.bias = t->bias, b.t.class_weights = t->class_weights;
         b.t.lse = (float *)(uintptr_t)lse, b.t.loss = (float *)(uintptr_t)loss;

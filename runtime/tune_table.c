@@ -269,7 +269,7 @@ static int tiles_valid(const tune_entry *e, char *why, size_t cap)
         s.tile = e->tile[r];
         if (spec_validate(&s) != FLCE_OK) {
             snprintf(why, cap, "%s tile rejected by spec validation: %s", spec_role_name(roles[r]),
-                     flce_last_error());
+                     err_message());
             err_clear(); /* a rejected line is not the caller's failure */
             return 0;
         }
