@@ -19,10 +19,21 @@ static int (*log_level_source)(void);
 
 void log_set_level_source(int (*read)(void)) { log_level_source = read; }
 
+static _Thread_local log_sink log_current = {NULL, NULL, -1};
+
+log_sink log_sink_set(log_sink s)
+{
+    log_sink was = log_current;
+    log_current = s;
+    return was;
+}
+
+log_sink log_sink_get(void) { return log_current; }
+
 log_level log_threshold(void)
 {
-    /* Read every time: cheap, and lets tests flip FLCE_LOG with setenv. */
-    int level = log_level_source ? log_level_source() : LOG_OFF;
+    /* The process's level is read every time: cheap, and lets tests flip FLCE_LOG with setenv. */
+    int level = log_current.level >= 0 ? log_current.level : log_level_source ? log_level_source() : LOG_OFF;
     return level < LOG_OFF || level > LOG_DEBUG ? LOG_OFF : (log_level)level;
 }
 
@@ -37,5 +48,6 @@ void log_msg(log_level level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "flce: %s: %s\n", names[level], line);
+    if (log_current.fn) log_current.fn(log_current.user, (int)level, line);
+    else fprintf(stderr, "flce: %s: %s\n", names[level], line);
 }

@@ -57,7 +57,9 @@ typedef enum flce_status {
     FLCE_ERR_OUT_OF_MEMORY = 7,    /* device or host allocation failed */
     FLCE_ERR_BAD_LABEL = 8,        /* an earlier call saw a label outside [0, V) */
     FLCE_ERR_IO = 9,               /* a file operation failed (tools and cache management only) */
-    FLCE_ERR_INTERNAL = 10         /* a bug in flce: please report the message */
+    FLCE_ERR_INTERNAL = 10,        /* a bug in flce: please report the message */
+    FLCE_ERR_NOT_READY = 11        /* a context made with compile_in_call = 0 (flce_options) was called
+                                      before its kernels were compiled: call flce_prepare; nothing ran */
 } flce_status;
 
 typedef enum flce_dtype {
@@ -239,8 +241,53 @@ FLCE_API const char *flce_last_error(void);
 FLCE_API void flce_problem_init(flce_problem *problem);
 FLCE_API void flce_tensors_init(flce_tensors *tensors);
 
-/* Retains the primary context of `device` (a CUDA ordinal). *out is freed by flce_context_destroy. */
+/* Retains the primary context of `device` (a CUDA ordinal). *out is freed by flce_context_destroy.
+ * The context takes the process's settings from the environment (README, "Environment
+ * variables"): flce_context_create_ex(device, NULL, out). */
 FLCE_API flce_status flce_context_create(int device, flce_context **out);
+
+/* Settings of one context, as data (the environment is only their default source): two contexts of
+ * one process may cache their kernels in different directories, log to different callbacks, and
+ * one of them may refuse to compile in a call. Initialize with flce_options_init, then change
+ * fields. */
+enum { FLCE_LOG_FROM_ENV = -1, FLCE_LOG_OFF = 0, FLCE_LOG_WARN = 1, FLCE_LOG_INFO = 2, FLCE_LOG_DEBUG = 3 };
+typedef void (*flce_log_fn)(void *user, int level, const char *message);
+typedef struct flce_options {
+    uint32_t struct_size;       /* sizeof(flce_options) as the caller compiled it */
+    const char *cache_dir;      /* the writable kernel cache, used as given (created when first
+                                   stored to); NULL: FLCE_CACHE_DIR, else $XDG_CACHE_HOME/flce or
+                                   ~/.cache/flce, looked up at each use. Copied by create_ex. The
+                                   tune table stays in the process's directory */
+    const char *cache_ro;       /* read-only caches searched after it, "dir1:dir2"; "" none; NULL:
+                                   FLCE_CACHE_RO, at each use. Copied by create_ex */
+    flce_log_fn log;            /* receives the context's log lines (message without a prefix, level
+                                   FLCE_LOG_WARN..DEBUG) on the thread of the call that logs them, and
+                                   on that call's compile threads: it must be thread-safe. Lines of
+                                   background compiles, which may outlive the context, go to the
+                                   process's log. NULL: stderr, "flce: <level>: " prefixed */
+    void *log_user;             /* log's first argument */
+    int32_t log_level;          /* the most verbose level logged, FLCE_LOG_OFF..DEBUG; FLCE_LOG_FROM_ENV:
+                                   FLCE_LOG at each use. init: FLCE_LOG's value now */
+    int32_t compile_threads;    /* 1..8: the most kernels one call compiles at once (NVRTC threads).
+                                   init: FLCE_COMPILE_THREADS (8) */
+    int32_t background_compile; /* 1: a forward compiles its backward's kernels in the background, and
+                                   a kernel specialized for whole vocab tiles runs on its generic twin
+                                   while it compiles there (FLCE_PREFETCH, FLCE_TIERED); 0: never a
+                                   compile outside a call. init: FLCE_PREFETCH (1) */
+    int32_t compile_in_call;    /* 1: a call compiles the kernels it lacks (seconds, once per kernel
+                                   and cache). 0, a latency guarantee for servers: such a call returns
+                                   FLCE_ERR_NOT_READY at once, having run nothing (the kernels start
+                                   compiling in the background when background_compile is 1);
+                                   flce_prepare still compiles, so prepare each problem first.
+                                   init: FLCE_COMPILE_IN_CALL (1) */
+} flce_options;
+
+/* Fills *options with the defaults the environment gives now (the fields' "init" above). */
+FLCE_API void flce_options_init(flce_options *options);
+/* flce_context_create with the settings of *options (NULL: the environment's, each as
+ * flce_context_create takes it). A field out of range is FLCE_ERR_INVALID_ARGUMENT, before any
+ * device is touched. options and its strings need not outlive the call. */
+FLCE_API flce_status flce_context_create_ex(int device, const flce_options *options, flce_context **out);
 /* Releases everything the context holds. Accepts NULL. Waits for nothing: the caller must make sure
  * no work that uses the context's workspace is still running. */
 FLCE_API flce_status flce_context_destroy(flce_context *ctx);

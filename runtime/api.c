@@ -32,6 +32,7 @@ const char *flce_status_name(flce_status s)
     case FLCE_ERR_BAD_LABEL: return "FLCE_ERR_BAD_LABEL";
     case FLCE_ERR_IO: return "FLCE_ERR_IO";
     case FLCE_ERR_INTERNAL: return "FLCE_ERR_INTERNAL";
+    case FLCE_ERR_NOT_READY: return "FLCE_ERR_NOT_READY";
     }
     return "FLCE_ERR_UNKNOWN";
 }
@@ -346,6 +347,7 @@ flce_status flce_workspace_size(flce_context *ctx, const flce_problem *problem, 
                                 uint64_t *bytes)
 {
     err_clear();
+    CTX_LOG_SCOPE(ctx);
     if (!bytes) return err_set(FLCE_ERR_INVALID_ARGUMENT, "bytes: NULL");
     plan pl;
     TRY(plan_for(ctx, problem, op, NULL, &pl));
@@ -367,6 +369,7 @@ flce_status flce_prepare(flce_context *ctx, const flce_problem *problem, flce_op
                          const flce_tensors *tensors)
 {
     err_clear();
+    CTX_LOG_SCOPE(ctx);
     flce_tensors t;
     typical_outputs(op, &t);
     if (tensors) TRY(normalize_tensors(tensors, &t));
@@ -390,6 +393,7 @@ flce_status flce_strategy_of(flce_context *ctx, const flce_problem *problem, flc
                              flce_strategy *strategy)
 {
     err_clear();
+    CTX_LOG_SCOPE(ctx);
     if (!strategy) return err_set(FLCE_ERR_INVALID_ARGUMENT, "strategy: NULL");
     plan pl;
     TRY(plan_for(ctx, problem, op, NULL, &pl));
@@ -409,7 +413,7 @@ flce_status flce_strategy_of(flce_context *ctx, const flce_problem *problem, flc
  * (checked first: each such forward otherwise plans the backward once more, microseconds). */
 static void prefetch_backward(flce_context *ctx, const flce_problem *p, const flce_tensors *t)
 {
-    if (!config_get()->prefetch) return; /* nothing to plan for */
+    if (!ctx_background(ctx)) return; /* nothing to plan for */
     static const char mark;
     /* The backward call as the bindings make it: inputs, lse and both gradients, nothing else. */
     flce_tensors b;
@@ -423,7 +427,8 @@ static void prefetch_backward(flce_context *ctx, const flce_problem *p, const fl
     if (plan_make_dev(&q, FLCE_OP_BACKWARD, ctx->name, ctx->sm, ctx->num_sms, ctx->mem_bytes, &b, &bp) ==
         FLCE_OK) {
         const kernel_spec *s[3] = {bp.fused_dz ? &bp.logits_dz : &bp.logits, &bp.dh, &bp.dw};
-        jit_prefetch(s, 3);
+        jit_settings js = ctx_jit(&ctx->settings);
+        jit_prefetch_with(&js, s, 3);
     }
     err_clear();
 }
@@ -434,6 +439,7 @@ static flce_status run_op(flce_context *ctx, const flce_problem *problem,
 {
     err_clear();
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
+    CTX_LOG_SCOPE(ctx);
     flce_problem p;
     flce_tensors tt;
     const flce_tensors *t = &tt;
@@ -455,7 +461,8 @@ static flce_status run_op(flce_context *ctx, const flce_problem *problem,
         return launch_call(ctx, &p, FLCE_OP_LOSS_AND_GRAD, t, (CUstream)stream, part,
                            (CUdeviceptr)(uintptr_t)tp_buffer);
     }
-    if (part == PART_ALL) TRY(tune_first_use(ctx, &p, op, t, stream)); /* FLCE_TUNE=1 */
+    /* FLCE_TUNE=1; tuning compiles, so not where a call must not (flce_options.compile_in_call) */
+    if (part == PART_ALL && ctx->settings.compile_in_call) TRY(tune_first_use(ctx, &p, op, t, stream));
     flce_status st = launch_call(ctx, &p, op, t, (CUstream)stream, part, (CUdeviceptr)(uintptr_t)tp_buffer);
     if (st == FLCE_OK && op == FLCE_OP_FORWARD && part == PART_ALL && t->lse) prefetch_backward(ctx, &p, t);
     return st;
@@ -482,6 +489,7 @@ flce_status flce_scale_gradients(flce_context *ctx, const flce_problem *problem,
 {
     err_clear();
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
+    CTX_LOG_SCOPE(ctx);
     flce_problem p;
     flce_tensors t;
     TRY(normalize_problem(problem, &p));
@@ -552,6 +560,7 @@ flce_status flce_check(flce_context *ctx, void *stream)
 {
     err_clear();
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL");
+    CTX_LOG_SCOPE(ctx);
     pthread_mutex_lock(&ctx->lock);
     CUcontext prev = NULL;
     flce_status st = ctx_enter(ctx, &prev);

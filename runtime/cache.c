@@ -415,11 +415,10 @@ static flce_status cache_load_from(const char *dir, const void *key, size_t key_
     return FLCE_OK;
 }
 
-/* The read-only layers of $FLCE_CACHE_RO (colon-separated), in order, skipping `dir` itself. */
-static flce_status cache_load_layers(const char *dir, const void *key, size_t key_len, void **blob,
-                                     size_t *len)
+/* The read-only layers of `list` (colon-separated), in order, skipping `dir` itself. */
+static flce_status cache_load_layers(const char *dir, const char *list, const void *key, size_t key_len,
+                                     void **blob, size_t *len)
 {
-    const char *list = config_env(CONFIG_CACHE_RO);
     char layer[CACHE_PATH_MAX];
     while (list && *list && !*blob) {
         size_t n = strcspn(list, ":");
@@ -436,6 +435,12 @@ static flce_status cache_load_layers(const char *dir, const void *key, size_t ke
 
 flce_status cache_load(const char *dir, const void *key, size_t key_len, void **blob, size_t *len)
 {
+    return cache_load_ro(dir, config_env(CONFIG_CACHE_RO), key, key_len, blob, len);
+}
+
+flce_status cache_load_ro(const char *dir, const char *ro_layers, const void *key, size_t key_len, void **blob,
+                          size_t *len)
+{
     if (!blob || !len)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "cache_load: blob and len must not be NULL");
     *blob = NULL;
@@ -444,7 +449,7 @@ flce_status cache_load(const char *dir, const void *key, size_t key_len, void **
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "cache_load: dir=%p key=%p key_len=%zu",
                        (const void *)dir, key, key_len);
     TRY(cache_load_from(dir, key, key_len, 1, blob, len));
-    if (!*blob) TRY(cache_load_layers(dir, key, key_len, blob, len));
+    if (!*blob) TRY(cache_load_layers(dir, ro_layers, key, key_len, blob, len));
     pthread_mutex_lock(&cache_counter_lock);
     if (*blob) {
         cache_count.hits++;

@@ -66,6 +66,10 @@ flce_status cache_dir_writable(char *out, size_t cap);
  * *blob = NULL, *len = 0, FLCE_OK. A hit in `dir` refreshes the entry's mtime (its recency for the
  * cap) when that is more than a minute old. */
 flce_status cache_load(const char *dir, const void *key, size_t key_len, void **blob, size_t *len);
+/* cache_load with the read-only layers given ("dir1:dir2"; NULL or "": none) instead of
+ * $FLCE_CACHE_RO: a context's own (flce_options.cache_ro). */
+flce_status cache_load_ro(const char *dir, const char *ro_layers, const void *key, size_t key_len, void **blob,
+                          size_t *len);
 
 /* Stores `blob` under `key` atomically (see above), then keeps the directory under its cap (see
  * above). FLCE_OK also when the directory is unusable. */

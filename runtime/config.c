@@ -187,6 +187,12 @@ void config_reload(void)
     config_from_env(&config_current);
 }
 
+void config_replace(const flce_config *c)
+{
+    pthread_once(&config_once, config_init);
+    config_current = *c;
+}
+
 spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role)
 {
     return spec_tile_pick(sm, dtype, role, config_get()->tiles);

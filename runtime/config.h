@@ -93,6 +93,9 @@ void config_from_env(flce_config *c);
 /* Tests and the bench tool's side-by-side rows only: re-reads the environment into the process's
  * settings after a setenv. Not safe while another thread plans or compiles. */
 void config_reload(void);
+/* The same, from data instead of the environment: the process's settings become *c (the bench
+ * tool's side-by-side rows, without setenv). Not safe while another thread plans or compiles. */
+void config_replace(const flce_config *c);
 
 /* The value of a row read at each use (LEVEL, TEXT, NUM, EBOOL), of a library path (LIB) or of a
  * system variable (SYS) now; NULL when unset. The library's one reader of its environment. */

@@ -38,23 +38,36 @@
       "A problem class missing from the tune table is tuned on its first call and stored " \
       "([Autotuning](#autotuning)).") \
     X(BOOL, USER, PREFETCH, prefetch, "FLCE_PREFETCH", 0, 1, 1, NULL, NULL, \
-      "A forward that saves lse compiles the backward's kernels into the disk cache in the background.") \
+      "A forward that saves lse compiles the backward's kernels into the disk cache in the background. " \
+      "Off: no background compiles at all (no tiered stand-ins either). " \
+      "`flce_options.background_compile` per context.") \
     X(BOOL, USER, TIERED, tiered, "FLCE_TIERED", 0, 1, 1, NULL, NULL, \
       "A call whose whole-vocab-tile logits kernel is not cached runs on its cached generic twin while " \
       "the specialized one compiles in the background ([kernel cache](#the-tool)); off: compile it in " \
       "the call.") \
+    X(INT, USER, COMPILE_THREADS, compile_threads, "FLCE_COMPILE_THREADS", 1, 8, 8, NULL, NULL, \
+      "The most kernels one call (or one background job) compiles at once, one NVRTC thread each; a " \
+      "first call waits for its slowest kernel instead of their sum. `flce_options.compile_threads` " \
+      "per context.") \
+    X(BOOL, USER, COMPILE_IN_CALL, compile_in_call, "FLCE_COMPILE_IN_CALL", 0, 1, 1, NULL, NULL, \
+      "A call whose kernels are neither loaded nor in the disk cache compiles them; off: it returns " \
+      "`FLCE_ERR_NOT_READY` at once instead (and, with background compiles on, they compile in the " \
+      "background meanwhile), so that no call ever waits for NVRTC: `flce_prepare` compiles. " \
+      "`flce_options.compile_in_call` per context.") \
     X(FAST, USER, NVRTC_FAST, nvrtc_fast, "FLCE_NVRTC_FAST", 0, 3, CONFIG_NVRTC_FAST_OFF, \
       "on/off, `min`, `mid`, `max`", "off", \
       "Adds `--Ofast-compile=` (on = `mid`): about 3.5x less compile time, worse SASS; own cache keys.") \
     /* ---- user settings, read at each use ---- */ \
     X(LEVEL, USER, LOG, log, "FLCE_LOG", 0, 3, 0, "`warn`/`1`, `info`/`2`, `debug`/`3`", "off", \
       "Messages on stderr prefixed `flce:`: warnings; each compile, cache hit and wait, tune choice, " \
-      "the settings; each call's plan and AUTO's estimates.") \
+      "the settings; each call's plan and AUTO's estimates. `flce_options.log` and `log_level` per " \
+      "context.") \
     X(TEXT, USER, CACHE_DIR, cache_dir, "FLCE_CACHE_DIR", 0, 0, 0, \
       "a directory", "`$XDG_CACHE_HOME/flce`, `~/.cache/flce`", \
-      "Where compiled kernels and the tune table live; unusable: memory-only cache.") \
+      "Where compiled kernels and the tune table live; unusable: memory-only cache. " \
+      "`flce_options.cache_dir` per context (kernels; the tune table stays here).") \
     X(TEXT, USER, CACHE_RO, cache_ro, "FLCE_CACHE_RO", 0, 0, 0, "`dir1:dir2`", "none", \
-      "Read-only caches searched after the writable one.") \
+      "Read-only caches searched after the writable one. `flce_options.cache_ro` per context.") \
     X(NUM, USER, CACHE_LOCK_TIMEOUT, cache_lock_timeout, "FLCE_CACHE_LOCK_TIMEOUT", 0, 0, CACHE_DEFAULT_LOCK_TIMEOUT_S, \
       "seconds ≥ 0", NULL, \
       "How long a process waits for another's compile of the same kernel; 0: no lock.") \

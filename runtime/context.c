@@ -47,11 +47,110 @@ static flce_status ctx_device_facts(flce_context *ctx, int *major, int *minor)
     return FLCE_OK;
 }
 
-flce_status flce_context_create(int device, flce_context **out)
+_Static_assert((int)FLCE_LOG_OFF == (int)LOG_OFF && (int)FLCE_LOG_WARN == (int)LOG_WARN &&
+                   (int)FLCE_LOG_INFO == (int)LOG_INFO && (int)FLCE_LOG_DEBUG == (int)LOG_DEBUG,
+               "flce_options.log_level is a log_level");
+
+void flce_options_init(flce_options *o)
+{
+    if (!o) return;
+    const flce_config *c = config_get();
+    memset(o, 0, sizeof *o);
+    o->struct_size = sizeof *o;
+    o->log_level = config_log_level();
+    o->compile_threads = c->compile_threads;
+    o->background_compile = c->prefetch;
+    o->compile_in_call = c->compile_in_call;
+}
+
+/* A string option copied into out[cap]; too long is an error naming the field. */
+static flce_status ctx_copy_path(const char *field, const char *value, char *out, size_t cap)
+{
+    size_t n = strlen(value);
+    if (n >= cap)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "options.%s: %zu bytes, at most %zu", field, n, cap - 1);
+    memcpy(out, value, n + 1);
+    return FLCE_OK;
+}
+
+flce_status ctx_settings_from(const flce_options *options, ctx_settings *out)
+{
+    memset(out, 0, sizeof *out);
+    out->log = LOG_SINK_PROCESS;
+    out->background = -1;
+    out->compile_in_call = config_get()->compile_in_call;
+    if (!options) return FLCE_OK;
+    flce_options o;
+    flce_options_init(&o);
+    /* The first layout ends at compile_in_call; fields added later default for older callers. */
+    size_t first = offsetof(flce_options, compile_in_call) + sizeof o.compile_in_call;
+    if (options->struct_size < first)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "options.struct_size=%u: smaller than any flce_options (%zu); initialize with flce_options_init",
+                       options->struct_size, first);
+    if (options->struct_size > sizeof o)
+        return err_set(FLCE_ERR_UNSUPPORTED,
+                       "options.struct_size=%u: the caller was built against a newer flce.h than this library (%s, %zu bytes)",
+                       options->struct_size, FLCE_VERSION_STRING, sizeof o);
+    memcpy(&o, options, options->struct_size);
+    if (o.log_level < FLCE_LOG_FROM_ENV || o.log_level > FLCE_LOG_DEBUG)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "options.log_level=%d: must be FLCE_LOG_FROM_ENV (-1) or 0..3",
+                       o.log_level);
+    if (o.compile_threads < 1 || o.compile_threads > 8)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "options.compile_threads=%d: must be 1..8", o.compile_threads);
+    if (o.background_compile != 0 && o.background_compile != 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "options.background_compile=%d: must be 0 or 1", o.background_compile);
+    if (o.compile_in_call != 0 && o.compile_in_call != 1)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "options.compile_in_call=%d: must be 0 or 1", o.compile_in_call);
+    if (o.cache_dir) TRY(ctx_copy_path("cache_dir", o.cache_dir, out->cache_dir, sizeof out->cache_dir));
+    if (o.cache_ro) TRY(ctx_copy_path("cache_ro", o.cache_ro, out->cache_ro, sizeof out->cache_ro));
+    out->cache_ro_given = o.cache_ro != NULL;
+    out->compile_threads = o.compile_threads;
+    out->background = o.background_compile;
+    out->compile_in_call = o.compile_in_call;
+    out->log = (log_sink){o.log, o.log_user, o.log_level};
+    return FLCE_OK;
+}
+
+jit_settings ctx_jit(const ctx_settings *s)
+{
+    jit_settings js = {s->cache_dir[0] ? s->cache_dir : NULL, s->cache_ro_given ? s->cache_ro : NULL,
+                       s->compile_threads, s->background};
+    return js;
+}
+
+int ctx_background(const flce_context *ctx)
+{
+    return ctx->settings.background >= 0 ? ctx->settings.background : config_get()->prefetch;
+}
+
+log_sink ctx_log_enter(const flce_context *ctx) { return ctx ? log_sink_set(ctx->settings.log) : log_sink_get(); }
+
+void ctx_log_leave(log_sink *saved) { log_sink_set(*saved); }
+
+static flce_status ctx_create(int device, const ctx_settings *settings, flce_context **out);
+
+flce_status flce_context_create(int device, flce_context **out) { return flce_context_create_ex(device, NULL, out); }
+
+flce_status flce_context_create_ex(int device, const flce_options *options, flce_context **out)
 {
     err_clear();
     if (!out) return err_set(FLCE_ERR_INVALID_ARGUMENT, "out: NULL (expected a place for the context)");
     *out = NULL;
+    ctx_settings *settings = malloc(sizeof *settings);
+    if (!settings) return err_set(FLCE_ERR_OUT_OF_MEMORY, "flce_context_create: out of host memory");
+    flce_status st = ctx_settings_from(options, settings);
+    if (st == FLCE_OK) {
+        log_sink saved = log_sink_set(settings->log); /* its creation logs as its calls will */
+        st = ctx_create(device, settings, out);
+        log_sink_set(saved);
+    }
+    free(settings);
+    return st;
+}
+
+static flce_status ctx_create(int device, const ctx_settings *settings, flce_context **out)
+{
     TRY(drv_load());
     int count = 0;
     DRV_TRY(drv.DeviceGetCount(&count));
@@ -60,6 +159,7 @@ flce_status flce_context_create(int device, flce_context **out)
                        count);
     flce_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return err_set(FLCE_ERR_OUT_OF_MEMORY, "flce_context_create: out of host memory");
+    ctx->settings = *settings;
     ctx->ordinal = device;
     pthread_mutex_init(&ctx->lock, NULL);
     flce_status st = FLCE_OK;
@@ -139,7 +239,9 @@ flce_status flce_context_destroy(flce_context *ctx)
 {
     err_clear();
     if (!ctx) return FLCE_OK;
+    log_sink saved = log_sink_set(ctx->settings.log); /* not CTX_LOG_SCOPE: ctx is freed before the end */
     flce_status st = ctx_free(ctx);
+    log_sink_set(saved);
     if (st == FLCE_OK) err_clear(); /* the message of an enter that failed: nothing was left undone */
     return st;
 }
@@ -262,9 +364,10 @@ static flce_status ctx_register(flce_context *ctx, const kernel_spec *s, const u
  * or tiering off). */
 static long ctx_stand_in_serving(flce_context *ctx, const kernel_spec *s)
 {
+    jit_settings js = ctx_jit(&ctx->settings);
     for (size_t i = 0; i < ctx->n_standins; i++) {
         if (memcmp(&ctx->standins[i].spec, s, sizeof *s)) continue;
-        if (jit_prefetch_state(s) == JIT_PREFETCH_QUEUED) return (long)ctx->standins[i].module;
+        if (jit_prefetch_state_with(&js, s) == JIT_PREFETCH_QUEUED) return (long)ctx->standins[i].module;
         ctx->standins[i] = ctx->standins[--ctx->n_standins]; /* compiled (or failed): build s now */
         log_msg(LOG_INFO, "tiered: the specialized kernel's background compile has finished; loading it");
         return -1;
@@ -275,10 +378,11 @@ static long ctx_stand_in_serving(flce_context *ctx, const kernel_spec *s)
 static flce_status ctx_stand_in(flce_context *ctx, const kernel_spec *s, long *index)
 {
     *index = -1;
-    if (!s->full_tiles || !config_get()->tiered || ctx->preparing) return FLCE_OK;
-    if (ctx->n_standins == CTX_MAX_STANDINS || jit_prefetch_state(s) != JIT_PREFETCH_NONE) return FLCE_OK;
+    if (!s->full_tiles || !config_get()->tiered || !ctx_background(ctx) || ctx->preparing) return FLCE_OK;
+    jit_settings js = ctx_jit(&ctx->settings);
+    if (ctx->n_standins == CTX_MAX_STANDINS || jit_prefetch_state_with(&js, s) != JIT_PREFETCH_NONE) return FLCE_OK;
     jit_result own;
-    TRY(jit_lookup(s, &own));
+    TRY(jit_lookup_with(&js, s, &own));
     if (own.cubin) { /* on disk: the usual way loads it */
         free(own.cubin);
         return FLCE_OK;
@@ -291,14 +395,14 @@ static flce_status ctx_stand_in(flce_context *ctx, const kernel_spec *s, long *i
     TRY(ctx_find(ctx, &twin, &at, h, &hashed));
     if (at < 0) {
         jit_result jr;
-        TRY(jit_lookup(&twin, &jr));
+        TRY(jit_lookup_with(&js, &twin, &jr));
         if (!jr.cubin) return FLCE_OK; /* neither is built: compile s (its twin follows, ctx_kernels_many) */
         size_t m = 0;
         TRY(ctx_register(ctx, &twin, jr.key_hash, &jr, &m));
         at = (long)m;
     }
     const kernel_spec *one = s;
-    if (jit_prefetch(&one, 1) != 1) return FLCE_OK; /* nothing would compile s: build it now */
+    if (jit_prefetch_with(&js, &one, 1) != 1) return FLCE_OK; /* nothing would compile s: build it now */
     ctx->standins[ctx->n_standins].spec = *s, ctx->standins[ctx->n_standins].module = (size_t)at;
     ctx->n_standins++;
     char summary[256];
@@ -313,6 +417,7 @@ void ctx_prebuild(flce_context *ctx, const kernel_spec *const *specs, int n, int
 {
     enum { MAX_SPECS = 8 };
     if (!config_get()->unlocked_compile || n <= 0 || n > MAX_SPECS) return;
+    if (!all && !ctx->settings.compile_in_call) return; /* ctx_kernels_many says FLCE_ERR_NOT_READY */
     const kernel_spec *missing[MAX_SPECS];
     int m = 0;
     pthread_mutex_lock(&ctx->lock);
@@ -321,19 +426,48 @@ void ctx_prebuild(flce_context *ctx, const kernel_spec *const *specs, int n, int
         uint64_t h[2];
         int hashed = 0;
         if (ctx_find(ctx, specs[i], &index, h, &hashed) != FLCE_OK) break; /* the locked path says why */
-        int stand_in_may_serve = specs[i]->full_tiles && config_get()->tiered && !all;
+        int stand_in_may_serve = specs[i]->full_tiles && config_get()->tiered && ctx_background(ctx) && !all;
         if (index < 0 && !stand_in_may_serve) missing[m++] = specs[i];
     }
     pthread_mutex_unlock(&ctx->lock);
     char dir[CACHE_PATH_MAX];
-    if (m == 0 || cache_dir_writable(dir, sizeof dir) != FLCE_OK) { /* memory only: build under the lock */
+    int memory_only = !ctx->settings.cache_dir[0] && cache_dir_writable(dir, sizeof dir) != FLCE_OK;
+    if (m == 0 || memory_only) { /* memory only: build under the lock */
         err_clear();
         return;
     }
+    jit_settings js = ctx_jit(&ctx->settings);
     jit_result built[MAX_SPECS];
-    if (jit_build_many(missing, m, built) == FLCE_OK)
+    if (jit_build_many_with(&js, missing, m, built) == FLCE_OK)
         for (int k = 0; k < m; k++) free(built[k].cubin);
     err_clear(); /* a failure is reported by the locked path, which builds again */
+}
+
+/* compile_in_call = 0 (flce_options): the missing kernels from the disk cache alone. One that is not
+ * there makes the call FLCE_ERR_NOT_READY, having loaded nothing; with background compiles on, the
+ * absent ones compile in the background meanwhile, so that a later call finds them. */
+static flce_status ctx_cached_only(flce_context *ctx, const kernel_spec *const *missing, int m, jit_result *built)
+{
+    jit_settings js = ctx_jit(&ctx->settings);
+    const kernel_spec *absent[8];
+    int a = 0;
+    flce_status st = FLCE_OK;
+    memset(built, 0, (size_t)m * sizeof *built);
+    for (int k = 0; k < m && st == FLCE_OK; k++) {
+        st = jit_lookup_with(&js, missing[k], &built[k]);
+        if (st == FLCE_OK && !built[k].cubin && a < 8) absent[a++] = missing[k];
+    }
+    if (st == FLCE_OK && a == 0) return FLCE_OK;
+    for (int k = 0; k < m; k++) free(built[k].cubin), built[k].cubin = NULL;
+    if (st != FLCE_OK) return st;
+    char summary[256], more[32] = "";
+    spec_summary(absent[0], summary, sizeof summary);
+    if (a > 1) snprintf(more, sizeof more, " (and %d more)", a - 1);
+    int compiling = jit_prefetch_with(&js, absent, a) > 0 || jit_prefetch_state_with(&js, absent[0]) == JIT_PREFETCH_QUEUED;
+    return err_set(FLCE_ERR_NOT_READY,
+                   "kernel %s%s is not compiled yet and this context does not compile in a call "
+                   "(flce_options.compile_in_call = 0): call flce_prepare with this problem first%s",
+                   summary, more, compiling ? "; it is compiling in the background now" : "");
 }
 
 flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs, int n, CUfunction (*fns)[CTX_MAX_KERNELS])
@@ -362,8 +496,10 @@ flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs,
     if (m > 0) {
         /* NVRTC for all the missing kernels at once: a first call waits for its slowest kernel, not
          * for the sum (issue 16: 5.7 s of one-after-another compiles at 8192×4096×128256). */
+        jit_settings js = ctx_jit(&ctx->settings);
         jit_result built[MAX_SPECS];
-        TRY(jit_build_many(missing, m, built));
+        if (ctx->settings.compile_in_call || ctx->preparing) TRY(jit_build_many_with(&js, missing, m, built));
+        else TRY(ctx_cached_only(ctx, missing, m, built));
         for (int k = 0; k < m; k++) {
             size_t at;
             flce_status st = ctx_register(ctx, missing[k], missing_hash[k], &built[k], &at);
@@ -380,7 +516,7 @@ flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs,
             kernel_spec twin = *missing[k];
             twin.full_tiles = 0;
             const kernel_spec *one = &twin;
-            jit_prefetch(&one, 1);
+            jit_prefetch_with(&js, &one, 1);
         }
     }
     for (int i = 0; i < n; i++) {

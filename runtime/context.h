@@ -10,7 +10,10 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "cache.h"
 #include "driver.h"
+#include "jit.h"
+#include "log.h"
 #include "spec.h"
 
 enum { CTX_MAX_KERNELS = 13 };
@@ -25,7 +28,29 @@ typedef struct ctx_module {
 #define CTX_MAX_ALIASES 256
 #define CTX_MAX_STANDINS 16
 
+/* A context's settings (flce_options, resolved by flce_context_create_ex): where its kernels are
+ * cached, how they compile, where its log lines go. */
+typedef struct ctx_settings {
+    char cache_dir[CACHE_PATH_MAX]; /* "": the process's (cache_dir_writable, at each use) */
+    char cache_ro[CACHE_PATH_MAX];  /* with cache_ro_given; else $FLCE_CACHE_RO at each use */
+    int cache_ro_given;
+    int compile_threads;            /* 1..8; 0: FLCE_COMPILE_THREADS */
+    int background;                 /* 0/1; -1: FLCE_PREFETCH (the process's, config_get) */
+    int compile_in_call;            /* 0: FLCE_ERR_NOT_READY instead of compiling in a call */
+    log_sink log;                   /* the thread's sink during the context's calls (CTX_LOG_SCOPE) */
+} ctx_settings;
+
+/* options (NULL: the environment's, as flce_context_create always took them: the cache directory,
+ * its layers and FLCE_LOG at each use, the rest from config_get) into *out; a field out of range is
+ * FLCE_ERR_INVALID_ARGUMENT naming it. No device needed (tests/test_options.c). */
+flce_status ctx_settings_from(const flce_options *options, ctx_settings *out);
+/* The jit's view of s (pointing into it: valid while s is). */
+jit_settings ctx_jit(const ctx_settings *s);
+/* Whether ctx compiles in the background (its flce_options.background_compile, else FLCE_PREFETCH). */
+int ctx_background(const flce_context *ctx);
+
 struct flce_context {
+    ctx_settings settings;
     int ordinal;
     CUdevice dev;
     CUcontext primary;
@@ -71,6 +96,14 @@ struct flce_context {
      * last wave leaves. Shares the fork and join events (never both in one call). */
     CUstream fill;
 };
+
+/* For the rest of the enclosing block this thread logs through ctx's sink (its flce_options log
+ * callback and level); the sink before comes back when the block is left, by any return. Each
+ * public call on a context starts with it. ctx NULL: the thread's sink stays. */
+#define CTX_LOG_SCOPE(ctx) \
+    log_sink ctx_log_saved_ __attribute__((cleanup(ctx_log_leave), unused)) = ctx_log_enter(ctx)
+log_sink ctx_log_enter(const flce_context *ctx);
+void ctx_log_leave(log_sink *saved);
 
 /* Makes the context's primary context current on this thread; *prev receives the old one. */
 flce_status ctx_enter(flce_context *ctx, CUcontext *prev);

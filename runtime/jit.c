@@ -71,19 +71,47 @@ flce_status jit_key_hash(const kernel_spec *s, uint64_t out[2])
     return FLCE_OK;
 }
 
-flce_status jit_lookup(const kernel_spec *s, jit_result *out)
+/* js's cache directory: its own, as given, or the process's (cache_dir_writable). */
+static flce_status jit_dir(const jit_settings *js, char *dir, size_t cap)
+{
+    if (!js || !js->cache_dir || !*js->cache_dir) return cache_dir_writable(dir, cap);
+    int n = snprintf(dir, cap, "%s", js->cache_dir);
+    if (n < 0 || (size_t)n >= cap)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "cache directory '%s': longer than %zu bytes", js->cache_dir, cap - 1);
+    return FLCE_OK;
+}
+
+static const char *jit_ro(const jit_settings *js)
+{
+    return js && js->cache_ro ? js->cache_ro : config_env(CONFIG_CACHE_RO);
+}
+
+static int jit_threads(const jit_settings *js)
+{
+    int t = js && js->threads > 0 ? js->threads : config_get()->compile_threads;
+    return t < 1 ? 1 : t > 8 ? 8 : t;
+}
+
+static int jit_background(const jit_settings *js)
+{
+    return js && js->background >= 0 ? js->background : config_get()->prefetch;
+}
+
+flce_status jit_lookup(const kernel_spec *s, jit_result *out) { return jit_lookup_with(NULL, s, out); }
+
+flce_status jit_lookup_with(const jit_settings *js, const kernel_spec *s, jit_result *out)
 {
     memset(out, 0, sizeof *out);
     char dir[CACHE_PATH_MAX], *key = NULL;
     size_t key_len = 0;
-    if (cache_dir_writable(dir, sizeof dir) != FLCE_OK) {
+    if (jit_dir(js, dir, sizeof dir) != FLCE_OK) {
         err_clear(); /* memory only: nothing to find */
         return FLCE_OK;
     }
     double t0 = now_ms();
     TRY(jit_key(s, &key, &key_len));
     hash128(key, key_len, out->key_hash);
-    flce_status st = cache_load(dir, key, key_len, &out->cubin, &out->len);
+    flce_status st = cache_load_ro(dir, jit_ro(js), key, key_len, &out->cubin, &out->len);
     free(key);
     if (st == FLCE_OK && out->cubin) {
         out->origin = JIT_DISK_HIT, out->ms = now_ms() - t0;
@@ -92,7 +120,9 @@ flce_status jit_lookup(const kernel_spec *s, jit_result *out)
     return st;
 }
 
-flce_status jit_build(const kernel_spec *s, jit_result *out)
+flce_status jit_build(const kernel_spec *s, jit_result *out) { return jit_build_with(NULL, s, out); }
+
+flce_status jit_build_with(const jit_settings *js, const kernel_spec *s, jit_result *out)
 {
     memset(out, 0, sizeof *out);
     char summary[256], dir[CACHE_PATH_MAX];
@@ -106,16 +136,16 @@ flce_status jit_build(const kernel_spec *s, jit_result *out)
     hash128(key, key_len, out->key_hash);
 
     double t0 = now_ms();
-    int have_dir = cache_dir_writable(dir, sizeof dir) == FLCE_OK;
+    int have_dir = jit_dir(js, dir, sizeof dir) == FLCE_OK;
     if (have_dir) {
-        st = cache_load(dir, key, key_len, &out->cubin, &out->len);
+        st = cache_load_ro(dir, jit_ro(js), key, key_len, &out->cubin, &out->len);
         /* A miss: take the entry's compile lock, so that processes missing it together compile it
          * once (the others wait in cache_lock_entry), then look again: the holder waited for has
          * stored it. Without the lock (read-only directory, timeout) this compiles anyway. */
         int missed = st == FLCE_OK && !out->cubin;
         if (missed) {
             cache_lock_entry(dir, key, key_len, &lock);
-            st = cache_load(dir, key, key_len, &out->cubin, &out->len);
+            st = cache_load_ro(dir, jit_ro(js), key, key_len, &out->cubin, &out->len);
         }
         if (st != FLCE_OK) goto done;
         if (out->cubin) {
@@ -170,8 +200,8 @@ done:
     return st;
 }
 
-/* One kernel of jit_build_many on its own thread. The message of a failure is thread-local, so it
- * travels back in the slot. */
+/* One kernel of jit_build_many. The message of a failure is thread-local, so it travels back in
+ * the slot. */
 typedef struct jit_slot {
     const kernel_spec *spec;
     jit_result *out;
@@ -179,31 +209,56 @@ typedef struct jit_slot {
     char msg[1024];
 } jit_slot;
 
+/* One thread of jit_build_many: slots first, first + step, ... of n, logging through the caller's
+ * sink (a context's log callback). */
+typedef struct jit_worker_arg {
+    const jit_settings *js;
+    jit_slot *slot;
+    int first, step, n;
+    log_sink sink;
+} jit_worker_arg;
+
 static void *jit_worker(void *arg)
 {
-    jit_slot *j = arg;
-    j->st = jit_build(j->spec, j->out);
-    if (j->st != FLCE_OK) snprintf(j->msg, sizeof j->msg, "%s", err_message());
+    jit_worker_arg *w = arg;
+    log_sink was = log_sink_set(w->sink);
+    for (int i = w->first; i < w->n; i += w->step) {
+        jit_slot *j = &w->slot[i];
+        j->st = jit_build_with(w->js, j->spec, j->out);
+        if (j->st != FLCE_OK) snprintf(j->msg, sizeof j->msg, "%s", err_message());
+    }
+    log_sink_set(was);
     return NULL;
 }
 
 flce_status jit_build_many(const kernel_spec *const *specs, int n, jit_result *out)
 {
+    return jit_build_many_with(NULL, specs, n, out);
+}
+
+flce_status jit_build_many_with(const jit_settings *js, const kernel_spec *const *specs, int n, jit_result *out)
+{
     enum { MAX_PARALLEL = 8 };
     if (n <= 0) return FLCE_OK;
     if (n > MAX_PARALLEL) return err_set(FLCE_ERR_INTERNAL, "jit_build_many: %d kernels, at most %d", n, MAX_PARALLEL);
     jit_slot slot[MAX_PARALLEL];
-    pthread_t th[MAX_PARALLEL];
-    int started[MAX_PARALLEL] = {0};
     for (int i = 0; i < n; i++) {
         slot[i].spec = specs[i], slot[i].out = &out[i], slot[i].st = FLCE_OK, slot[i].msg[0] = 0;
         memset(&out[i], 0, sizeof out[i]);
-        /* The last kernel builds on the calling thread, as does any whose thread would not start. */
-        if (i < n - 1) started[i] = pthread_create(&th[i], NULL, jit_worker, &slot[i]) == 0;
-        if (!started[i]) jit_worker(&slot[i]);
     }
-    for (int i = 0; i < n; i++)
-        if (started[i]) pthread_join(th[i], NULL);
+    int workers = jit_threads(js) < n ? jit_threads(js) : n;
+    jit_worker_arg arg[MAX_PARALLEL];
+    pthread_t th[MAX_PARALLEL];
+    int started[MAX_PARALLEL] = {0};
+    for (int w = 0; w < workers; w++) arg[w] = (jit_worker_arg){js, slot, w, workers, n, log_sink_get()};
+    /* The last worker's kernels build on the calling thread, as do those of any whose thread would
+     * not start. */
+    for (int w = 0; w < workers - 1; w++) started[w] = pthread_create(&th[w], NULL, jit_worker, &arg[w]) == 0;
+    jit_worker(&arg[workers - 1]);
+    for (int w = 0; w < workers - 1; w++)
+        if (!started[w]) jit_worker(&arg[w]);
+    for (int w = 0; w < workers - 1; w++)
+        if (started[w]) pthread_join(th[w], NULL);
     for (int i = 0; i < n; i++) {
         if (slot[i].st == FLCE_OK) continue;
         for (int k = 0; k < n; k++) free(out[k].cubin), out[k].cubin = NULL;
@@ -218,11 +273,14 @@ flce_status jit_build_many(const kernel_spec *const *specs, int n, jit_result *o
 typedef struct jit_prefetch_job {
     int n;
     kernel_spec spec[8];
+    char dir[CACHE_PATH_MAX]; /* resolved when queued ("": none, nothing is built) */
+    char ro[CACHE_PATH_MAX];
+    int ro_given, threads;    /* ro (else $FLCE_CACHE_RO); the settings' threads */
 } jit_prefetch_job;
 
 static pthread_mutex_t jit_prefetch_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t jit_prefetch_done = PTHREAD_COND_INITIALIZER;
-static uint64_t jit_prefetched[JIT_PREFETCH_MAX]; /* hash64 of the summaries queued */
+static uint64_t jit_prefetched[JIT_PREFETCH_MAX]; /* jit_prefetch_key of the specs queued */
 static unsigned char jit_prefetched_done[JIT_PREFETCH_MAX]; /* its build finished (or never started) */
 static int jit_prefetched_count;
 static int jit_prefetch_running; /* threads not finished yet */
@@ -242,26 +300,35 @@ static void jit_prefetch_at_exit(void)
  * JIT_PREFETCH_MAX jobs, so at most that many registrations. */
 static void jit_prefetch_register(void) { (void)atexit(jit_prefetch_at_exit); }
 
-static uint64_t jit_prefetch_key(const kernel_spec *s)
+/* A spec's summary line and the cache directory it builds into: two contexts with their own
+ * directories each fill theirs. */
+static uint64_t jit_prefetch_key(const kernel_spec *s, const char *dir)
 {
     char summary[256];
     spec_summary(s, summary, sizeof summary);
-    return hash64(summary, strlen(summary), 0x7072656665746368ull);
+    return hash64(dir, strlen(dir), hash64(summary, strlen(summary), 0x7072656665746368ull));
 }
 
 /* Marks the job's specs finished. Called with jit_prefetch_lock held. */
 static void jit_prefetch_mark_done(const jit_prefetch_job *job)
 {
     for (int i = 0; i < job->n; i++) {
-        uint64_t h = jit_prefetch_key(&job->spec[i]);
+        uint64_t h = jit_prefetch_key(&job->spec[i], job->dir);
         for (int k = 0; k < jit_prefetched_count; k++)
             if (jit_prefetched[k] == h) jit_prefetched_done[k] = 1;
     }
 }
 
-jit_prefetch_status jit_prefetch_state(const kernel_spec *s)
+jit_prefetch_status jit_prefetch_state(const kernel_spec *s) { return jit_prefetch_state_with(NULL, s); }
+
+jit_prefetch_status jit_prefetch_state_with(const jit_settings *js, const kernel_spec *s)
 {
-    uint64_t h = jit_prefetch_key(s);
+    char dir[CACHE_PATH_MAX];
+    if (jit_dir(js, dir, sizeof dir) != FLCE_OK) {
+        err_clear();
+        dir[0] = '\0';
+    }
+    uint64_t h = jit_prefetch_key(s, dir);
     jit_prefetch_status st = JIT_PREFETCH_NONE;
     pthread_mutex_lock(&jit_prefetch_lock);
     for (int k = 0; k < jit_prefetched_count && st == JIT_PREFETCH_NONE; k++)
@@ -277,8 +344,9 @@ static void *jit_prefetch_worker(void *arg)
     const kernel_spec *ptr[8];
     jit_result res[8];
     for (int i = 0; i < job->n; i++) ptr[i] = &job->spec[i];
+    jit_settings js = {job->dir, job->ro_given ? job->ro : NULL, job->threads, 1};
     double t0 = now_ms();
-    if (jit_build_many(ptr, job->n, res) == FLCE_OK) {
+    if (jit_build_many_with(&js, ptr, job->n, res) == FLCE_OK) {
         int compiled = 0;
         for (int i = 0; i < job->n; i++) compiled += res[i].origin == JIT_COMPILED, free(res[i].cubin);
         log_msg(LOG_INFO, "prefetch: %d kernel%s in the background, %d compiled (%.0f ms)", job->n,
@@ -297,18 +365,29 @@ static void *jit_prefetch_worker(void *arg)
     return NULL;
 }
 
-int jit_prefetch(const kernel_spec *const *specs, int n)
+int jit_prefetch(const kernel_spec *const *specs, int n) { return jit_prefetch_with(NULL, specs, n); }
+
+int jit_prefetch_with(const jit_settings *js, const kernel_spec *const *specs, int n)
 {
-    if (!config_get()->prefetch || n <= 0 || n > 8 || !specs) return 0;
+    if (!jit_background(js) || n <= 0 || n > 8 || !specs) return 0;
     jit_prefetch_job *job = calloc(1, sizeof *job);
     if (!job) return 0;
+    int have_dir = jit_dir(js, job->dir, sizeof job->dir) == FLCE_OK;
+    if (!have_dir) {
+        err_clear(); /* memory only: a compile here would be thrown away */
+        job->dir[0] = '\0';
+    }
+    const char *ro = jit_ro(js);
+    job->ro_given = ro != NULL && strlen(ro) < sizeof job->ro;
+    if (job->ro_given) memcpy(job->ro, ro, strlen(ro) + 1);
+    job->threads = jit_threads(js);
     pthread_mutex_lock(&jit_prefetch_lock);
     if (jit_prefetch_pid != getpid()) { /* first here, or a forked child: its parent's threads are gone */
         jit_prefetch_running = 0, jit_prefetch_pid = getpid();
         for (int k = 0; k < jit_prefetched_count; k++) jit_prefetched_done[k] = 1;
     }
     for (int i = 0; i < n; i++) {
-        uint64_t h = jit_prefetch_key(specs[i]);
+        uint64_t h = jit_prefetch_key(specs[i], job->dir);
         int seen = 0;
         for (int k = 0; k < jit_prefetched_count && !seen; k++) seen = jit_prefetched[k] == h;
         if (seen || jit_prefetched_count == JIT_PREFETCH_MAX) continue;
@@ -318,12 +397,7 @@ int jit_prefetch(const kernel_spec *const *specs, int n)
     }
     if (job->n) jit_prefetch_running++;
     pthread_mutex_unlock(&jit_prefetch_lock);
-    char dir[CACHE_PATH_MAX];
-    int queued = job->n;
-    if (queued && cache_dir_writable(dir, sizeof dir) != FLCE_OK) {
-        err_clear(); /* memory only: a compile here would be thrown away */
-        queued = 0;
-    }
+    int queued = have_dir ? job->n : 0;
     pthread_t th;
     pthread_attr_t attr;
     if (queued) {

@@ -169,7 +169,7 @@ static void every_table_row_reads_its_variable_into_its_field(void)
         CHECKF(!memcmp(&c, &d, sizeof c), "%s=%s: not (only) its field set to %d", s->name, text, want);
     }
     clear_knobs();
-    CHECKF(process_rows == 29, "%d process settings (update this count with the table)", process_rows);
+    CHECKF(process_rows == 31, "%d process settings (update this count with the table)", process_rows);
 }
 
 static void log_config(void *arg) { config_log(arg); }
@@ -210,6 +210,19 @@ static void the_process_settings_change_only_on_reload(void)
     unsetenv("FLCE_COMPACT");
     config_reload();
     CHECK(config_get()->compact == 1);
+}
+
+/* config_replace: the process's settings from data (the bench tool's +fp32z rows), no environment. */
+static void replace_sets_the_process_settings_as_data(void)
+{
+    clear_knobs();
+    config_reload();
+    flce_config c = *config_get();
+    c.compact = 0, c.raster_rows = 3;
+    config_replace(&c);
+    CHECK(config_get()->compact == 0 && config_get()->raster_rows == 3 && !getenv("FLCE_COMPACT"));
+    config_reload();
+    CHECK(config_get()->compact == 1 && config_get()->raster_rows == PLAN_RASTER_ROWS);
 }
 
 static flce_problem problem(int64_t n, int64_t d, int64_t v, flce_dtype t)
@@ -816,6 +829,7 @@ int main(void)
     RUN(every_table_row_reads_its_variable_into_its_field);
     RUN(the_log_line_names_every_setting);
     RUN(the_process_settings_change_only_on_reload);
+    RUN(replace_sets_the_process_settings_as_data);
     RUN(planning_is_a_pure_function_of_its_inputs);
     RUN(each_setting_reaches_the_plan);
     RUN(row_scaled_logits_only_where_dz_is_a_row_factor);

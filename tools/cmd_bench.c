@@ -330,25 +330,24 @@ static void auto_why(flce_problem p, int sm, int sms, uint64_t mem, char *out, s
                  pl.recompute ? pl.est_chunked_ms : pl.est_recompute_ms);
 }
 
-/* A "+fp32z" row plans and runs with FLCE_COMPACT=0 (config_reload: the settings are read once);
- * fp32z_end puts the caller's setting back. fp32z_begin returns what to pass to it. */
-static char *fp32z_begin(int k)
+/* A "+fp32z" row plans and runs with the compact store off (the process's settings replaced as data,
+ * no setenv); fp32z_end puts the caller's setting back. fp32z_begin returns what to pass to it. */
+static int fp32z_begin(int k)
 {
-    if (!STRATEGIES[k].fp32z) return NULL;
-    const char *was = getenv("FLCE_COMPACT");
-    char *saved = was ? strdup(was) : NULL;
-    setenv("FLCE_COMPACT", "0", 1);
-    config_reload();
-    return saved;
+    flce_config c = *config_get();
+    int was = c.compact;
+    if (!STRATEGIES[k].fp32z) return was;
+    c.compact = 0;
+    config_replace(&c);
+    return was;
 }
 
-static void fp32z_end(int k, char *saved)
+static void fp32z_end(int k, int was)
 {
     if (!STRATEGIES[k].fp32z) return;
-    if (saved) setenv("FLCE_COMPACT", saved, 1);
-    else unsetenv("FLCE_COMPACT");
-    config_reload();
-    free(saved);
+    flce_config c = *config_get();
+    c.compact = was;
+    config_replace(&c);
 }
 
 static int bench_list(const bench_opts *o)
@@ -368,7 +367,7 @@ static int bench_list(const bench_opts *o)
             flce_problem p = bench_problem(o, s, k);
             flce_op op = STRATEGIES[k].forward ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD;
             plan pl;
-            char *saved = fp32z_begin(k);
+            int saved = fp32z_begin(k);
             flce_status st = plan_make_dev(&p, op, NULL, o->sm, LIST_SMS, list_mem, NULL, &pl);
             fp32z_end(k, saved);
             if (st != FLCE_OK) {
@@ -487,7 +486,7 @@ static int bench_row_run_now(bench_run *b, int k, bench_row *row);
 
 static int bench_row_run(bench_run *b, int k, bench_row *row)
 {
-    char *saved = fp32z_begin(k);
+    int saved = fp32z_begin(k);
     int ok = bench_row_run_now(b, k, row);
     fp32z_end(k, saved);
     return ok;
