@@ -15,6 +15,7 @@ from flce import _lib
 from flce._reference import reference
 
 installed = False
+_real_scale = None  # flce._Call.scale before install() (it records the dry run's call)
 
 
 def _fields(p):
@@ -22,6 +23,8 @@ def _fields(p):
 
 
 def _run(self, op, strategy, half=None, buffer=None, workspace=None, **outs):
+    if self.device.type == "meta":  # flce.prepare's dry run records the call, as _Call.__call__ does
+        return flce._record(self, op, strategy, half, workspace, outs)
     p = self.problem
     p.strategy = _lib.STRATEGIES[strategy]
     _lib.validate(p)
@@ -219,6 +222,8 @@ def _dz(self, p, reduction, grad_output, outs=None):
 
 
 def _scale(self, grad_output, grad_hidden=None, grad_weight=None, grad_bias=None):
+    if self.device.type == "meta":  # flce.prepare's dry run
+        return _real_scale(self, grad_output, grad_hidden, grad_weight, grad_bias)
     _lib.validate(self.problem)
     assert self.problem.reduction != _lib.FLCE_REDUCTION_NONE
     g = grad_output.to(torch.float32)
@@ -243,6 +248,8 @@ def install():
     global installed
     if installed:
         return
+    global _real_scale
+    _real_scale = flce._Call.scale
     flce._Call.__call__ = _run
     flce._Call.scale = _scale
     # the saved logits' workspace: a token amount (nothing is kept on the CPU), none where a small

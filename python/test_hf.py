@@ -5,7 +5,7 @@ Gemma 2/3 with final_logit_softcapping). For each: the loss and every parameter'
 the unpatched model's (fp32, with ignored labels and padding), with num_items_in_batch (the
 Trainer's gradient accumulation) too; logits are not made (out.logits is None); generation and
 forward without labels are untouched; the forward's signature is the model's (the Trainer looks
-for **kwargs there); unpatch_hf restores the model. One bf16 smoke case.
+for **kwargs there); unpatch_hf restores the model. One bf16 smoke case, one under torch.autocast.
 
   python3 python/test_hf.py           # needs a CUDA GPU (skips, exit 77, without one)
   python3 python/test_hf.py --cpu     # without a GPU: the float64 stand-in for the kernels
@@ -176,6 +176,23 @@ def bf16_smoke():
     assert w.dtype == torch.bfloat16 and rel(w, w_ref) < 5e-2, rel(w, w_ref)
 
 
+def autocast_smoke():
+    # fp32 parameters under torch.autocast (mixed-precision training): flce runs in bf16 like the
+    # model's own lm_head (no fp32 copy of the hidden states), fp32 gradients, close to the unpatched
+    name, cfg_cls, model_cls, extra = families()[0]
+    ref = build(cfg_cls, model_cls, extra)
+    model = flce.patch_hf(copy.deepcopy(ref))
+    ids, mask, labels = batch(ref.config.vocab_size, seed=3)
+    with torch.autocast(DEV, dtype=torch.bfloat16):
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out_ref = ref(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    out_ref.loss.backward()
+    assert rel(out.loss.detach(), out_ref.loss.detach()) < 2e-2
+    w, w_ref = model.get_output_embeddings().weight.grad, ref.get_output_embeddings().weight.grad
+    assert w.dtype == torch.float32 and rel(w, w_ref) < 5e-2, rel(w, w_ref)
+
+
 def compiled_no_graph_break():
     # the patched forward under torch.compile: dynamo traces it whole (explain), and the compiled
     # loss and gradients (aot_eager: no kernel compile time) equal the eager patched model's
@@ -236,6 +253,7 @@ def main():
         case(f"{name}: loss, gradients, num_items_in_batch, generation", lambda: check_family(cfg_cls, model_cls, extra))
     case("torch.compile of the patched model: no graph break, same loss and gradients", compiled_no_graph_break)
     case("bf16 smoke", bf16_smoke)
+    case("autocast smoke (fp32 parameters, bf16 autocast)", autocast_smoke)
     case("unchecked model types refused", refuses_unknown)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -8,17 +8,25 @@ formulas, so torch.compile(fullgraph=True) traces through them. See python/READM
 
 Other argument conventions: flce.functional.linear_cross_entropy (PyTorch's
 F.linear_cross_entropy names), flce.cce.linear_cross_entropy (Cut Cross-Entropy's names);
-Hugging Face causal LMs: flce.patch_hf(model).
+Hugging Face causal LMs: flce.patch_hf(model). Under torch.autocast the inputs are cast to its
+dtype first. flce.prepare(N, D, V, ...) compiles the kernels of the matching calls ahead of time.
+Needs PyTorch 2.4 or newer (an ImportError at import otherwise).
 """
 from __future__ import annotations  # the annotations name typing_extensions' Unpack only for checkers
 
 import operator
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Optional, TypedDict, Union, overload
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Optional, Tuple, TypedDict, Union, overload
 
 import torch
 from torch import Tensor
 
-from . import _compat, _lib
+from . import _compat
+
+_compat.require_torch(torch.__version__)  # an ImportError naming the supported range, not a failure later
+
+from . import _lib  # noqa: E402
 from ._lib import FlceError, FlceLibraryNotFound  # noqa: F401  (public)
 from ._version import __version__  # noqa: F401  (public)
 
@@ -27,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropy", "LinearCrossEntropyOutput", "FlceError",
            "FlceLibraryNotFound", "check", "version", "library_path", "vocab_parallel_cross_entropy",
-           "NcclComm", "patch_hf", "unpatch_hf"]
+           "NcclComm", "patch_hf", "unpatch_hf", "prepare", "Prepared"]
 
 _DTYPES = {torch.float32: _lib.FLCE_DTYPE_F32, torch.float16: _lib.FLCE_DTYPE_F16,
            torch.bfloat16: _lib.FLCE_DTYPE_BF16}
@@ -91,6 +99,38 @@ def _check_scalars(ignore_index, label_smoothing, z_loss, softcap, temperature, 
         raise TypeError(f"batch_invariant: expected a bool, got {kind(batch_invariant)} {batch_invariant!r}")
 
 
+def _autocast(hidden, weight, bias):
+    """hidden, weight and bias in torch.autocast's dtype where autocast is enabled for hidden's
+    device type (as F.linear would run there; float64 is left alone, as autocast does), else as
+    they are. An ordinary differentiable cast: fp32 leaves get fp32 gradients through it. Inside a
+    trace torch.compile keeps the cast in the graph (the autocast state is a guard)."""
+    if not isinstance(hidden, torch.Tensor):
+        return hidden, weight, bias
+    dtype = _compat.autocast_dtype(hidden.device.type)
+    if dtype is None:
+        return hidden, weight, bias
+
+    def cast(t):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype and t.dtype != torch.float64:
+            return t.to(dtype)
+        return t
+    return cast(hidden), cast(weight), cast(bias)
+
+
+def _check_options(reduction, strategy, memory_budget):
+    if not isinstance(reduction, str) or reduction not in _lib.REDUCTIONS:
+        raise ValueError(f"reduction: {reduction!r}; expected 'mean', 'sum' or 'none'")
+    if not isinstance(strategy, str) or strategy not in ("auto", "chunked", "recompute", "saved"):
+        raise ValueError(f"strategy: {strategy!r}; expected 'auto', 'chunked', 'recompute' or 'saved'")
+    if memory_budget is not None:
+        try:
+            ok = operator.index(memory_budget) > 0
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"memory_budget: {memory_budget!r}; expected a positive number of bytes or None")
+
+
 def _check_args(hidden, weight, labels, reduction, strategy, memory_budget):
     for name, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
         if not isinstance(t, torch.Tensor):
@@ -123,17 +163,7 @@ def _check_args(hidden, weight, labels, reduction, strategy, memory_budget):
     for name, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
         if not t.is_contiguous():
             raise ValueError(f"{name}: must be contiguous (call .contiguous() first)")
-    if not isinstance(reduction, str) or reduction not in _lib.REDUCTIONS:
-        raise ValueError(f"reduction: {reduction!r}; expected 'mean', 'sum' or 'none'")
-    if not isinstance(strategy, str) or strategy not in ("auto", "chunked", "recompute", "saved"):
-        raise ValueError(f"strategy: {strategy!r}; expected 'auto', 'chunked', 'recompute' or 'saved'")
-    if memory_budget is not None:
-        try:
-            ok = operator.index(memory_budget) > 0
-        except TypeError:
-            ok = False
-        if not ok:
-            raise ValueError(f"memory_budget: {memory_budget!r}; expected a positive number of bytes or None")
+    _check_options(reduction, strategy, memory_budget)
 
 
 def _check_extra(hidden, weight, bias, class_weights, vocab_total, grad_hidden_acc, grad_weight_acc):
@@ -264,7 +294,10 @@ class _Call:
         """Runs `op` with problem.strategy = `strategy`; `outs` are flce_tensors fields given as
         tensors (or None). The workspace is a torch uint8 tensor, so PyTorch's caching allocator
         owns it and frees it in stream order; `workspace` given (strategy 'saved': the logits kept
-        between its two calls) is used as it is."""
+        between its two calls) is used as it is. Meta tensors (flce.prepare's dry run): the call is
+        recorded, not run."""
+        if self.device.type == "meta":
+            return _record(self, op, strategy, half, workspace, outs)
         self.problem.strategy = _lib.STRATEGIES[strategy]
         ctx = self._context()
         ws_bytes = workspace.numel() if workspace is not None else _lib.workspace_size(ctx, self.problem, op)
@@ -306,6 +339,10 @@ class _Call:
     def scale(self, grad_output, grad_hidden=None, grad_weight=None, grad_bias=None):
         """flce_scale_gradients: the given gradients of an earlier loss-and-grad call on this
         problem times the fp32 scalar grad_output, in place."""
+        if self.device.type == "meta":  # flce.prepare's dry run
+            outs = {"grad_output": grad_output, "grad_hidden": grad_hidden, "grad_weight": grad_weight,
+                    "grad_bias": grad_bias}
+            return _record(self, _lib.FLCE_OP_LOSS_AND_GRAD, "auto", outs=outs, kind="scale_gradients")
         self.problem.strategy = _lib.FLCE_STRATEGY_AUTO
         outs = {"grad_output": grad_output, "grad_hidden": grad_hidden, "grad_weight": grad_weight,
                 "grad_bias": grad_bias}
@@ -370,6 +407,9 @@ def _static_dims(*dims):
     there is none (data-dependent sizes) or this PyTorch has no way to ask (python/flce/_compat.py)."""
     has_static_value, size_hint = _compat.has_static_value, _compat.size_hint
     if has_static_value is None or size_hint is None:  # every dim is an int outside a trace
+        if torch.compiler.is_compiling():
+            # (PyTorch 2.4: symbolic_shapes has no has_static_value, and a symbol traces as an int)
+            return None
         return dims if all(type(x) is int for x in dims) else None
     if all(has_static_value(x) for x in dims):
         return dims
@@ -418,7 +458,7 @@ def _grads_in_forward(h2, weight, y1, opts, tp, bias, class_weights):
     n, d, v = dims
     opts = _plan_options(opts)
     index = h2.device.index if h2.device.index is not None else \
-        (torch.cuda.current_device() if h2.is_cuda else -1)
+        (torch.cuda.current_device() if h2.is_cuda else getattr(_recording, "device", -1) if h2.is_meta else -1)
     return _auto_choice(index, n, d, v, h2.dtype, y1.dtype, tuple(opts), tp, bias is not None,
                         class_weights is not None) != "recompute"
 
@@ -584,7 +624,13 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, bias
     it is 1; a second backward through the same graph then raises); otherwise forward saves lse and
     backward recomputes the logits. Works under torch.compile(fullgraph=True) and CUDA-graph
     capture. Needs a GPU of sm_80 or newer.
+
+    Under torch.autocast(device_type, dtype=...) enabled for hidden's device type, hidden, weight
+    and bias are cast to the autocast dtype first (float32 parameters run the 16-bit kernels, as
+    F.linear would), with the gradients flowing back to them in their own dtype; outside autocast
+    the dtypes are used as given.
     """
+    hidden, weight, bias = _autocast(hidden, weight, bias)
     _check_args(hidden, weight, labels, reduction, strategy, memory_budget)
     _check_scalars(ignore_index, label_smoothing, z_loss, softcap, temperature, shift, batch_invariant)
     softcap = 0.0 if softcap is None else softcap
@@ -613,6 +659,12 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
     need_dw = grad_on and weight.requires_grad
     need_db = grad_on and bias is not None and bias.requires_grad
     need_any = need_dh or need_dw or need_db
+    if need_any and _compat.compile_drops_accumulated and not need_db and (gh_acc is not None or not need_dh) and \
+            (gw_acc is not None or not need_dw) and torch.compiler.is_compiling():
+        raise NotImplementedError(
+            "flce: under torch.compile on PyTorch < 2.11 every gradient of this call goes to an accumulator "
+            "(grad_*_accumulator, no input's .grad): PyTorch 2.4's AOTAutograd then drops the backward (2.5 to 2.10 "
+            "are unchecked). Call it eager, or let hidden (or weight) take its gradient as .grad")
     n = h2.shape[0]
 
     if n == 0:  # no tokens: loss 0 (the library's convention for a mean over none), still a graph node
@@ -649,7 +701,11 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
         bits = (_lib.FLCE_GRAD_LOGPROB * want["logprobs"] | _lib.FLCE_GRAD_LSE * want["lse"] |
                 _lib.FLCE_GRAD_ENTROPY * want["entropy"] |
                 _lib.FLCE_GRAD_LOSS_PER_TOKEN * (want["loss_per_token"] and opts.reduction != "none"))
-        if strategy in ("auto", "saved") and h2.dtype != torch.float32:
+        if strategy in ("auto", "saved") and h2.dtype != torch.float32 and \
+                (_compat.has_static_value is not None or not torch.compiler.is_compiling()):
+            # (PyTorch 2.4's Dynamo, the one without has_static_value, refuses an op whose output
+            # size only the library knows, as the saved logits' is for a dynamic token count unless
+            # capture_dynamic_output_shape_ops is set: compiled there, the other routes)
             # The saved logits (flce.h): forward keeps them, backward forms dZ with whatever upstream
             # gradients arrive, 6·N·V·D (under TP this rank's shard, with flce's collectives).
             # Where all tokens' do not fit the budget, forward keeps none and backward runs one
@@ -702,6 +758,247 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
           _ops.not_differentiable(zl, anchor, "z_loss") if need_any else zl)
          if want["z_loss"] else None),
         per_token(lpt, "loss_per_token") if want["loss_per_token"] else None)
+
+
+# ---- flce.prepare: the kernels of the calls ahead of time --------------------------------------
+
+class Prepared(NamedTuple):
+    """What flce.prepare did.
+
+    seconds   wall time of the call (compiling, or loading from the disk cache)
+    strategy  how the gradients of the prepared calls are computed: 'saved', 'chunked' or
+              'recompute' (as the library resolves AUTO for this GPU); 'forward' with training=False
+    calls     the library calls prepared, as (op, strategy) pairs: op 'forward', 'loss_and_grad',
+              'backward' or 'scale_gradients'
+    """
+    seconds: float
+    strategy: str
+    calls: Tuple[Tuple[str, str], ...]
+
+
+# Where flce.prepare's dry run records the library calls (one list per thread while it runs).
+_recording = threading.local()
+
+# A non-NULL address for the pointers flce_prepare is told about: it reads only which pointers
+# are given (they select kernels), never what they point at.
+_NOT_NULL = 256
+
+_OP_NAMES = {_lib.FLCE_OP_FORWARD: "forward", _lib.FLCE_OP_LOSS_AND_GRAD: "loss_and_grad",
+             _lib.FLCE_OP_BACKWARD: "backward"}
+
+
+def _record(call, op, strategy, half=None, workspace=None, outs=None, kind=None):
+    """_Call.__call__ on meta tensors (flce.prepare's dry run): the call as the library would get it
+    (op, the problem with its strategy, which flce_tensors pointers are given), not run."""
+    calls = getattr(_recording, "calls", None)
+    if calls is None:
+        raise ValueError("flce: meta tensors cannot be computed on; flce.prepare uses them to plan")
+    problem = _lib.Problem.from_buffer_copy(call.problem)
+    problem.strategy = _lib.STRATEGIES[strategy]
+    names = frozenset(k for k, v in (outs or {}).items() if v is not None)
+    calls.append((kind or _OP_NAMES[op], op, problem, names))
+
+
+def _flag(name, x):
+    if not isinstance(x, bool) and x not in (0, 1):
+        raise TypeError(f"{name}: expected a bool, got {type(x).__name__} {x!r}")
+    return bool(x)
+
+
+def _present(name, x):
+    """bias=, class_weights= and the accumulators of flce.prepare: a bool, or the tensor itself."""
+    if x is None or isinstance(x, torch.Tensor):
+        return x is not None
+    return _flag(name, x)
+
+
+class _PrepareArgs(NamedTuple):
+    n: int
+    d: int
+    v: int
+    dtype: torch.dtype
+    label_dtype: torch.dtype
+    opts: _Options
+    want: dict
+    training: bool
+    grad_weight: bool
+    bias: bool
+    class_weights: bool
+    gh_acc: bool
+    gw_acc: bool
+
+
+def _prepare_args(tokens, hidden, vocab, dtype=torch.bfloat16, label_dtype=torch.int64, training=True,
+                  grad_weight=True, bias=False, class_weights=False, ignore_index=-100, reduction="mean",
+                  memory_budget=None, strategy="auto", label_smoothing=0.0, z_loss=0.0, softcap=0.0,
+                  temperature=1.0, grad_weight_accumulator=False, grad_hidden_accumulator=False,
+                  return_lse=False, return_logprobs=False, return_entropy=False, return_argmax=False,
+                  return_z_loss=False, return_loss_per_token=False, batch_invariant=False):
+    """flce.prepare's arguments checked (ValueError / TypeError naming the argument, FlceError from
+    the library's own range checks), no GPU needed: a _PrepareArgs."""
+    for name, x in (("tokens", tokens), ("hidden", hidden), ("vocab", vocab)):
+        try:
+            ok = not isinstance(x, bool) and operator.index(x) > 0
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{name}: {x!r}; expected a positive int")
+    n, d, v = operator.index(tokens), operator.index(hidden), operator.index(vocab)
+    if d < 8 or d % 8:
+        raise ValueError(f"hidden: D = {d} must be a positive multiple of 8")
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not supported (torch.float32, torch.float16 or torch.bfloat16)")
+    if label_dtype not in _LABEL_BITS:
+        raise ValueError(f"label_dtype: {label_dtype!r} is not supported (torch.int32 or torch.int64)")
+    _check_options(reduction, strategy, memory_budget)
+    _check_scalars(ignore_index, label_smoothing, z_loss, softcap, temperature, 0, batch_invariant)
+    want = {k: _flag(f"return_{k}", x) for k, x in (
+        ("lse", return_lse), ("logprobs", return_logprobs), ("entropy", return_entropy), ("argmax", return_argmax),
+        ("z_loss", return_z_loss), ("loss_per_token", return_loss_per_token))}
+    softcap = 0.0 if softcap is None else softcap
+    opts = _Options(ignore_index, reduction, strategy, memory_budget, label_smoothing, z_loss, softcap, temperature,
+                    bool(batch_invariant))
+    a = _PrepareArgs(n, d, v, dtype, label_dtype, opts, want, _flag("training", training),
+                     _flag("grad_weight", grad_weight), _present("bias", bias),
+                     _present("class_weights", class_weights),
+                     _present("grad_hidden_accumulator", grad_hidden_accumulator),
+                     _present("grad_weight_accumulator", grad_weight_accumulator))
+    problem = _problem(n, d, v, dtype, label_dtype, opts, None, a.bias, a.class_weights)
+    problem.strategy = _lib.STRATEGIES[strategy]
+    _lib.validate(problem)  # the library's own range checks (smoothing, softcap, temperature, ...)
+    return a
+
+
+def _dry_run(a, device_index=-1):
+    """flce.prepare's dry run: linear_cross_entropy's own code (_apply, the custom ops'
+    implementations and autograd formulas) on meta tensors of the shapes, the library calls
+    recorded instead of run (_record): [(kind, op, problem, pointer names)] in call order. Asks the
+    library about AUTO (on CUDA device `device_index`) and the saved logits (on the current one), as
+    the real call does."""
+    meta, f32 = torch.device("meta"), torch.float32
+    n, d, v, dtype, want = a.n, a.d, a.v, a.dtype, a.want
+    calls = _recording.calls = []
+    _recording.device = device_index
+    try:
+        with torch.inference_mode(False), torch.enable_grad() if a.training else torch.no_grad():
+            h = torch.empty(n, d, dtype=dtype, device=meta, requires_grad=a.training)
+            w = torch.empty(v, d, dtype=dtype, device=meta, requires_grad=a.training and a.grad_weight)
+            y = torch.empty(n, dtype=a.label_dtype, device=meta)
+            b = torch.empty(v, dtype=dtype, device=meta, requires_grad=a.training) if a.bias else None
+            cw = torch.empty(v, dtype=f32, device=meta) if a.class_weights else None
+            gh_acc = torch.empty(n, d, dtype=f32, device=meta) if a.gh_acc else None
+            gw_acc = torch.empty(v, d, dtype=f32, device=meta) if a.gw_acc else None
+            out = _apply(h, w, y, a.opts, None, b, cw, gh_acc, gw_acc, want)
+            if a.training:
+                # the backward of the loss and of every differentiable per-token output asked for
+                # (their upstream gradients select the backward's kernels)
+                terms = [out] if isinstance(out, torch.Tensor) else \
+                    [out.loss] + [getattr(out, k) for k in ("lse", "logprobs", "entropy", "loss_per_token") if want[k]]
+                sum(t.sum() for t in terms).backward()
+    finally:
+        _recording.calls = None
+    return calls
+
+
+def _prepare_calls(tokens, hidden, vocab, device_index=-1, **options):
+    """The library calls linear_cross_entropy makes for flce.prepare's arguments (its dry run)."""
+    return _dry_run(_prepare_args(tokens, hidden, vocab, **options), device_index)
+
+
+# flce_scale_gradients plans the row kernels of a typical loss-and-grad call (loss, lse, dH, dW),
+# whatever the forward named (runtime/api.c): the entropy and argmax pointers select other ones.
+_TYPICAL = frozenset(("loss", "lse", "grad_hidden", "grad_weight"))
+_ROW_SELECTORS = ("entropy", "argmax")
+
+
+def _prepare_recorded(ctx, calls, t0):
+    """flce_prepare for each distinct recorded call; a Prepared."""
+    done, pairs, strategy = set(), [], None
+    row_specs = {tuple(k in names for k in _ROW_SELECTORS) for kind, op, _, names in calls
+                 if op == _lib.FLCE_OP_LOSS_AND_GRAD and kind != "scale_gradients"}
+    for kind, op, problem, names in calls:
+        if kind == "scale_gradients":
+            if (False, False) in row_specs:
+                continue  # its kernel is in the module of the loss-and-grad call prepared already
+            names = _TYPICAL
+        key = (op, bytes(problem), names)
+        resolved = _lib.strategy_of(ctx, problem, op)
+        if strategy is None and (op != _lib.FLCE_OP_FORWARD or resolved == "saved"):
+            strategy = resolved
+        if key in done:
+            continue
+        done.add(key)
+        fields = dict(hidden=_NOT_NULL, weight=_NOT_NULL, labels=_NOT_NULL, workspace=_NOT_NULL,
+                      bias=_NOT_NULL if problem.has_bias else None,
+                      class_weights=_NOT_NULL if problem.has_class_weights else None)
+        fields.update({k: _NOT_NULL for k in names})
+        _lib.prepare(ctx, problem, op, _lib.new_tensors(**fields))
+        pairs.append((kind, resolved))
+    return Prepared(time.perf_counter() - t0, strategy or "forward", tuple(pairs))
+
+
+def prepare(tokens: int, hidden: int, vocab: int, *, dtype: torch.dtype = torch.bfloat16,
+            device: Union[torch.device, str, int, None] = None, label_dtype: torch.dtype = torch.int64,
+            training: bool = True, grad_weight: bool = True, bias: Union[bool, Tensor] = False,
+            class_weights: Union[bool, Tensor] = False, ignore_index: int = -100, reduction: str = "mean",
+            memory_budget: Optional[int] = None, strategy: str = "auto", label_smoothing: float = 0.0,
+            z_loss: float = 0.0, softcap: Optional[float] = 0.0, temperature: float = 1.0,
+            grad_weight_accumulator: Union[bool, Tensor] = False,
+            grad_hidden_accumulator: Union[bool, Tensor] = False, return_lse: bool = False,
+            return_logprobs: bool = False, return_entropy: bool = False, return_argmax: bool = False,
+            return_z_loss: bool = False, return_loss_per_token: bool = False,
+            batch_invariant: bool = False) -> Prepared:
+    """Compiles (or loads from flce's disk cache) every kernel that linear_cross_entropy calls of
+    this shape and these options will use on `device`, and loads them, before the first step:
+    synchronous, so the first training step starts at once instead of waiting for NVRTC (or
+    running a generic stand-in kernel while the specialized one compiles in the background).
+
+    tokens, hidden, vocab: N (all tokens of a call, hidden.numel() // D; shift does not change it),
+        D and V (weight.shape[0]).
+    dtype: of hidden and weight (under torch.autocast: the autocast dtype); label_dtype: of labels.
+    device: a CUDA device (None: the current one).
+    training: True: a training step, the forward and the backward of the loss (and of the
+        differentiable per-token outputs asked for: lse, logprobs, entropy, loss_per_token) with
+        gradients of hidden and weight (and bias); False: a forward under torch.no_grad()
+        (evaluation, scoring). Prepare each kind of call a run makes.
+    grad_weight: False where weight does not require grad (a frozen lm_head): no dW kernels.
+    bias, class_weights, grad_weight_accumulator, grad_hidden_accumulator: whether the calls pass
+        them (True, or the tensor itself).
+    The other options are linear_cross_entropy's, with the same defaults; they choose the kernels
+    (the reduction, smoothing, z-loss, softcap, temperature, entropy and argmax outputs, bias,
+    class weights, the strategy and the budget), so pass the ones the calls will.
+
+    The calls are planned by the binding's own code (a dry run of linear_cross_entropy on meta
+    tensors, its library calls recorded), then each distinct one goes to flce_prepare (include/
+    flce.h). Returns a Prepared(seconds, strategy, calls). Needs the GPU (the kernels are built for
+    its architecture); without one it raises FlceError (FLCE_ERR_NO_DEVICE): `flce warmup --shapes
+    NxDxV --arch sm_90a` fills the disk cache on a machine without a GPU. Not for
+    vocab_parallel_cross_entropy (whose calls also depend on the communicator).
+    """
+    t0 = time.perf_counter()
+    args = dict(dtype=dtype, label_dtype=label_dtype, training=training, grad_weight=grad_weight, bias=bias,
+                class_weights=class_weights, ignore_index=ignore_index, reduction=reduction,
+                memory_budget=memory_budget, strategy=strategy, label_smoothing=label_smoothing, z_loss=z_loss,
+                softcap=softcap, temperature=temperature, grad_weight_accumulator=grad_weight_accumulator,
+                grad_hidden_accumulator=grad_hidden_accumulator, return_lse=return_lse,
+                return_logprobs=return_logprobs, return_entropy=return_entropy, return_argmax=return_argmax,
+                return_z_loss=return_z_loss, return_loss_per_token=return_loss_per_token,
+                batch_invariant=batch_invariant)
+    if device is not None:
+        dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        if dev.type != "cuda":
+            raise ValueError(f"device: {device!r}; expected a CUDA device (flce compiles for its GPU)")
+    a = _prepare_args(tokens, hidden, vocab, **args)
+    if not torch.cuda.is_available():
+        raise FlceError(_lib.FLCE_ERR_NO_DEVICE, "FLCE_ERR_NO_DEVICE",
+                        "no CUDA device (torch.cuda.is_available() is False): flce.prepare compiles the kernels "
+                        "for the GPU the calls will run on; without one, `flce warmup --shapes NxDxV --arch "
+                        "sm_XX` fills the disk cache", "flce.prepare")
+    index = torch.cuda.current_device() if device is None or dev.index is None else dev.index
+    if not 0 <= index < torch.cuda.device_count():
+        raise ValueError(f"device: {device!r}; this machine has {torch.cuda.device_count()} CUDA devices")
+    with torch.cuda.device(index):
+        return _prepare_recorded(_lib.context(index), _dry_run(a, index), t0)
 
 
 class LinearCrossEntropy(torch.nn.Module):

@@ -7,6 +7,14 @@ _auto_choice use them while torch.compile traces).
                        symbolic_shapes.optimization_hint (2.15), size_hint (2.11 and before)
   assume_constant_result(fn)  torch.compiler.assume_constant_result, applied when torch._dynamo
                        is imported
+  autocast_dtype(device_type)  the dtype torch.autocast runs F.linear in on that device type, or
+                       None where autocast is off: torch.is_autocast_enabled(device_type) and
+                       torch.get_autocast_dtype(device_type) (2.4+), else the older per-device
+                       names, chosen once at import (both trace under torch.compile)
+  DTensor              torch.distributed.tensor.DTensor once PyTorch imports it (else None), for
+                       flce.cce's check without an import inside a trace
+  compile_drops_accumulated  True below PyTorch 2.11: see below
+  require_torch(version)  ImportError unless `version` is in the supported range (MIN_TORCH and up)
 
 Never import inside a traced function: under Dynamo a failed import is an exception the traced
 `except ImportError` does not see, and fullgraph=True fails (PyTorch 2.15 dropped
@@ -19,13 +27,39 @@ traces, after torch._dynamo is loaded.
 has_static_value and size_hint are None until then, and on a PyTorch without them; the callers
 then treat symbolic sizes as unknown.
 """
+import re
 import sys
 import warnings
 
 import torch
 
+# The oldest PyTorch the binding runs on: torch.library.custom_op, register_fake and
+# register_autograd (python/flce/_ops.py), torch.library.get_ctx().new_dynamic_size() all appeared
+# in 2.4. python/pyproject.toml's dependency says the same.
+MIN_TORCH = (2, 4)
+SUPPORTED = f"PyTorch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}"
+
+
+def torch_version_tuple(version):
+    """(major, minor) of a PyTorch version string ('2.15.0+cu132', '2.4.0a0+git1234',
+    '2.6.0.dev20240901'), or None where it does not start with two numbers."""
+    m = re.match(r"\s*(\d+)\.(\d+)", str(version))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def require_torch(version):
+    """Raises ImportError naming the supported range where `version` is older than MIN_TORCH (an
+    unreadable version string passes: a source build may say anything)."""
+    v = torch_version_tuple(version)
+    if v is not None and v < MIN_TORCH:
+        raise ImportError(
+            f"flce needs {SUPPORTED} (torch.library.custom_op, register_fake and register_autograd); this "
+            f"is PyTorch {version} ({getattr(torch, '__file__', '?')}). Upgrade it: pip install "
+            f"'torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}'")
+
 has_static_value = None
 size_hint = None
+DTensor = None  # torch.distributed.tensor.DTensor (2.4: torch.distributed._tensor's), once imported
 
 
 def _take_symbolic_shapes(module):
@@ -89,4 +123,44 @@ def assume_constant_result(fn):
     return fn
 
 
+def _take_dtensor(module):
+    global DTensor
+    DTensor = DTensor or getattr(module, "DTensor", None)
+
+
 after_import("torch.fx.experimental.symbolic_shapes", _take_symbolic_shapes)
+after_import("torch.distributed.tensor", _take_dtensor)
+after_import("torch.distributed._tensor", _take_dtensor)  # where PyTorch 2.4 defines it
+
+
+# PyTorch 2.4's AOTAutograd compiles a graph whose only gradients go to fp32 accumulators (the
+# custom op's backward returns no input gradient) without its backward, so the accumulators never
+# receive them; 2.15 keeps it (2.11's is unchecked for this case, 2.5 to 2.10 unknown): flce refuses
+# such a call under torch.compile below 2.11 rather than lose the gradients.
+compile_drops_accumulated = (torch_version_tuple(torch.__version__) or (99, 0)) < (2, 11)
+
+
+def _autocast_by_device_type():
+    """Whether this PyTorch has torch.is_autocast_enabled(device_type) and
+    torch.get_autocast_dtype(device_type) (2.4 on); asked once, at import."""
+    try:
+        torch.is_autocast_enabled("cpu")
+        return isinstance(torch.get_autocast_dtype("cpu"), torch.dtype)
+    except (TypeError, AttributeError, RuntimeError):
+        return False
+
+
+if _autocast_by_device_type():
+    def autocast_dtype(device_type):
+        """torch.autocast's dtype on `device_type` ('cuda', 'cpu', ...) where it is enabled, else None."""
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+        return None
+else:  # older names: CUDA's and the CPU's only
+    def autocast_dtype(device_type):
+        """torch.autocast's dtype on `device_type` ('cuda' or 'cpu') where it is enabled, else None."""
+        if device_type == "cuda" and torch.is_autocast_enabled():
+            return torch.get_autocast_gpu_dtype()
+        if device_type == "cpu" and torch.is_autocast_cpu_enabled():
+            return torch.get_autocast_cpu_dtype()
+        return None

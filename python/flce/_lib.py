@@ -21,6 +21,7 @@ FLCE_ERR_OUT_OF_MEMORY = 7
 FLCE_ERR_BAD_LABEL = 8
 FLCE_ERR_IO = 9
 FLCE_ERR_INTERNAL = 10
+FLCE_ERR_NOT_READY = 11  # a context made with compile_in_call = 0 (not made by this binding)
 
 FLCE_DTYPE_F32 = 0
 FLCE_DTYPE_F16 = 1
@@ -200,6 +201,7 @@ def _declare(lib):
     # Newer entry points: a library built before them still loads; has(name) says whether it has them.
     optional = {
         "flce_scale_gradients": (st, [vp, P, T, vp]),
+        "flce_prepare": (st, [vp, P, ctypes.c_int, T]),
     }
     for name, (res, args) in optional.items():
         fn = getattr(lib, name, None)
@@ -389,6 +391,15 @@ def scale_gradients(ctx, problem, tensors, stream):
     tensors.grad_output, in place, on `stream` (no pass when it is exactly 1)."""
     check_status(lib().flce_scale_gradients(ctx, ctypes.byref(problem), ctypes.byref(tensors),
                                             ctypes.c_void_p(stream or None)), "flce_scale_gradients")
+
+
+def prepare(ctx, problem, op, tensors):
+    """flce_prepare: compiles (or loads from the disk cache) and loads every kernel a call of `op`
+    on `problem` naming the non-NULL pointers of `tensors` will use; synchronous."""
+    if not has("flce_prepare"):
+        raise FlceError(FLCE_ERR_UNSUPPORTED, "FLCE_ERR_UNSUPPORTED",
+                        f"the loaded library ({_lib_path}) has no flce_prepare: rebuild libflce", "flce_prepare")
+    check_status(lib().flce_prepare(ctx, ctypes.byref(problem), op, ctypes.byref(tensors)), "flce_prepare")
 
 
 def tp_stats_bytes(problem):

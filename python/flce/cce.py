@@ -17,18 +17,17 @@ from typing import Optional, Tuple, Union, cast
 import torch
 from torch import Tensor
 
-from . import LinearCrossEntropyOutput
+from . import LinearCrossEntropyOutput, _compat
 from . import linear_cross_entropy as _flce_lce
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropy"]
 
 
 def _is_dtensor(t):
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover (older torch)
-        return False
-    return isinstance(t, DTensor)
+    # DTensor's class as _compat took it when PyTorch imported it (none before: then t is not one).
+    # Not imported here: under torch.compile a failed import inside the trace is an error
+    # (PyTorch 2.4's torch.distributed.tensor has no DTensor yet).
+    return _compat.DTensor is not None and isinstance(t, _compat.DTensor)
 
 
 def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor] = None, ignore_index: int = -100,

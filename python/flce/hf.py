@@ -29,7 +29,7 @@ import types
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from . import linear_cross_entropy
+from . import _compat, linear_cross_entropy
 
 __all__ = ["patch_hf", "unpatch_hf"]
 
@@ -118,8 +118,8 @@ def _loss_forward(model, call, options):
     hidden = outputs[0]
     head = model.get_output_embeddings()
     weight, bias = head.weight, head.bias
-    if hidden.dtype != weight.dtype:
-        hidden = hidden.to(weight.dtype)
+    if hidden.dtype != weight.dtype and _compat.autocast_dtype(hidden.device.type) is None:
+        hidden = hidden.to(weight.dtype)  # (under autocast linear_cross_entropy casts both to its dtype)
     ignore_index = loss_kw.get("ignore_index", -100)
     shift_labels = loss_kw.get("shift_labels")
     if shift_labels is not None:

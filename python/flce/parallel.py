@@ -43,8 +43,8 @@ import torch
 import torch.distributed as dist
 
 from . import _lib, _ops
-from . import (LinearCrossEntropyOutput, _Call, _check_args, _check_extra, _check_scalars, _Options, _apply,
-               _registered_comms, _shift_labels, _unshift, linear_cross_entropy)
+from . import (LinearCrossEntropyOutput, _Call, _autocast, _check_args, _check_extra, _check_scalars, _Options,
+               _apply, _registered_comms, _shift_labels, _unshift, linear_cross_entropy)
 from ._ops import GRAD_BIAS, GRAD_HIDDEN, GRAD_WEIGHT
 
 
@@ -404,7 +404,10 @@ def vocab_parallel_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, lab
     The upstream gradient of the scalar loss must be the same on every rank (as loss.backward()
     gives), and without sequence parallelism so must the per-token outputs' ones.
     A group of one rank runs flce.linear_cross_entropy (vocab_offset 0, vocab_total V_r).
+    Under torch.autocast hidden, weight and bias are cast to its dtype first, as
+    linear_cross_entropy does.
     """
+    hidden, weight, bias = _autocast(hidden, weight, bias)
     _check_args(hidden, weight, labels, reduction, strategy, memory_budget)
     _check_scalars(ignore_index, label_smoothing, z_loss, softcap, temperature, shift, batch_invariant)
     softcap = 0.0 if softcap is None else softcap
