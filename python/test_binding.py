@@ -1075,7 +1075,9 @@ def issue41_cases():
         try:
             def plan(*args, **kw):
                 got.clear()
-                return flce._prepare_recorded(None, flce._prepare_calls(*args, -1, **kw), time.perf_counter())
+                # (the dry run asks AUTO through a real context on a GPU machine: its device, not -1)
+                index = torch.cuda.current_device() if GPU else -1
+                return flce._prepare_recorded(None, flce._prepare_calls(*args, index, **kw), time.perf_counter())
             r = plan(100, 64, 1000)
             assert r.strategy == "saved" and r.calls == (("forward", "saved"), ("backward", "saved")), r
             assert {"hidden", "weight", "labels", "loss", "lse", "grad_hidden", "grad_weight"} <= got[0][2], got
