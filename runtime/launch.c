@@ -958,9 +958,9 @@ static flce_status sp_gather(run *r, const flce_tensors *caller, flce_tensors *a
     if (st == FLCE_OK && grads && pl->off_sp_go && caller->grad_output)
         st = comm_all_gather(caller->comm, caller->grad_output, (void *)all->grad_output, nl * 4,
                              r->stream, "the grad_output all-gather");
+    flce_tensors own = *caller; /* (the caller's pointers, read through sp_grad_field) */
     for (int k = 0; k < SP_GRADS && st == FLCE_OK && grads; k++) {
-        const float *mine = k == SP_GRAD_LOGPROB ? caller->grad_logprob : k == SP_GRAD_LSE ? caller->grad_lse
-                            : k == SP_GRAD_ENTROPY ? caller->grad_entropy : caller->grad_loss_per_token;
+        const float *mine = *sp_grad_field(&own, k);
         if (mine && pl->off_sp_grads[k])
             st = comm_all_gather(caller->comm, mine, (void *)(uintptr_t)(r->ws + pl->off_sp_grads[k]), nl * 4,
                                  r->stream, "a per-token upstream gradient's all-gather");
