@@ -2,7 +2,8 @@
 # device_tp45.sh — issue 45's device runs on a 2-GPU machine: build, the C TP tests (test_tp and its
 # qrows/overlap variant), then, by STAGES, the Python TP suite (torchrun) and bench/tp_compare.py;
 # also the session's other GPU checks: "binding" (python/test_binding.py on the GPU), "fuzz"
-# (python/fuzz_binding.py, FUZZ_CASES cases, JSON record), "san" (tests/sanitize.sh with
+# (python/fuzz_binding.py, FUZZ_CASES cases in FUZZ_JOBS processes, JSON record; "fuzz-bg" the same in
+# the background while the next stages run), "san" (tests/sanitize.sh with
 # SANITIZE_CASES / SANITIZE_TOOLS). Logs tarred into $OUT. STAGES: space-separated, default "ctest".
 source "$(dirname "$0")/device_lib.sh"
 device_begin out
@@ -26,8 +27,12 @@ for s in $STAGES; do
       tail -5 "$OUT/binding.log" ;;
     fuzz)
       ( cd python && FLCE_LIBRARY=$PWD/../build/libflce.so timeout ${FUZZ_TIMEOUT:-300} python3 fuzz_binding.py --cases ${FUZZ_CASES:-1000} \
-        --seed ${FUZZ_SEED:-21} --json "$OUT/fuzz.json" ) > "$OUT/fuzz.log" 2>&1 || rc=1
+        --seed ${FUZZ_SEED:-21} --jobs ${FUZZ_JOBS:-1} --json "$OUT/fuzz.json" ) > "$OUT/fuzz.log" 2>&1 || rc=1
       tail -5 "$OUT/fuzz.log" ;;
+    fuzz-bg)  # the fuzzer in the background while the next stages run (waited for at the end)
+      ( cd python && FLCE_LIBRARY=$PWD/../build/libflce.so timeout ${FUZZ_TIMEOUT:-300} python3 fuzz_binding.py --cases ${FUZZ_CASES:-1000} \
+        --seed ${FUZZ_SEED:-21} --jobs ${FUZZ_JOBS:-1} --json "$OUT/fuzz.json" ) > "$OUT/fuzz.log" 2>&1 &
+      fuzz_pid=$! ;;
     san)
       SANITIZE_LOG_DIR=$OUT/sanitize timeout ${SAN_TIMEOUT:-300} bash tests/sanitize.sh --log "$OUT/sanitize.log" build/flce build/tests/gpu_probe \
         > "$OUT/san.out" 2>&1 || rc=1
@@ -38,6 +43,7 @@ for s in $STAGES; do
       tail -40 "$OUT/bench.log"; cat "$OUT"/bench/*.md 2>/dev/null | tail -30 ;;
   esac
 done
+if [ -n "${fuzz_pid:-}" ]; then wait $fuzz_pid || rc=1; tail -5 "$OUT/fuzz.log"; fi
 echo "total $(( $(date +%s) - t0 )) s, rc $rc"
 tar czf "$OUT/logs.tgz" -C "$OUT" --exclude logs.tgz . 2>/dev/null
 exit $rc

@@ -8,6 +8,9 @@ float64 logits gives the reference gradients).
                                                                       # seed, device, date, commit}
   python3 python/fuzz_binding.py --seed 7 --case 123                  # only case 123 of seed 7 (what
                                                                       # a failure prints to reproduce)
+  python3 python/fuzz_binding.py --cases 1000 --jobs 6 --json OUT     # the cases dealt to 6 processes
+                                                                      # (on a GPU most of a case's time
+                                                                      # is NVRTC compiling its kernels)
 
 With CUDA the real library runs on the GPU; without it the kernels are replaced by the float64
 stand-in (standin.py, as test_binding.py does) and everything above them runs on the CPU: argument
@@ -703,8 +706,16 @@ def main():
     ap.add_argument("--compile-share", type=float, default=COMPILE_SHARE,
                     help="share of good calls under torch.compile(fullgraph=True) (default 0.1; part of a case's draw)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every case's parameters")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="deal the cases to this many processes (case i to process i mod jobs) and merge their "
+                         "results; the same cases and checks as one process")
+    ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # k/n: one process of --jobs n
     a = ap.parse_args()
     COMPILE_SHARE = a.compile_share
+    if a.jobs < 1:
+        ap.error("--jobs must be at least 1")
+    if a.jobs > 1 and a.case is None and a.shard is None:
+        return run_jobs(a)
 
     if GPU:
         device = torch.cuda.get_device_name()
@@ -723,6 +734,9 @@ def main():
               f"{torch.__version__}, compile backend {BACKEND}")
 
     indices = [a.case] if a.case is not None else list(range(a.cases))
+    if a.shard is not None:
+        k, n = (int(x) for x in a.shard.split("/"))
+        indices = indices[k::n]
     passed = failed = 0
     counts = {"good": 0, "bad": 0, "compiled": 0}
     t0 = time.time()
@@ -736,6 +750,9 @@ def main():
             counts["compiled"] += bool(p.get("compile"))
             if a.verbose:
                 print(f"ok   case {i} ({time.time() - t1:.2f} s): {describe(p)}")
+            elif (passed + failed) % 50 == 0:
+                print(f"  {passed + failed} of {len(indices)} cases, {failed} failed, {time.time() - t0:.0f} s",
+                      flush=True)
         except Exception as e:  # noqa: BLE001
             failed += 1
             tb = traceback.format_exc(limit=-4) if not isinstance(e, CaseFailure) else ""
@@ -749,9 +766,68 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cases": len(indices), "passed": passed, "failed": failed, "seed": a.seed, "device": device,
-                       "date": datetime.date.today().isoformat(), "commit": commit_id()}, f, indent=1)
+                       "date": datetime.date.today().isoformat(), "commit": commit_id(),
+                       "counts": counts, "seconds": round(took, 1)}, f, indent=1)
             f.write("\n")
     return 1 if failed else 0
+
+
+def run_jobs(a):
+    """--jobs n: n copies of this script, each taking every n-th case (--shard k/n), their output in
+    one log each (a failure's report is printed from it), their JSON records merged into one."""
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="flce-fuzz-")
+    base = [sys.executable, os.path.abspath(__file__), "--cases", str(a.cases), "--seed", str(a.seed),
+            "--compile-share", str(a.compile_share)] + (["--include-known"] if a.include_known else []) \
+        + (["-v"] if a.verbose else [])
+    procs = []
+    t0 = time.time()
+    for k in range(a.jobs):
+        log = open(os.path.join(tmp, f"shard{k}.log"), "w")
+        procs.append((subprocess.Popen(base + ["--shard", f"{k}/{a.jobs}", "--json", os.path.join(tmp, f"shard{k}.json")],
+                                       stdout=log, stderr=subprocess.STDOUT), log))
+    print(f"{a.cases} cases of seed {a.seed} in {a.jobs} processes; their logs in {tmp}", flush=True)
+    last = t0
+    while any(p.poll() is None for p, _ in procs):
+        time.sleep(0.5)
+        if time.time() - last >= 30:
+            last = time.time()
+            done = sum(p.poll() is not None for p, _ in procs)
+            print(f"  {last - t0:.0f} s, {done} of {a.jobs} processes done", flush=True)
+    total = {"cases": 0, "passed": 0, "failed": 0}
+    counts = {"good": 0, "bad": 0, "compiled": 0}
+    device = commit = None
+    bad_exit = []
+    for k, (p, log) in enumerate(procs):
+        log.close()
+        text = open(os.path.join(tmp, f"shard{k}.log")).read()
+        if "FAIL case" in text or p.returncode not in (0, 1):
+            print(f"--- process {k} (exit {p.returncode}) ---\n{text[-20000:]}")
+        try:
+            with open(os.path.join(tmp, f"shard{k}.json")) as f:
+                r = json.load(f)
+        except (OSError, ValueError):
+            bad_exit.append(k)  # died before writing its record: its cases count as failed
+            total["cases"] += len(range(k, a.cases, a.jobs))
+            total["failed"] += len(range(k, a.cases, a.jobs))
+            continue
+        for key in total:
+            total[key] += r[key]
+        for key in counts:
+            counts[key] += r.get("counts", {}).get(key, 0)
+        device, commit = r["device"], r["commit"]
+    if bad_exit:
+        print(f"processes {bad_exit} wrote no record (crashed or killed): their cases count as failed")
+    print(f"{total['passed']} passed, {total['failed']} failed ({total['cases']} cases, seed {a.seed}, {a.jobs} "
+          f"processes: {counts['good']} good calls of which {counts['compiled']} compiled, {counts['bad']} bad calls "
+          f"passed; {time.time() - t0:.1f} s)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({**total, "seed": a.seed, "device": device, "date": datetime.date.today().isoformat(),
+                       "commit": commit or commit_id(), "jobs": a.jobs, "counts": counts,
+                       "seconds": round(time.time() - t0, 1)}, f, indent=1)
+            f.write("\n")
+    return 1 if total["failed"] else 0
 
 
 if __name__ == "__main__":
