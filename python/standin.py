@@ -236,9 +236,9 @@ def _scale(self, grad_output, grad_hidden=None, grad_weight=None, grad_bias=None
 _scale.calls = 0
 
 
-def _choice(device_index, n, d, v, dtype, label_dtype, opts, tp, has_bias, has_class_weights):
+def _choice(device_index, n, d, v, dtype, label_dtype, tp, has_bias, has_class_weights, *opts):
     """AUTO's choice without a device: recompute when the chunk budget is small, as the planner does.
-    opts: _Options or a plain tuple of its fields (flce._auto_choice's argument)."""
+    opts: _Options's fields (flce._auto_choice's arguments)."""
     opts = flce._Options(*opts)
     return "recompute" if opts.memory_budget and opts.memory_budget < (1 << 21) else "chunked"
 
@@ -261,8 +261,8 @@ def install():
         return 0 if p.memory_budget and p.memory_budget < 2 * tokens * p.vocab_shard else 256
     flce._Call.saved_bytes = saved_bytes
     flce._Call.strategy_of = lambda self, op, strategy: _choice(
-        None, self.problem.tokens, 0, 0, None, None, flce._Options(-100, "mean", strategy, self.problem.memory_budget,
-                                                                    0, 0, 0, 1, False), None, False, False)
+        None, self.problem.tokens, 0, 0, None, None, None, False, False,
+        *flce._Options(-100, "mean", strategy, self.problem.memory_budget, 0, 0, 0, 1, False))
     choice = torch.compiler.assume_constant_result(lambda *a: _choice(*a))
     flce._auto_choice = choice
     flce._require_cuda = lambda hidden: None

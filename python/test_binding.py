@@ -673,7 +673,7 @@ def op_cases():
             opts = (None,) * len(flce._Options._fields)  # unread by this _auto_choice_now
 
             def f(x):
-                c = flce._auto_choice(-1, x.shape[0], 8, 16, x.dtype, torch.int64, opts, None, False, False)
+                c = flce._auto_choice(-1, x.shape[0], 8, 16, x.dtype, torch.int64, None, False, False, *opts)
                 return x * (2 if c == "chunked" else 3)
             out = torch.compile(f, fullgraph=True, backend="eager")(torch.ones(300))
             shapes = sys.modules["torch.fx.experimental.symbolic_shapes"]  # (PyTorch 2.4 has neither name)

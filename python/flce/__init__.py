@@ -391,12 +391,13 @@ def _auto_choice_now(device_index, n, d, v, dtype, label_dtype, opts, tp, has_bi
 
 
 @_compat.assume_constant_result  # torch.compiler's, taken when torch._dynamo is imported
-def _auto_choice(device_index, n, d, v, dtype, label_dtype, opts, tp, has_bias, has_class_weights):
+def _auto_choice(device_index, n, d, v, dtype, label_dtype, tp, has_bias, has_class_weights, *opts):
     """The strategy ('chunked' or 'recompute') the library's AUTO picks for a loss-and-grad call
     (flce_strategy_of: host arithmetic, no GPU work). torch.compile evaluates it once while tracing
     (static shapes) and keeps the answer as a constant: it only chooses between two ways of
-    computing the same values. opts: _Options as a plain tuple (PyTorch 2.15's Dynamo hands a
-    NamedTuple built inside the trace to such a function as an empty one)."""
+    computing the same values. opts: _Options's fields as separate arguments (PyTorch 2.15's Dynamo
+    hands a NamedTuple built inside the trace to such a function as an empty one, and cannot convert
+    a tuple built there to a constant at all under dynamic shapes)."""
     return _auto_choice_now(device_index, n, d, v, dtype, label_dtype, _Options(*opts), tp, has_bias,
                             has_class_weights)
 
@@ -427,11 +428,11 @@ def _plan_options(opts):
     if has_static_value is None or size_hint is None:
         return opts
 
+    # Ints go through size_hint even with a static value: Dynamo 2.15 hands a static-valued symbolic
+    # int to the constant function as a symbol, and refuses it (fuzz_binding.py seed 5 case 79).
     def num(x, on):
-        if has_static_value(x):
-            return x
         if isinstance(x, float) or type(x).__name__ == "SymFloat":
-            return on if x > 0 else 0.0
+            return x if has_static_value(x) else on if x > 0 else 0.0
         return size_hint(x)
     budget = None if opts.memory_budget is None else num(opts.memory_budget, 0)
     return _Options(num(opts.ignore_index, 0), opts.reduction, opts.strategy, budget,
@@ -459,8 +460,8 @@ def _grads_in_forward(h2, weight, y1, opts, tp, bias, class_weights):
     opts = _plan_options(opts)
     index = h2.device.index if h2.device.index is not None else \
         (torch.cuda.current_device() if h2.is_cuda else getattr(_recording, "device", -1) if h2.is_meta else -1)
-    return _auto_choice(index, n, d, v, h2.dtype, y1.dtype, tuple(opts), tp, bias is not None,
-                        class_weights is not None) != "recompute"
+    return _auto_choice(index, n, d, v, h2.dtype, y1.dtype, tp, bias is not None, class_weights is not None,
+                        *opts) != "recompute"
 
 
 class LinearCrossEntropyOutput(NamedTuple):
