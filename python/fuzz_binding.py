@@ -712,6 +712,11 @@ def run_case(seed, index, include_known=False):
 
 def commit_id():
     root = os.path.dirname(HERE)
+    stamp = os.path.join(root, ".device-commit")  # a device copy: written by bench/stamp-commit.sh
+    if os.path.exists(stamp) and not os.path.isdir(os.path.join(root, ".git")):
+        with open(stamp) as f:
+            if f.read().strip():
+                return open(stamp).read().strip()
     try:
         r = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                            timeout=30)
@@ -748,6 +753,9 @@ def main():
                          "results; the same cases and checks as one process")
     ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # k/n: one process of --jobs n
     ap.add_argument("--after", type=int, default=-1, help=argparse.SUPPRESS)  # resume past this case
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="with --jobs: after this many seconds stop the processes and record the cases that "
+                         "finished (the run then fails: fewer cases than asked for)")
     ap.add_argument("--log-dir", default=None, help="with --jobs: keep each process's log here (default: a "
                     "temporary folder, named at the start)")
     a = ap.parse_args()
@@ -794,6 +802,8 @@ def main():
             elif (passed + failed) % 50 == 0:
                 print(f"  {passed + failed} of {len(indices)} cases, {failed} failed, {time.time() - t0:.0f} s",
                       flush=True)
+            if a.shard is not None and a.json:  # the parent may stop this process at its deadline
+                write_record(a.json, passed, failed, a.seed, device, counts, time.time() - t0)
         except Exception as e:  # noqa: BLE001
             failed += 1
             tb = traceback.format_exc(limit=-4) if not isinstance(e, CaseFailure) else ""
@@ -811,12 +821,18 @@ def main():
     print(f"{passed} passed, {failed} failed ({len(indices)} cases, seed {a.seed}: {counts['good']} good calls "
           f"of which {counts['compiled']} compiled, {counts['bad']} bad calls passed; {took:.1f} s)")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"cases": passed + failed, "passed": passed, "failed": failed, "seed": a.seed, "device": device,
-                       "date": datetime.date.today().isoformat(), "commit": commit_id(),
-                       "counts": counts, "seconds": round(took, 1), "stopped_after": lost}, f, indent=1)
-            f.write("\n")
+        write_record(a.json, passed, failed, a.seed, device, counts, took, lost)
     return 3 if lost is not None else 1 if failed else 0
+
+
+def write_record(path, passed, failed, seed, device, counts, took, lost=None):
+    """One process's record (written whole, then renamed: a reader never sees half of one)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump({"cases": passed + failed, "passed": passed, "failed": failed, "seed": seed, "device": device,
+                   "date": datetime.date.today().isoformat(), "commit": commit_id(),
+                   "counts": counts, "seconds": round(took, 1), "stopped_after": lost}, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
 
 
 def run_jobs(a):
@@ -845,8 +861,14 @@ def run_jobs(a):
     running = [start(k, -1, 0) for k in range(a.jobs)]
     print(f"{a.cases} cases of seed {a.seed} in {a.jobs} processes; their logs in {logdir}", flush=True)
     t0 = last = time.time()
+    stopped = False
     while running:
         time.sleep(0.5)
+        if a.deadline is not None and not stopped and time.time() - t0 > a.deadline:
+            stopped = True
+            print(f"deadline of {a.deadline:.0f} s: stopping {len(running)} process(es)", flush=True)
+            for r in running:
+                r["proc"].terminate()
         for r in [r for r in running if r["proc"].poll() is not None]:
             running.remove(r)
             r["log"].close()
@@ -858,38 +880,40 @@ def run_jobs(a):
                 with open(r["name"] + ".json") as f:
                     rec = json.load(f)
             except (OSError, ValueError):
-                print(f"process {r['k']} part {r['part']} wrote no record (exit {code}): its shard's remaining "
-                      "cases are not run and the run fails", flush=True)
-                total["failed"] += 1
+                if not stopped:
+                    print(f"process {r['k']} part {r['part']} wrote no record (exit {code}): its shard's remaining "
+                          "cases are not run and the run fails", flush=True)
+                    total["failed"] += 1
                 continue
             for key in total:
                 total[key] += rec[key]
             for key in counts:
                 counts[key] += rec.get("counts", {}).get(key, 0)
             meta = rec
-            if code == 3 and rec.get("stopped_after") is not None:
+            if code == 3 and rec.get("stopped_after") is not None and not stopped:
                 faults.append(rec["stopped_after"])
                 running.append(start(r["k"], rec["stopped_after"], r["part"] + 1))
         if time.time() - last >= 30:
             last = time.time()
             print(f"  {last - t0:.0f} s, {a.jobs - len({r['k'] for r in running})} of {a.jobs} shards done",
                   flush=True)
-    if total["cases"] != a.cases:
-        print(f"only {total['cases']} of {a.cases} cases ran: the run fails")
-        total["failed"] += a.cases - total["cases"]
+    complete = total["cases"] == a.cases
+    if not complete:
+        print(f"only {total['cases']} of {a.cases} cases ran{' (deadline)' if stopped else ''}: the run fails")
     if faults:
         print(f"cases whose kernels faulted (each process resumed after it): {sorted(faults)}")
-    print(f"{total['passed']} passed, {total['failed']} failed ({a.cases} cases, seed {a.seed}, {a.jobs} "
+    print(f"{total['passed']} passed, {total['failed']} failed ({total['cases']} of {a.cases} cases, seed {a.seed}, {a.jobs} "
           f"processes: {counts['good']} good calls of which {counts['compiled']} compiled, {counts['bad']} bad calls "
           f"passed; {time.time() - t0:.1f} s)")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"cases": a.cases, "passed": total["passed"], "failed": total["failed"], "seed": a.seed,
+            json.dump({"cases": total["cases"], "requested": a.cases, "passed": total["passed"],
+                       "failed": total["failed"], "seed": a.seed,
                        "device": meta.get("device"), "date": datetime.date.today().isoformat(),
                        "commit": meta.get("commit") or commit_id(), "jobs": a.jobs, "counts": counts,
                        "faulted_cases": sorted(faults), "seconds": round(time.time() - t0, 1)}, f, indent=1)
             f.write("\n")
-    return 1 if total["failed"] else 0
+    return 1 if total["failed"] or not complete else 0
 
 if __name__ == "__main__":
     sys.exit(main())

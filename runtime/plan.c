@@ -187,10 +187,13 @@ static void plan_dw_cluster(const flce_config *cfg, plan *pl)
 /* Whether the chunked strategy may store compact logits: a training call (the statistics pass
  * writes the exact target logit the label's dZ needs) with 16-bit inputs. Softcap with label
  * smoothing is left out: its dZ needs every z, also where p̃ underflowed to 0. */
+static int compact_options(const flce_problem *p, const flce_config *cfg)
+{
+    return cfg->compact && p->dtype != FLCE_DTYPE_F32 && !(p->softcap > 0 && p->label_smoothing > 0);
+}
 static int compact_allowed(const flce_problem *p, const flce_config *cfg, const plan *pl)
 {
-    return cfg->compact && pl->op == FLCE_OP_LOSS_AND_GRAD && p->dtype != FLCE_DTYPE_F32 &&
-           !(p->softcap > 0 && p->label_smoothing > 0);
+    return pl->op == FLCE_OP_LOSS_AND_GRAD && compact_options(p, cfg);
 }
 
 /* Whether a compact chunked plan stores its logits row-scaled (plan.h qrows): where dz is s_i times
@@ -687,7 +690,11 @@ static void plan_invariant_logits(const flce_problem *p, int sm, const flce_conf
         if (cfg->portable && (sm == 90 || sm == 100))
             pl->logits.tile = spec_tile_pick(89, p->dtype, ROLE_LOGITS, cfg->tiles);
     }
-    if (p->dtype != FLCE_DTYPE_F32 && !(pl->recompute && !pl->fused_dz)) pl->logits.compact = 1;
+    /* (Only where a chunked call of these options stores compact logits: with softcap and label
+     * smoothing it stores fp32 Z, through the plain kernel, which every pass then takes; forcing the
+     * compact kernel there wrote p̃ over that fp32 store and its maxima through a null pointer:
+     * fuzz_binding.py seed 21 cases 369 and 402, an illegal address on an H200, 2026-11-28.) */
+    if (compact_options(p, cfg) && !(pl->recompute && !pl->fused_dz)) pl->logits.compact = 1;
     int64_t tiles = ceil_div(pl->v, pl->logits.tile.bn), per = PLAN_INVARIANT_SPLIT_COLS / pl->logits.tile.bn;
     pl->tiles_per_split = (int)(per > 0 ? (per < tiles ? per : tiles) : 1);
     pl->splits = (int)ceil_div(tiles, pl->tiles_per_split);

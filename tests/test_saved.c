@@ -192,7 +192,9 @@ static void saved_logits_match_the_reference(void)
 
 /* problem.batch_invariant: a token's lse, loss (none), log-prob, entropy and argmax have the same
  * bits whatever the call holds: N ∈ {1, 7, 513, 8192} prefixes of one batch, each through a forward,
- * the saved strategy, a chunked call in many chunks and recompute, against one forward of all. */
+ * the saved strategy, a chunked call in many chunks and recompute, against one forward of all.
+ * Twice: plain options (compact logits), and softcap with label smoothing (chunked and saved calls
+ * store fp32 logits then; the invariant plan once forced the compact kernel onto that store). */
 enum { BI_OUTS = 5 };
 static int bi_run(flce_problem p, flce_strategy s, void *const dev[BI_OUTS], void *dh, void *dw, void *ws,
                   uint64_t ws_bytes, const flce_tensors *in)
@@ -210,7 +212,7 @@ static int bi_run(flce_problem p, flce_strategy s, void *const dev[BI_OUTS], voi
     return flce_loss_and_grad(ctx, &p, &t, NULL) == FLCE_OK;
 }
 
-static void batch_invariant_outputs_are_bitwise_equal(void)
+static void batch_invariant_run(float softcap, float smoothing)
 {
     const int64_t N = 8192, d = 256, v = 32000;
     double *h = dalloc(N * d), *w = dalloc(v * d);
@@ -231,7 +233,7 @@ static void batch_invariant_outputs_are_bitwise_equal(void)
     flce_problem p;
     flce_problem_init(&p);
     p.hidden = d, p.vocab_shard = v, p.reduction = FLCE_REDUCTION_NONE, p.batch_invariant = 1, p.tokens = N;
-    p.strategy = FLCE_STRATEGY_SAVED;
+    p.strategy = FLCE_STRATEGY_SAVED, p.softcap = softcap, p.label_smoothing = smoothing;
     uint64_t ws_bytes = 0;
     int ok = flce_workspace_size(ctx, &p, FLCE_OP_FORWARD, &ws_bytes) == FLCE_OK &&
              devmem_alloc(&ws, ws_bytes) == FLCE_OK && bi_run(p, FLCE_STRATEGY_FORWARD, ref, dh, dw, ws, ws_bytes, &in);
@@ -258,13 +260,16 @@ static void batch_invariant_outputs_are_bitwise_equal(void)
             }
         }
     }
-    printf("  batch invariant: N in {1, 7, 513, 8192} x {forward, saved, chunked, recompute}: %s\n",
-           ok && !check_case_failed ? "bitwise equal" : "DIFFERENT");
+    printf("  batch invariant (softcap %g, smoothing %g): N in {1, 7, 513, 8192} x {forward, saved, chunked, "
+           "recompute}: %s\n", softcap, smoothing, ok && !check_case_failed ? "bitwise equal" : "DIFFERENT");
     for (int k = 0; k < BI_OUTS; k++) devmem_free(ref[k]), devmem_free(got[k]);
     devmem_free((void *)in.hidden), devmem_free((void *)in.weight), devmem_free(lab), devmem_free(dh);
     devmem_free(dw), devmem_free(ws);
     free(h), free(w), free(y), free(a), free(b);
 }
+
+static void batch_invariant_outputs_are_bitwise_equal(void) { batch_invariant_run(0.f, 0.f); }
+static void batch_invariant_with_softcap_and_smoothing(void) { batch_invariant_run(30.f, 0.1f); }
 
 /* What a caller gets wrong: named in the message, nothing run. */
 static void saved_misuse_is_named(void)
@@ -308,6 +313,7 @@ int main(void)
     RUN(saved_logits_match_the_reference);
     RUN(saved_misuse_is_named);
     RUN(batch_invariant_outputs_are_bitwise_equal);
+    RUN(batch_invariant_with_softcap_and_smoothing);
     flce_context_destroy(ctx);
     FINISH();
 }
