@@ -248,9 +248,16 @@ static uint64_t grown_budget(plan *pl, uint64_t budget, uint64_t all_rows, int64
 static flce_status saved_fits(const flce_problem *p, const plan *pl, uint64_t budget, uint64_t all_rows,
                               int64_t v_rows)
 {
-    if (!pl->compact)
+    if (!pl->compact && p->dtype == FLCE_DTYPE_F32)
         return err_set(FLCE_ERR_UNSUPPORTED, "problem.strategy=SAVED: needs 16-bit inputs (compact logits), "
                        "dtype=%d; use RECOMPUTE", (int)p->dtype);
+    if (!pl->compact && !(p->softcap > 0 && p->label_smoothing > 0))
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.strategy=SAVED: needs compact logits, switched off by "
+                       "FLCE_COMPACT=0; use RECOMPUTE");
+    if (!pl->compact) /* (compact_allowed: that dZ needs every z, also where p̃ underflows to 0) */
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.strategy=SAVED: not with both softcap=%g and "
+                       "label_smoothing=%g (they need fp32 logits, not the compact ones SAVED keeps); use "
+                       "RECOMPUTE or CHUNKED", (double)p->softcap, (double)p->label_smoothing);
     uint64_t acc = (uint64_t)v_rows * (uint64_t)pl->d * 4, cap = budget;
     if (!p->memory_budget) {
         cap = budget + acc;

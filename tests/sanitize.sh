@@ -115,10 +115,12 @@ MMA=FLCE_PORTABLE=1
 #  gs-report-static        the same with dW alone in the static tile order (FLCE_GRAD_STREAMS=0)
 #  gs-token-chunks         chunked in 3 token chunks: the counter's dW adds into the fp32 accumulator
 #  gs-recompute-vchunks    recompute in 10 vocab chunks, each chunk's dW from the counter beside dH.
-#                          Its racecheck run failed on an H200 (compute-sanitizer 2025.3.1,
-#                          2026-11-28): the demo ended with status 9 and no output, 0 hazards;
-#                          the same without issue 43's template change and with FLCE_GRAD_STREAMS=0,
-#                          and memcheck and synccheck passed: open, not the tile slot
+#                          Its racecheck run ends in status 9 (compute-sanitizer 2025.3.1, H200,
+#                          2026-11-28, twice): SIGKILL by the OOM killer, racecheck's own process
+#                          at 130 GB RSS on the 125 GiB host (run alone under /usr/bin/time -v);
+#                          gs-recompute-dh-splits the same. 0 hazards reported up to then; memcheck,
+#                          synccheck and initcheck pass on both. Open: a racecheck record of them
+#                          needs a host with more memory or a smaller shape of the same plan
 #  gs-recompute-dh-splits  recompute, dH split in 4, dW from the counter beside it
 #  dh-splits-dw-cluster    chunked, dH split in 4, dW in 2-CTA clusters (logits without clusters)
 #  dh-splits-recompute     recompute, dH split in 2, dW and logits in 2-CTA clusters
@@ -314,6 +316,11 @@ run_one() {
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then verdict="FAIL (timed out after ${TIMEOUT}s)"
   elif [ -z "$errs" ]; then verdict="FAIL (exit $rc, no sanitizer summary)"
   elif [ "$errs" -gt 0 ]; then verdict="FAIL ($errs sanitizer error(s), exit $rc)"
+  elif [ "$rc" -eq 9 ] && grep -aq "process didn't terminate successfully" "$log"; then
+    # compute-sanitizer passes on the target's signal as its status: 9 is SIGKILL, which on these
+    # machines is the kernel's OOM killer (racecheck of gs-recompute-vchunks grew to 130 GB RSS on a
+    # 125 GiB host, /usr/bin/time -v, 2026-11-28): not the run's own check
+    verdict="FAIL (exit 9: the target was killed by SIGKILL, most likely the host out of memory)"
   elif [ "$rc" -ne 0 ]; then verdict="FAIL (exit $rc with 0 sanitizer errors: the run's own check failed)"
   elif [ -n "$must" ] && ! grep -aqE "$must" "$log"; then verdict="FAIL (output lacks '$must')"
   else verdict=ok; [ "${warns:-0}" -gt 0 ] && verdict="ok ($warns racecheck warning(s))"
