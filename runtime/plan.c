@@ -1,4 +1,5 @@
-/* plan.c — strategy, chunking, vocab splits and workspace layout of a call (plan.h, docs/DESIGN.md §3). */
+/* plan.c — strategy, chunking, vocab splits and workspace layout of a call (plan.h, docs/DESIGN.md §3):
+ * a pure function of its arguments (no environment, no file: plan_make.c binds it to those). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -6,7 +7,6 @@
 #include "error.h"
 #include "params.h"
 #include "plan.h"
-#include "tune.h"
 
 static uint64_t align256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -635,8 +635,7 @@ static void plan_dh_width(const flce_config *cfg, int num_sms, plan *pl)
 }
 
 /* The plan up to its tiles: specs with the built-in tiles and the knobs config gives. */
-static void plan_start(const flce_problem *p, flce_op op, int sm, const flce_config *cfg, const flce_tensors *t,
-                       plan *pl)
+void plan_start(const flce_problem *p, flce_op op, int sm, const flce_config *cfg, const flce_tensors *t, plan *pl)
 {
     memset(pl, 0, sizeof *pl);
     pl->op = op;
@@ -708,8 +707,8 @@ static void plan_invariant_logits(const flce_problem *p, int sm, const flce_conf
 }
 
 /* The rest, once the tiles are final (built-in or tuned). */
-static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, const flce_config *cfg,
-                               const flce_tensors *t, plan *pl)
+flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, const flce_config *cfg,
+                        const flce_tensors *t, plan *pl)
 {
     plan_cluster(cfg, pl);
     pl->num_sms = num_sms;
@@ -752,32 +751,10 @@ static flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, c
     return FLCE_OK;
 }
 
-flce_status plan_make_dev(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
-                          uint64_t mem_bytes, const flce_tensors *t, plan *pl)
-{
-    const flce_config *cfg = config_get();
-    plan_start(p, op, sm, cfg, t, pl);
-    pl->mem_cap = mem_bytes / 16;
-    tune_apply(p, device, sm, pl); /* the autotune table, when it has this class */
-    return plan_finish(p, op, num_sms, cfg, t, pl);
-}
-
-flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
-                         const flce_tensors *t, plan *pl)
-{
-    return plan_make_dev(p, op, device, sm, num_sms, 0, t, pl);
-}
-
 flce_status plan_build(const flce_problem *p, flce_op op, int sm, int num_sms, const flce_config *cfg,
                        const spec_tile *tuned, const flce_tensors *t, plan *pl)
 {
     plan_start(p, op, sm, cfg, t, pl);
     if (tuned) pl->logits.tile = tuned[0], pl->dh.tile = tuned[1], pl->dw.tile = tuned[2], pl->tiles_tuned = 1;
     return plan_finish(p, op, num_sms, cfg, t, pl);
-}
-
-flce_status plan_make(const flce_problem *p, flce_op op, int sm, int num_sms, const flce_tensors *t,
-                      plan *pl)
-{
-    return plan_make_on(p, op, NULL, sm, num_sms, t, pl);
 }

@@ -200,6 +200,14 @@ struct flce_config;
 flce_status plan_build(const flce_problem *p, flce_op op, int sm, int num_sms, const struct flce_config *cfg,
                        const spec_tile *tuned, const flce_tensors *t, plan *out);
 
+/* plan_build's two halves, for plan_make.c, which puts the tune table's tiles between them:
+ * plan_start gives the specs their built-in tiles and cfg's knobs; plan_finish does the rest
+ * (strategy, chunks, splits, layout) once the tiles are final. */
+void plan_start(const flce_problem *p, flce_op op, int sm, const struct flce_config *cfg, const flce_tensors *t,
+                plan *pl);
+flce_status plan_finish(const flce_problem *p, flce_op op, int num_sms, const struct flce_config *cfg,
+                        const flce_tensors *t, plan *pl);
+
 /* AUTO's cost model of loss-and-grad plan pl (plan.c says what it counts), in ms on an H100. */
 double plan_estimate_ms(const flce_problem *p, const plan *pl, int num_sms);
 
