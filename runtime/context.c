@@ -183,7 +183,9 @@ static flce_status ctx_create(int device, const ctx_settings *settings, flce_con
     st = ctx_enter(ctx, &prev);
     if (st == FLCE_OK) {
         void *host = NULL;
-        r = drv.MemHostAlloc(&host, 2 * sizeof(int), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+        r = fault_fire(FAULT_DEVICE_RESOURCE)
+                ? CUDA_ERROR_OUT_OF_MEMORY
+                : drv.MemHostAlloc(&host, 2 * sizeof(int), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
         if (r == CUDA_SUCCESS) {
             ctx->flag_host = host;
             ctx->flag_host[0] = ctx->flag_host[1] = 0;
@@ -545,6 +547,13 @@ flce_status ctx_workspace(flce_context *ctx, uint64_t bytes, CUstream stream, CU
         *out = ctx->workspace;
         return FLCE_OK;
     }
+    /* The event that orders the workspace's next user after this call (ctx_workspace_done), made
+     * here, before the call queues work: a failure then leaves nothing half-run. */
+    if (!ctx->workspace_done && !capturing) {
+        CUresult r = fault_fire(FAULT_DEVICE_RESOURCE) ? CUDA_ERROR_OUT_OF_MEMORY
+                                                       : drv.EventCreate(&ctx->workspace_done, CU_EVENT_DISABLE_TIMING);
+        if (r != CUDA_SUCCESS) return drv_error(r, "cuEventCreate (the event after the workspace's last use)");
+    }
     if (capturing)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "workspace: NULL while the stream is being captured into a graph; pass "
@@ -614,7 +623,8 @@ flce_status ctx_side_stream(flce_context *ctx)
 {
     if (ctx->side && ctx->fork && ctx->join) return FLCE_OK;
     int least = 0, greatest = 0;
-    CUresult r = drv.CtxGetStreamPriorityRange(&least, &greatest);
+    CUresult r = fault_fire(FAULT_DEVICE_RESOURCE) ? CUDA_ERROR_OUT_OF_MEMORY
+                                                   : drv.CtxGetStreamPriorityRange(&least, &greatest);
     if (r == CUDA_SUCCESS && !ctx->side) r = drv.StreamCreateWithPriority(&ctx->side, CU_STREAM_NON_BLOCKING, greatest);
     if (r == CUDA_SUCCESS && !ctx->fork) r = drv.EventCreate(&ctx->fork, CU_EVENT_DISABLE_TIMING);
     if (r == CUDA_SUCCESS && !ctx->join) r = drv.EventCreate(&ctx->join, CU_EVENT_DISABLE_TIMING);
@@ -625,7 +635,8 @@ flce_status ctx_fill_stream(flce_context *ctx)
 {
     if (ctx->fill && ctx->fork && ctx->join) return FLCE_OK;
     int least = 0, greatest = 0;
-    CUresult r = drv.CtxGetStreamPriorityRange(&least, &greatest);
+    CUresult r = fault_fire(FAULT_DEVICE_RESOURCE) ? CUDA_ERROR_OUT_OF_MEMORY
+                                                   : drv.CtxGetStreamPriorityRange(&least, &greatest);
     if (r == CUDA_SUCCESS && !ctx->fill) r = drv.StreamCreateWithPriority(&ctx->fill, CU_STREAM_NON_BLOCKING, least);
     if (r == CUDA_SUCCESS && !ctx->fork) r = drv.EventCreate(&ctx->fork, CU_EVENT_DISABLE_TIMING);
     if (r == CUDA_SUCCESS && !ctx->join) r = drv.EventCreate(&ctx->join, CU_EVENT_DISABLE_TIMING);

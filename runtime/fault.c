@@ -19,6 +19,7 @@ static const char *const fault_names[] = {
     [FAULT_CACHE_LOCK] = "cache_lock",
     [FAULT_MODULE_LOAD] = "module_load",
     [FAULT_DEVICE_ALLOC] = "device_alloc",
+    [FAULT_DEVICE_RESOURCE] = "device_resource",
 };
 #define FAULT_POINTS (sizeof fault_names / sizeof fault_names[0])
 

@@ -7,7 +7,8 @@
  *
  *   FLCE_FAULT=<point>[:<nth>[:stall]]
  *
- *   point   nvrtc | cache_write | cache_rename | cache_lock | module_load | device_alloc
+ *   point   nvrtc | cache_write | cache_rename | cache_lock | module_load | device_alloc |
+ *           device_resource
  *   nth     which call at that point fails, counting from 1 since FLCE_FAULT took its current
  *           value in this process (setting the same value again does not restart the count;
  *           a forked child inherits it); 0 or absent = every call.
@@ -15,7 +16,7 @@
  *           part way through its temporary file, so a test can SIGKILL it mid-write; every other
  *           point treats stall as fail).
  *
- * Called by nvrtc_compile.c, cache.c and context.c; nothing else should depend on it.
+ * Called by nvrtc_compile.c, cache.c, context.c and tune_run.c; nothing else should depend on it.
  */
 #ifndef FLCE_FAULT_H
 #define FLCE_FAULT_H
@@ -28,7 +29,11 @@ typedef enum fault_point {
     FAULT_CACHE_LOCK,     /* cache.c: flock() (compile locks, stats.log) fails with ENOLCK; without
                              nth, every one: a file system without locks (NFS without lockd) */
     FAULT_MODULE_LOAD,    /* ctx_load_module: cuModuleLoadData fails (CUDA_ERROR_INVALID_IMAGE) */
-    FAULT_DEVICE_ALLOC    /* ctx_workspace: cuMemAlloc fails (CUDA_ERROR_OUT_OF_MEMORY) */
+    FAULT_DEVICE_ALLOC,   /* ctx_workspace: cuMemAlloc fails (CUDA_ERROR_OUT_OF_MEMORY) */
+    FAULT_DEVICE_RESOURCE /* the other device resources a context or the tuner makes: the
+                             host-mapped error flag (context creation), the side and fill streams
+                             and their events, the workspace's event, the tuner's events and
+                             scratch outputs: CUDA_ERROR_OUT_OF_MEMORY instead of the driver call */
 } fault_point;
 
 typedef enum fault_action { FAULT_PASS = 0, FAULT_FAIL = 1, FAULT_STALL = 2 } fault_action;

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cache.h"
+#include "fault.h"
 #include "launch.h"
 #include "log.h"
 #include "tune_run.h"
@@ -123,7 +124,7 @@ static flce_status session_open(session *s, const tune_bench *b)
         if (!o[i]->lse || (s->nh && !o[i]->dh) || (s->nw && !o[i]->dw))
             return err_set(FLCE_ERR_OUT_OF_MEMORY, "the tuner's host copies of the outputs: out of host memory");
     }
-    CUresult r = drv.EventCreate(&s->start, CU_EVENT_DEFAULT);
+    CUresult r = fault_fire(FAULT_DEVICE_RESOURCE) ? CUDA_ERROR_OUT_OF_MEMORY : drv.EventCreate(&s->start, CU_EVENT_DEFAULT);
     if (r != CUDA_SUCCESS) return drv_error(r, "cuEventCreate (tuner)");
     r = drv.EventCreate(&s->stop, CU_EVENT_DEFAULT);
     if (r != CUDA_SUCCESS) return drv_error(r, "cuEventCreate (tuner)");
@@ -375,7 +376,7 @@ static flce_status first_use_outputs(flce_context *ctx, int64_t tokens, CUdevice
 {
     CUcontext prev = NULL;
     TRY(ctx_enter(ctx, &prev));
-    CUresult r = drv.MemAlloc(lse, (size_t)tokens * 4);
+    CUresult r = fault_fire(FAULT_DEVICE_RESOURCE) ? CUDA_ERROR_OUT_OF_MEMORY : drv.MemAlloc(lse, (size_t)tokens * 4);
     if (r == CUDA_SUCCESS) r = drv.MemAlloc(loss, (size_t)tokens * 4 + 16);
     ctx_leave(prev);
     return r == CUDA_SUCCESS ? FLCE_OK : drv_error(r, "cuMemAlloc (FLCE_TUNE's scratch outputs)");

@@ -9,6 +9,9 @@
  * "every allocation" is every workspace allocation of a sequence of calls: the chunked strategy
  * over many token chunks and the recompute strategy over many vocab chunks (issue 15 item 5), each
  * failure naming the bytes it needed. A caller's workspace one byte short is refused by name.
+ * The other device resources (FLCE_FAULT=device_resource: the context's host-mapped error flag, the
+ * workspace's event, the streams and events dW and dH run on side by side): each failure a clean
+ * status, the context still usable and right.
  *
  * fault.c counts calls per process from the moment FLCE_FAULT takes a value, so every nth runs in
  * a child process of its own (as tests/test_fault.c does); the parent never touches CUDA, so the
@@ -447,6 +450,61 @@ static void device_alloc_failure_in_chunked_and_recompute_is_clean(void)
     fault_each_nth(child_strategies, "device_alloc", 1);
 }
 
+/* FLCE_FAULT=device_resource:nth set before the context is made: the host-mapped error flag at
+ * creation (FLCE_ERR_OUT_OF_MEMORY naming it, no context), then the resources the first calls make
+ * (the workspace's event before any work; the streams dW and dH run on, where the plan runs them side
+ * by side); each failed call retried without the fault must work and match the reference. */
+static int child_resources(const char *point, int nth)
+{
+    if (devmem_use(0) != FLCE_OK) return CHILD_FAILED;
+    bench_data c;
+    if (!strat_setup(&c, FLCE_STRATEGY_CHUNKED, 24)) return CHILD_FAILED;
+    char setting[64];
+    snprintf(setting, sizeof setting, "%s:%d", point, nth);
+    setenv("FLCE_FAULT", setting, 1);
+    int failed_at = 0, bad = 0;
+    flce_context *ctx = NULL;
+    flce_status st = flce_context_create(0, &ctx);
+    if (st != FLCE_OK) {
+        failed_at = 1;
+        const char *msg = flce_last_error();
+        printf("    %s, context creation: %s: %s\n", setting, flce_status_name(st), msg);
+        if (st != FLCE_ERR_OUT_OF_MEMORY || !strstr(msg, "error flag") || ctx != NULL)
+            bad = 1, fprintf(stderr, "    expected %s naming the error flag, and no context\n",
+                             flce_status_name(FLCE_ERR_OUT_OF_MEMORY));
+        unsetenv("FLCE_FAULT");
+        ctx = NULL;
+        if (flce_context_create(0, &ctx) != FLCE_OK) {
+            fprintf(stderr, "    a context without the fault: %s\n", flce_last_error());
+            return CHILD_FAILED;
+        }
+        setenv("FLCE_FAULT", setting, 1);
+    }
+    for (int k = 0; k < 2 && !bad; k++) { /* the first call makes the resources, the second reuses them */
+        st = strat_run(ctx, &c, NULL, 0);
+        if (st == FLCE_OK) continue;
+        failed_at = 2 + k;
+        const char *msg = flce_last_error();
+        printf("    %s, call %d: %s: %s\n", setting, k + 1, flce_status_name(st), msg);
+        if (st != FLCE_ERR_OUT_OF_MEMORY || !*msg)
+            bad = 1, fprintf(stderr, "    expected %s with a message\n", flce_status_name(FLCE_ERR_OUT_OF_MEMORY));
+        unsetenv("FLCE_FAULT");
+        st = strat_run(ctx, &c, NULL, 0);
+        if (st != FLCE_OK) bad = 1, fprintf(stderr, "    retry without the fault: %s\n", flce_last_error());
+        if (st == FLCE_OK && !strat_correct(&c)) bad = 1;
+        setenv("FLCE_FAULT", setting, 1);
+    }
+    unsetenv("FLCE_FAULT");
+    if (!bad && (strat_run(ctx, &c, NULL, 0) != FLCE_OK || !strat_correct(&c))) bad = 1;
+    flce_context_destroy(ctx);
+    bench_data_free(&c);
+    if (bad) return CHILD_FAILED;
+    return failed_at ? CHILD_FAULTED : CHILD_NOT_REACHED;
+}
+
+/* At least the error flag and the workspace's event (more where dW runs beside dH). */
+static void device_resource_failures_are_clean(void) { fault_each_nth(child_resources, "device_resource", 2); }
+
 static void caller_workspace_one_byte_short_is_refused(void)
 {
     flce_strategy s[] = {FLCE_STRATEGY_CHUNKED, FLCE_STRATEGY_RECOMPUTE};
@@ -466,5 +524,6 @@ int main(void)
     RUN(device_alloc_failure_at_each_allocation_is_clean);
     RUN(device_alloc_failure_in_chunked_and_recompute_is_clean);
     RUN(caller_workspace_one_byte_short_is_refused);
+    RUN(device_resource_failures_are_clean);
     FINISH();
 }
