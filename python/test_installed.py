@@ -10,6 +10,9 @@ torch.compile(fullgraph=True)) against the unpatched model.
 
   python3 -m pip install --no-deps --no-build-isolation --no-index --target /tmp/site ./python
   env -u FLCE_LIBRARY PYTHONPATH=/tmp/site python3 python/test_installed.py --target /tmp/site
+  ... python/test_installed.py --target /tmp/site --cpu   # without a GPU: the same cases on the
+        # CPU, the kernels replaced by python/standin.py's float64 stand-in (the installed package,
+        # its library, the custom ops and the compiled graphs real)
 
 Exit status 0 when all pass, 1 on a failure, 77 when torch or a GPU is missing (a skip, as in
 CTest; the location checks still run when torch is there). The last line reads 'N passed, N failed'.
@@ -26,6 +29,8 @@ HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != HERE]
 
 TARGET = None
+CPU = "--cpu" in sys.argv  # python/test_hf.py, loaded below, reads the same flag
+DEV = "cpu" if CPU else "cuda"
 if "--target" in sys.argv:
     TARGET = os.path.realpath(sys.argv[sys.argv.index("--target") + 1])
 
@@ -120,7 +125,7 @@ def tiny_batch(b, t, seed):
     ids = torch.randint(0, V, (b, t), generator=g)
     labels = ids.clone()
     labels[0, : t // 3] = -100  # a prompt not trained on
-    return ids.cuda(), labels.cuda()
+    return ids.to(DEV), labels.to(DEV)
 
 
 def compiled_tiny_lm(b, t):
@@ -129,7 +134,7 @@ def compiled_tiny_lm(b, t):
     def run():
         torch._dynamo.reset()
         torch.manual_seed(0)
-        model = tiny_lm().cuda()
+        model = tiny_lm().to(DEV)
         ref = copy.deepcopy(model)
         ids, labels = tiny_batch(b, t, seed=b * t)
         ex = torch._dynamo.explain(model)(ids, labels)
@@ -158,14 +163,14 @@ def compiled_rl_logprobs():
     # per-token log-probs of sampled tokens at temperature 0.7, a clipped-ratio objective, the
     # entropy for logging: compiled with fullgraph=True vs log_softmax of materialized logits
     torch._dynamo.reset()
-    g = torch.Generator(device="cuda").manual_seed(5)
+    g = torch.Generator(device=DEV).manual_seed(5)
     b, t, T = 3, 40, 0.7
-    h0 = torch.randn(b, t, D, device="cuda", generator=g)
-    w0 = torch.randn(V, D, device="cuda", generator=g) * 0.3
-    tokens = torch.randint(0, V, (b, t), device="cuda", generator=g)
-    old = -torch.rand(b, t, device="cuda", generator=g) * 8
-    adv = torch.randn(b, t, device="cuda", generator=g)
-    mask = torch.ones(b, t, device="cuda")
+    h0 = torch.randn(b, t, D, device=DEV, generator=g)
+    w0 = torch.randn(V, D, device=DEV, generator=g) * 0.3
+    tokens = torch.randint(0, V, (b, t), device=DEV, generator=g)
+    old = -torch.rand(b, t, device=DEV, generator=g) * 8
+    adv = torch.randn(b, t, device=DEV, generator=g)
+    mask = torch.ones(b, t, device=DEV)
     mask[:, 0] = 0  # position 0 has no log-prob (nothing predicts it)
     mask[2, -6:] = 0
 
@@ -222,14 +227,14 @@ def hf_helpers():
         torch.manual_seed(seed)
         cfg = cfg_cls(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, **extra)
-        return model_cls(cfg).to("cuda", dtype).train()
+        return model_cls(cfg).to(DEV, dtype).train()
 
     def batch(v, seed=1, b=3, t=24):
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, v, (b, t), generator=g)
         labels = ids.clone()
         labels[2, :7] = -100
-        return ids.cuda(), torch.ones(b, t, dtype=torch.long).cuda(), labels.cuda()
+        return ids.to(DEV), torch.ones(b, t, dtype=torch.long).to(DEV), labels.to(DEV)
     return build, batch, None, (transformers.LlamaConfig, transformers.LlamaForCausalLM, {})
 
 
@@ -263,12 +268,22 @@ def main():
     if failed:
         print(f"{passed} passed, {failed} failed")
         return 1
-    if not torch.cuda.is_available():
-        print("no CUDA device: skipped (the compiled-model tests need a GPU)")
+    if CPU:
+        # the stand-in from the source tree (not on sys.path), over the installed flce it imports
+        spec = importlib.util.spec_from_file_location("standin", os.path.join(HERE, "standin.py"))
+        standin = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(standin)
+        assert standin.flce is flce, "standin.py imported another flce"
+        standin.install()
+        print(f"CPU, float64 stand-in for the kernels: torch {torch.__version__}")
+    elif not torch.cuda.is_available():
+        print("no CUDA device: skipped (the compiled-model tests need a GPU; --cpu runs them on the CPU "
+              "with a float64 stand-in for the kernels)")
         return 77
-    torch.backends.cuda.matmul.allow_tf32 = False  # the eager references in fp32, not TF32
-    torch.backends.cudnn.allow_tf32 = False
-    print(f"{torch.cuda.get_device_name()}: torch {torch.__version__}")
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False  # the eager references in fp32, not TF32
+        torch.backends.cudnn.allow_tf32 = False
+        print(f"{torch.cuda.get_device_name()}: torch {torch.__version__}")
     case("torch.compile(fullgraph=True) tiny LM, 4x64 tokens: 2 steps = eager F.cross_entropy", compiled_tiny_lm(4, 64))
     case("torch.compile(fullgraph=True) tiny LM, 8x256 tokens: 2 steps = eager F.cross_entropy", compiled_tiny_lm(8, 256))
     case("torch.compile(fullgraph=True) RL objective: logprobs, entropy, temperature", compiled_rl_logprobs)

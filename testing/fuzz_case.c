@@ -633,6 +633,14 @@ static void fz_check_reduced(fz_ctx *k, const double *all_loss, const double *al
     free(v);
 }
 
+/* sqrt(a² + b²) for the allowances below (magnitudes far from overflow). Not hypot(): glibc 2.35
+ * gave it a new symbol version, which the tool (in the Python wheel, flce/bin/flce) would then
+ * need, raising the wheel's glibc floor from 2.34 to 2.35 (python/pyproject.toml's tag). */
+static double fz_hypot(double a, double b)
+{
+    return sqrt(a * a + b * b);
+}
+
 /* Floor of a gradient entry Σ_t term_t: the size it would have without cancellation,
  * sqrt(Σ term²) (`mag2`), since rounding each term (dZ is stored in the dtype) errs relative to
  * the terms, not to their sum; and with fp16, an allowance `sub` for the absolute resolution of
@@ -769,7 +777,7 @@ static void fz_check_dh(fz_ctx *k)
         for (int64_t c = 0; c < d; c++) {
             double init = k->x->acc_h ? k->x->acc_h[i * d + c] : 0;
             double got = k->g->dh_rows[t * d + c] - init;
-            double fl = k->gs[i] != 0 ? fz_floor(mag[c] + mag32[c] / (tol * tol) + fz_out_round2(k, k->x->acc_h != NULL, acc[c], tol), hypot(sub * sqrt(w2[c]), fz_out_sub(k, k->x->acc_h != NULL)), tol) : 0;
+            double fl = k->gs[i] != 0 ? fz_floor(mag[c] + mag32[c] / (tol * tol) + fz_out_round2(k, k->x->acc_h != NULL, acc[c], tol), fz_hypot(sub * sqrt(w2[c]), fz_out_sub(k, k->x->acc_h != NULL)), tol) : 0;
             fz_add_acc(&a, acc[c], got, fl, init);
         }
         fz_row_end(&a);
@@ -846,11 +854,11 @@ static void fz_check_dw(fz_ctx *k, const double *lse)
         if (g->dw_rows)
             for (int64_t c = 0; c < d; c++) {
                 double init = x->acc_w ? x->acc_w[j * d + c] : 0;
-                fz_add_acc(&aw, acc[c], g->dw_rows[t * d + c] - init, fz_floor(mag[c] + mag32[c] / (tol * tol) + fz_out_round2(k, x->acc_w != NULL, acc[c], tol), hypot(sub * sqrt(h2[c]), fz_out_sub(k, x->acc_w != NULL)), tol), init);
+                fz_add_acc(&aw, acc[c], g->dw_rows[t * d + c] - init, fz_floor(mag[c] + mag32[c] / (tol * tol) + fz_out_round2(k, x->acc_w != NULL, acc[c], tol), fz_hypot(sub * sqrt(h2[c]), fz_out_sub(k, x->acc_w != NULL)), tol), init);
             }
         fz_row_end(&aw);
         if (g->db_rows)
-            fz_add(&ab, db, g->db_rows[t], fz_floor(db_mag + db32 / (tol * tol) + fz_out_round2(k, 0, db, tol), hypot(sub * sqrt(n_valid), fz_out_sub(k, 0)), tol)), fz_row_end(&ab);
+            fz_add(&ab, db, g->db_rows[t], fz_floor(db_mag + db32 / (tol * tol) + fz_out_round2(k, 0, db, tol), fz_hypot(sub * sqrt(n_valid), fz_out_sub(k, 0)), tol)), fz_row_end(&ab);
     }
     if (g->dw_rows) fz_finish(k->r, FZ_Q_DW, &aw, tol), fz_report_p(k, FZ_Q_DW, &aw, lse);
     if (g->db_rows) fz_finish(k->r, FZ_Q_DB, &ab, tol), fz_report_p(k, FZ_Q_DB, &ab, lse);

@@ -4,7 +4,10 @@
 # site-packages: the package holds libflce.so.0 and flce/bin/flce, the metadata its version, licence,
 # platform tag and extras, the `flce` console script runs the tool, the installed flce/_lib.py (no
 # torch) loads the library from beside itself and calls it, and `import flce` (where PyTorch is
-# installed) gives __version__ from the installed copy. No GPU.
+# installed) gives __version__ from the installed copy. The wheel is built first (`pip wheel`, what
+# `pip install ./python` does before installing it) and its tag checked: py3-none-manylinux_2_N_x86_64
+# as python/pyproject.toml sets it, no newer than `auditwheel show` finds its binaries allow (without
+# auditwheel: their newest GLIBC_ symbol version, from objdump). No GPU.
 # Usage: python_package.sh <repository>; exit 77 (skipped) without pip or scikit-build-core (the build
 # runs --no-build-isolation: an isolated build would fetch scikit-build-core from the network).
 set -euo pipefail
@@ -16,8 +19,11 @@ tmp=$(mktemp -d /tmp/flce-pip.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 site=$tmp/site-packages
 start=$(date +%s)
-python3 -m pip install --quiet --no-deps --no-build-isolation --no-index --target "$site" "$repo/python"
-echo "pip install ./python: $(($(date +%s) - start)) s (CMake build of the library and the tool included)"
+python3 -m pip wheel --quiet --no-deps --no-build-isolation --no-index -w "$tmp/dist" "$repo/python"
+whl=$(echo "$tmp"/dist/flce-*.whl)
+test -f "$whl" || { echo "FAIL: pip wheel made no flce wheel"; exit 1; }
+python3 -m pip install --quiet --no-deps --no-index --target "$site" "$whl"
+echo "pip wheel + install: $(($(date +%s) - start)) s (CMake build of the library and the tool included)"
 
 fail() { echo "FAIL: $*"; exit 1; }
 test -f "$site/flce/libflce.so.0" || fail "the library was not installed with the package"
@@ -39,6 +45,31 @@ case $tag in
   py3-none-*"$(uname -m)") echo "wheel tag $tag" ;;
   *) fail "wheel tag $tag: want py3-none-<platform>" ;;
 esac
+[ "$(basename "$whl")" = "flce-$want-$tag.whl" ] || fail "wheel file $(basename "$whl") vs its Tag: $tag"
+# x86-64 Linux: the manylinux tag python/pyproject.toml sets (wheel.tags), and the binaries inside
+# need no newer glibc than it says.
+if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
+  claimed=$(sed -n 's/^wheel\.tags = \["\(.*\)"\]$/\1/p' "$repo/python/pyproject.toml")
+  [ "$tag" = "$claimed" ] || fail "wheel tag $tag, python/pyproject.toml's wheel.tags: $claimed"
+  floor=$(sed -n 's/^py3-none-manylinux_\([0-9]*\)_\([0-9]*\)_x86_64$/\1.\2/p' <<<"$tag")
+  [ -n "$floor" ] || fail "wheel tag $tag is not manylinux_X_Y_x86_64"
+  if python3 -m auditwheel --version >/dev/null 2>&1; then
+    found=$(python3 -m auditwheel show --json "$whl" 2>/dev/null |
+      python3 -c 'import json, sys; print(json.load(sys.stdin)["overall_tag"])')
+    echo "auditwheel show: consistent with $found"
+  else
+    newest=$(objdump -T "$site/flce/libflce.so.0" "$site/flce/bin/flce" | grep -o 'GLIBC_[0-9][0-9.]*' |
+      sed 's/^GLIBC_//' | sort -V | tail -1)
+    found=manylinux_${newest//./_}_x86_64
+    echo "auditwheel not installed: newest GLIBC_ symbol of the binaries $newest ($found)"
+  fi
+  fv=$(sed -n 's/^manylinux_\([0-9]*\)_\([0-9]*\)_x86_64$/\1.\2/p' <<<"$found")
+  [ -n "$fv" ] || fail "the binaries allow no manylinux tag ($found)"
+  # The tag's glibc must be at least the one the binaries need (on this machine, equal).
+  [ "$(printf '%s\n%s\n' "$fv" "$floor" | sort -V | tail -1)" = "$floor" ] ||
+    fail "wheel tagged manylinux_${floor/./_} but its binaries need glibc $fv ($found)"
+  [ "$fv" = "$floor" ] || echo "note: the binaries would allow $found, tagged more strictly: $tag"
+fi
 objdump -p "$site/flce/libflce.so.0" | grep -q "SONAME *libflce.so.0" || fail "libflce.so.0's SONAME"
 
 # The console script: flce --version and flce info through the packaged tool.
