@@ -703,10 +703,10 @@ def _apply(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, gw_acc
                 _lib.FLCE_GRAD_ENTROPY * want["entropy"] |
                 _lib.FLCE_GRAD_LOSS_PER_TOKEN * (want["loss_per_token"] and opts.reduction != "none"))
         if strategy in ("auto", "saved") and h2.dtype != torch.float32 and \
-                (_compat.has_static_value is not None or not torch.compiler.is_compiling()):
-            # (PyTorch 2.4's Dynamo, the one without has_static_value, refuses an op whose output
-            # size only the library knows, as the saved logits' is for a dynamic token count unless
-            # capture_dynamic_output_shape_ops is set: compiled there, the other routes)
+                (_compat.compile_unbacked_outputs or not torch.compiler.is_compiling()):
+            # (Dynamo before PyTorch 2.11 refuses an op whose output size only the library knows, as
+            # the saved logits' is for a dynamic token count, unless capture_dynamic_output_shape_ops
+            # is set: compiled there, the other routes; _compat.compile_unbacked_outputs)
             # The saved logits (flce.h): forward keeps them, backward forms dZ with whatever upstream
             # gradients arrive, 6·N·V·D (under TP this rank's shard, with flce's collectives).
             # Where all tokens' do not fit the budget, forward keeps none and backward runs one

@@ -14,6 +14,7 @@ _auto_choice use them while torch.compile traces).
   DTensor              torch.distributed.tensor.DTensor once PyTorch imports it (else None), for
                        flce.cce's check without an import inside a trace
   compile_drops_accumulated  True below PyTorch 2.11: see below
+  compile_unbacked_outputs   True from PyTorch 2.11: see below
   require_torch(version)  ImportError unless `version` is in the supported range (MIN_TORCH and up)
 
 Never import inside a traced function: under Dynamo a failed import is an exception the traced
@@ -138,6 +139,13 @@ after_import("torch.distributed._tensor", _take_dtensor)  # where PyTorch 2.4 de
 # receive them; 2.15 keeps it (2.11's is unchecked for this case, 2.5 to 2.10 unknown): flce refuses
 # such a call under torch.compile below 2.11 rather than lose the gradients.
 compile_drops_accumulated = (torch_version_tuple(torch.__version__) or (99, 0)) < (2, 11)
+
+# Dynamo before 2.11 refuses a custom op whose output size only the library knows (the saved
+# logits' workspace for a dynamic token count: _ops._fake_saved_bytes's new_dynamic_size) unless
+# capture_dynamic_output_shape_ops is set: "Dynamic shape operator" on 2.8 (fuzz_binding seed 1 cases
+# 7, 42, 270, CPU, 2026-11-28); 2.11 (the GPU runs) and 2.15 trace it. Below 2.11 a compiled call
+# takes the other routes (the same values).
+compile_unbacked_outputs = (torch_version_tuple(torch.__version__) or (99, 0)) >= (2, 11)
 
 
 def _autocast_by_device_type():
