@@ -171,9 +171,9 @@ static int starts_with(const char *line, const char *end, const char *word)
 
 /* Appends a template with its `#if FLCE_TCGEN05` and `#if FLCE_CLUSTER` blocks already resolved
  * for the spec: the lines of the branch the spec takes stay, the directives and the other branch go.
- * Sources of the Hopper and portable specs therefore hold no line of the Blackwell path
- * (templates/gemm_tcgen05.cu is one such block, header included), those without clusters no line of
- * the 2-CTA cluster path, and edits to one leave the other specs' JIT cache keys alone. A block
+ * Sources of the Hopper and portable specs therefore hold no line of the Blackwell path (whose own
+ * file emit_gemm leaves out), those without clusters no line of the 2-CTA cluster path, and edits
+ * to one leave the other specs' JIT cache keys alone. A block
  * opens with a line starting `#if FLCE_TCGEN05` or `#if FLCE_CLUSTER`, may have one `#else` (no
  * `#elif`) and closes at its `#endif`; such blocks may nest in each other, and other preprocessor
  * conditionals inside or around them are copied through untouched (when their lines are kept). */
@@ -208,6 +208,38 @@ static void sb_template(sbuf *b, const char *text, int tcgen05, int cluster)
     }
 }
 
+/* A GEMM: the generated constants of its main loop, then the template pieces it uses and no other,
+ * so a spec's source (and JIT cache key) holds only its own main loop and its role's epilogue.
+ * The pieces keep one order, each building on the ones before: gemm.cu (what all paths share);
+ * the main loop (gemm_wgmma.cu's swizzled tiles under both Hopper loops and tcgen05, then
+ * gemm_wgmma_tma.cu and gemm_tcgen05.cu, or gemm_wgmma_cp_async.cu, or gemm_mma_sync.cu); the
+ * epilogue (gemm_logits.cu or gemm_grad.cu); gemm_entry.cu, the kernels. */
+static void emit_gemm(sbuf *b, const kernel_spec *s)
+{
+    int tcgen05 = s->tile.tcgen05, cluster = s->cluster > 1;
+    int hopper = s->tile.wgmma || tcgen05; /* FLCE_WGMMA: the swizzled TMA / cp.async tiles */
+    if (s->tile.wgmma) emit_wgmma(b, s);
+    if (tcgen05) emit_tcgen05(b, s);
+    const char *pieces[8];
+    int n = 0;
+    pieces[n++] = tmpl_gemm_cu;
+    if (hopper) {
+        pieces[n++] = tmpl_gemm_wgmma_cu;
+        if (s->tile.tma) pieces[n++] = tmpl_gemm_wgmma_tma_cu;
+        if (tcgen05) pieces[n++] = tmpl_gemm_tcgen05_cu;
+        if (!s->tile.tma) pieces[n++] = tmpl_gemm_wgmma_cp_async_cu;
+    } else {
+        pieces[n++] = tmpl_gemm_mma_sync_cu;
+    }
+    pieces[n++] = s->role == ROLE_LOGITS ? tmpl_gemm_logits_cu : tmpl_gemm_grad_cu;
+    pieces[n++] = tmpl_gemm_entry_cu;
+    for (int i = 0; i < n; i++) {
+        /* Each piece starts on a line of its own, as when the build concatenated them. */
+        if (b->len && b->p[b->len - 1] != '\n') sb_text(b, "\n");
+        sb_template(b, pieces[i], tcgen05, cluster);
+    }
+}
+
 flce_status emit_source(const kernel_spec *s, char **src)
 {
     *src = NULL;
@@ -218,11 +250,8 @@ flce_status emit_source(const kernel_spec *s, char **src)
     sb_text(&b, "\n");
     sb_text(&b, tmpl_common_cuh);
     sb_text(&b, "\n");
-    int tcgen05 = s->role != ROLE_ROWOPS && s->tile.tcgen05;
-    if (s->role != ROLE_ROWOPS && s->tile.wgmma) emit_wgmma(&b, s);
-    if (tcgen05) emit_tcgen05(&b, s);
     if (s->role == ROLE_ROWOPS) sb_text(&b, tmpl_rowops_cu);
-    else sb_template(&b, tmpl_gemm_cu, tcgen05, s->role != ROLE_ROWOPS && s->cluster > 1);
+    else emit_gemm(&b, s);
     if (b.oom) {
         free(b.p);
         return err_set(FLCE_ERR_OUT_OF_MEMORY, "emitting kernel source: out of host memory");

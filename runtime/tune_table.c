@@ -26,7 +26,7 @@
 #define TUNE_FIELDS 15 /* tokens of a line, sum= included */
 
 /* The embedded templates (build/templates_embedded.c): what the kernels are made of. */
-extern const char tmpl_params_h[], tmpl_common_cuh[], tmpl_gemm_cu[], tmpl_rowops_cu[];
+extern const char *const tmpl_all[]; /* every embedded template file (generator/emit.h) */
 
 int64_t tune_bucket(int64_t tokens)
 {
@@ -77,10 +77,8 @@ int tune_key_equal(const tune_key *a, const tune_key *b)
 
 uint64_t tune_generator_version(void)
 {
-    const char *parts[] = {TUNE_TABLE_HEADER, tmpl_params_h, tmpl_common_cuh, tmpl_gemm_cu,
-                           tmpl_rowops_cu};
-    uint64_t h = 0;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) h = hash64(parts[i], strlen(parts[i]), h);
+    uint64_t h = hash64(TUNE_TABLE_HEADER, strlen(TUNE_TABLE_HEADER), 0);
+    for (size_t i = 0; tmpl_all[i]; i++) h = hash64(tmpl_all[i], strlen(tmpl_all[i]), h);
     return h;
 }
 

@@ -1,6 +1,5 @@
 // gemm_grad.cu — the DH/DW epilogue: out = scale · acc (+ addend), and the scale of mean and sum.
-// Pasted after gemm_logits.cu.
-#if !ROLE_IS_LOGITS // DH, DW
+// generator/emit.c pastes it after the main loop, for DH and DW only.
 // out = scale · acc (+ addend) for one output tile, in fp32 or the input dtype.
 // The addend is usually `out` itself (an fp32 accumulator built up over chunks), so the compiler
 // must keep each load behind the previous store: one full memory round trip per 8 columns, 32 per
@@ -237,4 +236,3 @@ __device__ __forceinline__ float grad_scale(const flce_gemm_params &p)
     scale = denom != 0.f ? scale / denom : 0.f; // mean over no valid token: zero gradients
     return p.scale_mode & 4 ? scale * (1.f / DZ_SCALE_F16) : scale;
 }
-#endif // DH, DW

@@ -1,8 +1,8 @@
 // gemm_logits.cu — the LOGITS epilogues, on any main loop's accumulators: the logit transform,
 // the running per-row statistics with the target logit and the fp32 Z store, or (FLCE_COMPACT)
 // the fp16 p̃ store with per-(row, warp tile) maxima; FLCE_FUSED_DZ's dZ epilogue instead; and
-// the reduction of the statistics across lanes into the partials. Pasted after the main loops.
-#if ROLE_IS_LOGITS
+// the reduction of the statistics across lanes into the partials. Pasted after the main loop,
+// for LOGITS only.
 #if FLCE_COMPACT
 // Two floats to fp16 (round to nearest) in one word, lo in the low half: the stored pair order.
 __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi)
@@ -443,5 +443,3 @@ __device__ __forceinline__ void store_partials(const flce_gemm_params &p, long l
     if (OPT_ZSUM) ((float *)p.part_zs)[at] = a.zs;
     if (OPT_ARGMAX) ((long long *)p.part_arg)[at] = a.arg;
 }
-
-#endif // ROLE_IS_LOGITS

@@ -3,9 +3,8 @@
 // XOR-swizzled shared tiles; each thread's load addresses and edge predicates set up once per
 // output tile and advanced by one stage per k tile; the next k step's fragments loaded (ldmatrix)
 // while this step's mma.sync run. 16-bit inputs use mma.sync.m16n8k16 (fp32 accumulate); fp32
-// inputs use exact FFMA on the same fragment layout, so one epilogue serves both. Pasted after the
-// Hopper pieces.
-#if !FLCE_WGMMA
+// inputs use exact FFMA on the same fragment layout, so one epilogue serves both. Pasted after
+// gemm.cu for the specs with neither wgmma nor tcgen05 only.
 // A stored tile is ROWS rows of COLS contiguous elements (K-major operands: [rows][BK]; transposed
 // ones: [BK][cols]), kept in shared memory as rows of 16-byte chunks, no padding. Logical chunk c
 // of row r sits at chunk c ^ swz(r), so that the 8 rows one ldmatrix phase (or one cp.async
@@ -322,4 +321,3 @@ __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned char 
 }
 
 __device__ __forceinline__ unsigned char *tile_smem(unsigned char *raw) { return raw; }
-#endif // !FLCE_WGMMA

@@ -1,7 +1,7 @@
-#if FLCE_TCGEN05 // the whole file: the generator leaves it, this line included, out of other specs
 // gemm_tcgen05.cu — the Blackwell main loop (sm_100a, FLCE_TCGEN05): tcgen05.mma into tensor
 // memory, fed by the TMA pipeline and producer of gemm_wgmma_tma.cu; its barrier setup (pipe_init),
-// the MMA warp (mma_tiles) and the consumers' mainloop. Pasted after gemm_wgmma_tma.cu.
+// the MMA warp (mma_tiles) and the consumers' mainloop. Pasted after gemm_wgmma_tma.cu, for
+// tcgen05 specs only.
 // ---- Blackwell: tcgen05.mma into tensor memory (sm_100a) ------------------------------------
 // Same TMA stages, swizzled layouts and producer thread as gemm_wgmma_tma.cu; what changes is who
 // multiplies. Warp 1 of the producer warpgroup allocates TMEM_COLS columns of tensor memory (two
@@ -158,4 +158,3 @@ __device__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
     tc_fence_before();
     mbar_arrive(tmem_empty_bar(smem, buf));
 }
-#endif // FLCE_TCGEN05

@@ -1,8 +1,8 @@
 // gemm_wgmma.cu — what both Hopper main loops (sm_90a, FLCE_WGMMA; gemm_wgmma_tma.cu and
 // gemm_wgmma_cp_async.cu) share: the 128-byte-swizzled shared tiles, wgmma's matrix descriptors,
 // one stage's wgmmas for a warpgroup (wgmma_tile itself is the generator's, sized for BN) and the
-// dynamic shared window aligned for the swizzle. Pasted after gemm.cu.
-#if FLCE_WGMMA
+// dynamic shared window aligned for the swizzle. Pasted after gemm.cu for the Hopper and
+// Blackwell specs only.
 // ---- Hopper main loop: wgmma from 128-byte-swizzled shared tiles (sm_90a) -------------------
 // Two warpgroups each own 64 rows of the 128-row tile (WARPS_M = 8 warps of 16 rows, WARPS_N = 1),
 // so a thread's accumulators acc[0][j][e] sit exactly where the mma.sync path puts them (row
@@ -67,4 +67,3 @@ __device__ __forceinline__ unsigned char *tile_smem(unsigned char *raw)
     unsigned a = smem_addr(raw);
     return raw + ((1024 - (a & 1023)) & 1023);
 }
-#endif // FLCE_WGMMA

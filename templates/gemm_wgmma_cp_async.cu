@@ -1,7 +1,7 @@
 // gemm_wgmma_cp_async.cu — the Hopper main loop fed by cp.async (sm_90a, FLCE_WGMMA with
 // FLCE_TMA=0): every thread loads stages into the swizzled layouts of gemm_wgmma.cu, both
-// warpgroups run the stage's wgmmas, CTA barriers between. Pasted after gemm_wgmma_tma.cu.
-#if FLCE_WGMMA && !FLCE_TMA
+// warpgroups run the stage's wgmmas, CTA barriers between. Pasted after gemm_wgmma.cu, for those
+// specs only.
 // One stored tile into its swizzled shared layout. K-major: ROWS rows of 64 k. MN-major: 64 k rows
 // of ROWS contiguous elements.
 template <int ROWS, bool KMAJOR>
@@ -69,4 +69,3 @@ __device__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
     cp_async_wait<0>();
     __syncthreads();
 }
-#endif // FLCE_WGMMA && !FLCE_TMA

@@ -1,8 +1,7 @@
 // gemm_wgmma_tma.cu — the Hopper main loop fed by TMA (sm_90a, FLCE_WGMMA and FLCE_TMA): the
 // mbarrier pipeline, the producer warpgroup's TMA loads, and the consumer warpgroups' wgmmas. The
 // Blackwell path keeps the pipeline and the producer and brings its own barrier setup and main
-// loop. Pasted after gemm_wgmma.cu.
-#if FLCE_WGMMA && FLCE_TMA
+// loop. Pasted after gemm_wgmma.cu for the TMA specs (Hopper and Blackwell) only.
 // ---- TMA + mbarrier pipeline, warp-specialized -----------------------------------------------
 // Warpgroup 0 is the producer: one of its threads issues, per stage, the TMA copies of the A and B
 // tiles into the swizzled layouts of gemm_wgmma.cu (the tensor maps use the 128-byte swizzle, and
@@ -432,4 +431,3 @@ __device__ __forceinline__ void staged_store(const unsigned (&pk)[NI][2], unsign
     }
 }
 #endif // STAGED_STORE
-#endif // FLCE_WGMMA && FLCE_TMA

@@ -176,9 +176,9 @@ static void compile_all(void)
  * alone, include no system header and never test __CUDA_ARCH__ (NVRTC defines it per arch). */
 static void templates_read_the_arch_once(void)
 {
-    const char *const tmpl[] = {tmpl_params_h, tmpl_common_cuh, tmpl_gemm_cu, tmpl_rowops_cu};
+    const char *const *tmpl = tmpl_all;
     int uses = 0, known = 0;
-    for (size_t t = 0; t < sizeof tmpl / sizeof tmpl[0]; t++) {
+    for (size_t t = 0; tmpl[t]; t++) {
         for (const char *p = tmpl[t]; (p = strstr(p, "FLCE_SM")) != NULL; p++) uses++;
         for (const char *p = tmpl[t]; (p = strstr(p, "defined(FLCE_SM) && FLCE_SM >= 90")) != NULL; p++) known++;
         CHECKF(!strstr(tmpl[t], "__CUDA_ARCH__"), "template %zu tests __CUDA_ARCH__: compile_all's hash misses it", t);

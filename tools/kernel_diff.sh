@@ -20,6 +20,15 @@
 #          more times: "rerun" when the two sides then share a cubin, "nondet" when they share none
 #          but a side varied by itself (the PTX comparison stands for those), else DIFFERS
 # Exits 0 only when ptx and ptxas are identical for every spec and no cubin differs beyond that.
+# KERNEL_DIFF_NO_CUBIN=1 skips the NVRTC cubins (cubin=skipped): on a machine of few cores they take
+# most of the time (~188 full compiles a side), and ptx and ptxas decide the exit status anyway.
+# KERNEL_DIFF_CHANGED_ONLY=1 compiles only the specs whose generated text differs between the two
+# builds; one byte-identical on both sides is reported "same text" (the compilers get the same
+# input), counted as identical: for a chain of small steps, each against the previous step's build.
+# KERNEL_DIFF_CHANGED_ONLY=cpp also skips a spec whose two texts are the same after the host's C
+# preprocessor (cpp -P, blank lines dropped, nothing else changed), reported "same after cpp":
+# for edits that only remove lines the preprocessor drops anyway. Not where a conditional reads a
+# predefined macro other than __cplusplus (NVRTC's predefined macros differ from the host's).
 set -uo pipefail
 if [ $# -lt 2 ]; then
     sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
@@ -48,9 +57,11 @@ build_dumper() { # build dir, output binary
 build_dumper "$before_build" "$work/dump_before" && build_dumper "$after_build" "$work/dump_after" || exit 2
 mkdir -p "$work/before" "$work/after" "$work/redo"
 echo "kernel_diff: dumping sources and NVRTC cubins of both builds into $work"
-"$work/dump_before" "$work/before" > "$work/dump_before.log" 2>&1 &
+no_cubin=${KERNEL_DIFF_NO_CUBIN:+--no-cubin}
+export no_cubin
+"$work/dump_before" "$work/before" $no_cubin > "$work/dump_before.log" 2>&1 &
 pid=$!
-"$work/dump_after" "$work/after" > "$work/dump_after.log" 2>&1 || { cat "$work/dump_after.log" >&2; exit 2; }
+"$work/dump_after" "$work/after" $no_cubin > "$work/dump_after.log" 2>&1 || { cat "$work/dump_after.log" >&2; exit 2; }
 wait $pid || { cat "$work/dump_before.log" >&2; exit 2; }
 if ! cmp -s "$work/before/index.txt" "$work/after/index.txt"; then
     echo "kernel_diff: the two builds made different spec lists" >&2
@@ -68,6 +79,20 @@ one() {
         100) virt=compute_100a real=sm_100a ;;
         *) echo "$name: unknown arch $sm"; return ;;
     esac
+    if [ -n "${KERNEL_DIFF_CHANGED_ONLY:-}" ] && cmp -s "$work/before/$name.cu" "$work/after/$name.cu"; then
+        printf '%-40s src=%-10s ptx=%-9s ptxas=%-9s cubin=%-9s (same text)\n' "$name" identical identical identical skipped
+        return
+    fi
+    if [ "${KERNEL_DIFF_CHANGED_ONLY:-}" = cpp ] &&
+        ! grep -hE '^[[:space:]]*#[[:space:]]*(el)?if.*__[A-Za-z]' "$work/before/$name.cu" "$work/after/$name.cu" |
+            grep -qv '__cplusplus' &&
+        cpp -P -x c++ "$work/before/$name.cu" 2> /dev/null | grep -v '^[[:space:]]*$' > "$work/cmp/$name.cpp_before" &&
+        cpp -P -x c++ "$work/after/$name.cu" 2> /dev/null | grep -v '^[[:space:]]*$' > "$work/cmp/$name.cpp_after" &&
+        [ -s "$work/cmp/$name.cpp_before" ] && cmp -s "$work/cmp/$name.cpp_before" "$work/cmp/$name.cpp_after"; then
+        printf '%-40s src=%-10s ptx=%-9s ptxas=%-9s cubin=%-9s (same after cpp)\n' "$name" identical identical \
+            identical skipped
+        return
+    fi
     for side in before after; do
         local f="$work/$side/$name" o="$work/cmp/$name.$side"
         cpp -P -x c++ "$f.cu" 2> /dev/null | sed -e 's/[[:space:]]\+/ /g' -e 's/^ //' -e 's/ $//' | grep -v '^$' > "$o.i"
@@ -89,7 +114,8 @@ one() {
     cmp -s "$b.ptx" "$a.ptx" && ptx=identical || ptx=DIFFERS
     cmp -s "$b.ptxas" "$a.ptxas" && ptxas=identical || ptxas=DIFFERS
     [ -s "$b.ptxas" ] || ptxas=EMPTY
-    if cmp -s "$work/before/$name.cubin" "$work/after/$name.cubin"; then cubin=identical
+    if [ -n "$no_cubin" ]; then cubin=skipped
+    elif cmp -s "$work/before/$name.cubin" "$work/after/$name.cubin"; then cubin=identical
     else # NVRTC again, 3 times a side: any cubin in common?
         local i hb ha
         for side in before after; do
@@ -116,11 +142,11 @@ echo "kernel_diff: comparing $(grep -c . "$work/before/index.txt") specs ($jobs 
 ls "$work/before" | sed -n 's/\.cu$//p' | sort | xargs -P "$jobs" -I{} bash -c 'one {}' | sort > "$work/report.txt"
 cat "$work/report.txt"
 total=$(grep -c . "$work/report.txt")
-good=$(grep -c 'ptx=identical *ptxas=identical *cubin=\(identical\|rerun\|nondet\)' "$work/report.txt")
+good=$(grep -c 'ptx=identical *ptxas=identical *cubin=\(identical\|rerun\|nondet\|skipped\)' "$work/report.txt")
 echo "---"
 echo "specs: $total; PTX and ptxas -v identical and no cubin DIFFERS: $good (cubins identical:" \
      "$(grep -c 'cubin=identical' "$work/report.txt"), identical on a rerun: $(grep -c 'cubin=rerun' "$work/report.txt")," \
-     "nondet: $(grep -c 'cubin=nondet' "$work/report.txt"))"
+     "nondet: $(grep -c 'cubin=nondet' "$work/report.txt"), skipped: $(grep -c 'cubin=skipped' "$work/report.txt"))"
 echo "sources after the preprocessor: $(grep -c 'src=identical' "$work/report.txt") identical," \
      "$(grep -c 'src=moved' "$work/report.txt") with lines moved, $(grep -c 'src=dropped' "$work/report.txt") with lines" \
      "dropped (none added), $(grep -c 'src=ADDED' "$work/report.txt") with lines added"

@@ -176,13 +176,24 @@ int main(int argc, char **argv)
     }
     env_put("FLCE_ENABLE_SM100", NULL);
     gemms(100, FLCE_DTYPE_BF16, "mma_bf16", NULL);
-    /* rowops (rowops.cu is not part of the split: a control) */
+    /* rowops: without and with every option; then with the per-token upstream gradients (every
+     * SPEC_OPT_GRAD_* bit: OPT_TOKEN_GRADS) under the sum and the none reduction, which take
+     * rowops.cu's other branches of the dz coefficients and scales */
     for (int d = 0; d < 3; d++) {
         kernel_spec r = base(90, dts[d], ROLE_ROWOPS);
         dump(&r, dtn[d]);
         r.opts = SPEC_OPT_BIAS | SPEC_OPT_WEIGHTS | SPEC_OPT_ZSUM | SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX;
         r.softcap = 30.f, r.temperature = 0.7f, r.smoothing = 0.1f, r.z_loss = 1e-4f, r.label_bits = 64;
         r.reduction = FLCE_REDUCTION_NONE;
+        dump(&r, dtn[d]);
+    }
+    for (int d = 0; d < 3; d++) {
+        kernel_spec r = base(90, dts[d], ROLE_ROWOPS);
+        r.opts = SPEC_OPT_WEIGHTS | SPEC_OPT_ZSUM | SPEC_OPT_ENTROPY | SPEC_OPT_GRAD_LOGPROB | SPEC_OPT_GRAD_LSE |
+                 SPEC_OPT_GRAD_ENTROPY | SPEC_OPT_GRAD_LOSS_ROWS;
+        r.smoothing = 0.1f, r.reduction = FLCE_REDUCTION_SUM;
+        dump(&r, dtn[d]);
+        r.reduction = FLCE_REDUCTION_NONE, r.softcap = 30.f, r.temperature = 0.7f;
         dump(&r, dtn[d]);
     }
     fclose(index_file);
