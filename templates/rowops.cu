@@ -248,14 +248,14 @@ extern "C" __global__ void __launch_bounds__(256) flce_cast(const flce_row_param
             *d = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
             continue;
         }
-#if FLCE_DTYPE == DTYPE_F32
-        *(float4 *)((float *)p.cast_dst + j) = v;
-#else
-        uint2 packed;
-        packed.x = (unsigned)from_f32(v.x) | ((unsigned)from_f32(v.y) << 16);
-        packed.y = (unsigned)from_f32(v.z) | ((unsigned)from_f32(v.w) << 16);
-        *(uint2 *)((elem_t *)p.cast_dst + j) = packed;
-#endif
+        if constexpr (FLCE_DTYPE == DTYPE_F32) {
+            *(float4 *)((float *)p.cast_dst + j) = v;
+        } else {
+            uint2 packed;
+            packed.x = (unsigned)from_f32(v.x) | ((unsigned)from_f32(v.y) << 16);
+            packed.y = (unsigned)from_f32(v.z) | ((unsigned)from_f32(v.w) << 16);
+            *(uint2 *)((elem_t *)p.cast_dst + j) = packed;
+        }
     }
 }
 
@@ -263,18 +263,17 @@ extern "C" __global__ void __launch_bounds__(256) flce_cast(const flce_row_param
 __device__ __forceinline__ float token_scale(const flce_row_params &p, long long row, bool valid)
 {
     if (!valid) return 0.f;
-#if FLCE_REDUCTION == REDUCTION_NONE
-    const float *go = (const float *)p.grad_output;
-    return go ? go[row] : 1.f;
-#else
-    (void)row;
-    return 1.f;
-#endif
+    if constexpr (FLCE_REDUCTION == REDUCTION_NONE) {
+        const float *go = (const float *)p.grad_output;
+        return go ? go[row] : 1.f;
+    } else {
+        (void)row;
+        return 1.f;
+    }
 }
 
 __device__ __forceinline__ float mean_scale(const flce_row_params &p);
 
-#if OPT_TOKEN_GRADS
 // The loss term's g_i when the other outputs carry per-token gradients: token_scale times the
 // reduction's scalar grad_output·(1/denominator), which the GEMM epilogues then leave out
 // (runtime/launch.c set_scale): each output's term has its own per-token factor, so no one scalar
@@ -282,10 +281,10 @@ __device__ __forceinline__ float mean_scale(const flce_row_params &p);
 __device__ __forceinline__ float loss_g(const flce_row_params &p, long long row, bool valid)
 {
     float g = token_scale(p, row, valid);
-#if FLCE_REDUCTION != REDUCTION_NONE
-    const float *go = (const float *)p.grad_output;
-    g *= (go ? go[0] : 1.f) * mean_scale(p);
-#endif
+    if constexpr (FLCE_REDUCTION != REDUCTION_NONE) {
+        const float *go = (const float *)p.grad_output;
+        g *= (go ? go[0] : 1.f) * mean_scale(p);
+    }
     if ((OPT_TOKEN_GRADS & 8) && valid && p.grad_loss_rows) g += ((const float *)p.grad_loss_rows)[row];
     return g;
 }
@@ -317,7 +316,6 @@ __device__ __forceinline__ bool row_active(const dz_coef &c, bool valid)
 {
     return valid || c.ap != 0.f || c.ah != 0.f;
 }
-#endif
 
 // dZ of DZ_COMPACT_COLS consecutive columns j… of row i from the compact logits (common.cuh),
 // their 16 bytes `raw` and their group's maximum m already loaded:
@@ -373,7 +371,6 @@ __device__ __forceinline__ void dz_compact(const flce_row_params &p, long long i
     }
 }
 
-#if OPT_TOKEN_GRADS
 // dz_compact with per-token upstream gradients (row_coef): the entropy term needs log p_j =
 // log p̃ − ln 2^15 + m − lse per logit, so only rows without it take the linear shortcut.
 __device__ __forceinline__ void dz_compact_c(const flce_row_params &p, long long i, long long j, uint4 raw, float m,
@@ -431,7 +428,6 @@ __device__ __forceinline__ void dz_compact_c(const flce_row_params &p, long long
         d[c] = dz_value_c(prob, logp, z, col == local_y, class_weight(p, p.chunk_offset + col), cf);
     }
 }
-#endif
 
 // The low and high bf16 of a packed pair, as floats (exact).
 __device__ __forceinline__ float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
@@ -584,14 +580,15 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
     const float lse = ((const float *)p.lse)[row];
     const float wy = valid ? class_weight(p, y) : 0.f;
     const float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
-#if OPT_TOKEN_GRADS
-    const dz_coef cf = row_coef(p, row, valid, wy, lse);
-    const bool active = row_active(cf, valid);
-    const float gs = active ? cf.ap : 0.f; // s_i's factor: dz is linear in p (no entropy term here)
-#else
-    const bool active = valid;
-    const float gs = g;
-#endif
+    // Without per-token gradients cf stays unused (and compiled out); with them it holds g_i.
+    dz_coef cf = {};
+    bool active = valid;
+    float gs = g;
+    if constexpr (OPT_TOKEN_GRADS != 0) {
+        cf = row_coef(p, row, valid, wy, lse);
+        active = row_active(cf, valid);
+        gs = active ? cf.ap : 0.f; // s_i's factor: dz is linear in p (no entropy term here)
+    }
     float c = ((const float *)p.qref)[i];
     unsigned short *q = (unsigned short *)p.z + i * p.ldz;
     const bool fix = ((const int *)p.qflags)[i] != 0 || (gs != 0.f && !(lse - c <= QROWS_SPAN));
@@ -604,11 +601,9 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
         c = lse;
         __syncthreads(); // the label's entry below is written after every rescale
     }
-#if OPT_TOKEN_GRADS
-    const float s = active ? gs * expf(c - lse) * INV_TEMP : 0.f;
-#else
-    const float s = active ? g * a * expf(c - lse) * INV_TEMP : 0.f;
-#endif
+    float s;
+    if constexpr (OPT_TOKEN_GRADS != 0) s = active ? gs * expf(c - lse) * INV_TEMP : 0.f;
+    else s = active ? g * a * expf(c - lse) * INV_TEMP : 0.f;
     if (threadIdx.x == 0) ((float *)p.row_scale)[i] = s;
     const elem_t *h = (const elem_t *)p.hidden + row * p.d;
     elem_t *hs = (elem_t *)p.qh + i * p.d;
@@ -623,11 +618,8 @@ extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_par
         // mantissa, twice in dW with s ⊙ H) is added by dH's epilogue times W_y (gemm_grad.cu
         // scale_rows) and by flce_qdw times h_i, and its stored p̃ becomes 0.
         const float z = ((const float *)p.target)[i];
-#if OPT_TOKEN_GRADS
-        dz = dz_value_c(expf(z - lse), z - lse, z, true, class_weight(p, y), cf);
-#else
-        dz = dz_value_p(expf(z - lse), z, a, true, wy, class_weight(p, y), g, p.vocab_total);
-#endif
+        if constexpr (OPT_TOKEN_GRADS != 0) dz = dz_value_c(expf(z - lse), z - lse, z, true, class_weight(p, y), cf);
+        else dz = dz_value_p(expf(z - lse), z, a, true, wy, class_weight(p, y), g, p.vocab_total);
         q[local_y] = 0;
         ycol = (int)local_y;
     }
@@ -825,13 +817,13 @@ __device__ __forceinline__ void *qadd_dst(const flce_row_params &p, long long at
 // 1/denominator (mean); 1 for none (g_i is in each dz).
 __device__ __forceinline__ float upstream_scale(const flce_row_params &p)
 {
-#if FLCE_REDUCTION != REDUCTION_NONE && !OPT_TOKEN_GRADS // (else folded into each row: loss_g)
-    const float *go = (const float *)p.grad_output;
-    return (go ? go[0] : 1.f) * mean_scale(p);
-#else
-    (void)p;
-    return 1.f;
-#endif
+    if constexpr (FLCE_REDUCTION != REDUCTION_NONE && !OPT_TOKEN_GRADS) { // (else folded into each row: loss_g)
+        const float *go = (const float *)p.grad_output;
+        return (go ? go[0] : 1.f) * mean_scale(p);
+    } else {
+        (void)p;
+        return 1.f;
+    }
 }
 
 // grid as flce_qlist_count, after the chunk's dW launch (same stream): each labelled vocab row v of
@@ -906,10 +898,12 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
         float wy = valid ? class_weight(p, y) : 0.f;
         float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
         long long local_y = valid ? y - p.chunk_offset : -1;
-#if OPT_TOKEN_GRADS
-        const dz_coef cf = row_coef(p, p.row0 + i, valid, wy, lse);
-        const bool active = row_active(cf, valid);
-#endif
+        dz_coef cf = {}; // per-token gradients only (else unused, compiled out)
+        bool active = valid;
+        if constexpr (OPT_TOKEN_GRADS != 0) {
+            cf = row_coef(p, p.row0 + i, valid, wy, lse);
+            active = row_active(cf, valid);
+        }
         uint4 raw[DZ_COMPACT_GROUPS];
         float m[DZ_COMPACT_GROUPS];
 #pragma unroll
@@ -926,11 +920,8 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
             const long long j = j0 + q * span;
             if (j >= p.ldz) break;
             float d[DZ_COMPACT_COLS];
-#if OPT_TOKEN_GRADS
-            dz_compact_c(p, i, j, raw[q], m[q], lse, local_y, cf, active, d);
-#else
-            dz_compact(p, i, j, raw[q], m[q], lse, a, local_y, wy, g, valid, d);
-#endif
+            if constexpr (OPT_TOKEN_GRADS != 0) dz_compact_c(p, i, j, raw[q], m[q], lse, local_y, cf, active, d);
+            else dz_compact(p, i, j, raw[q], m[q], lse, a, local_y, wy, g, valid, d);
             unsigned w[DZ_COMPACT_COLS / 2];
 #pragma unroll
             for (int c = 0; c < DZ_COMPACT_COLS / 2; c++) w[c] = pack2_elem(d[2 * c], d[2 * c + 1]);
@@ -951,43 +942,46 @@ extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params 
     float d[4];
     float4 z = *(const float4 *)((const float *)p.z + i * p.ldz + j);
     float zs[4] = {z.x, z.y, z.z, z.w};
-#if OPT_TOKEN_GRADS
-    const dz_coef cf = row_coef(p, p.row0 + i, valid, wy, lse);
-    const bool active = row_active(cf, valid);
-#endif
+    dz_coef cf = {}; // per-token gradients only (else unused, compiled out)
+    bool active = valid;
+    if constexpr (OPT_TOKEN_GRADS != 0) {
+        cf = row_coef(p, p.row0 + i, valid, wy, lse);
+        active = row_active(cf, valid);
+    }
 #pragma unroll
     for (int c = 0; c < 4; c++) {
         long long col = j + c;
         float v = 0.f;
-#if OPT_TOKEN_GRADS
-        if (col < p.cols && active)
-            v = dz_value_c(exp_le0(zs[c] - lse), zs[c] - lse, zs[c], col == local_y,
-                           class_weight(p, p.chunk_offset + col), cf);
-#else
-        if (col < p.cols && valid)
-            v = dz_value(zs[c], lse, a, col == local_y, wy, class_weight(p, p.chunk_offset + col), g, p.vocab_total);
-#endif
+        if constexpr (OPT_TOKEN_GRADS != 0) {
+            if (col < p.cols && active)
+                v = dz_value_c(exp_le0(zs[c] - lse), zs[c] - lse, zs[c], col == local_y,
+                               class_weight(p, p.chunk_offset + col), cf);
+        } else {
+            if (col < p.cols && valid)
+                v = dz_value(zs[c], lse, a, col == local_y, wy, class_weight(p, p.chunk_offset + col), g,
+                             p.vocab_total);
+        }
         d[c] = v;
     }
-#if FLCE_DTYPE == DTYPE_F32
-    *(float4 *)((float *)p.dz + i * p.ldz + j) = make_float4(d[0], d[1], d[2], d[3]);
-#else
-    uint2 packed;
-    packed.x = (unsigned)from_f32(d[0]) | ((unsigned)from_f32(d[1]) << 16);
-    packed.y = (unsigned)from_f32(d[2]) | ((unsigned)from_f32(d[3]) << 16);
-    *(uint2 *)((elem_t *)p.dz + i * p.ldz + j) = packed;
-#endif
+    if constexpr (FLCE_DTYPE == DTYPE_F32) {
+        *(float4 *)((float *)p.dz + i * p.ldz + j) = make_float4(d[0], d[1], d[2], d[3]);
+    } else {
+        uint2 packed;
+        packed.x = (unsigned)from_f32(d[0]) | ((unsigned)from_f32(d[1]) << 16);
+        packed.y = (unsigned)from_f32(d[2]) | ((unsigned)from_f32(d[3]) << 16);
+        *(uint2 *)((elem_t *)p.dz + i * p.ldz + j) = packed;
+    }
 }
 
 __device__ __forceinline__ float mean_scale(const flce_row_params &p)
 {
-#if FLCE_REDUCTION == REDUCTION_MEAN
-    float denom = ((const float *)p.stats)[0];
-    return denom != 0.f ? 1.f / denom : 0.f;
-#else
-    (void)p;
-    return 1.f;
-#endif
+    if constexpr (FLCE_REDUCTION == REDUCTION_MEAN) {
+        float denom = ((const float *)p.stats)[0];
+        return denom != 0.f ? 1.f / denom : 0.f;
+    } else {
+        (void)p;
+        return 1.f;
+    }
 }
 
 // One CTA of FLCE_ROW_CTA_THREADS threads: strided partial sums, then a fixed tree. Same order
@@ -1022,11 +1016,9 @@ extern "C" __global__ void __launch_bounds__(256) flce_dbias(const flce_row_para
         *acc = s;
         return;
     }
-#if FLCE_REDUCTION != REDUCTION_NONE
-    s *= upstream_scale(p);
-#if FLCE_DTYPE == DTYPE_F16
-    s *= 1.f / DZ_SCALE_F16;
-#endif
-#endif
+    if constexpr (FLCE_REDUCTION != REDUCTION_NONE) {
+        s *= upstream_scale(p);
+        if constexpr (FLCE_DTYPE == DTYPE_F16) s *= 1.f / DZ_SCALE_F16;
+    }
     ((elem_t *)p.grad_bias)[p.col0 + j] = from_f32(s);
 }
