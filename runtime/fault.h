@@ -16,7 +16,7 @@
  *           part way through its temporary file, so a test can SIGKILL it mid-write; every other
  *           point treats stall as fail).
  *
- * Called by nvrtc_compile.c, cache.c, context.c and tune_run.c; nothing else should depend on it.
+ * Called by nvrtc_compile.c, cache.c, cache_lock.c, context.c and tune_run.c; nothing else should depend on it.
  */
 #ifndef FLCE_FAULT_H
 #define FLCE_FAULT_H
@@ -26,7 +26,7 @@ typedef enum fault_point {
     FAULT_NVRTC_COMPILE,  /* nvrtc_compile: FLCE_ERR_COMPILE before NVRTC runs */
     FAULT_CACHE_WRITE,    /* cache_store: a short write ending in ENOSPC (disk full) */
     FAULT_CACHE_RENAME,   /* cache_store: rename() of the finished temp file fails */
-    FAULT_CACHE_LOCK,     /* cache.c: flock() (compile locks, stats.log) fails with ENOLCK; without
+    FAULT_CACHE_LOCK,     /* cache_lock.c: flock() (compile locks, stats.log) fails with ENOLCK; without
                              nth, every one: a file system without locks (NFS without lockd) */
     FAULT_MODULE_LOAD,    /* ctx_load_module: cuModuleLoadData fails (CUDA_ERROR_INVALID_IMAGE) */
     FAULT_DEVICE_ALLOC,   /* ctx_workspace: cuMemAlloc fails (CUDA_ERROR_OUT_OF_MEMORY) */
