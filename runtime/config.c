@@ -141,7 +141,7 @@ void config_from_env(flce_config *c)
     }
     /* a 1-CTA cluster is no cluster: 0 and 1 both leave it off; -1 (unset): plan.c's rule */
     c->cluster = c->cluster == 2 ? 2 : c->cluster < 0 ? -1 : 0;
-    /* a multiple of 256 keeps each slice's dZ 16-byte aligned for TMA (launch.c run_dh) */
+    /* a multiple of 256 keeps each slice's dZ 16-byte aligned for TMA (launch_grads.c run_dh) */
     c->dh_k_slice = c->dh_k_slice / 256 * 256;
     c->dh_bn = c->dh_bn / 64 * 64;
 }

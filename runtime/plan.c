@@ -542,7 +542,7 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
 }
 
 /* The dH/dW epilogue each kernel needs (spec plain_out, red_acc): plain where every launch writes
- * a complete 16-bit tile with no addend (launch.c set_output: no caller fp32 buffer, no workspace
+ * a complete 16-bit tile with no addend (launch_grads.c set_output: no caller fp32 buffer, no workspace
  * accumulator, no TP fp32 dH), so the kernel leaves out the fp32 and partial-tile stores. */
 static void plan_grad_stores(const flce_problem *p, plan *pl)
 {

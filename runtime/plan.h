@@ -139,7 +139,7 @@ typedef struct plan {
      * each rank rounds its slice of the sums into grad_hidden, and the rounded slices are
      * all-gathered there: 3/4 of the fp32 all-reduce's bytes and the cast on 1/tp of the values,
      * the same fp32 sums rounded once. Where the plain all-reduce applies (no SP, no
-     * accumulate_grad_hidden, 16-bit inputs, not dh_reduce_16bit); launch.c falls back to the
+     * accumulate_grad_hidden, 16-bit inputs, not dh_reduce_16bit); launch_tp.c falls back to the
      * all-reduce for a block whose values do not split into 4-aligned slices. */
     int dh_gather16;
     /* FLCE_TP_OVERLAP=1 (overlap_wanted): each token chunk's summed dH rows (all rows after the last
@@ -151,11 +151,11 @@ typedef struct plan {
      * without clusters. */
     int overlap_wanted, tp_overlap;
     /* Under tp_overlap: dW's first launch leaves this many SMs to NCCL's kernel; a second launch of
-     * as many CTAs joins the tile counter once the reduction is done (launch.c). 0: one launch. */
+     * as many CTAs joins the tile counter once the reduction is done (launch_grads.c). 0: one launch. */
     int tp_overlap_sms;
     /* FLCE_GRAD_STREAMS (default on; grad_streams_wanted): dH in the caller's stream and dW at once
      * on the context's fill stream (lowest priority), joined before anything reads dZ again: dW's
-     * CTAs, taking tiles from the counter, fill the SMs dH leaves idle (launch.c, run_dh_dw_at_once,
+     * CTAs, taking tiles from the counter, fill the SMs dH leaves idle (launch_grads.c, run_dh_dw_at_once,
      * says why dH must be the one in the caller's stream). Where both gradients are asked for, dW is
      * on the wgmma TMA path without clusters, and dH leaves SMs idle: several dH launches, or one
      * whose last wave leaves over 10 % of the SM time empty (plan.c grads_overlap;
