@@ -294,6 +294,31 @@ FLCE_API flce_status flce_context_destroy(flce_context *ctx);
 /* Compute capability of the context's device as major*10+minor (90 for an H100). */
 FLCE_API flce_status flce_context_arch(const flce_context *ctx, int *sm);
 
+/* What a context's device is, for tools and logs that name it (the flce tool prints these). */
+typedef struct flce_context_info {
+    uint32_t struct_size;  /* sizeof(flce_context_info) as the caller compiled it */
+    int32_t device;        /* the CUDA ordinal the context was created on */
+    int32_t sm;            /* compute capability, major*10+minor (flce_context_arch) */
+    int32_t num_sms;       /* streaming multiprocessors: AUTO's cost model and the vocab splits */
+    uint64_t memory_bytes; /* the device's memory: AUTO's default budget may take 1/16 of it */
+    char name[256];        /* the device's name ("NVIDIA H100 80GB HBM3") */
+} flce_context_info;
+FLCE_API void flce_context_info_init(flce_context_info *info);
+/* Fills *info (initialized with flce_context_info_init) for ctx. No device work. */
+FLCE_API flce_status flce_context_info_get(const flce_context *ctx, flce_context_info *info);
+
+/* Which run-time libraries this process found, as lines of text (`flce info` prints them). Asking
+ * loads NVRTC and NCCL if they are not loaded yet; neither being absent is an error here. */
+typedef struct flce_library_info {
+    uint32_t struct_size; /* sizeof(flce_library_info) as the caller compiled it */
+    char nvrtc[4096];     /* "NVRTC 13.0 (<file>)", "NVRTC 13.0", or why NVRTC could not be loaded */
+    char nccl[4096];      /* "NCCL <version> (<file>)" or why NCCL is unavailable */
+    char tune_table[4096]; /* the autotune table's path in the kernel cache directory; "" when the
+                              directory cannot be named */
+} flce_library_info;
+FLCE_API void flce_library_info_init(flce_library_info *info);
+FLCE_API flce_status flce_library_info_get(flce_library_info *info);
+
 /* Checks a problem without touching a GPU: shapes, dtype, option ranges. */
 FLCE_API flce_status flce_problem_validate(const flce_problem *problem);
 

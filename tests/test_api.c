@@ -168,6 +168,27 @@ static void null_context_and_outputs_are_named(void)
     CHECK(flce_context_destroy(NULL) == FLCE_OK);
     int sm;
     CHECK(flce_context_arch(NULL, &sm) == FLCE_ERR_INVALID_ARGUMENT);
+    flce_context_info info;
+    flce_context_info_init(&info);
+    CHECK(info.struct_size == sizeof info);
+    CHECK(flce_context_info_get(NULL, &info) == FLCE_ERR_INVALID_ARGUMENT && says("ctx"));
+}
+
+/* flce_library_info_get: its versioned struct is checked like flce_problem's, and each line says
+ * something whether or not NVRTC and NCCL are there (no GPU needed). */
+static void library_info_names_each_library(void)
+{
+    static flce_library_info lib;
+    CHECK(flce_library_info_get(NULL) == FLCE_ERR_INVALID_ARGUMENT && says("info"));
+    memset(&lib, 0, sizeof lib);
+    CHECK(flce_library_info_get(&lib) == FLCE_ERR_INVALID_ARGUMENT && says("info.struct_size=0") &&
+          says("flce_library_info_init"));
+    flce_library_info_init(&lib);
+    lib.struct_size++;
+    CHECK(flce_library_info_get(&lib) == FLCE_ERR_UNSUPPORTED && says("newer flce.h"));
+    flce_library_info_init(&lib);
+    CHECK(flce_library_info_get(&lib) == FLCE_OK);
+    CHECK(lib.nvrtc[0] != '\0' && lib.nccl[0] != '\0');
 }
 
 static void context_without_a_driver_says_so(void)
@@ -177,6 +198,12 @@ static void context_without_a_driver_says_so(void)
     if (st == FLCE_OK) { /* a GPU machine: the context works and reports its arch */
         int sm = 0;
         CHECK(flce_context_arch(ctx, &sm) == FLCE_OK && sm >= 80);
+        flce_context_info info;
+        flce_context_info_init(&info);
+        CHECK(flce_context_info_get(ctx, &info) == FLCE_OK && info.sm == sm && info.device == 0 &&
+              info.num_sms > 0 && info.memory_bytes > 0 && info.name[0]);
+        info.struct_size = 4;
+        CHECK(flce_context_info_get(ctx, &info) == FLCE_ERR_INVALID_ARGUMENT && says("info.struct_size=4"));
         flce_context *other = NULL;
         CHECK(flce_context_create(9999, &other) == FLCE_ERR_NO_DEVICE && !other && says("device=9999"));
         flce_context_destroy(ctx);
@@ -333,6 +360,7 @@ int main(void)
     RUN(first_layout_callers_get_defaults);
     RUN(null_context_and_outputs_are_named);
     RUN(context_without_a_driver_says_so);
+    RUN(library_info_names_each_library);
     RUN(status_names_cover_every_code);
     RUN(messages_are_per_thread);
     RUN(messages_are_cleared_by_success);

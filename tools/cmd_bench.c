@@ -12,12 +12,9 @@
 
 #include "bench_data.h"
 #include "cmd_gen.h"
-#include "config.h"
-#include "context.h"
 #include "devmem.h"
 #include "host.h"
-#include "plan.h"
-#include "timeline.h"
+#include "tool_api.h"
 
 #define BENCH_MAX_SHAPES 16
 #define BENCH_MAX_STDS 4
@@ -544,7 +541,10 @@ static int bench_row_run_now(bench_run *b, int k, bench_row *row)
         flce_context_destroy(ctx);
         return 0;
     }
-    row->auto_choice = auto_choice(p, st->forward, ctx->name, ctx->sm, ctx->num_sms, ctx->mem_bytes);
+    flce_context_info dev;
+    flce_context_info_init(&dev);
+    flce_context_info_get(ctx, &dev); /* cannot fail for a context just created */
+    row->auto_choice = auto_choice(p, st->forward, dev.name, dev.sm, dev.num_sms, dev.memory_bytes);
     uint64_t ws = 0;
     flce_op op = st->forward || st->strategy == FLCE_STRATEGY_SAVED ? FLCE_OP_FORWARD : FLCE_OP_LOSS_AND_GRAD;
     size_t free0 = 0, free1 = 0, total = 0;
@@ -822,11 +822,14 @@ static int bench_gpu(const bench_opts *o)
         fprintf(stderr, "flce bench: %s\n", flce_last_error());
         return 1;
     }
+    flce_context_info dev;
+    flce_context_info_init(&dev);
+    flce_context_info_get(ctx, &dev); /* cannot fail for a context just created */
     char commit[128], date[32];
     bench_commit(commit, sizeof commit);
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
-    printf("# flce bench — %s (sm_%d, %d SMs), %s, flce %s, commit %s\n\n", ctx->name, ctx->sm, ctx->num_sms,
+    printf("# flce bench — %s (sm_%d, %d SMs), %s, flce %s, commit %s\n\n", dev.name, dev.sm, dev.num_sms,
            date, flce_version(), commit);
     printf("CUDA events on one stream, %d warm-up runs, median of %d, inputs rotated over %d set(s) "
            "(fewer where memory is short: see stderr); TFLOP/s count 6NVD (2NVD for forward); errors are "

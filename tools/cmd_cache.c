@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache.h"
 #include "cmd_cache.h"
 #include "cmd_gen.h" /* the command line: tool_cli, tool_misuse */
 #include "flce.h"
+#include "tool_api.h"
 
 static const char cmd_cache_usage[] =
     "usage: flce cache ls|stats|prune|clear [options]\n"

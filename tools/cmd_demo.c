@@ -9,10 +9,8 @@
 #include "bench_data.h"
 #include "cmd_gen.h"
 #include "devmem.h"
-#include "error.h"
 #include "host.h"
-#include "jit.h"
-#include "plan.h"
+#include "tool_api.h"
 
 #define DEMO_SAMPLES 8
 

@@ -31,9 +31,15 @@
 
 #include "cmd_gen.h"
 #include "devmem.h"
-#include "error.h"
 #include "fuzz_case.h"
 #include "host.h"
+
+/* base/error.h's TRY, kept here: the tool builds on flce.h and runtime/tool_api.h only (issue 42). */
+#define FZ_TRY(expr)                                                                               \
+    do {                                                                                           \
+        flce_status fz_try_status_ = (expr);                                                       \
+        if (fz_try_status_ != FLCE_OK) return fz_try_status_;                                      \
+    } while (0)
 
 #define FZ_SCAN_MAX_BYTES (256u << 20) /* whole gradients scanned for NaN up to this size */
 
@@ -71,7 +77,7 @@ static void fz_dev_free(fz_dev *d)
 
 static flce_status fz_put(void **dst, const void *src, size_t bytes)
 {
-    TRY(devmem_alloc(dst, bytes));
+    FZ_TRY(devmem_alloc(dst, bytes));
     return devmem_upload(*dst, src, bytes);
 }
 
@@ -89,7 +95,7 @@ static flce_status fz_put_f32(void **dst, const double *src, int64_t n)
 static flce_status fz_out_buf(void **dst, size_t bytes, const void *init)
 {
     if (init) return fz_put(dst, init, bytes);
-    TRY(devmem_alloc(dst, bytes));
+    FZ_TRY(devmem_alloc(dst, bytes));
     return devmem_poison(*dst, bytes);
 }
 
@@ -98,9 +104,9 @@ static flce_status fz_upload(const fz_case *c, const fz_data *x, fz_dev *d)
     const flce_problem *p = &c->p;
     size_t es = host_dtype_size(p->dtype), n = (size_t)x->n, nd = n * (size_t)x->d;
     size_t vd = (size_t)x->v * (size_t)x->d;
-    TRY(fz_put(&d->h, x->h_dt, nd * es));
-    TRY(fz_put(&d->w, x->w_dt, vd * es));
-    if (x->b_dt) TRY(fz_put(&d->b, x->b_dt, (size_t)x->v * es));
+    FZ_TRY(fz_put(&d->h, x->h_dt, nd * es));
+    FZ_TRY(fz_put(&d->w, x->w_dt, vd * es));
+    if (x->b_dt) FZ_TRY(fz_put(&d->b, x->b_dt, (size_t)x->v * es));
     size_t lb = (size_t)p->label_bits / 8;
     void *lab = malloc(n * lb);
     if (!lab) return FLCE_ERR_OUT_OF_MEMORY;
@@ -110,24 +116,24 @@ static flce_status fz_upload(const fz_case *c, const fz_data *x, fz_dev *d)
     }
     flce_status st = fz_put(&d->labels, lab, n * lb);
     free(lab);
-    TRY(st);
+    FZ_TRY(st);
     if (x->cw) {
         int64_t total = p->vocab_total ? p->vocab_total : p->vocab_offset + p->vocab_shard;
-        TRY(fz_put_f32(&d->cw, x->cw, total));
+        FZ_TRY(fz_put_f32(&d->cw, x->cw, total));
     }
-    if (x->go) TRY(fz_put_f32(&d->go, x->go, x->n_loss));
+    if (x->go) FZ_TRY(fz_put_f32(&d->go, x->go, x->n_loss));
     unsigned o = c->outputs;
     size_t nl = (size_t)x->n_loss * 4;
-    if (o & TENSOR_LOSS) TRY(fz_out_buf(&d->loss, nl, NULL));
-    if (o & TENSOR_LSE) TRY(fz_out_buf(&d->lse, n * 4, NULL));
-    if (o & TENSOR_LOSS_PER_TOKEN) TRY(fz_out_buf(&d->lpt, n * 4, NULL));
-    if (o & TENSOR_Z_LOSS) TRY(fz_out_buf(&d->zl, nl, NULL));
-    if (o & TENSOR_TARGET_LOGPROB) TRY(fz_out_buf(&d->logprob, n * 4, NULL));
-    if (o & TENSOR_ENTROPY) TRY(fz_out_buf(&d->entropy, n * 4, NULL));
-    if (o & TENSOR_ARGMAX) TRY(fz_out_buf(&d->argmax, n * 8, NULL));
-    if (o & TENSOR_GRAD_HIDDEN) TRY(fz_out_buf(&d->dh, nd * (x->acc_h ? 4 : es), x->acc_h));
-    if (o & TENSOR_GRAD_WEIGHT) TRY(fz_out_buf(&d->dw, vd * (x->acc_w ? 4 : es), x->acc_w));
-    if (o & TENSOR_GRAD_BIAS) TRY(fz_out_buf(&d->db, (size_t)x->v * es, NULL));
+    if (o & TENSOR_LOSS) FZ_TRY(fz_out_buf(&d->loss, nl, NULL));
+    if (o & TENSOR_LSE) FZ_TRY(fz_out_buf(&d->lse, n * 4, NULL));
+    if (o & TENSOR_LOSS_PER_TOKEN) FZ_TRY(fz_out_buf(&d->lpt, n * 4, NULL));
+    if (o & TENSOR_Z_LOSS) FZ_TRY(fz_out_buf(&d->zl, nl, NULL));
+    if (o & TENSOR_TARGET_LOGPROB) FZ_TRY(fz_out_buf(&d->logprob, n * 4, NULL));
+    if (o & TENSOR_ENTROPY) FZ_TRY(fz_out_buf(&d->entropy, n * 4, NULL));
+    if (o & TENSOR_ARGMAX) FZ_TRY(fz_out_buf(&d->argmax, n * 8, NULL));
+    if (o & TENSOR_GRAD_HIDDEN) FZ_TRY(fz_out_buf(&d->dh, nd * (x->acc_h ? 4 : es), x->acc_h));
+    if (o & TENSOR_GRAD_WEIGHT) FZ_TRY(fz_out_buf(&d->dw, vd * (x->acc_w ? 4 : es), x->acc_w));
+    if (o & TENSOR_GRAD_BIAS) FZ_TRY(fz_out_buf(&d->db, (size_t)x->v * es, NULL));
     return FLCE_OK;
 }
 

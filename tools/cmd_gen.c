@@ -13,10 +13,8 @@
 #include <string.h>
 
 #include "cmd_gen.h"
-#include "emit.h"
 #include "host.h"
-#include "jit.h"
-#include "plan.h"
+#include "tool_api.h"
 
 /* ---- messages ------------------------------------------------------------------------------ */
 

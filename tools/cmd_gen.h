@@ -8,8 +8,15 @@
 #include <getopt.h>
 #include <stdint.h>
 
-#include "error.h" /* FLCE_PRINTF */
 #include "flce.h"
+
+/* printf-checked messages, defined here rather than taken from base/error.h: the tool builds on
+ * flce.h and runtime/tool_api.h only (issue 42). */
+#if defined(__GNUC__) || defined(__clang__)
+#define TOOL_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define TOOL_PRINTF(a, b)
+#endif
 
 /* The exit status of every `flce` command (`flce --help` and README "The tool" say the same). */
 enum {
@@ -51,7 +58,7 @@ void tool_cli_start(tool_cli *c, const char *cmd, int argc, char **argv, const s
 int tool_next(tool_cli *c);
 
 /* "flce <cmd>: <message>" and "Try 'flce <cmd> --help'." on stderr; returns TOOL_EXIT_USAGE. */
-int tool_misuse(const char *cmd, const char *fmt, ...) FLCE_PRINTF(2, 3);
+int tool_misuse(const char *cmd, const char *fmt, ...) TOOL_PRINTF(2, 3);
 /* The one line of a command that needs a GPU and has none: "flce <cmd>: no GPU (<why>)<hint>" on
  * stderr (hint: what works without one, "" for none); returns TOOL_EXIT_NO_GPU. */
 int tool_no_gpu(const char *cmd, const char *hint);

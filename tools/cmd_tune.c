@@ -14,13 +14,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache.h"
 #include "cmd_gen.h"
-#include "context.h"
 #include "devmem.h"
 #include "host.h"
-#include "jit.h"
-#include "tune_run.h"
+#include "tool_api.h"
 
 typedef struct tune_opts {
     tool_opts t;
@@ -336,8 +333,11 @@ static int tune_gpu(const tune_opts *o)
         flce_context_destroy(ctx);
         return 1;
     }
-    int sm = ctx->sm;
-    printf("flce tune: %s (sm_%d), N=%lld D=%lld V=%lld %s\n", ctx->name, sm, (long long)o->t.problem.tokens,
+    flce_context_info dev;
+    flce_context_info_init(&dev);
+    flce_context_info_get(ctx, &dev); /* cannot fail for a context just created */
+    int sm = dev.sm;
+    printf("flce tune: %s (sm_%d), N=%lld D=%lld V=%lld %s\n", dev.name, sm, (long long)o->t.problem.tokens,
            (long long)o->t.problem.hidden, (long long)o->t.problem.vocab_shard, host_dtype_name(o->t.problem.dtype));
     static tune_cands c;
     tune_data d;
@@ -353,7 +353,7 @@ static int tune_gpu(const tune_opts *o)
         goto out;
     }
     if (time_all(ctx, &d, &c, o->runs, best, &best_ms, &builtin_ms) != 0 || best_ms <= 0) goto out;
-    rc = tune_store(o, ctx->name, sm, best, best_ms);
+    rc = tune_store(o, dev.name, sm, best, best_ms);
     if (rc == 0)
         printf("built-in tiles %.3f ms, winner %.3f ms (%.3fx); tuning took %.1f s\n", builtin_ms, best_ms,
                builtin_ms / best_ms, host_now_s() - t0);

@@ -16,12 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache.h"
 #include "cmd_gen.h"
-#include "context.h"
 #include "host.h"
-#include "jit.h"
-#include "plan.h"
+#include "tool_api.h"
 
 #define WARMUP_MAX_SHAPES 64
 #define WARMUP_MAX_JOBS 8
@@ -295,13 +292,15 @@ static void warmup_target(warmup_opts *o, char *device, size_t cap)
     device[0] = '\0';
     if (o->device) snprintf(device, cap, "%s", o->device);
     flce_context *ctx = NULL;
-    int sm = 0;
-    if (!o->device && flce_context_create(0, &ctx) == FLCE_OK && flce_context_arch(ctx, &sm) == FLCE_OK &&
-        (!o->arch_given || sm == o->t.sm)) {
+    flce_context_info dev;
+    flce_context_info_init(&dev); /* dev.sm stays 0 without a GPU */
+    if (!o->device && flce_context_create(0, &ctx) == FLCE_OK) flce_context_info_get(ctx, &dev);
+    int sm = dev.sm;
+    if (sm && (!o->arch_given || sm == o->t.sm)) {
         o->t.sm = sm;
-        if (!o->sms) o->sms = ctx->num_sms;
-        snprintf(device, cap, "%s", ctx->name);
-        printf("target: GPU 0, %s, %s, %d SMs\n", ctx->name, spec_arch_name(sm), o->sms);
+        if (!o->sms) o->sms = dev.num_sms;
+        snprintf(device, cap, "%s", dev.name);
+        printf("target: GPU 0, %s, %s, %d SMs\n", dev.name, spec_arch_name(sm), o->sms);
     } else {
         if (!o->arch_given && !sm) o->t.sm = 90; /* no GPU */
         if (!o->sms) o->sms = WARMUP_DEFAULT_SMS;

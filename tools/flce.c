@@ -5,10 +5,7 @@
 
 #include "cmd_cache.h"
 #include "cmd_gen.h"
-#include "comm.h"
 #include "devmem.h"
-#include "nvrtc_compile.h"
-#include "tune_table.h"
 
 int cmd_bench(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
@@ -47,14 +44,13 @@ static void usage(FILE *f)
 
 static int cmd_info(void)
 {
-    char nccl[4096];
+    static flce_library_info lib; /* 12 KiB of text: off the stack */
     printf("flce %s\n", flce_version());
-    if (nvrtc_load_error()) printf("%s\n", nvrtc_load_error());
-    else if (nvrtc_library_file()) printf("NVRTC %s (%s)\n", nvrtc_version_text(), nvrtc_library_file());
-    else printf("NVRTC %s\n", nvrtc_version_text());
-    printf("%s\n", comm_nccl_version(nccl, sizeof nccl));
-    char table[4096];
-    if (tune_table_path(table, sizeof table) == FLCE_OK) printf("autotune table: %s\n", table);
+    flce_library_info_init(&lib);
+    if (flce_library_info_get(&lib) == FLCE_OK) {
+        printf("%s\n%s\n", lib.nvrtc, lib.nccl);
+        if (lib.tune_table[0]) printf("autotune table: %s\n", lib.tune_table);
+    }
     int n = devmem_gpu_count();
     if (n < 1) {
         printf("GPU: none (%s)\n", flce_last_error()[0] ? flce_last_error() : "no CUDA device");
