@@ -2,7 +2,8 @@
 # device_tp45.sh — issue 45's device runs on a 2-GPU machine: build, the C TP tests (test_tp and its
 # qrows/overlap variant), then, by STAGES, the Python TP suite (torchrun) and bench/tp_compare.py;
 # also the session's other GPU checks: "binding" (python/test_binding.py on the GPU), "fuzz"
-# (python/fuzz_binding.py, FUZZ_CASES cases in FUZZ_JOBS processes, JSON record; "fuzz-bg" the same in
+# (python/fuzz_binding.py, FUZZ_CASES cases in FUZZ_JOBS processes, JSON record, FUZZ_WARM seconds of a
+# cache-filling pass first; "fuzz-bg" the same in
 # the background while the next stages run), "san" (tests/sanitize.sh with
 # SANITIZE_CASES / SANITIZE_TOOLS). Logs tarred into $OUT. STAGES: space-separated, default "ctest".
 source "$(dirname "$0")/device_lib.sh"
@@ -26,6 +27,15 @@ for s in $STAGES; do
       ( cd python && FLCE_LIBRARY=$PWD/../build/libflce.so timeout ${BINDING_TIMEOUT:-300} python3 test_binding.py ) > "$OUT/binding.log" 2>&1 || rc=1
       tail -5 "$OUT/binding.log" ;;
     fuzz)
+      # FUZZ_WARM=S: a first pass of the same cases for S seconds, no record, that fills the kernel
+      # cache (a case's time on the GPU is mostly NVRTC: ~3.3 s per new shape per process), so the
+      # recorded pass that follows fits the call's limit
+      if [ -n "${FUZZ_WARM:-}" ]; then
+        ( cd python && FLCE_LIBRARY=$PWD/../build/libflce.so timeout $((FUZZ_WARM + 30)) python3 fuzz_binding.py \
+          --cases ${FUZZ_CASES:-1000} --seed ${FUZZ_SEED:-21} --jobs ${FUZZ_JOBS:-1} --deadline $FUZZ_WARM ) \
+          > "$OUT/fuzz-warm.log" 2>&1
+        tail -3 "$OUT/fuzz-warm.log"
+      fi
       ( cd python && FLCE_LIBRARY=$PWD/../build/libflce.so timeout ${FUZZ_TIMEOUT:-300} python3 fuzz_binding.py --cases ${FUZZ_CASES:-1000} \
         --seed ${FUZZ_SEED:-21} --jobs ${FUZZ_JOBS:-1} --json "$OUT/fuzz.json" ) > "$OUT/fuzz.log" 2>&1 || rc=1
       tail -5 "$OUT/fuzz.log" ;;
