@@ -114,14 +114,16 @@ MMA=FLCE_PORTABLE=1
 #                          2-CTA clusters and persistent
 #  gs-report-static        the same with dW alone in the static tile order (FLCE_GRAD_STREAMS=0)
 #  gs-token-chunks         chunked in 3 token chunks: the counter's dW adds into the fp32 accumulator
-#  gs-recompute-vchunks    recompute in 10 vocab chunks, each chunk's dW from the counter beside dH.
-#                          Its racecheck run ends in status 9 (compute-sanitizer 2025.3.1, H200,
-#                          2026-11-28, twice): SIGKILL by the OOM killer, racecheck's own process
-#                          at 130 GB RSS on the 125 GiB host (run alone under /usr/bin/time -v);
-#                          gs-recompute-dh-splits the same. 0 hazards reported up to then; memcheck,
-#                          synccheck and initcheck pass on both. Open: a racecheck record of them
-#                          needs a host with more memory or a smaller shape of the same plan
-#  gs-recompute-dh-splits  recompute, dH split in 4, dW from the counter beside it
+#  gs-recompute-vchunks    recompute in 7 vocab chunks, each chunk's dW from the counter beside dH.
+#                          At 2304x512x33000 (16 MiB, 10 chunks) and gs-recompute-dh-splits at 1536
+#                          tokens, racecheck ended in status 9 (compute-sanitizer 2025.3.1, H200,
+#                          2026-11-28, twice): SIGKILL by the OOM killer, racecheck's own process at
+#                          130 GB RSS on the 125 GiB host (run alone under /usr/bin/time -v), 0
+#                          hazards up to then; memcheck, synccheck and initcheck passed on both. Both
+#                          now take the smallest shapes `flce bench --list` shows with the same plan
+#                          ("dW beside dH (tiles from a counter)"); not yet run on a GPU
+#  gs-recompute-dh-splits  recompute, dH split in 4, dW from the counter beside it (1152 tokens: at
+#                          1024 dW goes into clusters instead)
 #  dh-splits-dw-cluster    chunked, dH split in 4, dW in 2-CTA clusters (logits without clusters)
 #  dh-splits-recompute     recompute, dH split in 2, dW and logits in 2-CTA clusters
 #  qrows-default           1.15e8 logits: row-scaled compact logits by default, dW from the counter,
@@ -184,8 +186,8 @@ class-weights-smoothing   | -                          | $FZ 21 | N=2 D=584 V=47
 gs-report                 | -                          | $REPORT
 gs-report-static          | FLCE_GRAD_STREAMS=0        | $REPORT
 gs-token-chunks           | -                          | $BENCH --shapes 1024x256x16384 --strategies chunked-16MiB
-gs-recompute-vchunks      | -                          | $REPORT --budget-mib 16
-gs-recompute-dh-splits    | -                          | demo --tokens 1536 --hidden 256 --vocab 33000
+gs-recompute-vchunks      | -                          | demo --tokens 768 --hidden 256 --vocab 33000 --budget-mib 8
+gs-recompute-dh-splits    | -                          | demo --tokens 1152 --hidden 256 --vocab 33000
 dh-splits-dw-cluster      | -                          | demo --tokens 256 --hidden 512 --vocab 33000
 dh-splits-recompute       | -                          | demo --tokens 512 --hidden 256 --vocab 16384
 qrows-default             | -                          | demo --tokens 2304 --hidden 512 --vocab 50000

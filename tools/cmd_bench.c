@@ -394,7 +394,11 @@ static int bench_list(const bench_opts *o)
             else if (op != FLCE_OP_FORWARD && pl.dh.tile.wgmma && pl.dh.tile.bn < 256)
                 at += snprintf(runs + at, sizeof runs - (size_t)at, "; dH tiles %d wide", pl.dh.tile.bn);
             if (op != FLCE_OP_FORWARD && pl.dw.cluster > 1)
-                snprintf(runs + at, sizeof runs - (size_t)at, "; dW in %d-CTA clusters", pl.dw.cluster);
+                at += snprintf(runs + at, sizeof runs - (size_t)at, "; dW in %d-CTA clusters", pl.dw.cluster);
+            /* (plan.h concurrent_grads: dW on its own stream, its tiles from a counter shared with
+             * dH; the sanitize cases "gs-" pick shapes by this) */
+            if (op != FLCE_OP_FORWARD && pl.concurrent_grads)
+                snprintf(runs + at, sizeof runs - (size_t)at, "; dW beside dH (tiles from a counter)");
             char why[128] = "forward", est[24] = "";
             if (op != FLCE_OP_FORWARD) {
                 auto_why(p, o->sm, LIST_SMS, list_mem, why, sizeof why);
