@@ -7,6 +7,7 @@
 #define FLCE_LAUNCH_H
 
 #include "context.h"
+#include "launch_prim.h"
 #include "plan.h"
 
 /* Loads (JIT) every kernel the plan needs. Call with ctx->lock held. */
@@ -15,15 +16,6 @@ flce_status launch_prepare_kernels(flce_context *ctx, const plan *pl);
  * a stand-in could serve (flce_prepare). */
 void launch_prebuild_kernels(flce_context *ctx, const plan *pl, int all);
 
-/* What a forward call does: all of it, or one half of the split-phase TP forward (the caller
- * all-gathers `tp_buffer` between the halves). */
-typedef enum launch_part {
-    PART_ALL = 0,
-    PART_TP_STATS = 1, /* statistics of this rank's shard → tp_buffer (one rank's block) */
-    PART_TP_FINISH = 2, /* every rank's blocks (tp_buffer) → lse, loss, per-token outputs */
-    PART_SAVE = 3,      /* SAVED's forward: statistics and outputs, compact logits kept in the workspace */
-    PART_SAVED_GRADS = 4 /* SAVED's backward: dZ from the kept logits, dH and dW */
-} launch_part;
 
 flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,
                        const flce_tensors *t, CUdeviceptr ws, CUstream stream, launch_part part,

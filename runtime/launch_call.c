@@ -9,55 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "launch_internal.h"
+#include "launch.h"
 #include "log.h"
-
-/* Every kernel of the plan, the missing ones compiled together (ctx_kernels_many). */
-enum { ROWOPS, LOGITS, LOGITS_DZ, DH, DW };
-
-/* The specs a call of plan pl loads, and (slot) where each role's is in that list, or -1. */
-static int plan_specs(const plan *pl, const kernel_spec *specs[5], int slot[5])
-{
-    int n = 0;
-    for (int role = ROWOPS; role <= DW; role++) {
-        slot[role] = -1;
-        if (role == LOGITS_DZ && !pl->fused_dz) continue;
-        if ((role == DH || role == DW) && pl->op == FLCE_OP_FORWARD) continue;
-        slot[role] = n;
-        specs[n++] = role == ROWOPS ? &pl->rowops : role == LOGITS ? &pl->logits : role == LOGITS_DZ ? &pl->logits_dz
-                     : role == DH   ? &pl->dh : &pl->dw;
-    }
-    return n;
-}
-
-void launch_prebuild_kernels(flce_context *ctx, const plan *pl, int all)
-{
-    const kernel_spec *specs[5];
-    int slot[5];
-    int n = plan_specs(pl, specs, slot);
-    ctx_prebuild(ctx, specs, n, all);
-}
-
-flce_status get_kernels(flce_context *ctx, const plan *pl, kernels *k)
-{
-    const kernel_spec *specs[5];
-    int slot[5];
-    int n = plan_specs(pl, specs, slot);
-    CUfunction fns[5][CTX_MAX_KERNELS];
-    memset(k, 0, sizeof *k);
-    TRY(ctx_kernels_many(ctx, specs, n, fns));
-    memcpy(k->row, fns[slot[ROWOPS]], sizeof k->row);
-    k->logits = fns[slot[LOGITS]][0];
-    if (slot[LOGITS_DZ] >= 0) k->logits_dz = fns[slot[LOGITS_DZ]][0];
-    if (slot[DH] >= 0) k->dh = fns[slot[DH]][0], k->dw = fns[slot[DW]][0];
-    return FLCE_OK;
-}
-
-flce_status launch_prepare_kernels(flce_context *ctx, const plan *pl)
-{
-    kernels k;
-    return get_kernels(ctx, pl, &k);
-}
 
 /* FLCE_LOG=debug: what a call runs and, when AUTO chose, why (the cost model's two estimates).
  * Debug, not info: the Python binding asks flce_strategy_of on every step. */

@@ -1,5 +1,5 @@
 /*
- * launch_grads.c — the gradient passes over one block of logits (launch_internal.h run_grads):
+ * launch_grads.c — the gradient passes over one block of logits (launch_grads.h run_grads):
  * dZ (or its row-scaled stand-in), dH and dW GEMMs with their accumulation and output rules, the
  * labels' exact terms of row-scaled compact logits, db, and dH beside dW on two streams. Called by
  * launch.c's chunked, recompute and SAVED runs.
@@ -7,7 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "launch_internal.h"
+#include "launch_grads.h"
+#include "launch_tp.h"
 #include "log.h"
 #include "tma.h"
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "comm.h"
-#include "launch_internal.h"
+#include "launch_tp.h"
 
 /* Stream s (the side or the fill stream) waits for everything the caller's stream holds so far. */
 flce_status fork_to(run *r, CUstream s)

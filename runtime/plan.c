@@ -500,11 +500,11 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
     if (pl->need_zloss_rows) pl->off_zloss_rows = take(&cur, n * 4);
     if (pl->need_lse) pl->off_lse = take(&cur, n * 4);
     if (grads) {
-        uint64_t block = (uint64_t)pl->chunk_rows * (uint64_t)pl->ldz;
+        uint64_t chunk_elems = (uint64_t)pl->chunk_rows * (uint64_t)pl->ldz;
         if (pl->fused_dz) {
-            pl->off_dz = take(&cur, block * (f32 ? 4 : 2));
+            pl->off_dz = take(&cur, chunk_elems * (f32 ? 4 : 2));
         } else if (pl->compact) { /* fp16 p̃, turned into dZ in place, and the maxima */
-            pl->off_z = pl->off_dz = take(&cur, block * 2);
+            pl->off_z = pl->off_dz = take(&cur, chunk_elems * 2);
             pl->off_tile_max = take(&cur, (uint64_t)pl->chunk_rows * (uint64_t)pl->tile_max_ld * 4);
             if (pl->qrows) {
                 uint64_t r = (uint64_t)pl->chunk_rows;
@@ -518,8 +518,8 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
                 pl->off_qlist_blk = take(&cur, (uint64_t)ceil_div(pl->v, 128) * 4);
             }
         } else {
-            pl->off_z = take(&cur, block * 4);
-            pl->off_dz = f32 ? pl->off_z : take(&cur, block * 2);
+            pl->off_z = take(&cur, chunk_elems * 4);
+            pl->off_dz = f32 ? pl->off_z : take(&cur, chunk_elems * 2);
         }
         if (pl->need_dw_acc) pl->off_dw_acc = take(&cur, (uint64_t)pl->v * (uint64_t)pl->d * 4);
         /* recompute: every token's dH builds up over the vocab chunks; chunked: one token chunk's */

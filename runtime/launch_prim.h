@@ -1,18 +1,28 @@
 /*
- * launch_internal.h — what the files of the launch path share; everything else includes launch.h.
- *   launch.c        runs a plan: the passes of each strategy, row kernels, logits GEMMs, launches
- *   launch_call.c   one call end to end: planning, kernel loading, workspace, then launch_run
- *   launch_grads.c  the gradient passes of one block: dZ, dH, dW, db, their streams
- *   launch_tp.c     tensor and sequence parallelism: dH summed over ranks, SP gathers and
- *                   scatters, the side and fill streams' forks and joins
+ * launch_prim.h — the ground floor of the launch path (launch_prim.c): the state of one run (run,
+ * block, kernels), one kernel launch, row kernels, workspace addresses, and loading a plan's kernels.
+ * Above it: launch_tp.c (collectives, stream forks), launch_grads.c (gradient passes), launch.c
+ * (a plan's passes), launch_call.c (one call end to end). Each includes only what lies below it, so
+ * the files form layers, not a circle.
  */
-#ifndef FLCE_LAUNCH_INTERNAL_H
-#define FLCE_LAUNCH_INTERNAL_H
+#ifndef FLCE_LAUNCH_PRIM_H
+#define FLCE_LAUNCH_PRIM_H
 
 #include <stdint.h>
 
-#include "launch.h"
+#include "context.h"
 #include "params.h"
+#include "plan.h"
+
+/* What a forward call does: all of it, or one half of the split-phase TP forward (the caller
+ * all-gathers `tp_buffer` between the halves). */
+typedef enum launch_part {
+    PART_ALL = 0,
+    PART_TP_STATS = 1, /* statistics of this rank's shard → tp_buffer (one rank's block) */
+    PART_TP_FINISH = 2, /* every rank's blocks (tp_buffer) → lse, loss, per-token outputs */
+    PART_SAVE = 3,      /* SAVED's forward: statistics and outputs, compact logits kept in the workspace */
+    PART_SAVED_GRADS = 4 /* SAVED's backward: dZ from the kept logits, dH and dW */
+} launch_part;
 
 enum {
     K_PREPARE = 0, K_COMBINE = 1, K_DZ = 2, K_REDUCE = 3, K_DBIAS = 4, K_TP_PACK = 5, K_CAST = 6, K_QREF = 7,
@@ -47,8 +57,6 @@ typedef struct block {
     int first, last; /* first and last step of an accumulation over blocks */
 } block;
 
-/* ---- launch.c ------------------------------------------------------------------------------ */
-
 /* One kernel launch on `stream` (nothing for an empty grid); `what` names it in errors. */
 flce_status launch(CUfunction fn, int64_t gx, int64_t gy, int threads, size_t smem, CUstream stream,
                    void *params, const char *what);
@@ -62,30 +70,7 @@ unsigned long long ws_at(const run *r, uint64_t off, int needed);
 /* Row kernel `kernel` (K_*) over block b with r->rp's parameters. */
 flce_status run_rows(run *r, int kernel, const block *b);
 
-/* ---- launch_call.c ------------------------------------------------------------------------- */
-
 /* Every kernel of plan pl, the missing ones compiled together (ctx_kernels_many). */
 flce_status get_kernels(flce_context *ctx, const plan *pl, kernels *k);
-
-/* ---- launch_grads.c ------------------------------------------------------------------------ */
-
-/* dZ of one block and the gradient GEMMs that consume it (rows_step: dH's accumulation state,
- * cols_step: dW's and db's). */
-flce_status run_grads(run *r, const block *rows_step, const block *cols_step);
-
-/* ---- launch_tp.c --------------------------------------------------------------------------- */
-
-/* Stream s waits for everything the caller's stream holds so far; side_join makes the caller's
- * stream wait for every stream forked to. */
-flce_status fork_to(run *r, CUstream s);
-flce_status side_join(run *r);
-/* dH rows of rows_done summed over the ranks on r->stream, or (overlap_dh) on the side stream. */
-flce_status reduce_dh(run *r, const block *rows_done);
-flce_status overlap_dh(run *r, const block *rows_done);
-/* The end of a call's dH under TP: summed over the ranks and rounded once (unless overlapped). */
-flce_status finish_dh(run *r);
-/* SP: the token-sharded inputs gathered into the workspace (`all`), and this rank's outputs back. */
-flce_status sp_gather(run *r, const flce_tensors *caller, flce_tensors *all, launch_part part);
-flce_status sp_scatter_outputs(run *r, const flce_tensors *caller);
 
 #endif
