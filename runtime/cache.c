@@ -4,9 +4,9 @@
  * calls list/stat/prune/clear.
  *
  * This file holds lookups and stores (the writable directory, then the read-only layers of
- * $FLCE_CACHE_RO) and the process's counters; the entry format is cache_entry.c's, the directory
- * cache_dir.c's, the compile lock cache_lock.c's, the size cap cache_prune.c's, listing
- * cache_list.c's and the persistent per-directory counters cache_stats.c's (cache_internal.h).
+ * $FLCE_CACHE_RO); the entry format is cache_entry.c's, the directory cache_dir.c's, the compile
+ * lock cache_lock.c's, the size cap cache_prune.c's, listing cache_list.c's, the process counters
+ * cache_counters.c's and the persistent per-directory counters cache_stats.c's (cache_internal.h).
  *
  * Nothing here fails a compile short of running out of host memory: unusable directories and
  * failed writes become a warning (once per directory for the former) and FLCE_OK; bad entries
@@ -25,13 +25,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "atomic_file.h"
+#include "cache_consts.h"
+#include "cache_counters.h"
 #include "cache_internal.h"
 #include "config.h"
 #include "fault.h"
@@ -40,9 +41,6 @@
 /* A hit refreshes the entry's mtime (its recency for the cap) when it is older than this; newer
  * ones are left alone so that ranks loading one kernel together do not all write its inode. */
 #define CACHE_TOUCH_SECONDS 60
-
-static pthread_mutex_t cache_counter_lock = PTHREAD_MUTEX_INITIALIZER;
-static cache_counters cache_count;
 
 /* ---- load and store --------------------------------------------------------------------- */
 
@@ -122,14 +120,7 @@ flce_status cache_load_ro(const char *dir, const char *ro_layers, const void *ke
                        (const void *)dir, key, key_len);
     TRY(cache_load_from(dir, key, key_len, 1, blob, len));
     if (!*blob) TRY(cache_load_layers(dir, ro_layers, key, key_len, blob, len));
-    pthread_mutex_lock(&cache_counter_lock);
-    if (*blob) {
-        cache_count.hits++;
-        cache_count.hit_bytes += *len;
-    } else {
-        cache_count.misses++;
-    }
-    pthread_mutex_unlock(&cache_counter_lock);
+    cache_count_lookup(*blob != NULL, *len);
     return FLCE_OK;
 }
 
@@ -193,44 +184,7 @@ flce_status cache_store(const char *dir, const void *key, size_t key_len, const 
         return FLCE_OK;
     }
     uint64_t bytes = 32u + (uint64_t)key_len + (uint64_t)len;
-    pthread_mutex_lock(&cache_counter_lock);
-    cache_count.stores++;
-    cache_count.store_bytes += bytes;
-    pthread_mutex_unlock(&cache_counter_lock);
+    cache_count_store(bytes);
     cache_after_store(dir, path + strlen(path) - (CACHE_HEX_DIGITS + strlen(CACHE_SUFFIX)), bytes);
     return FLCE_OK;
-}
-
-/* ---- counters --------------------------------------------------------------------------- */
-
-void cache_counters_get(cache_counters *out)
-{
-    pthread_mutex_lock(&cache_counter_lock);
-    *out = cache_count;
-    pthread_mutex_unlock(&cache_counter_lock);
-}
-
-void cache_note_compile(double ms, double cpu_ms)
-{
-    pthread_mutex_lock(&cache_counter_lock);
-    cache_count.compiles++;
-    cache_count.compile_ms += ms;
-    if (cpu_ms > 0) cache_count.compile_cpu_ms += cpu_ms;
-    pthread_mutex_unlock(&cache_counter_lock);
-}
-
-void cache_count_lock_wait(double ms)
-{
-    pthread_mutex_lock(&cache_counter_lock);
-    cache_count.lock_waits++;
-    cache_count.lock_wait_ms += ms;
-    pthread_mutex_unlock(&cache_counter_lock);
-}
-
-void cache_count_evicted(uint64_t evicted, uint64_t bytes)
-{
-    pthread_mutex_lock(&cache_counter_lock);
-    cache_count.evicted += evicted;
-    cache_count.evicted_bytes += bytes;
-    pthread_mutex_unlock(&cache_counter_lock);
 }

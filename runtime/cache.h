@@ -36,16 +36,12 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "cache_consts.h"
+#include "cache_counters.h"
 #include "error.h"
 
-#define CACHE_PATH_MAX 4096
-#define CACHE_DEFAULT_MAX_MIB 2048
-/* Temporary files of killed writers and lock files nobody holds are removed once this old. */
-#define CACHE_STALE_SECONDS 600
-/* A process rescans a directory for the cap at least every this many stores to it. */
-#define CACHE_SCAN_STORES 32
-/* How long a miss waits for another process's compile of the same key (FLCE_CACHE_LOCK_TIMEOUT). */
-#define CACHE_DEFAULT_LOCK_TIMEOUT_S 120
+/* CACHE_PATH_MAX, CACHE_DEFAULT_MAX_MIB, CACHE_STALE_SECONDS, CACHE_SCAN_STORES and the other
+ * constants of the cache are cache_consts.h's. */
 
 /* The directory: $FLCE_CACHE_DIR, else $XDG_CACHE_HOME/flce, else $HOME/.cache/flce.
  * FLCE_ERR_IO when none of them is set (no HOME). */
@@ -134,22 +130,7 @@ typedef struct cache_prune_result {
  * An entry used or replaced while the prune runs is kept. */
 flce_status cache_prune(const char *dir, uint64_t max_bytes, cache_prune_result *out);
 
-/* What this process's cache calls did (since it started; all directories together). */
-typedef struct cache_counters {
-    uint64_t hits, misses;      /* cache_load calls that found the entry / did not */
-    uint64_t hit_bytes;         /* values returned by hits */
-    uint64_t stores, store_bytes; /* entries written (renamed into place) and their file bytes */
-    uint64_t evicted, evicted_bytes; /* entries removed for the cap by stores and prunes */
-    uint64_t lock_waits;        /* cache_lock_entry calls that found the lock held */
-    double lock_wait_ms;        /* time they waited */
-    uint64_t compiles;          /* compiles the JIT reported (cache_note_compile) */
-    double compile_ms;          /* their wall time */
-    double compile_cpu_ms;      /* the compiling threads' CPU time in them */
-} cache_counters;
-void cache_counters_get(cache_counters *out);
-/* The JIT reports each compile that followed a miss, for the counters: its wall ms and the CPU ms
- * of the thread that ran it (negative: not measured, counted as 0). */
-void cache_note_compile(double ms, double cpu_ms);
+/* The process counters (cache_counters_get, cache_note_compile) are cache_counters.h's. */
 
 /* ---- persistent counters of a directory (`flce cache stats`) -----------------------------------
  * Every process that looks kernels up in a directory adds what it saw to "<dir>/stats.log": one
@@ -163,9 +144,7 @@ void cache_note_compile(double ms, double cpu_ms);
  * cannot be written keeps no counts; nothing here ever fails a call. cache_clear removes the file
  * (the counters restart with the cache). $FLCE_CACHE_STATS=0 turns recording off. On a file system
  * without flock the lines are appended unlocked and the file is never compacted. */
-#define CACHE_STATS_FILE "stats.log"
-#define CACHE_STATS_FLUSH_EVENTS 64
-#define CACHE_STATS_COMPACT_BYTES (64u * 1024u)
+/* CACHE_STATS_FILE, CACHE_STATS_FLUSH_EVENTS, CACHE_STATS_COMPACT_BYTES: cache_consts.h. */
 
 typedef enum cache_outcome {
     CACHE_OUTCOME_HIT = 0,    /* found at the first look (this directory or a read-only layer) */

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cache_consts.h"
 #include "cache_internal.h"
 #include "config.h"
 #include "hash.h"

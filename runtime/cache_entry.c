@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "atomic_file.h"
+#include "cache_consts.h"
 #include "cache_internal.h"
 #include "hash.h"
 

@@ -1,7 +1,8 @@
 /*
  * cache_internal.h — what the files of the disk cache share among themselves; everything else
  * includes cache.h alone. The cache is split by concern:
- *   cache.c        lookups (writable directory, then read-only layers), stores, process counters
+ *   cache.c        lookups (writable directory, then read-only layers), stores
+ *   cache_counters.c  the process counters (cache_counters.h)
  *   cache_entry.c  an entry file: name, layout (below), read and check, write
  *   cache_dir.c    the directory: choice, mkdir -p, scan, one-time warnings
  *   cache_lock.c   the compile lock, and the flock/clock helpers it shares with cache_stats.c
@@ -32,21 +33,11 @@
 #include <sys/types.h>
 #include <time.h>
 
-#include "atomic_file.h"
 #include "cache.h"
+#include "cache_consts.h"
 
-#define CACHE_MAGIC "FLCE"
-#define CACHE_FORMAT_VERSION 1u
-#define CACHE_HEADER_BYTES 24u
-#define CACHE_CHECKSUM_BYTES 8u
-#define CACHE_CHECKSUM_SEED 0x5fd3a1c9e04b7263ull
-#define CACHE_HEX_DIGITS 32
-#define CACHE_SUFFIX ".cubin"
-#define CACHE_TEMP_INFIX ATOMIC_FILE_TEMP_INFIX
-#define CACHE_LOCK_SUFFIX ".lock"
-/* Polling of a held lock (the compile lock, stats.log's): first pause, longest pause. */
-#define CACHE_LOCK_POLL_MIN_MS 2.0
-#define CACHE_LOCK_POLL_MAX_MS 50.0
+/* The entry format's constants (CACHE_MAGIC, CACHE_FORMAT_VERSION, ...), the names' suffixes and
+ * the lock polling pauses are cache_consts.h's. */
 
 /* ---- an entry file (cache_entry.c) ---------------------------------------------------------- */
 
@@ -124,12 +115,8 @@ int cache_remove_stale_lock(const char *path);
  * says it may be over its cap. `kept` (the entry's file name) is never evicted. */
 void cache_after_store(const char *dir, const char *kept, uint64_t bytes);
 
-/* ---- counters (cache.c, cache_stats.c) ------------------------------------------------------ */
+/* ---- counters (cache_counters.h, cache_stats.c) ------------------------------------------- */
 
-/* The process counters of cache_counters_get: a wait for another holder's compile lock, and
- * entries evicted for the cap. */
-void cache_count_lock_wait(double ms);
-void cache_count_evicted(uint64_t evicted, uint64_t bytes);
 /* Adds `evicted` entries removed for the cap by this process to dir's persistent counters. */
 void cache_stats_note_evicted(const char *dir, uint64_t evicted);
 

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cache_consts.h"
 #include "cache_internal.h"
 
 /* list/cmd_cache print the key's first line; a cubin's summary line is far shorter than this. */

@@ -18,6 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache_counters.h"
+#include "cache_consts.h"
 #include "cache_internal.h"
 #include "config.h"
 #include "fault.h"

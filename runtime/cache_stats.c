@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "atomic_file.h"
+#include "cache_consts.h"
 #include "cache_internal.h"
 #include "config.h"
 #include "log.h"
