@@ -311,3 +311,186 @@ double ref_rel_l2(const double *ref, const double *got, size_t n) {
     /* NaN in either input propagates through the sums, so a NaN result needs no special case. */
     return norm > 0 ? sqrt(diff / norm) : sqrt(diff);
 }
+
+/* ---- distillation (contract in ref.h) ----------------------------------------------------- */
+/* Where JSD's gradient comes from (s = zs/T, q = softmax(s), m = βp + (1−β)q, p fixed):
+ *   D = β Σ p log p + (1−β) Σ q log q − Σ m log m,
+ *   ∂D/∂q_j = (1−β)(log q_j + 1) − (1−β)(log m_j + 1) = (1−β)(log q_j − log m_j) =: g_j,
+ *   ∂D/∂s_k = q_k (g_k − Σ_j q_j g_j) = (1−β) q_k (log q_k − log m_k − KL(q‖m))   (softmax Jacobian),
+ * and ∂s/∂zs = 1/T. Reverse KL is the same computation with g_j = log q_j − log p_j + 1, whose
+ * Σ q g is D + 1. All logs stay in log space (log-softmax, log m by logaddexp), so a q_j or p_j
+ * that underflows to 0 costs nothing but its own (zero) term. */
+
+/* In place: x -> x − lse(x) (log-softmax in two passes, max first so exp cannot overflow);
+ * returns lse(x). A NaN anywhere makes the whole row NaN, which is what we want. */
+static double ref_log_softmax(int64_t v, double *x) {
+    double m = -INFINITY;
+    for (int64_t j = 0; j < v; j++)
+        m = x[j] > m || isnan(x[j]) ? x[j] : m;
+    double s = 0.0;
+    for (int64_t j = 0; j < v; j++)
+        s += exp(x[j] - m);
+    double lse = m + log(s);
+    for (int64_t j = 0; j < v; j++)
+        x[j] -= lse;
+    return lse;
+}
+
+/* a·(la − lb) with the convention 0·anything = 0 (a = e^la underflowed to 0, where la − lb may be
+ * −inf or NaN from ∞ − ∞); a NaN a still propagates. */
+static double ref_xlogratio(double a, double la, double lb) {
+    return a == 0.0 ? 0.0 : a * (la - lb);
+}
+
+/* log(β e^lp + (1−β) e^lq) without leaving log space; 0 < β < 1. */
+static double ref_log_mix(double beta, double lp, double lq) {
+    double a = log(beta) + lp, b = log1p(-beta) + lq;
+    double hi = a > b ? a : b, lo = a > b ? b : a;
+    if (isnan(a) || isnan(b))
+        return a + b;
+    if (hi == -INFINITY)
+        return -INFINITY;
+    return hi + log1p(exp(lo - hi));
+}
+
+void ref_distill_row(const ref_distill_problem *p, int64_t v, const double *zs, const double *zt,
+                     int64_t label, ref_distill_row_out *out, double *dz) {
+    double inv_t = p->temperature > 0 ? 1.0 / p->temperature : 1.0;
+    ref_divergence div = p->divergence;
+    /* Liger's convention (ref.h): JSD at the ends is a KL, not the formula's 0. */
+    if (div == REF_DIV_JSD && p->beta <= 0.0)
+        div = REF_DIV_FORWARD_KL;
+    else if (div == REF_DIV_JSD && p->beta >= 1.0)
+        div = REF_DIV_REVERSE_KL;
+    double beta = p->beta;
+
+    double *lq = malloc((size_t)(v > 0 ? v : 1) * sizeof *lq);
+    double *lp = malloc((size_t)(v > 0 ? v : 1) * sizeof *lp);
+    if (!lq || !lp) {
+        /* Callers size v to the test problems; a failed malloc here is reported as NaN. */
+        free(lq), free(lp);
+        memset(out, 0, sizeof *out);
+        out->loss = out->divergence = NAN;
+        return;
+    }
+    for (int64_t j = 0; j < v; j++) {
+        lq[j] = zs[j] * inv_t;
+        lp[j] = zt[j] * inv_t;
+    }
+    ref_log_softmax(v, lq);
+    ref_log_softmax(v, lp);
+
+    /* The divergence, and r = Σ_j q_j g_j where dz_j ∝ q_j (g_j − r) for the two that need it. */
+    double d = 0.0;
+    for (int64_t j = 0; j < v; j++) {
+        double q = exp(lq[j]), pt = exp(lp[j]);
+        if (div == REF_DIV_FORWARD_KL) {
+            d += ref_xlogratio(pt, lp[j], lq[j]);
+        } else if (div == REF_DIV_REVERSE_KL) {
+            d += ref_xlogratio(q, lq[j], lp[j]);
+        } else {
+            double lm = ref_log_mix(beta, lp[j], lq[j]);
+            d += beta * ref_xlogratio(pt, lp[j], lm) + (1.0 - beta) * ref_xlogratio(q, lq[j], lm);
+        }
+    }
+    /* JSD's student-side KL(q‖m), the r of its gradient (the teacher side has no q in front). */
+    double kl_qm = 0.0;
+    if (div == REF_DIV_JSD && dz)
+        for (int64_t j = 0; j < v; j++)
+            kl_qm += ref_xlogratio(exp(lq[j]), lq[j], ref_log_mix(beta, lp[j], lq[j]));
+
+    memset(out, 0, sizeof *out);
+    out->divergence = d;
+    out->valid = label >= 0 && label < v;
+    double ce_lse = 0.0;
+    if (out->valid) {
+        /* CE at temperature 1 from the raw logits: its own log-softmax, not the 1/T one. */
+        double m = -INFINITY, s = 0.0;
+        for (int64_t j = 0; j < v; j++)
+            m = zs[j] > m || isnan(zs[j]) ? zs[j] : m;
+        for (int64_t j = 0; j < v; j++)
+            s += exp(zs[j] - m);
+        ce_lse = m + log(s);
+        out->ce = ce_lse - zs[label];
+    }
+    out->loss = d + (out->valid ? p->ce_weight * out->ce : 0.0);
+
+    if (dz) {
+        for (int64_t j = 0; j < v; j++) {
+            double q = exp(lq[j]), g;
+            if (div == REF_DIV_FORWARD_KL)
+                g = q - exp(lp[j]);
+            else if (div == REF_DIV_REVERSE_KL)
+                g = q == 0.0 ? 0.0 : q * (lq[j] - lp[j] - d);
+            else
+                g = q == 0.0 ? 0.0
+                             : (1.0 - beta) * q * (lq[j] - ref_log_mix(beta, lp[j], lq[j]) - kl_qm);
+            g *= inv_t;
+            if (out->valid && p->ce_weight != 0.0)
+                g += p->ce_weight * (exp(zs[j] - ce_lse) - (j == label));
+            dz[j] = g;
+        }
+    }
+    free(lq), free(lp);
+}
+
+static int ref_distill_valid(const ref_distill_problem *p, const int64_t *labels, int64_t i,
+                             int64_t v) {
+    return !labels || (labels[i] != p->ignore_index && labels[i] >= 0 && labels[i] < v);
+}
+
+int ref_distill(const ref_distill_problem *p, int64_t n, int64_t ds, int64_t dt, int64_t v,
+                const double *hs, const double *ws, const double *ht, const double *wt,
+                const int64_t *labels, const double *grad_output, double *loss, double *dhs,
+                double *dws) {
+    if (!labels && p->ce_weight != 0.0)
+        return -2;
+    size_t vv = (size_t)(v > 0 ? v : 1);
+    double *zs = malloc(vv * sizeof *zs), *zt = malloc(vv * sizeof *zt),
+           *dz = malloc(vv * sizeof *dz);
+    if (!zs || !zt || !dz) {
+        free(zs), free(zt), free(dz);
+        return -1;
+    }
+    ref_zero(dhs, (size_t)(n * ds));
+    ref_zero(dws, (size_t)(v * ds));
+
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; i++)
+        count += ref_distill_valid(p, labels, i, v);
+    /* Same scaling as ref_token_scales: zero valid tokens give loss 0 and zero gradients. */
+    double go = grad_output ? grad_output[0] : 1.0;
+    double scale = p->reduction == FLCE_REDUCTION_MEAN ? (count ? go / (double)count : 0.0) : go;
+    double total = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!ref_distill_valid(p, labels, i, v)) {
+            if (loss && p->reduction == FLCE_REDUCTION_NONE)
+                loss[i] = 0.0;
+            continue;
+        }
+        const double *hs_row = hs + i * ds, *ht_row = ht + i * dt;
+        for (int64_t j = 0; j < v; j++) {
+            zs[j] = ref_dot(hs_row, ws + j * ds, ds);
+            zt[j] = ref_dot(ht_row, wt + j * dt, dt);
+        }
+        ref_distill_row_out r;
+        int64_t label = labels ? labels[i] : -1;
+        int want_grads = dhs || dws;
+        ref_distill_row(p, v, zs, zt, label, &r, want_grads ? dz : NULL);
+        if (loss && p->reduction == FLCE_REDUCTION_NONE)
+            loss[i] = r.loss;
+        total += r.loss;
+        double g =
+            p->reduction == FLCE_REDUCTION_NONE ? (grad_output ? grad_output[i] : 1.0) : scale;
+        if (!want_grads || g == 0.0)
+            continue;
+        for (int64_t j = 0; j < v; j++)
+            dz[j] *= g;
+        ref_accumulate_grads(ds, v, hs_row, ws, dz, dhs ? dhs + i * ds : NULL, dws, NULL);
+    }
+    if (loss && p->reduction != FLCE_REDUCTION_NONE)
+        loss[0] =
+            p->reduction == FLCE_REDUCTION_MEAN ? (count ? total / (double)count : 0.0) : total;
+    free(zs), free(zt), free(dz);
+    return 0;
+}

@@ -64,4 +64,70 @@ void ref_token_scales(const flce_problem *p, const ref_extra *x, int64_t n, int6
 /* ‖got − ref‖₂ / ‖ref‖₂ (‖got − ref‖₂ when ‖ref‖₂ is 0); NaN anywhere gives NaN. */
 double ref_rel_l2(const double *ref, const double *got, size_t n);
 
+/* ---- distillation (issue 44, step 1: the fp64 oracle; nothing public yet) --------------------
+ *
+ * Per token i: student logits zs_j = hs_i·ws_j, teacher logits zt_j = ht_i·wt_j (no bias, no
+ * softcap), q = softmax(zs/T) (student), p = softmax(zt/T) (teacher), T > 0:
+ *   forward KL  D_i = Σ_j p_j (log p_j − log q_j)                          = KL(p‖q)
+ *   reverse KL  D_i = Σ_j q_j (log q_j − log p_j)                          = KL(q‖p)
+ *   JSD(β)      D_i = β KL(p‖m) + (1−β) KL(q‖m),  m = β p + (1−β) q        (β weights the teacher)
+ *               for 0 < β < 1. β = 0 is defined as forward KL and β = 1 as reverse KL (Liger's
+ *               LigerFusedLinearJSD convention), NOT the literal formula's limit 0: the value
+ *               jumps at both ends, on purpose.
+ *   loss_i = D_i + ce_weight·CE_i,  CE_i = lse(zs) − zs_y at temperature 1 (not T).
+ * No T² factor anywhere: a caller who wants the usual T²·KL scales the loss (and so the
+ * gradients) itself.
+ * A token is ignored when labels[i] == ignore_index or the label is outside [0, V) (as ref_row
+ * does; the library will flag out-of-range labels): it contributes no divergence, no CE, no
+ * gradient, does not count in the mean, and its teacher row is never read. labels == NULL: no token
+ * is ignored and there is no CE term (ce_weight must then be 0).
+ * Reductions as ref_loss_and_grad: mean = Σ loss_i / (count of valid tokens), 0 when there are
+ * none; sum; none (per-token, 0 for ignored tokens). grad_output likewise: NULL means 1, else 1
+ * value (mean/sum) or N (none).
+ * Gradients only for the student (hs, ws); ∂loss_i/∂zs_j (the "dz" of ref_distill_row):
+ *   forward KL  (q_j − p_j)/T
+ *   reverse KL  q_j (log q_j − log p_j − D_i)/T
+ *   JSD(β)      (1−β)/T · q_j (log q_j − log m_j − KL(q‖m))
+ *   CE          ce_weight·(softmax(zs)_j − 1[j=y])
+ * NaN: everything is per token, so a NaN in one token's teacher (or student) row gives that
+ * token's loss_i and dhs row NaN and leaves the other tokens' values alone; dws (a sum over
+ * tokens) and a mean/sum loss are NaN then, as they must be. */
+typedef enum ref_divergence {
+    REF_DIV_FORWARD_KL = 0,
+    REF_DIV_REVERSE_KL = 1,
+    REF_DIV_JSD = 2,
+} ref_divergence;
+
+typedef struct ref_distill_problem {
+    ref_divergence divergence;
+    double beta;        /* JSD's β in [0, 1]; ignored by the KLs */
+    double temperature; /* T > 0 of both softmaxes of the divergence; <= 0 is read as 1 */
+    double ce_weight;   /* weight of the CE term on the student (temperature 1); 0 = none */
+    int64_t ignore_index;
+    flce_reduction reduction;
+} ref_distill_problem;
+
+/* Per-token results of one row (grad_output not applied). */
+typedef struct ref_distill_row_out {
+    double loss;       /* divergence + ce_weight·ce (the CE only when valid) */
+    double divergence; /* D_i */
+    double ce;         /* CE_i at temperature 1 (unweighted), 0 without a label */
+    int valid;         /* 0 <= label < V: the CE term is in loss */
+} ref_distill_row_out;
+
+/* One token from its raw logits zs, zt (V values each, before temperature). Ignoring is
+ * ref_distill's business: here the divergence is always computed, and the CE term only when
+ * 0 <= label < V (out->valid says so; any other label gives the divergence alone). dz (V values,
+ * may be NULL) receives ∂loss_i/∂zs_j. Out of memory (two V-sized buffers) gives a NaN loss. */
+void ref_distill_row(const ref_distill_problem *p, int64_t v, const double *zs, const double *zt,
+                     int64_t label, ref_distill_row_out *out, double *dz);
+
+/* The whole problem: hs N×ds, ws V×ds (student), ht N×dt, wt V×dt (teacher), row-major.
+ * loss: 1 value (mean/sum) or N (none); dhs (N×ds) and dws (V×ds) may be NULL.
+ * Returns 0, -1 when memory runs out, -2 when ce_weight != 0 without labels. */
+int ref_distill(const ref_distill_problem *p, int64_t n, int64_t ds, int64_t dt, int64_t v,
+                const double *hs, const double *ws, const double *ht, const double *wt,
+                const int64_t *labels, const double *grad_output, double *loss, double *dhs,
+                double *dws);
+
 #endif

@@ -1,8 +1,10 @@
 /*
  * test_ref.c — checks the oracle itself: the fp64 reference of docs/DESIGN.md §1 (testing/ref.c) by
  * central finite differences for every option and reduction, against a direct two-pass
- * (log-softmax) formula, on edge cases (ignored labels, huge logits, hand-computed values), and
- * the host helpers (testing/host.c): 16-bit conversions, the random generator, rel_l2.
+ * (log-softmax) formula, on edge cases (ignored labels, huge logits, hand-computed values); the
+ * distillation reference (ref_distill: the same finite differences for every divergence, closed
+ * forms, masking, NaN containment); and the host helpers (testing/host.c): 16-bit conversions,
+ * the random generator, rel_l2.
  * Fresh random data every run; FLCE_SEED=<printed seed> replays a run. CTest label: cpu.
  */
 #include <math.h>
@@ -529,6 +531,347 @@ static void reference_handles_test_sized_problem(void) {
     prob_free(&t);
 }
 
+/* ---- distillation (ref_distill, issue 44) ------------------------------------------------- */
+
+/* One random distillation problem: student ds = 5, teacher dt = 4 (different widths on purpose),
+ * token 1 ignored and token 3 out of range whenever n allows, as prob_make does. */
+typedef struct dprob {
+    ref_distill_problem p;
+    int64_t n, ds, dt, v;
+    double *hs, *ws, *ht, *wt, *go;
+    int64_t *labels;
+} dprob;
+
+static dprob dprob_make(ref_divergence div, double beta, double temp, double ce_weight,
+                        flce_reduction red, int64_t n, int64_t v) {
+    dprob t;
+    memset(&t, 0, sizeof t);
+    t.p.divergence = div;
+    t.p.beta = beta;
+    t.p.temperature = temp;
+    t.p.ce_weight = ce_weight;
+    t.p.ignore_index = -100;
+    t.p.reduction = red;
+    t.n = n, t.ds = 5, t.dt = 4, t.v = v;
+    t.hs = test_normal((size_t)(n * t.ds), 1.0);
+    t.ws = test_normal((size_t)(v * t.ds), 2.0 / sqrt((double)t.ds));
+    t.ht = test_normal((size_t)(n * t.dt), 1.0);
+    t.wt = test_normal((size_t)(v * t.dt), 2.0 / sqrt((double)t.dt));
+    t.go = red == FLCE_REDUCTION_NONE ? test_normal((size_t)n, 1.0) : test_uniform(1, 0.5, 1.5);
+    t.labels = test_alloc((size_t)n, sizeof *t.labels);
+    for (int64_t i = 0; i < n; i++)
+        t.labels[i] = host_rng_below(&rng, v);
+    if (n >= 3)
+        t.labels[1] = t.p.ignore_index;
+    if (n >= 4)
+        t.labels[3] = v;
+    return t;
+}
+
+static void dprob_free(dprob *t) {
+    free(t->hs), free(t->ws), free(t->ht), free(t->wt), free(t->go), free(t->labels);
+}
+
+/* g·loss, or Σ g_i·loss_i for "none": the scalar whose gradient ref_distill returns. */
+static double dprob_objective(const dprob *t) {
+    double *loss = test_alloc((size_t)t->n, sizeof *loss);
+    int rc = ref_distill(&t->p, t->n, t->ds, t->dt, t->v, t->hs, t->ws, t->ht, t->wt, t->labels,
+                         NULL, loss, NULL, NULL);
+    double f = 0.0;
+    if (t->p.reduction == FLCE_REDUCTION_NONE)
+        for (int64_t i = 0; i < t->n; i++)
+            f += t->go[i] * loss[i];
+    else
+        f = t->go[0] * loss[0];
+    free(loss);
+    return rc == 0 ? f : NAN;
+}
+
+static double dfd_error(dprob *t, double *a, size_t count, const double *grad) {
+    const double step = 1e-5;
+    double *fd = test_alloc(count, sizeof *fd);
+    for (size_t k = 0; k < count; k++) {
+        double keep = a[k];
+        a[k] = keep + step;
+        double up = dprob_objective(t);
+        a[k] = keep - step;
+        double down = dprob_objective(t);
+        a[k] = keep;
+        fd[k] = (up - down) / (2 * step);
+    }
+    double err = ref_rel_l2(fd, grad, count);
+    free(fd);
+    return err;
+}
+
+static const char *div_name(ref_divergence d) {
+    return d == REF_DIV_FORWARD_KL ? "forward KL" : d == REF_DIV_REVERSE_KL ? "reverse KL" : "JSD";
+}
+
+/* Every divergence (JSD at β 0.3 and 0.5) × CE term off/on × T 1/2 × mean/sum/none: dhs and dws
+ * against central differences of the loss; the ignored rows' dhs is exactly 0. */
+static void distill_fd_every_divergence_ce_temperature_reduction(void) {
+    static const struct {
+        ref_divergence div;
+        double beta;
+    } divs[] = {
+        {REF_DIV_FORWARD_KL, 0}, {REF_DIV_REVERSE_KL, 0}, {REF_DIV_JSD, 0.3}, {REF_DIV_JSD, 0.5}};
+    static const double ces[] = {0.0, 0.7}, temps[] = {1.0, 2.0};
+    static const flce_reduction reds[] = {FLCE_REDUCTION_MEAN, FLCE_REDUCTION_SUM,
+                                          FLCE_REDUCTION_NONE};
+    for (size_t a = 0; a < 4; a++)
+        for (size_t c = 0; c < 2; c++)
+            for (size_t k = 0; k < 2; k++)
+                for (size_t r = 0; r < 3; r++) {
+                    dprob t =
+                        dprob_make(divs[a].div, divs[a].beta, temps[k], ces[c], reds[r], 6, 11);
+                    double *dhs = test_alloc((size_t)(t.n * t.ds), sizeof *dhs);
+                    double *dws = test_alloc((size_t)(t.v * t.ds), sizeof *dws);
+                    double loss[6];
+                    CHECK(ref_distill(&t.p, t.n, t.ds, t.dt, t.v, t.hs, t.ws, t.ht, t.wt, t.labels,
+                                      t.go, loss, dhs, dws) == 0);
+                    double eh = dfd_error(&t, t.hs, (size_t)(t.n * t.ds), dhs);
+                    double ew = dfd_error(&t, t.ws, (size_t)(t.v * t.ds), dws);
+                    CHECKF(eh < 1e-6 && ew < 1e-6,
+                           "%s beta %.1f, ce %.1f, T %.0f, reduction %d: rel_l2 dhs %.3g dws %.3g",
+                           div_name(divs[a].div), divs[a].beta, ces[c], temps[k], (int)reds[r], eh,
+                           ew);
+                    CHECK(all_zero(dhs + 1 * t.ds, (size_t)t.ds) &&
+                          all_zero(dhs + 3 * t.ds, (size_t)t.ds));
+                    CHECK(!all_zero(dhs, (size_t)t.ds));
+                    free(dhs), free(dws);
+                    dprob_free(&t);
+                }
+}
+
+/* The loss written from probabilities (p, q, m formed directly, logs of them), per token, against
+ * ref_distill's log-space form; and the CE term against ref_row at temperature 1. */
+static void distill_loss_matches_direct_formula(void) {
+    static const struct {
+        ref_divergence div;
+        double beta;
+    } divs[] = {{REF_DIV_FORWARD_KL, 0},
+                {REF_DIV_REVERSE_KL, 0},
+                {REF_DIV_JSD, 0.3},
+                {REF_DIV_JSD, 0.5},
+                {REF_DIV_JSD, 0.9}};
+    for (size_t a = 0; a < 5; a++) {
+        dprob t = dprob_make(divs[a].div, divs[a].beta, 1.7, 0.4, FLCE_REDUCTION_NONE, 7, 23);
+        double loss[7];
+        CHECK(ref_distill(&t.p, t.n, t.ds, t.dt, t.v, t.hs, t.ws, t.ht, t.wt, t.labels, NULL, loss,
+                          NULL, NULL) == 0);
+        flce_problem ce = test_problem(t.n, t.ds, t.v);
+        for (int64_t i = 0; i < t.n; i++) {
+            int64_t y = t.labels[i];
+            if (y == t.p.ignore_index || y < 0 || y >= t.v) {
+                CHECK(loss[i] == 0.0);
+                continue;
+            }
+            double q[23], p[23], sq = 0.0, sp = 0.0, d = 0.0, b = divs[a].beta;
+            for (int64_t j = 0; j < t.v; j++) {
+                double us = 0.0, ut = 0.0;
+                for (int64_t k = 0; k < t.ds; k++)
+                    us += t.hs[i * t.ds + k] * t.ws[j * t.ds + k];
+                for (int64_t k = 0; k < t.dt; k++)
+                    ut += t.ht[i * t.dt + k] * t.wt[j * t.dt + k];
+                q[j] = exp(us / 1.7), p[j] = exp(ut / 1.7);
+                sq += q[j], sp += p[j];
+            }
+            for (int64_t j = 0; j < t.v; j++) {
+                q[j] /= sq, p[j] /= sp;
+                double m = b * p[j] + (1 - b) * q[j];
+                if (divs[a].div == REF_DIV_FORWARD_KL)
+                    d += p[j] * log(p[j] / q[j]);
+                else if (divs[a].div == REF_DIV_REVERSE_KL)
+                    d += q[j] * log(q[j] / p[j]);
+                else
+                    d += b * p[j] * log(p[j] / m) + (1 - b) * q[j] * log(q[j] / m);
+            }
+            ref_row_out r;
+            ref_row(&ce, NULL, t.ds, t.v, t.hs + i * t.ds, t.ws, NULL, y, &r, NULL);
+            double want = d + 0.4 * r.loss;
+            CHECKF(fabs(loss[i] - want) <= 1e-13 * fabs(want) + 1e-15,
+                   "%s beta %.1f token %lld: %.17g, want %.17g", div_name(divs[a].div), b,
+                   (long long)i, loss[i], want);
+        }
+        dprob_free(&t);
+    }
+}
+
+/* JSD's ends are the KLs (Liger's convention, ref.h): β = 0 is forward KL, β = 1 reverse KL,
+ * value and gradient alike. */
+static void distill_jsd_ends_are_the_kls(void) {
+    for (int end = 0; end < 2; end++) {
+        dprob t = dprob_make(REF_DIV_JSD, end, 1.5, 0.0, FLCE_REDUCTION_SUM, 5, 9);
+        double l_jsd, l_kl, dh_jsd[5 * 5], dh_kl[5 * 5];
+        CHECK(ref_distill(&t.p, t.n, t.ds, t.dt, t.v, t.hs, t.ws, t.ht, t.wt, t.labels, NULL,
+                          &l_jsd, dh_jsd, NULL) == 0);
+        t.p.divergence = end ? REF_DIV_REVERSE_KL : REF_DIV_FORWARD_KL;
+        CHECK(ref_distill(&t.p, t.n, t.ds, t.dt, t.v, t.hs, t.ws, t.ht, t.wt, t.labels, NULL, &l_kl,
+                          dh_kl, NULL) == 0);
+        CHECKF(l_jsd == l_kl && l_kl > 0, "beta %d: %.17g vs %.17g", end, l_jsd, l_kl);
+        CHECK(memcmp(dh_jsd, dh_kl, sizeof dh_kl) == 0);
+        dprob_free(&t);
+    }
+}
+
+/* Teacher = student (same h, same w): D = 0 and no gradient for every divergence and T. */
+static void distill_identical_teacher_gives_zero(void) {
+    static const ref_divergence divs[] = {REF_DIV_FORWARD_KL, REF_DIV_REVERSE_KL, REF_DIV_JSD,
+                                          REF_DIV_JSD};
+    static const double betas[] = {0, 0, 0.3, 0.5};
+    for (size_t a = 0; a < 4; a++)
+        for (int temp = 1; temp <= 2; temp++) {
+            dprob t = dprob_make(divs[a], betas[a], temp, 0.0, FLCE_REDUCTION_NONE, 4, 13);
+            t.dt = t.ds;
+            double *ht = test_alloc((size_t)(t.n * t.ds), sizeof *ht),
+                   *wt = test_alloc((size_t)(t.v * t.ds), sizeof *wt);
+            memcpy(ht, t.hs, (size_t)(t.n * t.ds) * sizeof *ht);
+            memcpy(wt, t.ws, (size_t)(t.v * t.ds) * sizeof *wt);
+            double loss[4], dhs[4 * 5], dws[13 * 5], big = 0.0;
+            CHECK(ref_distill(&t.p, t.n, t.ds, t.dt, t.v, t.hs, t.ws, ht, wt, t.labels, NULL, loss,
+                              dhs, dws) == 0);
+            for (size_t k = 0; k < 4 * 5; k++)
+                big = fmax(big, fabs(dhs[k]));
+            for (size_t k = 0; k < 13 * 5; k++)
+                big = fmax(big, fabs(dws[k]));
+            for (int64_t i = 0; i < t.n; i++)
+                big = fmax(big, fabs(loss[i]));
+            CHECKF(big < 1e-15, "%s beta %.1f T %d: largest |loss or grad| %.3g", div_name(divs[a]),
+                   betas[a], temp, big);
+            free(ht), free(wt);
+            dprob_free(&t);
+        }
+}
+
+/* V = 2, D = 1, h = 1: student logits (0, T·ln 3), teacher (0, 0), so q = (1/4, 3/4), p = (1/2,
+ * 1/2) at any T. Forward KL = ½ln 2 + ½ln(2/3) = ½ln(4/3), ∂/∂zs = (q − p)/T = (−1/4, 1/4)/T;
+ * reverse KL = ¼ln ½ + ¾ln(3/2). */
+static void distill_two_class_closed_form(void) {
+    for (int temp = 1; temp <= 2; temp++) {
+        ref_distill_problem p = {REF_DIV_FORWARD_KL, 0.0, temp, 0.0, -100, FLCE_REDUCTION_SUM};
+        double h = 1.0, ws[2] = {0.0, temp * log(3.0)}, wt[2] = {0.0, 0.0}, loss, dh, dw[2];
+        int64_t label = 0;
+        CHECK(ref_distill(&p, 1, 1, 1, 2, &h, ws, &h, wt, &label, NULL, &loss, &dh, dw) == 0);
+        CHECKF(fabs(loss - 0.5 * log(4.0 / 3.0)) < 1e-15, "T %d: forward KL %.17g", temp, loss);
+        /* dh = Σ_j dz_j·w_j = (1/4)·T ln 3 / T; dw_j = dz_j·h. */
+        CHECKF(fabs(dh - 0.25 * log(3.0)) < 1e-15, "T %d: dh %.17g", temp, dh);
+        CHECKF(fabs(dw[0] + 0.25 / temp) < 1e-15 && fabs(dw[1] - 0.25 / temp) < 1e-15,
+               "T %d: dw %.17g %.17g", temp, dw[0], dw[1]);
+        p.divergence = REF_DIV_REVERSE_KL;
+        CHECK(ref_distill(&p, 1, 1, 1, 2, &h, ws, &h, wt, &label, NULL, &loss, NULL, NULL) == 0);
+        CHECKF(fabs(loss - (0.25 * log(0.5) + 0.75 * log(1.5))) < 1e-15, "T %d: reverse KL %.17g",
+               temp, loss);
+    }
+}
+
+static void distill_all_tokens_ignored_mean_is_zero(void) {
+    static const flce_reduction reds[] = {FLCE_REDUCTION_MEAN, FLCE_REDUCTION_SUM,
+                                          FLCE_REDUCTION_NONE};
+    for (size_t r = 0; r < 3; r++) {
+        dprob t = dprob_make(REF_DIV_JSD, 0.5, 2.0, 1.0, reds[r], 4, 10);
+        for (int64_t i = 0; i < t.n; i++)
+            t.labels[i] = t.p.ignore_index;
+        t.ht[0] = NAN; /* an ignored token's teacher row is never read */
+        double loss[4], dhs[4 * 5], dws[10 * 5];
+        memset(loss, 0xFF, sizeof loss);
+        CHECK(ref_distill(&t.p, t.n, t.ds, t.dt, t.v, t.hs, t.ws, t.ht, t.wt, t.labels, t.go, loss,
+                          dhs, dws) == 0);
+        CHECKF(all_zero(loss, reds[r] == FLCE_REDUCTION_NONE ? 4 : 1), "reduction %d: loss %g",
+               (int)reds[r], loss[0]);
+        CHECK(all_zero(dhs, 4 * 5) && all_zero(dws, 10 * 5));
+        dprob_free(&t);
+    }
+}
+
+/* mean = sum / (valid tokens) = Σ none / (valid tokens); ignored tokens' per-token loss is 0. */
+static void distill_reductions_agree_and_ignore_masks(void) {
+    dprob t = dprob_make(REF_DIV_REVERSE_KL, 0, 2.0, 0.5, FLCE_REDUCTION_NONE, 8, 12);
+    t.labels[5] = t.p.ignore_index; /* valid: 0 2 4 6 7 */
+    double per[8], sum, mean, total = 0.0;
+    CHECK(ref_distill(&t.p, t.n, t.ds, t.dt, t.v, t.hs, t.ws, t.ht, t.wt, t.labels, NULL, per, NULL,
+                      NULL) == 0);
+    t.p.reduction = FLCE_REDUCTION_SUM;
+    CHECK(ref_distill(&t.p, t.n, t.ds, t.dt, t.v, t.hs, t.ws, t.ht, t.wt, t.labels, NULL, &sum,
+                      NULL, NULL) == 0);
+    t.p.reduction = FLCE_REDUCTION_MEAN;
+    CHECK(ref_distill(&t.p, t.n, t.ds, t.dt, t.v, t.hs, t.ws, t.ht, t.wt, t.labels, NULL, &mean,
+                      NULL, NULL) == 0);
+    for (int64_t i = 0; i < t.n; i++)
+        total += per[i];
+    CHECK(per[1] == 0.0 && per[3] == 0.0 && per[5] == 0.0 && per[0] > 0.0);
+    CHECKF(fabs(sum - total) <= 1e-14 * fabs(total) &&
+               fabs(mean - total / 5) <= 1e-14 * fabs(total),
+           "sum %.17g mean %.17g, Σ per-token %.17g", sum, mean, total);
+    /* Without labels nothing is ignored and a CE weight has no label to use. */
+    t.p.ce_weight = 0.0;
+    t.p.reduction = FLCE_REDUCTION_NONE;
+    double all[8];
+    CHECK(ref_distill(&t.p, t.n, t.ds, t.dt, t.v, t.hs, t.ws, t.ht, t.wt, NULL, NULL, all, NULL,
+                      NULL) == 0);
+    for (int64_t i = 0; i < t.n; i++)
+        CHECK(all[i] > 0.0);
+    t.p.ce_weight = 0.5;
+    CHECK(ref_distill(&t.p, t.n, t.ds, t.dt, t.v, t.hs, t.ws, t.ht, t.wt, NULL, NULL, all, NULL,
+                      NULL) == -2);
+    dprob_free(&t);
+}
+
+/* A NaN in token 2's teacher hidden row: token 2's loss and dhs row are NaN, every other token's
+ * loss and dhs row is bit-identical to the clean run; dws (a sum over tokens) is NaN. */
+static void distill_nan_teacher_row_stays_in_its_token(void) {
+    static const ref_divergence divs[] = {REF_DIV_FORWARD_KL, REF_DIV_REVERSE_KL, REF_DIV_JSD};
+    for (size_t a = 0; a < 3; a++) {
+        dprob t = dprob_make(divs[a], 0.5, 2.0, 0.3, FLCE_REDUCTION_NONE, 6, 10);
+        double clean[6], dirty[6], dh_clean[6 * 5], dh_dirty[6 * 5], dws[10 * 5];
+        CHECK(ref_distill(&t.p, t.n, t.ds, t.dt, t.v, t.hs, t.ws, t.ht, t.wt, t.labels, t.go, clean,
+                          dh_clean, NULL) == 0);
+        t.ht[2 * t.dt + 1] = NAN;
+        CHECK(ref_distill(&t.p, t.n, t.ds, t.dt, t.v, t.hs, t.ws, t.ht, t.wt, t.labels, t.go, dirty,
+                          dh_dirty, dws) == 0);
+        for (int64_t i = 0; i < t.n; i++) {
+            if (i == 2) {
+                CHECKF(isnan(dirty[i]), "%s: token 2 loss %g", div_name(divs[a]), dirty[i]);
+                for (int64_t k = 0; k < t.ds; k++)
+                    CHECK(isnan(dh_dirty[i * t.ds + k]));
+            } else {
+                CHECKF(memcmp(&clean[i], &dirty[i], sizeof clean[i]) == 0,
+                       "%s: token %lld loss %g vs %g", div_name(divs[a]), (long long)i, dirty[i],
+                       clean[i]);
+                CHECK(memcmp(dh_clean + i * t.ds, dh_dirty + i * t.ds,
+                             (size_t)t.ds * sizeof(double)) == 0);
+            }
+        }
+        CHECK(isnan(dws[0]));
+        dprob_free(&t);
+    }
+}
+
+/* dz of ref_distill_row is ∂loss_i/∂zs_j, checked on the raw logits directly (the form the GPU
+ * row kernel will be compared with), with large logits (sd 8) so that some q_j are tiny. */
+static void distill_row_dz_is_gradient_of_student_logits(void) {
+    static const ref_divergence divs[] = {REF_DIV_FORWARD_KL, REF_DIV_REVERSE_KL, REF_DIV_JSD};
+    for (size_t a = 0; a < 3; a++) {
+        ref_distill_problem p = {divs[a], 0.3, 1.5, 0.6, -100, FLCE_REDUCTION_NONE};
+        double *zs = test_normal(17, 8.0), *zt = test_normal(17, 8.0), dz[17], fd[17];
+        ref_distill_row_out r, up, down;
+        ref_distill_row(&p, 17, zs, zt, 4, &r, dz);
+        CHECK(r.valid && isfinite(r.loss) && r.divergence >= 0.0);
+        for (int j = 0; j < 17; j++) {
+            double keep = zs[j], step = 1e-6;
+            zs[j] = keep + step;
+            ref_distill_row(&p, 17, zs, zt, 4, &up, NULL);
+            zs[j] = keep - step;
+            ref_distill_row(&p, 17, zs, zt, 4, &down, NULL);
+            zs[j] = keep;
+            fd[j] = (up.loss - down.loss) / (2 * step);
+        }
+        double err = ref_rel_l2(fd, dz, 17);
+        CHECKF(err < 1e-6, "%s: rel_l2 %.3g", div_name(divs[a]), err);
+        free(zs), free(zt);
+    }
+}
+
 /* ---- host helpers ------------------------------------------------------------------------- */
 
 static uint16_t to16(flce_dtype t, double x) {
@@ -717,6 +1060,15 @@ int main(void) {
     RUN(token_scales_follow_reduction_and_weights);
     RUN(vocab_size_comes_from_total_or_offset_plus_shard);
     RUN(reference_handles_test_sized_problem);
+    RUN(distill_fd_every_divergence_ce_temperature_reduction);
+    RUN(distill_loss_matches_direct_formula);
+    RUN(distill_jsd_ends_are_the_kls);
+    RUN(distill_identical_teacher_gives_zero);
+    RUN(distill_two_class_closed_form);
+    RUN(distill_all_tokens_ignored_mean_is_zero);
+    RUN(distill_reductions_agree_and_ignore_masks);
+    RUN(distill_nan_teacher_row_stays_in_its_token);
+    RUN(distill_row_dz_is_gradient_of_student_logits);
     RUN(host_bf16_round_trips);
     RUN(host_fp16_round_trips);
     RUN(host_every_16_bit_value_round_trips);
