@@ -15,24 +15,11 @@
 
 #include "devmem.h"
 #include "driver.h"
+#include "host.h"
 
 #ifndef FLCE_MMA_PEAK_SRC
 #error "FLCE_MMA_PEAK_SRC: the path of templates/bench_mma_peak.cu (set by CMake)"
 #endif
-
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) free(s), s = NULL;
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
-}
 
 static int cmp_f(const void *a, const void *b)
 {
@@ -43,7 +30,7 @@ static int cmp_f(const void *a, const void *b)
 /* The kernel's cubin for sm_<arch> (malloc'd, *len bytes), or NULL with NVRTC's log on stderr. */
 static char *compile_kernel(const char *type, int arch, size_t *len)
 {
-    char *src = read_file(FLCE_MMA_PEAK_SRC);
+    char *src = host_read_file(FLCE_MMA_PEAK_SRC, NULL);
     if (!src) {
         fprintf(stderr, "flce_mma_peak: cannot read %s\n", FLCE_MMA_PEAK_SRC);
         return NULL;

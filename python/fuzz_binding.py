@@ -715,8 +715,9 @@ def commit_id():
     stamp = os.path.join(root, ".device-commit")  # a device copy: written by bench/stamp-commit.sh
     if os.path.exists(stamp) and not os.path.isdir(os.path.join(root, ".git")):
         with open(stamp) as f:
-            if f.read().strip():
-                return open(stamp).read().strip()
+            text = f.read().strip()
+        if text:
+            return text
     try:
         r = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                            timeout=30)

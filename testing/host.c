@@ -272,3 +272,19 @@ void host_parallel_for(int64_t n, int threads, void (*fn)(void *arg, int64_t i),
     par_worker(&j); /* the caller works too: with no thread started, this is the serial loop */
     for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
 }
+
+char *host_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    char *s = n >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)n + 1) : NULL;
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) free(s), s = NULL;
+    fclose(f);
+    if (s) {
+        s[n] = '\0';
+        if (len) *len = (size_t)n;
+    }
+    return s;
+}

@@ -30,6 +30,10 @@ int64_t host_rng_below(host_rng *r, int64_t n); /* [0, n) */
 /* Seconds on the monotonic clock (differences only). */
 double host_now_s(void);
 
+/* The whole file at `path`, NUL-terminated (malloc'd; *len its bytes when len is not NULL), or NULL
+ * when it cannot be opened or read. */
+char *host_read_file(const char *path, size_t *len);
+
 /* Runs fn(arg, i) for i in [0, n) on `threads` threads (the caller's included; 0: one per core, at
  * most 64); returns when all are done. fn must not depend on the order. */
 void host_parallel_for(int64_t n, int threads, void (*fn)(void *arg, int64_t i), void *arg);

@@ -129,19 +129,24 @@ static void prob_free(prob *t) {
     free(t->h), free(t->w), free(t->b), free(t->cw), free(t->go), free(t->labels);
 }
 
-/* The scalar whose gradient ref_loss_and_grad returns: g·loss, or Σ g_i·loss_i for "none". */
+/* g·loss, or Σ g_i·loss_i for "none": the scalar whose gradient the references return. Frees loss. */
+static double upstream_objective(flce_reduction r, int64_t n, const double *go, double *loss, int rc) {
+    double f = 0.0;
+    if (r == FLCE_REDUCTION_NONE)
+        for (int64_t i = 0; i < n; i++)
+            f += go[i] * loss[i];
+    else
+        f = go[0] * loss[0];
+    free(loss);
+    return rc == 0 ? f : NAN;
+}
+
+/* The scalar whose gradient ref_loss_and_grad returns. */
 static double prob_objective(const prob *t) {
     double *loss = test_alloc((size_t)t->n, sizeof *loss);
     int rc = ref_loss_and_grad(&t->p, &t->x, t->n, t->d, t->v, t->h, t->w, t->b, t->labels, NULL,
                                loss, NULL, NULL, NULL, NULL);
-    double f = 0.0;
-    if (t->p.reduction == FLCE_REDUCTION_NONE)
-        for (int64_t i = 0; i < t->n; i++)
-            f += t->go[i] * loss[i];
-    else
-        f = t->go[0] * loss[0];
-    free(loss);
-    return rc == 0 ? f : NAN;
+    return upstream_objective(t->p.reduction, t->n, t->go, loss, rc);
 }
 
 /* Central differences of the objective w.r.t. every entry of a (an input of t). */
@@ -572,19 +577,12 @@ static void dprob_free(dprob *t) {
     free(t->hs), free(t->ws), free(t->ht), free(t->wt), free(t->go), free(t->labels);
 }
 
-/* g·loss, or Σ g_i·loss_i for "none": the scalar whose gradient ref_distill returns. */
+/* The scalar whose gradient ref_distill returns. */
 static double dprob_objective(const dprob *t) {
     double *loss = test_alloc((size_t)t->n, sizeof *loss);
     int rc = ref_distill(&t->p, t->n, t->ds, t->dt, t->v, t->hs, t->ws, t->ht, t->wt, t->labels,
                          NULL, loss, NULL, NULL);
-    double f = 0.0;
-    if (t->p.reduction == FLCE_REDUCTION_NONE)
-        for (int64_t i = 0; i < t->n; i++)
-            f += t->go[i] * loss[i];
-    else
-        f = t->go[0] * loss[0];
-    free(loss);
-    return rc == 0 ? f : NAN;
+    return upstream_objective(t->p.reduction, t->n, t->go, loss, rc);
 }
 
 static double dfd_error(dprob *t, double *a, size_t count, const double *grad) {

@@ -13,6 +13,7 @@
 
 #include "check.h"
 #include "config.h"
+#include "host.h"
 
 #define BEGIN_MARK "<!-- settings: generated from runtime/config_table.h by tests/test_settings_doc.c"
 #define END_MARK "<!-- settings: end -->"
@@ -87,20 +88,6 @@ static void section(text *t)
     put(t, "\n%s\n", END_MARK);
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) free(s), s = NULL;
-    fclose(f);
-    if (s) s[n] = '\0', *len = (size_t)n;
-    return s;
-}
-
 /* The section's start and end (past the end marker's line) in readme, or 0. */
 static int find_section(const char *readme, const char **begin, const char **end)
 {
@@ -116,7 +103,7 @@ static int find_section(const char *readme, const char **begin, const char **end
 static int write_readme(const char *path)
 {
     size_t len = 0;
-    char *readme = slurp(path, &len);
+    char *readme = host_read_file(path, &len);
     const char *b, *e;
     if (!readme || !find_section(readme, &b, &e)) {
         fprintf(stderr, "%s: no section between '%s' and '%s'\n", path, BEGIN_MARK, END_MARK);
@@ -137,7 +124,7 @@ static const char *readme_path, *source_dir;
 static void readme_section_is_the_table(void)
 {
     size_t len = 0;
-    char *readme = slurp(readme_path, &len);
+    char *readme = host_read_file(readme_path, &len);
     const char *b = NULL, *e = NULL;
     CHECKF(readme && find_section(readme, &b, &e), "%s: no generated settings section", readme_path);
     if (!b) {
@@ -194,7 +181,7 @@ static int stray_getenv(const char *dir, const char *allowed)
         snprintf(rel, sizeof rel, "%s/%s", dir, e->d_name);
         if (allowed && !strcmp(rel, allowed)) continue;
         size_t len = 0;
-        char *s = slurp(file, &len);
+        char *s = host_read_file(file, &len);
         if (s && strstr(s, "getenv(")) {
             fprintf(stderr, "%s calls getenv: read the environment through config_env (runtime/config.h)\n", rel);
             stray++;
