@@ -37,11 +37,11 @@ for s in $STAGES; do
         tail -3 "$OUT/fuzz-warm.log"
       fi
       ( cd python && FLCE_LIBRARY=$PWD/../build/libflce.so timeout ${FUZZ_TIMEOUT:-300} python3 fuzz_binding.py --cases ${FUZZ_CASES:-1000} \
-        --seed ${FUZZ_SEED:-21} --jobs ${FUZZ_JOBS:-1} --json "$OUT/fuzz.json" ) > "$OUT/fuzz.log" 2>&1 || rc=1
+        --seed ${FUZZ_SEED:-21} --jobs ${FUZZ_JOBS:-1} ${REAL_COMMIT:+--commit "$REAL_COMMIT"} --json "$OUT/fuzz.json" ) > "$OUT/fuzz.log" 2>&1 || rc=1
       tail -5 "$OUT/fuzz.log" ;;
     fuzz-bg)  # the fuzzer in the background while the next stages run (waited for at the end)
       ( cd python && FLCE_LIBRARY=$PWD/../build/libflce.so timeout ${FUZZ_TIMEOUT:-300} python3 fuzz_binding.py --cases ${FUZZ_CASES:-1000} \
-        --seed ${FUZZ_SEED:-21} --jobs ${FUZZ_JOBS:-1} --log-dir "$OUT/fuzzlogs" --json "$OUT/fuzz.json" ) > "$OUT/fuzz.log" 2>&1 &
+        --seed ${FUZZ_SEED:-21} --jobs ${FUZZ_JOBS:-1} ${REAL_COMMIT:+--commit "$REAL_COMMIT"} --log-dir "$OUT/fuzzlogs" --json "$OUT/fuzz.json" ) > "$OUT/fuzz.log" 2>&1 &
       fuzz_pid=$! ;;
     san)
       SANITIZE_LOG_DIR=$OUT/sanitize timeout ${SAN_TIMEOUT:-300} bash tests/sanitize.sh --log "$OUT/sanitize.log" build/flce build/tests/gpu_probe \

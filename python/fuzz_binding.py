@@ -710,7 +710,12 @@ def run_case(seed, index, include_known=False):
     return p
 
 
+COMMIT = None  # --commit: the caller's word (a device copy of the tree may carry a stale .git)
+
+
 def commit_id():
+    if COMMIT:
+        return COMMIT
     root = os.path.dirname(HERE)
     stamp = os.path.join(root, ".device-commit")  # a device copy: written by bench/stamp-commit.sh
     if os.path.exists(stamp) and not os.path.isdir(os.path.join(root, ".git")):
@@ -736,7 +741,7 @@ def commit_id():
 
 
 def main():
-    global COMPILE_SHARE
+    global COMPILE_SHARE, COMMIT
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=int, default=300)
@@ -759,7 +764,10 @@ def main():
                          "finished (the run then fails: fewer cases than asked for)")
     ap.add_argument("--log-dir", default=None, help="with --jobs: keep each process's log here (default: a "
                     "temporary folder, named at the start)")
+    ap.add_argument("--commit", default=None, help="the commit to record (default: the .device-commit stamp "
+                    "where there is no .git, else git's)")
     a = ap.parse_args()
+    COMMIT = a.commit
     COMPILE_SHARE = a.compile_share
     if a.jobs < 1:
         ap.error("--jobs must be at least 1")
@@ -846,6 +854,7 @@ def run_jobs(a):
     os.makedirs(logdir, exist_ok=True)
     base = [sys.executable, os.path.abspath(__file__), "--cases", str(a.cases), "--seed", str(a.seed),
             "--compile-share", str(a.compile_share)] + (["--include-known"] if a.include_known else []) \
+        + (["--commit", a.commit] if a.commit else []) \
         + (["-v"] if a.verbose else [])
     total = {"cases": 0, "passed": 0, "failed": 0}
     counts = {"good": 0, "bad": 0, "compiled": 0}
