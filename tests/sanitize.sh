@@ -114,14 +114,18 @@ MMA=FLCE_PORTABLE=1
 #                          2-CTA clusters and persistent
 #  gs-report-static        the same with dW alone in the static tile order (FLCE_GRAD_STREAMS=0)
 #  gs-token-chunks         chunked in 3 token chunks: the counter's dW adds into the fp32 accumulator
-#  gs-recompute-vchunks    recompute in 7 vocab chunks, each chunk's dW from the counter beside dH.
+#  gs-recompute-vchunks    recompute in vocab chunks, each chunk's dW from the counter beside dH.
 #                          At 2304x512x33000 (16 MiB, 10 chunks) and gs-recompute-dh-splits at 1536
 #                          tokens, racecheck ended in status 9 (compute-sanitizer 2025.3.1, H200,
 #                          2026-11-28, twice): SIGKILL by the OOM killer, racecheck's own process at
 #                          130 GB RSS on the 125 GiB host (run alone under /usr/bin/time -v), 0
 #                          hazards up to then; memcheck, synccheck and initcheck passed on both. Both
 #                          now take the smallest shapes `flce bench --list` shows with the same plan
-#                          ("dW beside dH (tiles from a counter)"); not yet run on a GPU
+#                          ("dW beside dH (tiles from a counter)"). At 768x256x33000 (8 MiB, 7 chunks)
+#                          racecheck was still killed (2026-11-28, session 23; flce_logits alone
+#                          took 87 GB), so vchunks is now one bench call (not the demo's 12) at
+#                          256x256x12288 in 3 vocab chunks of 4096 (`flce bench --list`: recompute;
+#                          dW beside dH, tiles from a counter)
 #  gs-recompute-dh-splits  recompute, dH split in 4, dW from the counter beside it (1152 tokens: at
 #                          1024 dW goes into clusters instead)
 #  dh-splits-dw-cluster    chunked, dH split in 4, dW in 2-CTA clusters (logits without clusters)
@@ -186,7 +190,7 @@ class-weights-smoothing   | -                          | $FZ 21 | N=2 D=584 V=47
 gs-report                 | -                          | $REPORT
 gs-report-static          | FLCE_GRAD_STREAMS=0        | $REPORT
 gs-token-chunks           | -                          | $BENCH --shapes 1024x256x16384 --strategies chunked-16MiB
-gs-recompute-vchunks      | -                          | demo --tokens 768 --hidden 256 --vocab 33000 --budget-mib 8
+gs-recompute-vchunks      | -                          | $BENCH --shapes 256x256x12288 --strategies recompute-2MiB
 gs-recompute-dh-splits    | -                          | demo --tokens 1152 --hidden 256 --vocab 33000
 dh-splits-dw-cluster      | -                          | demo --tokens 256 --hidden 512 --vocab 33000
 dh-splits-recompute       | -                          | demo --tokens 512 --hidden 256 --vocab 16384
