@@ -22,6 +22,7 @@
 #define CONFIG_OFFSET_EBOOL(field) CONFIG_NO_FIELD
 #define CONFIG_OFFSET_LIB(field) CONFIG_NO_FIELD
 #define CONFIG_OFFSET_SYS(field) CONFIG_NO_FIELD
+#define CONFIG_OFFSET_SWITCHES(field) CONFIG_NO_FIELD
 #define CONFIG_ROW(KIND, AUDIENCE, ID, field, name, lo, hi, def, values, default_text, effect) \
     {CONFIG_KIND_##KIND, CONFIG_AUDIENCE_##AUDIENCE, name, values, default_text, effect, lo, hi, def, \
      CONFIG_OFFSET_##KIND(field)},
@@ -32,6 +33,18 @@ _Static_assert(sizeof(config_nvrtc_fast) == sizeof(int), "FAST fields are stored
 const config_setting *config_settings(void) { return config_table; }
 
 static int config_is_process(const config_setting *s) { return s->offset != CONFIG_NO_FIELD; }
+
+int config_is_dev_switch(const config_setting *s)
+{
+    return s->audience == CONFIG_AUDIENCE_DEV && config_is_process(s);
+}
+
+void config_dev_legacy_name(const config_setting *s, char *out, size_t cap)
+{
+    size_t n = (size_t)snprintf(out, cap, "FLCE_%s", s->name);
+    for (size_t i = 5; i < n && i < cap; i++)
+        if (out[i] >= 'a' && out[i] <= 'z') out[i] = (char)(out[i] - 'a' + 'A');
+}
 
 static int *config_field(flce_config *c, const config_setting *s) { return (int *)((char *)c + s->offset); }
 static int config_value(const flce_config *c, const config_setting *s) { return *(const int *)((const char *)c + s->offset); }
@@ -125,20 +138,95 @@ static int parse_nvrtc_fast(const char *name, const char *value)
     return CONFIG_NVRTC_FAST_OFF;
 }
 
+/* One process row's value from its text (NULL or "": the default), named `name` in warnings. */
+static void config_set_row(flce_config *c, const config_setting *s, const char *name, const char *v)
+{
+    switch (s->kind) {
+    case CONFIG_KIND_BOOL:
+    case CONFIG_KIND_TILE: *config_field(c, s) = config_parse_bool(name, v, s->def); break;
+    case CONFIG_KIND_INT: *config_field(c, s) = config_parse_int(name, v, s->lo, s->hi, s->def); break;
+    case CONFIG_KIND_FAST: *config_field(c, s) = parse_nvrtc_fast(name, v); break;
+    default: break; /* read at each use (config_env) */
+    }
+}
+
+/* A developer switch's retired variable (FLCE_TMA=0): still honoured for this release, so that a
+ * script or a command copied from bench/NOTES.md measures what it says; but never in silence, since
+ * the next release drops it. FLCE_DEV, read after, wins where both set a switch. */
+static void config_dev_legacy(flce_config *c, const config_setting *s)
+{
+    char legacy[64];
+    config_dev_legacy_name(s, legacy, sizeof legacy);
+    const char *v = getenv(legacy);
+    if (!v || !*v) return;
+    log_msg(LOG_WARN, "%s=%s: a retired variable, read for this release only: write FLCE_DEV=%s=%s", legacy, v,
+            s->name, v);
+    config_set_row(c, s, legacy, v);
+}
+
+/* The developer switch whose key is the n bytes at key, or NULL. */
+static const config_setting *config_dev_switch(const char *key, size_t n)
+{
+    for (int i = 0; i < CONFIG_COUNT; i++) {
+        const config_setting *s = &config_table[i];
+        if (config_is_dev_switch(s) && strlen(s->name) == n && !strncmp(s->name, key, n)) return s;
+    }
+    return NULL;
+}
+
+/* One item of FLCE_DEV, "key=value" with surrounding blanks trimmed. Strict like the other
+ * settings: a key that is no switch or a value that does not parse is a warning naming it, and the
+ * switch (if any) keeps its default; an empty item (a trailing comma) is nothing. */
+static void config_dev_item(flce_config *c, const char *item, size_t n)
+{
+    while (n && (*item == ' ' || *item == '\t')) item++, n--;
+    while (n && (item[n - 1] == ' ' || item[n - 1] == '\t')) n--;
+    if (!n) return;
+    const char *eq = memchr(item, '=', n);
+    if (!eq) {
+        log_msg(LOG_WARN, "FLCE_DEV: '%.*s' is not key=value; ignored", (int)n, item);
+        return;
+    }
+    const config_setting *s = config_dev_switch(item, (size_t)(eq - item));
+    if (!s) {
+        log_msg(LOG_WARN, "FLCE_DEV: '%.*s' is not a developer switch (README \"Developer switches\"); ignored",
+                (int)(eq - item), item);
+        return;
+    }
+    char value[64], name[64];
+    size_t vn = n - (size_t)(eq + 1 - item);
+    snprintf(value, sizeof value, "%.*s", (int)vn, eq + 1);
+    snprintf(name, sizeof name, "FLCE_DEV %s", s->name);
+    if (!vn || vn >= sizeof value) { /* "tma=": a value forgotten, not the default asked for */
+        log_msg(LOG_WARN, "%s=%.*s: not a value; the default is used", name, (int)(vn < 64 ? vn : 64), eq + 1);
+        config_set_row(c, s, name, NULL);
+        return;
+    }
+    config_set_row(c, s, name, value);
+}
+
+/* FLCE_DEV: comma-separated key=value items, later ones winning. */
+static void config_dev_parse(flce_config *c, const char *v)
+{
+    if (!v) return;
+    for (const char *p = v;;) {
+        const char *comma = strchr(p, ',');
+        size_t n = comma ? (size_t)(comma - p) : strlen(p);
+        config_dev_item(c, p, n);
+        if (!comma) break;
+        p = comma + 1;
+    }
+}
+
 void config_from_env(flce_config *c)
 {
     config_defaults(c);
     for (int i = 0; i < CONFIG_COUNT; i++) {
         const config_setting *s = &config_table[i];
-        const char *v = getenv(s->name);
-        switch (s->kind) {
-        case CONFIG_KIND_BOOL:
-        case CONFIG_KIND_TILE: *config_field(c, s) = config_parse_bool(s->name, v, s->def); break;
-        case CONFIG_KIND_INT: *config_field(c, s) = config_parse_int(s->name, v, s->lo, s->hi, s->def); break;
-        case CONFIG_KIND_FAST: *config_field(c, s) = parse_nvrtc_fast(s->name, v); break;
-        default: break; /* read at each use (config_env) */
-        }
+        if (config_is_dev_switch(s)) config_dev_legacy(c, s);
+        else if (config_is_process(s)) config_set_row(c, s, s->name, getenv(s->name));
     }
+    config_dev_parse(c, getenv(config_table[CONFIG_DEV].name));
     /* a 1-CTA cluster is no cluster: 0 and 1 both leave it off; -1 (unset): plan.c's rule */
     c->cluster = c->cluster == 2 ? 2 : c->cluster < 0 ? -1 : 0;
     /* a multiple of 256 keeps each slice's dZ 16-byte aligned for TMA (launch_grads.c run_dh) */
@@ -153,16 +241,16 @@ void config_log(const flce_config *c)
     if (!log_enabled(LOG_INFO)) return;
     for (int i = 0; i < CONFIG_COUNT; i++) {
         const config_setting *s = &config_table[i];
-        if (!config_is_process(s)) {
-            const char *v = s->kind == CONFIG_KIND_SYS ? NULL : getenv(s->name);
+        if (!config_is_process(s)) { /* FLCE_DEV: its switches' lines below say what it set */
+            const char *v = s->kind == CONFIG_KIND_SYS || s->kind == CONFIG_KIND_SWITCHES ? NULL : getenv(s->name);
             if (v && *v) log_msg(LOG_INFO, "config: %s=%s (each use)", s->name, v);
             continue;
         }
         int v = config_value(c, s), is_default = v == config_value(&d, s);
-        const char *tail = is_default ? " (default)" : "";
-        if (s->kind == CONFIG_KIND_INT) log_msg(LOG_INFO, "config: %s=%d%s", s->name, v, tail);
+        const char *tail = is_default ? " (default)" : "", *dev = config_is_dev_switch(s) ? "FLCE_DEV " : "";
+        if (s->kind == CONFIG_KIND_INT) log_msg(LOG_INFO, "config: %s%s=%d%s", dev, s->name, v, tail);
         else if (s->kind == CONFIG_KIND_FAST) log_msg(LOG_INFO, "config: %s=%s%s", s->name, config_fast_words[v & 3], tail);
-        else log_msg(LOG_INFO, "config: %s=%s%s", s->name, v ? "on" : "off", tail);
+        else log_msg(LOG_INFO, "config: %s%s=%s%s", dev, s->name, v ? "on" : "off", tail);
     }
 }
 

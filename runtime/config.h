@@ -40,8 +40,9 @@ typedef enum config_nvrtc_fast {
 #define CONFIG_FIELD_EBOOL(field)
 #define CONFIG_FIELD_LIB(field)
 #define CONFIG_FIELD_SYS(field)
+#define CONFIG_FIELD_SWITCHES(field) /* FLCE_DEV: its switches are the DEV rows' fields */
 typedef struct flce_config {
-    spec_knobs tiles; /* FLCE_TMA (default on), FLCE_ENABLE_SM100 (default off) */
+    spec_knobs tiles; /* FLCE_DEV tma (default on), FLCE_ENABLE_SM100 (default off) */
     CONFIG_SETTINGS(CONFIG_FIELD)
 } flce_config;
 
@@ -53,7 +54,8 @@ typedef enum config_kind {
     CONFIG_KIND_BOOL, CONFIG_KIND_INT, CONFIG_KIND_TILE, CONFIG_KIND_FAST, /* once per process */
     CONFIG_KIND_LEVEL, CONFIG_KIND_TEXT, CONFIG_KIND_NUM, CONFIG_KIND_EBOOL, /* at each use */
     CONFIG_KIND_LIB,  /* once, when that library is first opened */
-    CONFIG_KIND_SYS   /* a system variable */
+    CONFIG_KIND_SYS,  /* a system variable */
+    CONFIG_KIND_SWITCHES /* FLCE_DEV: the DEV rows' keys and values, once per process */
 } config_kind;
 
 typedef enum config_audience {
@@ -64,7 +66,7 @@ typedef enum config_audience {
 typedef struct config_setting {
     config_kind kind;
     config_audience audience;
-    const char *name;         /* the variable */
+    const char *name;         /* the variable; a developer switch's key in FLCE_DEV */
     const char *values;       /* NULL: derived (config_setting_values) */
     const char *default_text; /* NULL: derived (config_setting_default) */
     const char *effect;       /* Markdown */
@@ -75,6 +77,11 @@ typedef struct config_setting {
 
 /* The table, CONFIG_COUNT rows in config_id order. */
 const config_setting *config_settings(void);
+/* 1 for a developer switch: a DEV row with a field, set as `key=value` in FLCE_DEV. */
+int config_is_dev_switch(const config_setting *s);
+/* A developer switch's variable before FLCE_DEV ("tma": "FLCE_TMA"), still read for one release
+ * with a warning naming its FLCE_DEV spelling. */
+void config_dev_legacy_name(const config_setting *s, char *out, size_t cap);
 /* The README's Values and Default words of a row (the table's, or derived from kind, range and
  * default). */
 void config_setting_values(const config_setting *s, char *out, size_t cap);
@@ -87,7 +94,9 @@ const flce_config *config_get(void);
 /* Every setting at its default, as with an empty environment. */
 void config_defaults(flce_config *c);
 
-/* Fills c from the environment now (warnings for values that do not parse). */
+/* Fills c from the environment now (warnings for values that do not parse, for keys of FLCE_DEV
+ * that are no switch and for a switch's retired variable, FLCE_TMA=0, which still counts unless
+ * FLCE_DEV sets that switch). */
 void config_from_env(flce_config *c);
 
 /* Tests and the bench tool's side-by-side rows only: re-reads the environment into the process's
@@ -110,8 +119,9 @@ int config_log_level(void);
 int config_parse_bool(const char *name, const char *value, int def);
 int config_parse_int(const char *name, const char *value, int lo, int hi, int def);
 
-/* One line per setting at FLCE_LOG=info: "config: FLCE_TMA=on (default)"; the rows read at each
- * use that are set: "config: FLCE_CACHE_DIR=/x (each use)". */
+/* One line per setting at FLCE_LOG=info: "config: FLCE_TUNE=off (default)", a developer switch
+ * "config: FLCE_DEV tma=off"; the rows read at each use that are set: "config: FLCE_CACHE_DIR=/x
+ * (each use)". */
 void config_log(const flce_config *c);
 
 #endif

@@ -5,11 +5,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "capture.h"
 #include "check.h"
 #include "config.h"
+#include "dev_env.h"
 #include "emit.h"
 #include "plan.h"
 
@@ -78,11 +80,17 @@ static void integers_outside_their_range_are_the_default(void)
         CHECKF(config_parse_int("FLCE_X", bad[i], 0, 4096, 8) == 8, "%s", bad[i]);
 }
 
-/* Unsets every process setting of config_table.h (the rows read once into flce_config). */
+/* Unsets every process setting of config_table.h (the rows read once into flce_config): FLCE_DEV
+ * and the developer switches' retired variables too. */
 static void clear_knobs(void)
 {
-    for (int i = 0; i < CONFIG_COUNT; i++)
-        if (config_settings()[i].offset != CONFIG_NO_FIELD) unsetenv(config_settings()[i].name);
+    for (int i = 0; i < CONFIG_COUNT; i++) {
+        const config_setting *s = &config_settings()[i];
+        char legacy[64];
+        if (config_is_dev_switch(s)) config_dev_legacy_name(s, legacy, sizeof legacy), unsetenv(legacy);
+        else if (s->offset != CONFIG_NO_FIELD) unsetenv(s->name);
+    }
+    unsetenv("FLCE_DEV");
 }
 
 /* The defaults are today's behaviour: TMA, compact, fused dZ and prefetch on; raster groups of 8. */
@@ -103,14 +111,13 @@ static void an_empty_environment_gives_the_defaults(void)
 static void every_knob_reads_its_variable(void)
 {
     clear_knobs();
-    setenv("FLCE_PORTABLE", "yes", 1), setenv("FLCE_TMA", "off", 1), setenv("FLCE_ENABLE_SM100", "true", 1);
-    setenv("FLCE_COMPACT", "0", 1), setenv("FLCE_FUSED_DZ", "no", 1);
-    setenv("FLCE_RED_ACC", "off", 1), setenv("FLCE_CLUSTER", "2", 1), setenv("FLCE_RASTER", "16", 1);
-    setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_TIERED", "no", 1), setenv("FLCE_UNLOCKED_COMPILE", "yes", 1), setenv("FLCE_FULL_TILES", "off", 1), setenv("FLCE_DH_K_SLICE", "1000", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
-    setenv("FLCE_TP_DH_16BIT", "yes", 1), setenv("FLCE_TP_OVERLAP", "off", 1), setenv("FLCE_GRAD_STREAMS", "off", 1);
-    setenv("FLCE_TP_OVERLAP_SMS", "16", 1);
-    setenv("FLCE_QROWS", "0", 1), setenv("FLCE_LOGITS_CLUSTER", "0", 1);
-    setenv("FLCE_TP_DH_GATHER16", "off", 1);
+    setenv("FLCE_PORTABLE", "yes", 1), setenv("FLCE_ENABLE_SM100", "true", 1);
+    setenv("FLCE_TUNE", "1", 1), setenv("FLCE_PREFETCH", "0", 1), setenv("FLCE_TIERED", "no", 1), setenv("FLCE_NVRTC_FAST", "max", 1);
+    setenv("FLCE_DEV",
+           "tma=off,compact=0,fused_dz=no,red_acc=off,cluster=2,raster=16,unlocked_compile=yes,full_tiles=off,"
+           "dh_k_slice=1000,tp_dh_16bit=yes,tp_overlap=off,grad_streams=off,tp_overlap_sms=16,qrows=0,"
+           "logits_cluster=0,tp_dh_gather16=off",
+           1);
     flce_config c;
     config_from_env(&c);
     CHECK(c.portable && !c.tiles.tma && c.tiles.enable_sm100 && !c.compact && !c.fused_dz);
@@ -132,9 +139,9 @@ static void cluster_and_nvrtc_fast_take_their_own_values(void)
     flce_config c;
     clear_knobs();
     for (size_t i = 0; i < sizeof cluster / sizeof cluster[0]; i++) {
-        setenv("FLCE_CLUSTER", cluster[i].text, 1);
+        dev_env_set("cluster", cluster[i].text);
         config_from_env(&c);
-        CHECKF(c.cluster == cluster[i].want, "FLCE_CLUSTER=%s: %d", cluster[i].text, c.cluster);
+        CHECKF(c.cluster == cluster[i].want, "FLCE_DEV cluster=%s: %d", cluster[i].text, c.cluster);
     }
     for (size_t i = 0; i < sizeof fast / sizeof fast[0]; i++) {
         setenv("FLCE_NVRTC_FAST", fast[i].text, 1);
@@ -144,7 +151,8 @@ static void cluster_and_nvrtc_fast_take_their_own_values(void)
     clear_knobs();
 }
 
-/* Each process row of config_table.h reads its own variable into its own field and nothing else. */
+/* Each process row of config_table.h reads its own variable (a developer switch: its key in
+ * FLCE_DEV) into its own field and nothing else. */
 static void every_table_row_reads_its_variable_into_its_field(void)
 {
     const config_setting *rows = config_settings();
@@ -159,7 +167,8 @@ static void every_table_row_reads_its_variable_into_its_field(void)
         if (s->kind == CONFIG_KIND_FAST) want = CONFIG_NVRTC_FAST_MAX, snprintf(text, sizeof text, "max");
         else if (s->kind == CONFIG_KIND_INT) want = s->lo != s->def ? s->lo : s->hi, snprintf(text, sizeof text, "%d", want);
         else want = !s->def, snprintf(text, sizeof text, "%s", want ? "on" : "off");
-        setenv(s->name, text, 1);
+        if (config_is_dev_switch(s)) dev_env_set(s->name, text);
+        else setenv(s->name, text, 1);
         flce_config d, c;
         config_defaults(&d);
         config_from_env(&c);
@@ -170,6 +179,95 @@ static void every_table_row_reads_its_variable_into_its_field(void)
     }
     clear_knobs();
     CHECKF(process_rows == 31, "%d process settings (update this count with the table)", process_rows);
+}
+
+static void from_env(void *arg) { config_from_env(arg); }
+
+/* config_from_env(c) under FLCE_LOG=warn; returns what it printed (capture_stderr's storage). */
+static const char *from_env_capturing(flce_config *c) { return capture_stderr("warn", from_env, c); }
+
+/* FLCE_DEV: every developer switch in one variable, as key=value items; blanks around an item and
+ * an empty item are nothing, a later item wins; not a word of warning for any of it. */
+static void dev_switches_are_items_of_one_variable(void)
+{
+    clear_knobs();
+    setenv("FLCE_DEV", " tma=0 , grad_streams=off,raster=4,,raster=5,", 1);
+    flce_config c, d;
+    const char *out = from_env_capturing(&c);
+    CHECKF(!c.tiles.tma && !c.grad_streams && c.raster_rows == 5 && !*out, "%s", out);
+    config_defaults(&d);
+    d.tiles.tma = 0, d.grad_streams = 0, d.raster_rows = 5;
+    CHECK(!memcmp(&c, &d, sizeof c));
+    clear_knobs();
+}
+
+/* Strict like every other setting: a key that is no switch (the template macro's spelling TMA
+ * included), a value that does not parse or no value at all is a warning naming it, and the switch
+ * keeps its default; the items beside it still count. */
+static void a_bad_dev_item_is_a_warning_naming_it_and_the_default(void)
+{
+    static const struct {
+        const char *dev, *warning;
+    } bad[] = {
+        {"tmaa=0", "FLCE_DEV: 'tmaa' is not a developer switch"},
+        {"TMA=0", "FLCE_DEV: 'TMA' is not a developer switch"},
+        {"tma=maybe", "FLCE_DEV tma=maybe: not 1/0, on/off, true/false or yes/no; the default (on) is used"},
+        {"raster=-1", "FLCE_DEV raster=-1: not an integer in 0..4096; the default (8) is used"},
+        {"tma", "FLCE_DEV: 'tma' is not key=value; ignored"},
+        {"tma=", "FLCE_DEV tma=: not a value; the default is used"},
+        {"tma=0,tma=maybe", "FLCE_DEV tma=maybe: not 1/0"},
+    };
+    flce_config c, d;
+    config_defaults(&d);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        clear_knobs();
+        setenv("FLCE_DEV", bad[i].dev, 1);
+        const char *out = from_env_capturing(&c);
+        CHECKF(strstr(out, bad[i].warning) && !memcmp(&c, &d, sizeof c), "FLCE_DEV=%s: not the defaults, or warned '%s'",
+               bad[i].dev, out);
+    }
+    setenv("FLCE_DEV", "compact=0,bogus=1,tma=maybe,grad_streams=0", 1);
+    const char *out = from_env_capturing(&c);
+    CHECKF(!c.compact && !c.grad_streams && c.tiles.tma && strstr(out, "'bogus'") && strstr(out, "tma=maybe"), "%s", out);
+    clear_knobs();
+}
+
+/* A switch's variable before FLCE_DEV (FLCE_TMA=0) still counts for this release, never in
+ * silence: a warning names its FLCE_DEV spelling; FLCE_DEV wins where both set the switch. */
+static void a_retired_switch_variable_counts_with_a_warning_naming_its_new_spelling(void)
+{
+    clear_knobs();
+    setenv("FLCE_TMA", "0", 1);
+    flce_config c;
+    const char *out = from_env_capturing(&c);
+    CHECKF(!c.tiles.tma && strstr(out, "FLCE_TMA=0: a retired variable, read for this release only: write FLCE_DEV=tma=0"),
+           "%s", out);
+    setenv("FLCE_DEV", "tma=1", 1);
+    out = from_env_capturing(&c);
+    CHECKF(c.tiles.tma && strstr(out, "FLCE_TMA=0: a retired variable"), "%s", out);
+    setenv("FLCE_DEV", "tma=maybe", 1); /* a bad FLCE_DEV value: the default, not the retired one's */
+    config_from_env(&c);
+    CHECK(c.tiles.tma);
+    const config_setting *rows = config_settings();
+    int switches = 0;
+    for (int i = 0; i < CONFIG_COUNT; i++) {
+        const config_setting *s = &rows[i];
+        if (!config_is_dev_switch(s)) continue;
+        switches++;
+        clear_knobs();
+        char legacy[64], text[32];
+        config_dev_legacy_name(s, legacy, sizeof legacy);
+        CHECKF(!strncmp(legacy, "FLCE_", 5) && !strcasecmp(legacy + 5, s->name) && strcmp(legacy + 5, s->name),
+               "%s: retired as %s", s->name, legacy);
+        int want = s->kind == CONFIG_KIND_INT ? (s->lo != s->def ? s->lo : s->hi) : !s->def;
+        if (s->kind == CONFIG_KIND_INT) snprintf(text, sizeof text, "%d", want);
+        else snprintf(text, sizeof text, "%s", want ? "on" : "off");
+        setenv(legacy, text, 1);
+        config_from_env(&c);
+        CHECKF(*(int *)((char *)&c + s->offset) == want, "%s=%s: not read", legacy, text);
+    }
+    CHECKF(switches == 23, "%d developer switches (update this count with the table)", switches);
+    clear_knobs();
 }
 
 static void log_config(void *arg) { config_log(arg); }
@@ -190,8 +288,8 @@ static void the_log_line_names_every_setting(void)
     for (int i = 0; i < CONFIG_COUNT; i++) want += config_settings()[i].offset != CONFIG_NO_FIELD;
     CHECKF(lines - each_use == want && each_use >= 1, "%d config lines, %d of them each use; want %d + 1 at least:\n%s",
            lines, each_use, want, out);
-    CHECKF(strstr(out, "config: FLCE_COMPACT=off\n") && strstr(out, "config: FLCE_TMA=on (default)\n") &&
-               strstr(out, "config: FLCE_NVRTC_FAST=off (default)\n") && strstr(out, "config: FLCE_RASTER=8 (default)\n") &&
+    CHECKF(strstr(out, "config: FLCE_DEV compact=off\n") && strstr(out, "config: FLCE_DEV tma=on (default)\n") &&
+               strstr(out, "config: FLCE_NVRTC_FAST=off (default)\n") && strstr(out, "config: FLCE_DEV raster=8 (default)\n") &&
                strstr(out, "config: FLCE_CACHE_RO=/nonexistent-ro (each use)\n"),
            "%s", out);
     unsetenv("FLCE_CACHE_RO");
@@ -203,11 +301,11 @@ static void the_process_settings_change_only_on_reload(void)
     clear_knobs();
     config_reload();
     CHECK(config_get()->compact == 1);
-    setenv("FLCE_COMPACT", "off", 1);
+    dev_env_set("compact", "off");
     CHECK(config_get()->compact == 1);
     config_reload();
     CHECK(config_get()->compact == 0);
-    unsetenv("FLCE_COMPACT");
+    dev_env_set("compact", NULL);
     config_reload();
     CHECK(config_get()->compact == 1);
 }
@@ -220,7 +318,7 @@ static void replace_sets_the_process_settings_as_data(void)
     flce_config c = *config_get();
     c.compact = 0, c.raster_rows = 3;
     config_replace(&c);
-    CHECK(config_get()->compact == 0 && config_get()->raster_rows == 3 && !getenv("FLCE_COMPACT"));
+    CHECK(config_get()->compact == 0 && config_get()->raster_rows == 3 && !getenv("FLCE_DEV"));
     config_reload();
     CHECK(config_get()->compact == 1 && config_get()->raster_rows == PLAN_RASTER_ROWS);
 }
@@ -263,7 +361,7 @@ static void planning_is_a_pure_function_of_its_inputs(void)
     config_defaults(&cfg);
     plan a, b, offline;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &a) == FLCE_OK);
-    setenv("FLCE_COMPACT", "0", 1), setenv("FLCE_TMA", "0", 1), setenv("FLCE_RASTER", "3", 1);
+    setenv("FLCE_DEV", "compact=0,tma=0,raster=3", 1);
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &b) == FLCE_OK);
     clear_knobs();
     CHECK(!memcmp(&a, &b, sizeof a));
@@ -827,6 +925,9 @@ int main(void)
     RUN(every_knob_reads_its_variable);
     RUN(cluster_and_nvrtc_fast_take_their_own_values);
     RUN(every_table_row_reads_its_variable_into_its_field);
+    RUN(dev_switches_are_items_of_one_variable);
+    RUN(a_bad_dev_item_is_a_warning_naming_it_and_the_default);
+    RUN(a_retired_switch_variable_counts_with_a_warning_naming_its_new_spelling);
     RUN(the_log_line_names_every_setting);
     RUN(the_process_settings_change_only_on_reload);
     RUN(replace_sets_the_process_settings_as_data);

@@ -56,12 +56,14 @@ static const char *when_read(const config_setting *s)
     }
 }
 
-static void table(text *t, config_audience a, config_audience b)
+/* The rows of audience a or b: variables, or (switches) the developer switches' keys in FLCE_DEV. */
+static void table(text *t, config_audience a, config_audience b, int switches)
 {
     const config_setting *rows = config_settings();
-    put(t, "| Variable | Values | Default | Effect |\n|---|---|---|---|\n");
+    put(t, "| %s | Values | Default | Effect |\n|---|---|---|---|\n", switches ? "Key in `FLCE_DEV`" : "Variable");
     for (int i = 0; i < CONFIG_COUNT; i++) {
         if (rows[i].audience != a && rows[i].audience != b) continue;
+        if (config_is_dev_switch(&rows[i]) != switches) continue;
         char values[256], def[256];
         config_setting_values(&rows[i], values, sizeof values);
         config_setting_default(&rows[i], def, sizeof def);
@@ -75,12 +77,22 @@ static void section(text *t)
     const config_setting *rows = config_settings();
     put(t, "%s: edit the table, then `test_settings_doc --write README.md` -->\n\n", BEGIN_MARK);
     put(t, "### Settings\n\n");
-    table(t, CONFIG_AUDIENCE_USER, CONFIG_AUDIENCE_USER);
+    table(t, CONFIG_AUDIENCE_USER, CONFIG_AUDIENCE_USER, 0);
     put(t, "\n### Developer switches\n\n");
     put(t, "Algorithm variants kept for side-by-side measurements (`bench/NOTES.md`) and the tests that run "
            "the other path; each default is the measured choice. Not settings for production: they may "
            "go when the variant that lost is removed.\n\n");
-    table(t, CONFIG_AUDIENCE_DEV, CONFIG_AUDIENCE_TEST);
+    put(t, "All of them are one variable, `FLCE_DEV`: comma-separated `key=value` items with the keys below "
+           "(`FLCE_DEV=tma=0,grad_streams=off`; blanks around an item are ignored, a later item wins; on/off "
+           "values take the settings' words). A key that is not below, or a value that does not parse, is a "
+           "warning under `FLCE_LOG=warn` naming it, and the switch keeps its default. `FLCE_LOG=info` "
+           "prints each switch (`config: FLCE_DEV tma=off`). Each switch had its own variable before "
+           "2026-11-28 (`FLCE_TMA=0`, the key in capitals): these are still read in this release, each with "
+           "a warning naming its `FLCE_DEV` spelling (`FLCE_DEV` wins where both set a switch), and go in "
+           "the next.\n\n");
+    table(t, CONFIG_AUDIENCE_DEV, CONFIG_AUDIENCE_TEST, 0);
+    put(t, "\n");
+    table(t, CONFIG_AUDIENCE_DEV, CONFIG_AUDIENCE_DEV, 1);
     put(t, "\n### System variables\n\nRead to derive defaults, never set by flce.\n\n");
     put(t, "| Variable | Used for |\n|---|---|\n");
     for (int i = 0; i < CONFIG_COUNT; i++)
@@ -146,7 +158,8 @@ static void readme_section_is_the_table(void)
     free(readme), free(t.s);
 }
 
-/* Every row says what it takes, its default and its effect; names are unique and ours start FLCE_. */
+/* Every row says what it takes, its default and its effect; names are unique, our variables start
+ * FLCE_ and the developer switches' keys are lowercase (never a template macro's spelling). */
 static void every_row_is_complete(void)
 {
     const config_setting *rows = config_settings();
@@ -158,7 +171,11 @@ static void every_row_is_complete(void)
         CHECKF(sys || (*values && *def), "%s: no values or default words", rows[i].name);
         CHECKF(rows[i].effect && *rows[i].effect, "%s: no effect", rows[i].name);
         CHECKF(sys == (rows[i].audience == CONFIG_AUDIENCE_SYSTEM), "%s: a system variable is SYS/SYSTEM", rows[i].name);
-        CHECKF(sys != !strncmp(rows[i].name, "FLCE_", 5), "%s: ours start FLCE_, system ones do not", rows[i].name);
+        if (config_is_dev_switch(&rows[i]))
+            CHECKF(strspn(rows[i].name, "abcdefghijklmnopqrstuvwxyz0123456789_") == strlen(rows[i].name),
+                   "%s: a developer switch's key is lowercase", rows[i].name);
+        else
+            CHECKF(sys != !strncmp(rows[i].name, "FLCE_", 5), "%s: ours start FLCE_, system ones do not", rows[i].name);
         for (int k = 0; k < i; k++) CHECKF(strcmp(rows[i].name, rows[k].name), "%s: two rows", rows[i].name);
     }
 }
