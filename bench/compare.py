@@ -35,7 +35,7 @@ really does):
   cublas-role-dh       role     dZ[NxV] bf16 . W[VxD] -> N x D
   cublas-role-dw       role     dZ^T[VxN] . H[NxD] -> V x D   (dZ: a preallocated random bf16 N x V input)
  and flce's own role kernels, each one's time per call inside flce's AUTO loss-and-grad (and forward)
- calls, from `FLCE_GRAD_STREAMS=0 flce bench --timeline --json` run as a subprocess (--flce-bin; dH
+ calls, from `FLCE_DEV=grad_streams=0 flce bench --timeline --json` run as a subprocess (--flce-bin; dH
  and dW one after the other so their times do not overlap; CUDA events between
  launches, so in-run, back to back with the other kernels, where the cuBLAS role rows time one GEMM
  in a loop; vs_role: ms / the cublas-inrun row of the same GEMM, else the cublas-role row):
@@ -586,7 +586,8 @@ def flce_role_rows(shape, std, args):
     try:
         # dH and dW one after the other: launched at once (the default) their events overlap and
         # dH's row would span both kernels (bench/NOTES.md v18)
-        bench, proc = run_flce_bench(tool, shape, std, args, {"FLCE_GRAD_STREAMS": "0"}, ("--timeline",))
+        dev = ",".join(x for x in (os.environ.get("FLCE_DEV", ""), "grad_streams=0") if x)  # the last item wins
+        bench, proc = run_flce_bench(tool, shape, std, args, {"FLCE_DEV": dev}, ("--timeline",))
     except Exception as e:  # noqa: BLE001  (a result like any other failure)
         return [dict(new_row("flce-role-logits", "role"), error=f"flce bench: {first_line(e)}")]
     n, d, v = (int(x) for x in shape.split("x"))

@@ -15,16 +15,16 @@
 #   tp       with 2 or more GPUs: the test_tp CTests (plain, overlap, qrows, register), then
 #            bench/tp_compare.py under torchrun at tp = 2 and 4 (as many as there are GPUs; NCCL's
 #            collectives logged, --timeline), then flce-nccl beside flce-local once per variant in
-#            $TP2_VARIANTS / $TP4_VARIANTS or else $TP_VARIANTS (default "novl"): novl FLCE_TP_OVERLAP=0, sms16 / sms48
-#            FLCE_TP_OVERLAP_SMS, dh16 FLCE_TP_DH_16BIT=1, mbN --memory-budget N (MiB), rcN the same
+#            $TP2_VARIANTS / $TP4_VARIANTS or else $TP_VARIANTS (default "novl"): novl FLCE_DEV=tp_overlap=0, sms16 / sms48
+#            FLCE_DEV tp_overlap_sms, dh16 FLCE_DEV=tp_dh_16bit=1, mbN --memory-budget N (MiB), rcN the same
 #            with --strategy recompute, ar
-#            FLCE_TP_DH_GATHER16=0 (dH's fp32 all-reduce), noq FLCE_QROWS=0, reg
+#            FLCE_DEV=tp_dh_gather16=0 (dH's fp32 all-reduce), noq FLCE_DEV=qrows=0, reg
 #            flce-nccl-reg; multicast (NVLS) off (issues 5, 20)
 #   tptime   with 2 or more GPUs: `FLCE_TEST_TP_TIME=$TPTIME_SHAPE test_tp` (default 8192,4096,128256:
 #            loss_and_grad with and without SP at tp = 2 and 4, 20 queued steps, the slowest rank)
 #            once per setting in $TPTIME_VARIANTS (space-separated NAME=value, several joined by
-#            "+" as NCCL_MAX_CTAS=16+FLCE_TP_OVERLAP_SMS=16, "-" for none;
-#            default "- FLCE_TP_OVERLAP=0 - FLCE_TP_OVERLAP=0")
+#            "+" as NCCL_MAX_CTAS=16+FLCE_DEV=tp_overlap_sms=16, "-" for none;
+#            default "- FLCE_DEV=tp_overlap=0 - FLCE_DEV=tp_overlap=0")
 #   profile  per-kernel durations (ncu, clocks and caches left alone) of one loss-and-grad call per
 #            strategy in $PROFILE_STRATEGIES at $PROFILE_SHAPE (bench/ncu_summary.py tables)
 #   timeline `flce bench --timeline` (each kernel's in-run time, each run's time and input set) for
@@ -33,7 +33,7 @@
 #            (the forward pass), flce_dh and flce_dw in a recompute call at $PROFILE_SHAPE
 #   ab       `flce bench` of this tree and of prev/ (an older tree carried beside it) alternately,
 #            twice, over --bench-shapes (BENCH_ARGS as for bench); with AB_ENV=NAME=value, this
-#            tree with that setting stands in for prev/ (AB_ENV=FLCE_TMA=0: TMA vs cp.async)
+#            tree with that setting stands in for prev/ (AB_ENV=FLCE_DEV=tma=0: TMA vs cp.async)
 #   python   the binding's layout check, python/test_binding.py and test_hf.py against PyTorch (from
 #            the tree), then the package pip-installed with the library inside (--target, offline)
 #            and python/test_installed.py against that installed copy (torch.compile models, issue 17)
@@ -168,14 +168,14 @@ for stage in "${stages[@]}"; do
       for variant in ${!vv:-${TP_VARIANTS:-novl}}; do
         env=() args=(--providers flce-nccl,flce-local)
         case $variant in
-          novl) env=(FLCE_TP_OVERLAP=0) ;;
-          sms16) env=(FLCE_TP_OVERLAP_SMS=16) ;;
-          sms48) env=(FLCE_TP_OVERLAP_SMS=48) ;;
-          dh16) env=(FLCE_TP_DH_16BIT=1) args=(--providers flce-nccl) ;;
+          novl) env=(FLCE_DEV=tp_overlap=0) ;;
+          sms16) env=(FLCE_DEV=tp_overlap_sms=16) ;;
+          sms48) env=(FLCE_DEV=tp_overlap_sms=48) ;;
+          dh16) env=(FLCE_DEV=tp_dh_16bit=1) args=(--providers flce-nccl) ;;
           mb[0-9]*) args+=(--memory-budget "${variant#mb}") ;;
           rc[0-9]*) args+=(--strategy recompute --memory-budget "${variant#rc}") ;;
-          ar) env=(FLCE_TP_DH_GATHER16=0) ;;
-          noq) env=(FLCE_QROWS=0) ;;
+          ar) env=(FLCE_DEV=tp_dh_gather16=0) ;;
+          noq) env=(FLCE_DEV=qrows=0) ;;
           reg) args=(--providers flce-nccl-reg,flce-nccl) ;;
           *) step "tp variant $variant: unknown, skipped"; continue ;;
         esac
@@ -190,7 +190,7 @@ for stage in "${stages[@]}"; do
     gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
     if [ "$gpus" -lt 2 ]; then step "tptime: skipped, $gpus GPU"; continue; fi
     k=0
-    for setting in ${TPTIME_VARIANTS:-- FLCE_TP_OVERLAP=0 - FLCE_TP_OVERLAP=0}; do
+    for setting in ${TPTIME_VARIANTS:-- FLCE_DEV=tp_overlap=0 - FLCE_DEV=tp_overlap=0}; do
       k=$((k + 1))
       step "tptime $k: ${setting} FLCE_TEST_TP_TIME=${TPTIME_SHAPE:-8192,4096,128256} test_tp"
       [ "$setting" = - ] && setting=NONE=1

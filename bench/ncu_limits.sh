@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ncu_limits.sh — what limits each GEMM kernel, at a locked clock (ncu --clock-control base): flce's
 # role kernels of one AUTO loss-and-grad call (logits with the compact epilogue, the dz pass, dH,
-# dW; FLCE_GRAD_STREAMS=0 so dH and dW run alone) and cuBLAS's kernels for the same three GEMMs
+# dW; FLCE_DEV=grad_streams=0 so dH and dW run alone) and cuBLAS's kernels for the same three GEMMs
 # (bench/role_gemms.py), at $SHAPE; with PORTABLE=1 also the mma.sync forward at $PORTABLE_SHAPE
 # and the fp32 (FFMA) dH and dW at $F32_SHAPE (issue 19). Sections: speed of light, compute (pipe
 # utilization), memory (L2/DRAM), warp stalls; one text report per kernel group under $OUT, and a
@@ -32,7 +32,7 @@ profile() { # NAME then the command (after ncu's own options)
 : > "$SUMMARY"
 # ncu replays every kernel it profiles: warm the kernel cache first so JIT compiles stay outside
 "${BENCH[@]}" --shapes "$SHAPE" > /dev/null 2>&1
-FLCE_GRAD_STREAMS=0 profile "flce-$SHAPE" -k 'regex:^flce_(logits|dz|dh|dw)$' -c 4 \
+FLCE_DEV=grad_streams=0 profile "flce-$SHAPE" -k 'regex:^flce_(logits|dz|dh|dw)$' -c 4 \
   "${BENCH[@]}" --shapes "$SHAPE"
 profile "cublas-$SHAPE" --profile-from-start off python3 bench/role_gemms.py "$SHAPE"
 if [ "${PORTABLE:-0}" = 1 ]; then
@@ -42,6 +42,6 @@ if [ "${PORTABLE:-0}" = 1 ]; then
     ./build/flce bench --strategies forward --warmup 0 --iters 1 --sets 1 --shapes "$ps"
   fs=${F32_SHAPE:-4096x2048x32000}
   "${BENCH[@]}" --dtype f32 --shapes "$fs" > /dev/null 2>&1
-  FLCE_GRAD_STREAMS=0 profile "f32-$fs" -k 'regex:^flce_(logits|dh|dw)$' -c 3 "${BENCH[@]}" --dtype f32 --shapes "$fs"
+  FLCE_DEV=grad_streams=0 profile "f32-$fs" -k 'regex:^flce_(logits|dh|dw)$' -c 3 "${BENCH[@]}" --dtype f32 --shapes "$fs"
 fi
 echo "summary: $SUMMARY" >&2

@@ -391,7 +391,7 @@ def main():
                     help="comma-separated subset, in this order (the log-prob paths run those of "
                     f"{','.join(RL_PROVIDERS)})")
     ap.add_argument("--tag", default="", help="suffix of the result files and of the flce provider names, "
-                    "e.g. dh16 for a run under FLCE_TP_DH_16BIT=1")
+                    "e.g. dh16 for a run under FLCE_DEV=tp_dh_16bit=1")
     ap.add_argument("--memory-budget", type=int, default=None,
                     help="MiB of workspace flce's providers may plan (memory_budget; default: the library's)")
     ap.add_argument("--strategy", default="auto", choices=["auto", "chunked", "recompute"],
@@ -460,8 +460,8 @@ def main():
     log_path = None
     if os.environ.get("NCCL_DEBUG_FILE"):
         log_path = os.environ["NCCL_DEBUG_FILE"].replace("%p", str(os.getpid())).replace("%h", os.uname().nodename)
-    env = {k: os.environ[k] for k in ("FLCE_TP_DH_16BIT", "FLCE_TP_DH_GATHER16", "FLCE_TP_OVERLAP",
-                                      "FLCE_TP_OVERLAP_SMS") if k in os.environ}
+    # the developer switches (tp_overlap, tp_dh_16bit, ...) this run was made under, as given
+    env = {k: os.environ[k] for k in ("FLCE_DEV",) if k in os.environ}
     rows, timelines = [], []
     commit = stamp.commit(REPO)
     date = datetime.date.today().isoformat()

@@ -375,7 +375,7 @@ flce_status flce_prepare(flce_context *ctx, const flce_problem *problem, flce_op
     if (tensors) TRY(normalize_tensors(tensors, &t));
     plan pl;
     TRY(plan_for(ctx, problem, op, &t, &pl));
-    launch_prebuild_kernels(ctx, &pl, 1); /* FLCE_UNLOCKED_COMPILE: compiles before the lock */
+    launch_prebuild_kernels(ctx, &pl, 1); /* FLCE_DEV unlocked_compile: compiles before the lock */
     pthread_mutex_lock(&ctx->lock);
     CUcontext prev = NULL;
     flce_status st = ctx_enter(ctx, &prev);

@@ -91,7 +91,7 @@ struct flce_context {
      * context's lock held, as every launch is. */
     CUstream side;
     CUevent fork, join;
-    /* FLCE_GRAD_STREAMS (launch.c): dW beside dH on a non-blocking stream of the lowest priority,
+    /* FLCE_DEV grad_streams (launch.c): dW beside dH on a non-blocking stream of the lowest priority,
      * so that dH, in the caller's stream, takes the SMs first and dW's CTAs only fill those dH's
      * last wave leaves. Shares the fork and join events (never both in one call). */
     CUstream fill;
@@ -115,7 +115,7 @@ void ctx_leave(CUcontext prev);
 flce_status ctx_kernels_many(flce_context *ctx, const kernel_spec *const *specs, int n,
                              CUfunction (*fns)[CTX_MAX_KERNELS]);
 
-/* Before ctx_kernels_many, without holding ctx->lock (FLCE_UNLOCKED_COMPILE, issue 16 item 1): the
+/* Before ctx_kernels_many, without holding ctx->lock (FLCE_DEV unlocked_compile, issue 16 item 1): the
  * specs ctx has not loaded compile into the disk cache (jit_build_many) while other threads' calls
  * on ctx go on; ctx_kernels_many then loads them from disk under the lock. Only the check of what
  * is loaded takes the lock. Specs a stand-in may serve (context.c, tiered) are left to

@@ -3,7 +3,7 @@
  *   chunked:    prepare → per token chunk: logits (+Z, or compact fp16 p̃ for 16-bit training)
  *               → [combine] → dz → dH → dW → db → [reduce]; with row-scaled compact logits (plan.h
  *               qrows) qref → logits → combine → qscale → dH → dW, no dz pass
- *   recompute:  [forward] → per vocab chunk: logits writing dZ (or Z → dz, FLCE_FUSED_DZ=0)
+ *   recompute:  [forward] → per vocab chunk: logits writing dZ (or Z → dz, FLCE_DEV=fused_dz=0)
  *               → dH (accumulated) → dW → db
  * With tensor parallelism (docs/DESIGN.md §2) every combine is preceded by tp_pack and ONE all-gather of
  * the per-row statistics, dH builds up in fp32 and is summed across ranks before it is rounded once

@@ -60,7 +60,7 @@ flce_status launch_call(flce_context *ctx, const flce_problem *p, flce_op op, co
                        (unsigned long long)t->workspace_bytes,
                        (unsigned long long)pl.workspace_bytes);
 
-    launch_prebuild_kernels(ctx, &pl, 0); /* FLCE_UNLOCKED_COMPILE: compiles before the lock */
+    launch_prebuild_kernels(ctx, &pl, 0); /* FLCE_DEV unlocked_compile: compiles before the lock */
     pthread_mutex_lock(&ctx->lock);
     CUcontext prev = NULL;
     flce_status st = ctx_take_flag(ctx);

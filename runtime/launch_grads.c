@@ -252,7 +252,7 @@ static int reduce_beside_dw(const run *r, const block *rows_step)
     return pl->tp_overlap && rows_step->last && (!pl->sp || rows_step->row0 + rows_step->rows == pl->n);
 }
 
-/* FLCE_GRAD_STREAMS (plan.h, concurrent_grads): dH on the side stream (highest priority) and dW on
+/* FLCE_DEV grad_streams (plan.h, concurrent_grads): dH on the side stream (highest priority) and dW on
  * the fill stream (lowest), both behind one event after dZ; the caller's stream waits for both
  * before it goes on (the next chunk overwrites dZ). dH must get the SMs first: dW's persistent
  * CTAs, once resident, keep their SMs until its tile counter runs dry, and priority never

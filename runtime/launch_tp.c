@@ -45,7 +45,7 @@ flce_status side_join(run *r)
 /* dH rows [row0, row0 + rows) summed over the ranks and rounded once into the caller's grad_hidden
  * (or added to it in accumulate mode), on r->stream: under dh_gather16 an fp32 reduce-scatter, the
  * cast of this rank's slice and a 16-bit all-gather in grad_hidden; else the fp32 all-reduce then
- * the cast; or under FLCE_TP_DH_16BIT the cast of this rank's part then a 16-bit all-reduce. */
+ * the cast; or under FLCE_DEV tp_dh_16bit the cast of this rank's part then a 16-bit all-reduce. */
 static flce_status reduce_dh_rows(run *r, int64_t row0, int64_t rows)
 {
     const plan *pl = r->pl;
@@ -98,7 +98,7 @@ flce_status reduce_dh(run *r, const block *rows_done)
     return r->pl->sp ? reduce_dh_sp(r) : reduce_dh_rows(r, rows_done->row0, rows_done->rows);
 }
 
-/* FLCE_TP_OVERLAP (plan.h, tp_overlap): the dH rows of `rows_done` are final on this rank; their
+/* FLCE_DEV tp_overlap (plan.h, tp_overlap): the dH rows of `rows_done` are final on this rank; their
  * reduction goes to the side stream, after everything the caller's stream holds so far, and the
  * caller's stream goes on with dW. launch_run joins the two before it returns. */
 flce_status overlap_dh(run *r, const block *rows_done)

@@ -140,7 +140,7 @@ uint64_t plan_tp_block_bytes(int64_t rows)
  * blocks fastest (templates/gemm_entry.cu, tile_origin): CTAs launched next to each other, which stay
  * close in k, then share the larger B tile in L2. Measured on an H100 (bench/NOTES.md v10): dH
  * DRAM traffic 72 % → 39 % of peak, loss+grad 54.5 → 51.3 ms at 8192×4096×128256, 63.7 → 61.1 at
- * 8192×2304×256000. FLCE_RASTER=G overrides (0: column tiles fastest, the old order): config's
+ * 8192×2304×256000. FLCE_DEV=raster=G overrides (0: column tiles fastest, the old order): config's
  * raster_rows. */
 
 /* The Hopper wgmma main loop fed by TMA (not tcgen05, which shares its pipeline): the only path
@@ -149,7 +149,7 @@ static int hopper_tma(const kernel_spec *s) { return s->tile.wgmma && s->tile.tm
 
 /* The logits pass in 2-CTA clusters, the pair's two row blocks sharing W's tile (each CTA loads
  * half and multicasts it: a third fewer operand bytes asked of L2 per tile, as cuBLAS's 2x1
- * clusters): FLCE_LOGITS_CLUSTER=1 always, 0 never, unset where its launches have
+ * clusters): FLCE_DEV=logits_cluster=1 always, 0 never, unset where its launches have
  * PLAN_LOGITS_CLUSTER_MIN_BLOCKS row blocks or more. Only on the wgmma TMA path.
  * Measured on an H100 (bench/NOTES.md v45): 8192×4096×128256 AUTO 36.3-36.6 vs 36.7-38.6 ms, its
  * logits kernel 12.4-12.6 vs 12.7-13.0; 32768 tokens forward 48.1 vs 52.2; 512 tokens even. */
@@ -160,7 +160,7 @@ static void plan_logits_cluster(const flce_config *cfg, int64_t rows, plan *pl)
     pl->logits.cluster = want && hopper_tma(&pl->logits) ? 2 : 0;
 }
 
-/* FLCE_CLUSTER=2 (plan.h cluster): the dH/dW specs on the wgmma TMA path (after the tune table)
+/* FLCE_DEV=cluster=2 (plan.h cluster): the dH/dW specs on the wgmma TMA path (after the tune table)
  * take 2-CTA clusters with the B tile multicast; other paths (tcgen05, cp.async, mma.sync) ignore it. */
 static void plan_cluster(const flce_config *cfg, plan *pl)
 {
@@ -169,7 +169,7 @@ static void plan_cluster(const flce_config *cfg, plan *pl)
     for (int i = 0; i < 2; i++) grads[i]->cluster = hopper_tma(grads[i]) ? pl->cluster : 0;
 }
 
-/* With FLCE_CLUSTER unset, dW alone in 2-CTA clusters where its k, the one token chunk, is short: a
+/* With FLCE_DEV cluster unset, dW alone in 2-CTA clusters where its k, the one token chunk, is short: a
  * 128×256 tile then loads nearly as many operand bytes as it multiplies (K = 512: 128 KB of dZ and
  * 256 KB of H per tile, L2 ~70 % busy) and the pair's shared H tile comes once, by multicast.
  * 512×4096×128256 on an H100: dW 0.87-0.88 ms against 0.89-0.92 (bench/NOTES.md session 14, d1).
@@ -253,7 +253,7 @@ static flce_status saved_fits(const flce_problem *p, const plan *pl, uint64_t bu
                        "dtype=%d; use RECOMPUTE", (int)p->dtype);
     if (!pl->compact && !(p->softcap > 0 && p->label_smoothing > 0))
         return err_set(FLCE_ERR_UNSUPPORTED, "problem.strategy=SAVED: needs compact logits, switched off by "
-                       "FLCE_COMPACT=0; use RECOMPUTE");
+                       "FLCE_DEV=compact=0; use RECOMPUTE");
     if (!pl->compact) /* (compact_allowed: that dZ needs every z, also where p̃ underflows to 0) */
         return err_set(FLCE_ERR_UNSUPPORTED, "problem.strategy=SAVED: not with both softcap=%g and "
                        "label_smoothing=%g (they need fp32 logits, not the compact ones SAVED keeps); use "
@@ -281,7 +281,7 @@ static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, pl
     int64_t v_rows = pl->tp > 1 ? ceil_div(p->vocab_total, pl->tp) : pl->v;
     uint64_t es = p->dtype == FLCE_DTYPE_F32 ? 4 : 2;
     uint64_t per_elem = 4 + (es == 4 ? 0 : 2); /* fp32 Z + dZ in the dtype */
-    pl->fused_dz = pl->recompute && cfg->fused_dz; /* FLCE_FUSED_DZ=0: Z store + dz pass */
+    pl->fused_dz = pl->recompute && cfg->fused_dz; /* FLCE_DEV=fused_dz=0: Z store + dz pass */
     if (pl->fused_dz) per_elem = es; /* dZ only */
     if (pl->recompute) {
         uint64_t per_col = (uint64_t)pl->n * per_elem;
@@ -292,7 +292,7 @@ static flce_status plan_chunks(const flce_problem *p, const flce_config *cfg, pl
         pl->chunk_rows = pl->n, pl->n_chunks = 1;
     } else {
         int64_t ld = ceil_div(v_rows, 8) * 8;
-        pl->compact = compact_allowed(p, cfg, pl); /* FLCE_COMPACT=0: fp32 Z store */
+        pl->compact = compact_allowed(p, cfg, pl); /* FLCE_DEV=compact=0: fp32 Z store */
         pl->tile_cols = pl->logits.tile.bn / pl->logits.tile.warps_n; /* one warp tile's width */
         pl->tile_max_ld = pl->compact ? ceil_div(ceil_div(pl->v, 8) * 8, pl->tile_cols) : 0;
         uint64_t per_row = (uint64_t)ld * per_elem;
@@ -352,7 +352,7 @@ static double acc_bytes(double elems, int64_t steps, int caller_f32)
     return steps > 1 ? elems * (8.0 * (double)steps - 6) : 0;
 }
 
-/* Whether dW should run beside dH on the fill stream (FLCE_GRAD_STREAMS): where the call makes more
+/* Whether dW should run beside dH on the fill stream (FLCE_DEV grad_streams): where the call makes more
  * than one dH launch, or its one launch leaves over 10 % of the SMs' time idle in its last wave.
  * Measured on an H100 (bench/NOTES.md v23): 8 launches of 72 tiles (8192×2304×256000, chunked)
  * -7.5 ms, 8 launches of 576 (recompute) -2.8 ms; one launch of 1024 tiles, 3 % idle
@@ -566,7 +566,7 @@ static void plan_grad_stores(const flce_problem *p, plan *pl)
  * 512×4096×128256 2.90 → 2.55 ms (128 wide). One launch only: where dH makes several (token or
  * vocab chunks), dW already fills their tails (grads_overlap) and narrow tiles measured slower
  * (8192×4096×128256 at 128 MiB, 16 launches: 57.4–58.8 → 63.0–63.9 ms, the runs' minima).
- * FLCE_DH_BN forces a width; tuned tiles stay. */
+ * FLCE_DEV dh_bn forces a width; tuned tiles stay. */
 static double dh_col_cost(int bn) { return bn >= 256 ? 1.0 : bn >= 192 ? PLAN_DH_COST_192 : PLAN_DH_COST_128; }
 
 /* dH's one launch split over its k (plan.h dh_splits) where its tiles would fill under half the SMs:
@@ -575,7 +575,7 @@ static double dh_col_cost(int bn) { return bn >= 256 ? 1.0 : bn >= 192 ? PLAN_DH
  * of a narrow one: 512×4096×128256 on an H100 (d1 of bench/NOTES.md session 14) ran dH 128 wide
  * (128 tiles) at 855 µs and cuBLAS its split-K 256×128 tiles at 758 µs, at ncu's locked clock.
  * Cost per split count as plan_dh_width's: waves of units / S, ties to fewer splits; a forced
- * FLCE_DH_SPLITS is taken as long as every split keeps 64 columns. Only one dH launch (no token or
+ * FLCE_DEV dh_splits is taken as long as every split keeps 64 columns. Only one dH launch (no token or
  * vocab chunks, no k slices), no TP, no cluster, and with row-scaled logits only where flce_qdh
  * adds the labels' terms. */
 static void plan_dh_splits(const flce_config *cfg, int num_sms, plan *pl, int64_t blocks, int64_t launches)
@@ -660,7 +660,7 @@ void plan_start(const flce_problem *p, flce_op op, int sm, const flce_config *cf
     pl->grad_streams_wanted = cfg->grad_streams;
 }
 
-/* FLCE_LOGITS_PERSIST (plan.h logits_persist): the statistics pass on the wgmma TMA path with one
+/* FLCE_DEV logits_persist (plan.h logits_persist): the statistics pass on the wgmma TMA path with one
  * CTA per SM may walk its items in persistent CTAs: there the loop stores each item's statistics
  * straight from the warp that owns its rows (one warp column), with tcgen05 left out, and without
  * the entropy and argmax statistics (the loop's registers made that kernel spill;
@@ -672,7 +672,7 @@ static void plan_logits_persist(const flce_config *cfg, plan *pl)
                          !(pl->logits.opts & (SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX));
 }
 
-/* FLCE_LOGITS_SPLITS: the statistics pass's split count forced (at most one per vocab tile). */
+/* FLCE_DEV logits_splits: the statistics pass's split count forced (at most one per vocab tile). */
 static void plan_forced_splits(int want, plan *pl)
 {
     int64_t tiles = ceil_div(pl->v, pl->logits.tile.bn);

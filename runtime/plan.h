@@ -15,7 +15,7 @@
 
 #define PLAN_DEFAULT_BUDGET (512ull << 20)
 #define PLAN_RASTER_ROWS 8 /* dH/dW tile order: row blocks per group (plan.c, raster_rows) */
-/* FLCE_LOGITS_CLUSTER unset: the logits pass in 2-CTA clusters where its launch has at least this
+/* FLCE_DEV logits_cluster unset: the logits pass in 2-CTA clusters where its launch has at least this
  * many row blocks (an odd count pairs its last block with an idle one; plan.c plan_logits_cluster) */
 #define PLAN_LOGITS_CLUSTER_MIN_BLOCKS 4
 /* The longest vocab range one chunked dH launch sums over (plan.c dh_k_slice): the tensor cores'
@@ -66,13 +66,13 @@ typedef struct plan {
     int64_t ldz;          /* row stride of the block's logits and dZ: chunk_cols rounded up to 8 */
     int splits;           /* vocab splits of the forward statistics pass */
     int tiles_per_split;
-    /* FLCE_LOGITS_PERSIST: 1 where the statistics pass may run persistent CTAs that walk its
+    /* FLCE_DEV logits_persist: 1 where the statistics pass may run persistent CTAs that walk its
      * items in turn (launch.c, where the items outnumber the CTAs resident at once). */
     int logits_persist;
-    int logits_group;         /* FLCE_LOGITS_GROUP: row blocks per group of the logits items' order, or 0 */
+    int logits_group;         /* FLCE_DEV logits_group: row blocks per group of the logits items' order, or 0 */
     kernel_spec logits, dh, dw, rowops;
     /* Recompute: each vocab chunk's logits pass writes dZ itself (logits_dz: the logits spec with
-     * fused_dz), so no fp32 Z and no dz pass; FLCE_FUSED_DZ=0 in the environment turns it off. */
+     * fused_dz), so no fp32 Z and no dz pass; FLCE_DEV=fused_dz=0 in the environment turns it off. */
     int fused_dz;
     kernel_spec logits_dz;
     int raster_rows;      /* the persistent dH/dW kernels' tile order (params.h raster_rows) */
@@ -80,7 +80,7 @@ typedef struct plan {
     /* Chunked loss-and-grad with 16-bit inputs: the logits pass stores each chunk's logits as fp16
      * p̃ plus fp32 maxima per (row, tile_cols group), 2 bytes per logit instead of 6 (fp32 Z + dZ),
      * and flce_dz turns p̃ into dZ in place: 3x longer token chunks in the same budget.
-     * FLCE_COMPACT=0 in the environment turns it off (side-by-side timing). */
+     * FLCE_DEV=compact=0 in the environment turns it off (side-by-side timing). */
     int compact;
     int64_t tile_cols, tile_max_ld;
     /* With compact logits (bf16, wgmma TMA logits pass, no bias, smoothing, softcap or z-loss; the
@@ -88,7 +88,7 @@ typedef struct plan {
      * per row (templates/common.cuh, FLCE_QROWS), so dZ = s_i·p̃ (the label's entry rewritten): dH
      * scales its rows by s_i, dW reads s ⊙ H (off_qh, the chunk's rows × D in the dtype), and there
      * is no dz pass. off_qref, off_qflags, off_row_scale: c_i, the rescale flags and s_i per chunk
-     * row. FLCE_QROWS=0 keeps the fp16 p̃ and the dz pass. */
+     * row. FLCE_DEV=qrows=0 keeps the fp16 p̃ and the dz pass. */
     int qrows;
     /* qdh (with qrows): the labels' term of dH added by flce_qdh after dH, not by dH's epilogue */
     int qdh;
@@ -99,10 +99,10 @@ typedef struct plan {
      * fp32 buffers): red.global.add from the epilogue instead of load + add + store, so the
      * consumers go on to the next tile while L2 adds. One reduction per element per launch: the
      * load-add-store's bits (but subnormals flush to zero). On by default since NOTES v32
-     * (FLCE_RED_ACC=0 turns it off). */
+     * (FLCE_DEV=red_acc=0 turns it off). */
     int red_acc;
-    int bulk_red; /* FLCE_BULK_RED: those reductions as bulk ones from shared memory (spec red_acc 1, else 2) */
-    /* FLCE_CLUSTER=2: the dH/dW kernels on the wgmma TMA path run in 2-CTA clusters that load their
+    int bulk_red; /* FLCE_DEV bulk_red: those reductions as bulk ones from shared memory (spec red_acc 1, else 2) */
+    /* FLCE_DEV=cluster=2: the dH/dW kernels on the wgmma TMA path run in 2-CTA clusters that load their
      * shared B tile once by TMA multicast (spec cluster). Default -1: the planner puts dW alone in
      * clusters on short token chunks; 0 = off. */
     int cluster;
@@ -117,7 +117,7 @@ typedef struct plan {
     /* Chunked: dH of a token chunk in launches over at most this many vocab columns each, added
      * up in fp32 (0: one launch over the whole shard) */
     int64_t dh_k_slice;
-    int64_t dh_k_slice_max; /* FLCE_DH_K_SLICE (config.h), default PLAN_DH_K_SLICE */
+    int64_t dh_k_slice_max; /* FLCE_DEV dh_k_slice (config.h), default PLAN_DH_K_SLICE */
     /* dH's one launch split over its k (the vocab columns) where its output tiles would fill under
      * half the SMs (small token counts: 64 tiles at 512×4096): dh_splits > 1 units per tile, each
      * over dh_split_k columns (a multiple of 64), stored to its own fp32 slab of rows × D at
@@ -130,19 +130,19 @@ typedef struct plan {
      * is all-reduced (or reduce-scattered); SP: the gathered inputs and all-token outputs. */
     uint64_t tp_block_bytes, off_tp_send, off_tp_recv, off_dh_tp;
     int need_dh_tp;
-    /* FLCE_TP_DH_16BIT=1: the summed dH crosses ranks in the input dtype (half the bytes, as
+    /* FLCE_DEV=tp_dh_16bit=1: the summed dH crosses ranks in the input dtype (half the bytes, as
      * Megatron's all-reduce) instead of fp32: each rank's fp32 dH is rounded into grad_hidden and
      * all-reduced there. Only for a plain all-reduce (no SP, no accumulate_grad_hidden, 16-bit
      * inputs); off by default until tp_compare shows its error. */
     int dh_reduce_16bit;
-    /* FLCE_TP_DH_GATHER16 (default on): the plain all-reduce's fp32 dH is reduce-scattered in fp32,
+    /* FLCE_DEV tp_dh_gather16 (default on): the plain all-reduce's fp32 dH is reduce-scattered in fp32,
      * each rank rounds its slice of the sums into grad_hidden, and the rounded slices are
      * all-gathered there: 3/4 of the fp32 all-reduce's bytes and the cast on 1/tp of the values,
      * the same fp32 sums rounded once. Where the plain all-reduce applies (no SP, no
      * accumulate_grad_hidden, 16-bit inputs, not dh_reduce_16bit); launch_tp.c falls back to the
      * all-reduce for a block whose values do not split into 4-aligned slices. */
     int dh_gather16;
-    /* FLCE_TP_OVERLAP=1 (overlap_wanted): each token chunk's summed dH rows (all rows after the last
+    /* FLCE_DEV=tp_overlap=1 (overlap_wanted): each token chunk's summed dH rows (all rows after the last
      * vocab chunk in recompute; under SP all rows after the last chunk, one reduce-scatter) are
      * reduced across ranks on the context's side stream while dW runs, dW taking its tiles from a
      * counter (off_tile_counter) in two launches, the first leaving tp_overlap_sms SMs to NCCL's
@@ -153,7 +153,7 @@ typedef struct plan {
     /* Under tp_overlap: dW's first launch leaves this many SMs to NCCL's kernel; a second launch of
      * as many CTAs joins the tile counter once the reduction is done (launch_grads.c). 0: one launch. */
     int tp_overlap_sms;
-    /* FLCE_GRAD_STREAMS (default on; grad_streams_wanted): dH in the caller's stream and dW at once
+    /* FLCE_DEV grad_streams (default on; grad_streams_wanted): dH in the caller's stream and dW at once
      * on the context's fill stream (lowest priority), joined before anything reads dZ again: dW's
      * CTAs, taking tiles from the counter, fill the SMs dH leaves idle (launch_grads.c, run_dh_dw_at_once,
      * says why dH must be the one in the caller's stream). Where both gradients are asked for, dW is

@@ -128,7 +128,7 @@ void tune_apply(const flce_problem *p, const char *device, int sm, plan *pl)
     tune_key k;
     tune_key_make(p, pl->n, device, sm, &k);
     if (config_get()->portable || !config_get()->tiles.tma) {
-        tune_log_choice(&k, 0, "default tiles (FLCE_PORTABLE or FLCE_TMA=0 set: tune table not consulted)");
+        tune_log_choice(&k, 0, "default tiles (FLCE_PORTABLE or FLCE_DEV=tma=0 set: tune table not consulted)");
         return;
     }
     tune_entry e;

@@ -11,12 +11,12 @@
 #include "tune_table.h"
 
 /* Forces the GEMM tiles (logits, dH, dW) of every plan this thread makes until cleared with NULL.
- * For the tuner only: it overrides the table and the FLCE_PORTABLE / FLCE_TMA switches. The tiles
+ * For the tuner only: it overrides the table and the FLCE_PORTABLE / FLCE_DEV tma switches. The tiles
  * must pass spec_validate for the problem (plan_make then uses them as given). */
 void tune_force_tiles(const spec_tile tiles[TUNE_ROLES]);
 
 /* The dispatcher's tile choice for a plan whose specs hold the built-in tiles: forced tiles, else
- * (unless FLCE_PORTABLE=1 or FLCE_TMA=0 is set, or device is NULL) the table's winner for the
+ * (unless FLCE_PORTABLE=1 or FLCE_DEV=tma=0 is set, or device is NULL) the table's winner for the
  * class, after spec validation. Logs "tuned tiles from <table>" or "default tiles" at info,
  * once per class change. Never fails: a table problem is a warning and the default stays. */
 void tune_apply(const flce_problem *p, const char *device, int sm, plan *pl);

@@ -673,7 +673,7 @@ static double fz_dz_round_err(const fz_ctx *k, double z, double lse, double a, d
  * (templates/common.cuh), so below 2^-29 of that maximum p̃ is subnormal and its step absolute:
  * 2^-39 of the tile's largest p, and a p_ij under 2^-40 of it is stored as 0 (fuzz cases 741 and
  * 1232 of seed 20261127: one or two peaked tokens, dW and db rows with p_ij ≈ 1e-12..1e-13 of a
- * tile maximum ≈ 0.3, returned as 0 or a few steps; FLCE_COMPACT=0 passes them; bench/NOTES.md
+ * tile maximum ≈ 0.3, returned as 0 or a few steps; FLCE_DEV=compact=0 passes them; bench/NOTES.md
  * session 17). (Row-scaled compact logits store bf16, whose range has no such step.) The bound on
  * that maximum for token i and column j: with the whole reference (fz_ctx.gmax), the largest p in
  * any 256 columns around j (whatever the kernel's tile alignment); else 1. */

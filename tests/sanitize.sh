@@ -58,18 +58,18 @@
 #     something else; pick the new case numbers from the list then.
 #   - the variants the planner picks by default only past those small shapes (issue 43: the
 #     report's racecheck hazard was at a shape no case here took): dW taking its tiles from a
-#     counter beside dH (FLCE_GRAD_STREAMS; plan.h concurrent_grads, dw_dynamic; the tile slot of
+#     counter beside dH (FLCE_DEV grad_streams; plan.h concurrent_grads, dw_dynamic; the tile slot of
 #     templates/gemm_wgmma_tma.cu) in the chunked strategy with one and several token chunks (the
 #     fp32 dW accumulator) and in recompute's vocab chunks; dH split over the vocab (plan_dh_splits:
 #     few tokens, a long vocab); dW in 2-CTA clusters (short token chunks); the logits pass in
 #     2-CTA clusters and persistent (its items outnumber the CTAs: most shapes past 256 tokens);
 #     row-scaled compact logits (qrows: chunks of 1e8 logits or more by default; the small cases
-#     force them with FLCE_QROWS=1, with the labels' dH term after dH and in its epilogue). The
+#     force them with FLCE_DEV=qrows=1, with the labels' dH term after dH and in its epilogue). The
 #     "gs-", "dh-splits-" and "qrows-" cases; what each runs as is in the table's comments, read
 #     from the plans for a 132-SM Hopper part (H100 SXM, H200): `flce bench --list --shapes ...`
 #     or FLCE_LOG=info show a plan. A GPU with another SM count can plan some of them otherwise.
 #   - not covered: tensor and sequence parallelism (NCCL, 2+ GPUs: test_tp; dW's two launches
-#     sharing the counter under FLCE_TP_OVERLAP are TP-only), the tcgen05 tile (sm_100,
+#     sharing the counter under FLCE_DEV tp_overlap are TP-only), the tcgen05 tile (sm_100,
 #     FLCE_ENABLE_SM100; no Blackwell GPU here), tuned tiles (FLCE_TUNE), FLCE_NVRTC_FAST.
 set -uo pipefail
 
@@ -105,14 +105,14 @@ F32="chunked,chunked-1MiB,recompute,recompute-1MiB,forward" # fp32 always stores
 ACC="chunked-1MiB,recompute-1MiB"                            # the fp32 dW and dH accumulators
 FZ="fuzz --seed 20261122 --case"
 # Paths: wgmma fed by TMA (the default on sm_90, 16-bit), the cp.async-fed wgmma loop
-# (FLCE_TMA=0), the portable mma.sync tile (FLCE_PORTABLE=1), fp32 inputs (FFMA).
-CP=FLCE_TMA=0
+# (FLCE_DEV=tma=0), the portable mma.sync tile (FLCE_PORTABLE=1), fp32 inputs (FFMA).
+CP=FLCE_DEV=tma=0
 MMA=FLCE_PORTABLE=1
 # The planner's larger variants (the header's list), as planned for 132 SMs and AUTO:
 #  gs-report               issue 43's shape: chunked (compact fp16 logits, one token chunk), dW's 516
 #                          tiles from the counter beside dH, dH split in 3 over the vocab, logits in
 #                          2-CTA clusters and persistent
-#  gs-report-static        the same with dW alone in the static tile order (FLCE_GRAD_STREAMS=0)
+#  gs-report-static        the same with dW alone in the static tile order (FLCE_DEV=grad_streams=0)
 #  gs-token-chunks         chunked in 3 token chunks: the counter's dW adds into the fp32 accumulator
 #  gs-recompute-vchunks    recompute in vocab chunks, each chunk's dW from the counter beside dH.
 #                          At 2304x512x33000 (16 MiB, 10 chunks) and gs-recompute-dh-splits at 1536
@@ -133,7 +133,7 @@ MMA=FLCE_PORTABLE=1
 #  qrows-default           1.15e8 logits: row-scaled compact logits by default, dW from the counter,
 #                          dH split in 3
 #  qrows-small(-epilogue)  row-scaled logits forced at a small chunked shape, the labels' dH term
-#                          after dH (flce_qdh) or in dH's epilogue (FLCE_QDH=0); dW in clusters
+#                          after dH (flce_qdh) or in dH's epilogue (FLCE_DEV=qdh=0); dW in clusters
 REPORT="demo --tokens 2304 --hidden 512 --vocab 33000"
 
 # name | environment (- for none) | flce command and arguments | fuzz only: start of its description
@@ -148,11 +148,11 @@ strat-wgmma-cpasync       | $CP                        | $BENCH --shapes 256x256
 strat-mma-sync            | $MMA                       | $BENCH --shapes 256x256x4096 --strategies $ALL
 strat-f16                 | -                          | $BENCH --shapes 256x256x4096 --strategies $ALL --dtype f16
 strat-f32-ffma            | -                          | $BENCH --shapes 512x64x1024 --strategies $F32 --dtype f32
-strat-unfused-dz-tma      | FLCE_FUSED_DZ=0            | $BENCH --shapes 256x256x4096 --strategies recompute,recompute-1MiB
-strat-unfused-dz-mma-sync | $MMA FLCE_FUSED_DZ=0       | $BENCH --shapes 256x256x4096 --strategies recompute,recompute-1MiB
-strat-cluster2            | FLCE_CLUSTER=2             | $BENCH --shapes 256x256x4096 --strategies chunked,$ACC
-strat-red-acc             | FLCE_RED_ACC=1             | $BENCH --shapes 256x256x4096 --strategies $ACC
-strat-raster0             | FLCE_RASTER=0              | $BENCH --shapes 256x256x4096 --strategies $ACC
+strat-unfused-dz-tma      | FLCE_DEV=fused_dz=0        | $BENCH --shapes 256x256x4096 --strategies recompute,recompute-1MiB
+strat-unfused-dz-mma-sync | $MMA FLCE_DEV=fused_dz=0   | $BENCH --shapes 256x256x4096 --strategies recompute,recompute-1MiB
+strat-cluster2            | FLCE_DEV=cluster=2         | $BENCH --shapes 256x256x4096 --strategies chunked,$ACC
+strat-red-acc             | FLCE_DEV=red_acc=1         | $BENCH --shapes 256x256x4096 --strategies $ACC
+strat-raster0             | FLCE_DEV=raster=0          | $BENCH --shapes 256x256x4096 --strategies $ACC
 strat-saved               | -                          | $BENCH --shapes 256x256x4096,2304x512x33000 --strategies saved
 strat-saved-f16           | -                          | $BENCH --shapes 256x256x4096 --strategies saved --dtype f16
 n1-wgmma-tma              | -                          | $BENCH --shapes 1x256x4096 --strategies $F32
@@ -188,15 +188,15 @@ forward-options           | -                          | $FZ 12 | N=13 D=712 V=4
 recompute-smoothing-bias  | -                          | $FZ 15 | N=204 D=16 V=8 off=0 total=0 bf16 sum loss_and_grad/recompute
 class-weights-smoothing   | -                          | $FZ 21 | N=2 D=584 V=4746 off=0 total=0 bf16 none loss_and_grad/recompute
 gs-report                 | -                          | $REPORT
-gs-report-static          | FLCE_GRAD_STREAMS=0        | $REPORT
+gs-report-static          | FLCE_DEV=grad_streams=0    | $REPORT
 gs-token-chunks           | -                          | $BENCH --shapes 1024x256x16384 --strategies chunked-16MiB
 gs-recompute-vchunks      | -                          | $BENCH --shapes 256x256x12288 --strategies recompute-2MiB
 gs-recompute-dh-splits    | -                          | demo --tokens 1152 --hidden 256 --vocab 33000
 dh-splits-dw-cluster      | -                          | demo --tokens 256 --hidden 512 --vocab 33000
 dh-splits-recompute       | -                          | demo --tokens 512 --hidden 256 --vocab 16384
 qrows-default             | -                          | demo --tokens 2304 --hidden 512 --vocab 50000
-qrows-small               | FLCE_QROWS=1               | $BENCH --shapes 512x512x8192 --strategies chunked
-qrows-small-epilogue      | FLCE_QROWS=1 FLCE_QDH=0    | $BENCH --shapes 512x512x8192 --strategies chunked
+qrows-small               | FLCE_DEV=qrows=1           | $BENCH --shapes 512x512x8192 --strategies chunked
+qrows-small-epilogue      | FLCE_DEV=qrows=1,qdh=0     | $BENCH --shapes 512x512x8192 --strategies chunked
 EOF
 )
 

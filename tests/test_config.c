@@ -428,7 +428,7 @@ static void row_scaled_logits_only_where_dz_is_a_row_factor(void)
     CHECK(off.compact && !off.qrows && !off.logits.qrows && off.off_qh == 0);
     CHECK(pl.est_chunked_ms < off.est_chunked_ms);
     cfg.qrows = 1;
-    /* by default only where a chunk holds PLAN_QROWS_MIN_LOGITS logits; FLCE_QROWS=1 everywhere */
+    /* by default only where a chunk holds PLAN_QROWS_MIN_LOGITS logits; FLCE_DEV=qrows=1 everywhere */
     flce_problem small = problem(512, 4096, 128256, FLCE_DTYPE_BF16);
     cfg.qrows = -1;
     CHECK(plan_build(&small, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
@@ -471,7 +471,7 @@ static void row_scaled_logits_only_where_dz_is_a_row_factor(void)
 
 /* A tune entry's tiles are an input like the others: they replace the built-in tiles, and the
  * vocab splits follow their BN. */
-/* FLCE_TP_DH_16BIT reaches only the plain TP all-reduce of a 16-bit dH: not one GPU, not SP (a
+/* FLCE_DEV tp_dh_16bit reaches only the plain TP all-reduce of a 16-bit dH: not one GPU, not SP (a
  * reduce-scatter), not a caller's fp32 dH accumulator, not fp32 inputs. */
 static void the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only(void)
 {
@@ -500,8 +500,8 @@ static void the_16bit_dh_reduction_applies_to_the_plain_all_reduce_only(void)
     CHECK(!pl.collective && !pl.dh_reduce_16bit);
 }
 
-/* FLCE_TP_DH_GATHER16 (default on) takes the plain fp32 all-reduce's place only: not with
- * FLCE_TP_DH_16BIT, SP (already a reduce-scatter), a caller's fp32 dH accumulator, fp32 inputs or
+/* FLCE_DEV tp_dh_gather16 (default on) takes the plain fp32 all-reduce's place only: not with
+ * FLCE_DEV tp_dh_16bit, SP (already a reduce-scatter), a caller's fp32 dH accumulator, fp32 inputs or
  * one GPU. */
 static void the_gathered_16bit_dh_replaces_the_plain_all_reduce_only(void)
 {
@@ -533,7 +533,7 @@ static void the_gathered_16bit_dh_replaces_the_plain_all_reduce_only(void)
     CHECK(!pl.collective && !pl.dh_gather16);
 }
 
-/* FLCE_TP_OVERLAP: the dH reduction beside dW where the plain all-reduce and the counter-fed dW
+/* FLCE_DEV tp_overlap: the dH reduction beside dW where the plain all-reduce and the counter-fed dW
  * tiles exist (wgmma + TMA, no clusters), with the counter in the workspace; nowhere else. */
 static void the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw(void)
 {
@@ -556,7 +556,7 @@ static void the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw(void)
     config_defaults(&cfg);
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.tp_overlap && pl.tp_overlap_sms == 32); /* on by default */
-    cfg.tp_overlap = 0; /* off: dW and dH still run at once (FLCE_GRAD_STREAMS), the reduction after */
+    cfg.tp_overlap = 0; /* off: dW and dH still run at once (FLCE_DEV grad_streams), the reduction after */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(!pl.tp_overlap && pl.concurrent_grads && pl.dw_dynamic && pl.off_tile_counter > 0);
     cfg.tp_overlap = 1;
@@ -579,7 +579,7 @@ static void the_overlapped_dh_reduction_needs_an_all_reduce_and_the_tma_dw(void)
 }
 
 /* dH's tile narrows where its 256-wide tiles leave a wave part empty and a narrower one costs less
- * (plan_dh_width's model); FLCE_DH_BN forces a width, tuned tiles and other paths keep theirs. */
+ * (plan_dh_width's model); FLCE_DEV dh_bn forces a width, tuned tiles and other paths keep theirs. */
 static void dh_tiles_narrow_where_the_last_wave_would_idle(void)
 {
     flce_config cfg;
@@ -677,8 +677,8 @@ static void dh_splits_where_tiles_leave_most_sms_idle(void)
     CHECK(pl.dh_splits == 0);
 }
 
-/* FLCE_CLUSTER unset: dW alone in 2-CTA clusters where its one token chunk is at most 1024 rows
- * (plan_dw_cluster); FLCE_CLUSTER=0 none, 2 both; never with several chunks or TP. */
+/* FLCE_DEV cluster unset: dW alone in 2-CTA clusters where its one token chunk is at most 1024 rows
+ * (plan_dw_cluster); FLCE_DEV=cluster=0 none, 2 both; never with several chunks or TP. */
 static void dw_clusters_where_its_token_chunk_is_short(void)
 {
     flce_config cfg;
@@ -711,7 +711,7 @@ static void dw_clusters_where_its_token_chunk_is_short(void)
     CHECK(pl.dw.cluster == 0);
 }
 
-/* FLCE_LOGITS_CLUSTER unset: the logits pass (and recompute's logits+dZ pass, its copy) in 2-CTA
+/* FLCE_DEV logits_cluster unset: the logits pass (and recompute's logits+dZ pass, its copy) in 2-CTA
  * clusters where its launch has at least PLAN_LOGITS_CLUSTER_MIN_BLOCKS row blocks (all tokens
  * for the forward and recompute, one token chunk for chunked); 1 always, 0 never; only on the wgmma
  * TMA path; the kernel source names the cluster size and holds no `#if FLCE_CLUSTER`. */
@@ -757,8 +757,8 @@ static void logits_clusters_where_the_launch_has_row_blocks_to_pair(void)
 }
 
 /* The statistics pass may run persistent CTAs (plan.h logits_persist) on the wgmma TMA path,
- * unless FLCE_LOGITS_PERSIST=0, the entropy or argmax statistics are asked for (that kernel has no
- * persistent loop), or the pass is another path; FLCE_LOGITS_SPLITS forces its split count. */
+ * unless FLCE_DEV=logits_persist=0, the entropy or argmax statistics are asked for (that kernel has no
+ * persistent loop), or the pass is another path; FLCE_DEV logits_splits forces its split count. */
 static void logits_persist_where_the_kernel_has_the_loop(void)
 {
     static const char mark;
@@ -788,7 +788,7 @@ static void logits_persist_where_the_kernel_has_the_loop(void)
     CHECK(!pl.logits_persist);
 }
 
-/* FLCE_GRAD_STREAMS (default on): dH and dW at once where both are asked for, dW can take its
+/* FLCE_DEV grad_streams (default on): dH and dW at once where both are asked for, dW can take its
  * tiles from the counter and dH leaves SMs idle (several launches, or one with over 10 % of its
  * last wave empty); the counter is in the workspace exactly then (or with the TP overlap). */
 static void dh_and_dw_run_at_once_where_the_dw_tiles_can_be_counted(void)
@@ -852,8 +852,8 @@ static void gradient_kernels_hold_only_the_stores_they_make(void)
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(pl.n_chunks == 4 && pl.need_dw_acc && pl.dh.plain_out && !pl.dw.plain_out && pl.dw.red_acc);
     CHECK(!pl.dh.red_acc && spec_validate(&pl.dw) == FLCE_OK);
-    /* by bulk reductions from shared memory (FLCE_BULK_RED, default): red_acc 1 and a second
-     * staging buffer per warp; FLCE_BULK_RED=0: red.global per thread (red_acc 2), no buffer */
+    /* by bulk reductions from shared memory (FLCE_DEV bulk_red, default): red_acc 1 and a second
+     * staging buffer per warp; FLCE_DEV=bulk_red=0: red.global per thread (red_acc 2), no buffer */
     CHECK(pl.dw.red_acc == 1 && spec_bulk_red(&pl.dw));
     size_t bulk_smem = spec_smem_bytes(&pl.dw);
     char *src = NULL;
@@ -867,7 +867,7 @@ static void gradient_kernels_hold_only_the_stores_they_make(void)
           !strstr(src, "#define FLCE_GRAD_BULK 1"));
     free(src);
     cfg.bulk_red = 1;
-    cfg.red_acc = 0; /* FLCE_RED_ACC=0: load + add + store */
+    cfg.red_acc = 0; /* FLCE_DEV=red_acc=0: load + add + store */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
     CHECK(!pl.dw.red_acc && !pl.dh.red_acc && spec_validate(&pl.dw) == FLCE_OK);
     config_defaults(&cfg);

@@ -1,5 +1,5 @@
 /* test_dw_race.c — issue 43 item 1: dW's dynamic tile order gives the same bits as its static
- * order, call after call. Under FLCE_GRAD_STREAMS (default on; plan.h concurrent_grads, dw_dynamic)
+ * order, call after call. Under FLCE_DEV grad_streams (default on; plan.h concurrent_grads, dw_dynamic)
  * dW runs beside dH and its CTAs take their tiles from a counter in the workspace; each CTA's
  * producer thread tells its consumer threads the tile's number through a shared-memory slot
  * (templates/gemm_wgmma_tma.cu, tile_slot; until issue 43 a ring of STAGES + 1 slots). A slot
@@ -13,7 +13,7 @@
  *    beside a forward pass of another context on another stream, of a random size, enqueued just
  *    before or after it with a random host delay between (0-2 ms): dW's CTAs then find a different
  *    number of free SMs each time and take different tiles, some CTAs many more than others;
- *  - the same problem with FLCE_GRAD_STREAMS=0 (dW alone, in the static order, the same kernel:
+ *  - the same problem with FLCE_DEV=grad_streams=0 (dW alone, in the static order, the same kernel:
  *    checked on the plans), its strategy held to the one AUTO took: bitwise equal again.
  * The shapes: the report's 2304×512×33000 (dH split in 3, logits in clusters, persistent) and
  * 6144×1024×65536 (row-scaled compact logits, ~2048 dW tiles: some 15 slot rewrites per CTA).
@@ -33,6 +33,7 @@
 #include "check.h"
 #include "config.h"
 #include "context.h"
+#include "dev_env.h"
 #include "devmem.h"
 #include "gpu_io.h"
 #include "gpu_ready.h"
@@ -88,10 +89,10 @@ static void *random_labels(int64_t n, int64_t v)
     return dev;
 }
 
-/* Re-reads the settings with FLCE_GRAD_STREAMS on or off. */
+/* Re-reads the settings with FLCE_DEV grad_streams on or off. */
 static void grad_streams(int on)
 {
-    setenv("FLCE_GRAD_STREAMS", on ? "1" : "0", 1);
+    dev_env_set("grad_streams", on ? "1" : "0");
     config_reload();
 }
 
@@ -229,7 +230,7 @@ static void repeat_and_compare(const rcase *c, const flce_problem *p, const flce
         }
     }
     grad_streams(1);
-    CHECKF(static_differing == 0, "%d of 3 calls in the static order (FLCE_GRAD_STREAMS=0) differ from the tile counter's dW",
+    CHECKF(static_differing == 0, "%d of 3 calls in the static order (grad_streams=0) differ from the tile counter's dW",
            static_differing);
     free(first), free(got);
 }
@@ -317,7 +318,7 @@ int main(void)
     }
     if (ctx->sm < 90 || config_get()->portable || !config_get()->tiles.tma) {
         printf("skipped: no tile counter for dW here (sm_%d%s): it needs the wgmma TMA path\n", ctx->sm,
-               config_get()->portable ? ", FLCE_PORTABLE=1" : !config_get()->tiles.tma ? ", FLCE_TMA=0" : "");
+               config_get()->portable ? ", FLCE_PORTABLE=1" : !config_get()->tiles.tma ? ", FLCE_DEV=tma=0" : "");
         flce_context_destroy(noise_ctx), flce_context_destroy(ctx);
         return SKIP_EXIT;
     }

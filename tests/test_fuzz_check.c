@@ -19,6 +19,7 @@
 
 #include "check.h"
 #include "config.h"
+#include "dev_env.h"
 #include "fuzz_case.h"
 #include "host.h"
 #include "ref.h"
@@ -418,7 +419,7 @@ static void checker_passes_noise_and_flags_each_mutation(void)
  * p_j off by its fp16 step (2^-12), failed the checker's per-row test against a floor that knew
  * only fp32 roundoff (GPU: 5.8e-3 against 4e-3; bench/NOTES.md, session 10). With the compact
  * plan's allowance it passes; a 1 % error of dW still fails; without compact logits in the plan
- * (FLCE_COMPACT=0) the same outputs fail, as they should. */
+ * (FLCE_DEV=compact=0) the same outputs fail, as they should. */
 static void the_compact_p_step_is_allowed_where_dz_cancels(void)
 {
     fz_case c;
@@ -433,7 +434,7 @@ static void the_compact_p_step_is_allowed_where_dz_cancels(void)
     const double step = 0x1p-12;
     double verdict[3] = {-1, -1, -1}; /* compact plan; dW × 1.01; no compact logits */
     for (int k = 0; k < 3; k++) {
-        if (k == 2) setenv("FLCE_COMPACT", "0", 1), config_reload();
+        if (k == 2) dev_env_set("compact", "0"), config_reload();
         host_rng rng;
         host_rng_seed(&rng, 1122);
         outputs o = {0};
@@ -447,7 +448,7 @@ static void the_compact_p_step_is_allowed_where_dz_cancels(void)
         if (res.failed != (k != 0)) report(&c, k == 1 ? M_SCALE_DW : M_NONE, &res, k == 2 ? "no compact" : "compact");
         outputs_free(&o);
     }
-    unsetenv("FLCE_COMPACT"), config_reload();
+    dev_env_set("compact", NULL), config_reload();
     CHECKF(verdict[0] == 0, "the compact step failed the checker (%g)", verdict[0]);
     CHECKF(verdict[1] == 1, "dW x 1.01 passed the checker (%g)", verdict[1]);
     CHECKF(verdict[2] == 1, "the fp16 step passed without compact logits in the plan (%g)", verdict[2]);
@@ -456,7 +457,7 @@ static void the_compact_p_step_is_allowed_where_dz_cancels(void)
 }
 
 /* Fuzz cases 741 and 1232 of seed 20261127 (one and two peaked tokens, bias; on the GPU dW and db
- * 8.9e-2 and 1.7e-2 against 4e-3, FLCE_COMPACT=0 passing): their dW and db rows with p_ij ≈
+ * 8.9e-2 and 1.7e-2 against 4e-3, FLCE_DEV=compact=0 passing): their dW and db rows with p_ij ≈
  * 1e-12..1e-13 of their 256-column tile's largest p come back as 0 or a few steps from the compact
  * logits, whose fp16 p̃ has an absolute step of 2^-39 of that maximum. Assembled that way (compact_p), the outputs must
  * pass under the compact plan, and fail with every gradient 1 % off, or without compact logits in
@@ -476,7 +477,7 @@ static void compact_p_subnormals_are_allowed(void)
         }
         double verdict[3] = {-1, -1, -1}; /* compact plan; gradients × 1.01; no compact logits */
         for (int k = 0; k < 3; k++) {
-            if (k == 2) setenv("FLCE_COMPACT", "0", 1), config_reload();
+            if (k == 2) dev_env_set("compact", "0"), config_reload();
             host_rng rng;
             host_rng_seed(&rng, flagged[f]);
             outputs o = {0};
@@ -493,7 +494,7 @@ static void compact_p_subnormals_are_allowed(void)
             if (res.failed != (k != 0)) report(&c, M_NONE, &res, k == 2 ? "no compact" : k ? "1 % off" : "compact");
             outputs_free(&o);
         }
-        unsetenv("FLCE_COMPACT"), config_reload();
+        dev_env_set("compact", NULL), config_reload();
         CHECKF(verdict[0] == 0, "case %llu: the compact p's subnormal steps failed the checker",
                (unsigned long long)flagged[f]);
         CHECKF(verdict[1] == 1, "case %llu: gradients x 1.01 passed", (unsigned long long)flagged[f]);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "config.h"
 #include "devmem.h"
 #include "gpu_io.h"
 #include "gpu_ready.h"
@@ -262,12 +263,11 @@ static void forward_matches_loss_and_grad(void)
     CHECK(flce_loss_and_grad(ctx, &p, &t, NULL) == FLCE_OK && flce_check(ctx, NULL) == FLCE_OK);
     devmem_download(&both[0], b.loss, 4);
     devmem_download(&both[1], b.lse, 4);
-    /* The same bits, except where loss_and_grad stores row-scaled compact logits (FLCE_QROWS=1 at
+    /* The same bits, except where loss_and_grad stores row-scaled compact logits (FLCE_DEV qrows=1 at
      * this size; by default chunks of 1e8 logits or more): their statistics are summed against each
      * row's reference c_i, not each tile's maximum (bench/NOTES.md v40b), so they agree with the
      * forward pass's within fp32 rounding. */
-    const char *q = getenv("FLCE_QROWS");
-    double tol = q && strcmp(q, "1") == 0 ? 1e-6 : 0;
+    double tol = config_get()->qrows == 1 ? 1e-6 : 0;
     CHECKF(fabs(fwd[0] - both[0]) <= tol * fabs(fwd[0]) && fabs(fwd[1] - both[1]) <= tol * fabs(fwd[1]),
            "forward %.9g/%.9g vs loss_and_grad %.9g/%.9g (relative tolerance %g)", fwd[0], fwd[1], both[0], both[1],
            tol);

@@ -3,7 +3,7 @@
  * (problem.grad_outputs: log-prob, lse, entropy) against an fp64 reference of docs/DESIGN.md §1.3:
  *   dz_ij = g_i·∂loss_i/∂z_ij + c_ij·[g_lp,i·(1[j=y] − p_ij) + g_lse,i·p_ij − g_H,i·p_ij·(log p_ij + H_i)]
  * with c_ij the chain factor of temperature and softcap. Fresh random data each run, outputs
- * poisoned before the calls. Also run under FLCE_QROWS=1 (row-scaled logits at every size), as
+ * poisoned before the calls. Also run under FLCE_DEV=qrows=1 (row-scaled logits at every size), as
  * test_saved_qrows. Exits 77 without a GPU. */
 #include <math.h>
 #include <stdio.h>

@@ -66,7 +66,7 @@ static void bad_fields_are_named(void)
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("accumulators"));
 }
 
-/* The TMA-fed tile: default on sm_90 16-bit (FLCE_TMA unset), never elsewhere, only with wgmma;
+/* The TMA-fed tile: default on sm_90 16-bit (FLCE_DEV tma unset), never elsewhere, only with wgmma;
  * a producer warpgroup in front of the 8 computing warps, and two mbarriers per stage. */
 static void tma_tiles_are_the_hopper_default_and_need_wgmma(void)
 {
@@ -99,7 +99,7 @@ static void bulk_reductions_need_the_tma_tile_and_room_for_their_buffers(void)
     CHECK(spec_validate(&s) == FLCE_OK && spec_bulk_red(&s));
     CHECK(spec_smem_bytes(&s) == plain + 2048u * (size_t)(s.tile.warps_m * s.tile.warps_n));
     CHECK(spec_smem_bytes(&s) <= spec_smem_limit(90));
-    s.red_acc = 2; /* FLCE_BULK_RED=0 */
+    s.red_acc = 2; /* FLCE_DEV=bulk_red=0 */
     CHECK(spec_validate(&s) == FLCE_OK && !spec_bulk_red(&s) && spec_smem_bytes(&s) == plain);
     s.red_acc = 3;
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("red_acc=3"));
@@ -330,7 +330,7 @@ static void auto_takes_the_cheaper_estimate(void)
 }
 
 /* Recompute's logits pass writes dZ itself: no fp32 Z region, so a vocab chunk is three times
- * wider in the same budget (bf16: 2 bytes per logit instead of 6); FLCE_FUSED_DZ=0 restores the
+ * wider in the same budget (bf16: 2 bytes per logit instead of 6); FLCE_DEV=fused_dz=0 restores the
  * Z store and the dz pass. The dZ spec is the logits spec with the options dZ needs. */
 static void recompute_writes_dz_in_the_logits_pass(void)
 {
@@ -340,7 +340,7 @@ static void recompute_writes_dz_in_the_logits_pass(void)
     flce_config cfg;
     config_defaults(&cfg);
     CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &fused) == FLCE_OK);
-    cfg.fused_dz = 0; /* FLCE_FUSED_DZ=0 */
+    cfg.fused_dz = 0; /* FLCE_DEV=fused_dz=0 */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &split) == FLCE_OK);
     CHECK(fused.fused_dz && !split.fused_dz && fused.off_z == 0 && split.off_z != 0);
     CHECKF(fused.chunk_cols >= 3 * split.chunk_cols - fused.logits.tile.bn, "chunk columns %lld vs %lld",
@@ -358,7 +358,7 @@ static void recompute_writes_dz_in_the_logits_pass(void)
     CHECK(spec_validate(&bad) == FLCE_ERR_INVALID_ARGUMENT && msg_has("fused_dz"));
 }
 
-/* The dH/dW tile order is the plan's: groups of PLAN_RASTER_ROWS row blocks unless FLCE_RASTER says
+/* The dH/dW tile order is the plan's: groups of PLAN_RASTER_ROWS row blocks unless FLCE_DEV raster says
  * otherwise (0: column tiles fastest; out of 0..4096: a warning and the default, test_config). */
 static void gradient_tile_order_comes_from_the_plan(void)
 {
@@ -373,7 +373,7 @@ static void gradient_tile_order_comes_from_the_plan(void)
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && pl.raster_rows == 0);
 }
 
-/* The accumulator knob: L2 reductions on (FLCE_RED_ACC, measured faster where fp32 accumulators
+/* The accumulator knob: L2 reductions on (FLCE_DEV red_acc, measured faster where fp32 accumulators
  * are updated: NOTES session 7). */
 static void fp32_accumulators_default_to_reductions(void)
 {
@@ -382,7 +382,7 @@ static void fp32_accumulators_default_to_reductions(void)
     CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &pl) == FLCE_OK && pl.red_acc);
     flce_config cfg;
     config_defaults(&cfg);
-    cfg.red_acc = 0; /* FLCE_RED_ACC=0 */
+    cfg.red_acc = 0; /* FLCE_DEV=red_acc=0 */
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK && !pl.red_acc);
 }
 

@@ -217,7 +217,7 @@ static void one_spec_built_by_threads_at_once(void)
 int main(void)
 {
     unsetenv("FLCE_PORTABLE");
-    unsetenv("FLCE_TMA");
+    unsetenv("FLCE_DEV");
     RUN(nvrtc_version_is_one_text_from_many_threads);
     RUN(plans_on_many_threads_share_one_tune_table);
     RUN(messages_stay_per_thread_under_contention);

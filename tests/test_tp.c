@@ -622,7 +622,7 @@ static void disagreeing_shards_are_reported(void)
  * timed at that global shape (bf16, logit std 4, labels over the whole vocab) on 2 and 4 GPUs,
  * without and with sequence parallelism (N/tp tokens per rank): 3 warm-up steps, then 20 steps
  * queued on each rank's stream after a barrier, each rank's host time over them; the slowest
- * rank's ms per step. Environment knobs (FLCE_TP_OVERLAP…) apply as in any call. */
+ * rank's ms per step. Environment knobs (FLCE_DEV tp_overlap…) apply as in any call. */
 typedef struct time_io {
     int tp, rank, sp;
     int64_t n, d, v;

@@ -12,6 +12,7 @@
 #include "capture.h"
 #include "check.h"
 #include "config.h"
+#include "dev_env.h"
 #include "error.h"
 #include "hash.h"
 #include "tmpdir.h"
@@ -310,11 +311,11 @@ static void a_valid_line_changes_the_dispatchers_tiles(void)
     plan_for(DEVICE, 90, &portable);
     CHECK(!portable.logits.tile.wgmma);
     unsetenv("FLCE_PORTABLE");
-    setenv("FLCE_TMA", "0", 1);
+    dev_env_set("tma", "0");
     config_reload();
     plan_for(DEVICE, 90, &no_tma);
     CHECK(no_tma.logits.tile.wgmma && !no_tma.logits.tile.tma && no_tma.dw.tile.bn == 256);
-    unsetenv("FLCE_TMA");
+    dev_env_set("tma", NULL);
     config_reload();
     /* forced tiles (the tuner's hook) win over everything, and clear */
     spec_tile forced[3] = {a.tile[2], a.tile[2], a.tile[2]};
@@ -469,7 +470,7 @@ static void both_tuner_fronts_share_one_candidate_list(void)
 int main(void)
 {
     unsetenv("FLCE_PORTABLE");
-    unsetenv("FLCE_TMA");
+    unsetenv("FLCE_DEV");
     config_reload();
     RUN(round_trip_keeps_every_field);
     RUN(blackwell_tile_round_trips_as_tcgen05);

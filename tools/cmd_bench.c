@@ -26,7 +26,7 @@ typedef struct bench_strategy {
     flce_strategy strategy;
     uint64_t budget;
     int forward; /* flce_forward: loss and lse only, counted as 2NVD */
-    int fp32z;   /* "+fp32z": FLCE_COMPACT=0 for this row (the chunked strategy's fp32 Z store) */
+    int fp32z;   /* "+fp32z": FLCE_DEV=compact=0 for this row (the chunked strategy's fp32 Z store) */
     int main_grad; /* "+maingrad": dW added into an fp32 V × D buffer (accumulate_grad_weight, as
                     * Megatron's main_grad); the buffer counts as an input, not as extra memory */
 } bench_strategy;
@@ -104,7 +104,7 @@ static void bench_usage(FILE *f)
             "  --strategies S,...   auto, chunked, recompute, saved (forward, then backward from the\n"
             "                       logits it kept) or forward (loss and lse only); any but forward\n"
             "                       with a memory budget (chunked-128MiB), +fp32z (the chunked logits\n"
-            "                       stored as fp32: FLCE_COMPACT=0) or +maingrad (dW added into an\n"
+            "                       stored as fp32: FLCE_DEV=compact=0) or +maingrad (dW added into an\n"
             "                       fp32 buffer) [auto,chunked,chunked-128MiB,recompute,forward]\n"
             "  --warmup K           untimed calls before the timed ones, 0 to 1000 [3]\n"
             "  --iters K            timed calls, 1 to 10000; the median is reported [10]\n"

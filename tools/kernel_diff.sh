@@ -7,7 +7,7 @@
 #
 # Both builds get tools/kernel_diff_dump.c compiled against their libflce.a (with the headers of
 # their own source tree), which writes the generated source of a fixed matrix of specs — sm_80
-# mma.sync and FFMA, sm_90a wgmma + TMA, wgmma + cp.async (FLCE_TMA=0) and the portable tile,
+# mma.sync and FFMA, sm_90a wgmma + TMA, wgmma + cp.async (FLCE_DEV=tma=0) and the portable tile,
 # sm_100a tcgen05 (FLCE_ENABLE_SM100=1) and mma.sync; logits (Z store, compact p̃, fused dZ with
 # mean and none, each without and with all options), dh, dw; other tile shapes; rowops — and the
 # cubin nvrtc_compile builds from each. Then, spec by spec:

@@ -129,7 +129,7 @@ int main(int argc, char **argv)
     const char *dtn[] = {"bf16", "f16", "f32"};
     char kind[64];
     env_put("FLCE_ENABLE_SM100", NULL);
-    env_put("FLCE_TMA", NULL);
+    env_put("FLCE_DEV", NULL), env_put("FLCE_TMA", NULL);
     for (int d = 0; d < 3; d++) {
         /* sm_80: mma.sync (16-bit) and exact FFMA (f32) */
         snprintf(kind, sizeof kind, "mma_%s", dtn[d]);
@@ -138,13 +138,16 @@ int main(int argc, char **argv)
         snprintf(kind, sizeof kind, "%s_%s", d < 2 ? "tma" : "mma", dtn[d]);
         gemms(90, dts[d], kind, NULL);
     }
-    /* sm_90a, FLCE_TMA=0: wgmma fed by cp.async; FLCE_PORTABLE's tile: mma.sync on Hopper */
-    env_put("FLCE_TMA", "0");
+    /* sm_90a, FLCE_DEV=tma=0: wgmma fed by cp.async; FLCE_PORTABLE's tile: mma.sync on Hopper */
+    /* FLCE_TMA too: this file is built against both trees, and a tree older than FLCE_DEV
+     * (2026-11-28) reads only that; a newer one reads both, with a warning (goes with the retired
+     * variables, next release) */
+    env_put("FLCE_DEV", "tma=0"), env_put("FLCE_TMA", "0");
     for (int d = 0; d < 2; d++) {
         snprintf(kind, sizeof kind, "cpasync_%s", dtn[d]);
         gemms(90, dts[d], kind, NULL);
     }
-    env_put("FLCE_TMA", NULL);
+    env_put("FLCE_DEV", NULL), env_put("FLCE_TMA", NULL);
     for (int d = 0; d < 2; d++) {
         spec_tile t = spec_default_tile(89, dts[d], ROLE_LOGITS);
         t.stages = 4;
