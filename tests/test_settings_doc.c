@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capture.h"
 #include "check.h"
 #include "config.h"
 #include "host.h"
@@ -216,6 +217,82 @@ static void the_library_reads_its_environment_in_config_c_alone(void)
     CHECKF(stray == 0, "%d library file(s) call getenv outside runtime/config.c", stray);
 }
 
+/* Calls fn(rel, text) for each file of dir (relative to the source dir) whose name ends in one of
+ * the suffixes (a "|"-separated list). */
+static void each_file(const char *dir, const char *suffixes, void (*fn)(const char *rel, const char *text))
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", source_dir, dir);
+    DIR *d = opendir(path);
+    if (!d) return; /* a folder this checkout lacks */
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        int match = 0;
+        for (const char *p = suffixes; *p;) {
+            size_t k = strcspn(p, "|");
+            match |= n > k && !strncmp(e->d_name + n - k, p, k);
+            p += k + (p[k] == '|');
+        }
+        if (!match) continue;
+        char file[4400], rel[4400];
+        snprintf(file, sizeof file, "%s/%s", path, e->d_name);
+        snprintf(rel, sizeof rel, "%s/%s", dir, e->d_name);
+        size_t len = 0;
+        char *text = host_read_file(file, &len);
+        if (text) fn(rel, text);
+        free(text);
+    }
+    closedir(d);
+}
+
+static void from_env(void *arg) { config_from_env(arg); }
+
+/* Each FLCE_DEV=... a test, script or tool sets holds only switches the library knows, with values
+ * it takes (a misspelt key is only a warning, and a GPU test run on the default path cannot fail);
+ * and none sets a switch's retired variable (FLCE_TMA=0, "FLCE_TMA"), which goes next release.
+ * test_config.c writes bad items and retired variables on purpose (and this file names them);
+ * kernel_diff_dump.c sets FLCE_TMA for trees older than FLCE_DEV. */
+static void check_dev_settings(const char *rel, const char *text)
+{
+    if (!strcmp(rel, "tests/test_config.c") || !strcmp(rel, "tools/kernel_diff_dump.c") ||
+        !strcmp(rel, "tests/test_settings_doc.c"))
+        return;
+    for (const char *p = text; (p = strstr(p, "FLCE_DEV="));) {
+        p += strlen("FLCE_DEV=");
+        char value[256];
+        size_t n = strcspn(p, " \t\n\"'`);:|]}\\"); /* where a value ends in prose, code or CMake */
+        while (n && p[n - 1] == '.') n--; /* the end of a sentence */
+        snprintf(value, sizeof value, "%.*s", (int)(n < 255 ? n : 255), p);
+        setenv("FLCE_DEV", value, 1);
+        flce_config c;
+        const char *warned = capture_stderr("warn", from_env, &c);
+        CHECKF(!*warned, "%s: FLCE_DEV=%s: %s", rel, value, warned);
+    }
+    unsetenv("FLCE_DEV");
+    const config_setting *rows = config_settings();
+    for (int i = 0; i < CONFIG_COUNT; i++) {
+        if (!config_is_dev_switch(&rows[i])) continue;
+        char legacy[64], assign[80], quoted[80];
+        config_dev_legacy_name(&rows[i], legacy, sizeof legacy);
+        snprintf(assign, sizeof assign, "%s=", legacy);
+        snprintf(quoted, sizeof quoted, "\"%s\"", legacy);
+        CHECKF(!strstr(text, assign) && !strstr(text, quoted), "%s sets %s: write FLCE_DEV=%s=...", rel, legacy,
+               rows[i].name);
+    }
+}
+
+static void tests_scripts_and_tools_set_only_known_dev_switches(void)
+{
+    each_file("tests", ".c|.h|.sh|.txt|.cmake", check_dev_settings);
+    each_file("tools", ".c|.h|.sh|.py", check_dev_settings);
+    each_file("bench", ".c|.sh|.py", check_dev_settings);
+    each_file("python", ".py|.sh", check_dev_settings);
+    each_file("python/flce", ".py", check_dev_settings);
+    each_file("fuzz", ".c|.h|.sh|.py", check_dev_settings);
+    each_file("examples", ".c|.h|.sh|.py", check_dev_settings);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "--print")) {
@@ -234,5 +311,6 @@ int main(int argc, char **argv)
     RUN(every_row_is_complete);
     RUN(readme_section_is_the_table);
     RUN(the_library_reads_its_environment_in_config_c_alone);
+    RUN(tests_scripts_and_tools_set_only_known_dev_switches);
     FINISH();
 }
