@@ -3,11 +3,15 @@ flce.h's math in float64 PyTorch (flce/_reference.py), at the one place the bind
 (_Call.__call__ and _Call.scale), so that everything above — argument checks, the custom ops,
 their fake kernels and autograd formulas, torch.compile, the Hugging Face patch — runs on the CPU
 exactly as on a GPU. libflce.so is still loaded (the problems are built and validated by it).
+flce.linear_distillation's library call (flce_distill_loss_and_grad) likewise: testing/ref.c
+ref_distill's formulas in float64 (distill_dz, written out, not autograd).
 Tensor parallelism (flce.vocab_parallel_cross_entropy, both routes) runs on the ranks of a gloo
 world: the stand-in emulates flce's collectives with torch.distributed (_run_tp).
 
     import standin; standin.install()
 """
+import math
+
 import torch
 
 import flce
@@ -243,6 +247,110 @@ def _choice(device_index, n, d, v, dtype, label_dtype, tp, has_bias, has_class_w
     return "recompute" if opts.memory_budget and opts.memory_budget < (1 << 21) else "chunked"
 
 
+# ---- distillation (flce.linear_distillation): flce_distill_loss_and_grad in float64 ----------------
+
+def distill_dz(zs, zt, labels, divergence, beta, temperature, ce_weight, ignore_index):
+    """testing/ref.c ref_distill_row over all rows in float64, written out (not autograd): per-token
+    loss_i, divergence D_i, validity, and dz = ∂loss_i/∂zs (rows of invalid tokens 0)."""
+    v = zs.shape[1]
+    if divergence == "jsd" and beta <= 0:
+        divergence = "forward_kl"
+    elif divergence == "jsd" and beta >= 1:
+        divergence = "reverse_kl"
+    lq = torch.log_softmax(zs / temperature, 1)
+    lp = torch.log_softmax(zt / temperature, 1)
+    q, p = lq.exp(), lp.exp()
+
+    def xlog(a, la, lb):  # a·(la − lb) with 0·anything = 0
+        return torch.where(a == 0, torch.zeros_like(a), a * (la - lb))
+    if divergence == "forward_kl":
+        d = xlog(p, lp, lq).sum(1)
+        dz = q - p
+    elif divergence == "reverse_kl":
+        d = xlog(q, lq, lp).sum(1)
+        dz = torch.where(q == 0, torch.zeros_like(q), q * (lq - lp - d[:, None]))
+    else:
+        lm = torch.logaddexp(math.log(beta) + lp, math.log1p(-beta) + lq)
+        d = beta * xlog(p, lp, lm).sum(1) + (1 - beta) * xlog(q, lq, lm).sum(1)
+        kl_qm = xlog(q, lq, lm).sum(1)
+        dz = torch.where(q == 0, torch.zeros_like(q), (1 - beta) * q * (lq - lm - kl_qm[:, None]))
+    dz = dz / temperature
+    if labels is None:
+        valid = torch.ones(zs.shape[0], dtype=torch.bool)
+        has_label = valid & False
+        yc = torch.zeros(zs.shape[0], dtype=torch.int64)
+    else:
+        y = labels.long()
+        has_label = (y >= 0) & (y < v)
+        valid = has_label & (y != ignore_index)
+        yc = torch.where(has_label, y, torch.zeros_like(y))
+    loss = d.clone()
+    if ce_weight != 0 and labels is not None:
+        lse = torch.logsumexp(zs, 1)
+        ce = lse - zs.gather(1, yc[:, None]).squeeze(1)
+        loss = loss + ce_weight * ce
+        sm = torch.softmax(zs, 1)
+        sm[torch.arange(zs.shape[0]), yc] -= 1
+        dz = dz + ce_weight * sm
+    zero = torch.zeros_like(loss)
+    # masked rows: 0, not NaN·0 (a NaN teacher row of an ignored token stays out)
+    return torch.where(valid, loss, zero), torch.where(valid, d, zero), valid, torch.where(valid[:, None], dz, 0.0)
+
+
+_real_distill_call = None  # flce.distill._DistillCall.__call__ before install() (the library call)
+
+
+def _distill_run(self, loss, divergence, grad_hidden=None, grad_weight=None, grad_output=None):
+    """flce.distill._DistillCall.__call__ in float64: what flce_distill_loss_and_grad writes."""
+    p, o = self.problem, self.opts
+    # the problem the binding built describes the tensors it passes
+    assert (p.tokens, p.hidden_student, p.hidden_teacher, p.vocab) == \
+        (self.hs.shape[0], self.hs.shape[1], self.ht.shape[1], self.ws.shape[0]), "distill problem/tensor mismatch"
+    assert self.wt.shape == (p.vocab, p.hidden_teacher) and self.ht.shape[0] == p.tokens
+    from flce import _distill_lib
+    assert p.divergence == _distill_lib.DIVERGENCES[o.divergence] and p.reduction == _lib.REDUCTIONS[o.reduction]
+    assert abs(p.beta - o.beta) < 1e-6 and abs(p.temperature - o.temperature) < 1e-6 and p.ignore_index == o.ignore_index
+    if p.ce_weight != 0 and (self.labels is None or p.temperature != 1):
+        raise flce.FlceError(1, "FLCE_ERR_INVALID_ARGUMENT", "problem.ce_weight: needs labels and temperature 1",
+                             "stand-in flce_distill_loss_and_grad")
+    for name, t in (("loss", loss), ("divergence", divergence), ("grad_hidden", grad_hidden),
+                    ("grad_weight", grad_weight), ("grad_output", grad_output)):
+        assert t is None or t.is_contiguous(), f"{name}: not contiguous"
+    hs, ws = self.hs.double(), self.ws.double()
+    zs, zt = hs @ ws.T, self.ht.double() @ self.wt.double().T
+    reduction = o.reduction
+    per, d, valid, dz = distill_dz(zs, zt, self.labels, o.divergence, float(p.beta), float(p.temperature),
+                                   float(p.ce_weight), p.ignore_index)
+    count = int(valid.sum())
+    if reduction == "none":
+        loss.copy_(per)
+    elif reduction == "sum":
+        loss.copy_(per.sum())
+    else:
+        loss.copy_(per.sum() / count if count else per.sum() * 0)
+    divergence.copy_(d)
+    if grad_hidden is None and grad_weight is None:
+        return
+    g = torch.ones((), dtype=torch.float64) if grad_output is None else grad_output.double()
+    if reduction == "none":
+        assert g.shape == (p.tokens,), "grad_output: N values for reduction none"
+        gi = g
+    else:
+        assert g.numel() == 1, "grad_output: one value for mean/sum"
+        gi = g.reshape(()).expand(p.tokens)
+        if reduction == "mean":
+            gi = gi / count if count else gi * 0
+    dz = dz * gi[:, None]
+    if grad_hidden is not None:
+        grad_hidden.copy_(dz @ ws)
+    if grad_weight is not None:
+        grad_weight.copy_(dz.T @ hs)
+    _distill_run.calls += 1
+
+
+_distill_run.calls = 0
+
+
 def install():
     """Routes the binding's kernel calls to the float64 stand-in (idempotent)."""
     global installed
@@ -266,4 +374,8 @@ def install():
     choice = torch.compiler.assume_constant_result(lambda *a: _choice(*a))
     flce._auto_choice = choice
     flce._require_cuda = lambda hidden: None
+    global _real_distill_call
+    _real_distill_call = flce.distill._DistillCall.__call__
+    flce.distill._DistillCall.__call__ = _distill_run
+    flce.distill._require_cuda = lambda t, name: None
     installed = True

@@ -1,0 +1,129 @@
+"""_distill_lib.py — the ctypes layer of flce's distillation call (issue 44): flce_distill_problem,
+flce_distill_tensors, flce_distill_workspace_size and flce_distill_loss_and_grad of include/flce.h.
+Like _lib.py it imports no torch. A library built before these entry points still loads (they are
+looked up on first use); a call then raises FlceError naming the missing function.
+"""
+import ctypes
+
+from . import _lib
+from ._lib import FlceError
+
+# flce_divergence
+FLCE_DIVERGENCE_FORWARD_KL = 0
+FLCE_DIVERGENCE_REVERSE_KL = 1
+FLCE_DIVERGENCE_JSD = 2
+DIVERGENCES = {"forward_kl": FLCE_DIVERGENCE_FORWARD_KL, "reverse_kl": FLCE_DIVERGENCE_REVERSE_KL,
+               "jsd": FLCE_DIVERGENCE_JSD}
+
+_enum = ctypes.c_int
+
+
+class DistillProblem(ctypes.Structure):
+    """flce_distill_problem."""
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("api_version", ctypes.c_uint32),
+        ("tokens", ctypes.c_int64),
+        ("hidden_student", ctypes.c_int64),
+        ("hidden_teacher", ctypes.c_int64),
+        ("vocab", ctypes.c_int64),
+        ("dtype", _enum),
+        ("label_bits", ctypes.c_int32),
+        ("divergence", _enum),
+        ("beta", ctypes.c_float),
+        ("temperature", ctypes.c_float),
+        ("ce_weight", ctypes.c_float),
+        ("ignore_index", ctypes.c_int64),
+        ("reduction", _enum),
+        ("memory_budget", ctypes.c_uint64),
+    ]
+
+
+class DistillTensors(ctypes.Structure):
+    """flce_distill_tensors. Device addresses as c_void_p (None is NULL)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("student_hidden", ctypes.c_void_p),
+        ("student_weight", ctypes.c_void_p),
+        ("teacher_hidden", ctypes.c_void_p),
+        ("teacher_weight", ctypes.c_void_p),
+        ("labels", ctypes.c_void_p),
+        ("grad_output", ctypes.c_void_p),
+        ("loss", ctypes.c_void_p),
+        ("divergence", ctypes.c_void_p),
+        ("grad_student_hidden", ctypes.c_void_p),
+        ("grad_student_weight", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_uint64),
+    ]
+
+
+LOSS_AND_GRAD = "flce_distill_loss_and_grad"
+WORKSPACE_SIZE = "flce_distill_workspace_size"
+_declared = {}
+
+
+def _fn(name):
+    """The library's `name` with its signature, or FlceError(FLCE_ERR_UNSUPPORTED) naming it when the
+    loaded library predates the distillation API."""
+    fn = _declared.get(name)
+    if fn is not None:
+        return fn
+    handle = _lib.lib()
+    fn = getattr(handle, name, None)
+    if fn is None:
+        raise FlceError(_lib.FLCE_ERR_UNSUPPORTED, "FLCE_ERR_UNSUPPORTED",
+                        f"the loaded library ({_lib.library_path()}) has no {name} (it predates the "
+                        f"distillation API of issue 44): rebuild libflce", name)
+    vp, st = ctypes.c_void_p, ctypes.c_int
+    P, T = ctypes.POINTER(DistillProblem), ctypes.POINTER(DistillTensors)
+    sig = {LOSS_AND_GRAD: (st, [vp, P, T, vp]),
+           WORKSPACE_SIZE: (st, [vp, P, ctypes.POINTER(ctypes.c_uint64)])}[name]
+    fn.restype, fn.argtypes = sig
+    _declared[name] = fn
+    return fn
+
+
+def available():
+    """Whether the loaded library has the distillation entry points."""
+    try:
+        _fn(LOSS_AND_GRAD)
+        _fn(WORKSPACE_SIZE)
+    except FlceError:
+        return False
+    return True
+
+
+def new_problem(**fields):
+    p = DistillProblem()
+    p.struct_size = ctypes.sizeof(DistillProblem)
+    p.api_version = _lib.FLCE_API_VERSION
+    p.temperature = 1.0
+    for k, v in fields.items():
+        if not hasattr(DistillProblem, k):
+            raise AttributeError(f"DistillProblem has no field {k!r}")
+        setattr(p, k, v)
+    return p
+
+
+def new_tensors(**fields):
+    t = DistillTensors()
+    t.struct_size = ctypes.sizeof(DistillTensors)
+    for k, v in fields.items():
+        if not hasattr(DistillTensors, k):
+            raise AttributeError(f"DistillTensors has no field {k!r}")
+        setattr(t, k, v)
+    return t
+
+
+def workspace_size(ctx, problem):
+    n = ctypes.c_uint64()
+    _lib.check_status(_fn(WORKSPACE_SIZE)(ctx, ctypes.byref(problem), ctypes.byref(n)), WORKSPACE_SIZE)
+    return n.value
+
+
+def loss_and_grad(ctx, problem, tensors, stream):
+    """Enqueues flce_distill_loss_and_grad on `stream` (an int handle, 0 = legacy stream)."""
+    fn = _fn(LOSS_AND_GRAD)
+    _lib.check_status(fn(ctx, ctypes.byref(problem), ctypes.byref(tensors), ctypes.c_void_p(stream or None)),
+                      LOSS_AND_GRAD)
