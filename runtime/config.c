@@ -73,6 +73,7 @@ void config_setting_default(const config_setting *s, char *out, size_t cap)
 const char *config_env(config_id id)
 {
     if ((unsigned)id >= CONFIG_COUNT) return NULL;
+    if (config_is_dev_switch(&config_table[id])) return NULL; /* a key of FLCE_DEV, not a variable */
     return getenv(config_table[id].name);
 }
 

@@ -107,7 +107,8 @@ void config_reload(void);
 void config_replace(const flce_config *c);
 
 /* The value of a row read at each use (LEVEL, TEXT, NUM, EBOOL), of a library path (LIB) or of a
- * system variable (SYS) now; NULL when unset. The library's one reader of its environment. */
+ * system variable (SYS) now; NULL when unset (and for a developer switch, a key of FLCE_DEV: its
+ * value is config_get()'s). The library's one reader of its environment. */
 const char *config_env(config_id id);
 /* An EBOOL row now: its on/off word, or its default (a warning for a value that does not parse). */
 int config_env_bool(config_id id);

@@ -198,6 +198,7 @@ static void dev_switches_are_items_of_one_variable(void)
     config_defaults(&d);
     d.tiles.tma = 0, d.grad_streams = 0, d.raster_rows = 5;
     CHECK(!memcmp(&c, &d, sizeof c));
+    CHECK(config_env(CONFIG_TMA) == NULL); /* a key, not a variable: its value is config_get()'s */
     clear_knobs();
 }
 
