@@ -251,7 +251,8 @@ def _choice(device_index, n, d, v, dtype, label_dtype, tp, has_bias, has_class_w
 
 def distill_dz(zs, zt, labels, divergence, beta, temperature, ce_weight, ignore_index):
     """testing/ref.c ref_distill_row over all rows in float64, written out (not autograd): per-token
-    loss_i, divergence D_i, validity, and dz = ∂loss_i/∂zs (rows of invalid tokens 0)."""
+    loss_i, divergence D_i, validity, and dz = ∂loss_i/∂zs (rows of invalid tokens 0). zs, zt: the
+    raw logits (rows x V, any device); also bench/distill_compare.py's reference."""
     v = zs.shape[1]
     if divergence == "jsd" and beta <= 0:
         divergence = "forward_kl"
@@ -276,9 +277,8 @@ def distill_dz(zs, zt, labels, divergence, beta, temperature, ce_weight, ignore_
         dz = torch.where(q == 0, torch.zeros_like(q), (1 - beta) * q * (lq - lm - kl_qm[:, None]))
     dz = dz / temperature
     if labels is None:
-        valid = torch.ones(zs.shape[0], dtype=torch.bool)
-        has_label = valid & False
-        yc = torch.zeros(zs.shape[0], dtype=torch.int64)
+        valid = torch.ones(zs.shape[0], dtype=torch.bool, device=zs.device)
+        yc = torch.zeros(zs.shape[0], dtype=torch.int64, device=zs.device)
     else:
         y = labels.long()
         has_label = (y >= 0) & (y < v)
@@ -290,7 +290,7 @@ def distill_dz(zs, zt, labels, divergence, beta, temperature, ce_weight, ignore_
         ce = lse - zs.gather(1, yc[:, None]).squeeze(1)
         loss = loss + ce_weight * ce
         sm = torch.softmax(zs, 1)
-        sm[torch.arange(zs.shape[0]), yc] -= 1
+        sm[torch.arange(zs.shape[0], device=zs.device), yc] -= 1
         dz = dz + ce_weight * sm
     zero = torch.zeros_like(loss)
     # masked rows: 0, not NaN·0 (a NaN teacher row of an ignored token stays out)
