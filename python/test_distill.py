@@ -356,6 +356,19 @@ def op_cases():
         assert losses[-1] < losses[0], losses
     case("torch.compile: a training step lowers the loss", compiled_training_step)
 
+    def example_runs():
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            print("  (example_distill.py: transformers is not installed, not run)")
+            return
+        import subprocess
+        here = os.path.dirname(os.path.abspath(__file__))
+        r = subprocess.run([sys.executable, os.path.join(here, "example_distill.py"), "--steps", "8"],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-2000:]
+    case("python/example_distill.py (tiny HF models) runs and agrees with float64", example_runs)
+
 
 # ---- bad inputs ----------------------------------------------------------------------------------
 
