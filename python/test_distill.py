@@ -369,6 +369,26 @@ def op_cases():
         assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-2000:]
     case("python/example_distill.py (tiny HF models) runs and agrees with float64", example_runs)
 
+    def bench_dry_run():
+        # bench/distill_compare.py's logic on the CPU (tiny shapes, the stand-in): every provider row
+        # written, no error, the errors against its float64 reference small
+        import json
+        import subprocess
+        import tempfile
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        with tempfile.TemporaryDirectory() as out:
+            r = subprocess.run([sys.executable, os.path.join(repo, "bench", "distill_compare.py"), "--cpu-dry", "--out",
+                                out, "--divergence", "jsd", "--beta", "0.3"], capture_output=True, text=True,
+                               timeout=600)
+            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+            rows = json.load(open(os.path.join(out, [f for f in os.listdir(out) if f.endswith(".json")][0])))
+        assert len(rows) == 12 and not any(x["error"] for x in rows if x["provider"] != "liger-jsd"), rows
+        for x in rows:
+            if x["provider"] not in ("cublas-floor", "liger-jsd"):
+                assert x["ms"] and max(x["err_loss"], x["err_dh"], x["err_dw"]) < 1e-5, x
+    if not GPU:
+        case("bench/distill_compare.py --cpu-dry", bench_dry_run)
+
 
 # ---- bad inputs ----------------------------------------------------------------------------------
 
