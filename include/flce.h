@@ -431,6 +431,79 @@ FLCE_API flce_status flce_forward_finish(flce_context *ctx, const flce_problem *
  * stream orders itself after the last one's work with an event. */
 FLCE_API flce_status flce_check(flce_context *ctx, void *stream);
 
+/* Distillation (issue 44): a student learns a teacher's next-token distribution, both output
+ * layers fused with the divergence; neither the student's nor the teacher's N × V logits are in
+ * memory at once (token chunks of memory_budget). Per token i, with the student's logits
+ * zs_j = hs_i·ws_j and the teacher's zt_j = ht_i·wt_j (no bias, no softcap), at temperature T:
+ *    q = softmax(zs/T) (student),  p = softmax(zt/T) (teacher)
+ *    forward KL  D_i = Σ_j p_j (log p_j − log q_j)                  KL(p‖q)
+ *    reverse KL  D_i = Σ_j q_j (log q_j − log p_j)                  KL(q‖p)
+ *    JSD(β)      D_i = β KL(p‖m) + (1−β) KL(q‖m),  m = β p + (1−β) q   (β weights the teacher);
+ *                β = 0 is forward KL and β = 1 reverse KL (Liger's ends, not the formula's limit 0)
+ *    loss_i = D_i + ce_weight · (lse(zs) − zs_y)    (the CE term at temperature 1)
+ * No T² factor. The gradients are the student's only (dHs, dWs of Σ g_i loss_i, g_i as in the CE
+ * call: mean divides by the count of valid tokens); the teacher gets none. A token whose label is
+ * ignore_index or outside [0, V) is masked entirely (no divergence, no CE, no gradient, not counted
+ * in the mean; its divergence output is 0). labels NULL: every token counts, no CE term.
+ * A NaN in one token's row stays in that token's per-token outputs and dHs row (and in the
+ * mean/sum loss and dWs, which sum over tokens). v1: no tensor parallelism, no top-k, CE only at
+ * temperature 1. */
+typedef enum flce_divergence {
+    FLCE_DIVERGENCE_FORWARD_KL = 0,
+    FLCE_DIVERGENCE_REVERSE_KL = 1,
+    FLCE_DIVERGENCE_JSD = 2
+} flce_divergence;
+
+typedef struct flce_distill_problem {
+    uint32_t struct_size;      /* sizeof(flce_distill_problem) as the caller compiled it */
+    uint32_t api_version;      /* FLCE_API_VERSION as the caller compiled it */
+    int64_t tokens;            /* N >= 1 (student and teacher alike) */
+    int64_t hidden_student;    /* Ds >= 8, a multiple of 8 */
+    int64_t hidden_teacher;    /* Dt >= 8, a multiple of 8 */
+    int64_t vocab;             /* V >= 1, the same for both */
+    flce_dtype dtype;          /* of all four inputs and the gradients */
+    int32_t label_bits;        /* 32 or 64: labels are int32 or int64 */
+    flce_divergence divergence;
+    float beta;                /* JSD's β in [0, 1]; ignored by the KLs */
+    float temperature;         /* T > 0 of both softmaxes of the divergence; default 1 */
+    float ce_weight;           /* >= 0, weight of the student's CE term; != 0 needs labels and T = 1 */
+    int64_t ignore_index;      /* default -100 */
+    flce_reduction reduction;
+    uint64_t memory_budget;    /* bytes for one token chunk's fp32 logits of both models (8 bytes
+                                  per logit), which sets the chunk size; 0 = 512 MiB. On top: an
+                                  fp32 V × Ds dW accumulator for 16-bit inputs, a few floats per
+                                  token. flce_distill_workspace_size says the total */
+} flce_distill_problem;
+
+/* Device buffers of one distillation call. Unused outputs may be NULL. */
+typedef struct flce_distill_tensors {
+    uint32_t struct_size;          /* sizeof(flce_distill_tensors) as the caller compiled it */
+    const void *student_hidden;    /* Hs: N × Ds, row-major, dtype */
+    const void *student_weight;    /* Ws: V × Ds, row-major, dtype */
+    const void *teacher_hidden;    /* Ht: N × Dt, row-major, dtype */
+    const void *teacher_weight;    /* Wt: V × Dt, row-major, dtype */
+    const void *labels;            /* N int32/int64 (label_bits), or NULL (no CE, no token ignored) */
+    const float *grad_output;      /* fp32 on the device: 1 value (mean, sum) or N (none); NULL = 1 */
+    float *loss;                   /* out: 1 value (mean, sum) or N (none) */
+    float *divergence;             /* out: N values of D_i (0 for masked tokens) */
+    void *grad_student_hidden;     /* out: dHs, N × Ds, dtype */
+    void *grad_student_weight;     /* out: dWs, V × Ds, dtype */
+    void *workspace;               /* caller-owned scratch of flce_distill_workspace_size bytes, or
+                                      NULL to let the context allocate and keep one */
+    uint64_t workspace_bytes;
+} flce_distill_tensors;
+
+FLCE_API void flce_distill_problem_init(flce_distill_problem *problem);
+FLCE_API void flce_distill_tensors_init(flce_distill_tensors *tensors);
+/* Checks a distillation problem without touching a GPU; the message names the argument. */
+FLCE_API flce_status flce_distill_problem_validate(const flce_distill_problem *problem);
+/* Bytes of workspace flce_distill_loss_and_grad needs for this problem. */
+FLCE_API flce_status flce_distill_workspace_size(flce_context *ctx, const flce_distill_problem *problem,
+                                                 uint64_t *bytes);
+/* Loss, per-token divergence and the student's gradients in one call, enqueued on `stream`. */
+FLCE_API flce_status flce_distill_loss_and_grad(flce_context *ctx, const flce_distill_problem *problem,
+                                                const flce_distill_tensors *t, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

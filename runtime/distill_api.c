@@ -1,0 +1,171 @@
+/* distill_api.c — the public distillation entry points of flce.h (issue 44): argument checks with
+ * messages naming the argument, the workspace size, then distill.c's launch. Called by users and by
+ * python/flce/_distill_lib.py. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "context.h"
+#include "distill.h"
+#include "error.h"
+#include "log.h"
+
+void flce_distill_problem_init(flce_distill_problem *p)
+{
+    if (!p) return;
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->api_version = FLCE_API_VERSION;
+    p->dtype = FLCE_DTYPE_BF16;
+    p->label_bits = 32;
+    p->divergence = FLCE_DIVERGENCE_FORWARD_KL;
+    p->beta = 0.5f;
+    p->temperature = 1.0f;
+    p->ignore_index = -100;
+    p->reduction = FLCE_REDUCTION_MEAN;
+}
+
+void flce_distill_tensors_init(flce_distill_tensors *t)
+{
+    if (!t) return;
+    memset(t, 0, sizeof *t);
+    t->struct_size = sizeof *t;
+}
+
+static flce_status normalize_problem(const flce_distill_problem *in, flce_distill_problem *out)
+{
+    if (!in) return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem: NULL");
+    flce_distill_problem_init(out);
+    if (in->struct_size != sizeof *in)
+        return err_set(in->struct_size > sizeof *in ? FLCE_ERR_UNSUPPORTED : FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.struct_size=%u: flce_distill_problem is %zu bytes in this library (%s); "
+                       "initialize with flce_distill_problem_init",
+                       in->struct_size, sizeof *in, FLCE_VERSION_STRING);
+    memcpy(out, in, sizeof *out);
+    return FLCE_OK;
+}
+
+static flce_status check_dim(int64_t value, const char *name, int64_t at_least, int64_t multiple,
+                             int64_t at_most)
+{
+    if (value < at_least || value % multiple)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.%s=%lld: must be at least %lld%s", name,
+                       (long long)value, (long long)at_least,
+                       multiple > 1 ? " and a multiple of 8" : "");
+    if (value > at_most)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.%s=%lld: at most %lld supported", name,
+                       (long long)value, (long long)at_most);
+    return FLCE_OK;
+}
+
+flce_status flce_distill_problem_validate(const flce_distill_problem *problem)
+{
+    flce_distill_problem p;
+    TRY(normalize_problem(problem, &p));
+    /* the same bounds as the CE call's (api.c check_shapes): far from 64-bit overflow */
+    TRY(check_dim(p.tokens, "tokens", 1, 1, INT32_MAX));
+    TRY(check_dim(p.hidden_student, "hidden_student", 8, 8, 1 << 20));
+    TRY(check_dim(p.hidden_teacher, "hidden_teacher", 8, 8, 1 << 20));
+    TRY(check_dim(p.vocab, "vocab", 1, 1, 8000000));
+    if (p.dtype != FLCE_DTYPE_F32 && p.dtype != FLCE_DTYPE_F16 && p.dtype != FLCE_DTYPE_BF16)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.dtype=%d: not an flce_dtype", (int)p.dtype);
+    if (p.label_bits != 32 && p.label_bits != 64)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.label_bits=%d: must be 32 or 64", p.label_bits);
+    if (p.reduction != FLCE_REDUCTION_MEAN && p.reduction != FLCE_REDUCTION_SUM &&
+        p.reduction != FLCE_REDUCTION_NONE)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.reduction=%d: not an flce_reduction",
+                       (int)p.reduction);
+    if (p.divergence != FLCE_DIVERGENCE_FORWARD_KL && p.divergence != FLCE_DIVERGENCE_REVERSE_KL &&
+        p.divergence != FLCE_DIVERGENCE_JSD)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.divergence=%d: not an flce_divergence",
+                       (int)p.divergence);
+    if (!(p.beta >= 0.0f && p.beta <= 1.0f)) /* NaN fails too */
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.beta=%g: must be in [0, 1]", (double)p.beta);
+    if (!(p.temperature > 0.0f) || !isfinite(p.temperature))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.temperature=%g: must be finite and > 0",
+                       (double)p.temperature);
+    if (!(p.ce_weight >= 0.0f) || !isfinite(p.ce_weight))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.ce_weight=%g: must be finite and >= 0",
+                       (double)p.ce_weight);
+    if (p.ce_weight != 0.0f && p.temperature != 1.0f)
+        return err_set(FLCE_ERR_UNSUPPORTED,
+                       "problem.ce_weight=%g with problem.temperature=%g: the CE term runs at temperature "
+                       "1 only in this version (set temperature 1 or ce_weight 0)",
+                       (double)p.ce_weight, (double)p.temperature);
+    return FLCE_OK;
+}
+
+static flce_status check_ptr(const void *ptr, const char *name, uintptr_t align, int required)
+{
+    if (!ptr) {
+        if (required) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.%s: NULL (required)", name);
+        return FLCE_OK;
+    }
+    if ((uintptr_t)ptr % align)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.%s=%p: must be %u-byte aligned", name, ptr,
+                       (unsigned)align);
+    return FLCE_OK;
+}
+
+static flce_status check_tensors(const flce_distill_problem *p, const flce_distill_tensors *t)
+{
+    if (!t) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors: NULL");
+    if (t->struct_size != sizeof *t)
+        return err_set(t->struct_size > sizeof *t ? FLCE_ERR_UNSUPPORTED : FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.struct_size=%u: flce_distill_tensors is %zu bytes in this library (%s); "
+                       "initialize with flce_distill_tensors_init",
+                       t->struct_size, sizeof *t, FLCE_VERSION_STRING);
+    TRY(check_ptr(t->student_hidden, "student_hidden", 16, 1));
+    TRY(check_ptr(t->student_weight, "student_weight", 16, 1));
+    TRY(check_ptr(t->teacher_hidden, "teacher_hidden", 16, 1));
+    TRY(check_ptr(t->teacher_weight, "teacher_weight", 16, 1));
+    TRY(check_ptr(t->labels, "labels", (uintptr_t)p->label_bits / 8, 0));
+    TRY(check_ptr(t->grad_output, "grad_output", 4, 0));
+    TRY(check_ptr(t->loss, "loss", 4, 0));
+    TRY(check_ptr(t->divergence, "divergence", 4, 0));
+    TRY(check_ptr(t->grad_student_hidden, "grad_student_hidden", 16, 0));
+    TRY(check_ptr(t->grad_student_weight, "grad_student_weight", 16, 0));
+    TRY(check_ptr(t->workspace, "workspace", 16, 0));
+    if (p->ce_weight != 0.0f && !t->labels)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.labels: NULL, but problem.ce_weight=%g needs labels for its CE term",
+                       (double)p->ce_weight);
+    if (!t->loss && !t->divergence && !t->grad_student_hidden && !t->grad_student_weight)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors: every output is NULL, nothing to compute");
+    return FLCE_OK;
+}
+
+flce_status flce_distill_workspace_size(flce_context *ctx, const flce_distill_problem *problem,
+                                        uint64_t *bytes)
+{
+    err_clear();
+    if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
+    if (!bytes) return err_set(FLCE_ERR_INVALID_ARGUMENT, "bytes: NULL");
+    flce_distill_problem p;
+    TRY(normalize_problem(problem, &p));
+    TRY(flce_distill_problem_validate(&p));
+    distill_plan pl;
+    distill_plan_make(&p, &pl);
+    *bytes = pl.workspace_bytes;
+    return FLCE_OK;
+}
+
+flce_status flce_distill_loss_and_grad(flce_context *ctx, const flce_distill_problem *problem,
+                                       const flce_distill_tensors *t, void *stream)
+{
+    err_clear();
+    if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
+    flce_distill_problem p;
+    TRY(normalize_problem(problem, &p));
+    TRY(flce_distill_problem_validate(&p));
+    TRY(check_tensors(&p, t));
+    distill_plan pl;
+    distill_plan_make(&p, &pl);
+    if (t->workspace && t->workspace_bytes < pl.workspace_bytes)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.workspace_bytes=%llu: this problem needs %llu "
+                       "(flce_distill_workspace_size)",
+                       (unsigned long long)t->workspace_bytes, (unsigned long long)pl.workspace_bytes);
+    return distill_run(ctx, &p, &pl, t, stream);
+}
