@@ -21,6 +21,11 @@ typedef struct distill_plan {
 
 void distill_plan_make(const flce_distill_problem *p, distill_plan *pl);
 
+/* Every check of flce_distill_loss_and_grad but the context's (no device): the problem copied into
+ * *p with its defaults, and its plan. The cpu tests call it directly. */
+flce_status distill_check(const flce_distill_problem *problem, const flce_distill_tensors *t,
+                          flce_distill_problem *p, distill_plan *pl);
+
 /* Enqueues the call on `stream` (arguments already checked). */
 flce_status distill_run(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
                         const flce_distill_tensors *t, void *stream);

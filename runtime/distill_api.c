@@ -151,21 +151,28 @@ flce_status flce_distill_workspace_size(flce_context *ctx, const flce_distill_pr
     return FLCE_OK;
 }
 
+flce_status distill_check(const flce_distill_problem *problem, const flce_distill_tensors *t,
+                          flce_distill_problem *p, distill_plan *pl)
+{
+    TRY(normalize_problem(problem, p));
+    TRY(flce_distill_problem_validate(p));
+    TRY(check_tensors(p, t));
+    distill_plan_make(p, pl);
+    if (t->workspace && t->workspace_bytes < pl->workspace_bytes)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.workspace_bytes=%llu: this problem needs %llu "
+                       "(flce_distill_workspace_size)",
+                       (unsigned long long)t->workspace_bytes, (unsigned long long)pl->workspace_bytes);
+    return FLCE_OK;
+}
+
 flce_status flce_distill_loss_and_grad(flce_context *ctx, const flce_distill_problem *problem,
                                        const flce_distill_tensors *t, void *stream)
 {
     err_clear();
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
     flce_distill_problem p;
-    TRY(normalize_problem(problem, &p));
-    TRY(flce_distill_problem_validate(&p));
-    TRY(check_tensors(&p, t));
     distill_plan pl;
-    distill_plan_make(&p, &pl);
-    if (t->workspace && t->workspace_bytes < pl.workspace_bytes)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tensors.workspace_bytes=%llu: this problem needs %llu "
-                       "(flce_distill_workspace_size)",
-                       (unsigned long long)t->workspace_bytes, (unsigned long long)pl.workspace_bytes);
+    TRY(distill_check(problem, t, &p, &pl));
     return distill_run(ctx, &p, &pl, t, stream);
 }

@@ -1,0 +1,248 @@
+// distill.cu — the row kernels of the distillation call (issue 44 item 1, runtime/distill.c), on one
+// token chunk's fp32 logits of the student (zs, rows × V, turned into dZs in place) and the teacher
+// (zt, rows × V), both raw (before the temperature):
+//   flce_distill_count   the count of valid tokens (the mean's denominator), one CTA, fixed order
+//   flce_distill_row     one CTA per row: both log-softmaxes at temperature T, D_i, loss_i, dZs
+//   flce_distill_reduce  loss = Σ_i loss_i (· 1/count for the mean), one CTA, fixed order
+// With q = softmax(zs/T) (student), p = softmax(zt/T) (teacher), log-probabilities formed from the
+// logits (never log of an underflowed probability), and 0·anything = 0 where a weight is 0:
+//   forward KL  D = Σ p (log p − log q)               dz = (q − p)/T
+//   reverse KL  D = Σ q (log q − log p)               dz = q (log q − log p − D)/T
+//   JSD(β)      D = β KL(p‖m) + (1−β) KL(q‖m),        dz = (1−β) q (log q − log m − KL(q‖m))/T,
+//               m = β p + (1−β) q, log m = logaddexp(log β + log p, log(1−β) + log q)
+//               (β = 0 and 1 are the KLs: the generator passes DISTILL_DIV 0 or 1 then)
+//   CE (T = 1)  loss += w·(lse(zs) − zs_y)               dz += w·(q − 1[j = y])
+//   dZs_ij = g_i · dz_j,  g_i = grad_output (1 value; · 1/count for the mean) or grad_output_i (none)
+// A token is valid when there are no labels, or its label is not ignore_index and lies in [0, V);
+// an invalid one gets D_i = loss_i = 0 and a zero dZs row, and its teacher row is never read.
+// Everything is per row in fp32: a NaN in one token's row stays in that row (and in the sums over
+// rows: the mean/sum loss, dWs), as testing/ref.c ref_distill does. The reference it is checked
+// against is ref_distill_row (tests/test_distill.c).
+#ifndef FLCE_GENERATED
+#define DISTILL_DIV 0       // 0 forward KL, 1 reverse KL, 2 JSD
+#define DISTILL_LABELS 1    // labels given
+#define FLCE_LABEL_BITS 32
+#define FLCE_REDUCTION 0    // 0 mean, 1 sum, 2 none
+constexpr float DISTILL_BETA = 0.5f, INV_TEMP = 1.f, CE_WEIGHT = 0.f;
+#endif
+
+#define DISTILL_NEG_INF __int_as_float(0xff800000) // −inf without <math.h> (NVRTC)
+
+constexpr int DISTILL_THREADS = 256; // one CTA per row; 8 warps keep a 128k-wide row's loads in flight
+
+struct flce_distill_params {
+    float *zs;                // rows × vocab: the student's fp32 logits in, dZs out (in place)
+    const float *zt;          // rows × vocab: the teacher's fp32 logits
+    const void *labels;       // tokens labels (int32 or int64), NULL without labels
+    const float *grad_output; // 1 value (mean, sum) or tokens (none); NULL = 1
+    float *divergence;        // tokens: D_i out (may be NULL)
+    float *loss_rows;         // tokens: loss_i out (workspace; reduce reads it)
+    float *loss;              // 1 value (mean, sum) or tokens (none); may be NULL
+    float *count;             // 1 value: the count of valid tokens (count writes, row/reduce read)
+    long long row0;           // the chunk's first token
+    long long rows;           // tokens in the chunk
+    long long tokens;         // N
+    long long vocab;          // V
+    long long ignore_index;
+};
+
+__device__ __forceinline__ long long distill_label(const flce_distill_params &p, long long i)
+{
+#if FLCE_LABEL_BITS == 64
+    return ((const long long *)p.labels)[i];
+#else
+    return ((const int *)p.labels)[i];
+#endif
+}
+
+__device__ __forceinline__ bool distill_valid(const flce_distill_params &p, long long i)
+{
+#if DISTILL_LABELS
+    long long y = distill_label(p, i);
+    return y != p.ignore_index && y >= 0 && y < p.vocab;
+#else
+    (void)p, (void)i;
+    return true;
+#endif
+}
+
+// Sum over the CTA in a fixed order (warp shuffles, then warp 0 over the warps' sums): every thread
+// gets the total. `scratch` holds DISTILL_THREADS/32 floats.
+__device__ __forceinline__ float distill_block_sum(float v, float *scratch)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); // scratch may still be read by a previous call
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int w = 0; w < DISTILL_THREADS / 32; w++) s += scratch[w];
+    return s;
+}
+
+// Online (max, Σ exp(x − max)) pairs: merging keeps the sum exact to fp32 rounding whatever the
+// order, and a NaN anywhere makes the pair NaN (fmaxf would drop it, so it is carried by hand).
+struct distill_ms {
+    float m, s;
+};
+
+__device__ __forceinline__ distill_ms distill_ms_add(distill_ms a, float x)
+{
+    if (x != x) return {x, x};
+    if (x == DISTILL_NEG_INF) return a; // exp(−inf − (−inf)) would be NaN
+    if (x <= a.m) return {a.m, a.s + __expf(x - a.m)};
+    return {x, a.s * __expf(a.m - x) + 1.f};
+}
+
+__device__ __forceinline__ distill_ms distill_ms_merge(distill_ms a, distill_ms b)
+{
+    if (a.m != a.m || b.m != b.m) return {a.m + b.m, a.s + b.s}; // NaN in, NaN out
+    if (b.s == 0.f) return a;
+    if (a.s == 0.f) return b;
+    float m = fmaxf(a.m, b.m);
+    return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
+}
+
+__device__ __forceinline__ distill_ms distill_block_ms(distill_ms v, float *scratch_m, float *scratch_s)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        distill_ms w = {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
+        v = distill_ms_merge(v, w);
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) scratch_m[threadIdx.x >> 5] = v.m, scratch_s[threadIdx.x >> 5] = v.s;
+    __syncthreads();
+    distill_ms r = {DISTILL_NEG_INF, 0.f};
+    for (int w = 0; w < DISTILL_THREADS / 32; w++) r = distill_ms_merge(r, {scratch_m[w], scratch_s[w]});
+    return r;
+}
+
+// a·(la − lb), 0 where a is 0 (so that −inf − −inf or a NaN log of a zero weight does not count)
+__device__ __forceinline__ float distill_xlog(float a, float la, float lb) { return a == 0.f ? 0.f : a * (la - lb); }
+
+#if DISTILL_DIV == 2
+__device__ __forceinline__ float distill_log_m(float lp, float lq)
+{
+    const float a = logf(DISTILL_BETA) + lp, b = log1pf(-DISTILL_BETA) + lq;
+    const float hi = fmaxf(a, b), lo = fminf(a, b);
+    if (a != a || b != b) return a + b;
+    if (hi == DISTILL_NEG_INF) return DISTILL_NEG_INF;
+    return hi + log1pf(__expf(lo - hi));
+}
+#endif
+
+// g_i of the header for a valid token
+__device__ __forceinline__ float distill_scale(const flce_distill_params &p, long long i)
+{
+#if FLCE_REDUCTION == 2
+    return p.grad_output ? p.grad_output[i] : 1.f;
+#else
+    float g = p.grad_output ? p.grad_output[0] : 1.f;
+#if FLCE_REDUCTION == 0
+    g = *p.count > 0.f ? g / *p.count : 0.f;
+#endif
+    (void)i;
+    return g;
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_count(const flce_distill_params p)
+{
+    __shared__ float scratch[DISTILL_THREADS / 32];
+    float c = 0.f;
+    for (long long i = threadIdx.x; i < p.tokens; i += DISTILL_THREADS) c += distill_valid(p, i) ? 1.f : 0.f;
+    c = distill_block_sum(c, scratch);
+    if (threadIdx.x == 0) *p.count = c;
+}
+
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(const flce_distill_params p)
+{
+    __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32];
+    const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
+    float *zs = p.zs + r * v;
+    const float *zt = p.zt + r * v;
+    if (!distill_valid(p, i)) {
+        for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) zs[j] = 0.f;
+        if (threadIdx.x == 0) {
+            if (p.divergence) p.divergence[i] = 0.f;
+            p.loss_rows[i] = 0.f;
+#if FLCE_REDUCTION == 2
+            if (p.loss) p.loss[i] = 0.f;
+#endif
+        }
+        return;
+    }
+    // 1. both log-normalizers at temperature T, online
+    distill_ms s = {DISTILL_NEG_INF, 0.f}, t = {DISTILL_NEG_INF, 0.f};
+    for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
+        s = distill_ms_add(s, zs[j] * INV_TEMP);
+        t = distill_ms_add(t, zt[j] * INV_TEMP);
+    }
+    s = distill_block_ms(s, scratch_a, scratch_b);
+    t = distill_block_ms(t, scratch_a, scratch_b);
+    const float lse_s = s.m + logf(s.s), lse_t = t.m + logf(t.s);
+    // 2. the divergence (and JSD's KL(q‖m), which its gradient needs)
+    float d = 0.f, kq = 0.f;
+    for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
+        const float lq = zs[j] * INV_TEMP - lse_s, lp = zt[j] * INV_TEMP - lse_t;
+#if DISTILL_DIV == 0
+        d += distill_xlog(__expf(lp), lp, lq);
+#elif DISTILL_DIV == 1
+        d += distill_xlog(__expf(lq), lq, lp);
+#else
+        const float lm = distill_log_m(lp, lq);
+        d += DISTILL_BETA * distill_xlog(__expf(lp), lp, lm);
+        kq += distill_xlog(__expf(lq), lq, lm);
+#endif
+    }
+    d = distill_block_sum(d, scratch_a);
+#if DISTILL_DIV == 2
+    kq = distill_block_sum(kq, scratch_b);
+    d += (1.f - DISTILL_BETA) * kq;
+#endif
+    // 3. the CE term at temperature 1 (CE_WEIGHT != 0 only with T = 1: lse_s is its normalizer)
+    float loss = d;
+#if DISTILL_LABELS
+    const long long y = distill_label(p, i);
+    if (CE_WEIGHT != 0.f) loss += CE_WEIGHT * (lse_s - zs[y]);
+#endif
+    // every thread has read zs[y] before any thread overwrites its columns
+    __syncthreads();
+    // 4. dZs in place
+    const float g = distill_scale(p, i);
+    for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
+        const float lq = zs[j] * INV_TEMP - lse_s, q = __expf(lq);
+#if DISTILL_DIV == 0
+        const float lp = zt[j] * INV_TEMP - lse_t;
+        float dz = (q - __expf(lp)) * INV_TEMP;
+#elif DISTILL_DIV == 1
+        const float lp = zt[j] * INV_TEMP - lse_t;
+        float dz = q == 0.f ? 0.f : q * (lq - lp - d) * INV_TEMP;
+#else
+        const float lp = zt[j] * INV_TEMP - lse_t;
+        float dz = q == 0.f ? 0.f : (1.f - DISTILL_BETA) * q * (lq - distill_log_m(lp, lq) - kq) * INV_TEMP;
+#endif
+#if DISTILL_LABELS
+        if (CE_WEIGHT != 0.f) dz += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
+#endif
+        zs[j] = g * dz;
+    }
+    if (threadIdx.x == 0) {
+        if (p.divergence) p.divergence[i] = d;
+        p.loss_rows[i] = loss;
+#if FLCE_REDUCTION == 2
+        if (p.loss) p.loss[i] = loss;
+#endif
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_reduce(const flce_distill_params p)
+{
+    __shared__ float scratch[DISTILL_THREADS / 32];
+    float s = 0.f;
+    for (long long i = threadIdx.x; i < p.tokens; i += DISTILL_THREADS) s += p.loss_rows[i];
+    s = distill_block_sum(s, scratch);
+#if FLCE_REDUCTION == 0
+    s = *p.count > 0.f ? s / *p.count : 0.f;
+#endif
+    if (threadIdx.x == 0 && p.loss) *p.loss = s;
+}
