@@ -1,0 +1,210 @@
+/* test_distill_gpu.c — flce_distill_loss_and_grad on a GPU against testing/ref.c ref_distill in fp64
+ * (issue 44 item 1): loss, per-token divergence, dHs and dWs on fresh random data (FLCE_SEED
+ * reproduces), outputs poisoned before the call, relative L2 errors with the CE path's tolerances
+ * (test_gpu.c): every divergence × CE off/on × reduction × bf16/fp32, T = 1 and 2, ignored tokens,
+ * several token chunks (a small budget), labels NULL, grad_output, and a NaN teacher row that stays in
+ * its token. Exit 77 without a GPU.
+ * Registered under CONFIGURATIONS Extra until the call's GPU run is wired (runtime/distill.c): today
+ * the call returns FLCE_ERR_UNSUPPORTED and every case here fails. Never run on a GPU yet. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "flce.h"
+#include "gpu_io.h"
+#include "gpu_ready.h"
+#include "ref.h"
+
+static flce_context *ctx;
+static host_rng rng;
+
+static double tol_grad(flce_dtype t) { return t == FLCE_DTYPE_F32 ? 1e-4 : 4e-3; }
+
+typedef struct dcase {
+    const char *name;
+    int64_t n, ds, dt, v;
+    flce_dtype dtype;
+    flce_divergence div;
+    float beta, temperature, ce_weight;
+    flce_reduction reduction;
+    uint64_t budget;    /* 0: default (one chunk) */
+    int ignored_every;  /* every k-th token ignored (1: all; 0: none) */
+    int no_labels;      /* labels NULL */
+    int grad_output;    /* a random upstream gradient instead of NULL */
+    int nan_token;      /* >= 0: that token's teacher hidden row gets a NaN (reduction none) */
+} dcase;
+
+static int all_finite(const double *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+static void fill(double *x, int64_t count, double scale, flce_dtype t)
+{
+    for (int64_t i = 0; i < count; i++) x[i] = scale * host_rng_normal(&rng);
+    host_round_to_dtype(t, x, (size_t)count);
+}
+
+/* D_i of every token from the fp64 logits (ref_distill_row), 0 for ignored ones. */
+static void ref_divergences(const ref_distill_problem *rp, const dcase *c, const double *hs, const double *ws,
+                            const double *ht, const double *wt, const int64_t *labels, double *out)
+{
+    double *zs = dalloc(c->v), *zt = dalloc(c->v);
+    for (int64_t i = 0; i < c->n; i++) {
+        int64_t y = labels ? labels[i] : -1;
+        if (labels && (y == rp->ignore_index || y < 0 || y >= c->v)) {
+            out[i] = 0;
+            continue;
+        }
+        for (int64_t j = 0; j < c->v; j++) {
+            double a = 0, b = 0;
+            for (int64_t k = 0; k < c->ds; k++) a += hs[i * c->ds + k] * ws[j * c->ds + k];
+            for (int64_t k = 0; k < c->dt; k++) b += ht[i * c->dt + k] * wt[j * c->dt + k];
+            zs[j] = a, zt[j] = b;
+        }
+        ref_distill_row_out r;
+        ref_distill_row(rp, c->v, zs, zt, y, &r, NULL);
+        out[i] = r.divergence;
+    }
+    free(zs), free(zt);
+}
+
+static void run_case(const dcase *c)
+{
+    const int64_t n = c->n, ds = c->ds, dt = c->dt, v = c->v;
+    const size_t es = host_dtype_size(c->dtype);
+    double *hs = dalloc(n * ds), *ws = dalloc(v * ds), *ht = dalloc(n * dt), *wt = dalloc(v * dt);
+    fill(hs, n * ds, 1.0, c->dtype), fill(ws, v * ds, 1.5 / sqrt((double)ds), c->dtype);
+    fill(ht, n * dt, 1.0, c->dtype), fill(wt, v * dt, 2.0 / sqrt((double)dt), c->dtype);
+    if (c->nan_token >= 0) ht[c->nan_token * dt + 3] = NAN;
+    int64_t *labels = malloc(sizeof(int64_t) * (size_t)n);
+    int32_t *labels32 = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        labels[i] = c->ignored_every && i % c->ignored_every == c->ignored_every - 1 ? -100 : host_rng_below(&rng, v);
+        labels32[i] = (int32_t)labels[i];
+    }
+    const int64_t n_loss = c->reduction == FLCE_REDUCTION_NONE ? n : 1;
+    double *go = dalloc(n_loss);
+    for (int64_t i = 0; i < n_loss; i++) go[i] = c->grad_output ? 0.5 + host_rng_uniform(&rng) : 1.0;
+
+    ref_distill_problem rp = {(ref_divergence)c->div, c->beta, c->temperature, c->ce_weight, -100, c->reduction};
+    double *rl = dalloc(n_loss), *rdh = dalloc(n * ds), *rdw = dalloc(v * ds), *rdiv = dalloc(n);
+    const int64_t *rlab = c->no_labels ? NULL : labels;
+    CHECKF(ref_distill(&rp, n, ds, dt, v, hs, ws, ht, wt, rlab, c->grad_output ? go : NULL, rl, rdh, rdw) == 0,
+           "%s: reference failed", c->name);
+    ref_divergences(&rp, c, hs, ws, ht, wt, rlab, rdiv);
+
+    flce_distill_problem p;
+    flce_distill_problem_init(&p);
+    p.tokens = n, p.hidden_student = ds, p.hidden_teacher = dt, p.vocab = v, p.dtype = c->dtype;
+    p.divergence = c->div, p.beta = c->beta, p.temperature = c->temperature, p.ce_weight = c->ce_weight;
+    p.reduction = c->reduction, p.memory_budget = c->budget, p.label_bits = 32;
+    flce_distill_tensors t;
+    flce_distill_tensors_init(&t);
+    t.student_hidden = upload_dtype(c->dtype, hs, n * ds), t.student_weight = upload_dtype(c->dtype, ws, v * ds);
+    t.teacher_hidden = upload_dtype(c->dtype, ht, n * dt), t.teacher_weight = upload_dtype(c->dtype, wt, v * dt);
+    void *dlab = NULL;
+    if (!c->no_labels && devmem_alloc(&dlab, (size_t)n * 4) == FLCE_OK) devmem_upload(dlab, labels32, (size_t)n * 4);
+    t.labels = dlab;
+    t.grad_output = c->grad_output ? upload_f32(go, n_loss) : NULL;
+    t.loss = poisoned((size_t)n_loss * 4), t.divergence = poisoned((size_t)n * 4);
+    t.grad_student_hidden = poisoned((size_t)(n * ds) * es), t.grad_student_weight = poisoned((size_t)(v * ds) * es);
+
+    flce_status st = flce_distill_loss_and_grad(ctx, &p, &t, NULL);
+    CHECKF(st == FLCE_OK, "%s: %s: %s", c->name, flce_status_name(st), flce_last_error());
+    CHECKF(flce_check(ctx, NULL) == FLCE_OK, "%s: check: %s", c->name, flce_last_error());
+    double *gl = dalloc(n_loss), *gdiv = dalloc(n), *gdh = dalloc(n * ds), *gdw = dalloc(v * ds);
+    down_f32(t.loss, gl, n_loss), down_f32(t.divergence, gdiv, n);
+    download_f64(c->dtype, t.grad_student_hidden, gdh, (size_t)(n * ds));
+    download_f64(c->dtype, t.grad_student_weight, gdw, (size_t)(v * ds));
+    if (c->nan_token >= 0) {
+        /* NaN stays in its token: its loss, divergence and dHs row; the others match */
+        int64_t k = c->nan_token;
+        CHECKF(isnan(gl[k]) && isnan(gdiv[k]), "%s: token %lld loss %g divergence %g", c->name, (long long)k, gl[k],
+               gdiv[k]);
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            if (i == k) continue;
+            bad += !(fabs(gl[i] - rl[i]) <= 1e-4 * (1 + fabs(rl[i])) && fabs(gdiv[i] - rdiv[i]) <= 1e-4 * (1 + fabs(rdiv[i])));
+            bad += !all_finite(gdh + i * ds, (size_t)ds) ||
+                   ref_rel_l2(rdh + i * ds, gdh + i * ds, (size_t)ds) > tol_grad(c->dtype) * 4;
+        }
+        CHECKF(bad == 0, "%s: %d values of other tokens wrong", c->name, bad);
+    } else {
+        double e_loss = ref_rel_l2(rl, gl, (size_t)n_loss), e_div = ref_rel_l2(rdiv, gdiv, (size_t)n);
+        double e_dh = ref_rel_l2(rdh, gdh, (size_t)(n * ds)), e_dw = ref_rel_l2(rdw, gdw, (size_t)(v * ds));
+        double tg = tol_grad(c->dtype);
+        CHECKF(e_loss <= 1e-4 && e_div <= 1e-4, "%s: loss %.2e (%g vs %g) divergence %.2e", c->name, e_loss, gl[0],
+               rl[0], e_div);
+        CHECKF(e_dh <= tg && e_dw <= tg, "%s: dHs %.2e dWs %.2e (tol %.0e)", c->name, e_dh, e_dw, tg);
+    }
+    devmem_free((void *)t.student_hidden), devmem_free((void *)t.student_weight);
+    devmem_free((void *)t.teacher_hidden), devmem_free((void *)t.teacher_weight), devmem_free(dlab);
+    devmem_free((void *)t.grad_output), devmem_free(t.loss), devmem_free(t.divergence);
+    devmem_free(t.grad_student_hidden), devmem_free(t.grad_student_weight);
+    free(hs), free(ws), free(ht), free(wt), free(labels), free(labels32), free(go);
+    free(rl), free(rdh), free(rdw), free(rdiv), free(gl), free(gdiv), free(gdh), free(gdw);
+}
+
+static const char *const div_names[] = {"forward-kl", "reverse-kl", "jsd"};
+static const char *const red_names[] = {"mean", "sum", "none"};
+
+/* 3 divergences × CE off/on × 3 reductions × bf16/fp32; CE on at T = 1, CE off at T = 2. */
+static void every_divergence_reduction_and_dtype_matches_the_reference(void)
+{
+    flce_dtype dts[] = {FLCE_DTYPE_BF16, FLCE_DTYPE_F32};
+    for (int a = 0; a < 2; a++)
+        for (int d = 0; d < 3; d++)
+            for (int ce = 0; ce < 2; ce++)
+                for (int r = 0; r < 3; r++) {
+                    char name[128];
+                    snprintf(name, sizeof name, "%s %s ce=%d %s", host_dtype_name(dts[a]), div_names[d], ce,
+                             red_names[r]);
+                    dcase c = {name, 96, 64, 128, 1000, dts[a], (flce_divergence)d, 0.3f, ce ? 1.0f : 2.0f,
+                               ce ? 0.7f : 0.0f, (flce_reduction)r, 0, 0, 0, 0, -1};
+                    run_case(&c);
+                }
+}
+
+static void ignored_tokens_chunks_and_options_match_the_reference(void)
+{
+    static const dcase cases[] = {
+        {"ignored tokens, mean, jsd", 128, 64, 64, 777, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_JSD, 0.5f, 1.0f, 0.5f,
+         FLCE_REDUCTION_MEAN, 0, 3, 0, 0, -1},
+        {"several chunks (small budget), reverse kl", 200, 64, 96, 1500, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_REVERSE_KL,
+         0.f, 2.0f, 0.f, FLCE_REDUCTION_MEAN, 8ull * 1500 * 48, 4, 0, 0, -1},
+        {"several chunks, fp32, forward kl, sum", 200, 32, 32, 999, FLCE_DTYPE_F32, FLCE_DIVERGENCE_FORWARD_KL, 0.f,
+         1.0f, 1.0f, FLCE_REDUCTION_SUM, 8ull * 999 * 33, 5, 0, 1, -1},
+        {"labels NULL, jsd beta 0 is forward kl", 64, 32, 64, 500, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_JSD, 0.0f, 1.5f,
+         0.f, FLCE_REDUCTION_MEAN, 0, 0, 1, 0, -1},
+        {"jsd beta 1 is reverse kl, none with grad_output", 64, 32, 64, 500, FLCE_DTYPE_F16, FLCE_DIVERGENCE_JSD, 1.0f,
+         1.0f, 0.f, FLCE_REDUCTION_NONE, 0, 0, 0, 1, -1},
+        {"every token ignored: mean 0", 16, 32, 32, 300, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_FORWARD_KL, 0.f, 1.0f, 0.f,
+         FLCE_REDUCTION_MEAN, 0, 1, 0, 0, -1},
+        {"NaN teacher row stays in its token", 64, 32, 64, 600, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_JSD, 0.4f, 1.0f, 0.f,
+         FLCE_REDUCTION_NONE, 0, 0, 0, 0, 17},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+}
+
+int main(void)
+{
+    int rc = 0;
+    if (!gpu_ready(1, &rc)) return rc;
+    uint64_t seed = host_fresh_seed();
+    printf("seed %llu (FLCE_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
+    host_rng_seed(&rng, seed);
+    if (flce_context_create(0, &ctx) != FLCE_OK || devmem_use(0) != FLCE_OK) {
+        printf("FAIL: context: %s\n", flce_last_error());
+        return 1;
+    }
+    RUN(every_divergence_reduction_and_dtype_matches_the_reference);
+    RUN(ignored_tokens_chunks_and_options_match_the_reference);
+    flce_context_destroy(ctx);
+    FINISH();
+}
