@@ -27,6 +27,17 @@ def load_lib_module():
     return mod
 
 
+def load_distill_module():
+    """flce/_distill_lib.py (ctypes only) as flce._distill_lib under a stub `flce` package, so that its
+    `from . import _lib` works without flce/__init__.py (which imports torch)."""
+    import types
+    if "flce" not in sys.modules:
+        pkg = types.ModuleType("flce")
+        pkg.__path__ = [os.path.join(HERE, "flce")]
+        sys.modules["flce"] = pkg
+    return importlib.import_module("flce._distill_lib")
+
+
 def enum_constants(L):
     return {name: getattr(L, name) for name in dir(L)
             if name.startswith(("FLCE_OK", "FLCE_ERR_", "FLCE_DTYPE_", "FLCE_REDUCTION_",
@@ -70,8 +81,11 @@ def c_layout(structs, constants):
 
 def main():
     L = load_lib_module()
-    structs = {"flce_problem": L.Problem, "flce_tensors": L.Tensors}
+    D = load_distill_module()
+    structs = {"flce_problem": L.Problem, "flce_tensors": L.Tensors,
+               "flce_distill_problem": D.DistillProblem, "flce_distill_tensors": D.DistillTensors}
     constants = enum_constants(L)
+    constants.update({name: getattr(D, name) for name in dir(D) if name.startswith("FLCE_DIVERGENCE_")})
     c = c_layout(structs, constants)
     bad = 0
 
@@ -116,7 +130,7 @@ def main():
     ok = L.version() == package_version
     bad += not ok
     print(f"library: {path}, version {L.version()}  {'ok' if ok else 'MISMATCH (flce.__version__ ' + package_version + ')'}")
-    for cname, cls in structs.items():
+    for cname, cls in list(structs.items())[:2]:
         lib_size = L.library_struct_size(cls)
         note = "ok" if lib_size == c[cname]["sizeof"] else (
             "the library was built from an older flce.h: rebuild it (the binding sends the smaller size)"
@@ -161,6 +175,22 @@ def main():
         print("  validate(strategy=RECOMPUTE): ok (implemented)")
     except L.FlceError as e:
         print(f"  validate(strategy=RECOMPUTE): {e}")
+    # The distillation structs as the library's _init writes them (it refuses any other struct_size).
+    if D.available():
+        p = D.new_problem()
+        for what, got, want in (("distill problem.struct_size", p.struct_size, c["flce_distill_problem"]["sizeof"]),
+                                ("distill problem.beta default", p.beta, 0.5),
+                                ("distill problem.ignore_index default", p.ignore_index, -100),
+                                ("distill problem.temperature default", p.temperature, 1.0)):
+            ok = got == want
+            bad += not ok
+            print(f"  {what}: {got}  {'ok' if ok else f'MISMATCH (expected {want})'}")
+        p = D.new_problem(tokens=8192, hidden_student=2048, hidden_teacher=4096, vocab=151936,
+                          dtype=L.FLCE_DTYPE_BF16, label_bits=64, divergence=D.FLCE_DIVERGENCE_JSD, beta=0.5)
+        D.validate(p)
+        print("  flce_distill_problem_validate(8192x2048x151936, teacher 4096, JSD): ok")
+    else:
+        print("  the library has no distillation API (built before issue 44's): its checks skipped")
     try:
         L.context(0)
         print("  flce_context_create(0): created (this machine has a GPU)")

@@ -303,11 +303,13 @@ _real_distill_call = None  # flce.distill._DistillCall.__call__ before install()
 def _distill_run(self, loss, divergence, grad_hidden=None, grad_weight=None, grad_output=None):
     """flce.distill._DistillCall.__call__ in float64: what flce_distill_loss_and_grad writes."""
     p, o = self.problem, self.opts
+    from flce import _distill_lib
+    if _distill_lib.available():  # the library's own checks of the problem, as the real call makes them
+        _distill_lib.validate(p)
     # the problem the binding built describes the tensors it passes
     assert (p.tokens, p.hidden_student, p.hidden_teacher, p.vocab) == \
         (self.hs.shape[0], self.hs.shape[1], self.ht.shape[1], self.ws.shape[0]), "distill problem/tensor mismatch"
     assert self.wt.shape == (p.vocab, p.hidden_teacher) and self.ht.shape[0] == p.tokens
-    from flce import _distill_lib
     assert p.divergence == _distill_lib.DIVERGENCES[o.divergence] and p.reduction == _lib.REDUCTIONS[o.reduction]
     assert abs(p.beta - o.beta) < 1e-6 and abs(p.temperature - o.temperature) < 1e-6 and p.ignore_index == o.ignore_index
     if p.ce_weight != 0 and (self.labels is None or p.temperature != 1):

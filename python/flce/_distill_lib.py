@@ -60,6 +60,9 @@ class DistillTensors(ctypes.Structure):
 
 LOSS_AND_GRAD = "flce_distill_loss_and_grad"
 WORKSPACE_SIZE = "flce_distill_workspace_size"
+VALIDATE = "flce_distill_problem_validate"
+PROBLEM_INIT = "flce_distill_problem_init"
+TENSORS_INIT = "flce_distill_tensors_init"
 _declared = {}
 
 
@@ -78,7 +81,10 @@ def _fn(name):
     vp, st = ctypes.c_void_p, ctypes.c_int
     P, T = ctypes.POINTER(DistillProblem), ctypes.POINTER(DistillTensors)
     sig = {LOSS_AND_GRAD: (st, [vp, P, T, vp]),
-           WORKSPACE_SIZE: (st, [vp, P, ctypes.POINTER(ctypes.c_uint64)])}[name]
+           WORKSPACE_SIZE: (st, [vp, P, ctypes.POINTER(ctypes.c_uint64)]),
+           VALIDATE: (st, [P]),
+           PROBLEM_INIT: (None, [P]),
+           TENSORS_INIT: (None, [T])}[name]
     fn.restype, fn.argtypes = sig
     _declared[name] = fn
     return fn
@@ -95,10 +101,18 @@ def available():
 
 
 def new_problem(**fields):
+    """flce_distill_problem from flce_distill_problem_init (the library's defaults; without the
+    entry point, the same defaults here), then the given fields. The library refuses a struct_size
+    other than its own (a status naming it), so no newer/older-layout dance as in _lib."""
     p = DistillProblem()
-    p.struct_size = ctypes.sizeof(DistillProblem)
-    p.api_version = _lib.FLCE_API_VERSION
-    p.temperature = 1.0
+    try:
+        _fn(PROBLEM_INIT)(ctypes.byref(p))
+    except FlceError:
+        p.struct_size = ctypes.sizeof(DistillProblem)
+        p.api_version = _lib.FLCE_API_VERSION
+        p.dtype, p.label_bits, p.divergence = _lib.FLCE_DTYPE_BF16, 32, FLCE_DIVERGENCE_FORWARD_KL
+        p.beta, p.temperature, p.ignore_index, p.reduction = 0.5, 1.0, -100, _lib.FLCE_REDUCTION_MEAN
+    p.struct_size = ctypes.sizeof(DistillProblem)  # what the binding sends (the library checks it)
     for k, v in fields.items():
         if not hasattr(DistillProblem, k):
             raise AttributeError(f"DistillProblem has no field {k!r}")
@@ -107,13 +121,18 @@ def new_problem(**fields):
 
 
 def new_tensors(**fields):
-    t = DistillTensors()
+    t = DistillTensors()  # (flce_distill_tensors_init: zeros and the struct size, as here)
     t.struct_size = ctypes.sizeof(DistillTensors)
     for k, v in fields.items():
         if not hasattr(DistillTensors, k):
             raise AttributeError(f"DistillTensors has no field {k!r}")
         setattr(t, k, v)
     return t
+
+
+def validate(problem):
+    """flce_distill_problem_validate: FlceError naming the argument, no GPU needed."""
+    _lib.check_status(_fn(VALIDATE)(ctypes.byref(problem)), VALIDATE)
 
 
 def workspace_size(ctx, problem):
