@@ -127,8 +127,12 @@ def torch_distill(hs, ws, ht, wt, labels=None, divergence="forward_kl", beta=0.5
 
 
 def tolerance(dtype):
-    # the stand-in is float64 throughout; on a GPU the library's fp32 logits and (bf16) outputs
-    return 1e-9 if not GPU else 2e-4 if dtype == torch.float32 else 1.5e-2
+    """(loss and per-token divergence, gradients): issue 44 asks for the CE path's tolerances
+    (test_binding.py's check_against_torch: loss 1e-5; dH, dW 1e-4 fp32, 4e-3 16-bit); the stand-in
+    is float64 throughout (1e-6: the fp32 outputs)."""
+    if not GPU:
+        return 1e-6, 1e-6
+    return 1e-5, 1e-4 if dtype == torch.float32 else 4e-3
 
 
 def check(n=64, ds=32, dt=48, v=300, dtype=torch.float32, lead=None, need=(True, True), seed=1, upstream=2.0,
@@ -143,13 +147,13 @@ def check(n=64, ds=32, dt=48, v=300, dtype=torch.float32, lead=None, need=(True,
     out = flce.linear_distillation(h1, w1, ht, wt, labels, return_per_token=True, **opts)
     ref, ref_div = torch_distill(h2, w2, ht.double(), wt.double(), labels,
                                  **{k: v for k, v in opts.items() if k != "memory_budget"})
-    tol = tolerance(dtype)
+    tol, tol_grad = tolerance(dtype)
     assert out.loss.dtype == torch.float32 and out.loss.shape == ref.shape, (out.loss.shape, ref.shape)
     assert out.divergence.shape == ref_div.shape and not out.divergence.requires_grad
     e = rel(out.loss.detach(), ref.detach())
-    assert e < max(tol, 1e-6), f"loss rel err {e:.2e}"
+    assert e < tol, f"loss rel err {e:.2e}"
     e = rel(out.divergence, ref_div)
-    assert e < max(tol, 1e-6), f"per-token divergence rel err {e:.2e}"
+    assert e < tol, f"per-token divergence rel err {e:.2e}"
     if not (need[0] or need[1]):
         return
     up = torch.randn(ref.shape, device=DEV, dtype=torch.float64) if opts.get("reduction") == "none" else \
@@ -162,7 +166,7 @@ def check(n=64, ds=32, dt=48, v=300, dtype=torch.float32, lead=None, need=(True,
             continue
         assert a is not None and a.dtype == dtype and a.shape == b.shape, name
         e = rel(a, b)
-        assert e < max(tol * 5, 1e-6), f"{name} rel err {e:.2e}"
+        assert e < tol_grad, f"{name} rel err {e:.2e} > {tol_grad}"
 
 
 # ---- values and gradients ------------------------------------------------------------------------
