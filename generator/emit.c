@@ -11,6 +11,8 @@
 static const char *const logits_names[] = {"flce_logits", NULL};
 static const char *const dh_names[] = {"flce_dh", NULL};
 static const char *const dw_names[] = {"flce_dw", NULL};
+static const char *const distill_names[] = {"flce_distill_count", "flce_distill_row", "flce_distill_reduce",
+                                            "flce_distill_gemm", "flce_distill_cast", NULL};
 static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
                                            "flce_dbias", "flce_tp_pack", "flce_cast", "flce_qref", "flce_qscale",
                                            "flce_qlist_count", "flce_qlist_fill", "flce_qdw", "flce_qdh", NULL};
@@ -19,6 +21,7 @@ const char *const *emit_kernel_names(spec_role role)
 {
     switch (role) {
     case ROLE_ROWOPS: return rowops_names;
+    case ROLE_DISTILL: return distill_names;
     case ROLE_LOGITS: return logits_names;
     case ROLE_DH: return dh_names;
     default: return dw_names;
@@ -244,6 +247,11 @@ flce_status emit_source(const kernel_spec *s, char **src)
 {
     *src = NULL;
     TRY(spec_validate(s));
+    if (s->role == ROLE_DISTILL) {
+        distill_kernel_spec d = {s->sm, s->dtype, (flce_divergence)s->divergence, s->beta, s->temperature,
+                                 s->ce_weight, s->has_labels, s->label_bits, s->reduction};
+        return emit_distill_source(&d, src);
+    }
     sbuf b = {0};
     emit_preamble(&b, s);
     sb_text(&b, tmpl_params_h);
@@ -260,9 +268,7 @@ flce_status emit_source(const kernel_spec *s, char **src)
     return FLCE_OK;
 }
 
-static const char *const distill_names[] = {"flce_distill_count", "flce_distill_row", "flce_distill_reduce", NULL};
 
-const char *const *emit_distill_kernel_names(void) { return distill_names; }
 
 flce_status emit_distill_source(const distill_kernel_spec *s, char **src)
 {
@@ -286,6 +292,7 @@ flce_status emit_distill_source(const distill_kernel_spec *s, char **src)
               spec_arch_name(s->sm), div, (double)s->beta, (double)s->temperature, (double)s->ce_weight,
               s->has_labels, s->label_bits, (int)s->reduction);
     sb_text(&b, "#define FLCE_GENERATED 1\n");
+    sb_printf(&b, "#define FLCE_DTYPE %d  // 0 f32, 1 f16, 2 bf16: the GEMMs' inputs and outputs\n", (int)s->dtype);
     sb_printf(&b, "#define DISTILL_DIV %d  // 0 forward KL, 1 reverse KL, 2 JSD\n", div);
     sb_printf(&b, "#define DISTILL_LABELS %d\n", !!s->has_labels);
     sb_printf(&b, "#define FLCE_LABEL_BITS %d\n", s->label_bits);

@@ -14,10 +14,11 @@ flce_status emit_source(const kernel_spec *s, char **src);
 /* Names of the kernels in a role's module, NULL-terminated. */
 const char *const *emit_kernel_names(spec_role role);
 
-/* The distillation call's row kernels (templates/distill.cu, runtime/distill.c): what they are
+/* The distillation call's kernels (templates/distill.cu, runtime/distill.c): what they are
  * specialized on. The GEMMs around them are ordinary kernel_specs. */
 typedef struct distill_kernel_spec {
     int sm;                   /* compute capability ×10 */
+    flce_dtype dtype;         /* of the GEMMs' inputs and gradient outputs */
     flce_divergence divergence; /* JSD with β = 0 or 1 is emitted as forward or reverse KL */
     float beta;               /* JSD's β */
     float temperature;        /* T > 0 */
@@ -29,8 +30,6 @@ typedef struct distill_kernel_spec {
 
 /* *src is malloc'd (caller frees): the preamble of s's constants, then templates/distill.cu. */
 flce_status emit_distill_source(const distill_kernel_spec *s, char **src);
-/* flce_distill_count, flce_distill_row, flce_distill_reduce; NULL-terminated. */
-const char *const *emit_distill_kernel_names(void);
 
 /* The embedded template files, one array per file of templates/ (CMakeLists.txt FLCE_TEMPLATES,
  * cmake/embed.cmake); emit_source pastes those a spec uses. */

@@ -49,6 +49,7 @@ const char *spec_role_name(spec_role role)
     case ROLE_DH: return "dh";
     case ROLE_DW: return "dw";
     case ROLE_ROWOPS: return "rowops";
+    case ROLE_DISTILL: return "distill";
     }
     return "unknown";
 }
@@ -99,6 +100,13 @@ static void summary_text(const kernel_spec *s, int with_shape, char *out, size_t
         snprintf(shape, sizeof shape, " D=%lld V=%lld", (long long)s->hidden, (long long)s->vocab_shard);
         snprintf(v, sizeof v, " V=%lld", (long long)s->vocab_shard);
     }
+    if (s->role == ROLE_DISTILL) {
+        snprintf(out, cap, "distill %s div=%d beta=%g T=%g ce=%g labels=%s reduction=%s %s", spec_dtype_name(s->dtype),
+                 s->divergence, (double)s->beta, (double)s->temperature, (double)s->ce_weight,
+                 s->has_labels ? (s->label_bits == 64 ? "i64" : "i32") : "none", reduction_name(s->reduction),
+                 spec_arch_name(s->sm));
+        return;
+    }
     if (s->role == ROLE_ROWOPS) {
         snprintf(out, cap, "%s %s%s labels=i%d reduction=%s %s%s", spec_role_name(s->role), spec_dtype_name(s->dtype),
                  v, s->label_bits, reduction_name(s->reduction), spec_arch_name(s->sm), opts);
@@ -142,7 +150,7 @@ size_t spec_smem_bytes(const kernel_spec *s)
 
 static size_t smem_bytes(const kernel_spec *s)
 {
-    if (s->role == ROLE_ROWOPS) return 0;
+    if (s->role == ROLE_ROWOPS || s->role == ROLE_DISTILL) return 0;
     const spec_tile *t = &s->tile;
     if (t->wgmma || t->tcgen05) /* swizzled tiles without padding, plus room to align them to 1024
                                  * bytes, plus TMA's two 8-byte mbarriers per stage; tcgen05 adds two
@@ -168,7 +176,7 @@ static size_t smem_bytes(const kernel_spec *s)
 
 int spec_threads(const kernel_spec *s)
 {
-    if (s->role == ROLE_ROWOPS) return 256;
+    if (s->role == ROLE_ROWOPS || s->role == ROLE_DISTILL) return 256;
     /* TMA: one producer warpgroup in front of the warps that compute */
     return s->tile.warps_m * s->tile.warps_n * 32 +
            ((s->tile.wgmma || s->tile.tcgen05) && s->tile.tma ? 128 : 0);
@@ -365,6 +373,14 @@ flce_status spec_validate(const kernel_spec *s)
                        "options softcap=%g temperature=%g smoothing=%g z_loss=%g: out of range",
                        (double)s->softcap, (double)s->temperature, (double)s->smoothing,
                        (double)s->z_loss);
+    if (s->role == ROLE_DISTILL) {
+        if (s->reduction != FLCE_REDUCTION_MEAN && s->reduction != FLCE_REDUCTION_SUM &&
+            s->reduction != FLCE_REDUCTION_NONE)
+            return err_set(FLCE_ERR_INVALID_ARGUMENT, "reduction=%d: not an flce_reduction", (int)s->reduction);
+        if (s->divergence < FLCE_DIVERGENCE_FORWARD_KL || s->divergence > FLCE_DIVERGENCE_JSD)
+            return err_set(FLCE_ERR_INVALID_ARGUMENT, "divergence=%d: not an flce_divergence", s->divergence);
+        return FLCE_OK; /* beta, temperature, ce_weight: emit_distill_source checks them */
+    }
     if (s->role == ROLE_ROWOPS) {
         if (s->reduction != FLCE_REDUCTION_MEAN && s->reduction != FLCE_REDUCTION_SUM &&
             s->reduction != FLCE_REDUCTION_NONE)

@@ -15,7 +15,8 @@ typedef enum spec_role {
     ROLE_LOGITS = 0, /* Z = H·Wᵀ with the online-LSE epilogue (kernel flce_logits) */
     ROLE_DH = 1,     /* dH = dZ·W (kernel flce_dh) */
     ROLE_DW = 2,     /* dW = dZᵀ·H (kernel flce_dw) */
-    ROLE_ROWOPS = 3  /* flce_prepare, _combine, _dz, _reduce, _dbias, _tp_pack, _cast */
+    ROLE_ROWOPS = 3, /* flce_prepare, _combine, _dz, _reduce, _dbias, _tp_pack, _cast */
+    ROLE_DISTILL = 4 /* the distillation call's kernels (templates/distill.cu, emit_distill_source) */
 } spec_role;
 
 typedef struct spec_tile {
@@ -72,6 +73,12 @@ typedef struct kernel_spec {
     /* LOGITS with compact: every launch covers the whole shard (its n is vocab_shard, a multiple
      * of BN), so the kernel has no partial-tile code (templates/gemm_logits.cu, FLCE_FULL_TILES). */
     int full_tiles;
+    /* ROLE_DISTILL (runtime/distill.c): the divergence (flce_divergence), JSD's β, the CE weight and
+     * whether labels are given; with dtype, label_bits, reduction and temperature above. */
+    int divergence;
+    float beta;
+    float ce_weight;
+    int has_labels;
 } kernel_spec;
 
 enum {

@@ -13,7 +13,8 @@ typedef struct distill_plan {
     int64_t chunks;           /* ceil(N / chunk_rows) */
     uint64_t zs_offset;       /* workspace byte offsets: student's fp32 logits, chunk_rows × V */
     uint64_t zt_offset;       /* teacher's fp32 logits, chunk_rows × V */
-    uint64_t dw_offset;       /* fp32 dWs accumulator, V × Ds */
+    uint64_t dw_offset;       /* fp32 dWs accumulator, V × Ds (16-bit dtypes; fp32 writes the caller's) */
+    uint64_t dh_offset;       /* fp32 dHs of one chunk, chunk_rows × Ds (16-bit dtypes) */
     uint64_t per_token_offset; /* fp32 loss_i of every token, N */
     uint64_t count_offset;    /* fp32 count of valid tokens (one value, padded to 16 bytes) */
     uint64_t workspace_bytes; /* the total */

@@ -82,8 +82,8 @@ flce_status flce_distill_problem_validate(const flce_distill_problem *problem)
                        (int)p.divergence);
     if (!(p.beta >= 0.0f && p.beta <= 1.0f)) /* NaN fails too */
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.beta=%g: must be in [0, 1]", (double)p.beta);
-    if (!(p.temperature > 0.0f) || !isfinite(p.temperature))
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.temperature=%g: must be finite and > 0",
+    if (!(p.temperature > 0.0f) || !isfinite(p.temperature) || !isfinite(1.0f / p.temperature))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.temperature=%g: must be finite and > 0 (1/T finite)",
                        (double)p.temperature);
     if (!(p.ce_weight >= 0.0f) || !isfinite(p.ce_weight))
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.ce_weight=%g: must be finite and >= 0",

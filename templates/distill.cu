@@ -1,6 +1,9 @@
-// distill.cu — the row kernels of the distillation call (issue 44 item 1, runtime/distill.c), on one
-// token chunk's fp32 logits of the student (zs, rows × V, turned into dZs in place) and the teacher
-// (zt, rows × V), both raw (before the temperature):
+// distill.cu — the kernels of the distillation call (issue 44 item 1, runtime/distill.c), v1, correct
+// first: a plain tiled GEMM with fp32 accumulation and fp32 output for the logits of both models, dHs
+// and dWs (flce_distill_gemm; the CE path's tuned GEMMs are the next step), a cast of fp32 results to
+// the dtype (flce_distill_cast), and the row kernels on one token chunk's fp32 logits of the student
+// (zs, rows × V, turned into dZs in place) and the teacher (zt, rows × V), both raw (before the
+// temperature):
 //   flce_distill_count   the count of valid tokens (the mean's denominator), one CTA, fixed order
 //   flce_distill_row     one CTA per row: both log-softmaxes at temperature T, D_i, loss_i, dZs
 //   flce_distill_reduce  loss = Σ_i loss_i (· 1/count for the mean), one CTA, fixed order
@@ -19,6 +22,7 @@
 // rows: the mean/sum loss, dWs), as testing/ref.c ref_distill does. The reference it is checked
 // against is ref_distill_row (tests/test_distill.c).
 #ifndef FLCE_GENERATED
+#define FLCE_DTYPE 2        // 0 f32, 1 f16, 2 bf16
 #define DISTILL_DIV 0       // 0 forward KL, 1 reverse KL, 2 JSD
 #define DISTILL_LABELS 1    // labels given
 #define FLCE_LABEL_BITS 32
@@ -145,6 +149,109 @@ __device__ __forceinline__ float distill_scale(const flce_distill_params &p, lon
 #endif
 }
 
+// ---- the GEMM: C(m × n) (+)= A(m × k) · B(k × n), element strides given, fp32 accumulation ----------
+// logits  z = H·Wᵀ:   A = H (rows × D), B(k, n) = W[n][k];          C = z, fp32 (workspace)
+// dHs     dZ·Ws:      A = dZ (fp32, rows × V), B = Ws (V × Ds);      C = fp32 dHs
+// dWs     dZᵀ·Hs:     A(m, k) = dZ[k][m] (fp32), B = Hs (rows × Ds); C = fp32 dWs, += over chunks
+// 16-bit inputs are raw bits converted by hand (no cuda_fp16.h needed under NVRTC).
+struct flce_distill_gemm_params {
+    const void *a, *b;
+    float *c;
+    long long m, n, k;
+    long long a_sm, a_sk; // A(i, l) = a[i·a_sm + l·a_sk]
+    long long b_sk, b_sn; // B(l, j) = b[l·b_sk + j·b_sn]
+    long long ldc;
+    int a_f32;            // A is fp32 (dZ), else the dtype
+    int accumulate;       // C += A·B, else C = A·B
+};
+
+struct flce_distill_cast_params {
+    const float *src;
+    void *dst;            // the dtype
+    long long count;
+};
+
+__device__ __forceinline__ float distill_load(const void *p, long long i)
+{
+#if FLCE_DTYPE == 0
+    return ((const float *)p)[i];
+#elif FLCE_DTYPE == 1
+    const unsigned short h = ((const unsigned short *)p)[i];
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    return __uint_as_float((unsigned)((const unsigned short *)p)[i] << 16);
+#endif
+}
+
+__device__ __forceinline__ void distill_store(void *p, long long i, float v)
+{
+#if FLCE_DTYPE == 0
+    ((float *)p)[i] = v;
+#elif FLCE_DTYPE == 1
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    ((unsigned short *)p)[i] = h;
+#else
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    ((unsigned short *)p)[i] = h;
+#endif
+}
+
+constexpr int DISTILL_TILE = 64, DISTILL_TILE_K = 16; // 256 threads, 4 × 4 outputs each
+
+// One CTA per 64 × 64 tile of C, tiles numbered along m first (a 1-D grid: m and n may both exceed
+// the 65535 CTAs of a grid's y).
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_gemm(const flce_distill_gemm_params p)
+{
+    __shared__ float as[DISTILL_TILE_K][DISTILL_TILE], bs[DISTILL_TILE_K][DISTILL_TILE];
+    const long long tiles_m = (p.m + DISTILL_TILE - 1) / DISTILL_TILE;
+    const long long m0 = (blockIdx.x % tiles_m) * DISTILL_TILE, n0 = (blockIdx.x / tiles_m) * DISTILL_TILE;
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    float acc[4][4] = {};
+    for (long long k0 = 0; k0 < p.k; k0 += DISTILL_TILE_K) {
+        for (int e = threadIdx.x; e < DISTILL_TILE * DISTILL_TILE_K; e += DISTILL_THREADS) {
+            const int am = e / DISTILL_TILE_K, ak = e % DISTILL_TILE_K; // A: k fastest
+            const long long ai = m0 + am, al = k0 + ak;
+            float a = 0.f;
+            if (ai < p.m && al < p.k) {
+                const long long idx = ai * p.a_sm + al * p.a_sk;
+                a = p.a_f32 ? ((const float *)p.a)[idx] : distill_load(p.a, idx);
+            }
+            as[ak][am] = a;
+            const int bk = e / DISTILL_TILE, bn = e % DISTILL_TILE; // B: n fastest
+            const long long bl = k0 + bk, bj = n0 + bn;
+            bs[bk][bn] = bl < p.k && bj < p.n ? distill_load(p.b, bl * p.b_sk + bj * p.b_sn) : 0.f;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < DISTILL_TILE_K; kk++) {
+            float a[4], b[4];
+            for (int i = 0; i < 4; i++) a[i] = as[kk][ty + 16 * i];
+            for (int j = 0; j < 4; j++) b[j] = bs[kk][tx + 16 * j];
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            const long long r = m0 + ty + 16 * i, c = n0 + tx + 16 * j;
+            if (r >= p.m || c >= p.n) continue;
+            float *out = p.c + r * p.ldc + c;
+            *out = p.accumulate ? *out + acc[i][j] : acc[i][j];
+        }
+}
+
+// fp32 → the dtype, rounded once (dHs of a chunk, dWs at the end)
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_cast(const flce_distill_cast_params p)
+{
+    const long long stride = (long long)gridDim.x * DISTILL_THREADS;
+    for (long long i = (long long)blockIdx.x * DISTILL_THREADS + threadIdx.x; i < p.count; i += stride)
+        distill_store(p.dst, i, p.src[i]);
+}
+
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_count(const flce_distill_params p)
 {
     __shared__ float scratch[DISTILL_THREADS / 32];
@@ -235,8 +342,12 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
     }
 }
 
+// (reduction none: flce_distill_row wrote each loss_i; the runtime does not launch this one)
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_reduce(const flce_distill_params p)
 {
+#if FLCE_REDUCTION == 2
+    (void)p;
+#else
     __shared__ float scratch[DISTILL_THREADS / 32];
     float s = 0.f;
     for (long long i = threadIdx.x; i < p.tokens; i += DISTILL_THREADS) s += p.loss_rows[i];
@@ -245,4 +356,5 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_reduc
     s = *p.count > 0.f ? s / *p.count : 0.f;
 #endif
     if (threadIdx.x == 0 && p.loss) *p.loss = s;
+#endif
 }

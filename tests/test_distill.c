@@ -1,9 +1,8 @@
 /* test_distill.c — the distillation call (issue 44 item 1, include/flce.h "Distillation"), the part
  * that needs no GPU: every bad problem field and tensor gets its status and a message naming it
- * (runtime/distill_api.c), the token-chunk plan follows the budget (runtime/distill.c), and the row
- * kernels (templates/distill.cu) compile through NVRTC for sm_80 and sm_90a in every variant.
- * The GPU comparison against testing/ref.c ref_distill is NOT here yet: the call's GPU run is not
- * wired (flce_distill_loss_and_grad returns FLCE_ERR_UNSUPPORTED after its checks). */
+ * (runtime/distill_api.c), the token-chunk plan follows the budget (runtime/distill.c), and the
+ * module (templates/distill.cu) emits through the spec path and compiles through NVRTC for sm_80 and
+ * sm_90a in every variant. The GPU comparison against ref_distill is tests/test_distill_gpu.c. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -225,14 +224,14 @@ static void chunks_follow_the_budget(void)
     p.dtype = FLCE_DTYPE_F32; /* fp32 writes dWs in place: no accumulator */
     distill_plan m;
     distill_plan_make(&p, &m);
-    CHECK(m.workspace_bytes + 4ull * 32000 * 2048 == pl.workspace_bytes);
-    CHECK(pl.zt_offset % 16 == 0 && pl.dw_offset % 16 == 0 && pl.per_token_offset % 16 == 0 &&
+    CHECK(m.workspace_bytes + 4ull * 32000 * 2048 + 4ull * 2048 == pl.workspace_bytes); /* dWs, one row's dHs */
+    CHECK(pl.zt_offset % 16 == 0 && pl.dw_offset % 16 == 0 && pl.dh_offset % 16 == 0 && pl.per_token_offset % 16 == 0 &&
           pl.count_offset % 16 == 0);
 }
 
 static void jsd_ends_are_emitted_as_the_kls(void)
 {
-    distill_kernel_spec s = {90, FLCE_DIVERGENCE_JSD, 0.0f, 1.0f, 0.0f, 1, 32, FLCE_REDUCTION_MEAN};
+    distill_kernel_spec s = {90, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_JSD, 0.0f, 1.0f, 0.0f, 1, 32, FLCE_REDUCTION_MEAN};
     char *src = NULL;
     CHECK(emit_distill_source(&s, &src) == FLCE_OK && strstr(src, "#define DISTILL_DIV 0"));
     free(src);
@@ -246,7 +245,29 @@ static void jsd_ends_are_emitted_as_the_kls(void)
     CHECK(emit_distill_source(&s, &src) == FLCE_ERR_INVALID_ARGUMENT && !src);
 }
 
-/* Every variant of the row kernels compiles for both arches CI targets (no GPU needed). */
+/* The module as the runtime asks for it: a kernel_spec of role ROLE_DISTILL through emit_source. */
+static void distill_spec_emits_through_the_spec_path(void)
+{
+    kernel_spec s;
+    memset(&s, 0, sizeof s);
+    s.sm = 90, s.dtype = FLCE_DTYPE_F16, s.role = ROLE_DISTILL, s.hidden = 64, s.vocab_shard = 1000, s.label_bits = 64, s.reduction = FLCE_REDUCTION_SUM;
+    s.temperature = 1.0f, s.divergence = FLCE_DIVERGENCE_REVERSE_KL, s.ce_weight = 0.25f, s.has_labels = 1;
+    char *src = NULL;
+    CHECKF(emit_source(&s, &src) == FLCE_OK, "%s", flce_last_error());
+    CHECK(src && strstr(src, "#define FLCE_DTYPE 1") && strstr(src, "#define DISTILL_DIV 1") &&
+          strstr(src, "#define FLCE_LABEL_BITS 64") && strstr(src, "flce_distill_gemm"));
+    free(src);
+    const char *const *names = emit_kernel_names(ROLE_DISTILL);
+    CHECK(names && !strcmp(names[0], "flce_distill_count") && !strcmp(names[3], "flce_distill_gemm") &&
+          !strcmp(names[4], "flce_distill_cast") && !names[5]);
+    char line[256];
+    spec_summary(&s, line, sizeof line);
+    CHECKF(strstr(line, "distill f16 div=1") != NULL, "%s", line);
+    s.divergence = 7;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && says("divergence=7"));
+}
+
+/* Every variant of the module (GEMM, cast and row kernels) compiles for both arches CI targets. */
 static void row_kernels_compile_for_sm_80_and_sm_90a(void)
 {
     if (nvrtc_load_error()) {
@@ -258,7 +279,7 @@ static void row_kernels_compile_for_sm_80_and_sm_90a(void)
         for (int d = 0; d < 3; d++)
             for (int ce = 0; ce < 3; ce++) /* no labels; labels; labels + CE (int64) */
                 for (int r = 0; r < 3; r++) {
-                    distill_kernel_spec s = {sms[a], (flce_divergence)d, 0.3f, ce == 2 ? 1.0f : 2.0f,
+                    distill_kernel_spec s = {sms[a], (flce_dtype)((d + r) % 3), (flce_divergence)d, 0.3f, ce == 2 ? 1.0f : 2.0f,
                                              ce == 2 ? 0.5f : 0.0f, ce > 0, ce == 2 ? 64 : 32, (flce_reduction)r};
                     char *src = NULL;
                     void *cubin = NULL;
@@ -271,7 +292,7 @@ static void row_kernels_compile_for_sm_80_and_sm_90a(void)
                     free(src);
                     free(cubin);
                 }
-    printf("  %d row-kernel variants compiled\n", compiled);
+    printf("  %d module variants compiled\n", compiled);
 }
 
 int main(void)
@@ -284,6 +305,7 @@ int main(void)
     RUN(null_context_and_bytes_are_named);
     RUN(chunks_follow_the_budget);
     RUN(jsd_ends_are_emitted_as_the_kls);
+    RUN(distill_spec_emits_through_the_spec_path);
     RUN(row_kernels_compile_for_sm_80_and_sm_90a);
     FINISH();
 }
