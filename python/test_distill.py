@@ -281,6 +281,31 @@ def value_cases():
     case("mean: upstream scalar scales the forward's gradients", upstream_twice_then_once)
 
     if not GPU:
+        def eager_route():
+            # eager: the autograd.Function route (no dispatcher); mean: one library call with gradients,
+            # scaled in place by flce_scale_gradients, and a second backward through it raises; none:
+            # the gradients come from a second call in backward
+            import standin
+            hs, ws, ht, wt, y = inputs(30, 16, 24, 60)
+            h = hs.requires_grad_()
+            c0, s0 = standin._distill_run.calls, standin._scale.calls
+            loss = flce.linear_distillation(h, ws, ht, wt, y)
+            assert type(loss.grad_fn).__name__ == "_EagerDistillBackward", loss.grad_fn
+            (loss * 2).backward(retain_graph=True)
+            assert (standin._distill_run.calls - c0, standin._scale.calls - s0) == (1, 1)
+            try:
+                loss.backward()
+            except RuntimeError as e:
+                assert "inplace" in str(e), e
+            else:
+                raise AssertionError("a second backward through the scaled gradients did not raise")
+            loss = flce.linear_distillation(h, ws, ht, wt, y, reduction="none")
+            c0 = standin._distill_run.calls
+            loss.sum().backward()
+            assert standin._distill_run.calls - c0 == 1
+        case("eager route: one call + in-place scaling (mean), a second call in backward (none)", eager_route)
+
+    if not GPU:
         def autocast_cpu():
             hs, ws, ht, wt, y = inputs(30, 16, 24, 60)
             h = hs.requires_grad_()

@@ -302,7 +302,7 @@ def _backward(ctx, g_loss, g_div, g_dh, g_dw):
             return none
         if _SCALE_IN_PLACE and not _traced(g) and not any(_traced(t) for t in present) and \
                 _lib.has("flce_scale_gradients"):
-            _scale_in_place(dh, dw, g.contiguous(), ctx.shape, o["memory_budget"])
+            _scale_in_place(dh, dw, g.contiguous(), ctx.shape, o["memory_budget"], getattr(ctx, "eager", False))
         else:
             dh, dw = (None if t is None else t * g for t in (dh, dw))
         return (dh, dw) + none[2:]
@@ -311,21 +311,50 @@ def _backward(ctx, g_loss, g_div, g_dh, g_dw):
     n = hs.shape[0]
     g = g_loss.to(torch.float32).reshape(n if o["reduction"] == "none" else ()).contiguous()
     grads = GRAD_HIDDEN * bool(need_dh) | GRAD_WEIGHT * bool(need_dw)
-    _, _, dh, dw = distill_op(hs, ws, ht, wt, labels, g, o["divergence"], o["beta"], o["temperature"],
-                              o["ce_weight"], o["ignore_index"], o["reduction"], o["memory_budget"], grads)
+    call = _distill_impl if getattr(ctx, "eager", False) else distill_op
+    _, _, dh, dw = call(hs, ws, ht, wt, labels, g, o["divergence"], o["beta"], o["temperature"],
+                        o["ce_weight"], o["ignore_index"], o["reduction"], o["memory_budget"], grads)
     return (dh if need_dh else None, dw if need_dw else None) + none[2:]
 
 
 distill_op.register_autograd(_backward, setup_context=_setup)
 
 
-def _scale_in_place(dh, dw, g, shape, memory_budget):
+def _scale_in_place(dh, dw, g, shape, memory_budget, eager=False):
     """dh, dw *= g in place through flce_scale_gradients (the CE path's flce::scale_gradients_ on a
-    problem of the student's shape: it only scales; no pass when g is exactly 1)."""
+    problem of the student's shape: it only scales; no pass when g is exactly 1). eager: its
+    implementation without the dispatcher, the version counters moved as the op's declaration would."""
     from . import _ops
     n, d, v, dtype = shape
-    _ops.scale_gradients_(dh, dw, None, g, n, d, v, dtype, torch.int64, "mean", -100, 0.0, 0.0, 0.0, 1.0,
-                          int(memory_budget or 0), False, False, 0, 1, 0, v, 0)
+    scale = _ops._scale_impl if eager else _ops.scale_gradients_
+    scale(dh, dw, None, g, n, d, v, dtype, torch.int64, "mean", -100, 0.0, 0.0, 0.0, 1.0, int(memory_budget or 0),
+          False, False, 0, 1, 0, v, 0)
+    if eager:
+        _ops._bump(dh, dw)
+
+
+class _EagerDistill(torch.autograd.Function):
+    """flce::distill's implementation and autograd formula without the dispatcher, for eager calls on
+    plain tensors (the CE path's _EagerForward: the custom op's schema handling costs host time on
+    every step). Same call, same outputs, same gradients; torch.compile and tracing keep the op."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        out = _distill_impl(*args)
+        _setup(ctx, args, out)
+        ctx.eager = True
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _backward(ctx, *grads)
+
+
+def _distill(*args):
+    tensors = [a for a in args[:6] if isinstance(a, Tensor)]
+    if torch.compiler.is_compiling() or any(_traced(t) for t in tensors):
+        return distill_op(*args)
+    return _EagerDistill.apply(*args)
 
 
 # ---- the public function ---------------------------------------------------------------------
@@ -400,7 +429,7 @@ def linear_distillation(student_hidden: Tensor, student_weight: Tensor, teacher_
     grads = 0
     if reduction != "none":
         grads = GRAD_HIDDEN * bool(need_dh) | GRAD_WEIGHT * bool(need_dw)
-    loss, div, _, _ = distill_op(h2, ws, t2, wt, y1, None, divergence, float(beta), float(temperature),
+    loss, div, _, _ = _distill(h2, ws, t2, wt, y1, None, divergence, float(beta), float(temperature),
                                  float(ce_weight), int(ignore_index), reduction, int(memory_budget or 0), grads)
     if reduction == "none":
         loss = loss.reshape(lead)
