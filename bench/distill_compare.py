@@ -30,7 +30,8 @@ Providers:
   liger-jsd        liger_kernel's LigerFusedLinearJSD (jsd_beta: 0 = forward KL, 1 = reverse KL, as ours)
                    when importable; else a row whose note says it was skipped
 
-Each row: shape, provider, ms (median), ms_min, ms_max, vs_floor (ms / cublas-floor), extra_mib
+Each row: shape, provider, ms (median), ms_min, ms_max, iters (timed calls: --iters, fewer for a
+provider whose checked call says they would take over --provider-seconds, at least 3), vs_floor (ms / cublas-floor), extra_mib
 (torch.cuda.max_memory_allocated during the checked call minus what was allocated before it: the
 inputs; the gradients it returns count), err_loss (relative, against the float64 loss over all
 tokens), err_dh (relative L2 over --samples token rows), err_dw (relative L2 over --samples vocab
@@ -319,8 +320,8 @@ class Skip(Exception):
 
 # ---- running one provider --------------------------------------------------------------------
 
-ROW_KEYS = ["shape", "provider", "ms", "ms_min", "ms_max", "vs_floor", "extra_mib", "err_loss", "err_dh", "err_dw",
-            "divergence", "beta", "temperature", "note", "error", "device", "date", "commit", "torch"]
+ROW_KEYS = ["shape", "provider", "ms", "ms_min", "ms_max", "iters", "vs_floor", "extra_mib", "err_loss", "err_dh",
+            "err_dw", "divergence", "beta", "temperature", "note", "error", "device", "date", "commit", "torch"]
 
 
 def first_line(e):
@@ -370,15 +371,20 @@ def run_provider(name, data, opts, ref, state, args, timer):
         if cuda:
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
+        t_check = time.perf_counter()
         out = step()
         timer.sync()
+        t_check = time.perf_counter() - t_check
+        # a slow provider gets fewer timed calls (at least 3): the run's length stays predictable
+        iters = min(args.iters, max(3, int(args.provider_seconds / max(t_check, 1e-6))))
+        row["iters"] = iters
         if cuda:
             row["extra_mib"] = round((torch.cuda.max_memory_allocated() - base) / MiB, 1)
         if out is not None and ref is not None:
             row.update({k: float(f"{x:.3g}") for k, x in errors(out, ref).items()})
         out = None
         marks = []
-        for _ in range(args.iters):
+        for _ in range(iters):
             t = timer.start()
             out = step()
             timer.stop(t)
@@ -451,6 +457,8 @@ def main():
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--iters", type=int, default=None, help="timed calls per provider (default 10, --quick 5)")
     ap.add_argument("--warmup", type=int, default=None, help="calls before the checked one (default 2)")
+    ap.add_argument("--provider-seconds", type=float, default=6.0,
+                    help="timed calls per provider capped at this many seconds' worth, at least 3 (default 6)")
     ap.add_argument("--chunk", type=int, default=1024, help="torch-chunked's tokens per chunk (default 1024)")
     ap.add_argument("--samples", type=int, default=64, help="token rows (dH) and vocab rows (dW) checked in fp64")
     ap.add_argument("--compile-backend", default=None, help="torch.compile's backend (default inductor; "
@@ -493,7 +501,8 @@ def main():
               f"commit {commit}, torch {torch.__version__}, flce {flce.version()} ({flce.library_path()}); "
               f"divergence {args.divergence}" + (f" beta {args.beta}" if args.divergence == "jsd" else "") +
               f", temperature {args.temperature}, {str(dtype).replace('torch.', '')} inputs, ~5% ignored labels; "
-              f"median of {args.iters} calls after {args.warmup} warm-up + 1 checked; leaf student tensors, "
+              f"median of {args.iters} calls (fewer, at least 3, where they would take over {args.provider_seconds:g} s: "
+              f"the row's iters) after {args.warmup} warm-up + 1 checked; leaf student tensors, "
               f"loss.backward(). err_*: vs float64 (loss over all tokens, dH on {args.samples} token rows, dW on "
               f"{args.samples} vocab rows). Produced by bench/distill_compare.py."]
     log(f"{device_name}: shapes {', '.join(shape_name(*s) for s in shapes)}; providers {', '.join(providers)}")
