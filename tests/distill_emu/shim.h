@@ -1,0 +1,34 @@
+/* shim.h — just enough of CUDA for templates/distill.cu to run on the host (distill_emu.sh): one CTA
+ * at a time as 256 POSIX threads, __syncthreads a barrier, __shfl_xor_sync through a buffer between
+ * two warp barriers, __shared__ a static (the CTA's threads share it). fp32 inputs only: the 16-bit
+ * conversions are inline PTX. A check of the kernels' arithmetic and indexing, not of the GPU. */
+#include <pthread.h>
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+struct emu_dim {
+    unsigned x, y, z;
+};
+extern thread_local emu_dim threadIdx;
+extern emu_dim emu_block, gridDim;
+#define blockIdx emu_block
+extern pthread_barrier_t emu_block_bar, emu_warp_bar[8];
+extern float emu_shfl[256];
+#define __syncthreads() pthread_barrier_wait(&emu_block_bar)
+static inline float __shfl_xor_sync(unsigned, float v, int o)
+{
+    int t = (int)threadIdx.x;
+    emu_shfl[t] = v;
+    pthread_barrier_wait(&emu_warp_bar[t / 32]);
+    float r = emu_shfl[t ^ o];
+    pthread_barrier_wait(&emu_warp_bar[t / 32]);
+    return r;
+}
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
+#define __expf(x) expf(x)
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
