@@ -62,6 +62,7 @@ static kernel_spec distill_spec(const flce_context *ctx, const flce_distill_prob
 typedef struct distill_row_args {
     unsigned long long zs, zt, labels, grad_output, divergence, loss_rows, loss, count;
     long long row0, rows, tokens, vocab, ignore_index;
+    unsigned long long flag; /* the context's device flag (a label outside [0, V)) */
 } distill_row_args;
 
 typedef struct distill_gemm_args {
@@ -129,7 +130,7 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
     const CUfunction *k = fns[0];
     distill_row_args ra = {ws + pl->zs_offset, ws + pl->zt_offset, addr(t->labels), addr(t->grad_output),
                            addr(t->divergence), ws + pl->per_token_offset, addr(t->loss), ws + pl->count_offset,
-                           0, 0, p->tokens, p->vocab, p->ignore_index};
+                           0, 0, p->tokens, p->vocab, p->ignore_index, (unsigned long long)ctx->flag_dev};
     TRY(launch(k[DK_COUNT], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill count"));
     for (int64_t row0 = 0; row0 < p->tokens; row0 += pl->chunk_rows) {
         ra.row0 = row0;

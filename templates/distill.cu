@@ -17,7 +17,9 @@
 //   CE (T = 1)  loss += w·(lse(zs) − zs_y)               dz += w·(q − 1[j = y])
 //   dZs_ij = g_i · dz_j,  g_i = grad_output (1 value; · 1/count for the mean) or grad_output_i (none)
 // A token is valid when there are no labels, or its label is not ignore_index and lies in [0, V);
-// an invalid one gets D_i = loss_i = 0 and a zero dZs row, and its teacher row is never read.
+// an invalid one gets D_i = loss_i = 0 and a zero dZs row, and its teacher row is never read. A label
+// outside [0, V) that is not ignore_index also raises the context's flag (flce_count), as the CE
+// call's labels do: the next call or flce_check reports FLCE_ERR_BAD_LABEL, never a silent mask.
 // Everything is per row in fp32: a NaN in one token's row stays in that row (and in the sums over
 // rows: the mean/sum loss, dWs), as testing/ref.c ref_distill does. The reference it is checked
 // against is ref_distill_row (tests/test_distill.c).
@@ -48,6 +50,7 @@ struct flce_distill_params {
     long long tokens;         // N
     long long vocab;          // V
     long long ignore_index;
+    int *flag;                // the context's device flag: [0] = 1 on a label outside [0, V); may be NULL
 };
 
 __device__ __forceinline__ long long distill_label(const flce_distill_params &p, long long i)
@@ -256,7 +259,14 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_count
 {
     __shared__ float scratch[DISTILL_THREADS / 32];
     float c = 0.f;
-    for (long long i = threadIdx.x; i < p.tokens; i += DISTILL_THREADS) c += distill_valid(p, i) ? 1.f : 0.f;
+    for (long long i = threadIdx.x; i < p.tokens; i += DISTILL_THREADS) {
+        const bool valid = distill_valid(p, i);
+        c += valid ? 1.f : 0.f;
+#if DISTILL_LABELS
+        // same value from every writer: no atomic needed
+        if (!valid && p.flag && distill_label(p, i) != p.ignore_index) *(volatile int *)p.flag = 1;
+#endif
+    }
     c = distill_block_sum(c, scratch);
     if (threadIdx.x == 0) *p.count = c;
 }

@@ -33,6 +33,7 @@ typedef struct dcase {
     int no_labels;      /* labels NULL */
     int grad_output;    /* a random upstream gradient instead of NULL */
     int nan_token;      /* >= 0: that token's teacher hidden row gets a NaN (reduction none) */
+    int bad_label;      /* k > 0: token k - 1's label is V + 3 (masked like ignore_index, and flagged) */
 } dcase;
 
 static int all_finite(const double *x, size_t n)
@@ -86,6 +87,8 @@ static void run_case(const dcase *c)
         labels[i] = c->ignored_every && i % c->ignored_every == c->ignored_every - 1 ? -100 : host_rng_below(&rng, v);
         labels32[i] = (int32_t)labels[i];
     }
+    if (c->bad_label > 0) /* the device sees V + 3; the reference, an ignored token */
+        labels32[c->bad_label - 1] = (int32_t)(v + 3), labels[c->bad_label - 1] = -100;
     const int64_t n_loss = c->reduction == FLCE_REDUCTION_NONE ? n : 1;
     double *go = dalloc(n_loss);
     for (int64_t i = 0; i < n_loss; i++) go[i] = c->grad_output ? 0.5 + host_rng_uniform(&rng) : 1.0;
@@ -115,7 +118,12 @@ static void run_case(const dcase *c)
 
     flce_status st = flce_distill_loss_and_grad(ctx, &p, &t, NULL);
     CHECKF(st == FLCE_OK, "%s: %s: %s", c->name, flce_status_name(st), flce_last_error());
-    CHECKF(flce_check(ctx, NULL) == FLCE_OK, "%s: check: %s", c->name, flce_last_error());
+    flce_status chk = flce_check(ctx, NULL);
+    if (c->bad_label > 0)
+        CHECKF(chk == FLCE_ERR_BAD_LABEL, "%s: a label outside [0, V): flce_check said %s, want FLCE_ERR_BAD_LABEL",
+               c->name, flce_status_name(chk));
+    else
+        CHECKF(chk == FLCE_OK, "%s: check: %s", c->name, flce_last_error());
     double *gl = dalloc(n_loss), *gdiv = dalloc(n), *gdh = dalloc(n * ds), *gdw = dalloc(v * ds);
     down_f32(t.loss, gl, n_loss), down_f32(t.divergence, gdiv, n);
     download_f64(c->dtype, t.grad_student_hidden, gdh, (size_t)(n * ds));
@@ -186,6 +194,8 @@ static void ignored_tokens_chunks_and_options_match_the_reference(void)
          FLCE_REDUCTION_MEAN, 0, 1, 0, 0, -1},
         {"NaN teacher row stays in its token", 64, 32, 64, 600, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_JSD, 0.4f, 1.0f, 0.f,
          FLCE_REDUCTION_NONE, 0, 0, 0, 0, 17},
+        {"a label outside [0, V) is masked and flagged", 96, 32, 64, 700, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_FORWARD_KL,
+         0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 0, 5, 0, 0, -1, 12},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
 }
