@@ -14,8 +14,9 @@ p = softmax(zt / T) of the teacher, per token
   jsd         D = beta KL(p || m) + (1 - beta) KL(q || m), m = beta p + (1 - beta) q, for
               0 < beta < 1; beta = 0 is forward KL and beta = 1 reverse KL (Liger's convention);
   loss_i = D_i + ce_weight CE_i, CE at temperature 1 from the student's raw logits;
-no T^2 factor. Tokens whose label is ignore_index (or outside [0, V)) are masked entirely: no
-divergence, no CE, no gradient, not counted in the mean.
+no T^2 factor. Tokens whose label is ignore_index are masked entirely: no divergence, no CE, no
+gradient, not counted in the mean. A label outside [0, V) is masked the same way and raises the
+library's device flag: the next flce call raises FlceError FLCE_ERR_BAD_LABEL (as the CE path).
 """
 from __future__ import annotations
 
@@ -393,7 +394,8 @@ def linear_distillation(student_hidden: Tensor, student_weight: Tensor, teacher_
     teacher_hidden: (N, Dt) or (..., Dt) with the student's leading shape; teacher_weight: (V, Dt),
         the same V. Same dtype. Read only: detached, they get no gradient.
     labels: None (every token counts, no CE term) or the leading shape, int32/int64: tokens whose
-        label is ignore_index (or outside [0, V)) are masked entirely; the CE term's targets.
+        label is ignore_index are masked entirely (a label outside [0, V): masked too, and the
+        next call raises FLCE_ERR_BAD_LABEL); the CE term's targets.
     divergence: 'forward_kl' KL(p_teacher || q_student), 'reverse_kl' KL(q || p), or 'jsd':
         beta KL(p || m) + (1 - beta) KL(q || m), m = beta p + (1 - beta) q; beta in [0, 1] weights
         the teacher, beta = 0 and 1 are forward and reverse KL (Liger's convention).
