@@ -29,6 +29,11 @@
 # preprocessor (cpp -P, blank lines dropped, nothing else changed), reported "same after cpp":
 # for edits that only remove lines the preprocessor drops anyway. Not where a conditional reads a
 # predefined macro other than __cplusplus (NVRTC's predefined macros differ from the host's).
+# KERNEL_DIFF_SPECS=REGEX compares only the specs whose name (NNN_role_kind_smNN) matches the
+# extended regular expression: a quick look at a few kinds between the full runs.
+# KERNEL_DIFF_PTX_CACHE=DIR keeps each nvcc -ptx / ptxas -v result under DIR by the hash of its
+# source and arch, and reuses it: nvcc is deterministic for one source, so the same text gives the
+# same PTX, and a chain of runs against one base build compiles the base's sources once.
 set -uo pipefail
 if [ $# -lt 2 ]; then
     sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
@@ -94,15 +99,25 @@ one() {
         return
     fi
     for side in before after; do
-        local f="$work/$side/$name" o="$work/cmp/$name.$side"
+        local f="$work/$side/$name" o="$work/cmp/$name.$side" key=""
         cpp -P -x c++ "$f.cu" 2> /dev/null | sed -e 's/[[:space:]]\+/ /g' -e 's/^ //' -e 's/ $//' | grep -v '^$' > "$o.i"
+        sort "$o.i" > "$o.sorted"
+        if [ -n "${KERNEL_DIFF_PTX_CACHE:-}" ]; then
+            key="$KERNEL_DIFF_PTX_CACHE/$( (cat "$f.cu"; echo "$virt $real") | md5sum | cut -c1-32)"
+            if [ -s "$key.ptx" ] && [ -s "$key.ptxas" ]; then
+                cp "$key.ptx" "$o.ptx" && cp "$key.ptxas" "$o.ptxas" && continue
+            fi
+        fi
         nvcc -std=c++17 -gencode=arch=$virt,code=$virt -ptx "$f.cu" -o "$o.ptx.raw" 2> "$o.nvcc.log" ||
             { echo "$name: nvcc failed ($side)"; return; }
         awk 'started || /^\.version/ { started = 1 } started' "$o.ptx.raw" > "$o.ptx"
         ptxas -arch=$real -v "$o.ptx" -o /dev/null 2>&1 |
             grep -E 'Compiling entry|Function properties|stack frame|Used [0-9]+ registers|bytes (gmem|smem|cmem)' |
             sed 's/, *Compile time.*//' > "$o.ptxas"
-        sort "$o.i" > "$o.sorted"
+        if [ -n "$key" ] && [ -s "$o.ptxas" ]; then # written whole, then renamed: parallel jobs may share a key
+            cp "$o.ptx" "$key.ptx.$$" && mv "$key.ptx.$$" "$key.ptx"
+            cp "$o.ptxas" "$key.ptxas.$$" && mv "$key.ptxas.$$" "$key.ptxas"
+        fi
     done
     local b="$work/cmp/$name.before" a="$work/cmp/$name.after"
     comm -23 "$b.sorted" "$a.sorted" > "$work/cmp/$name.only_before"
@@ -138,8 +153,12 @@ one() {
 }
 export -f one
 mkdir -p "$work/cmp"
-echo "kernel_diff: comparing $(grep -c . "$work/before/index.txt") specs ($jobs jobs)"
-ls "$work/before" | sed -n 's/\.cu$//p' | sort | xargs -P "$jobs" -I{} bash -c 'one {}' | sort > "$work/report.txt"
+echo "kernel_diff: comparing $(grep -c . "$work/before/index.txt") specs${KERNEL_DIFF_SPECS:+ (those matching $KERNEL_DIFF_SPECS)} ($jobs jobs)"
+if [ -n "${KERNEL_DIFF_PTX_CACHE:-}" ]; then
+    mkdir -p "$KERNEL_DIFF_PTX_CACHE" && KERNEL_DIFF_PTX_CACHE=$(cd "$KERNEL_DIFF_PTX_CACHE" && pwd) || exit 2
+    export KERNEL_DIFF_PTX_CACHE
+fi
+ls "$work/before" | sed -n 's/\.cu$//p' | sort | grep -E "${KERNEL_DIFF_SPECS:-.}" | xargs -P "$jobs" -I{} bash -c 'one {}' | sort > "$work/report.txt"
 cat "$work/report.txt"
 total=$(grep -c . "$work/report.txt")
 good=$(grep -c 'ptx=identical *ptxas=identical *cubin=\(identical\|rerun\|nondet\|skipped\)' "$work/report.txt")

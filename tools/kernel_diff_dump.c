@@ -199,6 +199,49 @@ int main(int argc, char **argv)
         r.reduction = FLCE_REDUCTION_NONE, r.softcap = 30.f, r.temperature = 0.7f;
         dump(&r, dtn[d]);
     }
+    /* The spec flags the lists above leave at 0, appended so that the numbers above stay: qrows,
+     * full_tiles, 2-CTA clusters (logits, dH, dW), plain_out, red_acc 1 (bulk reductions where
+     * spec_bulk_red) and 2 (red.global), on the paths that take them; invalid ones are skipped. */
+    env_put("FLCE_ENABLE_SM100", "1");
+    const int variant_sm[] = {90, 80, 100};
+    for (int a = 0; a < 3; a++)
+        for (int d = 0; d < 3; d++) {
+            const int sm = variant_sm[a];
+            snprintf(kind, sizeof kind, "var_%s", dtn[d]);
+            for (int o = 0; o < 2; o++) {
+                kernel_spec l = base(sm, dts[d], ROLE_LOGITS);
+                if (o) l.opts = SPEC_OPT_BIAS | SPEC_OPT_WEIGHTS | SPEC_OPT_ZSUM | SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX,
+                       l.label_bits = 64;
+                l.compact = 1, l.qrows = 1;
+                dump(&l, kind);
+                l.full_tiles = 1;
+                dump(&l, kind);
+                l.qrows = 0;
+                dump(&l, kind);
+                l.full_tiles = 0, l.compact = 0, l.cluster = 2;
+                dump(&l, kind);
+                l.compact = 1;
+                dump(&l, kind);
+                l.compact = 0, l.fused_dz = 1, l.reduction = o ? FLCE_REDUCTION_NONE : FLCE_REDUCTION_MEAN;
+                if (o) l.opts = SPEC_OPT_BIAS | SPEC_OPT_WEIGHTS | SPEC_OPT_ZSUM, l.smoothing = 0.1f;
+                dump(&l, kind);
+            }
+            for (int role = ROLE_DH; role <= ROLE_DW; role++) {
+                kernel_spec g = base(sm, dts[d], (spec_role)role);
+                g.cluster = 2;
+                dump(&g, kind);
+                g.cluster = 0, g.plain_out = 1;
+                dump(&g, kind);
+                for (int r = 1; r <= 2; r++) {
+                    g.plain_out = 0, g.red_acc = r;
+                    dump(&g, kind);
+                    g.cluster = 2;
+                    dump(&g, kind);
+                    g.cluster = 0;
+                }
+            }
+        }
+    env_put("FLCE_ENABLE_SM100", NULL);
     fclose(index_file);
     printf("kernel_diff_dump: %d sources (%d invalid combinations skipped)\n", count, invalid);
     return 0;
