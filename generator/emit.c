@@ -84,23 +84,31 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     sb_printf(b, "#define ROLE_IS_LOGITS %d\n", s->role == ROLE_LOGITS);
     sb_printf(b, "#define ROLE_IS_DH %d\n", s->role == ROLE_DH);
     sb_printf(b, "#define ROLE_IS_DW %d\n", s->role == ROLE_DW);
-    if (s->fused_dz) sb_text(b, "#define FLCE_FUSED_DZ 1\n");
-    if (s->compact) sb_text(b, "#define FLCE_COMPACT 1\n");
-    if (s->qrows) sb_text(b, "#define FLCE_QROWS 1  // p̃ = bf16 exp(z − ref) against one reference per row\n");
-    if (s->plain_out) sb_text(b, "#define FLCE_GRAD_PLAIN 1  // only complete 16-bit tiles, through shared memory\n");
-    if (s->red_acc) sb_text(b, "#define FLCE_GRAD_RED 1  // fp32 accumulators may be updated by red.global\n");
-    if (spec_bulk_red(s)) sb_text(b, "#define FLCE_GRAD_BULK 1  // … by bulk reductions from shared memory\n");
-    if (s->full_tiles) sb_text(b, "#define FLCE_FULL_TILES 1  // every launch's n is a multiple of BN\n");
-    if (s->role != ROLE_ROWOPS && s->cluster > 1)
-        sb_printf(b, "#define FLCE_CLUSTER %d  // CTAs per cluster: the B tile is multicast to all of them\n", s->cluster);
+    /* Every switch of a GEMM with its value, 0 included: the templates read them as compile-time
+     * values (`if constexpr`, constexpr bool), which need them defined. */
+    if (s->role != ROLE_ROWOPS) {
+        const spec_tile *t = &s->tile;
+        sb_printf(b, "#define FLCE_WGMMA %d  // 1: the Hopper path's 128-byte-swizzled tiles (also Blackwell's)\n",
+                  t->wgmma || t->tcgen05);
+        sb_printf(b, "#define FLCE_TMA %d  // 1: TMA + mbarrier pipeline, producer warpgroup\n", t->tma);
+        sb_printf(b, "#define FLCE_FUSED_DZ %d\n", !!s->fused_dz);
+        sb_printf(b, "#define FLCE_COMPACT %d\n", !!s->compact);
+        sb_printf(b, "#define FLCE_QROWS %d  // p̃ = bf16 exp(z − ref) against one reference per row\n", !!s->qrows);
+        sb_printf(b, "#define FLCE_GRAD_PLAIN %d  // only complete 16-bit tiles, through shared memory\n",
+                  !!s->plain_out);
+        sb_printf(b, "#define FLCE_GRAD_RED %d  // fp32 accumulators may be updated by red.global\n", !!s->red_acc);
+        sb_printf(b, "#define FLCE_GRAD_BULK %d  // … by bulk reductions from shared memory\n", spec_bulk_red(s));
+        sb_printf(b, "#define FLCE_FULL_TILES %d  // every launch's n is a multiple of BN\n", !!s->full_tiles);
+        sb_printf(b, "#define FLCE_CLUSTER %d  // CTAs per cluster: the B tile is multicast to all of them\n",
+                  s->cluster > 1 ? s->cluster : 0);
+    }
     sb_printf(b, "#define OPT_BIAS %d\n", !!(s->opts & SPEC_OPT_BIAS));
     sb_printf(b, "#define OPT_WEIGHTS %d\n", !!(s->opts & SPEC_OPT_WEIGHTS));
     sb_printf(b, "#define OPT_ZSUM %d\n", !!(s->opts & SPEC_OPT_ZSUM));
     sb_printf(b, "#define OPT_ENTROPY %d\n", !!(s->opts & SPEC_OPT_ENTROPY));
     sb_printf(b, "#define OPT_ARGMAX %d\n", !!(s->opts & SPEC_OPT_ARGMAX));
-    if (s->opts >> SPEC_OPT_TOKEN_GRADS_SHIFT) /* only then: the other kernels' text stays as it was */
-        sb_printf(b, "#define OPT_TOKEN_GRADS %u  // FLCE_GRAD_* bits: per-token upstream gradients\n",
-                  s->opts >> SPEC_OPT_TOKEN_GRADS_SHIFT);
+    sb_printf(b, "#define OPT_TOKEN_GRADS %u  // FLCE_GRAD_* bits: per-token upstream gradients\n",
+              s->opts >> SPEC_OPT_TOKEN_GRADS_SHIFT);
     /* Hex float literals: the exact float the caller passed, no decimal round trip. */
     sb_printf(b, "constexpr float SOFTCAP = %af, INV_TEMP = %af, SMOOTHING = %af, ZLOSS = %af;\n",
               (double)s->softcap, (double)(s->temperature > 0 ? 1.0f / s->temperature : 1.0f), (double)s->smoothing,
@@ -143,8 +151,6 @@ static void emit_wgmma(sbuf *b, const kernel_spec *s)
     int n = s->tile.bn, regs = n / 2;
     const char *ab = s->dtype == FLCE_DTYPE_BF16 ? "bf16" : "f16";
     int ta = s->role == ROLE_DW, tb = s->role != ROLE_LOGITS; /* transposed (MN-major) operands */
-    sb_text(b, "#define FLCE_WGMMA 1\n");
-    sb_printf(b, "#define FLCE_TMA %d  // 1: TMA + mbarrier pipeline, producer warpgroup\n", s->tile.tma);
     sb_printf(b, "// D(64x%d) += A(64x16) * B(16x%d) for one warpgroup; A %s-major, B %s-major in shared memory.\n",
               n, n, ta ? "M" : "K", tb ? "N" : "K");
     sb_printf(b, "__device__ __forceinline__ void wgmma_tile(float (&d)[%d][4], unsigned long long da, "
@@ -155,12 +161,11 @@ static void emit_wgmma(sbuf *b, const kernel_spec *s)
     sb_text(b, "\n                 : \"l\"(da), \"l\"(db));\n}\n\n");
 }
 
-/* The tcgen05 flags: the Hopper path's swizzled TMA tiles and pipeline (FLCE_WGMMA, FLCE_TMA) with
- * its wgmma replaced by tcgen05.mma into tensor memory (templates/gemm_tcgen05.cu). */
+/* The tcgen05 flag: the Hopper path's swizzled TMA tiles and pipeline (FLCE_WGMMA, FLCE_TMA: the
+ * preamble) with its wgmma replaced by tcgen05.mma into tensor memory (templates/gemm_tcgen05.cu).
+ * Only Blackwell sources name it: the templates' `#if FLCE_TCGEN05` blocks are resolved here. */
 static void emit_tcgen05(sbuf *b, const kernel_spec *s)
 {
-    sb_text(b, "#define FLCE_WGMMA 1  // the Hopper path's 128-byte-swizzled TMA tiles and mbarrier pipeline\n");
-    sb_printf(b, "#define FLCE_TMA %d\n", s->tile.tma);
     sb_text(b, "#define FLCE_TCGEN05 1  // ... with tcgen05.mma into tensor memory instead of wgmma (sm_100a)\n");
     sb_printf(b, "constexpr int TMEM_COLS = %d;  // two BN-column fp32 accumulators\n\n", spec_tmem_columns(s));
 }

@@ -212,9 +212,6 @@ __device__ __forceinline__ float dz_value_p(float prob, float z, float a, bool i
 // (g with the reduction's scalar folded in, a as above), the log-prob's g_lp·(1[j=y] − p_j), lse's
 // g_lse·p_j and entropy's −g_H·p_j·(log p_j + H) (docs/DESIGN.md §1.3). Where p_j underflowed to 0,
 // p_j·log p_j → 0: the entropy term is 0.
-#ifndef OPT_TOKEN_GRADS
-#define OPT_TOKEN_GRADS 0
-#endif
 struct dz_coef {
     float ap, al, aw, ah, h;
 };

@@ -18,15 +18,8 @@
 // this file, then only the pieces the spec's main loop and role use, then gemm_entry.cu, after its
 // preamble of constants, params.h and common.cuh. That output compiles alone with nvcc (`flce gen`);
 // this file does not, having neither the constants nor the pieces.
-#ifndef FLCE_TMA
-#define FLCE_TMA 0
-#endif
-#ifndef FLCE_FUSED_DZ
-#define FLCE_FUSED_DZ 0
-#endif
-#ifndef FLCE_COMPACT
-#define FLCE_COMPACT 0 // 1 (logits): Z is stored as fp16 p̃ plus per-(row, warp tile) maxima (common.cuh)
-#endif
+// The switches (FLCE_WGMMA, FLCE_TMA, FLCE_FUSED_DZ, FLCE_COMPACT, …) are all defined by the
+// preamble, 0 or not, so the templates use them as compile-time values.
 
 constexpr int THREADS = WARPS_M * WARPS_N * 32;        // the threads that compute and run the epilogue
 constexpr int PRODUCER_THREADS = FLCE_TMA ? 128 : 0;   // TMA: one warpgroup in front that only loads

@@ -42,9 +42,6 @@ __device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce
         }
 }
 
-#ifndef FLCE_GRAD_BULK
-#define FLCE_GRAD_BULK 0
-#endif
 #if FLCE_GRAD_BULK
 // The same update as red_epilogue, handed to the TMA unit instead: each warp writes its 16 rows ×
 // 32 columns of fp32 into one of its two 2 KiB staging buffers and 16 lanes each issue one bulk
@@ -108,12 +105,6 @@ __device__ __forceinline__ void bulk_red_drain(int lane)
 
 // Which stores this kernel holds (generator/spec.h plain_out, red_acc): the runtime launches a
 // FLCE_GRAD_PLAIN kernel only with no addend, a 16-bit output and n a multiple of BN.
-#ifndef FLCE_GRAD_PLAIN
-#define FLCE_GRAD_PLAIN 0
-#endif
-#ifndef FLCE_GRAD_RED
-#define FLCE_GRAD_RED 0
-#endif
 // dH over row-scaled compact logits (FLCE_QROWS, p.row_scale): row r of the tile times s_r, plus
 // (p.qlab set: the runtime's qdh off) its label's exact dz (flce_qscale; the label's stored entry
 // is 0) times the label's row of W where that lies in this launch's k range; 0 where s_r is 0 (an

@@ -12,9 +12,6 @@ __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi)
     return r;
 }
 #endif
-#ifndef FLCE_QROWS
-#define FLCE_QROWS 0
-#endif
 // One stored pair of the compact pass: fp16 p̃ = e (exp(z − m)·2^15), or under FLCE_QROWS bf16
 // e·qk = exp(z − ref): e = exp(z − ref) and qk = 1 (Q_REF_STATS), else qk = exp(m − ref)·2^-15, one
 // per row and tile.
@@ -254,9 +251,6 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
 // is; runtime/launch.c checks it), no tile is partial and neither copy nor mask is compiled: with
 // the mask compiled in (not taken), the pass ran 0.35 ms slower at 8192×4096×128256 on an H100
 // (bench/NOTES.md, session 6, d6).
-#ifndef FLCE_FULL_TILES
-#define FLCE_FULL_TILES 0
-#endif
 constexpr bool NO_PARTIAL_TILE = FLCE_FULL_TILES;
 constexpr bool ONE_EPILOGUE = COMPACT_STAGED && !OPT_BIAS && !OPT_ZSUM && !OPT_ARGMAX && !OPT_ENTROPY &&
                               INV_TEMP == 1.f && SOFTCAP == 0.f;

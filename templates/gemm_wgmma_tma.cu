@@ -378,9 +378,6 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
 #define STAGED_STORE 1
 #endif
 #if STAGED_STORE
-#ifndef FLCE_GRAD_BULK
-#define FLCE_GRAD_BULK 0
-#endif
 // per warp (two with FLCE_GRAD_BULK: gemm_grad.cu); the generator's spec_smem_bytes adds them
 constexpr int STAGING_BYTES = (FLCE_GRAD_BULK ? 2 : 1) * 16 * 64 * 2;
 // The staging buffers follow the barriers and the tile slot, on a 128-byte boundary (the
