@@ -1,25 +1,22 @@
 // common.cuh — device helpers every flce template uses: the input element type, conversions,
 // and the few PTX instructions we need, each wrapped in a small named function. No toolkit
-// header is included (NVRTC on a user's machine may have no include path).
-#ifndef FLCE_COMMON_CUH
-#define FLCE_COMMON_CUH
-
-#ifndef FLCE_GENERATED
-#define FLCE_DTYPE 2 // 0 fp32, 1 fp16, 2 bf16 (the generator writes the real value)
-#define OPT_ENTROPY 0
-#define OPT_ZSUM 0
-#define OPT_ARGMAX 0
-#endif
+// header is included (NVRTC on a user's machine may have no include path). generator/emit.c pastes
+// it after the preamble, whose constants (FLCE_DTYPE, OPT_*, …) it reads; `flce gen` output compiles
+// alone. The dtype's variants are `if constexpr` branches: every branch is parsed for every dtype,
+// so their operands are cast to the type the instruction takes (a no-op where the branch is taken).
 
 #define DTYPE_F32 0
 #define DTYPE_F16 1
 #define DTYPE_BF16 2
 
-#if FLCE_DTYPE == DTYPE_F32
-typedef float elem_t;
-#else
-typedef unsigned short elem_t; // raw 16-bit pattern of an fp16 or bf16 value
-#endif
+// The element type: float, or the raw 16-bit pattern of an fp16 or bf16 value.
+template <bool F32> struct elem_of {
+    typedef unsigned short type;
+};
+template <> struct elem_of<true> {
+    typedef float type;
+};
+typedef elem_of<FLCE_DTYPE == DTYPE_F32>::type elem_t;
 
 constexpr int ELEM_BYTES = (int)sizeof(elem_t);
 constexpr int VEC = 16 / ELEM_BYTES; // elements per 16-byte vector
@@ -27,30 +24,30 @@ constexpr int VEC = 16 / ELEM_BYTES; // elements per 16-byte vector
 
 __device__ __forceinline__ float to_f32(elem_t x)
 {
-#if FLCE_DTYPE == DTYPE_F32
-    return x;
-#elif FLCE_DTYPE == DTYPE_BF16
-    return __uint_as_float((unsigned)x << 16);
-#else
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
-    return f;
-#endif
+    if constexpr (FLCE_DTYPE == DTYPE_F32) {
+        return (float)x;
+    } else if constexpr (FLCE_DTYPE == DTYPE_BF16) {
+        return __uint_as_float((unsigned)x << 16);
+    } else {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)x));
+        return f;
+    }
 }
 
 __device__ __forceinline__ elem_t from_f32(float x)
 {
-#if FLCE_DTYPE == DTYPE_F32
-    return x;
-#elif FLCE_DTYPE == DTYPE_BF16
-    unsigned short r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
-    return r;
-#else
-    unsigned short r;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
-    return r;
-#endif
+    if constexpr (FLCE_DTYPE == DTYPE_F32) {
+        return (elem_t)x;
+    } else if constexpr (FLCE_DTYPE == DTYPE_BF16) {
+        unsigned short r;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+        return (elem_t)r;
+    } else {
+        unsigned short r;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
+        return (elem_t)r;
+    }
 }
 
 __device__ __forceinline__ unsigned smem_addr(const void *p)
@@ -62,19 +59,15 @@ __device__ __forceinline__ unsigned smem_addr(const void *p)
 
 // 16-byte global→shared copy that bypasses L1; when `valid` is false it writes zeros and reads
 // nothing (src-size 0), which is how tiles past the matrix edge are filled.
-#if FLCE_DTYPE != DTYPE_F32
-// Two floats rounded to the 16-bit dtype in one word, lo in the low half (what from_f32 gives each).
+// Two floats rounded to the 16-bit dtype in one word, lo in the low half (what from_f32 gives each);
+// for 16-bit dtypes (fp32 builds parse it and never call it).
 __device__ __forceinline__ unsigned pack2_elem(float lo, float hi)
 {
     unsigned r;
-#if FLCE_DTYPE == DTYPE_BF16
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
+    if constexpr (FLCE_DTYPE == DTYPE_BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-#endif
 // 16-byte global store of four words (a struct copy of uint4 may be split into four 4-byte ones).
 __device__ __forceinline__ void st_global_16(void *dst, unsigned x, unsigned y, unsigned z, unsigned w)
 {
@@ -107,28 +100,25 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void *
 // D = A·B + D on a 16×8×16 tile: A row-major 16×16, B column-major 16×8, fp32 accumulators.
 __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1)
 {
-#if FLCE_DTYPE == DTYPE_BF16
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#elif FLCE_DTYPE == DTYPE_F16
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    (void)d; (void)a; (void)b0; (void)b1; // fp32 inputs take the exact FFMA path instead
-#endif
+    if constexpr (FLCE_DTYPE == DTYPE_BF16) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else if constexpr (FLCE_DTYPE == DTYPE_F16) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        (void)d; (void)a; (void)b0; (void)b1; // fp32 inputs take the exact FFMA path instead
+    }
 }
 
 __device__ __forceinline__ long long load_label(unsigned long long base, long long i)
 {
-#if FLCE_LABEL_BITS == 64
-    return ((const long long *)base)[i];
-#else
-    return ((const int *)base)[i];
-#endif
+    if constexpr (FLCE_LABEL_BITS == 64) return ((const long long *)base)[i];
+    else return ((const int *)base)[i];
 }
 
 // exp(x) for the x ≤ 0 of per-element softmax terms (z − max, z − lse): ex2.approx of x·log2 e, two
@@ -199,9 +189,7 @@ __device__ __forceinline__ float dz_value_p(float prob, float z, float a, bool i
         v *= 1.f - r * r;
     }
     v *= g;
-#if FLCE_DTYPE == DTYPE_F16 && FLCE_REDUCTION != REDUCTION_NONE
-    v *= DZ_SCALE_F16;
-#endif
+    if constexpr (FLCE_DTYPE == DTYPE_F16 && FLCE_REDUCTION != REDUCTION_NONE) v *= DZ_SCALE_F16;
     return v;
 }
 // Per-token upstream gradients (flce.h problem.grad_outputs; the generator defines OPT_TOKEN_GRADS,
@@ -226,9 +214,7 @@ __device__ __forceinline__ float dz_value_c(float prob, float logp, float z, boo
         float r = z * (1.f / SOFTCAP);
         v *= 1.f - r * r;
     }
-#if FLCE_DTYPE == DTYPE_F16 && FLCE_REDUCTION != REDUCTION_NONE
-    v *= DZ_SCALE_F16;
-#endif
+    if constexpr (FLCE_DTYPE == DTYPE_F16 && FLCE_REDUCTION != REDUCTION_NONE) v *= DZ_SCALE_F16;
     return v;
 }
 
@@ -287,5 +273,3 @@ __device__ __forceinline__ row_stats shfl_stats(const row_stats &a, int off)
     b.arg = OPT_ARGMAX ? __shfl_xor_sync(0xffffffffu, a.arg, off) : 0;
     return b;
 }
-
-#endif

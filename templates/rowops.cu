@@ -17,20 +17,9 @@
 //   a_i    = (1−ε)·w_y + (ε/V)·Σ_j w_j + 2λ·w_y·lse
 // For mean and sum, g_i here is 0 or 1 (or grad_output_i for none); the scalar grad/denominator is
 // applied by the GEMM epilogues, so dZ stays in [-1, 1] where fp16 keeps full precision.
-#ifndef FLCE_GENERATED
-#define FLCE_DTYPE 2
-#define FLCE_LABEL_BITS 32
-#define FLCE_REDUCTION 0 // 0 mean, 1 sum, 2 none
-#define OPT_BIAS 0
-#define OPT_WEIGHTS 0
-#define OPT_ZSUM 0
-#define OPT_ENTROPY 0
-#define OPT_ARGMAX 0
-constexpr float SOFTCAP = 0.f, INV_TEMP = 1.f, SMOOTHING = 0.f, ZLOSS = 0.f;
-constexpr long long VOCAB = 32768;
-#include "params.h"
-#include "common.cuh"
-#endif
+// Pasted by generator/emit.c after the preamble, params.h and common.cuh (`flce gen --role rowops`
+// writes the whole module, which compiles alone). The bf16-only kernels (flce_qref, flce_qscale,
+// flce_qdw, flce_qdh) are in every module, their bodies `if constexpr` on the dtype.
 
 __device__ __forceinline__ bool label_valid(long long y, const flce_row_params &p)
 {
@@ -446,9 +435,8 @@ __device__ __forceinline__ float dot8_bf16(uint4 x, uint4 y)
     return s;
 }
 
-#if FLCE_DTYPE == DTYPE_BF16
 // 8 bf16 values (16 bytes at src) times f, rounded back to bf16 at dst (which may be src).
-__device__ __forceinline__ void scale8_bf16(const elem_t *src, elem_t *dst, float f)
+__device__ __forceinline__ void scale8_bf16(const void *src, void *dst, float f)
 {
     const uint4 raw = *(const uint4 *)src;
     unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -468,7 +456,6 @@ __device__ __forceinline__ void axpy8_bf16(float d, const elem_t *h, float (&s)[
         s[2 * q + 1] = fmaf(d, bf16_hi(hw[q]), s[2 * q + 1]);
     }
 }
-#endif
 
 // Row-scaled compact logits (common.cuh, FLCE_QROWS), before the chunk's logits pass: c_i, the
 // largest of QREF_SAMPLES logits at evenly spaced columns of the shard and the label's (when it
@@ -481,86 +468,86 @@ __device__ __forceinline__ void axpy8_bf16(float d, const elem_t *h, float (&s)[
 #define QREF_ROWS 4
 extern "C" __global__ void __launch_bounds__(256, 1) flce_qref(const flce_row_params p)
 {
-#if FLCE_DTYPE == DTYPE_BF16 // (bf16 only: runtime/plan.c; every rowops module has the entry)
-    constexpr int S = QREF_SAMPLES, R = QREF_ROWS;
-    __shared__ float part[8][R][S + 1];
-    const int G = p.qref_warps > 1 ? p.qref_warps : 1, warp = threadIdx.x / 32, sub = warp % G;
-    const long long i0 = ((long long)blockIdx.x * (8 / G) + warp / G) * R;
-    const int lane = threadIdx.x % 32;
-    const bool active = i0 < p.rows; // uniform over the group
-    // Each lane's 8 hidden values of a 256-wide slice of R rows against the S sampled weight rows
-    // (shared by the rows: loaded once per slice) and each row's label row, all loads of a step in
-    // flight at once. One dependent chain per sample took 0.38 ms at 8192×4096 (latency-bound), a
-    // warp per row re-reading the samples 0.10 ms (bench/NOTES.md v39, v40); at 512 rows one warp
-    // per 4 rows filled 16 SMs for 37 µs (session 14).
-    const elem_t *ws[S], *h[R], *wl[R];
-    bool lab[R];
+    if constexpr (FLCE_DTYPE == DTYPE_BF16) { // (bf16 only: runtime/plan.c; every rowops module has the entry)
+        constexpr int S = QREF_SAMPLES, R = QREF_ROWS;
+        __shared__ float part[8][R][S + 1];
+        const int G = p.qref_warps > 1 ? p.qref_warps : 1, warp = threadIdx.x / 32, sub = warp % G;
+        const long long i0 = ((long long)blockIdx.x * (8 / G) + warp / G) * R;
+        const int lane = threadIdx.x % 32;
+        const bool active = i0 < p.rows; // uniform over the group
+        // Each lane's 8 hidden values of a 256-wide slice of R rows against the S sampled weight rows
+        // (shared by the rows: loaded once per slice) and each row's label row, all loads of a step in
+        // flight at once. One dependent chain per sample took 0.38 ms at 8192×4096 (latency-bound), a
+        // warp per row re-reading the samples 0.10 ms (bench/NOTES.md v39, v40); at 512 rows one warp
+        // per 4 rows filled 16 SMs for 37 µs (session 14).
+        const elem_t *ws[S], *h[R], *wl[R];
+        bool lab[R];
 #pragma unroll
-    for (int k = 0; k < S; k++) ws[k] = (const elem_t *)p.weight + (p.col0 + (2 * k + 1) * p.cols / (2 * S)) * p.d;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const long long i = i0 + r < p.rows ? i0 + r : (active ? i0 : 0); // a row past the chunk repeats one
-        const long long y = load_label(p.labels, p.row0 + i);
-        const long long ly = label_valid(y, p) ? y - p.chunk_offset : -1;
-        lab[r] = ly >= 0 && ly < p.cols;
-        h[r] = (const elem_t *)p.hidden + (p.row0 + i) * p.d;
-        wl[r] = (const elem_t *)p.weight + (p.col0 + (lab[r] ? ly : 0)) * p.d;
-    }
-    float acc[R][S + 1];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int k = 0; k <= S; k++) acc[r][k] = 0.f;
-    for (long long e = ((long long)sub * 32 + lane) * 8; active && e < p.d; e += (long long)G * 32 * 8) {
-        uint4 wv[S], hv[R], lv[R];
-#pragma unroll
-        for (int k = 0; k < S; k++) wv[k] = *(const uint4 *)(ws[k] + e);
-#pragma unroll
-        for (int r = 0; r < R; r++) hv[r] = *(const uint4 *)(h[r] + e), lv[r] = *(const uint4 *)(wl[r] + e);
+        for (int k = 0; k < S; k++) ws[k] = (const elem_t *)p.weight + (p.col0 + (2 * k + 1) * p.cols / (2 * S)) * p.d;
 #pragma unroll
         for (int r = 0; r < R; r++) {
-#pragma unroll
-            for (int k = 0; k < S; k++) acc[r][k] += dot8_bf16(hv[r], wv[k]);
-            acc[r][S] += dot8_bf16(hv[r], lv[r]);
+            const long long i = i0 + r < p.rows ? i0 + r : (active ? i0 : 0); // a row past the chunk repeats one
+            const long long y = load_label(p.labels, p.row0 + i);
+            const long long ly = label_valid(y, p) ? y - p.chunk_offset : -1;
+            lab[r] = ly >= 0 && ly < p.cols;
+            h[r] = (const elem_t *)p.hidden + (p.row0 + i) * p.d;
+            wl[r] = (const elem_t *)p.weight + (p.col0 + (lab[r] ? ly : 0)) * p.d;
         }
-    }
+        float acc[R][S + 1];
 #pragma unroll
-    for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int k = 0; k <= S; k++) {
-            float a = acc[r][k];
+            for (int k = 0; k <= S; k++) acc[r][k] = 0.f;
+        for (long long e = ((long long)sub * 32 + lane) * 8; active && e < p.d; e += (long long)G * 32 * 8) {
+            uint4 wv[S], hv[R], lv[R];
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
-            acc[r][k] = a;
-            if (G > 1 && lane == 0) part[warp][r][k] = a;
+            for (int k = 0; k < S; k++) wv[k] = *(const uint4 *)(ws[k] + e);
+#pragma unroll
+            for (int r = 0; r < R; r++) hv[r] = *(const uint4 *)(h[r] + e), lv[r] = *(const uint4 *)(wl[r] + e);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+#pragma unroll
+                for (int k = 0; k < S; k++) acc[r][k] += dot8_bf16(hv[r], wv[k]);
+                acc[r][S] += dot8_bf16(hv[r], lv[r]);
+            }
         }
-    if (G > 1) {
-        __syncthreads();
-        if (sub != 0) return;
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int k = 0; k <= S; k++) {
-                float a = part[warp][r][k];
-                for (int g = 1; g < G; g++) a += part[warp + g][r][k];
+                float a = acc[r][k];
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
                 acc[r][k] = a;
+                if (G > 1 && lane == 0) part[warp][r][k] = a;
             }
-    }
-    if (!active) return;
+        if (G > 1) {
+            __syncthreads();
+            if (sub != 0) return;
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        float c = NEG_INF;
+            for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int k = 0; k <= S; k++)
-            if (k < S || lab[r]) c = fmaxf(c, acc[r][k] * INV_TEMP);
-        if (lane == 0 && i0 + r < p.rows) {
-            ((float *)p.qref)[i0 + r] = c;
-            ((int *)p.qflags)[i0 + r] = 0;
+                for (int k = 0; k <= S; k++) {
+                    float a = part[warp][r][k];
+                    for (int g = 1; g < G; g++) a += part[warp + g][r][k];
+                    acc[r][k] = a;
+                }
         }
+        if (!active) return;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float c = NEG_INF;
+#pragma unroll
+            for (int k = 0; k <= S; k++)
+                if (k < S || lab[r]) c = fmaxf(c, acc[r][k] * INV_TEMP);
+            if (lane == 0 && i0 + r < p.rows) {
+                ((float *)p.qref)[i0 + r] = c;
+                ((int *)p.qflags)[i0 + r] = 0;
+            }
+        }
+    } else {
+        (void)p;
     }
-#else
-    (void)p;
-#endif
 }
 
 // After the chunk's combine (lse known), one CTA per chunk row: a flagged row (a tile stored against
@@ -572,62 +559,63 @@ extern "C" __global__ void __launch_bounds__(256, 1) flce_qref(const flce_row_pa
 // only where dz_iy = 0 too.
 extern "C" __global__ void __launch_bounds__(256) flce_qscale(const flce_row_params p)
 {
-#if FLCE_DTYPE == DTYPE_BF16
-    const long long i = blockIdx.x, row = p.row0 + i;
-    const long long y = load_label(p.labels, row);
-    const bool valid = label_valid(y, p);
-    const float g = token_scale(p, row, valid);
-    const float lse = ((const float *)p.lse)[row];
-    const float wy = valid ? class_weight(p, y) : 0.f;
-    const float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
-    // Without per-token gradients cf stays unused (and compiled out); with them it holds g_i.
-    dz_coef cf = {};
-    bool active = valid;
-    float gs = g;
-    if constexpr (OPT_TOKEN_GRADS != 0) {
-        cf = row_coef(p, row, valid, wy, lse);
-        active = row_active(cf, valid);
-        gs = active ? cf.ap : 0.f; // s_i's factor: dz is linear in p (no entropy term here)
-    }
-    float c = ((const float *)p.qref)[i];
-    unsigned short *q = (unsigned short *)p.z + i * p.ldz;
-    const bool fix = ((const int *)p.qflags)[i] != 0 || (gs != 0.f && !(lse - c <= QROWS_SPAN));
-    if (fix) { // uniform across the CTA
-        const float *ref = (const float *)p.tile_max + i * p.tile_max_ld;
-        for (long long j = (long long)threadIdx.x * 8; j < p.cols; j += 256 * 8) {
-            const float f = expf(ref[j / p.tile_cols] - lse); // 8 | tile_cols: one ref per group
-            scale8_bf16(q + j, q + j, f);
+    if constexpr (FLCE_DTYPE == DTYPE_BF16) {
+        const long long i = blockIdx.x, row = p.row0 + i;
+        const long long y = load_label(p.labels, row);
+        const bool valid = label_valid(y, p);
+        const float g = token_scale(p, row, valid);
+        const float lse = ((const float *)p.lse)[row];
+        const float wy = valid ? class_weight(p, y) : 0.f;
+        const float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
+        // Without per-token gradients cf stays unused (and compiled out); with them it holds g_i.
+        dz_coef cf = {};
+        bool active = valid;
+        float gs = g;
+        if constexpr (OPT_TOKEN_GRADS != 0) {
+            cf = row_coef(p, row, valid, wy, lse);
+            active = row_active(cf, valid);
+            gs = active ? cf.ap : 0.f; // s_i's factor: dz is linear in p (no entropy term here)
         }
-        c = lse;
-        __syncthreads(); // the label's entry below is written after every rescale
+        float c = ((const float *)p.qref)[i];
+        unsigned short *q = (unsigned short *)p.z + i * p.ldz;
+        const bool fix = ((const int *)p.qflags)[i] != 0 || (gs != 0.f && !(lse - c <= QROWS_SPAN));
+        if (fix) { // uniform across the CTA
+            const float *ref = (const float *)p.tile_max + i * p.tile_max_ld;
+            for (long long j = (long long)threadIdx.x * 8; j < p.cols; j += 256 * 8) {
+                const float f = expf(ref[j / p.tile_cols] - lse); // 8 | tile_cols: one ref per group
+                scale8_bf16(q + j, q + j, f);
+            }
+            c = lse;
+            __syncthreads(); // the label's entry below is written after every rescale
+        }
+        float s;
+        if constexpr (OPT_TOKEN_GRADS != 0) s = active ? gs * expf(c - lse) * INV_TEMP : 0.f;
+        else s = active ? g * a * expf(c - lse) * INV_TEMP : 0.f;
+        if (threadIdx.x == 0) ((float *)p.row_scale)[i] = s;
+        const elem_t *h = (const elem_t *)p.hidden + row * p.d;
+        elem_t *hs = (elem_t *)p.qh + i * p.d;
+        for (long long e = (long long)threadIdx.x * 8; e < p.d; e += 256 * 8) scale8_bf16(h + e, hs + e, s);
+        const long long local_y = y - p.chunk_offset;
+        if (threadIdx.x != 0) return;
+        float dz = 0.f;
+        int ycol = -1;
+        if (valid && local_y >= 0 && local_y < p.cols) {
+            // The label's entry leaves the GEMMs: its exact dz (from the fp32 target logit; it
+            // dominates its rows of dH and dW, and s_i·bf16(dz/s_i) would round it at an arbitrary
+            // mantissa, twice in dW with s ⊙ H) is added by dH's epilogue times W_y (gemm_grad.cu
+            // scale_rows) and by flce_qdw times h_i, and its stored p̃ becomes 0.
+            const float z = ((const float *)p.target)[i];
+            if constexpr (OPT_TOKEN_GRADS != 0)
+                dz = dz_value_c(expf(z - lse), z - lse, z, true, class_weight(p, y), cf);
+            else dz = dz_value_p(expf(z - lse), z, a, true, wy, class_weight(p, y), g, p.vocab_total);
+            q[local_y] = 0;
+            ycol = (int)local_y;
+        }
+        ((float *)p.qlab)[2 * i] = dz;
+        ((int *)p.qlab)[2 * i + 1] = ycol;
+    } else {
+        (void)p;
     }
-    float s;
-    if constexpr (OPT_TOKEN_GRADS != 0) s = active ? gs * expf(c - lse) * INV_TEMP : 0.f;
-    else s = active ? g * a * expf(c - lse) * INV_TEMP : 0.f;
-    if (threadIdx.x == 0) ((float *)p.row_scale)[i] = s;
-    const elem_t *h = (const elem_t *)p.hidden + row * p.d;
-    elem_t *hs = (elem_t *)p.qh + i * p.d;
-    for (long long e = (long long)threadIdx.x * 8; e < p.d; e += 256 * 8) scale8_bf16(h + e, hs + e, s);
-    const long long local_y = y - p.chunk_offset;
-    if (threadIdx.x != 0) return;
-    float dz = 0.f;
-    int ycol = -1;
-    if (valid && local_y >= 0 && local_y < p.cols) {
-        // The label's entry leaves the GEMMs: its exact dz (from the fp32 target logit; it
-        // dominates its rows of dH and dW, and s_i·bf16(dz/s_i) would round it at an arbitrary
-        // mantissa, twice in dW with s ⊙ H) is added by dH's epilogue times W_y (gemm_grad.cu
-        // scale_rows) and by flce_qdw times h_i, and its stored p̃ becomes 0.
-        const float z = ((const float *)p.target)[i];
-        if constexpr (OPT_TOKEN_GRADS != 0) dz = dz_value_c(expf(z - lse), z - lse, z, true, class_weight(p, y), cf);
-        else dz = dz_value_p(expf(z - lse), z, a, true, wy, class_weight(p, y), g, p.vocab_total);
-        q[local_y] = 0;
-        ycol = (int)local_y;
-    }
-    ((float *)p.qlab)[2 * i] = dz;
-    ((int *)p.qlab)[2 * i + 1] = ycol;
-#else
-    (void)p;
-#endif
 }
 
 // The chunk's tokens grouped by label, for flce_qdw: qlist_start[v] (v = 0..cols) the first entry
@@ -757,7 +745,6 @@ extern "C" __global__ void __launch_bounds__(256) flce_qlist_fill(const flce_row
 // sources': one slice at a time with a dependent chain per entry took 0.15 ms for dW's 8192 labels
 // at 8192×4096×128256 (bench/NOTES.md v40).
 #define QADD_UNROLL 4
-#if FLCE_DTYPE == DTYPE_BF16
 template <class Entry>
 __device__ __forceinline__ void qadd_row(const flce_row_params &p, void *dst_row, int n, Entry entry, float scale,
                                          int lane)
@@ -811,7 +798,6 @@ __device__ __forceinline__ void *qadd_dst(const flce_row_params &p, long long at
 {
     return p.cast_accumulate ? (void *)((float *)p.cast_dst + at * p.d) : (void *)((elem_t *)p.cast_dst + at * p.d);
 }
-#endif
 
 // The scalar the GEMM epilogues apply (and db, the labels' terms): grad_output (mean, sum) times
 // 1/denominator (mean); 1 for none (g_i is in each dz).
@@ -831,31 +817,31 @@ __device__ __forceinline__ float upstream_scale(const flce_row_params &p)
 // (in order) to dW's row v (cast_dst: the block's row 0).
 extern "C" __global__ void __launch_bounds__(256) flce_qdw(const flce_row_params p)
 {
-#if FLCE_DTYPE == DTYPE_BF16
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const long long v0 = (long long)blockIdx.x * QLIST_BLOCK;
-    const int *start = (const int *)p.qlist_start, *tok = (const int *)p.qlist_tok;
-    const float scale = upstream_scale(p);
-    // The warp's rows w, w + 8, … (QLIST_BLOCK / 8 ≤ 32 of them): lane j reads row j's range, all
-    // in one round (a load per row in turn was most of this pass where few rows have labels: 36 µs
-    // at 512 tokens, session 14); then the labelled ones in order.
-    static_assert(QLIST_BLOCK / 8 <= 32, "one lane per row of the warp");
-    const long long vj = v0 + w + 8 * lane;
-    const int aj = lane < QLIST_BLOCK / 8 && vj < p.cols ? start[vj] : 0;
-    const int ej = lane < QLIST_BLOCK / 8 && vj < p.cols ? start[vj + 1] : 0;
-    for (unsigned mask = __ballot_sync(0xffffffffu, aj != ej); mask; mask &= mask - 1) {
-        const int j = __ffs(mask) - 1;
-        const int a = __shfl_sync(0xffffffffu, aj, j), e = __shfl_sync(0xffffffffu, ej, j);
-        auto entry = [&](int k, float &x) {
-            const int i = tok[a + k];
-            x = ((const float *)p.qlab)[2 * i];
-            return (const elem_t *)p.hidden + (p.row0 + i) * p.d;
-        };
-        qadd_row(p, qadd_dst(p, v0 + w + 8 * j), e - a, entry, scale, lane);
+    if constexpr (FLCE_DTYPE == DTYPE_BF16) {
+        const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+        const long long v0 = (long long)blockIdx.x * QLIST_BLOCK;
+        const int *start = (const int *)p.qlist_start, *tok = (const int *)p.qlist_tok;
+        const float scale = upstream_scale(p);
+        // The warp's rows w, w + 8, … (QLIST_BLOCK / 8 ≤ 32 of them): lane j reads row j's range, all
+        // in one round (a load per row in turn was most of this pass where few rows have labels: 36 µs
+        // at 512 tokens, session 14); then the labelled ones in order.
+        static_assert(QLIST_BLOCK / 8 <= 32, "one lane per row of the warp");
+        const long long vj = v0 + w + 8 * lane;
+        const int aj = lane < QLIST_BLOCK / 8 && vj < p.cols ? start[vj] : 0;
+        const int ej = lane < QLIST_BLOCK / 8 && vj < p.cols ? start[vj + 1] : 0;
+        for (unsigned mask = __ballot_sync(0xffffffffu, aj != ej); mask; mask &= mask - 1) {
+            const int j = __ffs(mask) - 1;
+            const int a = __shfl_sync(0xffffffffu, aj, j), e = __shfl_sync(0xffffffffu, ej, j);
+            auto entry = [&](int k, float &x) {
+                const int i = tok[a + k];
+                x = ((const float *)p.qlab)[2 * i];
+                return (const elem_t *)p.hidden + (p.row0 + i) * p.d;
+            };
+            qadd_row(p, qadd_dst(p, v0 + w + 8 * j), e - a, entry, scale, lane);
+        }
+    } else {
+        (void)p;
     }
-#else
-    (void)p;
-#endif
 }
 
 // After the chunk's dH (same stream, grid: a warp per chunk row, 8 per CTA): each row's label term
@@ -864,20 +850,20 @@ extern "C" __global__ void __launch_bounds__(256) flce_qdw(const flce_row_params
 // 8192×4096×128256 (bench/NOTES.md v39, v40).
 extern "C" __global__ void __launch_bounds__(256) flce_qdh(const flce_row_params p)
 {
-#if FLCE_DTYPE == DTYPE_BF16
-    const long long i = (long long)blockIdx.x * 8 + threadIdx.x / 32;
-    if (i >= p.rows) return;
-    const float dz = ((const float *)p.qlab)[2 * i];
-    const int ycol = ((const int *)p.qlab)[2 * i + 1];
-    if (ycol < 0 || dz == 0.f) return; // warp-uniform
-    auto entry = [&](int, float &x) {
-        x = dz;
-        return (const elem_t *)p.weight + (p.col0 + ycol) * p.d;
-    };
-    qadd_row(p, qadd_dst(p, i), 1, entry, upstream_scale(p), threadIdx.x % 32);
-#else
-    (void)p;
-#endif
+    if constexpr (FLCE_DTYPE == DTYPE_BF16) {
+        const long long i = (long long)blockIdx.x * 8 + threadIdx.x / 32;
+        if (i >= p.rows) return;
+        const float dz = ((const float *)p.qlab)[2 * i];
+        const int ycol = ((const int *)p.qlab)[2 * i + 1];
+        if (ycol < 0 || dz == 0.f) return; // warp-uniform
+        auto entry = [&](int, float &x) {
+            x = dz;
+            return (const elem_t *)p.weight + (p.col0 + ycol) * p.d;
+        };
+        qadd_row(p, qadd_dst(p, i), 1, entry, upstream_scale(p), threadIdx.x % 32);
+    } else {
+        (void)p;
+    }
 }
 
 // grid: (rows, column blocks); each thread turns 4 consecutive logits (from compact logits, p.tile_max
@@ -886,50 +872,50 @@ extern "C" __global__ void __launch_bounds__(256) flce_qdh(const flce_row_params
 extern "C" __global__ void __launch_bounds__(256) flce_dz(const flce_row_params p)
 {
     long long i = blockIdx.x;
-#if FLCE_DTYPE != DTYPE_F32
-    if (p.tile_max) {
-        const long long span = (long long)blockDim.x * DZ_COMPACT_COLS; // columns between a thread's groups
-        const long long j0 = (long long)blockIdx.y * span * DZ_COMPACT_GROUPS + threadIdx.x * DZ_COMPACT_COLS;
-        if (j0 >= p.ldz) return;
-        long long y = load_label(p.labels, p.row0 + i);
-        bool valid = label_valid(y, p);
-        float g = token_scale(p, p.row0 + i, valid);
-        float lse = ((const float *)p.lse)[p.row0 + i];
-        float wy = valid ? class_weight(p, y) : 0.f;
-        float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
-        long long local_y = valid ? y - p.chunk_offset : -1;
-        dz_coef cf = {}; // per-token gradients only (else unused, compiled out)
-        bool active = valid;
-        if constexpr (OPT_TOKEN_GRADS != 0) {
-            cf = row_coef(p, p.row0 + i, valid, wy, lse);
-            active = row_active(cf, valid);
-        }
-        uint4 raw[DZ_COMPACT_GROUPS];
-        float m[DZ_COMPACT_GROUPS];
+    if constexpr (FLCE_DTYPE != DTYPE_F32) { // compact logits (p.tile_max) are 16-bit
+        if (p.tile_max) {
+            const long long span = (long long)blockDim.x * DZ_COMPACT_COLS; // columns between a thread's groups
+            const long long j0 = (long long)blockIdx.y * span * DZ_COMPACT_GROUPS + threadIdx.x * DZ_COMPACT_COLS;
+            if (j0 >= p.ldz) return;
+            long long y = load_label(p.labels, p.row0 + i);
+            bool valid = label_valid(y, p);
+            float g = token_scale(p, p.row0 + i, valid);
+            float lse = ((const float *)p.lse)[p.row0 + i];
+            float wy = valid ? class_weight(p, y) : 0.f;
+            float a = dz_row_a(wy, lse, ((const float *)p.stats)[1], p.vocab_total);
+            long long local_y = valid ? y - p.chunk_offset : -1;
+            dz_coef cf = {}; // per-token gradients only (else unused, compiled out)
+            bool active = valid;
+            if constexpr (OPT_TOKEN_GRADS != 0) {
+                cf = row_coef(p, p.row0 + i, valid, wy, lse);
+                active = row_active(cf, valid);
+            }
+            uint4 raw[DZ_COMPACT_GROUPS];
+            float m[DZ_COMPACT_GROUPS];
 #pragma unroll
-        for (int q = 0; q < DZ_COMPACT_GROUPS; q++) {
-            const long long j = j0 + q * span;
-            if (j >= p.ldz) break;
-            raw[q] = *(const uint4 *)((const unsigned short *)p.z + i * p.ldz + j);
-            // DZ_COMPACT_COLS | tile_cols (a warp tile is a multiple of 8 columns wide), so the
-            // group shares one m (a column past cols reads a valid m or is unused).
-            m[q] = j < p.cols ? ((const float *)p.tile_max)[i * p.tile_max_ld + j / p.tile_cols] : 0.f;
-        }
+            for (int q = 0; q < DZ_COMPACT_GROUPS; q++) {
+                const long long j = j0 + q * span;
+                if (j >= p.ldz) break;
+                raw[q] = *(const uint4 *)((const unsigned short *)p.z + i * p.ldz + j);
+                // DZ_COMPACT_COLS | tile_cols (a warp tile is a multiple of 8 columns wide), so the
+                // group shares one m (a column past cols reads a valid m or is unused).
+                m[q] = j < p.cols ? ((const float *)p.tile_max)[i * p.tile_max_ld + j / p.tile_cols] : 0.f;
+            }
 #pragma unroll
-        for (int q = 0; q < DZ_COMPACT_GROUPS; q++) {
-            const long long j = j0 + q * span;
-            if (j >= p.ldz) break;
-            float d[DZ_COMPACT_COLS];
-            if constexpr (OPT_TOKEN_GRADS != 0) dz_compact_c(p, i, j, raw[q], m[q], lse, local_y, cf, active, d);
-            else dz_compact(p, i, j, raw[q], m[q], lse, a, local_y, wy, g, valid, d);
-            unsigned w[DZ_COMPACT_COLS / 2];
+            for (int q = 0; q < DZ_COMPACT_GROUPS; q++) {
+                const long long j = j0 + q * span;
+                if (j >= p.ldz) break;
+                float d[DZ_COMPACT_COLS];
+                if constexpr (OPT_TOKEN_GRADS != 0) dz_compact_c(p, i, j, raw[q], m[q], lse, local_y, cf, active, d);
+                else dz_compact(p, i, j, raw[q], m[q], lse, a, local_y, wy, g, valid, d);
+                unsigned w[DZ_COMPACT_COLS / 2];
 #pragma unroll
-            for (int c = 0; c < DZ_COMPACT_COLS / 2; c++) w[c] = pack2_elem(d[2 * c], d[2 * c + 1]);
-            st_global_16((elem_t *)p.dz + i * p.ldz + j, w[0], w[1], w[2], w[3]);
+                for (int c = 0; c < DZ_COMPACT_COLS / 2; c++) w[c] = pack2_elem(d[2 * c], d[2 * c + 1]);
+                st_global_16((elem_t *)p.dz + i * p.ldz + j, w[0], w[1], w[2], w[3]);
+            }
+            return;
         }
-        return;
     }
-#endif
     long long j = ((long long)blockIdx.y * blockDim.x + threadIdx.x) * 4;
     if (j >= p.ldz) return;
     long long y = load_label(p.labels, p.row0 + i);
