@@ -9,14 +9,15 @@
 #define DTYPE_F16 1
 #define DTYPE_BF16 2
 
+// T where C holds, else F (std::conditional; NVRTC has no standard headers): a variant as a type.
+template <bool C, class T, class F> struct pick_type {
+    typedef T type;
+};
+template <class T, class F> struct pick_type<false, T, F> {
+    typedef F type;
+};
 // The element type: float, or the raw 16-bit pattern of an fp16 or bf16 value.
-template <bool F32> struct elem_of {
-    typedef unsigned short type;
-};
-template <> struct elem_of<true> {
-    typedef float type;
-};
-typedef elem_of<FLCE_DTYPE == DTYPE_F32>::type elem_t;
+typedef pick_type<FLCE_DTYPE == DTYPE_F32, float, unsigned short>::type elem_t;
 
 constexpr int ELEM_BYTES = (int)sizeof(elem_t);
 constexpr int VEC = 16 / ELEM_BYTES; // elements per 16-byte vector

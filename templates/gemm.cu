@@ -19,7 +19,10 @@
 // preamble of constants, params.h and common.cuh. That output compiles alone with nvcc (`flce gen`);
 // this file does not, having neither the constants nor the pieces.
 // The switches (FLCE_WGMMA, FLCE_TMA, FLCE_FUSED_DZ, FLCE_COMPACT, …) are all defined by the
-// preamble, 0 or not, so the templates use them as compile-time values.
+// preamble, 0 or not, so the templates use them as compile-time values: `if constexpr` where a
+// switch changes code. Every branch of one is parsed, so a name it uses must exist on every path;
+// #if stays where a branch calls what only one main loop's file defines (the TMA pipeline; the
+// Blackwell MMAs, whose blocks generator/emit.c resolves itself) or picks a kernel's attributes.
 
 constexpr int THREADS = WARPS_M * WARPS_N * 32;        // the threads that compute and run the epilogue
 constexpr int PRODUCER_THREADS = FLCE_TMA ? 128 : 0;   // TMA: one warpgroup in front that only loads
@@ -34,4 +37,18 @@ constexpr int CTA_THREADS = THREADS + PRODUCER_THREADS;
 #endif
 constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N; // warp tile
 constexpr int MI = WTM / 16, NI = WTN / 8;             // mma tiles per warp
+
+// The epilogues' 16-bit tiles go out through shared memory (stmatrix into a per-warp staging buffer,
+// gemm_wgmma_tma.cu) on the Hopper TMA path only: the Blackwell path's accumulators come from
+// tensor memory in another layout, and the cp.async paths have no room set aside for the buffers.
+#if FLCE_TCGEN05
+constexpr bool STAGED_STORE = false;
+#else
+constexpr bool STAGED_STORE = FLCE_TMA;
+#endif
+// Defined by gemm_wgmma_tma.cu; the other paths name them only in `if constexpr (STAGED_STORE …)`
+// branches, which they parse but never compile to code, so a declaration is all those need.
+__device__ unsigned staging_addr(unsigned char *smem, int warp);
+__device__ void staged_store(const unsigned (&pk)[NI][2], unsigned short *out, long long ld, long long rows,
+                             long long cols, unsigned buf, long long row0, long long col0, int lane);
 

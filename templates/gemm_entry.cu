@@ -3,9 +3,7 @@
 // TMA path's warpgroups into producer and consumers, and run a main loop and an epilogue per tile.
 // Pasted last.
 #if ROLE_IS_LOGITS
-#ifndef LOGITS_GROUP
-#define LOGITS_GROUP 8
-#endif
+constexpr int LOGITS_GROUP = 8; // row blocks per group of items (logits_item), unless p.group_rows says
 #if !FLCE_WGMMA
 // The portable path's CTA over vocab tiles [t_begin, t_end) of its row block. Its main loop holds
 // 128 accumulators and two sets of fragments per thread (64×64 warp tiles), which leaves no
@@ -13,56 +11,53 @@
 // statistics, dZ factors: up to 56 more with every option). So each tile's epilogue recomputes the
 // labels and dZ factors of its rows (a few loads that hit L1/L2) and folds its statistics into one
 // running row_stats per row, held by the thread that stores the row's partials (fold_row_stats).
+// A template on the pass's row state (row_state: dz_row or row_stats), so that only that pass's
+// branches are compiled: the statistics' fold takes row_stats alone.
+template <class State>
 __device__ __forceinline__ void logits_portable(const flce_gemm_params &p, unsigned char *smem, long long m0,
                                                 int split, long long t_begin, long long t_end)
 {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-#if !FLCE_FUSED_DZ
-    row_stats run[RUN_ROWS]; // rows m0 + threadIdx.x + i·THREADS
+    row_stats run[RUN_ROWS]; // rows m0 + threadIdx.x + i·THREADS (the statistics pass)
+    if constexpr (!FLCE_FUSED_DZ) {
 #pragma unroll
-    for (int i = 0; i < RUN_ROWS; i++) run[i] = empty_stats();
-#else
-    (void)split;
-#endif
+        for (int i = 0; i < RUN_ROWS; i++) run[i] = empty_stats();
+    } else {
+        (void)split;
+    }
     float acc[MI][NI][4];
     for (long long vt = t_begin; vt < t_end; vt++) {
         mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
         long long lab[MI][2];
-        row_state rs[MI][2]; // dZ factors, or this tile's statistics
+        State rs[MI][2]; // dZ factors, or this tile's statistics
         rows_setup(p, m0, wm, lane, lab, rs);
-#if FLCE_FUSED_DZ
-        if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
-        else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
-#else
         logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, rs, smem);
-        if (p.part_m) fold_row_stats(rs, run, smem, wm, wn, lane); // uniform: not in a gradient pass
-#endif
+        if constexpr (!FLCE_FUSED_DZ) {
+            if (p.part_m) fold_row_stats(rs, run, smem, wm, wn, lane); // uniform: not in a gradient pass
+        }
     }
-#if !FLCE_FUSED_DZ
-    if (!p.part_m) return;
+    if constexpr (!FLCE_FUSED_DZ) {
+        if (!p.part_m) return;
 #pragma unroll
-    for (int i = 0; i < RUN_ROWS; i++) {
-        const int r = threadIdx.x + i * THREADS;
-        if (r < BM && m0 + r < p.m) store_partials(p, m0 + r, split, run[i]);
+        for (int i = 0; i < RUN_ROWS; i++) {
+            const int r = threadIdx.x + i * THREADS;
+            if (r < BM && m0 + r < p.m) store_partials(p, m0 + r, split, run[i]);
+        }
     }
-#endif
 }
 #endif // !FLCE_WGMMA
 
 // The persistent loop, compiled where it costs no spills: without the entropy and argmax
-// statistics, whose registers it would push past the bound (runtime/plan.c plan_logits_persist).
-// (generator/emit.c keeps the block below only in the Blackwell kernels)
-#define LOGITS_PERSIST_PATH 1
+// statistics, whose registers it would push past the bound (runtime/plan.c plan_logits_persist);
+// not on the Blackwell path (generator/emit.c keeps one branch of the block).
 #if FLCE_TCGEN05
-#undef LOGITS_PERSIST_PATH
-#define LOGITS_PERSIST_PATH 0
-#endif
-#if LOGITS_PERSIST_PATH && FLCE_WGMMA && FLCE_TMA && !FLCE_FUSED_DZ && !OPT_ENTROPY && !OPT_ARGMAX
-#define LOGITS_PERSIST (WARPS_N == 1)
+constexpr bool LOGITS_PERSIST_PATH = false;
 #else
-#define LOGITS_PERSIST false
+constexpr bool LOGITS_PERSIST_PATH = true;
 #endif
+constexpr bool LOGITS_PERSIST = LOGITS_PERSIST_PATH && FLCE_WGMMA && FLCE_TMA && !FLCE_FUSED_DZ && !OPT_ENTROPY &&
+                                !OPT_ARGMAX && WARPS_N == 1;
 
 // Item `lin` of a pass over `units` row-block units (a row block, or the 2 of a cluster) × `splits`
 // vocab splits, renumbered in groups of LOGITS_GROUP row blocks × all splits: the items running at
@@ -116,7 +111,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
     };
     item(first_item);
 #if !FLCE_WGMMA
-    logits_portable(p, smem, m0, split, t_begin, t_end);
+    logits_portable<row_state>(p, smem, m0, split, t_begin, t_end);
 #else
 #if FLCE_TMA
     pipe_init(smem);
@@ -168,54 +163,12 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
 #else
             mainloop(acc, smem, p, m0, vt * BN, wm, wn, lane);
 #endif
-#if FLCE_FUSED_DZ
-            if (vt * BN + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
-            else dz_epilogue_t<false>(acc, p, m0, vt * BN, wm, wn, lane, lab, rs);
-#else
             logits_epilogue(acc, p, m0, vt * BN, wm, wn, lane, lab, rs, smem, qc);
-#endif
         }
-#if !FLCE_FUSED_DZ
-        // One warp column (the wgmma paths) owns whole rows: its lane 4g stores them after the 4
-        // lanes that share each have merged, no CTA barrier (the TMA path's producer warpgroup has
-        // left), so a persistent CTA stores each item's statistics as it finishes it. Several warp
-        // columns (never persistent: runtime/plan.c) merge through shared memory below.
-        if (WARPS_N == 1 && p.part_m) {
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    quad_merge(rs[mi][h]);
-                    const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
-                    if (lane % 4 == 0 && row < p.m) store_partials(p, row, split, rs[mi][h]);
-                }
-        }
-#endif
+        store_item_stats(rs, p, m0, wm, lane, split);
         if (!LOGITS_PERSIST) break;
     }
-#if FLCE_FUSED_DZ
-    (void)split; // dZ is all this pass writes
-#else
-    if (WARPS_N == 1 || !p.part_m) return; // stored above, or a gradient pass: only Z was wanted
-    // Several warp columns: each row's stats merged over the 4 lanes that share it, then over the
-    // WARPS_N warps in a fixed order (deterministic).
-    row_stats *red = (row_stats *)smem;
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            quad_merge(rs[mi][h]);
-            int r = wm * WTM + mi * 16 + lane / 4 + 8 * h;
-            if (lane % 4 == 0) red[wn * BM + r] = rs[mi][h];
-        }
-    __syncthreads();
-    for (int r = threadIdx.x; r < BM; r += THREADS) {
-        if (m0 + r >= p.m) continue;
-        row_stats a = red[r];
-        for (int w = 1; w < WARPS_N; w++) stats_merge(a, red[w * BM + r]);
-        store_partials(p, m0 + r, split, a);
-    }
-#endif // FLCE_FUSED_DZ
+    store_cta_stats(rs, p, m0, wm, wn, lane, split, smem);
 #endif // !FLCE_WGMMA
 }
 
@@ -284,22 +237,23 @@ __device__ __forceinline__ void pair_origin(const flce_gemm_params &p, long long
 // v39). By default flce_qdh adds them after dH and this does nothing.
 __device__ __forceinline__ void prefetch_labels(const flce_gemm_params &p, long long m0, long long n0, int lane)
 {
-#if FLCE_DTYPE == DTYPE_BF16
-    const long long cols = p.n - n0 < BN ? p.n - n0 : BN; // n is a multiple of 8
-    if (ROLE_IS_DH && p.row_scale && p.qlab) {
+    if constexpr (FLCE_DTYPE == DTYPE_BF16) { // (row-scaled compact logits are bf16)
+        const long long cols = p.n - n0 < BN ? p.n - n0 : BN; // n is a multiple of 8
+        if (ROLE_IS_DH && p.row_scale && p.qlab) {
 #pragma unroll
-        for (int r = lane; r < BM; r += 32) {
-            if (m0 + r >= p.m) break;
-            const int y = ((const int *)p.qlab)[2 * (m0 + r) + 1];
-            const long long yk = (long long)y - p.qlab_k0;
-            if (y < 0 || yk < 0 || yk >= p.k) continue;
-            const elem_t *row = (const elem_t *)p.b + yk * p.ldb + n0;
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"((unsigned)(cols * 2)) : "memory");
+            for (int r = lane; r < BM; r += 32) {
+                if (m0 + r >= p.m) break;
+                const int y = ((const int *)p.qlab)[2 * (m0 + r) + 1];
+                const long long yk = (long long)y - p.qlab_k0;
+                if (y < 0 || yk < 0 || yk >= p.k) continue;
+                const elem_t *row = (const elem_t *)p.b + yk * p.ldb + n0;
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"((unsigned)(cols * 2))
+                             : "memory");
+            }
         }
+    } else {
+        (void)p, (void)m0, (void)n0, (void)lane;
     }
-#else
-    (void)p, (void)m0, (void)n0, (void)lane;
-#endif
 }
 
 extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)

@@ -10,12 +10,12 @@ constexpr int ADD_BATCH = add_batch(NI < 16 ? NI : 16); // the largest divisor o
 // *at += (v0, v1) as reductions L2 carries out; the thread does not wait for them.
 __device__ __forceinline__ void red_add2(float *at, float v0, float v1)
 {
-#if defined(FLCE_SM) && FLCE_SM >= 90
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(v0), "f"(v1) : "memory");
-#else
-    asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(at), "f"(v0) : "memory");
-    asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(at + 1), "f"(v1) : "memory");
-#endif
+    if constexpr (FLCE_SM >= 90) { // (the vector form is sm_90's)
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(v0), "f"(v1) : "memory");
+    } else {
+        asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(at), "f"(v0) : "memory");
+        asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(at + 1), "f"(v1) : "memory");
+    }
 }
 
 // out += scale · acc for an fp32 accumulator updated in place (p.red_addend; runtime/plan.h red_acc):
@@ -42,7 +42,6 @@ __device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce
         }
 }
 
-#if FLCE_GRAD_BULK
 // The same update as red_epilogue, handed to the TMA unit instead: each warp writes its 16 rows ×
 // 32 columns of fp32 into one of its two 2 KiB staging buffers and 16 lanes each issue one bulk
 // reduction of a 128-byte row (cp.reduce.async.bulk … add.f32), so a tile is 8 bulk operations per
@@ -52,7 +51,8 @@ __device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce
 // rewritten once the bulk reads of two rounds before are done (wait_group.read 1); the last tile's
 // reductions are waited for when the consumer leaves (bulk_red_drain). Still one reduction per
 // element per launch; f32 reductions flush subnormals to zero as red.global does.
-// Needs out and the row stride 16-byte aligned (bulk_red_ok; else red_epilogue).
+// Needs out and the row stride 16-byte aligned (bulk_red_ok; else red_epilogue). FLCE_GRAD_BULK
+// kernels only (generator/spec.c spec_bulk_red: the Hopper TMA tile, room for the buffers).
 __device__ __forceinline__ bool bulk_red_ok(const flce_gemm_params &p)
 {
     return ((p.out | ((unsigned long long)p.ldo * 4ull)) & 15ull) == 0;
@@ -60,7 +60,8 @@ __device__ __forceinline__ bool bulk_red_ok(const flce_gemm_params &p)
 __device__ __forceinline__ void bulk_red_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
                                                   long long n0, int wm, int lane, float scale, unsigned char *smem)
 {
-    static_assert(WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 4 == 0, "bulk reductions: one warp tile of 16 rows");
+    static_assert(!FLCE_GRAD_BULK || (WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 4 == 0),
+                  "bulk reductions: one warp tile of 16 rows");
     const int g = lane / 4, t = lane % 4;
     const unsigned buf0 = staging_addr(smem, wm);
     const long long row = m0 + wm * WTM + lane; // lanes 0-15: the row each reduces
@@ -91,20 +92,17 @@ __device__ __forceinline__ void bulk_red_epilogue(float (&acc)[MI][NI][4], const
         }
     }
 }
-#endif
 // Before a consumer warp leaves: its bulk reductions done (their shared memory read, their global
 // writes complete before the kernel's end is seen by the next launch).
 __device__ __forceinline__ void bulk_red_drain(int lane)
 {
-#if FLCE_GRAD_BULK
-    if (lane < 16) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-#else
-    (void)lane;
-#endif
+    if constexpr (FLCE_GRAD_BULK) {
+        if (lane < 16) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    } else {
+        (void)lane;
+    }
 }
 
-// Which stores this kernel holds (generator/spec.h plain_out, red_acc): the runtime launches a
-// FLCE_GRAD_PLAIN kernel only with no addend, a 16-bit output and n a multiple of BN.
 // dH over row-scaled compact logits (FLCE_QROWS, p.row_scale): row r of the tile times s_r, plus
 // (p.qlab set: the runtime's qdh off) its label's exact dz (flce_qscale; the label's stored entry
 // is 0) times the label's row of W where that lies in this launch's k range; 0 where s_r is 0 (an
@@ -114,105 +112,112 @@ __device__ __forceinline__ void scale_rows(float (&acc)[MI][NI][4], const flce_g
                                            long long n0, int wm, int wn, int lane)
 {
     if (!ROLE_IS_DH || !p.row_scale) return; // uniform
-#if FLCE_DTYPE == DTYPE_BF16
-    const long long c0 = n0 + wn * WTN + 2 * (lane % 4);
+    if constexpr (FLCE_DTYPE == DTYPE_BF16) { // (bf16 only: row-scaled compact logits, runtime/plan.c)
+        const long long c0 = n0 + wn * WTN + 2 * (lane % 4);
 #pragma unroll
-    for (int mi = 0; mi < MI; mi++)
+        for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
-            const float s = row < p.m ? ((const float *)p.row_scale)[row] : 0.f;
-            const float2 ql = p.qlab && row < p.m ? ((const float2 *)p.qlab)[row] : make_float2(0.f, 0.f);
-            const long long yk = (long long)__float_as_int(ql.y) - p.qlab_k0;
-            const bool lab = ql.x != 0.f && __float_as_int(ql.y) >= 0 && yk >= 0 && yk < p.k;
-            const elem_t *wy = (const elem_t *)p.b + (lab ? yk : 0) * p.ldb + c0;
+            for (int h = 0; h < 2; h++) {
+                const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
+                const float s = row < p.m ? ((const float *)p.row_scale)[row] : 0.f;
+                const float2 ql = p.qlab && row < p.m ? ((const float2 *)p.qlab)[row] : make_float2(0.f, 0.f);
+                const long long yk = (long long)__float_as_int(ql.y) - p.qlab_k0;
+                const bool lab = ql.x != 0.f && __float_as_int(ql.y) >= 0 && yk >= 0 && yk < p.k;
+                const elem_t *wy = (const elem_t *)p.b + (lab ? yk : 0) * p.ldb + c0;
 #pragma unroll
-            for (int ni = 0; ni < NI; ni++) {
-                float w0 = 0.f, w1 = 0.f;
-                if (lab && c0 + ni * 8 < p.n) {
-                    const unsigned pr = *(const unsigned *)(wy + ni * 8);
-                    w0 = __uint_as_float(pr << 16), w1 = __uint_as_float(pr & 0xffff0000u);
+                for (int ni = 0; ni < NI; ni++) {
+                    float w0 = 0.f, w1 = 0.f;
+                    if (lab && c0 + ni * 8 < p.n) {
+                        const unsigned pr = *(const unsigned *)(wy + ni * 8);
+                        w0 = __uint_as_float(pr << 16), w1 = __uint_as_float(pr & 0xffff0000u);
+                    }
+                    const float v0 = fmaf(ql.x, w0, acc[mi][ni][2 * h] * s);
+                    const float v1 = fmaf(ql.x, w1, acc[mi][ni][2 * h + 1] * s);
+                    acc[mi][ni][2 * h] = s == 0.f ? 0.f : v0;
+                    acc[mi][ni][2 * h + 1] = s == 0.f ? 0.f : v1;
                 }
-                const float v0 = fmaf(ql.x, w0, acc[mi][ni][2 * h] * s), v1 = fmaf(ql.x, w1, acc[mi][ni][2 * h + 1] * s);
-                acc[mi][ni][2 * h] = s == 0.f ? 0.f : v0;
-                acc[mi][ni][2 * h + 1] = s == 0.f ? 0.f : v1;
             }
-        }
-#else
-    (void)acc, (void)m0, (void)n0, (void)wm, (void)wn, (void)lane;
-#endif
+    } else {
+        (void)acc, (void)m0, (void)n0, (void)wm, (void)wn, (void)lane;
+    }
 }
 
+// Which stores this kernel holds (generator/spec.h plain_out, red_acc): the runtime launches a
+// FLCE_GRAD_PLAIN kernel only with no addend, a 16-bit output and n a multiple of BN.
+static_assert(!FLCE_GRAD_PLAIN || (STAGED_STORE && FLCE_DTYPE != DTYPE_F32),
+              "plain_out: the staged 16-bit store of the wgmma TMA path");
 // `out`: p.out, or (a split of k, params.h k_splits) the split's fp32 slab.
 __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
                                               long long n0, int wm, int wn, int lane, float scale,
                                               unsigned char *smem, unsigned long long out)
 {
     scale_rows(acc, p, m0, n0, wm, wn, lane);
-#if FLCE_GRAD_RED
-    if (p.red_addend) { // uniform across the CTA
-#if FLCE_GRAD_BULK
-        if (bulk_red_ok(p)) {
-            bulk_red_epilogue(acc, p, m0, n0, wm, lane, scale, smem);
+    if constexpr (FLCE_GRAD_RED) {
+        if (p.red_addend) { // uniform across the CTA
+            if constexpr (FLCE_GRAD_BULK) {
+                if (bulk_red_ok(p)) {
+                    bulk_red_epilogue(acc, p, m0, n0, wm, lane, scale, smem);
+                    return;
+                }
+            }
+            red_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
             return;
         }
-#endif
-        red_epilogue(acc, p, m0, n0, wm, wn, lane, scale);
-        return;
     }
-#endif
-#if STAGED_STORE && FLCE_DTYPE != DTYPE_F32
-    // A full-width tile of a 16-bit output with no addend (a complete dH or dW: the one-chunk
-    // strategies' common case) goes out through shared memory, whole 128-byte rows per store
-    // (gemm_wgmma_tma.cu). Uniform across the CTA.
-    if (FLCE_GRAD_PLAIN || (!p.addend && !p.out_f32 && n0 + BN <= p.n)) {
-        unsigned pk[NI][2];
+    if constexpr (STAGED_STORE && FLCE_DTYPE != DTYPE_F32) {
+        // A full-width tile of a 16-bit output with no addend (a complete dH or dW: the one-chunk
+        // strategies' common case) goes out through shared memory, whole 128-byte rows per store
+        // (gemm_wgmma_tma.cu). Uniform across the CTA.
+        if (FLCE_GRAD_PLAIN || (!p.addend && !p.out_f32 && n0 + BN <= p.n)) {
+            unsigned pk[NI][2];
 #pragma unroll
-        for (int ni = 0; ni < NI; ni++)
+            for (int ni = 0; ni < NI; ni++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) pk[ni][h] = pack2_elem(acc[0][ni][2 * h] * scale, acc[0][ni][2 * h + 1] * scale);
-        staged_store(pk, (unsigned short *)out, p.ldo, p.m, p.n, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
-        return;
+                for (int h = 0; h < 2; h++)
+                    pk[ni][h] = pack2_elem(acc[0][ni][2 * h] * scale, acc[0][ni][2 * h + 1] * scale);
+            staged_store(pk, (unsigned short *)out, p.ldo, p.m, p.n, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
+            return;
+        }
+    } else {
+        (void)smem;
     }
-#else
-    static_assert(!FLCE_GRAD_PLAIN, "plain_out: the staged 16-bit store of the wgmma TMA path");
-    (void)smem;
-#endif
-#if !FLCE_GRAD_PLAIN
-    const int g = lane / 4, t = lane % 4;
-    const float *addend = (const float *)p.addend;
-    const long long c0 = n0 + wn * WTN + 2 * t; // even; n is a multiple of 8
+    if constexpr (!FLCE_GRAD_PLAIN) {
+        const int g = lane / 4, t = lane % 4;
+        const float *addend = (const float *)p.addend;
+        const long long c0 = n0 + wn * WTN + 2 * t; // even; n is a multiple of 8
 #pragma unroll
-    for (int mi = 0; mi < MI; mi++)
+        for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
-            if (row >= p.m) continue;
-            const long long at0 = row * p.ldo + c0;
+            for (int h = 0; h < 2; h++) {
+                long long row = m0 + wm * WTM + mi * 16 + g + 8 * h;
+                if (row >= p.m) continue;
+                const long long at0 = row * p.ldo + c0;
 #pragma unroll
-            for (int nb = 0; nb < NI; nb += ADD_BATCH) {
-                float2 add[ADD_BATCH];
+                for (int nb = 0; nb < NI; nb += ADD_BATCH) {
+                    float2 add[ADD_BATCH];
 #pragma unroll
-                for (int i = 0; i < ADD_BATCH; i++) {
-                    const int ni = nb + i;
-                    add[i] = addend && c0 + ni * 8 < p.n ? *(const float2 *)(addend + at0 + ni * 8) : make_float2(0.f, 0.f);
-                }
+                    for (int i = 0; i < ADD_BATCH; i++) {
+                        const int ni = nb + i;
+                        add[i] = addend && c0 + ni * 8 < p.n ? *(const float2 *)(addend + at0 + ni * 8)
+                                                             : make_float2(0.f, 0.f);
+                    }
 #pragma unroll
-                for (int i = 0; i < ADD_BATCH; i++) {
-                    const int ni = nb + i;
-                    if (c0 + ni * 8 >= p.n) continue;
-                    const long long at = at0 + ni * 8;
-                    float v0 = acc[mi][ni][2 * h] * scale + add[i].x, v1 = acc[mi][ni][2 * h + 1] * scale + add[i].y;
-                    if (p.out_f32 || FLCE_DTYPE == DTYPE_F32) {
-                        *(float2 *)((float *)out + at) = make_float2(v0, v1);
-                    } else {
-                        unsigned packed = (unsigned)from_f32(v0) | ((unsigned)from_f32(v1) << 16);
-                        *(unsigned *)((elem_t *)out + at) = packed;
+                    for (int i = 0; i < ADD_BATCH; i++) {
+                        const int ni = nb + i;
+                        if (c0 + ni * 8 >= p.n) continue;
+                        const long long at = at0 + ni * 8;
+                        float v0 = acc[mi][ni][2 * h] * scale + add[i].x;
+                        float v1 = acc[mi][ni][2 * h + 1] * scale + add[i].y;
+                        if (p.out_f32 || FLCE_DTYPE == DTYPE_F32) {
+                            *(float2 *)((float *)out + at) = make_float2(v0, v1);
+                        } else {
+                            unsigned packed = (unsigned)from_f32(v0) | ((unsigned)from_f32(v1) << 16);
+                            *(unsigned *)((elem_t *)out + at) = packed;
+                        }
                     }
                 }
             }
-        }
-#endif // !FLCE_GRAD_PLAIN
+    }
 }
 
 // The scalar g of mean/sum is applied in the epilogue rather than in dZ, so dZ keeps values in

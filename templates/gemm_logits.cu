@@ -2,8 +2,8 @@
 // the running per-row statistics with the target logit and the fp32 Z store, or (FLCE_COMPACT)
 // the fp16 p̃ store with per-(row, warp tile) maxima; FLCE_FUSED_DZ's dZ epilogue instead; and
 // the reduction of the statistics across lanes into the partials. Pasted after the main loop,
-// for LOGITS only.
-#if FLCE_COMPACT
+// for LOGITS only. Its variants (FLCE_COMPACT, FLCE_QROWS, FLCE_FUSED_DZ, the staged store) are
+// compile-time values: `if constexpr`, and overloads on the per-row state's type.
 // Two floats to fp16 (round to nearest) in one word, lo in the low half: the stored pair order.
 __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi)
 {
@@ -11,41 +11,33 @@ __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi)
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-#endif
 // One stored pair of the compact pass: fp16 p̃ = e (exp(z − m)·2^15), or under FLCE_QROWS bf16
 // e·qk = exp(z − ref): e = exp(z − ref) and qk = 1 (Q_REF_STATS), else qk = exp(m − ref)·2^-15, one
 // per row and tile.
 __device__ __forceinline__ unsigned pack_compact(float e0, float e1, float qk)
 {
-#if FLCE_QROWS
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(e1 * qk), "f"(e0 * qk));
-    return r;
-#elif FLCE_COMPACT
-    (void)qk;
-    return pack_f16x2(e0, e1);
-#else
-    (void)e0, (void)e1, (void)qk;
-    return 0;
-#endif
+    if constexpr (FLCE_QROWS) {
+        unsigned r;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(e1 * qk), "f"(e0 * qk));
+        return r;
+    } else if constexpr (FLCE_COMPACT) {
+        (void)qk;
+        return pack_f16x2(e0, e1);
+    } else {
+        (void)e0, (void)e1, (void)qk;
+        return 0;
+    }
 }
-#if FLCE_QROWS
 // Under FLCE_QROWS a tile's exps are taken against the stored reference ref itself (so the stored
 // values need no multiply, and the statistics are kept against ref: any reference will do for the
 // sums) — except with the argmax output, whose merge compares the tiles' maxima: there the exps are
 // against the tile's maximum, as without FLCE_QROWS, and rescaled by qk when stored.
 constexpr bool Q_REF_STATS = !OPT_ARGMAX;
-#endif
 // The Hopper TMA path stores the compact p̃ of a full tile through shared memory (STAGED_STORE,
-// gemm_wgmma_tma.cu): straight from the fragments the pass ran 8.5 % slower than the
-// statistics-only one at a locked clock (bench/NOTES.md v19).
-#if FLCE_COMPACT && STAGED_STORE
-#define COMPACT_STAGED 1
-#else
-#define COMPACT_STAGED 0
-#endif
-#if !FLCE_WGMMA
-// c ? a : b that the compiler cannot see through. The target logit's select chain over a row's
+// gemm.cu): straight from the fragments the pass ran 8.5 % slower than the statistics-only one at
+// a locked clock (bench/NOTES.md v19).
+constexpr bool COMPACT_STAGED = FLCE_COMPACT && STAGED_STORE;
+// (mma.sync paths) c ? a : b that the compiler cannot see through. The target logit's select chain over a row's
 // accumulators, written in C++, is turned into an indexed load of acc, which puts the whole
 // accumulator tile in local memory (512 bytes per thread at 64×64 warp tiles, stored and reloaded
 // every vocab tile).
@@ -55,7 +47,6 @@ __device__ __forceinline__ float select_f32(int c, float a, float b)
     asm("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\nselp.f32 %0, %1, %2, q;\n}" : "=f"(r) : "f"(a), "f"(b), "r"(c));
     return r;
 }
-#endif
 // The logit transform of the math: bias, temperature, softcap — all compile-time optional.
 __device__ __forceinline__ float transform_logit(float acc, long long col, const flce_gemm_params &p)
 {
@@ -91,13 +82,9 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                                                   const long long (&lab)[MI][2], row_stats (&run)[MI][2],
                                                   unsigned char *smem, const float *qc)
 {
-#if COMPACT_STAGED
-    constexpr bool STAGED = FULL; // a tile reaching past the shard keeps the direct stores
-    unsigned pk[NI][2];            // the packed p̃ pairs, stored after both rows of the fragment
-#else
-    constexpr bool STAGED = false;
-    (void)smem;
-#endif
+    constexpr bool STAGED = COMPACT_STAGED && FULL; // a tile reaching past the shard keeps the direct stores
+    unsigned pk[NI][2]; // STAGED: the packed p̃ pairs, stored after both rows of the fragment
+    if constexpr (!COMPACT_STAGED) (void)smem;
     const int g = lane / 4, t = lane % 4;
     const long long c0 = n0 + wn * WTN + 2 * t;
     // Columns j < lim lie inside the shard; j < zlim inside Z's row. Past the shard TMA and
@@ -135,55 +122,55 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
             if (__any_sync(0xffffffffu, lj >= 0)) {
                 float zy = 0.f;
 #pragma unroll
-                for (int ni = 0; ni < NI; ni++)
-#if FLCE_WGMMA
-                    zy = ni == lj >> 3 ? ((lj & 1) ? acc[mi][ni][2 * h + 1] : acc[mi][ni][2 * h]) : zy;
-#else
-                    zy = select_f32(ni == lj >> 3, select_f32(lj & 1, acc[mi][ni][2 * h + 1], acc[mi][ni][2 * h]), zy);
-#endif
+                for (int ni = 0; ni < NI; ni++) {
+                    if constexpr (FLCE_WGMMA)
+                        zy = ni == lj >> 3 ? ((lj & 1) ? acc[mi][ni][2 * h + 1] : acc[mi][ni][2 * h]) : zy;
+                    else
+                        zy = select_f32(ni == lj >> 3, select_f32(lj & 1, acc[mi][ni][2 * h + 1], acc[mi][ni][2 * h]), zy);
+                }
                 if (lj >= 0 && (lj & 6) == 0) ((float *)p.target)[row] = zy;
             }
-#if FLCE_COMPACT
-            // One m per (row, warp tile): the 4 lanes sharing the row agree on their maximum, so
-            // the exps below are both the statistics' and the stored p̃. A lane whose own maximum
-            // is below it holds no argmax candidate.
-            {
-                const float own = tile.m;
-                tile.m = fmaxf(tile.m, __shfl_xor_sync(0xffffffffu, tile.m, 1));
-                tile.m = fmaxf(tile.m, __shfl_xor_sync(0xffffffffu, tile.m, 2));
-                if (own < tile.m) arg = -1;
+            // FLCE_COMPACT: whether this row's p̃ is stored, where, the tile's reference (the maximum,
+            // or FLCE_QROWS's c), the stored values' factor and the exps' offset (set below).
+            bool store = false;
+            unsigned *pt_row = nullptr;
+            float ref = 0.f, qk = 1.f, mb = 0.f;
+            if constexpr (FLCE_COMPACT) {
+                // One m per (row, warp tile): the 4 lanes sharing the row agree on their maximum, so
+                // the exps below are both the statistics' and the stored p̃. A lane whose own maximum
+                // is below it holds no argmax candidate.
+                {
+                    const float own = tile.m;
+                    tile.m = fmaxf(tile.m, __shfl_xor_sync(0xffffffffu, tile.m, 1));
+                    tile.m = fmaxf(tile.m, __shfl_xor_sync(0xffffffffu, tile.m, 2));
+                    if (own < tile.m) arg = -1;
+                }
+                store = p.out && row < p.m;
+                pt_row = (unsigned *)((unsigned short *)p.out + (store ? row : 0) * p.ldo + c0);
+                // (lim > 0: a warp tile wholly past the shard, as in the mma.sync path's last tile, has
+                // no group of its own in tile_max.)
+                if constexpr (FLCE_QROWS) {
+                    // The tile's reference: the row's c (flce_qref), or its own maximum where that lies
+                    // more than QROWS_SPAN above c, which flags the row for flce_qscale (common.cuh).
+                    const float c = qc[mi * 2 + h]; // loaded once per CTA (gemm_entry.cu)
+                    const bool far = tile.m - c > QROWS_SPAN;
+                    ref = far ? tile.m : c;
+                    if (far && store && t == 0) ((int *)p.qflags)[row] = 1;
+                    qk = Q_REF_STATS ? 1.f : ex2_approx((tile.m - ref) * 1.4426950408889634f - 15.f);
+                } else {
+                    (void)qc;
+                    ref = tile.m;
+                }
+                if (store && t == 0 && (FULL || lim > 0))
+                    ((float *)p.tile_max)[row * p.ld_tile_max + (c0 - 2 * t) / WTN] = ref;
+                // exp(z − m)·2^15, the stored p̃, as one FFMA and one ex2: 2^(z·log2e − (m·log2e − 15)).
+                // The sums below are then in units of 2^-15 and scaled back once per row and tile
+                // (exactly: a power of two). m·log2e rounds once (≤ 2^-24 relative, ~4e-6 of p at
+                // |m| = 60), far below p̃'s fp16 step; m = ±inf gives what exp_le0(z − m) gives.
+                // Q_REF_STATS: exp(z − ref) ≤ e^QROWS_SPAN the same way, ref·log2e rounded once.
+                if constexpr (FLCE_QROWS && Q_REF_STATS) mb = ref * 1.4426950408889634f;
+                else mb = tile.m * 1.4426950408889634f - 15.f;
             }
-            const bool store = p.out && row < p.m;
-            unsigned *pt_row = (unsigned *)((unsigned short *)p.out + (store ? row : 0) * p.ldo + c0);
-            // (lim > 0: a warp tile wholly past the shard, as in the mma.sync path's last tile, has
-            // no group of its own in tile_max.)
-#if FLCE_QROWS
-            // The tile's reference: the row's c (flce_qref), or its own maximum where that lies more
-            // than QROWS_SPAN above c, which flags the row for flce_qscale (common.cuh).
-            const float c = qc[mi * 2 + h]; // loaded once per CTA (gemm_entry.cu)
-            const bool far = tile.m - c > QROWS_SPAN;
-            const float ref = far ? tile.m : c;
-            if (far && store && t == 0) ((int *)p.qflags)[row] = 1;
-            const float qk = Q_REF_STATS ? 1.f : ex2_approx((tile.m - ref) * 1.4426950408889634f - 15.f);
-#else
-            (void)qc;
-            const float ref = tile.m, qk = 1.f;
-#endif
-            if (store && t == 0 && (FULL || lim > 0))
-                ((float *)p.tile_max)[row * p.ld_tile_max + (c0 - 2 * t) / WTN] = ref;
-#endif
-#if FLCE_COMPACT
-            // exp(z − m)·2^15, the stored p̃, as one FFMA and one ex2: 2^(z·log2e − (m·log2e − 15)).
-            // The sums below are then in units of 2^-15 and scaled back once per row and tile
-            // (exactly: a power of two). m·log2e rounds once (≤ 2^-24 relative, ~4e-6 of p at
-            // |m| = 60), far below p̃'s fp16 step; m = ±inf gives what exp_le0(z − m) gives.
-            // Q_REF_STATS: exp(z − ref) ≤ e^QROWS_SPAN the same way, ref·log2e rounded once.
-#if FLCE_QROWS
-            const float mb = Q_REF_STATS ? ref * 1.4426950408889634f : tile.m * 1.4426950408889634f - 15.f;
-#else
-            const float mb = tile.m * 1.4426950408889634f - 15.f;
-#endif
-#endif
 #pragma unroll
             for (int ni = 0; ni < NI; ni++) {
                 float en[2] = {0.f, 0.f};
@@ -192,11 +179,9 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                     const int j = ni * 8 + c;
                     float z = acc[mi][ni][2 * h + c];
                     if (FULL || j < lim) {
-#if FLCE_COMPACT
-                        float e = ex2_approx(fmaf(z, 1.4426950408889634f, -mb));
-#else
-                        float e = exp_le0(z - tile.m);
-#endif
+                        float e;
+                        if constexpr (FLCE_COMPACT) e = ex2_approx(fmaf(z, 1.4426950408889634f, -mb));
+                        else e = exp_le0(z - tile.m);
                         en[c] = e;
                         tile.s += e;
                         if (OPT_ENTROPY) tile.t += e * z;
@@ -204,26 +189,19 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                             tile.zs += OPT_WEIGHTS ? ((const float *)p.class_weights)[p.vocab_offset + c0 + j] * z : z;
                     }
                 }
-#if FLCE_COMPACT
-#if COMPACT_STAGED
-                if (STAGED) pk[ni][h] = pack_compact(en[0], en[1], qk);
-                else
-#endif
-                if (store && (FULL || ni * 8 < zlim)) pt_row[ni * 4] = pack_compact(en[0], en[1], qk);
-#else
-                (void)en;
-#endif
+                if constexpr (STAGED) pk[ni][h] = pack_compact(en[0], en[1], qk);
+                else if constexpr (FLCE_COMPACT) {
+                    if (store && (FULL || ni * 8 < zlim)) pt_row[ni * 4] = pack_compact(en[0], en[1], qk);
+                } else {
+                    (void)en;
+                }
             }
-#if FLCE_QROWS
-            if (Q_REF_STATS) tile.m = ref; // the sums' reference
-            else
-#endif
-#if FLCE_COMPACT
-            {
+            if constexpr (FLCE_QROWS && Q_REF_STATS) {
+                tile.m = ref; // the sums' reference
+            } else if constexpr (FLCE_COMPACT) {
                 tile.s *= 1.f / COMPACT_SCALE;
                 if (OPT_ENTROPY) tile.t *= 1.f / COMPACT_SCALE;
             }
-#endif
             tile.arg = arg < 0 ? 0x7fffffffffffffffLL : p.vocab_offset + c0 + arg;
             if (tile.s != tile.s || tile.m != NEG_INF) stats_merge(run[mi][h], tile);
             if (!FLCE_COMPACT && p.out && row < p.m) {
@@ -234,10 +212,10 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                         *(float2 *)(z_row + ni * 8) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
             }
         }
-#if COMPACT_STAGED
-    if (STAGED && p.out)
-        staged_store(pk, (unsigned short *)p.out, p.ldo, p.m, p.ldo, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
-#endif
+    if constexpr (STAGED) {
+        if (p.out)
+            staged_store(pk, (unsigned short *)p.out, p.ldo, p.m, p.ldo, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
+    }
 }
 
 // The last vocab tile of a shard whose V is not a multiple of BN through the full tile's code, so
@@ -287,7 +265,7 @@ __device__ __forceinline__ void logits_epilogue(float (&acc)[MI][NI][4], const f
     }
 }
 
-#if FLCE_FUSED_DZ
+// ---- FLCE_FUSED_DZ: the recompute pass writes dZ instead of statistics ------------------------
 // What the dZ epilogue needs of each owned row (rowops.cu's flce_dz computes the same per row).
 struct dz_row {
     float lse, a, wy, g;
@@ -302,9 +280,9 @@ __device__ __forceinline__ dz_row dz_row_setup(const flce_gemm_params &p, long l
     r.lse = r.valid ? ((const float *)p.lse)[row] : 0.f;
     r.wy = r.valid ? (OPT_WEIGHTS ? ((const float *)p.class_weights)[y] : 1.f) : 0.f;
     r.g = 1.f;
-#if FLCE_REDUCTION == REDUCTION_NONE
-    if (r.valid && p.grad_output) r.g = ((const float *)p.grad_output)[row];
-#endif
+    if constexpr (FLCE_REDUCTION == REDUCTION_NONE) {
+        if (r.valid && p.grad_output) r.g = ((const float *)p.grad_output)[row];
+    }
     r.a = dz_row_a(r.wy, r.lse, ((const float *)p.stats)[1], p.vocab_total);
     return r;
 }
@@ -344,15 +322,24 @@ __device__ __forceinline__ void dz_epilogue_t(float (&acc)[MI][NI][4], const flc
                         v[c] = dz_value(z, r.lse, r.a, j == lj, r.wy, wj, r.g, p.vocab_total);
                     }
                 }
-#if FLCE_DTYPE == DTYPE_F32
-                *(float2 *)(dz + ni * 8) = make_float2(v[0], v[1]);
-#else
-                *(unsigned *)(dz + ni * 8) = (unsigned)from_f32(v[0]) | ((unsigned)from_f32(v[1]) << 16);
-#endif
+                if constexpr (FLCE_DTYPE == DTYPE_F32)
+                    *(float2 *)(dz + ni * 8) = make_float2(v[0], v[1]);
+                else
+                    *(unsigned *)(dz + ni * 8) = (unsigned)from_f32(v[0]) | ((unsigned)from_f32(v[1]) << 16);
             }
         }
 }
-#endif // FLCE_FUSED_DZ
+
+// The dZ pass's tile epilogue under the statistics pass's name: the kernels call logits_epilogue
+// with the pass's row_state (below), and the type picks the pass.
+__device__ __forceinline__ void logits_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p,
+                                                long long m0, long long n0, int wm, int wn, int lane,
+                                                const long long (&lab)[MI][2], const dz_row (&dr)[MI][2],
+                                                unsigned char *, const float * = nullptr)
+{
+    if (n0 + BN <= p.n) dz_epilogue_t<true>(acc, p, m0, n0, wm, wn, lane, lab, dr);
+    else dz_epilogue_t<false>(acc, p, m0, n0, wm, wn, lane, lab, dr);
+}
 
 // Merges a row's statistics over the 4 lanes of the quad that holds its columns.
 __device__ __forceinline__ void quad_merge(row_stats &a)
@@ -361,10 +348,8 @@ __device__ __forceinline__ void quad_merge(row_stats &a)
     for (int off = 1; off < 4; off <<= 1) stats_merge(a, shfl_stats(a, off));
 }
 
-#if FLCE_FUSED_DZ
-typedef dz_row row_state; // what the pass keeps per owned row beside its label
-#else
-typedef row_stats row_state;
+// What the pass keeps per owned row beside its label: the dZ factors, or running statistics.
+typedef pick_type<FLCE_FUSED_DZ, dz_row, row_stats>::type row_state;
 
 __device__ __forceinline__ row_stats empty_stats()
 {
@@ -372,7 +357,21 @@ __device__ __forceinline__ row_stats empty_stats()
     a.m = NEG_INF, a.s = 0.f, a.t = 0.f, a.zs = 0.f, a.arg = 0x7fffffffffffffffLL;
     return a;
 }
-#endif
+// A row's state at the start of an item, by the pass: the dZ factors, or empty statistics; and
+// whether the row takes part (the dZ pass drops an invalid row's label). (Written as a function
+// template and a test rather than one overload that sets both through references: with that form
+// NVVM ordered the sm_100 dZ kernels' loads differently, tools/kernel_diff.sh showed.)
+template <class State> __device__ __forceinline__ State initial_state(const flce_gemm_params &p, long long row);
+template <> __device__ __forceinline__ dz_row initial_state<dz_row>(const flce_gemm_params &p, long long row)
+{
+    return dz_row_setup(p, row);
+}
+template <> __device__ __forceinline__ row_stats initial_state<row_stats>(const flce_gemm_params &, long long)
+{
+    return empty_stats();
+}
+__device__ __forceinline__ bool state_valid(const dz_row &r) { return r.valid; }
+__device__ __forceinline__ bool state_valid(const row_stats &) { return true; }
 
 // Each row a thread owns: its label's column within [0, n) (−1 when ignored, out of range or in
 // another shard) and its state: the dZ pass's per-row factors (an invalid row's label −1 too), or
@@ -387,16 +386,10 @@ __device__ __forceinline__ void rows_setup(const flce_gemm_params &p, long long 
             const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
             const long long y = row < p.m ? load_label(p.labels, row) - p.vocab_offset : -1;
             lab[mi][h] = (y >= 0 && y < p.n) ? y : -1;
-#if FLCE_FUSED_DZ
-            st[mi][h] = dz_row_setup(p, row);
-            if (!st[mi][h].valid) lab[mi][h] = -1;
-#else
-            st[mi][h] = empty_stats();
-#endif
+            st[mi][h] = initial_state<row_state>(p, row);
+            if (!state_valid(st[mi][h])) lab[mi][h] = -1;
         }
 }
-
-#if !FLCE_WGMMA && !FLCE_FUSED_DZ
 
 // The portable path's running statistics (gemm_entry.cu, logits_portable): row r of the CTA's
 // block is held by thread r mod THREADS, in run[r / THREADS].
@@ -426,7 +419,6 @@ __device__ __forceinline__ void fold_row_stats(row_stats (&tile)[MI][2], row_sta
     }
     __syncthreads();
 }
-#endif
 
 __device__ __forceinline__ void store_partials(const flce_gemm_params &p, long long row, int split, const row_stats &a)
 {
@@ -436,4 +428,56 @@ __device__ __forceinline__ void store_partials(const flce_gemm_params &p, long l
     if (OPT_ENTROPY) ((float *)p.part_t)[at] = a.t;
     if (OPT_ZSUM) ((float *)p.part_zs)[at] = a.zs;
     if (OPT_ARGMAX) ((long long *)p.part_arg)[at] = a.arg;
+}
+
+// The end of an item of the wgmma paths' logits kernel, by the pass. One warp column owns whole
+// rows: its lane 4g stores them after the 4 lanes that share each have merged, no CTA barrier (the
+// TMA path's producer warpgroup has left), so a persistent CTA stores each item's statistics as it
+// finishes it. Several warp columns (never persistent: runtime/plan.c) merge through shared memory
+// in store_cta_stats. The dZ pass stores no statistics.
+__device__ __forceinline__ void store_item_stats(row_stats (&rs)[MI][2], const flce_gemm_params &p, long long m0,
+                                                 int wm, int lane, int split)
+{
+    if (WARPS_N == 1 && p.part_m) {
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                quad_merge(rs[mi][h]);
+                const long long row = m0 + wm * WTM + mi * 16 + lane / 4 + 8 * h;
+                if (lane % 4 == 0 && row < p.m) store_partials(p, row, split, rs[mi][h]);
+            }
+    }
+}
+__device__ __forceinline__ void store_item_stats(dz_row (&)[MI][2], const flce_gemm_params &, long long, int, int, int)
+{
+}
+
+// The end of that kernel with several warp columns: each row's stats merged over the 4 lanes that
+// share it, then over the WARPS_N warps in a fixed order (deterministic). Nothing where one warp
+// column stored them per item, or in a gradient pass (only Z was wanted), or in the dZ pass.
+__device__ __forceinline__ void store_cta_stats(row_stats (&rs)[MI][2], const flce_gemm_params &p, long long m0,
+                                                int wm, int wn, int lane, int split, unsigned char *smem)
+{
+    if (WARPS_N == 1 || !p.part_m) return;
+    row_stats *red = (row_stats *)smem;
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            quad_merge(rs[mi][h]);
+            int r = wm * WTM + mi * 16 + lane / 4 + 8 * h;
+            if (lane % 4 == 0) red[wn * BM + r] = rs[mi][h];
+        }
+    __syncthreads();
+    for (int r = threadIdx.x; r < BM; r += THREADS) {
+        if (m0 + r >= p.m) continue;
+        row_stats a = red[r];
+        for (int w = 1; w < WARPS_N; w++) stats_merge(a, red[w * BM + r]);
+        store_partials(p, m0 + r, split, a);
+    }
+}
+__device__ __forceinline__ void store_cta_stats(dz_row (&)[MI][2], const flce_gemm_params &, long long, int, int,
+                                                int, int, unsigned char *)
+{
 }

@@ -371,13 +371,8 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
 // sector each. stmatrix puts a warp's 16 × 64 block in a 2 KiB buffer of its own, and each lane
 // writes 16 bytes back out, so one store instruction covers four whole 128-byte rows (v19: the
 // compact logits pass's stores went from 17 M instructions and 136 M sectors to 4.7 M and 70 M).
-// Used by the compact logits epilogue and the dH/dW epilogue's 16-bit output.
-#if FLCE_TCGEN05
-#define STAGED_STORE 0 // (its accumulators come from tensor memory in another layout)
-#else
-#define STAGED_STORE 1
-#endif
-#if STAGED_STORE
+// Used by the compact logits epilogue and the dH/dW epilogue's 16-bit output where STAGED_STORE
+// (gemm.cu: not on the Blackwell path, which pastes this file too but never calls them).
 // per warp (two with FLCE_GRAD_BULK: gemm_grad.cu); the generator's spec_smem_bytes adds them
 constexpr int STAGING_BYTES = (FLCE_GRAD_BULK ? 2 : 1) * 16 * 64 * 2;
 // The staging buffers follow the barriers and the tile slot, on a 128-byte boundary (the
@@ -401,7 +396,8 @@ __device__ __forceinline__ void staged_store(const unsigned (&pk)[NI][2], unsign
                                              long long rows, long long cols, unsigned buf, long long row0,
                                              long long col0, int lane)
 {
-    static_assert(WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 8 == 0, "staged store: one warp tile of 16 rows");
+    static_assert(!STAGED_STORE || (WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 8 == 0),
+                  "staged store: one warp tile of 16 rows");
 #pragma unroll
     for (int q = 0; q < NI / 8; q++) { // 64 columns at a time
 #pragma unroll
@@ -427,4 +423,3 @@ __device__ __forceinline__ void staged_store(const unsigned (&pk)[NI][2], unsign
         __syncwarp(); // the buffer is rewritten by the next 64 columns
     }
 }
-#endif // STAGED_STORE
