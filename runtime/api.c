@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "api_limits.h"
 #include "comm.h"
 #include "config.h"
 #include "context.h"
@@ -93,21 +94,21 @@ static flce_status check_shapes(const flce_problem *p)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.tokens=%lld: must be at least 1",
                        (long long)p->tokens);
     /* Bounds that keep every workspace size and pointer offset far from 64-bit overflow. */
-    if (p->tokens > INT32_MAX)
+    if (p->tokens > FLCE_MAX_TOKENS)
         return err_set(FLCE_ERR_UNSUPPORTED, "problem.tokens=%lld: at most %d supported",
-                       (long long)p->tokens, INT32_MAX);
-    if (p->hidden > (1 << 20))
+                       (long long)p->tokens, FLCE_MAX_TOKENS);
+    if (p->hidden > FLCE_MAX_HIDDEN)
         return err_set(FLCE_ERR_UNSUPPORTED, "problem.hidden=%lld: at most %d supported",
-                       (long long)p->hidden, 1 << 20);
+                       (long long)p->hidden, FLCE_MAX_HIDDEN);
     if (p->hidden < 8 || p->hidden % 8)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "problem.hidden=%lld: must be a positive multiple of 8", (long long)p->hidden);
     if (p->vocab_shard < 1)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.vocab_shard=%lld: must be at least 1",
                        (long long)p->vocab_shard);
-    if (p->vocab_shard > 8000000)
-        return err_set(FLCE_ERR_UNSUPPORTED, "problem.vocab_shard=%lld: at most 8000000 supported",
-                       (long long)p->vocab_shard);
+    if (p->vocab_shard > FLCE_MAX_VOCAB)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.vocab_shard=%lld: at most %d supported",
+                       (long long)p->vocab_shard, FLCE_MAX_VOCAB);
     if (p->vocab_offset < 0)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.vocab_offset=%lld: must not be negative",
                        (long long)p->vocab_offset);

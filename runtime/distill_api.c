@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "api_limits.h"
 #include "context.h"
 #include "distill.h"
 #include "error.h"
@@ -63,11 +64,10 @@ flce_status flce_distill_problem_validate(const flce_distill_problem *problem)
 {
     flce_distill_problem p;
     TRY(normalize_problem(problem, &p));
-    /* the same bounds as the CE call's (api.c check_shapes): far from 64-bit overflow */
-    TRY(check_dim(p.tokens, "tokens", 1, 1, INT32_MAX));
-    TRY(check_dim(p.hidden_student, "hidden_student", 8, 8, 1 << 20));
-    TRY(check_dim(p.hidden_teacher, "hidden_teacher", 8, 8, 1 << 20));
-    TRY(check_dim(p.vocab, "vocab", 1, 1, 8000000));
+    TRY(check_dim(p.tokens, "tokens", 1, 1, FLCE_MAX_TOKENS));
+    TRY(check_dim(p.hidden_student, "hidden_student", 8, 8, FLCE_MAX_HIDDEN));
+    TRY(check_dim(p.hidden_teacher, "hidden_teacher", 8, 8, FLCE_MAX_HIDDEN));
+    TRY(check_dim(p.vocab, "vocab", 1, 1, FLCE_MAX_VOCAB));
     if (p.dtype != FLCE_DTYPE_F32 && p.dtype != FLCE_DTYPE_F16 && p.dtype != FLCE_DTYPE_BF16)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.dtype=%d: not an flce_dtype", (int)p.dtype);
     if (p.label_bits != 32 && p.label_bits != 64)
