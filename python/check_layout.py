@@ -28,7 +28,7 @@ def load_lib_module():
 
 
 def load_distill_module():
-    """flce/_distill_lib.py (ctypes only) as flce._distill_lib under a stub `flce` package, so that its
+    """flce/_distill_lib.py (ctypes only) as flce._distill_lib under a bare `flce` package module, so that its
     `from . import _lib` works without flce/__init__.py (which imports torch)."""
     import types
     if "flce" not in sys.modules:

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from . import _compat, _distill_lib, _lib
+from ._ops import _traced  # flce/__init__.py has loaded _ops first
 
 __all__ = ["linear_distillation", "LinearDistillation", "LinearDistillationOutput"]
 
@@ -38,11 +39,6 @@ _DTYPES = {torch.float32: _lib.FLCE_DTYPE_F32, torch.float16: _lib.FLCE_DTYPE_F1
            torch.bfloat16: _lib.FLCE_DTYPE_BF16}
 _LABEL_BITS = {torch.int32: 32, torch.int64: 64}
 GRAD_HIDDEN, GRAD_WEIGHT = 1, 2
-
-# flce_scale_gradients in the eager backward (the gradients of 1·loss times the upstream scalar in
-# place, no pass when it is exactly 1, as after loss.backward()); else a product.
-_SCALE_IN_PLACE = True
-
 
 class LinearDistillationOutput(NamedTuple):
     """What linear_distillation returns with return_per_token=True.
@@ -281,11 +277,6 @@ def _setup(ctx, inputs, output):
         ctx.save_for_backward(hs, ws, ht, wt, labels)
 
 
-def _traced(t):
-    from torch._subclasses.fake_tensor import is_fake
-    return type(t) is not torch.Tensor or torch._is_functional_tensor(t) or is_fake(t)
-
-
 def _backward(ctx, g_loss, g_div, g_dh, g_dw):
     none = (None,) * 14
     need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -301,8 +292,9 @@ def _backward(ctx, g_loss, g_div, g_dh, g_dw):
         present = [t for t in (dh, dw) if t is not None]
         if not present:
             return none
-        if _SCALE_IN_PLACE and not _traced(g) and not any(_traced(t) for t in present) and \
-                _lib.has("flce_scale_gradients"):
+        # eager: flce_scale_gradients in place (no pass when g is exactly 1, as after
+        # loss.backward()); traced: a product the compiler can fuse
+        if not _traced(g) and not any(_traced(t) for t in present) and _lib.has("flce_scale_gradients"):
             _scale_in_place(dh, dw, g.contiguous(), ctx.shape, o["memory_budget"], getattr(ctx, "eager", False))
         else:
             dh, dw = (None if t is None else t * g for t in (dh, dw))
