@@ -469,10 +469,13 @@ typedef struct flce_distill_problem {
     float ce_weight;           /* >= 0, weight of the student's CE term; != 0 needs labels and T = 1 */
     int64_t ignore_index;      /* default -100 */
     flce_reduction reduction;
-    uint64_t memory_budget;    /* bytes for one token chunk's fp32 logits of both models (8 bytes
-                                  per logit), which sets the chunk size; 0 = 512 MiB. On top: an
-                                  fp32 V × Ds dW accumulator for 16-bit inputs, a few floats per
-                                  token. flce_distill_workspace_size says the total */
+    uint64_t memory_budget;    /* bytes for one token chunk's logits, which sets the chunk size
+                                  (whole 128-row blocks where one fits): per logit the teacher's
+                                  and the student's fp32 logits and the student's dZ, 10 bytes
+                                  (fp32 inputs 8); 0 = 2 GiB; less than one token's row is
+                                  FLCE_ERR_INVALID_ARGUMENT. On top: an fp32 V × Ds dW accumulator
+                                  for 16-bit inputs in several chunks, the CE path's few arrays
+                                  per token. flce_distill_workspace_size says the total */
 } flce_distill_problem;
 
 /* Device buffers of one distillation call. Unused outputs may be NULL. */

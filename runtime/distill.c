@@ -1,52 +1,90 @@
-/* distill.c — the distillation call's plan (token chunks whose fp32 logits of both models fit the
- * memory budget) and its run, below distill_api.c's checks.
+/* distill.c — the distillation call's plan and run, below distill_api.c's checks.
  *
- * v1 (issue 44 item 1; bench/NOTES.md, session 22's plan item 4), correct first: per token chunk,
- *   z_t = Ht·Wtᵀ and z_s = Hs·Wsᵀ in fp32 (flce_distill_gemm),
- *   flce_distill_row: both log-softmaxes at T, D_i, loss_i and dZs in place (× g_i),
- *   dHs = dZs·Ws (fp32, then rounded once to the dtype), dWs += dZsᵀ·Hs (fp32 accumulator),
- * then dWs rounded once, and the loss reduced in a fixed order (flce_distill_reduce). All kernels
- * are templates/distill.cu in one module (spec role ROLE_DISTILL). Its GEMM is a plain tiled one:
- * the CE path's tuned logits/dH/dW kernels are the step after this is proven right on a GPU. */
+ * The GEMMs are the CE path's tuned kernels (issue 44; v1's plain fp32 GEMM ran at 58x the cuBLAS
+ * floor, bench/NOTES.md session 23). Per token chunk:
+ *   z_t = Ht·Wtᵀ and z_s = Hs·Wsᵀ stored in fp32 (the logits kernel of a chunked CE plan with the
+ *     compact store off: launch_store_logits),
+ *   flce_distill_row (templates/distill.cu): both log-softmaxes at T, D_i, loss_i and dZs in the
+ *     dtype (× g_i),
+ *   dHs = dZs·Ws and dWs += dZsᵀ·Hs (launch_grads.c run_grad_gemms: the CE path's dH and dW with
+ *     their accumulation rules, dH beside dW on two streams),
+ * then the loss reduced in a fixed order (flce_distill_reduce). The CE plan is made for a problem
+ * with reduction none, so its GEMM epilogues scale nothing: g_i is in dZs already. */
 #include "distill.h"
 
 #include <pthread.h>
 #include <string.h>
 
+#include "config.h"
 #include "context.h"
 #include "driver.h"
 #include "error.h"
-#include "launch_prim.h"
+#include "launch.h"
+#include "launch_grads.h"
 #include "log.h"
 
-enum { DISTILL_DEFAULT_BUDGET = 512u << 20, DISTILL_THREADS = 256, DISTILL_TILE = 64 };
-enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2, DK_GEMM = 3, DK_CAST = 4 }; /* emit.c distill_names */
+enum { DISTILL_THREADS = 256 };
+enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2 }; /* emit.c distill_names */
 
-static uint64_t align16(uint64_t x) { return (x + 15) & ~(uint64_t)15; }
+static uint64_t align256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
 
-void distill_plan_make(const flce_distill_problem *p, distill_plan *pl)
+/* The CE problem whose chunked plan runs one model's GEMMs. */
+static void ce_problem(const flce_distill_problem *p, int64_t hidden, uint64_t budget, flce_problem *q)
 {
-    uint64_t budget = p->memory_budget ? p->memory_budget : DISTILL_DEFAULT_BUDGET;
-    uint64_t row_bytes = 8 * (uint64_t)p->vocab; /* fp32 z_s and z_t of one token */
-    int64_t rows = (int64_t)(budget / row_bytes);
-    if (rows < 1) rows = 1;
-    if (rows > p->tokens) rows = p->tokens;
-    pl->chunk_rows = rows;
-    pl->chunks = (p->tokens + rows - 1) / rows;
-    uint64_t z = align16(4 * (uint64_t)rows * (uint64_t)p->vocab);
-    int wide = p->dtype != FLCE_DTYPE_F32; /* 16-bit outputs go through fp32 buffers, rounded once */
-    pl->zs_offset = 0;
-    pl->zt_offset = z;
-    pl->dw_offset = 2 * z;
-    uint64_t dw = wide ? align16(4 * (uint64_t)p->vocab * (uint64_t)p->hidden_student) : 0;
-    pl->dh_offset = pl->dw_offset + dw;
-    uint64_t dh = wide ? align16(4 * (uint64_t)rows * (uint64_t)p->hidden_student) : 0;
-    pl->per_token_offset = pl->dh_offset + dh;
-    pl->count_offset = pl->per_token_offset + align16(4 * (uint64_t)p->tokens);
-    pl->workspace_bytes = pl->count_offset + 16;
+    flce_problem_init(q);
+    q->tokens = p->tokens, q->hidden = hidden, q->vocab_shard = p->vocab, q->dtype = p->dtype;
+    q->label_bits = p->label_bits, q->reduction = FLCE_REDUCTION_NONE, q->ignore_index = p->ignore_index;
+    q->strategy = FLCE_STRATEGY_CHUNKED, q->memory_budget = budget;
 }
 
-/* The module's spec: everything the kernels are specialized on. */
+flce_status distill_plan_make(const flce_distill_problem *p, const distill_device *dev,
+                              const flce_distill_tensors *t, distill_plan *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    const int f32 = p->dtype == FLCE_DTYPE_F32;
+    const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8;
+    const uint64_t student_row = ld * (f32 ? 4 : 6), row = student_row + ld * 4;
+    const uint64_t budget = p->memory_budget ? p->memory_budget : DISTILL_DEFAULT_BUDGET;
+    if (budget < row)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.memory_budget=%llu bytes: too small for one token's logits of both models "
+                       "(%llu bytes at vocab=%lld)", (unsigned long long)budget, (unsigned long long)row,
+                       (long long)p->vocab);
+    /* the student's share of the budget, so that its chunk rows are the rows the whole fits */
+    const uint64_t student_budget = budget / row * student_row;
+    flce_config cfg = *config_get();
+    cfg.compact = 0, cfg.qrows = 0; /* the fp32 Z store: the row kernel reads plain logits */
+    ce_problem(p, p->hidden_student, student_budget, &pl->student_problem);
+    ce_problem(p, p->hidden_teacher, student_budget, &pl->teacher_problem);
+    flce_tensors ts, *tsp = NULL;
+    if (t) {
+        flce_tensors_init(&ts);
+        ts.hidden = t->student_hidden, ts.weight = t->student_weight, ts.labels = t->labels;
+        ts.grad_hidden = t->grad_student_hidden, ts.grad_weight = t->grad_student_weight;
+        tsp = &ts;
+    }
+    TRY(plan_make_cfg(&pl->student_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, tsp,
+                      &pl->student));
+    TRY(plan_make_cfg(&pl->teacher_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, NULL,
+                      &pl->teacher));
+    if (pl->student.recompute || pl->student.compact || pl->student.qrows || pl->student.ldz != (int64_t)ld ||
+        pl->teacher.ldz != (int64_t)ld || !pl->student.off_z)
+        return err_set(FLCE_ERR_INTERNAL, "distillation: the student's CE plan is not a plain chunked one "
+                       "(recompute %d, compact %d, qrows %d, ldz %lld for %llu; a planning bug)",
+                       pl->student.recompute, pl->student.compact, pl->student.qrows,
+                       (long long)pl->student.ldz, (unsigned long long)ld);
+    pl->ld = (int64_t)ld;
+    pl->chunk_rows = pl->student.chunk_rows, pl->chunks = pl->student.n_chunks;
+    uint64_t cur = align256(pl->student.workspace_bytes), n = (uint64_t)p->tokens;
+    pl->zt_offset = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * ld * 4);
+    pl->labels_offset = cur, cur = align256(cur + ((!t || !t->labels) ? n * 8 : 0)); /* int64 or int32 */
+    pl->per_token_offset = cur, cur = align256(cur + n * 4);
+    pl->count_offset = cur, cur += 16;
+    pl->workspace_bytes = cur;
+    return FLCE_OK;
+}
+
+/* The module's spec: everything the row kernels are specialized on. */
 static kernel_spec distill_spec(const flce_context *ctx, const flce_distill_problem *p, const flce_distill_tensors *t)
 {
     kernel_spec s;
@@ -58,89 +96,76 @@ static kernel_spec distill_spec(const flce_context *ctx, const flce_distill_prob
     return s;
 }
 
-/* Field for field templates/distill.cu's structs (passed by value). */
+/* Field for field templates/distill.cu's flce_distill_params (passed by value). */
 typedef struct distill_row_args {
-    unsigned long long zs, zt, labels, grad_output, divergence, loss_rows, loss, count;
-    long long row0, rows, tokens, vocab, ignore_index;
+    unsigned long long zs, zt, dz, labels, grad_output, divergence, loss_rows, loss, count;
+    long long row0, rows, tokens, vocab, ignore_index, ld;
     unsigned long long flag; /* the context's device flag (a label outside [0, V)) */
 } distill_row_args;
 
-typedef struct distill_gemm_args {
-    unsigned long long a, b, c;
-    long long m, n, k, a_sm, a_sk, b_sk, b_sn, ldc;
-    int a_f32, accumulate;
-} distill_gemm_args;
+/* The two models' runs of the CE launch path over the workspace: the student's with its plan's
+ * kernels and tensors (dH, dW into the caller's gradients), the teacher's with its logits kernel. */
+typedef struct distill_runs {
+    run student, teacher;
+    flce_tensors ts, tt;
+    CUfunction k[CTX_MAX_KERNELS]; /* the row kernels, DK_* */
+} distill_runs;
 
-typedef struct distill_cast_args {
-    unsigned long long src, dst;
-    long long count;
-} distill_cast_args;
-
-static flce_status gemm(CUfunction fn, CUstream stream, distill_gemm_args g, const char *what)
+static flce_status load(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
+                        const flce_distill_tensors *t, CUdeviceptr ws, CUstream stream, distill_runs *d)
 {
-    int64_t tiles = ceil_div(g.m, DISTILL_TILE) * ceil_div(g.n, DISTILL_TILE);
-    return launch(fn, tiles, 1, DISTILL_THREADS, 0, stream, &g, what);
-}
-
-static flce_status cast(CUfunction fn, CUstream stream, unsigned long long src, unsigned long long dst, int64_t count)
-{
-    distill_cast_args c = {src, dst, count};
-    int64_t blocks = ceil_div(count, DISTILL_THREADS);
-    if (blocks > 65536) blocks = 65536;
-    return launch(fn, blocks, 1, DISTILL_THREADS, 0, stream, &c, "distill cast");
-}
-
-/* One token chunk: both logits, the rows, dHs and this chunk's share of dWs. */
-static flce_status run_chunk(const CUfunction *k, const flce_distill_problem *p, const distill_plan *pl,
-                             const flce_distill_tensors *t, CUdeviceptr ws, CUstream stream, distill_row_args ra)
-{
-    const long long v = p->vocab, ds = p->hidden_student, dt = p->hidden_teacher, rows = ra.rows;
-    const size_t es = p->dtype == FLCE_DTYPE_F32 ? 4 : 2;
-    const unsigned long long zs = ws + pl->zs_offset, zt = ws + pl->zt_offset;
-    const unsigned long long hs = addr(t->student_hidden) + (unsigned long long)(ra.row0 * ds) * es;
-    const unsigned long long ht = addr(t->teacher_hidden) + (unsigned long long)(ra.row0 * dt) * es;
-    distill_gemm_args z_t = {ht, addr(t->teacher_weight), zt, rows, v, dt, dt, 1, 1, dt, v, 0, 0};
-    TRY(gemm(k[DK_GEMM], stream, z_t, "distill teacher logits"));
-    distill_gemm_args z_s = {hs, addr(t->student_weight), zs, rows, v, ds, ds, 1, 1, ds, v, 0, 0};
-    TRY(gemm(k[DK_GEMM], stream, z_s, "distill student logits"));
-    TRY(launch(k[DK_ROW], rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows"));
-    if (t->grad_student_hidden) {
-        const int wide = p->dtype != FLCE_DTYPE_F32;
-        unsigned long long out = addr(t->grad_student_hidden) + (unsigned long long)(ra.row0 * ds) * es;
-        distill_gemm_args dh = {zs, addr(t->student_weight), wide ? ws + pl->dh_offset : out, rows, ds, v, v, 1,
-                                ds, 1, ds, 1, 0};
-        TRY(gemm(k[DK_GEMM], stream, dh, "distill dHs"));
-        if (wide) TRY(cast(k[DK_CAST], stream, ws + pl->dh_offset, out, rows * ds));
-    }
-    if (t->grad_student_weight) {
-        unsigned long long acc = p->dtype == FLCE_DTYPE_F32 ? addr(t->grad_student_weight) : ws + pl->dw_offset;
-        distill_gemm_args dw = {zs, hs, acc, v, ds, rows, 1, v, ds, 1, ds, 1, ra.row0 > 0};
-        TRY(gemm(k[DK_GEMM], stream, dw, "distill dWs"));
-    }
+    kernel_spec s = distill_spec(ctx, p, t);
+    const kernel_spec *all[6] = {&pl->student.rowops, &pl->student.logits, &pl->student.dh, &pl->student.dw,
+                                 &pl->teacher.logits, &s};
+    CUfunction fns[6][CTX_MAX_KERNELS];
+    TRY(ctx_kernels_many(ctx, all, 6, fns));
+    memcpy(d->k, fns[5], sizeof d->k);
+    const unsigned long long labels = t->labels ? addr(t->labels) : ws + pl->labels_offset;
+    flce_tensors_init(&d->ts);
+    d->ts.hidden = t->student_hidden, d->ts.weight = t->student_weight, d->ts.labels = (const void *)(uintptr_t)labels;
+    d->ts.grad_hidden = t->grad_student_hidden, d->ts.grad_weight = t->grad_student_weight;
+    flce_tensors_init(&d->tt);
+    d->tt.hidden = t->teacher_hidden, d->tt.weight = t->teacher_weight, d->tt.labels = d->ts.labels;
+    run *r = &d->student;
+    memset(r, 0, sizeof *r);
+    r->pl = &pl->student, r->p = &pl->student_problem, r->t = &d->ts, r->ctx = ctx, r->ws = ws, r->stream = stream;
+    r->es = p->dtype == FLCE_DTYPE_F32 ? 4 : 2;
+    memcpy(r->k.row, fns[0], sizeof r->k.row);
+    r->k.logits = fns[1][0], r->k.dh = fns[2][0], r->k.dw = fns[3][0];
+    r->rp.flag = ctx->flag_dev;
+    d->teacher = *r;
+    d->teacher.pl = &pl->teacher, d->teacher.p = &pl->teacher_problem, d->teacher.t = &d->tt;
+    d->teacher.k.logits = fns[4][0], d->teacher.k.dh = d->teacher.k.dw = NULL;
     return FLCE_OK;
 }
 
 static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
                            const flce_distill_tensors *t, CUdeviceptr ws, CUstream stream)
 {
-    kernel_spec s = distill_spec(ctx, p, t);
-    const kernel_spec *specs[1] = {&s};
-    CUfunction fns[1][CTX_MAX_KERNELS];
-    TRY(ctx_kernels_many(ctx, specs, 1, fns));
-    const CUfunction *k = fns[0];
-    distill_row_args ra = {ws + pl->zs_offset, ws + pl->zt_offset, addr(t->labels), addr(t->grad_output),
-                           addr(t->divergence), ws + pl->per_token_offset, addr(t->loss), ws + pl->count_offset,
-                           0, 0, p->tokens, p->vocab, p->ignore_index, (unsigned long long)ctx->flag_dev};
-    TRY(launch(k[DK_COUNT], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill count"));
-    for (int64_t row0 = 0; row0 < p->tokens; row0 += pl->chunk_rows) {
-        ra.row0 = row0;
-        ra.rows = p->tokens - row0 < pl->chunk_rows ? p->tokens - row0 : pl->chunk_rows;
-        TRY(run_chunk(k, p, pl, t, ws, stream, ra));
+    distill_runs d;
+    TRY(load(ctx, p, pl, t, ws, stream, &d));
+    if (!t->labels) { /* the logits epilogue reads a label per row: zeros, which it only compares */
+        CUresult res = drv.MemsetD32Async(ws + pl->labels_offset, 0, 2 * (size_t)p->tokens, stream);
+        if (res != CUDA_SUCCESS) return drv_error(res, "zeroing the distillation's stand-in labels");
     }
-    if (t->grad_student_weight && p->dtype != FLCE_DTYPE_F32)
-        TRY(cast(k[DK_CAST], stream, ws + pl->dw_offset, addr(t->grad_student_weight), p->vocab * p->hidden_student));
+    const unsigned long long zs = ws + pl->student.off_z, dz = ws + pl->student.off_dz, zt = ws + pl->zt_offset;
+    distill_row_args ra = {zs, zt, dz, addr(t->labels), addr(t->grad_output), addr(t->divergence),
+                           ws + pl->per_token_offset, addr(t->loss), ws + pl->count_offset,
+                           0, 0, p->tokens, p->vocab, p->ignore_index, pl->ld, (unsigned long long)ctx->flag_dev};
+    TRY(launch(d.k[DK_COUNT], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill count"));
+    for (int64_t c = 0; c < pl->chunks; c++) {
+        block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
+        b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;
+        TRY(launch_store_logits(&d.teacher, &b, zt));
+        TRY(launch_store_logits(&d.student, &b, zs));
+        ra.row0 = b.row0, ra.rows = b.rows;
+        TRY(launch(d.k[DK_ROW], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows"));
+        block rows_done = b;
+        rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
+        TRY(run_grad_gemms(&d.student, &rows_done, &b));
+    }
     if (p->reduction != FLCE_REDUCTION_NONE && t->loss)
-        TRY(launch(k[DK_REDUCE], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill reduce"));
+        TRY(launch(d.k[DK_REDUCE], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill reduce"));
     return FLCE_OK;
 }
 

@@ -5,27 +5,47 @@
 #include <stdint.h>
 
 #include "flce.h"
+#include "plan.h"
 
-/* Token chunks of one call: the chunk's fp32 logits of both models (8 bytes per logit) fit the
- * memory budget (0: 512 MiB). Pure: no device, no environment. */
+/* The device a plan is made for (its tiles and splits depend on it); name NULL: no tune table. */
+typedef struct distill_device {
+    const char *name;
+    int sm, num_sms;
+} distill_device;
+
+/* The default memory_budget: one token chunk's fp32 logits of both models (and dZs) in 2 GiB, so
+ * that 4096 × 32000 is one chunk and 8192 × 128256 five (bench/NOTES.md, session 24). */
+#define DISTILL_DEFAULT_BUDGET (2ull << 30)
+
+/* One call's plan: the student's GEMMs are a chunked CE plan of (N, Ds, V) with the fp32 Z store
+ * (its logits, dH and dW kernels, tuned tiles, workspace layout: Z, dZ, accumulators); the
+ * teacher's logits kernel comes from the same plan of (N, Dt, V). Token chunks of chunk_rows: per
+ * logit 4 bytes of teacher Z on top of the student's 6 (fp32 Z + 16-bit dZ; fp32 inputs: 4, dZ in
+ * place) fit the budget. Pure: no device, no environment beyond the settings' defaults. */
 typedef struct distill_plan {
-    int64_t chunk_rows;       /* tokens per chunk, 1..N */
-    int64_t chunks;           /* ceil(N / chunk_rows) */
-    uint64_t zs_offset;       /* workspace byte offsets: student's fp32 logits, chunk_rows × V */
-    uint64_t zt_offset;       /* teacher's fp32 logits, chunk_rows × V */
-    uint64_t dw_offset;       /* fp32 dWs accumulator, V × Ds (16-bit dtypes; fp32 writes the caller's) */
-    uint64_t dh_offset;       /* fp32 dHs of one chunk, chunk_rows × Ds (16-bit dtypes) */
+    int64_t chunk_rows;        /* tokens per chunk, 1..N */
+    int64_t chunks;            /* ceil(N / chunk_rows) */
+    int64_t ld;                /* row stride of both logit blocks and dZs: V rounded up to 8 */
+    flce_problem student_problem, teacher_problem; /* the CE problems the two plans are of */
+    plan student, teacher;
+    uint64_t zt_offset;        /* workspace byte offsets after the student plan's: teacher's fp32
+                                  logits, chunk_rows × ld */
+    uint64_t labels_offset;    /* N zero labels (8 bytes each) for the logits epilogue when labels are NULL */
     uint64_t per_token_offset; /* fp32 loss_i of every token, N */
-    uint64_t count_offset;    /* fp32 count of valid tokens (one value, padded to 16 bytes) */
-    uint64_t workspace_bytes; /* the total */
+    uint64_t count_offset;     /* fp32 count of valid tokens (one value, padded to 16 bytes) */
+    uint64_t workspace_bytes;  /* the total */
 } distill_plan;
 
-void distill_plan_make(const flce_distill_problem *p, distill_plan *pl);
+/* The plan of problem p (checked) on device dev for tensors t (NULL: the worst case, as
+ * flce_distill_workspace_size reports). FLCE_ERR_INVALID_ARGUMENT when memory_budget cannot hold
+ * one token's logits. */
+flce_status distill_plan_make(const flce_distill_problem *p, const distill_device *dev,
+                              const flce_distill_tensors *t, distill_plan *pl);
 
 /* Every check of flce_distill_loss_and_grad but the context's (no device): the problem copied into
- * *p with its defaults, and its plan. The cpu tests call it directly. */
+ * *p with its defaults, and its plan on dev. The cpu tests call it directly. */
 flce_status distill_check(const flce_distill_problem *problem, const flce_distill_tensors *t,
-                          flce_distill_problem *p, distill_plan *pl);
+                          const distill_device *dev, flce_distill_problem *p, distill_plan *pl);
 
 /* Enqueues the call on `stream` (arguments already checked). */
 flce_status distill_run(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,

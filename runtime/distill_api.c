@@ -136,6 +136,13 @@ static flce_status check_tensors(const flce_distill_problem *p, const flce_disti
     return FLCE_OK;
 }
 
+/* What the plan depends on of the context's device. */
+static distill_device device_of(const flce_context *ctx)
+{
+    distill_device d = {ctx->name, ctx->sm, ctx->num_sms};
+    return d;
+}
+
 flce_status flce_distill_workspace_size(flce_context *ctx, const flce_distill_problem *problem,
                                         uint64_t *bytes)
 {
@@ -146,18 +153,19 @@ flce_status flce_distill_workspace_size(flce_context *ctx, const flce_distill_pr
     TRY(normalize_problem(problem, &p));
     TRY(flce_distill_problem_validate(&p));
     distill_plan pl;
-    distill_plan_make(&p, &pl);
+    distill_device dev = device_of(ctx);
+    TRY(distill_plan_make(&p, &dev, NULL, &pl));
     *bytes = pl.workspace_bytes;
     return FLCE_OK;
 }
 
 flce_status distill_check(const flce_distill_problem *problem, const flce_distill_tensors *t,
-                          flce_distill_problem *p, distill_plan *pl)
+                          const distill_device *dev, flce_distill_problem *p, distill_plan *pl)
 {
     TRY(normalize_problem(problem, p));
     TRY(flce_distill_problem_validate(p));
     TRY(check_tensors(p, t));
-    distill_plan_make(p, pl);
+    TRY(distill_plan_make(p, dev, t, pl));
     if (t->workspace && t->workspace_bytes < pl->workspace_bytes)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tensors.workspace_bytes=%llu: this problem needs %llu "
@@ -173,6 +181,7 @@ flce_status flce_distill_loss_and_grad(flce_context *ctx, const flce_distill_pro
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
     flce_distill_problem p;
     distill_plan pl;
-    TRY(distill_check(problem, t, &p, &pl));
+    distill_device dev = device_of(ctx);
+    TRY(distill_check(problem, t, &dev, &p, &pl));
     return distill_run(ctx, &p, &pl, t, stream);
 }

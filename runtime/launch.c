@@ -158,6 +158,14 @@ static flce_status run_logits(run *r, const block *b, int stats, int store_z)
     return launch_logits(r, &r->pl->logits, r->k.logits, b, stats, &g, "logits kernel");
 }
 
+flce_status launch_store_logits(run *r, const block *b, unsigned long long z)
+{
+    struct flce_gemm_params g;
+    logits_params(r, b, &g);
+    g.out = z;
+    return launch_logits(r, &r->pl->logits, r->k.logits, b, 0, &g, "logits kernel (Z store)");
+}
+
 /* Recompute's gradient pass over block b: the logits again, turned into dZ in the epilogue (the
  * rows' lse is known), which replaces the Z store and the dz kernel. */
 static flce_status run_logits_dz(run *r, const block *b)

@@ -300,6 +300,11 @@ flce_status run_grads(run *r, const block *rows_step, const block *cols_step)
     } else if (!r->pl->fused_dz) {
         TRY(run_rows(r, K_DZ, rows_step));
     }
+    return run_grad_gemms(r, rows_step, cols_step);
+}
+
+flce_status run_grad_gemms(run *r, const block *rows_step, const block *cols_step)
+{
     if (r->pl->concurrent_grads && r->t->grad_hidden && r->t->grad_weight) {
         TRY(run_dh_dw_at_once(r, rows_step, cols_step));
         if (r->p->has_bias && r->t->grad_bias) TRY(run_rows(r, K_DBIAS, cols_step));

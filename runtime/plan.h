@@ -190,6 +190,12 @@ flce_status plan_make_on(const flce_problem *p, flce_op op, const char *device, 
 flce_status plan_make_dev(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
                           uint64_t mem_bytes, const flce_tensors *t, plan *out);
 
+/* plan_make_dev under settings cfg instead of the process's (config_get): the distillation call
+ * (runtime/distill.c) plans its GEMMs as a chunked CE call with the fp32 Z store (compact off). */
+struct flce_config;
+flce_status plan_make_cfg(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
+                          uint64_t mem_bytes, const struct flce_config *cfg, const flce_tensors *t, plan *out);
+
 /* The pure planner: plan_make_on is plan_build with the process's settings (config_get) and the
  * tiles tune.c picks (tune table or the tuner's forced tiles). Here everything is an argument: the
  * problem, the device facts (sm, num_sms), the settings cfg (config.h: compact, fused_dz, tiles,

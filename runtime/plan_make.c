@@ -9,7 +9,12 @@
 flce_status plan_make_dev(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
                           uint64_t mem_bytes, const flce_tensors *t, plan *pl)
 {
-    const flce_config *cfg = config_get();
+    return plan_make_cfg(p, op, device, sm, num_sms, mem_bytes, config_get(), t, pl);
+}
+
+flce_status plan_make_cfg(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
+                          uint64_t mem_bytes, const struct flce_config *cfg, const flce_tensors *t, plan *pl)
+{
     plan_start(p, op, sm, cfg, t, pl);
     pl->mem_cap = mem_bytes / 16;
     tune_apply(p, device, sm, pl); /* the autotune table, when it has this class */

@@ -1,11 +1,10 @@
-// distill.cu — the kernels of the distillation call (issue 44 item 1, runtime/distill.c), v1, correct
-// first: a plain tiled GEMM with fp32 accumulation and fp32 output for the logits of both models, dHs
-// and dWs (flce_distill_gemm; the CE path's tuned GEMMs are the next step), a cast of fp32 results to
-// the dtype (flce_distill_cast), and the row kernels on one token chunk's fp32 logits of the student
-// (zs, rows × V, turned into dZs in place) and the teacher (zt, rows × V), both raw (before the
-// temperature):
+// distill.cu — the row kernels of the distillation call (issue 44 item 1, runtime/distill.c). The
+// GEMMs are the CE path's tuned ones (runtime/distill.c runs them: each model's logits stored in
+// fp32, then dH and dW from the dZs these kernels write). On one token chunk's fp32 logits of the
+// student (zs) and the teacher (zt), rows × V at row stride ld, both raw (before the temperature):
 //   flce_distill_count   the count of valid tokens (the mean's denominator), one CTA, fixed order
-//   flce_distill_row     one CTA per row: both log-softmaxes at temperature T, D_i, loss_i, dZs
+//   flce_distill_row     one CTA per row: both log-softmaxes at temperature T, D_i, loss_i, and
+//                        dZs in the dtype at dz (row stride ld; for fp32 dz may be zs: in place)
 //   flce_distill_reduce  loss = Σ_i loss_i (· 1/count for the mean), one CTA, fixed order
 // With q = softmax(zs/T) (student), p = softmax(zt/T) (teacher), log-probabilities formed from the
 // logits (never log of an underflowed probability), and 0·anything = 0 where a weight is 0:
@@ -37,8 +36,9 @@ constexpr float DISTILL_BETA = 0.5f, INV_TEMP = 1.f, CE_WEIGHT = 0.f;
 constexpr int DISTILL_THREADS = 256; // one CTA per row; 8 warps keep a 128k-wide row's loads in flight
 
 struct flce_distill_params {
-    float *zs;                // rows × vocab: the student's fp32 logits in, dZs out (in place)
-    const float *zt;          // rows × vocab: the teacher's fp32 logits
+    const float *zs;          // rows × ld: the student's fp32 logits
+    const float *zt;          // rows × ld: the teacher's fp32 logits
+    void *dz;                 // rows × ld: dZs out in the dtype (fp32: may be zs, written in place)
     const void *labels;       // tokens labels (int32 or int64), NULL without labels
     const float *grad_output; // 1 value (mean, sum) or tokens (none); NULL = 1
     float *divergence;        // tokens: D_i out (may be NULL)
@@ -50,6 +50,7 @@ struct flce_distill_params {
     long long tokens;         // N
     long long vocab;          // V
     long long ignore_index;
+    long long ld;             // row stride of zs, zt and dz (elements)
     int *flag;                // the context's device flag: [0] = 1 on a label outside [0, V); may be NULL
 };
 
@@ -152,42 +153,7 @@ __device__ __forceinline__ float distill_scale(const flce_distill_params &p, lon
 #endif
 }
 
-// ---- the GEMM: C(m × n) (+)= A(m × k) · B(k × n), element strides given, fp32 accumulation ----------
-// logits  z = H·Wᵀ:   A = H (rows × D), B(k, n) = W[n][k];          C = z, fp32 (workspace)
-// dHs     dZ·Ws:      A = dZ (fp32, rows × V), B = Ws (V × Ds);      C = fp32 dHs
-// dWs     dZᵀ·Hs:     A(m, k) = dZ[k][m] (fp32), B = Hs (rows × Ds); C = fp32 dWs, += over chunks
-// 16-bit inputs are raw bits converted by hand (no cuda_fp16.h needed under NVRTC).
-struct flce_distill_gemm_params {
-    const void *a, *b;
-    float *c;
-    long long m, n, k;
-    long long a_sm, a_sk; // A(i, l) = a[i·a_sm + l·a_sk]
-    long long b_sk, b_sn; // B(l, j) = b[l·b_sk + j·b_sn]
-    long long ldc;
-    int a_f32;            // A is fp32 (dZ), else the dtype
-    int accumulate;       // C += A·B, else C = A·B
-};
-
-struct flce_distill_cast_params {
-    const float *src;
-    void *dst;            // the dtype
-    long long count;
-};
-
-__device__ __forceinline__ float distill_load(const void *p, long long i)
-{
-#if FLCE_DTYPE == 0
-    return ((const float *)p)[i];
-#elif FLCE_DTYPE == 1
-    const unsigned short h = ((const unsigned short *)p)[i];
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-#else
-    return __uint_as_float((unsigned)((const unsigned short *)p)[i] << 16);
-#endif
-}
-
+// dZs in the dtype (16-bit: rounded once from fp32), as the dH/dW GEMMs read it
 __device__ __forceinline__ void distill_store(void *p, long long i, float v)
 {
 #if FLCE_DTYPE == 0
@@ -201,58 +167,6 @@ __device__ __forceinline__ void distill_store(void *p, long long i, float v)
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
     ((unsigned short *)p)[i] = h;
 #endif
-}
-
-constexpr int DISTILL_TILE = 64, DISTILL_TILE_K = 16; // 256 threads, 4 × 4 outputs each
-
-// One CTA per 64 × 64 tile of C, tiles numbered along m first (a 1-D grid: m and n may both exceed
-// the 65535 CTAs of a grid's y).
-extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_gemm(const flce_distill_gemm_params p)
-{
-    __shared__ float as[DISTILL_TILE_K][DISTILL_TILE], bs[DISTILL_TILE_K][DISTILL_TILE];
-    const long long tiles_m = (p.m + DISTILL_TILE - 1) / DISTILL_TILE;
-    const long long m0 = (blockIdx.x % tiles_m) * DISTILL_TILE, n0 = (blockIdx.x / tiles_m) * DISTILL_TILE;
-    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    float acc[4][4] = {};
-    for (long long k0 = 0; k0 < p.k; k0 += DISTILL_TILE_K) {
-        for (int e = threadIdx.x; e < DISTILL_TILE * DISTILL_TILE_K; e += DISTILL_THREADS) {
-            const int am = e / DISTILL_TILE_K, ak = e % DISTILL_TILE_K; // A: k fastest
-            const long long ai = m0 + am, al = k0 + ak;
-            float a = 0.f;
-            if (ai < p.m && al < p.k) {
-                const long long idx = ai * p.a_sm + al * p.a_sk;
-                a = p.a_f32 ? ((const float *)p.a)[idx] : distill_load(p.a, idx);
-            }
-            as[ak][am] = a;
-            const int bk = e / DISTILL_TILE, bn = e % DISTILL_TILE; // B: n fastest
-            const long long bl = k0 + bk, bj = n0 + bn;
-            bs[bk][bn] = bl < p.k && bj < p.n ? distill_load(p.b, bl * p.b_sk + bj * p.b_sn) : 0.f;
-        }
-        __syncthreads();
-        for (int kk = 0; kk < DISTILL_TILE_K; kk++) {
-            float a[4], b[4];
-            for (int i = 0; i < 4; i++) a[i] = as[kk][ty + 16 * i];
-            for (int j = 0; j < 4; j++) b[j] = bs[kk][tx + 16 * j];
-            for (int i = 0; i < 4; i++)
-                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-        }
-        __syncthreads();
-    }
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) {
-            const long long r = m0 + ty + 16 * i, c = n0 + tx + 16 * j;
-            if (r >= p.m || c >= p.n) continue;
-            float *out = p.c + r * p.ldc + c;
-            *out = p.accumulate ? *out + acc[i][j] : acc[i][j];
-        }
-}
-
-// fp32 → the dtype, rounded once (dHs of a chunk, dWs at the end)
-extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_cast(const flce_distill_cast_params p)
-{
-    const long long stride = (long long)gridDim.x * DISTILL_THREADS;
-    for (long long i = (long long)blockIdx.x * DISTILL_THREADS + threadIdx.x; i < p.count; i += stride)
-        distill_store(p.dst, i, p.src[i]);
 }
 
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_count(const flce_distill_params p)
@@ -275,10 +189,14 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
 {
     __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32];
     const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
-    float *zs = p.zs + r * v;
-    const float *zt = p.zt + r * v;
+    const float *zs = p.zs + r * p.ld;
+    const float *zt = p.zt + r * p.ld;
+    void *dz = (char *)p.dz + r * p.ld * (FLCE_DTYPE == 0 ? 4 : 2);
+    // the row's padding to ld: dH's loads read it (times the weight's absent rows, TMA's zeros), so
+    // it must be a number, not whatever the workspace held
+    for (long long j = v + threadIdx.x; j < p.ld; j += DISTILL_THREADS) distill_store(dz, j, 0.f);
     if (!distill_valid(p, i)) {
-        for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) zs[j] = 0.f;
+        for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) distill_store(dz, j, 0.f);
         if (threadIdx.x == 0) {
             if (p.divergence) p.divergence[i] = 0.f;
             p.loss_rows[i] = 0.f;
@@ -322,26 +240,26 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
     const long long y = distill_label(p, i);
     if (CE_WEIGHT != 0.f) loss += CE_WEIGHT * (lse_s - zs[y]);
 #endif
-    // every thread has read zs[y] before any thread overwrites its columns
+    // every thread has read zs[y] before any thread overwrites its columns (dz may be zs)
     __syncthreads();
-    // 4. dZs in place
+    // 4. dZs
     const float g = distill_scale(p, i);
     for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
         const float lq = zs[j] * INV_TEMP - lse_s, q = __expf(lq);
 #if DISTILL_DIV == 0
         const float lp = zt[j] * INV_TEMP - lse_t;
-        float dz = (q - __expf(lp)) * INV_TEMP;
+        float dzj = (q - __expf(lp)) * INV_TEMP;
 #elif DISTILL_DIV == 1
         const float lp = zt[j] * INV_TEMP - lse_t;
-        float dz = q == 0.f ? 0.f : q * (lq - lp - d) * INV_TEMP;
+        float dzj = q == 0.f ? 0.f : q * (lq - lp - d) * INV_TEMP;
 #else
         const float lp = zt[j] * INV_TEMP - lse_t;
-        float dz = q == 0.f ? 0.f : (1.f - DISTILL_BETA) * q * (lq - distill_log_m(lp, lq) - kq) * INV_TEMP;
+        float dzj = q == 0.f ? 0.f : (1.f - DISTILL_BETA) * q * (lq - distill_log_m(lp, lq) - kq) * INV_TEMP;
 #endif
 #if DISTILL_LABELS
-        if (CE_WEIGHT != 0.f) dz += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
+        if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
 #endif
-        zs[j] = g * dz;
+        distill_store(dz, j, g * dzj);
     }
     if (threadIdx.x == 0) {
         if (p.divergence) p.divergence[i] = d;

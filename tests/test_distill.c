@@ -25,6 +25,9 @@ static flce_distill_problem good(void)
     return p;
 }
 
+/* The plan's device when there is none: an H100's arch and SMs, no tune table. */
+static const distill_device H100 = {NULL, 90, 132};
+
 /* Fake, aligned device addresses: distill_check never dereferences them. */
 #define ADDR(k) ((void *)(uintptr_t)(0x10000u * (k)))
 
@@ -131,7 +134,7 @@ static void every_bad_problem_field_is_named(void)
         flce_distill_tensors t = good_tensors();
         flce_distill_problem q;
         distill_plan pl;
-        st = distill_check(&p, &t, &q, &pl);
+        st = distill_check(&p, &t, &H100, &q, &pl);
         CHECKF(st == cases[i].status && says(cases[i].name), "case %s via distill_check: %s '%s'", cases[i].name,
                flce_status_name(st), flce_last_error());
     }
@@ -162,12 +165,12 @@ static void every_bad_tensor_is_named(void)
         const void **f[] = {&t.student_hidden, &t.student_weight, &t.teacher_hidden, &t.teacher_weight};
         *f[k] = NULL;
         distill_plan pl;
-        flce_status st = distill_check(&p, &t, &q, &pl);
+        flce_status st = distill_check(&p, &t, &H100, &q, &pl);
         char want[64];
         snprintf(want, sizeof want, "tensors.%s: NULL (required)", required[k]);
         CHECKF(st == FLCE_ERR_INVALID_ARGUMENT && says(want), "%s: %s", want, flce_last_error());
         *f[k] = (const void *)((uintptr_t)ADDR(1) + 8); /* not 16-byte aligned */
-        st = distill_check(&p, &t, &q, &pl);
+        st = distill_check(&p, &t, &H100, &q, &pl);
         snprintf(want, sizeof want, "tensors.%s=", required[k]);
         CHECKF(st == FLCE_ERR_INVALID_ARGUMENT && says(want) && says("16-byte aligned"), "%s", flce_last_error());
     }
@@ -175,28 +178,28 @@ static void every_bad_tensor_is_named(void)
     distill_plan pl;
     flce_distill_tensors t = good_tensors();
     p.label_bits = 64, t.labels = (const void *)((uintptr_t)ADDR(5) + 4);
-    CHECK(distill_check(&p, &t, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.labels=") &&
+    CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.labels=") &&
           says("8-byte aligned"));
     p = good(), t = good_tensors();
     p.ce_weight = 1.0f, t.labels = NULL;
-    CHECK(distill_check(&p, &t, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.labels: NULL") &&
+    CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.labels: NULL") &&
           says("ce_weight"));
     p = good(), t = good_tensors();
     t.labels = NULL; /* no CE: labels are optional */
-    CHECKF(distill_check(&p, &t, &q, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECKF(distill_check(&p, &t, &H100, &q, &pl) == FLCE_OK, "%s", flce_last_error());
     t = good_tensors();
     t.loss = NULL, t.divergence = NULL, t.grad_student_hidden = NULL, t.grad_student_weight = NULL;
-    CHECK(distill_check(&p, &t, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("every output is NULL"));
+    CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("every output is NULL"));
     t = good_tensors();
     t.loss = (float *)((uintptr_t)ADDR(6) + 2);
-    CHECK(distill_check(&p, &t, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.loss="));
+    CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.loss="));
     t = good_tensors();
     t.struct_size = 8;
-    CHECK(distill_check(&p, &t, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.struct_size=8"));
-    CHECK(distill_check(&p, NULL, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors: NULL"));
+    CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.struct_size=8"));
+    CHECK(distill_check(&p, NULL, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors: NULL"));
     t = good_tensors();
     t.workspace = ADDR(10), t.workspace_bytes = 1024;
-    CHECK(distill_check(&p, &t, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.workspace_bytes=1024"));
+    CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.workspace_bytes=1024"));
 }
 
 static void null_context_and_bytes_are_named(void)
@@ -212,21 +215,34 @@ static void chunks_follow_the_budget(void)
 {
     flce_distill_problem p = good();
     distill_plan pl;
-    distill_plan_make(&p, &pl); /* 512 MiB / (8 · 32000) = 2097 rows ≥ N */
-    CHECK(pl.chunk_rows == 1024 && pl.chunks == 1);
-    CHECK(pl.workspace_bytes >= 8ull * 1024 * 32000 + 4ull * 32000 * 2048);
-    p.memory_budget = 8ull * 32000 * 100; /* 100 rows a chunk */
-    distill_plan_make(&p, &pl);
-    CHECK(pl.chunk_rows == 100 && pl.chunks == 11);
-    p.memory_budget = 1; /* below one row: one row a chunk */
-    distill_plan_make(&p, &pl);
-    CHECK(pl.chunk_rows == 1 && pl.chunks == 1024);
-    p.dtype = FLCE_DTYPE_F32; /* fp32 writes dWs in place: no accumulator */
-    distill_plan m;
-    distill_plan_make(&p, &m);
-    CHECK(m.workspace_bytes + 4ull * 32000 * 2048 + 4ull * 2048 == pl.workspace_bytes); /* dWs, one row's dHs */
-    CHECK(pl.zt_offset % 16 == 0 && pl.dw_offset % 16 == 0 && pl.dh_offset % 16 == 0 && pl.per_token_offset % 16 == 0 &&
-          pl.count_offset % 16 == 0);
+    const uint64_t ld = 32000, row = ld * 10; /* teacher fp32 Z + student fp32 Z + 16-bit dZ */
+    CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(pl.chunk_rows == 1024 && pl.chunks == 1 && pl.ld == 32000); /* 2 GiB / 320000 = 6710 rows ≥ N */
+    CHECK(!pl.student.compact && !pl.student.qrows && !pl.student.recompute && pl.student.off_z != pl.student.off_dz);
+    CHECK(!pl.student.need_dw_acc); /* one chunk: dWs straight into the caller's buffer */
+    CHECK(pl.zt_offset >= pl.student.workspace_bytes && pl.workspace_bytes >= pl.zt_offset + 1024 * ld * 4 + 1024 * 4);
+    p.memory_budget = row * 300; /* 300 rows fit: chunks of whole 128-row blocks, balanced */
+    CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECKF(pl.chunk_rows == 256 && pl.chunks == 4, "%lld rows x %lld", (long long)pl.chunk_rows, (long long)pl.chunks);
+    CHECK(pl.student.need_dw_acc); /* several chunks: the fp32 V x Ds accumulator, rounded once */
+    CHECK((uint64_t)pl.chunk_rows * row <= p.memory_budget);
+    p.memory_budget = 100 * row; /* under one 128-row block: as many rows as fit */
+    CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(pl.chunk_rows <= 100 && pl.chunks * pl.chunk_rows >= 1024);
+    p.memory_budget = row - 1; /* not one token's row */
+    CHECK(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("problem.memory_budget=") &&
+          says("one token's logits"));
+    p.memory_budget = 0, p.dtype = FLCE_DTYPE_F32; /* fp32: dZ in place of the student's Z */
+    CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(pl.student.off_dz == pl.student.off_z);
+    CHECK(pl.zt_offset % 256 == 0 && pl.per_token_offset % 256 == 0 && pl.count_offset % 256 == 0 &&
+          pl.labels_offset % 256 == 0);
+    /* with labels given there is no stand-in labels array */
+    flce_distill_tensors t = good_tensors();
+    distill_plan with;
+    p.dtype = FLCE_DTYPE_BF16;
+    CHECKF(distill_plan_make(&p, &H100, &t, &with) == FLCE_OK, "%s", flce_last_error());
+    CHECK(with.per_token_offset == with.labels_offset);
 }
 
 static void jsd_ends_are_emitted_as_the_kls(void)
@@ -255,11 +271,11 @@ static void distill_spec_emits_through_the_spec_path(void)
     char *src = NULL;
     CHECKF(emit_source(&s, &src) == FLCE_OK, "%s", flce_last_error());
     CHECK(src && strstr(src, "#define FLCE_DTYPE 1") && strstr(src, "#define DISTILL_DIV 1") &&
-          strstr(src, "#define FLCE_LABEL_BITS 64") && strstr(src, "flce_distill_gemm"));
+          strstr(src, "#define FLCE_LABEL_BITS 64") && strstr(src, "flce_distill_row"));
     free(src);
     const char *const *names = emit_kernel_names(ROLE_DISTILL);
-    CHECK(names && !strcmp(names[0], "flce_distill_count") && !strcmp(names[3], "flce_distill_gemm") &&
-          !strcmp(names[4], "flce_distill_cast") && !names[5]);
+    CHECK(names && !strcmp(names[0], "flce_distill_count") && !strcmp(names[1], "flce_distill_row") &&
+          !strcmp(names[2], "flce_distill_reduce") && !names[3]);
     char line[256];
     spec_summary(&s, line, sizeof line);
     CHECKF(strstr(line, "distill f16 div=1") != NULL, "%s", line);
@@ -267,7 +283,7 @@ static void distill_spec_emits_through_the_spec_path(void)
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && says("divergence=7"));
 }
 
-/* Every variant of the module (GEMM, cast and row kernels) compiles for both arches CI targets. */
+/* Every variant of the module (the row kernels) compiles for both arches CI targets. */
 static void row_kernels_compile_for_sm_80_and_sm_90a(void)
 {
     if (nvrtc_load_error()) {

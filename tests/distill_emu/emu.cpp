@@ -1,7 +1,9 @@
-/* emu.cpp — runs templates/distill.cu's kernels on the host (shim.h) the way runtime/distill.c
- * launches them (the same argument structs: chunks, GEMM strides, count, rows, reduce) on small
- * random fp32 data, and compares loss, per-token divergence, dHs and dWs with testing/ref.c
- * ref_distill in fp64. The case is compiled in (distill_emu.sh writes k.cu: the generated
+/* emu.cpp — runs templates/distill.cu's row kernels on the host (shim.h) the way runtime/distill.c
+ * launches them (the same argument struct: chunks, row stride, count, rows, reduce), between
+ * host fp32 GEMMs standing in for the CE path's (logits of both models into fp32 blocks of row
+ * stride ld > V, dHs and dWs from the dZs block), on small random fp32 data, and compares loss,
+ * per-token divergence, dHs and dWs with testing/ref.c ref_distill in fp64. Odd chunks write dZs in
+ * place of the student's logits (as fp32 calls do), even ones into a block of their own. The case is compiled in (distill_emu.sh writes k.cu: the generated
  * constants, then the template); argv[1] is the token chunk. Exit 0 when every error < 1e-5. */
 #include "shim.h"
 thread_local emu_dim threadIdx;
@@ -63,24 +65,45 @@ int main(int argc, char **argv)
     const long long nl = FLCE_REDUCTION == 2 ? n : 1;
     std::vector<float> go(nl); std::vector<double> god(nl);
     for (long long i = 0; i < nl; i++) go[i] = 0.5f + (float)(rand() % 100) / 100, god[i] = go[i];
-    std::vector<float> zs(chunk * v), zt(chunk * v), dh(n * ds), dw(v * ds), lossrows(n), loss(nl), div(n);
+    const long long ld = (v + 7) / 8 * 8;
+    std::vector<float> zs(chunk * ld, NAN), zt(chunk * ld, NAN), dzb(chunk * ld, NAN), dh(n * ds), dw(v * ds, 0.f),
+        lossrows(n), loss(nl), div(n);
     float count = -1;
-    flce_distill_params rp = {zs.data(), zt.data(), DISTILL_LABELS ? lab.data() : nullptr, go.data(), div.data(),
-                              lossrows.data(), loss.data(), &count, 0, 0, n, v, -100};
+    flce_distill_params rp = {zs.data(), zt.data(), nullptr, DISTILL_LABELS ? lab.data() : nullptr, go.data(), div.data(),
+                              lossrows.data(), loss.data(), &count, 0, 0, n, v, -100, ld};
+    // C[m × nn] (row stride ldc) = A[m × k] · B[nn × k]ᵀ in fp32, as the logits GEMM
+    auto nt = [](const float *a, const float *b, float *c, long long m, long long nn, long long k, long long ldc) {
+        for (long long i = 0; i < m; i++)
+            for (long long j = 0; j < nn; j++) {
+                float acc = 0.f;
+                for (long long l = 0; l < k; l++) acc += a[i * k + l] * b[j * k + l];
+                c[i * ldc + j] = acc;
+            }
+    };
     run(flce_distill_count, 1, rp);
     for (long long r0 = 0; r0 < n; r0 += chunk) {
         long long rows = n - r0 < chunk ? n - r0 : chunk;
         rp.row0 = r0, rp.rows = rows;
-        auto tiles = [](long long m, long long nn) { return ((m + 63) / 64) * ((nn + 63) / 64); };
-        flce_distill_gemm_params g1 = {ht.data() + r0 * dt, wt.data(), zt.data(), rows, v, dt, dt, 1, 1, dt, v, 0, 0};
-        run(flce_distill_gemm, tiles(rows, v), g1);
-        flce_distill_gemm_params g2 = {hs.data() + r0 * ds, ws.data(), zs.data(), rows, v, ds, ds, 1, 1, ds, v, 0, 0};
-        run(flce_distill_gemm, tiles(rows, v), g2);
+        nt(ht.data() + r0 * dt, wt.data(), zt.data(), rows, v, dt, ld);
+        nt(hs.data() + r0 * ds, ws.data(), zs.data(), rows, v, ds, ld);
+        float *dz = (r0 / chunk) % 2 ? zs.data() : dzb.data();
+        rp.dz = dz;
         run(flce_distill_row, rows, rp);
-        flce_distill_gemm_params g3 = {zs.data(), ws.data(), dh.data() + r0 * ds, rows, ds, v, v, 1, ds, 1, ds, 1, 0};
-        run(flce_distill_gemm, tiles(rows, ds), g3);
-        flce_distill_gemm_params g4 = {zs.data(), hs.data() + r0 * ds, dw.data(), v, ds, rows, 1, v, ds, 1, ds, 1, r0 > 0};
-        run(flce_distill_gemm, tiles(v, ds), g4);
+        for (long long i = 0; i < rows; i++) { // the padding is written (zeros): dH's loads read it
+            for (long long j = v; j < ld; j++)
+                if (dz[i * ld + j] != 0.f) { printf("padding (%lld, %lld) = %g\n", i, j, dz[i * ld + j]); return 1; }
+            for (long long k = 0; k < ds; k++) { // dHs = dZs · Ws
+                float acc = 0.f;
+                for (long long j = 0; j < v; j++) acc += dz[i * ld + j] * ws[j * ds + k];
+                dh[(r0 + i) * ds + k] = acc;
+            }
+        }
+        for (long long j = 0; j < v; j++) // dWs += dZsᵀ · Hs
+            for (long long k = 0; k < ds; k++) {
+                float acc = 0.f;
+                for (long long i = 0; i < rows; i++) acc += dz[i * ld + j] * hs[(r0 + i) * ds + k];
+                dw[j * ds + k] += acc;
+            }
     }
     run(flce_distill_reduce, 1, rp);
     ref_distill_problem p = {(ref_divergence)DIVP, BETAD, 1.0 / (double)INV_TEMP, (double)CE_WEIGHT, -100, (flce_reduction)FLCE_REDUCTION};
