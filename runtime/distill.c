@@ -2,10 +2,11 @@
  *
  * The GEMMs are the CE path's tuned kernels (issue 44; v1's plain fp32 GEMM ran at 58x the cuBLAS
  * floor, bench/NOTES.md session 23). Per token chunk:
- *   z_t = Ht·Wtᵀ and z_s = Hs·Wsᵀ stored in fp32 (the logits kernel of a chunked CE plan with the
- *     compact store off: launch_store_logits),
- *   flce_distill_row (templates/distill.cu): both log-softmaxes at T, D_i, loss_i and dZs in the
- *     dtype (× g_i),
+ *   z_t/T = Ht·Wtᵀ/T and z_s/T = Hs·Wsᵀ/T stored in fp32 with their per-split statistics (max,
+ *     Σ exp) by the logits kernel of a chunked CE plan at temperature T with the compact store off
+ *     (launch_store_logits),
+ *   flce_distill_row (templates/distill.cu): both log-normalizers from those statistics, D_i,
+ *     loss_i and dZs in the dtype (× g_i), one read of each row (forward KL) or two,
  *   dHs = dZs·Ws and dWs += dZsᵀ·Hs (launch_grads.c run_grad_gemms: the CE path's dH and dW with
  *     their accumulation rules, dH beside dW on two streams),
  * then the loss reduced in a fixed order (flce_distill_reduce). The CE plan is made for a problem
@@ -56,6 +57,8 @@ flce_status distill_plan_make(const flce_distill_problem *p, const distill_devic
     cfg.compact = 0, cfg.qrows = 0; /* the fp32 Z store: the row kernel reads plain logits */
     ce_problem(p, p->hidden_student, student_budget, &pl->student_problem);
     ce_problem(p, p->hidden_teacher, student_budget, &pl->teacher_problem);
+    /* the logits passes store and sum z/T: the row kernel's log-probabilities are at T as they stand */
+    pl->student_problem.temperature = pl->teacher_problem.temperature = p->temperature;
     flce_tensors ts, *tsp = NULL;
     if (t) {
         flce_tensors_init(&ts);
@@ -68,7 +71,7 @@ flce_status distill_plan_make(const flce_distill_problem *p, const distill_devic
     TRY(plan_make_cfg(&pl->teacher_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, NULL,
                       &pl->teacher));
     if (pl->student.recompute || pl->student.compact || pl->student.qrows || pl->student.ldz != (int64_t)ld ||
-        pl->teacher.ldz != (int64_t)ld || !pl->student.off_z)
+        pl->teacher.ldz != (int64_t)ld || !pl->student.off_z || !pl->student.off_part_m)
         return err_set(FLCE_ERR_INTERNAL, "distillation: the student's CE plan is not a plain chunked one "
                        "(recompute %d, compact %d, qrows %d, ldz %lld for %llu; a planning bug)",
                        pl->student.recompute, pl->student.compact, pl->student.qrows,
@@ -77,6 +80,10 @@ flce_status distill_plan_make(const flce_distill_problem *p, const distill_devic
     pl->chunk_rows = pl->student.chunk_rows, pl->chunks = pl->student.n_chunks;
     uint64_t cur = align256(pl->student.workspace_bytes), n = (uint64_t)p->tokens;
     pl->zt_offset = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * ld * 4);
+    const uint64_t parts = (uint64_t)pl->chunk_rows * (uint64_t)pl->teacher.splits * 4;
+    pl->teacher_part_m = cur, cur = align256(cur + parts);
+    pl->teacher_part_s = cur, cur = align256(cur + parts);
+    pl->teacher_target = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * 4);
     pl->labels_offset = cur, cur = align256(cur + ((!t || !t->labels) ? n * 8 : 0)); /* int64 or int32 */
     pl->per_token_offset = cur, cur = align256(cur + n * 4);
     pl->count_offset = cur, cur += 16;
@@ -98,8 +105,10 @@ static kernel_spec distill_spec(const flce_context *ctx, const flce_distill_prob
 
 /* Field for field templates/distill.cu's flce_distill_params (passed by value). */
 typedef struct distill_row_args {
-    unsigned long long zs, zt, dz, labels, grad_output, divergence, loss_rows, loss, count;
+    unsigned long long zs, zt, dz, part_ms, part_ss, part_mt, part_st;
+    unsigned long long labels, grad_output, divergence, loss_rows, loss, count;
     long long row0, rows, tokens, vocab, ignore_index, ld;
+    int splits_s, splits_t;
     unsigned long long flag; /* the context's device flag (a label outside [0, V)) */
 } distill_row_args;
 
@@ -149,15 +158,19 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
         if (res != CUDA_SUCCESS) return drv_error(res, "zeroing the distillation's stand-in labels");
     }
     const unsigned long long zs = ws + pl->student.off_z, dz = ws + pl->student.off_dz, zt = ws + pl->zt_offset;
-    distill_row_args ra = {zs, zt, dz, addr(t->labels), addr(t->grad_output), addr(t->divergence),
+    const logits_stats st_s = {ws + pl->student.off_part_m, ws + pl->student.off_part_s, ws + pl->student.off_target};
+    const logits_stats st_t = {ws + pl->teacher_part_m, ws + pl->teacher_part_s, ws + pl->teacher_target};
+    distill_row_args ra = {zs, zt, dz, st_s.part_m, st_s.part_s, st_t.part_m, st_t.part_s,
+                           addr(t->labels), addr(t->grad_output), addr(t->divergence),
                            ws + pl->per_token_offset, addr(t->loss), ws + pl->count_offset,
-                           0, 0, p->tokens, p->vocab, p->ignore_index, pl->ld, (unsigned long long)ctx->flag_dev};
+                           0, 0, p->tokens, p->vocab, p->ignore_index, pl->ld, pl->student.splits, pl->teacher.splits,
+                           (unsigned long long)ctx->flag_dev};
     TRY(launch(d.k[DK_COUNT], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill count"));
     for (int64_t c = 0; c < pl->chunks; c++) {
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
         b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;
-        TRY(launch_store_logits(&d.teacher, &b, zt));
-        TRY(launch_store_logits(&d.student, &b, zs));
+        TRY(launch_store_logits(&d.teacher, &b, zt, &st_t));
+        TRY(launch_store_logits(&d.student, &b, zs, &st_s));
         ra.row0 = b.row0, ra.rows = b.rows;
         TRY(launch(d.k[DK_ROW], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows"));
         block rows_done = b;

@@ -30,6 +30,8 @@ typedef struct distill_plan {
     plan student, teacher;
     uint64_t zt_offset;        /* workspace byte offsets after the student plan's: teacher's fp32
                                   logits, chunk_rows × ld */
+    uint64_t teacher_part_m, teacher_part_s, teacher_target; /* the teacher pass's statistics:
+                                  chunk_rows × teacher.splits floats (max, Σ exp), chunk_rows */
     uint64_t labels_offset;    /* N zero labels (8 bytes each) for the logits epilogue when labels are NULL */
     uint64_t per_token_offset; /* fp32 loss_i of every token, N */
     uint64_t count_offset;     /* fp32 count of valid tokens (one value, padded to 16 bytes) */

@@ -158,12 +158,13 @@ static flce_status run_logits(run *r, const block *b, int stats, int store_z)
     return launch_logits(r, &r->pl->logits, r->k.logits, b, stats, &g, "logits kernel");
 }
 
-flce_status launch_store_logits(run *r, const block *b, unsigned long long z)
+flce_status launch_store_logits(run *r, const block *b, unsigned long long z, const logits_stats *st)
 {
     struct flce_gemm_params g;
     logits_params(r, b, &g);
     g.out = z;
-    return launch_logits(r, &r->pl->logits, r->k.logits, b, 0, &g, "logits kernel (Z store)");
+    if (st) g.part_m = st->part_m, g.part_s = st->part_s, g.target = st->target;
+    return launch_logits(r, &r->pl->logits, r->k.logits, b, st != NULL, &g, "logits kernel (Z store)");
 }
 
 /* Recompute's gradient pass over block b: the logits again, turned into dZ in the epilogue (the

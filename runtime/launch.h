@@ -30,11 +30,17 @@ flce_status launch_run(flce_context *ctx, const plan *pl, const flce_problem *p,
 flce_status launch_call(flce_context *ctx, const flce_problem *p, flce_op op, const flce_tensors *t,
                         CUstream stream, launch_part part, CUdeviceptr tp_buffer);
 
-/* The logits of block b (r->t's hidden rows × weight rows) stored at z in fp32, row stride
- * r->pl->ldz, no statistics: r->pl->logits must be a plain (not compact, not dZ) logits spec, and
- * r->t->labels valid for the block's rows (the epilogue reads them). For runtime/distill.c, which
- * runs the CE path's tuned GEMMs on two models' logits. */
-flce_status launch_store_logits(run *r, const block *b, unsigned long long z);
+/* Where a logits pass's statistics go: per (block row, vocab split) the max and Σ exp(z − max),
+ * [rows][r->pl->splits], and each row's label logit where it lies in the shard, [rows]. */
+typedef struct logits_stats {
+    unsigned long long part_m, part_s, target;
+} logits_stats;
+
+/* The logits of block b (r->t's hidden rows × weight rows, at the plan's temperature) stored at z
+ * in fp32, row stride r->pl->ldz, and with st their statistics: r->pl->logits must be a plain (not
+ * compact, not dZ) logits spec, and r->t->labels valid for the block's rows (the epilogue reads
+ * them). For runtime/distill.c, which runs the CE path's tuned GEMMs on two models' logits. */
+flce_status launch_store_logits(run *r, const block *b, unsigned long long z, const logits_stats *st);
 
 /* FLCE_LOG=debug: what a planned call runs and why (launch_call, flce_strategy_of). */
 void launch_log_plan(const plan *pl);

@@ -1,10 +1,13 @@
 // distill.cu — the row kernels of the distillation call (issue 44 item 1, runtime/distill.c). The
-// GEMMs are the CE path's tuned ones (runtime/distill.c runs them: each model's logits stored in
-// fp32, then dH and dW from the dZs these kernels write). On one token chunk's fp32 logits of the
-// student (zs) and the teacher (zt), rows × V at row stride ld, both raw (before the temperature):
+// GEMMs are the CE path's tuned ones (runtime/distill.c runs them: each model's logits at the
+// temperature, z/T, stored in fp32 with the per-(row, vocab split) max and Σ exp(z/T − max) of the
+// statistics epilogue; then dH and dW from the dZs these kernels write). On one token chunk's
+// logits of the student (zs) and the teacher (zt), rows × V at row stride ld:
 //   flce_distill_count   the count of valid tokens (the mean's denominator), one CTA, fixed order
-//   flce_distill_row     one CTA per row: both log-softmaxes at temperature T, D_i, loss_i, and
-//                        dZs in the dtype at dz (row stride ld; for fp32 dz may be zs: in place)
+//   flce_distill_row     one CTA per row: both log-normalizers from the splits' statistics, D_i,
+//                        loss_i, and dZs (the gradient w.r.t. the raw logits) in the dtype at dz
+//                        (row stride ld; for fp32 dz may be zs: in place). Forward KL reads each
+//                        row once; reverse KL and JSD twice (their dZ needs the row's sum first)
 //   flce_distill_reduce  loss = Σ_i loss_i (· 1/count for the mean), one CTA, fixed order
 // With q = softmax(zs/T) (student), p = softmax(zt/T) (teacher), log-probabilities formed from the
 // logits (never log of an underflowed probability), and 0·anything = 0 where a weight is 0:
@@ -36,9 +39,11 @@ constexpr float DISTILL_BETA = 0.5f, INV_TEMP = 1.f, CE_WEIGHT = 0.f;
 constexpr int DISTILL_THREADS = 256; // one CTA per row; 8 warps keep a 128k-wide row's loads in flight
 
 struct flce_distill_params {
-    const float *zs;          // rows × ld: the student's fp32 logits
-    const float *zt;          // rows × ld: the teacher's fp32 logits
+    const float *zs;          // rows × ld: the student's fp32 logits at T (zs/T)
+    const float *zt;          // rows × ld: the teacher's fp32 logits at T (zt/T)
     void *dz;                 // rows × ld: dZs out in the dtype (fp32: may be zs, written in place)
+    const float *part_ms, *part_ss; // rows × splits_s: the student's per-split max and Σ exp(· − max)
+    const float *part_mt, *part_st; // rows × splits_t: the teacher's
     const void *labels;       // tokens labels (int32 or int64), NULL without labels
     const float *grad_output; // 1 value (mean, sum) or tokens (none); NULL = 1
     float *divergence;        // tokens: D_i out (may be NULL)
@@ -51,6 +56,7 @@ struct flce_distill_params {
     long long vocab;          // V
     long long ignore_index;
     long long ld;             // row stride of zs, zt and dz (elements)
+    int splits_s, splits_t;   // vocab splits of the two logits passes
     int *flag;                // the context's device flag: [0] = 1 on a label outside [0, V); may be NULL
 };
 
@@ -185,6 +191,16 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_count
     if (threadIdx.x == 0) *p.count = c;
 }
 
+// The log-normalizer of one row from its splits' (max, Σ exp) pairs, every thread the same value
+__device__ __forceinline__ float distill_lse(const float *part_m, const float *part_s, int splits, float *scratch_a,
+                                             float *scratch_b)
+{
+    distill_ms a = {DISTILL_NEG_INF, 0.f};
+    for (int k = threadIdx.x; k < splits; k += DISTILL_THREADS) a = distill_ms_merge(a, {part_m[k], part_s[k]});
+    a = distill_block_ms(a, scratch_a, scratch_b);
+    return a.m + logf(a.s);
+}
+
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(const flce_distill_params p)
 {
     __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32];
@@ -200,28 +216,45 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
         if (threadIdx.x == 0) {
             if (p.divergence) p.divergence[i] = 0.f;
             p.loss_rows[i] = 0.f;
-#if FLCE_REDUCTION == 2
-            if (p.loss) p.loss[i] = 0.f;
-#endif
+            if constexpr (FLCE_REDUCTION == 2) {
+                if (p.loss) p.loss[i] = 0.f;
+            }
         }
         return;
     }
-    // 1. both log-normalizers at temperature T, online
-    distill_ms s = {DISTILL_NEG_INF, 0.f}, t = {DISTILL_NEG_INF, 0.f};
-    for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
-        s = distill_ms_add(s, zs[j] * INV_TEMP);
-        t = distill_ms_add(t, zt[j] * INV_TEMP);
-    }
-    s = distill_block_ms(s, scratch_a, scratch_b);
-    t = distill_block_ms(t, scratch_a, scratch_b);
-    const float lse_s = s.m + logf(s.s), lse_t = t.m + logf(t.s);
-    // 2. the divergence (and JSD's KL(q‖m), which its gradient needs)
-    float d = 0.f, kq = 0.f;
-    for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
-        const float lq = zs[j] * INV_TEMP - lse_s, lp = zt[j] * INV_TEMP - lse_t;
+    // 1. both log-normalizers at temperature T, from the logits passes' statistics
+    const float lse_s = distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s, scratch_a,
+                                    scratch_b);
+    const float lse_t = distill_lse(p.part_mt + r * p.splits_t, p.part_st + r * p.splits_t, p.splits_t, scratch_a,
+                                    scratch_b);
+    // the CE term at temperature 1 (CE_WEIGHT != 0 only with T = 1: zs is the raw logit, lse_s its
+    // normalizer), read before any thread overwrites zs's columns (dz may be zs)
+    float loss = 0.f;
+#if DISTILL_LABELS
+    const long long y = distill_label(p, i);
+    if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (lse_s - zs[y]);
+#endif
+    __syncthreads();
+    const float g = distill_scale(p, i);
+    float d = 0.f;
 #if DISTILL_DIV == 0
-        d += distill_xlog(__expf(lp), lp, lq);
-#elif DISTILL_DIV == 1
+    // 2. forward KL: D and dZs in one pass (its dZ needs no row sum)
+    for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
+        const float lq = zs[j] - lse_s, lp = zt[j] - lse_t, q = __expf(lq), pj = __expf(lp);
+        d += distill_xlog(pj, lp, lq);
+        float dzj = (q - pj) * INV_TEMP;
+#if DISTILL_LABELS
+        if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
+#endif
+        distill_store(dz, j, g * dzj);
+    }
+    d = distill_block_sum(d, scratch_a);
+#else
+    // 2. the divergence (and JSD's KL(q‖m), which its gradient needs)
+    float kq = 0.f;
+    for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
+        const float lq = zs[j] - lse_s, lp = zt[j] - lse_t;
+#if DISTILL_DIV == 1
         d += distill_xlog(__expf(lq), lq, lp);
 #else
         const float lm = distill_log_m(lp, lq);
@@ -234,26 +267,12 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
     kq = distill_block_sum(kq, scratch_b);
     d += (1.f - DISTILL_BETA) * kq;
 #endif
-    // 3. the CE term at temperature 1 (CE_WEIGHT != 0 only with T = 1: lse_s is its normalizer)
-    float loss = d;
-#if DISTILL_LABELS
-    const long long y = distill_label(p, i);
-    if (CE_WEIGHT != 0.f) loss += CE_WEIGHT * (lse_s - zs[y]);
-#endif
-    // every thread has read zs[y] before any thread overwrites its columns (dz may be zs)
-    __syncthreads();
-    // 4. dZs
-    const float g = distill_scale(p, i);
+    // 3. dZs
     for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
-        const float lq = zs[j] * INV_TEMP - lse_s, q = __expf(lq);
-#if DISTILL_DIV == 0
-        const float lp = zt[j] * INV_TEMP - lse_t;
-        float dzj = (q - __expf(lp)) * INV_TEMP;
-#elif DISTILL_DIV == 1
-        const float lp = zt[j] * INV_TEMP - lse_t;
+        const float lq = zs[j] - lse_s, q = __expf(lq), lp = zt[j] - lse_t;
+#if DISTILL_DIV == 1
         float dzj = q == 0.f ? 0.f : q * (lq - lp - d) * INV_TEMP;
 #else
-        const float lp = zt[j] * INV_TEMP - lse_t;
         float dzj = q == 0.f ? 0.f : (1.f - DISTILL_BETA) * q * (lq - distill_log_m(lp, lq) - kq) * INV_TEMP;
 #endif
 #if DISTILL_LABELS
@@ -261,12 +280,14 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
 #endif
         distill_store(dz, j, g * dzj);
     }
+#endif
+    loss += d;
     if (threadIdx.x == 0) {
         if (p.divergence) p.divergence[i] = d;
         p.loss_rows[i] = loss;
-#if FLCE_REDUCTION == 2
-        if (p.loss) p.loss[i] = loss;
-#endif
+        if constexpr (FLCE_REDUCTION == 2) {
+            if (p.loss) p.loss[i] = loss;
+        }
     }
 }
 

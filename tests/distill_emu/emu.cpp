@@ -1,7 +1,7 @@
 /* emu.cpp — runs templates/distill.cu's row kernels on the host (shim.h) the way runtime/distill.c
  * launches them (the same argument struct: chunks, row stride, count, rows, reduce), between
- * host fp32 GEMMs standing in for the CE path's (logits of both models into fp32 blocks of row
- * stride ld > V, dHs and dWs from the dZs block), on small random fp32 data, and compares loss,
+ * host fp32 GEMMs standing in for the CE path's (logits of both models at T into fp32 blocks of row
+ * stride ld > V with per-split statistics, dHs and dWs from the dZs block), on small random fp32 data, and compares loss,
  * per-token divergence, dHs and dWs with testing/ref.c ref_distill in fp64. Odd chunks write dZs in
  * place of the student's logits (as fp32 calls do), even ones into a block of their own. The case is compiled in (distill_emu.sh writes k.cu: the generated
  * constants, then the template); argv[1] is the token chunk. Exit 0 when every error < 1e-5. */
@@ -69,8 +69,27 @@ int main(int argc, char **argv)
     std::vector<float> zs(chunk * ld, NAN), zt(chunk * ld, NAN), dzb(chunk * ld, NAN), dh(n * ds), dw(v * ds, 0.f),
         lossrows(n), loss(nl), div(n);
     float count = -1;
-    flce_distill_params rp = {zs.data(), zt.data(), nullptr, DISTILL_LABELS ? lab.data() : nullptr, go.data(), div.data(),
-                              lossrows.data(), loss.data(), &count, 0, 0, n, v, -100, ld};
+    // the logits passes' statistics: per (row, vocab split) max and Σ exp(z/T − max), the student's
+    // vocab in 3 splits and the teacher's in 2 (as the CE logits kernel's gridDim.y)
+    const int splits_s = 3, splits_t = 2;
+    std::vector<float> pms(chunk * splits_s), pss(chunk * splits_s), pmt(chunk * splits_t), pst(chunk * splits_t);
+    flce_distill_params rp = {zs.data(), zt.data(), nullptr, pms.data(), pss.data(), pmt.data(), pst.data(),
+                              DISTILL_LABELS ? lab.data() : nullptr, go.data(), div.data(),
+                              lossrows.data(), loss.data(), &count, 0, 0, n, v, -100, ld, splits_s, splits_t};
+    // the logits kernel's epilogue: z/T in place, then each split's (max, Σ exp(z − max)), a NaN
+    // anywhere in the split making Σ NaN (the max leaves it out, as fmaxf does)
+    auto logits_pass = [&](float *z, float *pm, float *ps, long long rows, int splits) {
+        const long long per = (v + splits - 1) / splits;
+        for (long long i = 0; i < rows; i++) {
+            for (long long j = 0; j < v; j++) z[i * ld + j] *= INV_TEMP;
+            for (int k = 0; k < splits; k++) {
+                float m = -INFINITY, sum = 0.f;
+                for (long long j = k * per; j < v && j < (k + 1) * per; j++) m = fmaxf(m, z[i * ld + j]);
+                for (long long j = k * per; j < v && j < (k + 1) * per; j++) sum += expf(z[i * ld + j] - m);
+                pm[i * splits + k] = m, ps[i * splits + k] = sum;
+            }
+        }
+    };
     // C[m × nn] (row stride ldc) = A[m × k] · B[nn × k]ᵀ in fp32, as the logits GEMM
     auto nt = [](const float *a, const float *b, float *c, long long m, long long nn, long long k, long long ldc) {
         for (long long i = 0; i < m; i++)
@@ -86,6 +105,8 @@ int main(int argc, char **argv)
         rp.row0 = r0, rp.rows = rows;
         nt(ht.data() + r0 * dt, wt.data(), zt.data(), rows, v, dt, ld);
         nt(hs.data() + r0 * ds, ws.data(), zs.data(), rows, v, ds, ld);
+        logits_pass(zt.data(), pmt.data(), pst.data(), rows, splits_t);
+        logits_pass(zs.data(), pms.data(), pss.data(), rows, splits_s);
         float *dz = (r0 / chunk) % 2 ? zs.data() : dzb.data();
         rp.dz = dz;
         run(flce_distill_row, rows, rp);
