@@ -59,17 +59,26 @@ flce_status distill_plan_make(const flce_distill_problem *p, const distill_devic
     ce_problem(p, p->hidden_teacher, student_budget, &pl->teacher_problem);
     /* the logits passes store and sum z/T: the row kernel's log-probabilities are at T as they stand */
     pl->student_problem.temperature = pl->teacher_problem.temperature = p->temperature;
-    flce_tensors ts, *tsp = NULL;
-    if (t) {
-        flce_tensors_init(&ts);
-        ts.hidden = t->student_hidden, ts.weight = t->student_weight, ts.labels = t->labels;
-        ts.grad_hidden = t->grad_student_hidden, ts.grad_weight = t->grad_student_weight;
-        tsp = &ts;
-    }
-    TRY(plan_make_cfg(&pl->student_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, tsp,
+    /* What the CE planner is told the call has: the gradients asked for (both when t is NULL: the
+     * worst case) and no per-token outputs. A NULL tensors would plan the worst case of those too
+     * (entropy and argmax statistics, whose arrays the logits passes would then write). Planning
+     * reads only which pointers are set. */
+    static char mark; /* a non-NULL address that is never dereferenced */
+    flce_tensors ts, tt;
+    flce_tensors_init(&ts);
+    ts.hidden = ts.weight = ts.labels = &mark;
+    ts.grad_hidden = t ? t->grad_student_hidden : (void *)&mark;
+    ts.grad_weight = t ? t->grad_student_weight : (void *)&mark;
+    ts.loss = (float *)&mark; /* reduction none: the CE loss output, which no pass writes here */
+    tt = ts;
+    tt.grad_hidden = tt.grad_weight = NULL;
+    TRY(plan_make_cfg(&pl->student_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, &ts,
                       &pl->student));
-    TRY(plan_make_cfg(&pl->teacher_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, NULL,
+    TRY(plan_make_cfg(&pl->teacher_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, &tt,
                       &pl->teacher));
+    if ((pl->student.logits.opts | pl->teacher.logits.opts) & ~(unsigned)SPEC_OPT_BIAS)
+        return err_set(FLCE_ERR_INTERNAL, "distillation: a logits pass planned with statistics beyond (max, sum) "
+                       "(opts 0x%x, 0x%x; a planning bug)", pl->student.logits.opts, pl->teacher.logits.opts);
     if (pl->student.recompute || pl->student.compact || pl->student.qrows || pl->student.ldz != (int64_t)ld ||
         pl->teacher.ldz != (int64_t)ld || !pl->student.off_z || !pl->student.off_part_m)
         return err_set(FLCE_ERR_INTERNAL, "distillation: the student's CE plan is not a plain chunked one "
