@@ -13,9 +13,11 @@ typedef struct distill_device {
     int sm, num_sms;
 } distill_device;
 
-/* The default memory_budget: one token chunk's fp32 logits of both models (and dZs) in 2 GiB, so
- * that 4096 × 32000 is one chunk and 8192 × 128256 five (bench/NOTES.md, session 24). */
-#define DISTILL_DEFAULT_BUDGET (2ull << 30)
+/* The default memory_budget: one token chunk's fp32 logits of both models (and dZs) in 4 GiB:
+ * 4096 × 32000 is one chunk, 8192 × 128256 three. Measured on an H200 (bench/NOTES.md, session 24):
+ * 8192×4096×128256 takes 69.4 / 66.7 / 61.9 / 61.6 ms at 1 / 2 / 4 / 8 GiB (extra memory 2.9 / 4.0 /
+ * 5.4 / 7.0 GiB), 8192×2048×151936 (teacher 4096) 61.2 / 52.9 / 50.0 / 48.1 ms. */
+#define DISTILL_DEFAULT_BUDGET (4ull << 30)
 
 /* One call's plan: the student's GEMMs are a chunked CE plan of (N, Ds, V) with the fp32 Z store
  * (its logits, dH and dW kernels, tuned tiles, workspace layout: Z, dZ, accumulators); the

@@ -217,7 +217,7 @@ static void chunks_follow_the_budget(void)
     distill_plan pl;
     const uint64_t ld = 32000, row = ld * 10; /* teacher fp32 Z + student fp32 Z + 16-bit dZ */
     CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
-    CHECK(pl.chunk_rows == 1024 && pl.chunks == 1 && pl.ld == 32000); /* 2 GiB / 320000 = 6710 rows ≥ N */
+    CHECK(pl.chunk_rows == 1024 && pl.chunks == 1 && pl.ld == 32000); /* 4 GiB / 320000 = 13421 rows ≥ N */
     CHECK(!pl.student.compact && !pl.student.qrows && !pl.student.recompute && pl.student.off_z != pl.student.off_dz);
     CHECK(!pl.student.need_dw_acc); /* one chunk: dWs straight into the caller's buffer */
     CHECK(pl.zt_offset >= pl.student.workspace_bytes && pl.workspace_bytes >= pl.zt_offset + 1024 * ld * 4 + 1024 * 4);
