@@ -507,6 +507,50 @@ FLCE_API flce_status flce_distill_workspace_size(flce_context *ctx, const flce_d
 FLCE_API flce_status flce_distill_loss_and_grad(flce_context *ctx, const flce_distill_problem *problem,
                                                 const flce_distill_tensors *t, void *stream);
 
+/* ---- Top-k log-probabilities (issue 44 item 2; README, "Top-k log-probabilities") ----------------
+ * For each token i, the k largest logits of z_i = h_i·Wᵀ/T and their log-probabilities
+ * log softmax(z_i)_j = z_ij − lse_i, without a tokens × vocab tensor: per token chunk the CE path's
+ * logits GEMM stores the chunk's fp32 logits with their statistics, and one CTA per row selects the
+ * k largest exactly (radix select on the fp32 values). Order: larger logit first, equal logits by
+ * lower index (a NaN logit ranks above +inf, as torch.topk; that row's log-probs and lse are NaN).
+ * For prompt log-probs in inference engines and a teacher's top-k in distillation. Forward only: no
+ * gradients. */
+typedef struct flce_topk_problem {
+    uint32_t struct_size;   /* sizeof(flce_topk_problem) as the caller compiled it */
+    uint32_t api_version;   /* FLCE_API_VERSION as the caller compiled it */
+    int64_t tokens;         /* N >= 1 */
+    int64_t hidden;         /* D >= 8, a multiple of 8 */
+    int64_t vocab;          /* V >= 1 */
+    flce_dtype dtype;       /* of hidden and weight */
+    int32_t k;              /* 1 <= k <= min(64, V) */
+    float temperature;      /* T > 0: log-probs of softmax(z/T); default 1 */
+    uint64_t memory_budget; /* bytes for one token chunk's fp32 logits (4 per logit), which sets
+                               the chunk size; 0 = 1 GiB; less than one token's row is
+                               FLCE_ERR_INVALID_ARGUMENT. flce_topk_workspace_size says the total */
+} flce_topk_problem;
+
+typedef struct flce_topk_tensors {
+    uint32_t struct_size; /* sizeof(flce_topk_tensors) as the caller compiled it */
+    const void *hidden;   /* N × D, row-major, dtype */
+    const void *weight;   /* V × D, row-major, dtype */
+    int64_t *indices;     /* out: N × k vocab ids, row-major */
+    float *logprobs;      /* out: N × k log-probabilities at T, in the order of indices */
+    float *lse;           /* out (may be NULL): N values of lse(z_i) at T */
+    void *workspace;      /* caller-owned scratch of flce_topk_workspace_size bytes, or NULL to let
+                             the context allocate and keep one */
+    uint64_t workspace_bytes;
+} flce_topk_tensors;
+
+FLCE_API void flce_topk_problem_init(flce_topk_problem *problem);
+FLCE_API void flce_topk_tensors_init(flce_topk_tensors *tensors);
+/* Checks a top-k problem without touching a GPU; the message names the argument. */
+FLCE_API flce_status flce_topk_problem_validate(const flce_topk_problem *problem);
+/* Bytes of workspace flce_topk_logprobs needs for this problem. */
+FLCE_API flce_status flce_topk_workspace_size(flce_context *ctx, const flce_topk_problem *problem, uint64_t *bytes);
+/* Each token's k largest logits' ids and log-probabilities (and lse), enqueued on `stream`. */
+FLCE_API flce_status flce_topk_logprobs(flce_context *ctx, const flce_topk_problem *problem,
+                                        const flce_topk_tensors *t, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -307,3 +307,118 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_reduc
     if (threadIdx.x == 0 && p.loss) *p.loss = s;
 #endif
 }
+
+// ---- top-k log-probabilities (flce_topk_logprobs, runtime/topk.c) -----------------------------------
+// One CTA per row of a token chunk's fp32 logits at T (z/T, as the CE logits pass stores them with
+// its per-split statistics): the k largest, exact, ordered by logit (ties: the lower index first),
+// with log p = z/T − lse. Selection by radix on an order-preserving key (4 rounds of an 8-bit
+// digit histogram find the k-th largest key exactly), then one pass in index order takes every key
+// above it and the lowest-indexed ones equal to it; the ≤ 64 taken are ranked by counting. A NaN
+// logit (positive) ranks above +inf, as torch.topk puts NaN first; the row's lse is then NaN.
+constexpr int TOPK_MAX = 64;
+
+struct flce_topk_params {
+    const float *z;                // rows × ld: the chunk's logits at T
+    const float *part_m, *part_s;  // rows × splits: the logits pass's max and Σ exp(· − max)
+    long long *indices;            // tokens × k out
+    float *logprobs;               // tokens × k out
+    float *lse;                    // tokens out (lse of z/T), or NULL
+    long long row0, vocab, ld;
+    int splits, k;
+};
+
+// Larger float, larger key: the sign bit set for ≥ +0 (and +NaN), every bit flipped below.
+__device__ __forceinline__ unsigned topk_key(float x)
+{
+    const unsigned u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The exclusive prefix sum of one int per thread in thread order; *total the CTA's sum.
+__device__ __forceinline__ int topk_scan(int v, int *scratch, int *total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads(); // the previous call's readers are done with scratch
+    if (lane == 31) scratch[warp] = x;
+    __syncthreads();
+    int before = 0, all = 0;
+    for (int w = 0; w < DISTILL_THREADS / 32; w++) {
+        const int s = scratch[w];
+        if (w < warp) before += s;
+        all += s;
+    }
+    *total = all;
+    return before + x - v;
+}
+
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_topk_row(const flce_topk_params p)
+{
+    __shared__ unsigned hist[256];
+    __shared__ unsigned sel[2]; // the round's digit, and how many keys of that digit are still wanted
+    __shared__ int scan_scratch[DISTILL_THREADS / 32];
+    __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32];
+    __shared__ unsigned cand_key[TOPK_MAX];
+    __shared__ long long cand_idx[TOPK_MAX];
+    __shared__ float cand_z[TOPK_MAX];
+    const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
+    const float *z = p.z + r * p.ld;
+    const float lse = distill_lse(p.part_m + r * p.splits, p.part_s + r * p.splits, p.splits, scratch_a, scratch_b);
+    // 1. the k-th largest key, 8 bits a round from the top
+    unsigned prefix = 0u, mask = 0u;
+    int want = p.k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += DISTILL_THREADS) hist[b] = 0u;
+        __syncthreads();
+        for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
+            const unsigned key = topk_key(z[j]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned above = 0u;
+            int b = 255;
+            for (; b > 0; b--) {
+                if (above + hist[b] >= (unsigned)want) break;
+                above += hist[b];
+            }
+            sel[0] = (unsigned)b, sel[1] = (unsigned)want - above;
+        }
+        __syncthreads();
+        prefix |= sel[0] << shift, mask |= 255u << shift, want = (int)sel[1];
+        __syncthreads(); // hist and sel are rewritten by the next round
+    }
+    // 2. in index order: every key above the k-th, and the first `want` equal to it
+    const int greater = p.k - want;
+    int gt_before = 0, eq_before = 0;
+    for (long long base = 0; base < v; base += DISTILL_THREADS) {
+        const long long j = base + threadIdx.x;
+        const float zj = j < v ? z[j] : 0.f;
+        const unsigned key = j < v ? topk_key(zj) : 0u;
+        const int gt = j < v && key > prefix, eq = j < v && key == prefix;
+        int gt_total = 0, eq_total = 0;
+        const int gt_at = topk_scan(gt, scan_scratch, &gt_total);
+        const int eq_at = topk_scan(eq, scan_scratch, &eq_total);
+        int slot = -1;
+        if (gt) slot = gt_before + gt_at;
+        else if (eq && eq_before + eq_at < want) slot = greater + eq_before + eq_at;
+        if (slot >= 0) cand_key[slot] = key, cand_idx[slot] = j, cand_z[slot] = zj;
+        gt_before += gt_total, eq_before += eq_total; // the same in every thread: the exit is uniform
+        if (gt_before >= greater && eq_before >= want) break;
+    }
+    __syncthreads();
+    // 3. ranked by (logit descending, index ascending)
+    if ((int)threadIdx.x < p.k) {
+        const unsigned key = cand_key[threadIdx.x];
+        const long long idx = cand_idx[threadIdx.x];
+        int rank = 0;
+        for (int m = 0; m < p.k; m++) rank += cand_key[m] > key || (cand_key[m] == key && cand_idx[m] < idx);
+        p.indices[i * p.k + rank] = idx;
+        p.logprobs[i * p.k + rank] = cand_z[threadIdx.x] - lse;
+    }
+    if (threadIdx.x == 0 && p.lse) p.lse[i] = lse;
+}

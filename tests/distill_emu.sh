@@ -38,5 +38,8 @@ one 1 0.3 1.0 0.5 1 2 1    # one token a chunk
 one 2 0.7 0.5 0.0 1 0 40   # T < 1, one chunk
 one 2 0.4 1.0 0.0 1 2 9 5  # NaN in token 5's teacher row
 one 1 0.4 1.0 0.0 1 2 1 5
+# flce_topk_row (the same module) against a sort of the same logits
+runs=$((runs + 1))
+if out=$("$dir/emu" topk); then echo "ok   topk: $(echo "$out" | tr '\n' ' ')"; else echo "FAIL topk: $out"; fails=$((fails + 1)); fi
 echo "$((runs - fails)) passed, $fails failed"
 [ "$fails" = 0 ]

@@ -3,6 +3,7 @@
  * (runtime/distill_api.c), the token-chunk plan follows the budget (runtime/distill.c), and the
  * module (templates/distill.cu) emits through the spec path and compiles through NVRTC for sm_80 and
  * sm_90a in every variant. The GPU comparison against ref_distill is tests/test_distill_gpu.c. */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 
 #include "check.h"
 #include "distill.h"
+#include "topk.h"
 #include "emit.h"
 #include "flce.h"
 #include "nvrtc_compile.h"
@@ -202,6 +204,81 @@ static void every_bad_tensor_is_named(void)
     CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.workspace_bytes=1024"));
 }
 
+/* flce_topk_logprobs's checks (runtime/topk_api.c) and plan (runtime/topk.c), no GPU. */
+static flce_topk_problem topk_good(void)
+{
+    flce_topk_problem p;
+    flce_topk_problem_init(&p);
+    p.tokens = 1000, p.hidden = 2048, p.vocab = 32000, p.k = 8;
+    return p;
+}
+
+static void topk_bad_arguments_are_named(void)
+{
+    flce_topk_problem p = topk_good();
+    CHECKF(flce_topk_problem_validate(&p) == FLCE_OK, "%s", flce_last_error());
+    struct { const char *name; flce_status st; int k; int64_t vocab; float temperature; int64_t hidden; } cases[] = {
+        {"problem.k=0", FLCE_ERR_INVALID_ARGUMENT, 0, 32000, 1.0f, 2048},
+        {"problem.k=65", FLCE_ERR_INVALID_ARGUMENT, 65, 32000, 1.0f, 2048},
+        {"problem.k=10: must be in [1, 64] and at most problem.vocab=5", FLCE_ERR_INVALID_ARGUMENT, 10, 5, 1.0f, 2048},
+        {"problem.temperature=0", FLCE_ERR_INVALID_ARGUMENT, 8, 32000, 0.0f, 2048},
+        {"problem.temperature=nan", FLCE_ERR_INVALID_ARGUMENT, 8, 32000, NAN, 2048},
+        {"problem.hidden=12", FLCE_ERR_INVALID_ARGUMENT, 8, 32000, 1.0f, 12},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        p = topk_good();
+        p.k = cases[i].k, p.vocab = cases[i].vocab, p.temperature = cases[i].temperature, p.hidden = cases[i].hidden;
+        flce_status st = flce_topk_problem_validate(&p);
+        CHECKF(st == cases[i].st && says(cases[i].name), "%s: %s '%s'", cases[i].name, flce_status_name(st),
+               flce_last_error());
+    }
+    p = topk_good();
+    p.struct_size = 8;
+    CHECK(flce_topk_problem_validate(&p) == FLCE_ERR_INVALID_ARGUMENT && says("problem.struct_size=8"));
+    CHECK(flce_topk_problem_validate(NULL) == FLCE_ERR_INVALID_ARGUMENT && says("problem: NULL"));
+    /* tensors: each required one named, alignment named, the workspace's size */
+    p = topk_good();
+    flce_topk_tensors t;
+    flce_topk_tensors_init(&t);
+    t.hidden = ADDR(1), t.weight = ADDR(2), t.indices = (int64_t *)ADDR(3), t.logprobs = (float *)ADDR(4);
+    flce_topk_problem q;
+    topk_plan pl;
+    CHECKF(topk_check(&p, &t, &H100, &q, &pl) == FLCE_OK, "%s", flce_last_error());
+    flce_topk_tensors u = t;
+    u.indices = NULL;
+    CHECK(topk_check(&p, &u, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.indices: NULL (required)"));
+    u = t, u.logprobs = NULL;
+    CHECK(topk_check(&p, &u, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.logprobs: NULL"));
+    u = t, u.weight = (const void *)((uintptr_t)ADDR(2) + 8);
+    CHECK(topk_check(&p, &u, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.weight=") &&
+          says("16-byte aligned"));
+    u = t, u.indices = (int64_t *)((uintptr_t)ADDR(3) + 4);
+    CHECK(topk_check(&p, &u, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.indices=") &&
+          says("8-byte aligned"));
+    u = t, u.workspace = ADDR(9), u.workspace_bytes = 64;
+    CHECK(topk_check(&p, &u, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.workspace_bytes=64"));
+    CHECK(topk_check(&p, NULL, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors: NULL"));
+    uint64_t bytes;
+    CHECK(flce_topk_workspace_size(NULL, &p, &bytes) == FLCE_ERR_INVALID_ARGUMENT && says("ctx: NULL"));
+    CHECK(flce_topk_logprobs(NULL, &p, &t, NULL) == FLCE_ERR_INVALID_ARGUMENT && says("ctx: NULL"));
+}
+
+static void topk_chunks_follow_the_budget(void)
+{
+    flce_topk_problem p = topk_good();
+    topk_plan pl;
+    CHECKF(topk_plan_make(&p, &H100, &pl) == FLCE_OK, "%s", flce_last_error()); /* 1 GiB / 128000 ≥ N */
+    CHECK(pl.chunk_rows == 1000 && pl.chunks == 1 && pl.ld == 32000 && !pl.model.compact && pl.model.splits >= 1);
+    CHECK(pl.workspace_bytes >= 1000ull * 32000 * 4 + 2 * 1000ull * pl.model.splits * 4);
+    p.memory_budget = 128000ull * 300; /* 300 rows fit: 256-row chunks */
+    CHECKF(topk_plan_make(&p, &H100, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(pl.chunk_rows == 256 && pl.chunks == 4);
+    p.memory_budget = 128000ull * 50; /* under one 128-row block */
+    CHECK(topk_plan_make(&p, &H100, &pl) == FLCE_OK && pl.chunk_rows == 50 && pl.chunks == 20);
+    p.memory_budget = 127999;
+    CHECK(topk_plan_make(&p, &H100, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("problem.memory_budget=127999"));
+}
+
 static void null_context_and_bytes_are_named(void)
 {
     flce_distill_problem p = good();
@@ -275,7 +352,7 @@ static void distill_spec_emits_through_the_spec_path(void)
     free(src);
     const char *const *names = emit_kernel_names(ROLE_DISTILL);
     CHECK(names && !strcmp(names[0], "flce_distill_count") && !strcmp(names[1], "flce_distill_row") &&
-          !strcmp(names[2], "flce_distill_reduce") && !names[3]);
+          !strcmp(names[2], "flce_distill_reduce") && !strcmp(names[3], "flce_topk_row") && !names[4]);
     char line[256];
     spec_summary(&s, line, sizeof line);
     CHECKF(strstr(line, "distill f16 div=1") != NULL, "%s", line);
@@ -323,5 +400,7 @@ int main(void)
     RUN(jsd_ends_are_emitted_as_the_kls);
     RUN(distill_spec_emits_through_the_spec_path);
     RUN(row_kernels_compile_for_sm_80_and_sm_90a);
+    RUN(topk_bad_arguments_are_named);
+    RUN(topk_chunks_follow_the_budget);
     FINISH();
 }

@@ -13,6 +13,7 @@ float emu_shfl[256];
 #include "k.cu"
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <vector>
 extern "C" {
 #include "ref.h"
@@ -48,10 +49,78 @@ template <class P> static void run(void (*fn)(P), long long grid, P p)
     for (int t = 0; t < 256; t++) pthread_join(th[t], nullptr);
 }
 static double rnd() { return (rand() / (double)RAND_MAX - 0.5) * 2; }
+/* flce_topk_row against a sort of the same fp32 logits (argv[1] "topk"): rows with ties (values on
+ * a coarse grid), −inf, a NaN row, k from 1 to 64 and to the whole vocab; indices exact, log-probs
+ * within 1e-6 of z − lse (lse from the same per-split statistics in double). */
+static int topk_case(long long v, int k, int splits)
+{
+    const long long rows = 9, ld = (v + 7) / 8 * 8, row0 = 3, tokens = row0 + rows;
+    std::vector<float> z(rows * ld, NAN), pm(rows * splits), ps(rows * splits), lse(tokens, -1.f), lp(tokens * k, -1.f);
+    std::vector<long long> idx(tokens * k, -1);
+    for (long long r = 0; r < rows; r++)
+        for (long long j = 0; j < v; j++) {
+            float x = r % 3 == 0 ? (float)(rand() % 7) * 0.5f : (float)rnd() * 4; // row 0, 3, 6: many ties
+            if (r == 4 && j % 5 == 0) x = -INFINITY;
+            if (r == 5 && j == v / 2) x = NAN;
+            z[r * ld + j] = x;
+        }
+    const long long per = (v + splits - 1) / splits;
+    for (long long r = 0; r < rows; r++)
+        for (int s = 0; s < splits; s++) { // as the logits epilogue: fmaxf leaves NaN out, the sum keeps it
+            float m = -INFINITY, sum = 0.f;
+            for (long long j = s * per; j < v && j < (s + 1) * per; j++) m = fmaxf(m, z[r * ld + j]);
+            for (long long j = s * per; j < v && j < (s + 1) * per; j++)
+                sum += z[r * ld + j] == -INFINITY ? 0.f : expf(z[r * ld + j] - m);
+            pm[r * splits + s] = m, ps[r * splits + s] = sum;
+        }
+    flce_topk_params tp = {z.data(), pm.data(), ps.data(), idx.data(), lp.data(), lse.data(), row0, v, ld, splits, k};
+    run(flce_topk_row, rows, tp);
+    int bad = 0;
+    for (long long r = 0; r < rows; r++) {
+        std::vector<long long> order(v);
+        for (long long j = 0; j < v; j++) order[j] = j;
+        auto key = [&](long long j) { float x = z[r * ld + j]; return std::isnan(x) ? INFINITY * 2 : (double)x; };
+        std::stable_sort(order.begin(), order.end(), [&](long long a, long long b) {
+            const bool na = std::isnan(z[r * ld + a]), nb = std::isnan(z[r * ld + b]);
+            if (na != nb) return na;
+            return key(a) > key(b);
+        });
+        double m = -INFINITY, sum = 0; // lse of the row from its splits, in double
+        for (int s = 0; s < splits; s++) m = fmax(m, pm[r * splits + s]);
+        for (int s = 0; s < splits; s++) sum += ps[r * splits + s] * exp(pm[r * splits + s] - m);
+        const double l = m + log(sum);
+        const long long i = row0 + r;
+        for (int q = 0; q < k; q++) {
+            const long long want = order[q];
+            if (idx[i * k + q] != want) {
+                if (bad++ < 5) printf("row %lld rank %d: index %lld, want %lld\n", r, q, idx[i * k + q], want);
+                continue;
+            }
+            const double e = (double)z[r * ld + want] - l, got = lp[i * k + q];
+            if (!(std::isnan(e) ? std::isnan(got) : got == e || fabs(got - e) <= 1e-6 * (1 + fabs(e))) && bad++ < 5)
+                printf("row %lld rank %d: log-prob %g, want %g\n", r, q, got, e);
+        }
+        if (!(std::isnan(l) ? std::isnan(lse[i]) : fabs(lse[i] - l) <= 1e-6 * (1 + fabs(l))) && bad++ < 5)
+            printf("row %lld: lse %g, want %g\n", r, lse[i], l);
+    }
+    for (long long i = 0; i < row0; i++) bad += lse[i] != -1.f || idx[i * k] != -1; // rows outside the chunk untouched
+    printf("topk v=%lld k=%d splits=%d: %s\n", v, k, splits, bad ? "FAIL" : "ok");
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
     pthread_barrier_init(&emu_block_bar, nullptr, 256);
     for (int w = 0; w < 8; w++) pthread_barrier_init(&emu_warp_bar[w], nullptr, 32);
+    if (argc > 1 && !strcmp(argv[1], "topk")) {
+        int bad = 0;
+        bad += topk_case(1000, 1, 3);
+        bad += topk_case(1000, 64, 2);
+        bad += topk_case(777, 17, 1);
+        bad += topk_case(40, 40, 4); // k = V: the whole row, ordered
+        bad += topk_case(5000, 64, 7);
+        return bad != 0;
+    }
     const long long n = 40, ds = 24, dt = 32, v = 150, chunk = atoi(argv[1]);
     std::vector<float> hs(n * ds), ws(v * ds), ht(n * dt), wt(v * dt);
     std::vector<double> dhs(n * ds), dws(v * ds), dht(n * dt), dwt(v * dt);

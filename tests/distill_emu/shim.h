@@ -24,6 +24,17 @@ static inline float __shfl_xor_sync(unsigned, float v, int o)
     pthread_barrier_wait(&emu_warp_bar[t / 32]);
     return r;
 }
+static inline int __shfl_up_sync(unsigned, int v, int o)
+{
+    int t = (int)threadIdx.x;
+    ((int *)emu_shfl)[t] = v;
+    pthread_barrier_wait(&emu_warp_bar[t / 32]);
+    int r = (t % 32) >= o ? ((int *)emu_shfl)[t - o] : v;
+    pthread_barrier_wait(&emu_warp_bar[t / 32]);
+    return r;
+}
+static inline unsigned atomicAdd(unsigned *a, unsigned v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
 #define __expf(x) expf(x)
