@@ -83,7 +83,8 @@ def main():
     L = load_lib_module()
     D = load_distill_module()
     structs = {"flce_problem": L.Problem, "flce_tensors": L.Tensors,
-               "flce_distill_problem": D.DistillProblem, "flce_distill_tensors": D.DistillTensors}
+               "flce_distill_problem": D.DistillProblem, "flce_distill_tensors": D.DistillTensors,
+               "flce_topk_problem": D.TopkProblem, "flce_topk_tensors": D.TopkTensors}
     constants = enum_constants(L)
     constants.update({name: getattr(D, name) for name in dir(D) if name.startswith("FLCE_DIVERGENCE_")})
     c = c_layout(structs, constants)

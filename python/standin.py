@@ -4,7 +4,8 @@ flce.h's math in float64 PyTorch (flce/_reference.py), at the one place the bind
 their fake kernels and autograd formulas, torch.compile, the Hugging Face patch — runs on the CPU
 exactly as on a GPU. libflce.so is still loaded (the problems are built and validated by it).
 flce.linear_distillation's library call (flce_distill_loss_and_grad) likewise: testing/ref.c
-ref_distill's formulas in float64 (distill_dz, written out, not autograd).
+ref_distill's formulas in float64 (distill_dz, written out, not autograd); and flce.topk_logprobs's
+(flce_topk_logprobs): a stable descending sort of the float64 logits.
 Tensor parallelism (flce.vocab_parallel_cross_entropy, both routes) runs on the ranks of a gloo
 world: the stand-in emulates flce's collectives with torch.distributed (_run_tp).
 
@@ -353,6 +354,34 @@ def _distill_run(self, loss, divergence, grad_hidden=None, grad_weight=None, gra
 _distill_run.calls = 0
 
 
+def _topk_run(self, logprobs, indices, lse):
+    """flce.topk._TopkCall.__call__ in float64: what flce_topk_logprobs writes (larger logit first,
+    equal logits by lower index: a stable descending sort, NaN first as in torch)."""
+    p = self.problem
+    from flce import _distill_lib
+    try:  # the library's own checks of the problem, as the real call makes them
+        _distill_lib._topk_fn(_distill_lib.TOPK_VALIDATE)
+        have = True
+    except flce.FlceError:
+        have = False
+    if have:
+        _distill_lib.topk_validate(p)
+    assert (p.tokens, p.hidden, p.vocab) == (self.hidden.shape[0], self.hidden.shape[1], self.weight.shape[0]), \
+        "top-k problem/tensor mismatch"
+    for name, t in (("logprobs", logprobs), ("indices", indices), ("lse", lse)):
+        assert t.is_contiguous(), f"{name}: not contiguous"
+    z = (self.hidden.double() @ self.weight.double().T) / float(p.temperature)
+    l = torch.logsumexp(z, dim=1)
+    vals, idx = torch.sort(z, dim=1, descending=True, stable=True)
+    indices.copy_(idx[:, :p.k])
+    logprobs.copy_(vals[:, :p.k] - l[:, None])
+    lse.copy_(l)
+    _topk_run.calls += 1
+
+
+_topk_run.calls = 0
+
+
 def install():
     """Routes the binding's kernel calls to the float64 stand-in (idempotent)."""
     global installed
@@ -380,4 +409,6 @@ def install():
     _real_distill_call = flce.distill._DistillCall.__call__
     flce.distill._DistillCall.__call__ = _distill_run
     flce.distill._require_cuda = lambda t, name: None
+    flce.topk._TopkCall.__call__ = _topk_run
+    flce.topk._require_cuda = lambda t, name: None
     installed = True

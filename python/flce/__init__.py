@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropy", "LinearCrossEntropyOutput", "FlceError",
            "FlceLibraryNotFound", "check", "version", "library_path", "vocab_parallel_cross_entropy",
-           "NcclComm", "patch_hf", "unpatch_hf", "prepare", "Prepared", "linear_distillation",
+           "NcclComm", "patch_hf", "unpatch_hf", "prepare", "Prepared", "linear_distillation", "topk_logprobs",
+           "TopkLogprobs",
            "LinearDistillation", "LinearDistillationOutput"]
 
 _DTYPES = {torch.float32: _lib.FLCE_DTYPE_F32, torch.float16: _lib.FLCE_DTYPE_F16,
@@ -1041,3 +1042,4 @@ from . import _ops  # noqa: E402  (needs the names above)
 from .parallel import NcclComm, vocab_parallel_cross_entropy  # noqa: E402
 from . import functional, cce  # noqa: E402,F401
 from .distill import LinearDistillation, LinearDistillationOutput, linear_distillation  # noqa: E402,F401
+from .topk import TopkLogprobs, topk_logprobs  # noqa: E402,F401

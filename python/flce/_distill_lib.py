@@ -146,3 +146,96 @@ def loss_and_grad(ctx, problem, tensors, stream):
     fn = _fn(LOSS_AND_GRAD)
     _lib.check_status(fn(ctx, ctypes.byref(problem), ctypes.byref(tensors), ctypes.c_void_p(stream or None)),
                       LOSS_AND_GRAD)
+
+
+# ---- top-k log-probabilities (issue 44 item 2): flce_topk_problem, flce_topk_tensors ----------------
+class TopkProblem(ctypes.Structure):
+    """flce_topk_problem."""
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("api_version", ctypes.c_uint32),
+        ("tokens", ctypes.c_int64),
+        ("hidden", ctypes.c_int64),
+        ("vocab", ctypes.c_int64),
+        ("dtype", _enum),
+        ("k", ctypes.c_int32),
+        ("temperature", ctypes.c_float),
+        ("memory_budget", ctypes.c_uint64),
+    ]
+
+
+class TopkTensors(ctypes.Structure):
+    """flce_topk_tensors. Device addresses as c_void_p (None is NULL)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("hidden", ctypes.c_void_p),
+        ("weight", ctypes.c_void_p),
+        ("indices", ctypes.c_void_p),
+        ("logprobs", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_uint64),
+    ]
+
+
+TOPK = "flce_topk_logprobs"
+TOPK_WORKSPACE_SIZE = "flce_topk_workspace_size"
+TOPK_VALIDATE = "flce_topk_problem_validate"
+_topk_declared = {}
+
+
+def _topk_fn(name):
+    """The library's top-k entry point `name`, or FlceError(FLCE_ERR_UNSUPPORTED) naming it."""
+    fn = _topk_declared.get(name)
+    if fn is not None:
+        return fn
+    fn = getattr(_lib.lib(), name, None)
+    if fn is None:
+        raise FlceError(_lib.FLCE_ERR_UNSUPPORTED, "FLCE_ERR_UNSUPPORTED",
+                        f"the loaded library ({_lib.library_path()}) has no {name} (it predates the top-k "
+                        f"API of issue 44): rebuild libflce", name)
+    vp, st = ctypes.c_void_p, ctypes.c_int
+    P, T = ctypes.POINTER(TopkProblem), ctypes.POINTER(TopkTensors)
+    fn.restype, fn.argtypes = {TOPK: (st, [vp, P, T, vp]),
+                               TOPK_WORKSPACE_SIZE: (st, [vp, P, ctypes.POINTER(ctypes.c_uint64)]),
+                               TOPK_VALIDATE: (st, [P])}[name]
+    _topk_declared[name] = fn
+    return fn
+
+
+def new_topk_problem(**fields):
+    p = TopkProblem()  # (flce_topk_problem_init's defaults, set here: the fields below are all given)
+    p.struct_size, p.api_version = ctypes.sizeof(TopkProblem), _lib.FLCE_API_VERSION
+    p.dtype, p.k, p.temperature = _lib.FLCE_DTYPE_BF16, 1, 1.0
+    for k, v in fields.items():
+        if not hasattr(TopkProblem, k):
+            raise AttributeError(f"TopkProblem has no field {k!r}")
+        setattr(p, k, v)
+    return p
+
+
+def new_topk_tensors(**fields):
+    t = TopkTensors()
+    t.struct_size = ctypes.sizeof(TopkTensors)
+    for k, v in fields.items():
+        if not hasattr(TopkTensors, k):
+            raise AttributeError(f"TopkTensors has no field {k!r}")
+        setattr(t, k, v)
+    return t
+
+
+def topk_validate(problem):
+    """flce_topk_problem_validate: FlceError naming the argument, no GPU needed."""
+    _lib.check_status(_topk_fn(TOPK_VALIDATE)(ctypes.byref(problem)), TOPK_VALIDATE)
+
+
+def topk_workspace_size(ctx, problem):
+    n = ctypes.c_uint64()
+    _lib.check_status(_topk_fn(TOPK_WORKSPACE_SIZE)(ctx, ctypes.byref(problem), ctypes.byref(n)), TOPK_WORKSPACE_SIZE)
+    return n.value
+
+
+def topk(ctx, problem, tensors, stream):
+    """Enqueues flce_topk_logprobs on `stream` (an int handle, 0 = legacy stream)."""
+    _lib.check_status(_topk_fn(TOPK)(ctx, ctypes.byref(problem), ctypes.byref(tensors), ctypes.c_void_p(stream or None)),
+                      TOPK)

@@ -1,0 +1,132 @@
+"""topk.py — flce.topk_logprobs: each token's k largest logits of hidden·weightᵀ/T with their
+log-probabilities (issue 44 item 2), from one library call (flce_topk_logprobs, include/flce.h) that
+never holds the tokens x vocab logits: prompt log-probs for inference and evaluation, a teacher's
+top-k for distillation. Exact: the order is larger logit first and equal logits by lower index (a
+NaN logit first, as torch.topk; that token's log-probs and lse are NaN). Forward only (no autograd).
+
+The call is the torch.library custom op flce::topk_logprobs with a fake kernel, so
+torch.compile(fullgraph=True) traces through it.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _distill_lib, _lib
+
+_DTYPES = {torch.float32: _lib.FLCE_DTYPE_F32, torch.float16: _lib.FLCE_DTYPE_F16,
+           torch.bfloat16: _lib.FLCE_DTYPE_BF16}
+K_MAX = 64
+
+
+class TopkLogprobs(NamedTuple):
+    """topk_logprobs's result: logprobs (..., k) fp32 at the temperature, indices (..., k) int64 vocab
+    ids in the same order, lse (...) fp32 (log Σ_j exp(z_j / T))."""
+    logprobs: Tensor
+    indices: Tensor
+    lse: Tensor
+
+
+def _require_cuda(t: Tensor, name: str) -> None:
+    if not t.is_cuda:
+        raise ValueError(f"{name}: must be on a CUDA device, is on {t.device}")
+
+
+def _ptr(t, name, align):
+    p = t.data_ptr()
+    if p % align:
+        raise ValueError(f"{name}: data_ptr() {p:#x} is not {align}-byte aligned; pass a fresh tensor")
+    return p
+
+
+class _TopkCall:
+    """One flce_topk_logprobs call on the current stream of the tensors' device."""
+
+    def __init__(self, hidden, weight, k, temperature, memory_budget):
+        self.device = hidden.device
+        self.hidden, self.weight = hidden, weight
+        self.problem = _distill_lib.new_topk_problem(
+            tokens=hidden.shape[0], hidden=hidden.shape[1], vocab=weight.shape[0], dtype=_DTYPES[hidden.dtype],
+            k=int(k), temperature=float(temperature), memory_budget=int(memory_budget or 0))
+
+    def __call__(self, logprobs, indices, lse):
+        _distill_lib._topk_fn(_distill_lib.TOPK)  # FlceError naming it on a library without it
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        ctx = _lib.context(index)
+        nbytes = _distill_lib.topk_workspace_size(ctx, self.problem)
+        workspace = torch.empty(max(nbytes, 256), dtype=torch.uint8, device=self.device)
+        t = _distill_lib.new_topk_tensors(
+            hidden=_ptr(self.hidden, "hidden", 16), weight=_ptr(self.weight, "weight", 16),
+            indices=_ptr(indices, "indices", 8), logprobs=_ptr(logprobs, "logprobs", 4), lse=_ptr(lse, "lse", 4),
+            workspace=_ptr(workspace, "workspace", 256), workspace_bytes=workspace.numel())
+        _distill_lib.topk(ctx, self.problem, t, torch.cuda.current_stream(self.device).cuda_stream)
+
+
+def _outputs(hidden, k):
+    n, dev = hidden.shape[0], hidden.device
+    return (torch.empty((n, k), dtype=torch.float32, device=dev), torch.empty((n, k), dtype=torch.int64, device=dev),
+            torch.empty((n,), dtype=torch.float32, device=dev))
+
+
+def _dense(t):
+    return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+
+
+def _topk_impl(hidden: Tensor, weight: Tensor, k: int, temperature: float,
+               memory_budget: int) -> Tuple[Tensor, Tensor, Tensor]:
+    hidden, weight = _dense(hidden), _dense(weight)
+    logprobs, indices, lse = _outputs(hidden, k)
+    _TopkCall(hidden, weight, k, temperature, memory_budget)(logprobs, indices, lse)
+    return logprobs, indices, lse
+
+
+topk_op = torch.library.custom_op("flce::topk_logprobs", mutates_args=())(_topk_impl)
+
+
+@topk_op.register_fake
+def _topk_fake(hidden, weight, k, temperature, memory_budget):
+    return _outputs(hidden, k)
+
+
+def topk_logprobs(hidden: Tensor, weight: Tensor, k: int, *, temperature: float = 1.0,
+                  memory_budget: Optional[int] = None) -> TopkLogprobs:
+    """Each token's k largest logits z = hidden·weightᵀ/T, as (logprobs, indices, lse).
+
+    hidden: (..., D) on a CUDA device, bf16/f16/fp32; weight: (V, D), the same dtype and device.
+    k: 1..min(64, V). temperature: T > 0 (log-probs of softmax(z/T)). memory_budget: bytes for one
+    token chunk's fp32 logits (None: the library's default, 1 GiB). Returns logprobs (..., k) fp32,
+    indices (..., k) int64 (larger logit first, equal logits by lower index) and lse (...) fp32.
+    No gradient flows (the outputs are not differentiable)."""
+    for name, t in (("hidden", hidden), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        _require_cuda(t, name)
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"{name}: dtype {t.dtype} not supported (bfloat16, float16 or float32)")
+    if hidden.dim() < 1 or weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and weight {tuple(weight.shape)}: expected (..., D) and (V, D)")
+    if hidden.dtype != weight.dtype or hidden.device != weight.device:
+        raise ValueError(f"hidden ({hidden.dtype}, {hidden.device}) and weight ({weight.dtype}, {weight.device}): "
+                         "must share dtype and device")
+    try:
+        ok = not isinstance(k, bool) and 1 <= operator.index(k) <= min(K_MAX, weight.shape[0])
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"k: {k!r}; expected an int in [1, min({K_MAX}, V={weight.shape[0]})]")
+    if not isinstance(temperature, (int, float)) or not (temperature > 0 and math.isfinite(temperature)
+                                                          and math.isfinite(1.0 / temperature)):
+        raise ValueError(f"temperature: {temperature!r}; expected a finite number > 0")
+    if memory_budget is not None and (isinstance(memory_budget, bool) or operator.index(memory_budget) <= 0):
+        raise ValueError(f"memory_budget: {memory_budget!r}; expected a positive number of bytes or None")
+    lead = hidden.shape[:-1]
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    if h2.shape[0] == 0:
+        raise ValueError(f"hidden {tuple(hidden.shape)}: no tokens")
+    with torch.no_grad():
+        logprobs, indices, lse = topk_op(h2, weight.detach(), int(k), float(temperature), int(memory_budget or 0))
+    return TopkLogprobs(logprobs.reshape(*lead, int(k)), indices.reshape(*lead, int(k)), lse.reshape(lead))
