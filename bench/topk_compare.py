@@ -56,7 +56,7 @@ def errors(h, w, k, lp, ix, samples):
     rows = torch.linspace(0, h.shape[0] - 1, samples).long().to(h.device)
     z = h[rows].double() @ w.double().T
     lse = torch.logsumexp(z, -1)
-    vals, idx = torch.sort(z, -1, descending=True, stable=True)
+    vals, idx = torch.sort(z, dim=-1, descending=True, stable=True)
     ref = vals[:, :k] - lse[:, None]
     err = (lp[rows].double() - ref).abs().max().item()
     got_z = torch.gather(z, 1, ix[rows])

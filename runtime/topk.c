@@ -59,6 +59,16 @@ flce_status topk_plan_make(const flce_topk_problem *p, const distill_device *dev
     return FLCE_OK;
 }
 
+kernel_spec topk_module_spec(int sm, const flce_topk_problem *p)
+{
+    kernel_spec s;
+    memset(&s, 0, sizeof s); /* the spec is a cache key by its bytes */
+    s.sm = sm, s.dtype = p->dtype, s.role = ROLE_DISTILL, s.label_bits = 32, s.reduction = FLCE_REDUCTION_NONE;
+    s.temperature = 1.0f, s.divergence = FLCE_DIVERGENCE_FORWARD_KL;
+    s.hidden = p->hidden, s.vocab_shard = p->vocab; /* for logs and spec_validate: the code does not depend on them */
+    return s;
+}
+
 /* Field for field templates/distill.cu's flce_topk_params. */
 typedef struct topk_row_args {
     unsigned long long z, part_m, part_s, indices, logprobs, lse;
@@ -69,10 +79,7 @@ typedef struct topk_row_args {
 static flce_status run_all(flce_context *ctx, const flce_topk_problem *p, const topk_plan *pl,
                            const flce_topk_tensors *t, CUdeviceptr ws, CUstream stream)
 {
-    kernel_spec s; /* the distillation module: its top-k kernel depends on nothing but arch and dtype */
-    memset(&s, 0, sizeof s);
-    s.sm = ctx->sm, s.dtype = p->dtype, s.role = ROLE_DISTILL, s.label_bits = 32, s.reduction = FLCE_REDUCTION_NONE;
-    s.temperature = 1.0f, s.divergence = FLCE_DIVERGENCE_FORWARD_KL;
+    kernel_spec s = topk_module_spec(ctx->sm, p);
     const kernel_spec *specs[2] = {&pl->model.logits, &s};
     CUfunction fns[2][CTX_MAX_KERNELS];
     TRY(ctx_kernels_many(ctx, specs, 2, fns));

@@ -25,6 +25,9 @@ typedef struct topk_plan {
     uint64_t workspace_bytes;
 } topk_plan;
 
+/* The module flce_topk_row is in (the distillation's, templates/distill.cu): one per arch and dtype. */
+kernel_spec topk_module_spec(int sm, const flce_topk_problem *p);
+
 flce_status topk_plan_make(const flce_topk_problem *p, const distill_device *dev, topk_plan *pl);
 
 /* Every check of flce_topk_logprobs but the context's; the problem with its defaults and its plan. */

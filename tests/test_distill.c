@@ -277,6 +277,12 @@ static void topk_chunks_follow_the_budget(void)
     CHECK(topk_plan_make(&p, &H100, &pl) == FLCE_OK && pl.chunk_rows == 50 && pl.chunks == 20);
     p.memory_budget = 127999;
     CHECK(topk_plan_make(&p, &H100, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("problem.memory_budget=127999"));
+    /* the module the call loads is a valid spec whose source holds flce_topk_row */
+    kernel_spec s = topk_module_spec(90, &p);
+    CHECKF(spec_validate(&s) == FLCE_OK, "%s", flce_last_error());
+    char *src = NULL;
+    CHECKF(emit_source(&s, &src) == FLCE_OK && src && strstr(src, "flce_topk_row"), "%s", flce_last_error());
+    free(src);
 }
 
 static void null_context_and_bytes_are_named(void)
