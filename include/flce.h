@@ -503,6 +503,12 @@ FLCE_API flce_status flce_distill_problem_validate(const flce_distill_problem *p
 /* Bytes of workspace flce_distill_loss_and_grad needs for this problem. */
 FLCE_API flce_status flce_distill_workspace_size(flce_context *ctx, const flce_distill_problem *problem,
                                                  uint64_t *bytes);
+/* Compiles (or loads from the disk cache) the kernels flce_distill_loss_and_grad will run for this
+ * problem, whatever the context's compile_in_call says (a server that never compiles in a call
+ * prepares first). tensors: which outputs and whether labels are given; only its pointers' being
+ * set matters (NULL: every output, with and without labels). */
+FLCE_API flce_status flce_distill_prepare(flce_context *ctx, const flce_distill_problem *problem,
+                                          const flce_distill_tensors *tensors);
 /* Loss, per-token divergence and the student's gradients in one call, enqueued on `stream`. */
 FLCE_API flce_status flce_distill_loss_and_grad(flce_context *ctx, const flce_distill_problem *problem,
                                                 const flce_distill_tensors *t, void *stream);
@@ -547,6 +553,9 @@ FLCE_API void flce_topk_tensors_init(flce_topk_tensors *tensors);
 FLCE_API flce_status flce_topk_problem_validate(const flce_topk_problem *problem);
 /* Bytes of workspace flce_topk_logprobs needs for this problem. */
 FLCE_API flce_status flce_topk_workspace_size(flce_context *ctx, const flce_topk_problem *problem, uint64_t *bytes);
+/* Compiles (or loads from the disk cache) the kernels flce_topk_logprobs will run for this problem,
+ * whatever the context's compile_in_call says. */
+FLCE_API flce_status flce_topk_prepare(flce_context *ctx, const flce_topk_problem *problem);
 /* Each token's k largest logits' ids and log-probabilities (and lse), enqueued on `stream`. */
 FLCE_API flce_status flce_topk_logprobs(flce_context *ctx, const flce_topk_problem *problem,
                                         const flce_topk_tensors *t, void *stream);

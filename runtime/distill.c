@@ -129,12 +129,47 @@ typedef struct distill_runs {
     CUfunction k[CTX_MAX_KERNELS]; /* the row kernels, DK_* */
 } distill_runs;
 
+/* The call's kernels, in load()'s order: the student plan's rowops, logits, dH, dW, the teacher's
+ * logits, the row kernels' module (s, which the caller owns). */
+static void call_specs(const distill_plan *pl, const kernel_spec *s, const kernel_spec *all[6])
+{
+    all[0] = &pl->student.rowops, all[1] = &pl->student.logits, all[2] = &pl->student.dh, all[3] = &pl->student.dw;
+    all[4] = &pl->teacher.logits, all[5] = s;
+}
+
+flce_status distill_prepare(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
+                            const flce_distill_tensors *t)
+{
+    CTX_LOG_SCOPE(ctx);
+    flce_distill_tensors with, without;
+    flce_distill_tensors_init(&with), flce_distill_tensors_init(&without);
+    with.labels = &with; /* only whether labels are given shapes the module */
+    const flce_distill_tensors *variants[2] = {t ? t : &with, t ? NULL : &without};
+    pthread_mutex_lock(&ctx->lock);
+    CUcontext prev = NULL;
+    flce_status st = ctx_enter(ctx, &prev);
+    if (st == FLCE_OK) {
+        ctx->preparing = 1; /* compile whatever is missing, whatever compile_in_call says */
+        for (int v = 0; v < 2 && st == FLCE_OK && variants[v]; v++) {
+            kernel_spec s = distill_spec(ctx, p, variants[v]);
+            const kernel_spec *all[6];
+            CUfunction fns[6][CTX_MAX_KERNELS];
+            call_specs(pl, &s, all);
+            st = ctx_kernels_many(ctx, all, 6, fns);
+        }
+        ctx->preparing = 0;
+        ctx_leave(prev);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
 static flce_status load(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
                         const flce_distill_tensors *t, CUdeviceptr ws, CUstream stream, distill_runs *d)
 {
     kernel_spec s = distill_spec(ctx, p, t);
-    const kernel_spec *all[6] = {&pl->student.rowops, &pl->student.logits, &pl->student.dh, &pl->student.dw,
-                                 &pl->teacher.logits, &s};
+    const kernel_spec *all[6];
+    call_specs(pl, &s, all);
     CUfunction fns[6][CTX_MAX_KERNELS];
     TRY(ctx_kernels_many(ctx, all, 6, fns));
     memcpy(d->k, fns[5], sizeof d->k);

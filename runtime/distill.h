@@ -51,6 +51,11 @@ flce_status distill_plan_make(const flce_distill_problem *p, const distill_devic
 flce_status distill_check(const flce_distill_problem *problem, const flce_distill_tensors *t,
                           const distill_device *dev, flce_distill_problem *p, distill_plan *pl);
 
+/* Compiles (or loads from the disk cache) every kernel a call of problem p with tensors t runs, t NULL:
+ * those of calls with and without labels; whatever the context's compile_in_call says. */
+flce_status distill_prepare(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
+                            const flce_distill_tensors *t);
+
 /* Enqueues the call on `stream` (arguments already checked). */
 flce_status distill_run(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
                         const flce_distill_tensors *t, void *stream);

@@ -159,6 +159,23 @@ flce_status flce_distill_workspace_size(flce_context *ctx, const flce_distill_pr
     return FLCE_OK;
 }
 
+flce_status flce_distill_prepare(flce_context *ctx, const flce_distill_problem *problem,
+                                 const flce_distill_tensors *tensors)
+{
+    err_clear();
+    if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
+    flce_distill_problem p;
+    TRY(normalize_problem(problem, &p));
+    TRY(flce_distill_problem_validate(&p));
+    if (tensors && tensors->struct_size != sizeof *tensors)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.struct_size=%u: flce_distill_tensors is %zu bytes in this "
+                       "library; initialize with flce_distill_tensors_init", tensors->struct_size, sizeof *tensors);
+    distill_plan pl;
+    distill_device dev = device_of(ctx);
+    TRY(distill_plan_make(&p, &dev, tensors, &pl));
+    return distill_prepare(ctx, &p, &pl, tensors);
+}
+
 flce_status distill_check(const flce_distill_problem *problem, const flce_distill_tensors *t,
                           const distill_device *dev, flce_distill_problem *p, distill_plan *pl)
 {

@@ -107,6 +107,25 @@ static flce_status run_all(flce_context *ctx, const flce_topk_problem *p, const 
     return FLCE_OK;
 }
 
+flce_status topk_prepare(flce_context *ctx, const flce_topk_problem *p, const topk_plan *pl)
+{
+    CTX_LOG_SCOPE(ctx);
+    pthread_mutex_lock(&ctx->lock);
+    CUcontext prev = NULL;
+    flce_status st = ctx_enter(ctx, &prev);
+    if (st == FLCE_OK) {
+        ctx->preparing = 1; /* compile whatever is missing, whatever compile_in_call says */
+        kernel_spec s = topk_module_spec(ctx->sm, p);
+        const kernel_spec *specs[2] = {&pl->model.logits, &s};
+        CUfunction fns[2][CTX_MAX_KERNELS];
+        st = ctx_kernels_many(ctx, specs, 2, fns);
+        ctx->preparing = 0;
+        ctx_leave(prev);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
 flce_status topk_run(flce_context *ctx, const flce_topk_problem *p, const topk_plan *pl, const flce_topk_tensors *t,
                      void *stream_arg)
 {

@@ -34,6 +34,9 @@ flce_status topk_plan_make(const flce_topk_problem *p, const distill_device *dev
 flce_status topk_check(const flce_topk_problem *problem, const flce_topk_tensors *t, const distill_device *dev,
                        flce_topk_problem *p, topk_plan *pl);
 
+/* Compiles (or loads from the disk cache) the call's kernels, whatever compile_in_call says. */
+flce_status topk_prepare(flce_context *ctx, const flce_topk_problem *p, const topk_plan *pl);
+
 flce_status topk_run(flce_context *ctx, const flce_topk_problem *p, const topk_plan *pl, const flce_topk_tensors *t,
                      void *stream);
 

@@ -117,6 +117,19 @@ flce_status flce_topk_workspace_size(flce_context *ctx, const flce_topk_problem 
     return FLCE_OK;
 }
 
+flce_status flce_topk_prepare(flce_context *ctx, const flce_topk_problem *problem)
+{
+    err_clear();
+    if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
+    flce_topk_problem p;
+    TRY(normalize_problem(problem, &p));
+    TRY(flce_topk_problem_validate(&p));
+    topk_plan pl;
+    distill_device dev = device_of(ctx);
+    TRY(topk_plan_make(&p, &dev, &pl));
+    return topk_prepare(ctx, &p, &pl);
+}
+
 flce_status topk_check(const flce_topk_problem *problem, const flce_topk_tensors *t, const distill_device *dev,
                        flce_topk_problem *p, topk_plan *pl)
 {

@@ -261,6 +261,7 @@ static void topk_bad_arguments_are_named(void)
     uint64_t bytes;
     CHECK(flce_topk_workspace_size(NULL, &p, &bytes) == FLCE_ERR_INVALID_ARGUMENT && says("ctx: NULL"));
     CHECK(flce_topk_logprobs(NULL, &p, &t, NULL) == FLCE_ERR_INVALID_ARGUMENT && says("ctx: NULL"));
+    CHECK(flce_topk_prepare(NULL, &p) == FLCE_ERR_INVALID_ARGUMENT && says("ctx: NULL"));
 }
 
 static void topk_chunks_follow_the_budget(void)
@@ -292,6 +293,7 @@ static void null_context_and_bytes_are_named(void)
     uint64_t bytes = 0;
     CHECK(flce_distill_loss_and_grad(NULL, &p, &t, NULL) == FLCE_ERR_INVALID_ARGUMENT && says("ctx: NULL"));
     CHECK(flce_distill_workspace_size(NULL, &p, &bytes) == FLCE_ERR_INVALID_ARGUMENT && says("ctx: NULL"));
+    CHECK(flce_distill_prepare(NULL, &p, &t) == FLCE_ERR_INVALID_ARGUMENT && says("ctx: NULL"));
 }
 
 static void chunks_follow_the_budget(void)

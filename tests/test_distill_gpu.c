@@ -200,6 +200,49 @@ static void ignored_tokens_chunks_and_options_match_the_reference(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
 }
 
+/* A server's context (compile_in_call = 0, no background compiles) over an empty cache: the call
+ * refuses with FLCE_ERR_NOT_READY before flce_distill_prepare (NULL tensors: every variant), and
+ * runs after it. */
+static void prepare_before_a_never_compiling_call(void)
+{
+    char dir[] = "/tmp/flce-distill-prepare-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    flce_options o;
+    flce_options_init(&o);
+    o.cache_dir = dir, o.cache_ro = "", o.compile_in_call = 0, o.background_compile = 0;
+    flce_context *server = NULL;
+    CHECKF(flce_context_create_ex(0, &o, &server) == FLCE_OK, "%s", flce_last_error());
+    const int64_t n = 32, ds = 32, dt = 64, v = 300;
+    flce_distill_problem p;
+    flce_distill_problem_init(&p);
+    p.tokens = n, p.hidden_student = ds, p.hidden_teacher = dt, p.vocab = v;
+    double *hs = dalloc(n * ds), *ws = dalloc(v * ds), *ht = dalloc(n * dt), *wt = dalloc(v * dt);
+    fill(hs, n * ds, 1.0, p.dtype), fill(ws, v * ds, 0.2, p.dtype), fill(ht, n * dt, 1.0, p.dtype);
+    fill(wt, v * dt, 0.2, p.dtype);
+    flce_distill_tensors t;
+    flce_distill_tensors_init(&t);
+    t.student_hidden = upload_dtype(p.dtype, hs, n * ds), t.student_weight = upload_dtype(p.dtype, ws, v * ds);
+    t.teacher_hidden = upload_dtype(p.dtype, ht, n * dt), t.teacher_weight = upload_dtype(p.dtype, wt, v * dt);
+    t.loss = poisoned(4), t.grad_student_hidden = poisoned((size_t)(n * ds) * 2);
+    t.grad_student_weight = poisoned((size_t)(v * ds) * 2);
+    flce_status st = flce_distill_loss_and_grad(server, &p, &t, NULL);
+    CHECKF(st == FLCE_ERR_NOT_READY, "before prepare: %s (%s)", flce_status_name(st), flce_last_error());
+    CHECKF(flce_distill_prepare(server, &p, NULL) == FLCE_OK, "prepare: %s", flce_last_error());
+    st = flce_distill_loss_and_grad(server, &p, &t, NULL);
+    CHECKF(st == FLCE_OK && flce_check(server, NULL) == FLCE_OK, "after prepare: %s", flce_last_error());
+    double loss = 0;
+    down_f32(t.loss, &loss, 1);
+    CHECKF(isfinite(loss), "loss %g", loss);
+    devmem_free((void *)t.student_hidden), devmem_free((void *)t.student_weight);
+    devmem_free((void *)t.teacher_hidden), devmem_free((void *)t.teacher_weight), devmem_free(t.loss);
+    devmem_free(t.grad_student_hidden), devmem_free(t.grad_student_weight);
+    free(hs), free(ws), free(ht), free(wt);
+    flce_context_destroy(server);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
 int main(void)
 {
     int rc = 0;
@@ -213,6 +256,7 @@ int main(void)
     }
     RUN(every_divergence_reduction_and_dtype_matches_the_reference);
     RUN(ignored_tokens_chunks_and_options_match_the_reference);
+    RUN(prepare_before_a_never_compiling_call);
     flce_context_destroy(ctx);
     FINISH();
 }

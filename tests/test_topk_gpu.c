@@ -3,7 +3,8 @@
  * and each rank's log-prob within 1e-5·(1 + |value|) of fp64, each rank's index the fp64 one or one
  * whose fp64 logit lies as close (the GPU's fp32 sums may order near-equal logits either way), no
  * index twice; equal logits (two identical weight rows) in index order. bf16, f16 and fp32, T ≠ 1,
- * k = 1, 64 and k = V, several token chunks (a small budget). Exit 77 without a GPU. */
+ * k = 1, 64 and k = V, several token chunks (a small budget); flce_topk_prepare before a call on a
+ * context that never compiles in a call. Exit 77 without a GPU. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -128,6 +129,41 @@ static void topk_matches_fp64(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
 }
 
+/* A server's context (compile_in_call = 0, no background compiles) over an empty cache: the call
+ * refuses with FLCE_ERR_NOT_READY before flce_topk_prepare, and runs after it. */
+static void prepare_before_a_never_compiling_call(void)
+{
+    char dir[] = "/tmp/flce-topk-prepare-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    flce_options o;
+    flce_options_init(&o);
+    o.cache_dir = dir, o.cache_ro = "", o.compile_in_call = 0, o.background_compile = 0;
+    flce_context *server = NULL;
+    CHECKF(flce_context_create_ex(0, &o, &server) == FLCE_OK, "%s", flce_last_error());
+    flce_topk_problem p;
+    flce_topk_problem_init(&p);
+    p.tokens = 64, p.hidden = 64, p.vocab = 1000, p.k = 4;
+    flce_topk_tensors t;
+    flce_topk_tensors_init(&t);
+    double *h = dalloc(64 * 64), *w = dalloc(1000 * 64);
+    for (int i = 0; i < 64 * 64; i++) h[i] = host_rng_normal(&rng);
+    for (int i = 0; i < 1000 * 64; i++) w[i] = 0.2 * host_rng_normal(&rng);
+    t.hidden = upload_dtype(FLCE_DTYPE_BF16, h, 64 * 64), t.weight = upload_dtype(FLCE_DTYPE_BF16, w, 1000 * 64);
+    t.indices = poisoned(64 * 4 * 8), t.logprobs = poisoned(64 * 4 * 4);
+    flce_status st = flce_topk_logprobs(server, &p, &t, NULL);
+    CHECKF(st == FLCE_ERR_NOT_READY, "before prepare: %s (%s)", flce_status_name(st), flce_last_error());
+    CHECKF(flce_topk_prepare(server, &p) == FLCE_OK, "prepare: %s", flce_last_error());
+    st = flce_topk_logprobs(server, &p, &t, NULL);
+    CHECKF(st == FLCE_OK && flce_check(server, NULL) == FLCE_OK, "after prepare: %s", flce_last_error());
+    CHECK(flce_topk_prepare(NULL, &p) == FLCE_ERR_INVALID_ARGUMENT);
+    devmem_free((void *)t.hidden), devmem_free((void *)t.weight), devmem_free(t.indices), devmem_free(t.logprobs);
+    free(h), free(w);
+    flce_context_destroy(server);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
 int main(void)
 {
     int rc = 0;
@@ -140,6 +176,7 @@ int main(void)
         return 1;
     }
     RUN(topk_matches_fp64);
+    RUN(prepare_before_a_never_compiling_call);
     flce_context_destroy(ctx);
     FINISH();
 }
