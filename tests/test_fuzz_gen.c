@@ -345,6 +345,12 @@ static void checker_accepts_an_fp32_model_where_dz_cancels(void)
  * The model must pass; its dW and db 10 % off must not. */
 static void checker_accepts_the_fp32_model_of_case_1346(void)
 {
+#ifdef FLCE_TEST_SANITIZED
+    /* one large case's fp64 arithmetic: 98 s under ASan against ~10 s in the default build, which
+     * runs it; the code paths it walks are the other cases' */
+    printf("    (left out under the sanitizers: the default build runs it)\n");
+    return;
+#endif
     fz_case c;
     fz_case_make(20261127, 1346, &c);
     CHECK(c.p.dtype == FLCE_DTYPE_BF16 && c.p.has_bias && !c.full_ref);
