@@ -530,6 +530,26 @@ def bad_input_cases():
     case("flce_distill_problem_validate on the binding's problem (fields named by the library)",
          library_validates_binding_problem, calls_library=False)
 
+    def prepare():
+        for kwargs, word in ((dict(divergence="kl"), "divergence"), (dict(reduction="avg"), "reduction"),
+                             (dict(device="cpu"), "device"), (dict(label_dtype=torch.int16), "label_dtype")):
+            try:
+                flce.prepare_linear_distillation(16, 32, 64, 100, **kwargs)
+            except ValueError as e:
+                assert word in str(e), str(e)
+            else:
+                raise AssertionError(f"{kwargs}: no error")
+        if not GPU:
+            return
+        flce.prepare_linear_distillation(16, 32, 64, 100, divergence="jsd", beta=0.3)
+        hs = torch.randn(16, 32, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        ws = (torch.randn(100, 32, device=DEV) * 0.2).bfloat16().requires_grad_()
+        ht, wt = torch.randn(16, 64, device=DEV).bfloat16(), (torch.randn(100, 64, device=DEV) * 0.2).bfloat16()
+        loss = flce.linear_distillation(hs, ws, ht, wt, divergence="jsd", beta=0.3)
+        loss.backward()
+        assert torch.isfinite(loss) and hs.grad is not None and torch.isfinite(ws.grad.float()).all()
+    case("prepare_linear_distillation: bad arguments named; on a GPU a step after it", prepare, calls_library=False)
+
 
 def main():
     global LIBRARY_CALLS

@@ -160,6 +160,28 @@ def bad_input_cases():
                 raise AssertionError(f"{field}={value}: no FlceError")
     case("flce_topk_problem_validate names the field", library_checks)
 
+    def prepare():
+        for kwargs, word in ((dict(k=0), "k"), (dict(k=65), "k"), (dict(k=3, device="cpu"), "device"),
+                             (dict(k=3, dtype=torch.int8), "dtype")):
+            try:
+                flce.prepare_topk_logprobs(8, 32, 100, **kwargs)
+            except ValueError as e:
+                assert word in str(e), str(e)
+            else:
+                raise AssertionError(f"{kwargs}: no error")
+        if not GPU:  # no context without a GPU: the error names the device
+            try:
+                flce.prepare_topk_logprobs(8, 32, 100, 3)
+            except ValueError as e:
+                assert "device" in str(e), str(e)
+            else:
+                raise AssertionError("prepare without a CUDA device: no error")
+            return
+        flce.prepare_topk_logprobs(64, 32, 500, 8, temperature=0.5)  # compiles or loads, then the call
+        h, w = inputs(64, 32, 500, torch.bfloat16, seed=8)
+        check(flce.topk_logprobs(h, w, 8, temperature=0.5), h, w, 8, 0.5)
+    case("prepare_topk_logprobs: bad arguments named; on a GPU the call after it", prepare)
+
 
 def main():
     try:

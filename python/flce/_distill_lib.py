@@ -181,6 +181,8 @@ class TopkTensors(ctypes.Structure):
 TOPK = "flce_topk_logprobs"
 TOPK_WORKSPACE_SIZE = "flce_topk_workspace_size"
 TOPK_VALIDATE = "flce_topk_problem_validate"
+TOPK_PREPARE = "flce_topk_prepare"
+DISTILL_PREPARE = "flce_distill_prepare"
 _topk_declared = {}
 
 
@@ -198,7 +200,9 @@ def _topk_fn(name):
     P, T = ctypes.POINTER(TopkProblem), ctypes.POINTER(TopkTensors)
     fn.restype, fn.argtypes = {TOPK: (st, [vp, P, T, vp]),
                                TOPK_WORKSPACE_SIZE: (st, [vp, P, ctypes.POINTER(ctypes.c_uint64)]),
-                               TOPK_VALIDATE: (st, [P])}[name]
+                               TOPK_VALIDATE: (st, [P]), TOPK_PREPARE: (st, [vp, P]),
+                               DISTILL_PREPARE: (st, [vp, ctypes.POINTER(DistillProblem),
+                                                      ctypes.POINTER(DistillTensors)])}[name]
     _topk_declared[name] = fn
     return fn
 
@@ -239,3 +243,13 @@ def topk(ctx, problem, tensors, stream):
     """Enqueues flce_topk_logprobs on `stream` (an int handle, 0 = legacy stream)."""
     _lib.check_status(_topk_fn(TOPK)(ctx, ctypes.byref(problem), ctypes.byref(tensors), ctypes.c_void_p(stream or None)),
                       TOPK)
+
+
+def topk_prepare(ctx, problem):
+    """flce_topk_prepare: compiles (or loads) the call's kernels now."""
+    _lib.check_status(_topk_fn(TOPK_PREPARE)(ctx, ctypes.byref(problem)), TOPK_PREPARE)
+
+
+def distill_prepare(ctx, problem):
+    """flce_distill_prepare with NULL tensors: every output, with and without labels."""
+    _lib.check_status(_topk_fn(DISTILL_PREPARE)(ctx, ctypes.byref(problem), None), DISTILL_PREPARE)

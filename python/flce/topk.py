@@ -36,6 +36,18 @@ def _require_cuda(t: Tensor, name: str) -> None:
         raise ValueError(f"{name}: must be on a CUDA device, is on {t.device}")
 
 
+def _cuda_device(device) -> torch.device:
+    """device (None: the current CUDA device) as a CUDA torch.device, or ValueError naming it."""
+    if device is None:
+        if not torch.cuda.is_available():
+            raise ValueError("device: None and no CUDA device is available")
+        return torch.device("cuda", torch.cuda.current_device())
+    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if dev.type != "cuda":
+        raise ValueError(f"device: {device!r}; expected a CUDA device")
+    return dev
+
+
 def _ptr(t, name, align):
     p = t.data_ptr()
     if p % align:
@@ -130,3 +142,25 @@ def topk_logprobs(hidden: Tensor, weight: Tensor, k: int, *, temperature: float 
     with torch.no_grad():
         logprobs, indices, lse = topk_op(h2, weight.detach(), int(k), float(temperature), int(memory_budget or 0))
     return TopkLogprobs(logprobs.reshape(*lead, int(k)), indices.reshape(*lead, int(k)), lse.reshape(lead))
+
+
+def prepare_topk_logprobs(tokens: int, hidden: int, vocab: int, k: int, *, dtype: torch.dtype = torch.bfloat16,
+                          device=None, temperature: float = 1.0, memory_budget: Optional[int] = None) -> None:
+    """Compiles (or loads from flce's disk cache) the kernels topk_logprobs calls of this shape and
+    these options will run on `device` (None: the current CUDA device), before the first call:
+    synchronous, so a server's first request does not wait for NVRTC. tokens: N of the calls (the
+    kernels do not depend on it, the chunking does); hidden, vocab: D and V; k, temperature,
+    memory_budget: as topk_logprobs."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype: {dtype} not supported (bfloat16, float16 or float32)")
+    for name, v in (("tokens", tokens), ("hidden", hidden), ("vocab", vocab), ("k", k)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: {v!r}; expected a positive int")
+    if not (k <= min(K_MAX, vocab)):
+        raise ValueError(f"k: {k!r}; expected an int in [1, min({K_MAX}, V={vocab})]")
+    dev = _cuda_device(device)
+    problem = _distill_lib.new_topk_problem(tokens=tokens, hidden=hidden, vocab=vocab, dtype=_DTYPES[dtype], k=k,
+                                            temperature=float(temperature), memory_budget=int(memory_budget or 0))
+    _distill_lib.topk_validate(problem)
+    _distill_lib.topk_prepare(_lib.context(dev.index if dev.index is not None else torch.cuda.current_device()),
+                              problem)
