@@ -539,6 +539,14 @@ def bad_input_cases():
                 assert word in str(e), str(e)
             else:
                 raise AssertionError(f"{kwargs}: no error")
+        # the ctypes binding of flce_distill_prepare itself (no GPU needed): a NULL context is named
+        try:
+            _distill_lib.distill_prepare(None, _distill_lib.new_problem(tokens=16, hidden_student=32,
+                                                                        hidden_teacher=64, vocab=100))
+        except flce.FlceError as e:
+            assert "ctx: NULL" in str(e) and e.call == "flce_distill_prepare", str(e)
+        else:
+            raise AssertionError("flce_distill_prepare(NULL): no FlceError")
         if not GPU:
             return
         flce.prepare_linear_distillation(16, 32, 64, 100, divergence="jsd", beta=0.3)

@@ -169,6 +169,14 @@ def bad_input_cases():
                 assert word in str(e), str(e)
             else:
                 raise AssertionError(f"{kwargs}: no error")
+        # the ctypes binding of flce_topk_prepare itself (no GPU needed): a NULL context is named
+        p = _distill_lib.new_topk_problem(tokens=8, hidden=32, vocab=100, dtype=_lib.FLCE_DTYPE_BF16, k=3)
+        try:
+            _distill_lib.topk_prepare(None, p)
+        except flce.FlceError as e:
+            assert "ctx: NULL" in str(e) and e.call == "flce_topk_prepare", str(e)
+        else:
+            raise AssertionError("flce_topk_prepare(NULL): no FlceError")
         if not GPU:  # no context without a GPU: the error names the device
             try:
                 flce.prepare_topk_logprobs(8, 32, 100, 3)
