@@ -13,7 +13,13 @@
  *   cache.h     the disk cache's directory, listing, stats, prune, clear and counters: cache, warmup
  *   config.h    the process's settings as data: bench's "+fp32z" rows switch the compact store off
  *   timeline.h  per-kernel event timing: bench --timeline
- * A new need of the tool goes into flce.h when a library user could want it too, else here. */
+ *   nvrtc_compile.h  source → cubin with NVRTC alone, past the cache: kernel_diff_dump (the cubin
+ *               a refactor of templates/ must leave alone)
+ * A new need of the tool goes into flce.h when a library user could want it too, else here.
+ * testing/'s headers (host.h, devmem.h, bench_data.h, fuzz_case.h) are not counted as internal:
+ * testing/ is its own layer above runtime/ (the library the tests, fuzz replays and benchmarks share;
+ * DESIGN.md §7), built on flce.h and this header's kind of access, so a command using it (fuzz, bench,
+ * demo, tune) takes nothing more from below than this header gives. */
 #ifndef FLCE_TOOL_API_H
 #define FLCE_TOOL_API_H
 
@@ -23,6 +29,7 @@
 #include "config.h"
 #include "emit.h"
 #include "jit.h"
+#include "nvrtc_compile.h"
 #include "plan.h"
 #include "timeline.h"
 #include "tune_run.h"

@@ -54,7 +54,9 @@ build_dumper() { # build dir, output binary
     nccl=$(cache_value "$1" FLCE_NCCL_LIBRARY)
     [ -f "$1/libflce.a" ] || { echo "kernel_diff: $1/libflce.a missing (build it first)" >&2; return 1; }
     case $nccl in */libnccl*) ;; *) nccl= ;; esac
-    cc -std=c11 -O1 -D_DEFAULT_SOURCE -I"$src/include" -I"$src/generator" -I"$src/runtime" -I"$cuda/include" \
+    # base/ (absent before 2026-11-23, harmless then): tool_api.h's headers include atomic_file.h
+    # and error.h from it; without it "error.h" found glibc's file of that name
+    cc -std=c11 -O1 -D_DEFAULT_SOURCE -I"$src/include" -I"$src/base" -I"$src/generator" -I"$src/runtime" -I"$cuda/include" \
         "$here/kernel_diff_dump.c" "$1/libflce.a" -L"$cuda/lib64" -L"$cuda/lib" -lnvrtc ${nccl:+"$nccl"} \
         -ldl -lpthread -lm -Wl,-rpath,"$cuda/lib64" -Wl,-rpath,"$cuda/lib" -o "$2"
 }

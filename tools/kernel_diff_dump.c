@@ -7,9 +7,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* tools/' one internal header (runtime/tool_api.h, issue 42). kernel_diff.sh also builds this file
+ * against older trees, and a tree from before 2026-11-28 has no tool_api.h: there the three headers
+ * it would bring in. (__has_include is a GCC/Clang extension before C23; without it, tool_api.h.) */
+#if defined(__has_include)
+#if !__has_include("tool_api.h")
+#define KERNEL_DIFF_OLD_TREE 1
+#endif
+#endif
+#ifdef KERNEL_DIFF_OLD_TREE
 #include "emit.h"
 #include "nvrtc_compile.h"
 #include "spec.h"
+#else
+#include "tool_api.h"
+#endif
 
 /* The settings are read once per process since issue 18 (runtime/config.c): re-read them after each
  * setenv below. Weak, so this file still builds against a libflce.a from before config.c, which
