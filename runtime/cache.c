@@ -1,5 +1,5 @@
 /*
- * cache.c — the on-disk kernel cache of docs/DESIGN.md §5 (contract in cache.h). jit.c calls
+ * cache.c — the on-disk kernel cache of docs/DESIGN.md §5.4 (contract in cache.h). jit.c calls
  * cache_load before compiling, cache_lock_entry on a miss and cache_store after; tools/cmd_cache.c
  * calls list/stat/prune/clear.
  *

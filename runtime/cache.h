@@ -1,5 +1,5 @@
 /*
- * cache.h — the on-disk kernel cache (docs/DESIGN.md §5). Keys are arbitrary byte strings (the runtime
+ * cache.h — the on-disk kernel cache (docs/DESIGN.md §5.4). Keys are arbitrary byte strings (the runtime
  * builds them from the full source, NVRTC options, NVRTC version, arch and library version); values
  * are cubins. Called by jit.c (load, lock, store) and by the `flce cache` tool (list, stats, prune,
  * clear).

@@ -112,7 +112,7 @@ static int nvrtc_options(int sm, const char **opts, char *arch_buf, size_t cap)
     opts[n++] = "-std=c++17";
     /* No --use_fast_math: the per-token math (lse, the loss, dz coefficients) uses accurate
      * expf/logf; the per-logit exps call ex2.approx themselves where measured safe (NOTES v15),
-     * within docs/DESIGN.md §8's tolerances. */
+     * within docs/DESIGN.md §8.2's tolerances. */
     opts[n++] = "--fmad=true";
     opts[n++] = "-default-device";
     const char *fast = nvrtc_fast_option();

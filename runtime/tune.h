@@ -1,5 +1,5 @@
 /*
- * tune.h — the autotuner's hooks into the dispatcher (docs/DESIGN.md §6, issue 6). plan.c calls
+ * tune.h — the autotuner's hooks into the dispatcher (docs/DESIGN.md §6.5, issue 6). plan.c calls
  * tune_apply after choosing the built-in tiles; `flce tune` (tools/cmd_tune.c) and the
  * FLCE_TUNE=1 path force candidate tiles through tune_force_tiles; tune_candidates lists what is
  * worth timing. Internal: nothing here is part of include/flce.h.

@@ -1,5 +1,5 @@
 /*
- * tune_table.h — the autotune table (docs/DESIGN.md §6, issue 6): a small versioned text file in the
+ * tune_table.h — the autotune table (docs/DESIGN.md §6.5, issue 6): a small versioned text file in the
  * kernel cache directory that maps a problem class to the tiles `flce tune` measured fastest.
  * tune.c reads it for the dispatcher; tools/cmd_tune.c and the FLCE_TUNE=1 path write it;
  * fuzz/fuzz_tune_table.c feeds tune_table_parse garbage.

@@ -16,7 +16,7 @@
  *
  * Error measure (fz_check): ‖got − ref‖₂ / max(‖ref‖₂, floor) over the sampled entries, where
  * floor is the size the entries would have without cancellation (1 + |lse| + |z_y| for per-token
- * values; 1 % of |g_i|·‖w‖ for gradients). A relative error over a whole vector, as docs/DESIGN.md §8
+ * values; 1 % of |g_i|·‖w‖ for gradients). A relative error over a whole vector, as docs/DESIGN.md §8.2
  * asks, that a tiny sample (one token whose loss is 1e-7) cannot turn into noise over noise, and
  * that a sample of zeros (all tokens ignored) checks absolutely. NaN or Inf anywhere fails.
  */
@@ -491,7 +491,7 @@ static void fz_finish(fz_result *r, int q, const fz_norms *a, double tol)
     if (!(scale > 0)) scale = 1; /* nothing but zeros: an absolute check */
     double diff = fmax(0, sqrt(a->diff2) - a->acc_k * sqrt(a->bound2));
     if (isnan(a->diff2)) diff = NAN;
-    /* the vector's relative L2 (docs/DESIGN.md §8), or its worst row at a tenth of the weight */
+    /* the vector's relative L2 (docs/DESIGN.md §8.2), or its worst row at a tenth of the weight */
     double err = fmax(diff / scale, a->worst_row / 10);
     if (a->nonfinite || isnan(err) || isnan(a->worst_row)) err = INFINITY;
     double t = tol;
@@ -713,7 +713,7 @@ static double fz_out_sub(const fz_ctx *k, int accumulated)
  * an ulp of the value, at most 2^-8 of it in bf16 and 2^-11 in fp16 (just above a power of two;
  * 2^-9 and 2^-12 just below the next), which no implementation avoids and which adds to the error
  * of 16-bit dZ. Entry floor² gains (that/tol)²: on a tiny problem dominated by a few terms the two
- * roundings alone reach the 4e-3 of docs/DESIGN.md §8 (seen: 4.04e-3 on 3 tokens, and db 4.295e-3 in case
+ * roundings alone reach the 4e-3 of docs/DESIGN.md §8.2 (seen: 4.04e-3 on 3 tokens, and db 4.295e-3 in case
  * 1346 of seed 20261127, a vector led by five label entries, each one bf16 dZ term; both matched
  * to four digits by an fp32 model of the kernels, tests/test_fuzz_gen.c). Until session 17 this
  * took 2^-9 / 2^-12, the half ulp at the top of a binade, not its largest relative size. */

@@ -120,7 +120,7 @@ static double rel_err_bf16(const void *dev, const double *ref, size_t n)
     return e;
 }
 
-/* Loss and both gradients of a problem with a reference, against it (docs/DESIGN.md §8 bf16 tolerances). */
+/* Loss and both gradients of a problem with a reference, against it (docs/DESIGN.md §8.2 bf16 tolerances). */
 static int prob_correct(prob *q)
 {
     float loss = NAN;

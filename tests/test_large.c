@@ -256,7 +256,7 @@ static void compare(const bench_ref *r, const last_ref *L, const bench_data *d, 
     printf("  %-14s mean %.1e  lse %.1e  loss rows %.1e  last token %.1e", kn, e.mean, e.lse, e.loss_row, last_row);
     if (grads) printf("  dH %.1e (last %.1e)  dW %.1e", e.dh, last_dh, e.dw);
     printf("\n");
-    /* written as x < tol so that a NaN fails; docs/DESIGN.md §8's bf16 tolerances */
+    /* written as x < tol so that a NaN fails; docs/DESIGN.md §8.2's bf16 tolerances */
     CHECKF(e.mean < 1e-5 && e.lse < 1e-5 && e.loss_row < 1e-4 && last_row < 1e-4,
            "%s, %s: mean %.2e lse %.2e loss rows %.2e last token %.2e", name, kn, e.mean, e.lse, e.loss_row, last_row);
     if (grads)
