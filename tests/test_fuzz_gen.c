@@ -279,9 +279,10 @@ static void float_model_grads(const fz_case *c, const fz_data *x, const fz_sampl
 }
 
 /* The cases `flce fuzz --seed 20261122` flagged on the device (bench/results/2026-11-22-h200x2-
- * final/fuzz.log) whose gradients the first error measure held to a relative error that fp32
- * evaluation of dZ cannot reach where its pieces cancel (V ≤ 3; p_ij ≈ ε/V; p_iy ≈ 1): an fp32
- * model of the kernels must pass, and the corruptions must still fail. */
+ * final/fuzz.log, in archive/2026-11.tar.xz) whose gradients the first error measure held to a
+ * relative error that fp32 evaluation of dZ cannot reach where its pieces cancel (V ≤ 3;
+ * p_ij ≈ ε/V; p_iy ≈ 1): an fp32 model of the kernels must pass, and the corruptions must still
+ * fail. */
 static void checker_accepts_an_fp32_model_where_dz_cancels(void)
 {
     const uint64_t flagged[] = {74,  282, 296, 322, 343, 355,  377,  421,  590,  669, 729,

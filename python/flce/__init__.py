@@ -376,7 +376,8 @@ def _no_grad_loss(hidden, weight, labels, opts, tp=None):
 # (a pass over dW, V·D·4 bytes, whatever N is, unless the library's flce_scale_gradients finds the
 # upstream gradient is exactly 1, as after a plain loss.backward()). The two cost the same near
 # N = 430 on an H100 (650 TFLOP/s, 3 TB/s) when g != 1, and computing in forward always wins when
-# g = 1: at 512×4096×128256 on an H100 (2026-11-26, bench/results/2026-11-26-h100-session6)
+# g = 1: at 512×4096×128256 on an H100 (2026-11-26, bench/results/2026-11-26-h100-session6,
+# in archive/2026-11.tar.xz)
 # deferring took 3.10 ms (compare.py), the loss-and-grad call 2.42 (flce bench). Until then this
 # was 1024, measured before flce_scale_gradients existed.
 _DEFER_TOKENS = 256
