@@ -70,11 +70,46 @@ void config_setting_default(const config_setting *s, char *out, size_t cap)
     else snprintf(out, cap, "%s", "");
 }
 
+/* ---- settings given as data (config_set) ----
+ * A row given a value by config_set reads that value instead of its variable; one given NULL reads
+ * as unset. Each given value is a copy that is never freed: config_env hands out the pointer, which
+ * a thread may still hold when another config_set replaces the value (as a getenv pointer across a
+ * setenv), so the copies stay on a list reachable from here (no leak report either). */
+enum { CONFIG_FROM_ENV = 0, CONFIG_GIVEN, CONFIG_GIVEN_UNSET };
+typedef struct config_copy {
+    struct config_copy *next;
+    char text[];
+} config_copy;
+static pthread_mutex_t config_given_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char config_given_how[CONFIG_COUNT];
+static const char *config_given_text[CONFIG_COUNT];
+static config_copy *config_copies;
+
+/* Row id's source: CONFIG_FROM_ENV, or CONFIG_GIVEN with *text its value, or CONFIG_GIVEN_UNSET. */
+static int config_given(config_id id, const char **text)
+{
+    pthread_mutex_lock(&config_given_lock);
+    int how = config_given_how[id];
+    *text = config_given_text[id];
+    pthread_mutex_unlock(&config_given_lock);
+    return how;
+}
+
+/* Row id's text now: its given value, else its variable's (NULL: unset). */
+static const char *config_lookup(config_id id)
+{
+    const char *text;
+    int how = config_given(id, &text);
+    if (how == CONFIG_GIVEN) return text;
+    if (how == CONFIG_GIVEN_UNSET) return NULL;
+    return getenv(config_table[id].name);
+}
+
 const char *config_env(config_id id)
 {
     if ((unsigned)id >= CONFIG_COUNT) return NULL;
     if (config_is_dev_switch(&config_table[id])) return NULL; /* a key of FLCE_DEV, not a variable */
-    return getenv(config_table[id].name);
+    return config_lookup(id);
 }
 
 void config_defaults(flce_config *c)
@@ -119,10 +154,10 @@ int config_parse_int(const char *name, const char *value, int lo, int hi, int de
 int config_env_bool(config_id id)
 {
     const config_setting *s = &config_table[id];
-    return config_parse_bool(s->name, getenv(s->name), s->def);
+    return config_parse_bool(s->name, config_lookup(id), s->def);
 }
 
-int config_log_level(void) { return log_parse_level(getenv(config_table[CONFIG_LOG].name)); }
+int config_log_level(void) { return log_parse_level(config_lookup(CONFIG_LOG)); }
 
 /* base/ reads no environment (log.h): its FLCE_LOG reader, handed over when the library loads. */
 __attribute__((constructor)) static void config_install_log_level(void) { log_set_level_source(config_log_level); }
@@ -219,20 +254,41 @@ static void config_dev_parse(flce_config *c, const char *v)
     }
 }
 
+/* The values derived from the ones read (whichever way they were given). */
+static void config_normalize(flce_config *c)
+{
+    /* a 1-CTA cluster is no cluster: 0 and 1 both leave it off; -1 (unset): plan.c's rule */
+    c->cluster = c->cluster == 2 ? 2 : c->cluster < 0 ? -1 : 0;
+    /* a multiple of 256 keeps each slice's dZ 16-byte aligned for TMA (launch_grads.c run_dh) */
+    c->dh_k_slice = c->dh_k_slice / 256 * 256;
+    c->dh_bn = c->dh_bn / 64 * 64;
+}
+
+/* A developer switch given by config_set: its value wins over FLCE_DEV's item and its retired
+ * variable; given NULL, its default. */
+static void config_dev_given(flce_config *c, config_id id)
+{
+    const config_setting *s = &config_table[id];
+    const char *text;
+    char name[64];
+    int how = config_given(id, &text);
+    if (how == CONFIG_FROM_ENV) return;
+    snprintf(name, sizeof name, "FLCE_DEV %s", s->name);
+    config_set_row(c, s, name, how == CONFIG_GIVEN ? text : NULL);
+}
+
 void config_from_env(flce_config *c)
 {
     config_defaults(c);
     for (int i = 0; i < CONFIG_COUNT; i++) {
         const config_setting *s = &config_table[i];
         if (config_is_dev_switch(s)) config_dev_legacy(c, s);
-        else if (config_is_process(s)) config_set_row(c, s, s->name, getenv(s->name));
+        else if (config_is_process(s)) config_set_row(c, s, s->name, config_lookup((config_id)i));
     }
-    config_dev_parse(c, getenv(config_table[CONFIG_DEV].name));
-    /* a 1-CTA cluster is no cluster: 0 and 1 both leave it off; -1 (unset): plan.c's rule */
-    c->cluster = c->cluster == 2 ? 2 : c->cluster < 0 ? -1 : 0;
-    /* a multiple of 256 keeps each slice's dZ 16-byte aligned for TMA (launch_grads.c run_dh) */
-    c->dh_k_slice = c->dh_k_slice / 256 * 256;
-    c->dh_bn = c->dh_bn / 64 * 64;
+    config_dev_parse(c, config_lookup(CONFIG_DEV));
+    for (int i = 0; i < CONFIG_COUNT; i++)
+        if (config_is_dev_switch(&config_table[i])) config_dev_given(c, (config_id)i);
+    config_normalize(c);
 }
 
 void config_log(const flce_config *c)
@@ -243,7 +299,8 @@ void config_log(const flce_config *c)
     for (int i = 0; i < CONFIG_COUNT; i++) {
         const config_setting *s = &config_table[i];
         if (!config_is_process(s)) { /* FLCE_DEV: its switches' lines below say what it set */
-            const char *v = s->kind == CONFIG_KIND_SYS || s->kind == CONFIG_KIND_SWITCHES ? NULL : getenv(s->name);
+            int quiet = s->kind == CONFIG_KIND_SYS || s->kind == CONFIG_KIND_SWITCHES;
+            const char *v = quiet ? NULL : config_lookup((config_id)i);
             if (v && *v) log_msg(LOG_INFO, "config: %s=%s (each use)", s->name, v);
             continue;
         }
@@ -280,6 +337,67 @@ void config_replace(const flce_config *c)
 {
     pthread_once(&config_once, config_init);
     config_current = *c;
+}
+
+/* Records row id's source (how, with text copied when given) under the lock. */
+static void config_record(config_id id, int how, const char *text)
+{
+    config_copy *copy = NULL;
+    if (text) {
+        size_t n = strlen(text) + 1;
+        copy = malloc(sizeof *copy + n);
+        if (!copy) abort(); /* a test's or a tool's few short values */
+        memcpy(copy->text, text, n);
+    }
+    pthread_mutex_lock(&config_given_lock);
+    if (copy) copy->next = config_copies, config_copies = copy;
+    config_given_how[id] = (unsigned char)how;
+    config_given_text[id] = copy ? copy->text : NULL;
+    pthread_mutex_unlock(&config_given_lock);
+}
+
+/* A process row (or developer switch) takes a given value at once: only its field changes. FLCE_DEV
+ * given, or a switch handed back to the environment: the switches are derived again as at start. */
+static void config_apply(config_id id)
+{
+    const config_setting *s = &config_table[id];
+    flce_config c = *config_get();
+    const char *text;
+    if (id == CONFIG_DEV || (config_is_dev_switch(s) && config_given(id, &text) == CONFIG_FROM_ENV)) {
+        flce_config env;
+        config_from_env(&env);
+        for (int i = 0; i < CONFIG_COUNT; i++)
+            if (config_is_dev_switch(&config_table[i]) && (id == CONFIG_DEV || i == (int)id))
+                *config_field(&c, &config_table[i]) = config_value(&env, &config_table[i]);
+    } else if (config_is_dev_switch(s)) config_dev_given(&c, id);
+    else if (config_is_process(s)) config_set_row(&c, s, s->name, config_lookup(id));
+    else return; /* read at each use: config_lookup sees it */
+    config_normalize(&c);
+    config_current = c;
+}
+
+void config_set(config_id id, const char *value)
+{
+    if ((unsigned)id >= CONFIG_COUNT) return;
+    config_record(id, value ? CONFIG_GIVEN : CONFIG_GIVEN_UNSET, value);
+    config_apply(id);
+}
+
+int config_set_name(const char *name, const char *value)
+{
+    for (int i = 0; i < CONFIG_COUNT; i++)
+        if (!strcmp(config_table[i].name, name)) {
+            config_set((config_id)i, value);
+            return 0;
+        }
+    return -1;
+}
+
+void config_clear(config_id id)
+{
+    if ((unsigned)id >= CONFIG_COUNT) return;
+    config_record(id, CONFIG_FROM_ENV, NULL);
+    config_apply(id);
 }
 
 spec_tile spec_default_tile(int sm, flce_dtype dtype, spec_role role)

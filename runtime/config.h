@@ -8,7 +8,8 @@
  *
  * The rows read at each use instead (FLCE_LOG, FLCE_CACHE_*, FLCE_FAULT: tests flip them between
  * cases) and the library paths (read when that library is first opened) go through config_env: this
- * file's config.c is the only one in the library that calls getenv. A context's own settings
+ * file's config.c is the only one in the library that calls getenv. Tests and tools give settings
+ * as data (config_set) rather than through setenv. A context's own settings
  * (flce_context_create_ex, flce_options) override some of them per context (context.h).
  * Internal: not part of include/flce.h.
  */
@@ -99,12 +100,27 @@ void config_defaults(flce_config *c);
  * FLCE_DEV sets that switch). */
 void config_from_env(flce_config *c);
 
-/* Tests and the bench tool's side-by-side rows only: re-reads the environment into the process's
- * settings after a setenv. Not safe while another thread plans or compiles. */
+/* Re-reads the environment (and the values given by config_set) into the process's settings: for
+ * the tests of the environment's parser (test_config), which setenv. Not safe while another thread
+ * plans or compiles. */
 void config_reload(void);
 /* The same, from data instead of the environment: the process's settings become *c (the bench
  * tool's side-by-side rows, without setenv). Not safe while another thread plans or compiles. */
 void config_replace(const flce_config *c);
+
+/* Settings as data, for tests and tools that choose a setting without touching the environment:
+ * row id reads `value` from now on instead of its variable, in the variable's words ("1", "warn",
+ * a directory, FLCE_FAULT's "nvrtc:1"; a developer switch's row takes its FLCE_DEV value, over
+ * FLCE_DEV's item); value NULL: id reads as unset (its default), whatever the environment holds.
+ * config_clear(id): id reads its variable again. The value is copied. A row read at each use
+ * (config_env) sees it at its next use, and these two are thread-safe for those rows; a process
+ * row's field (config_get) changes at once, which, as config_reload, is not safe while another
+ * thread plans or compiles. config_reload and config_from_env keep the given values. */
+void config_set(config_id id, const char *value);
+void config_clear(config_id id);
+/* config_set on the row named name (its variable, a developer switch's FLCE_DEV key: "tma"), for
+ * tools built against several versions of this file; -1 when no row has that name. */
+int config_set_name(const char *name, const char *value);
 
 /* The value of a row read at each use (LEVEL, TEXT, NUM, EBOOL), of a library path (LIB) or of a
  * system variable (SYS) now; NULL when unset (and for a developer switch, a key of FLCE_DEV: its

@@ -1,6 +1,7 @@
-/* dev_env.h — one developer switch set or cleared in FLCE_DEV (README "Developer switches") for a
- * test, the other items kept; the test calls config_reload() after, as after any setenv. A test
- * that means the other path must really set it: a misspelt key is only a warning under FLCE_LOG,
+/* dev_env.h — one developer switch set or cleared in the FLCE_DEV variable itself (README
+ * "Developer switches"), the other items kept: for the tests of the environment's parser
+ * (test_config), which call config_reload() after, as after any setenv. A test that only needs a
+ * switch gives it as data instead (dev_switch.h). A misspelt key is only a warning under FLCE_LOG,
  * so dev_env_set aborts on a key that is not a switch (config_table.h) rather than run the default. */
 #ifndef FLCE_TEST_DEV_ENV_H
 #define FLCE_TEST_DEV_ENV_H
@@ -10,17 +11,12 @@
 #include <string.h>
 
 #include "config.h"
+#include "dev_switch.h"
 
 /* key=value added to FLCE_DEV (replacing key's item); value NULL: key's item removed (its default). */
 static inline void dev_env_set(const char *key, const char *value)
 {
-    int known = 0;
-    for (int i = 0; i < CONFIG_COUNT; i++)
-        known |= config_is_dev_switch(&config_settings()[i]) && !strcmp(config_settings()[i].name, key);
-    if (!known) {
-        fprintf(stderr, "dev_env_set: '%s' is not a developer switch (runtime/config_table.h)\n", key);
-        abort();
-    }
+    (void)dev_switch_id(key); /* aborts on a key that is no switch */
     const char *old = getenv("FLCE_DEV");
     char out[1024] = "";
     size_t klen = strlen(key), n = 0;

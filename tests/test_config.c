@@ -1,7 +1,10 @@
 /* test_config.c — the FLCE_* settings (runtime/config.c): one on/off convention, range-checked
- * numbers, defaults for anything else with a warning; and planning as a pure function of problem,
- * device facts, settings and tune tiles (plan_build). cpu. */
+ * numbers, defaults for anything else with a warning; the same values given as data (config_set);
+ * and planning as a pure function of problem, device facts, settings and tune tiles (plan_build).
+ * cpu. Reading the environment is what most of this tests, so it sets variables (setenv), unlike
+ * the other tests, which give their settings as data. */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -296,7 +299,7 @@ static void the_log_line_names_every_setting(void)
     unsetenv("FLCE_CACHE_RO");
 }
 
-/* config_get reads the environment once; config_reload (tests, bench +fp32z rows) again. */
+/* config_get reads the environment once; config_reload (the tests of its parser) again. */
 static void the_process_settings_change_only_on_reload(void)
 {
     clear_knobs();
@@ -322,6 +325,111 @@ static void replace_sets_the_process_settings_as_data(void)
     CHECK(config_get()->compact == 0 && config_get()->raster_rows == 3 && !getenv("FLCE_DEV"));
     config_reload();
     CHECK(config_get()->compact == 1 && config_get()->raster_rows == PLAN_RASTER_ROWS);
+}
+
+/* Settings as data (config_set, what tests and tools use instead of setenv): a given value wins
+ * over the variable, NULL reads as unset whatever the variable holds, config_clear reads the
+ * variable again; a row read at each use sees it at its next use, a process row's field and a
+ * developer switch change at once (over FLCE_DEV's item and the retired variable) and keep it
+ * across config_reload. The setenv here is the environment each given value must win over. */
+static void given_values_win_over_the_environment(void)
+{
+    clear_knobs();
+    config_reload();
+    setenv("FLCE_CACHE_RO", "/from-env", 1);
+    CHECK(!strcmp(config_env(CONFIG_CACHE_RO), "/from-env"));
+    config_set(CONFIG_CACHE_RO, "/given");
+    CHECK(!strcmp(config_env(CONFIG_CACHE_RO), "/given"));
+    config_set(CONFIG_CACHE_RO, NULL);
+    CHECK(config_env(CONFIG_CACHE_RO) == NULL);
+    config_clear(CONFIG_CACHE_RO);
+    CHECK(!strcmp(config_env(CONFIG_CACHE_RO), "/from-env"));
+    unsetenv("FLCE_CACHE_RO");
+    config_set(CONFIG_CACHE_STATS, "off");
+    CHECK(!config_env_bool(CONFIG_CACHE_STATS));
+    config_clear(CONFIG_CACHE_STATS);
+    CHECK(config_env_bool(CONFIG_CACHE_STATS));
+    config_set(CONFIG_LOG, "debug");
+    CHECK(config_log_level() == 3);
+    config_set(CONFIG_LOG, NULL);
+    CHECK(config_log_level() == 0);
+
+    setenv("FLCE_TUNE", "1", 1);
+    config_reload();
+    CHECK(config_get()->tune == 1);
+    config_set(CONFIG_TUNE, "off");
+    CHECK(config_get()->tune == 0);
+    config_reload();
+    CHECK(config_get()->tune == 0);
+    config_set(CONFIG_TUNE, NULL);
+    CHECK(config_get()->tune == 0);
+    config_clear(CONFIG_TUNE);
+    CHECK(config_get()->tune == 1);
+    config_set(CONFIG_NVRTC_FAST, "max");
+    CHECK(config_get()->nvrtc_fast == CONFIG_NVRTC_FAST_MAX);
+    config_clear(CONFIG_NVRTC_FAST);
+    CHECK(config_get()->nvrtc_fast == CONFIG_NVRTC_FAST_OFF);
+
+    setenv("FLCE_DEV", "compact=0,raster=4", 1);
+    config_reload();
+    CHECK(!config_get()->compact && config_get()->raster_rows == 4);
+    config_set(CONFIG_COMPACT, "1");
+    CHECK(config_get()->compact && config_get()->raster_rows == 4);
+    config_reload();
+    CHECK(config_get()->compact && config_get()->raster_rows == 4);
+    config_set(CONFIG_COMPACT, NULL); /* its default, not FLCE_DEV's item */
+    CHECK(config_get()->compact);
+    config_clear(CONFIG_COMPACT);
+    CHECK(!config_get()->compact && config_get()->raster_rows == 4);
+    config_set(CONFIG_DEV, "raster=5");
+    CHECK(config_get()->compact && config_get()->raster_rows == 5);
+    config_clear(CONFIG_DEV);
+    CHECK(!config_get()->compact && config_get()->raster_rows == 4);
+    config_set(CONFIG_CLUSTER, "1"); /* derived as from the environment: a 1-CTA cluster is none */
+    CHECK(config_get()->cluster == 0);
+    config_clear(CONFIG_CLUSTER);
+    CHECK(config_get()->cluster == -1);
+    unsetenv("FLCE_DEV");
+    setenv("FLCE_TMA", "0", 1);
+    config_set(CONFIG_TMA, "1");
+    flce_config c;
+    from_env_capturing(&c);
+    CHECK(c.tiles.tma);
+    config_clear(CONFIG_TMA);
+    unsetenv("FLCE_TMA");
+
+    CHECK(config_set_name("tma", "0") == 0 && !config_get()->tiles.tma);
+    CHECK(config_set_name("FLCE_PORTABLE", "yes") == 0 && config_get()->portable);
+    CHECK(config_set_name("TMA", "0") == -1 && config_set_name("FLCE_TMA", "0") == -1 && config_get()->tiles.tma == 0);
+    config_clear(CONFIG_TMA), config_clear(CONFIG_PORTABLE);
+    CHECK(config_get()->tiles.tma && !config_get()->portable);
+    clear_knobs();
+    config_reload();
+}
+
+/* A row read at each use given from one thread while others read it: each read is one of the
+ * values given, whole (the copies outlive their replacement). Run under the tsan preset too. */
+enum { GIVEN_READS = 20000 };
+static void *read_given(void *arg)
+{
+    int *bad = arg;
+    for (int i = 0; i < GIVEN_READS; i++) {
+        const char *v = config_env(CONFIG_CACHE_RO);
+        *bad += !v || (strcmp(v, "/given-a") && strcmp(v, "/given-b"));
+    }
+    return NULL;
+}
+
+static void given_values_are_read_safely_by_other_threads(void)
+{
+    config_set(CONFIG_CACHE_RO, "/given-a");
+    pthread_t t[2];
+    int bad[2] = {0, 0};
+    for (int i = 0; i < 2; i++) CHECK(pthread_create(&t[i], NULL, read_given, &bad[i]) == 0);
+    for (int i = 0; i < 2000; i++) config_set(CONFIG_CACHE_RO, i % 2 ? "/given-a" : "/given-b");
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    CHECKF(!bad[0] && !bad[1], "%d and %d reads not a given value", bad[0], bad[1]);
+    config_clear(CONFIG_CACHE_RO);
 }
 
 static flce_problem problem(int64_t n, int64_t d, int64_t v, flce_dtype t)
@@ -932,6 +1040,8 @@ int main(void)
     RUN(the_log_line_names_every_setting);
     RUN(the_process_settings_change_only_on_reload);
     RUN(replace_sets_the_process_settings_as_data);
+    RUN(given_values_win_over_the_environment);
+    RUN(given_values_are_read_safely_by_other_threads);
     RUN(planning_is_a_pure_function_of_its_inputs);
     RUN(each_setting_reaches_the_plan);
     RUN(row_scaled_logits_only_where_dz_is_a_row_factor);
