@@ -8,8 +8,11 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-/* Runs fn(arg) with stderr going to a temporary file and FLCE_LOG=level; returns what it printed
- * (static storage, overwritten by the next call; at most 64 KiB). */
+#include "config.h"
+
+/* Runs fn(arg) with stderr going to a temporary file and FLCE_LOG=level (given as data, config_set;
+ * unset after); returns what it printed (static storage, overwritten by the next call; at most 64
+ * KiB). */
 static inline const char *capture_stderr(const char *level, void (*fn)(void *), void *arg)
 {
     static char text[1 << 16];
@@ -18,9 +21,9 @@ static inline const char *capture_stderr(const char *level, void (*fn)(void *), 
     fflush(stderr);
     int saved = dup(2);
     dup2(fd, 2);
-    setenv("FLCE_LOG", level, 1);
+    config_set(CONFIG_LOG, level);
     fn(arg);
-    unsetenv("FLCE_LOG");
+    config_set(CONFIG_LOG, NULL);
     fflush(stderr);
     dup2(saved, 2);
     close(saved);

@@ -6,7 +6,10 @@
  * killed, hung and stale holders; a file system without flock), the size cap's
  * least-recently-used eviction, prune, read-only layers, the temp-directory fallback, the
  * counters (this process's, and each directory's persistent ones in stats.log), and `flce warmup` followed by `flce gen --compile` (all hits). Every case works in its
- * own mkdtemp directory under /tmp and removes it afterwards.
+ * own mkdtemp directory under /tmp and removes it afterwards. The settings a case needs (the
+ * directory, FLCE_CACHE_*, XDG_CACHE_HOME, HOME, TMPDIR, FLCE_LOG, FLCE_FAULT) are given as data
+ * (config_set: the variables' words, read where the library reads the variable) and handed back to
+ * the environment after (config_clear); this process's environment is never changed.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
@@ -29,6 +32,7 @@
 
 #include "cache.h"
 #include "check.h"
+#include "config.h"
 #include "tmpdir.h"
 #include "hash.h"
 #include "jit.h"
@@ -73,12 +77,6 @@ static long file_size(const char *path)
 }
 
 static int file_exists(const char *path) { return access(path, F_OK) == 0; }
-
-static void set_or_unset(const char *name, const char *value)
-{
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
-}
 
 /* Counts directory entries other than . and ..; with `infix`, only names containing it. */
 static int count_files(const char *dir, const char *infix)
@@ -413,7 +411,8 @@ static int capture_warnings(const char *path)
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0 || dup2(fd, 2) < 0) return -1;
     close(fd);
-    return setenv("FLCE_LOG", "warn", 1);
+    config_set(CONFIG_LOG, "warn");
+    return 0;
 }
 
 static int count_lines_with(const char *path, const char *needle)
@@ -560,8 +559,6 @@ static void readonly_directory_degrades_to_memory_only(void)
  * of warning lines they printed. */
 static int count_warnings(const char *const *dirs, int n, const char *log_path)
 {
-    const char *old = getenv("FLCE_LOG");
-    char *saved_log = old ? strdup(old) : NULL;
     int saved_err = dup(2);
     fflush(stderr);
     if (saved_err >= 0 && capture_warnings(log_path) == 0)
@@ -571,8 +568,7 @@ static int count_warnings(const char *const *dirs, int n, const char *log_path)
         dup2(saved_err, 2);
         close(saved_err);
     }
-    set_or_unset("FLCE_LOG", saved_log);
-    free(saved_log);
+    config_clear(CONFIG_LOG);
     return count_lines_with(log_path, "flce: warn:");
 }
 
@@ -611,7 +607,7 @@ static void missing_directory_is_created(void)
 
 static void cache_dir_follows_environment(void)
 {
-    static const char *names[] = {"FLCE_CACHE_DIR", "XDG_CACHE_HOME", "HOME"};
+    static const config_id names[] = {CONFIG_CACHE_DIR, CONFIG_XDG_CACHE_HOME, CONFIG_HOME};
     static const struct {
         const char *env[3]; /* values of names[], NULL = unset */
         flce_status status;
@@ -624,23 +620,18 @@ static void cache_dir_follows_environment(void)
         {{NULL, "relative", "/h"}, FLCE_OK, "/h/.cache/flce"}, /* XDG: relative is ignored */
         {{NULL, NULL, NULL}, FLCE_ERR_IO, ""},
     };
-    char *saved[3];
-    for (int v = 0; v < 3; v++) saved[v] = getenv(names[v]) ? strdup(getenv(names[v])) : NULL;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[TEST_PATH_MAX];
-        for (int v = 0; v < 3; v++) set_or_unset(names[v], cases[i].env[v]);
+        for (int v = 0; v < 3; v++) config_set(names[v], cases[i].env[v]);
         flce_status s = cache_dir(out, sizeof out);
         CHECKF(s == cases[i].status, "case %zu: status %d", i, (int)s);
         CHECKF(s != FLCE_OK || !strcmp(out, cases[i].expect), "case %zu: got '%s', want '%s'", i,
                out, cases[i].expect);
     }
     char tiny[8];
-    set_or_unset("FLCE_CACHE_DIR", "/a/long/cache/dir");
+    config_set(CONFIG_CACHE_DIR, "/a/long/cache/dir");
     CHECK(cache_dir(tiny, sizeof tiny) == FLCE_ERR_INVALID_ARGUMENT);
-    for (int v = 0; v < 3; v++) {
-        set_or_unset(names[v], saved[v]);
-        free(saved[v]);
-    }
+    for (int v = 0; v < 3; v++) config_clear(names[v]);
 }
 
 /* ---- list, stat, clear ------------------------------------------------------------------ */
@@ -760,26 +751,6 @@ static int set_age(const char *path, long offset)
     return utimensat(AT_FDCWD, path, t, 0);
 }
 
-/* Saves an environment variable on construction-like calls and puts it back. */
-typedef struct saved_env {
-    const char *name;
-    char *value;
-} saved_env;
-
-static saved_env save_env(const char *name)
-{
-    const char *v = getenv(name);
-    saved_env s = {name, v ? strdup(v) : NULL};
-    return s;
-}
-
-static void restore_env(saved_env *s)
-{
-    set_or_unset(s->name, s->value);
-    free(s->value);
-    s->value = NULL;
-}
-
 /* The smallest module (rowops of a small problem): what the processes below compile. */
 static kernel_spec small_spec(void)
 {
@@ -817,10 +788,9 @@ static void four_processes_missing_one_kernel_compile_it_once(void)
     enum { PROCESSES = 4 };
     char dir[TEST_PATH_MAX];
     int report[2];
-    saved_env env_dir = save_env("FLCE_CACHE_DIR"), env_timeout = save_env("FLCE_CACHE_LOCK_TIMEOUT");
     make_tmpdir(dir);
-    setenv("FLCE_CACHE_DIR", dir, 1);
-    unsetenv("FLCE_CACHE_LOCK_TIMEOUT");
+    config_set(CONFIG_CACHE_DIR, dir);
+    config_set(CONFIG_CACHE_LOCK_TIMEOUT, NULL);
     CHECK(pipe(report) == 0);
     build_arg a = {report[1], small_spec()};
     CHECK(run_children(PROCESSES, build_and_report, &a) == 0);
@@ -845,8 +815,8 @@ static void four_processes_missing_one_kernel_compile_it_once(void)
     CHECKF(count_files(dir, NULL) == 2 && file_exists(stats),
            "%d files left (one entry and stats.log expected, no lock or temp file)",
            count_files(dir, NULL));
-    restore_env(&env_dir);
-    restore_env(&env_timeout);
+    config_clear(CONFIG_CACHE_DIR);
+    config_clear(CONFIG_CACHE_LOCK_TIMEOUT);
     remove_tree(dir);
 }
 
@@ -960,9 +930,8 @@ static void a_hung_holder_is_waited_for_only_up_to_the_timeout(void)
 {
     char dir[TEST_PATH_MAX];
     int go[2];
-    saved_env env = save_env("FLCE_CACHE_LOCK_TIMEOUT");
     make_tmpdir(dir);
-    setenv("FLCE_CACHE_LOCK_TIMEOUT", "0.3", 1);
+    config_set(CONFIG_CACHE_LOCK_TIMEOUT, "0.3");
     pid_t child = hold_lock_in_child(dir, 3600, go); /* a future mtime: never judged stale */
     CHECK(child > 0);
     cache_entry_lock lk;
@@ -976,7 +945,7 @@ static void a_hung_holder_is_waited_for_only_up_to_the_timeout(void)
     close(go[1]);
     CHECK(child_ok(child));
     CHECK(count_files(dir, NULL) == 0);
-    restore_env(&env);
+    config_clear(CONFIG_CACHE_LOCK_TIMEOUT);
     remove_tree(dir);
 }
 
@@ -985,9 +954,8 @@ static void a_stale_lock_is_broken(void)
     char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
     int go[2];
     struct stat before, after;
-    saved_env env = save_env("FLCE_CACHE_LOCK_TIMEOUT");
     make_tmpdir(dir);
-    setenv("FLCE_CACHE_LOCK_TIMEOUT", "120", 1);
+    config_set(CONFIG_CACHE_LOCK_TIMEOUT, "120");
     pid_t child = hold_lock_in_child(dir, -3600, go); /* held for an hour: hung */
     CHECK(child > 0);
     lock_path(dir, KEY_A, path);
@@ -1002,26 +970,25 @@ static void a_stale_lock_is_broken(void)
     CHECK(file_exists(path));
     cache_unlock_entry(&lk);
     CHECK(count_files(dir, NULL) == 0);
-    restore_env(&env);
+    config_clear(CONFIG_CACHE_LOCK_TIMEOUT);
     remove_tree(dir);
 }
 
 static void no_lock_where_the_directory_is_unusable_or_locking_is_off(void)
 {
     char root[TEST_PATH_MAX], afile[TEST_PATH_MAX], below[TEST_PATH_MAX];
-    saved_env env = save_env("FLCE_CACHE_LOCK_TIMEOUT");
     cache_entry_lock lk;
     make_tmpdir(root);
     join(afile, root, "afile");
     CHECK(write_file(afile, "x", 1) == 0);
     join(below, afile, "cache");
-    unsetenv("FLCE_CACHE_LOCK_TIMEOUT");
+    config_set(CONFIG_CACHE_LOCK_TIMEOUT, NULL);
     CHECK(cache_lock_entry(below, KEY_A, strlen(KEY_A), &lk) == 0 && lk.fd == -1);
-    setenv("FLCE_CACHE_LOCK_TIMEOUT", "0", 1);
+    config_set(CONFIG_CACHE_LOCK_TIMEOUT, "0");
     CHECK(cache_lock_entry(root, KEY_A, strlen(KEY_A), &lk) == 0 && lk.fd == -1);
     CHECK(count_files(root, NULL) == 1);
     cache_unlock_entry(&lk);
-    restore_env(&env);
+    config_clear(CONFIG_CACHE_LOCK_TIMEOUT);
     remove_tree(root);
 }
 
@@ -1029,8 +996,6 @@ static void no_lock_where_the_directory_is_unusable_or_locking_is_off(void)
  * how many of them held the lock (each is released at once). */
 static int lock_each_with_warnings(const char *const *dirs, int n, const char *log_path)
 {
-    const char *old = getenv("FLCE_LOG");
-    char *saved_log = old ? strdup(old) : NULL;
     int saved_err = dup(2), held = 0;
     fflush(stderr);
     if (saved_err >= 0 && capture_warnings(log_path) == 0)
@@ -1047,8 +1012,7 @@ static int lock_each_with_warnings(const char *const *dirs, int n, const char *l
         dup2(saved_err, 2);
         close(saved_err);
     }
-    set_or_unset("FLCE_LOG", saved_log);
-    free(saved_log);
+    config_clear(CONFIG_LOG);
     return held;
 }
 
@@ -1061,15 +1025,13 @@ static void without_flock_there_is_no_lock_one_warning_and_no_lock_file(void)
 {
     char root[TEST_PATH_MAX], d1[TEST_PATH_MAX], d2[TEST_PATH_MAX], log_path[TEST_PATH_MAX],
         old_lock[TEST_PATH_MAX];
-    saved_env env_fault = save_env("FLCE_FAULT"), env_timeout = save_env("FLCE_CACHE_LOCK_TIMEOUT"),
-              env_stats = save_env("FLCE_CACHE_STATS");
     make_tmpdir(root);
     join(d1, root, "one");
     join(d2, root, "two");
     join(log_path, root, "stderr.txt");
-    unsetenv("FLCE_CACHE_LOCK_TIMEOUT");
-    unsetenv("FLCE_CACHE_STATS");
-    setenv("FLCE_FAULT", "cache_lock", 1);
+    config_set(CONFIG_CACHE_LOCK_TIMEOUT, NULL);
+    config_set(CONFIG_CACHE_STATS, NULL);
+    config_set(CONFIG_FAULT, "cache_lock");
     const char *dirs[] = {d1, d1, d2, d1, d2};
     double t0 = now_s();
     CHECK(lock_each_with_warnings(dirs, 5, log_path) == 0);
@@ -1096,9 +1058,9 @@ static void without_flock_there_is_no_lock_one_warning_and_no_lock_file(void)
     CHECK(cache_prune(d1, 0, &r) == FLCE_OK && r.locks_removed == 1 && !file_exists(old_lock));
     CHECK(count_files(d1, ".cubin") == 1);
 
-    restore_env(&env_fault);
-    restore_env(&env_timeout);
-    restore_env(&env_stats);
+    config_clear(CONFIG_FAULT);
+    config_clear(CONFIG_CACHE_LOCK_TIMEOUT);
+    config_clear(CONFIG_CACHE_STATS);
     remove_tree(root);
 }
 
@@ -1123,9 +1085,8 @@ static void store_over_the_cap_evicts_the_least_recently_used(void)
     static const char *keys[] = {"kernel lru 1", "kernel lru 2", "kernel lru 3", "kernel lru 4"};
     char dir[TEST_PATH_MAX], path[TEST_PATH_MAX];
     unsigned char *value = make_big_value(TEST_BIG_VALUE);
-    saved_env env = save_env("FLCE_CACHE_MAX_MIB");
     make_tmpdir(dir);
-    setenv("FLCE_CACHE_MAX_MIB", "4", 1);
+    config_set(CONFIG_CACHE_MAX_MIB, "4");
     for (int i = 0; i < 3; i++) store_big(dir, keys[i], value);
     CHECK(count_files(dir, ".cubin") == 3);
     for (int i = 0; i < 3; i++) {
@@ -1139,11 +1100,11 @@ static void store_over_the_cap_evicts_the_least_recently_used(void)
     CHECK(count_files(dir, NULL) == 3);
 
     /* An entry larger than the whole cap is still kept (the newest one always is). */
-    setenv("FLCE_CACHE_MAX_MIB", "1", 1);
+    config_set(CONFIG_CACHE_MAX_MIB, "1");
     store_big(dir, "kernel lru 5", value);
     CHECK(has_key(dir, "kernel lru 5"));
     CHECK(count_files(dir, NULL) == 1);
-    restore_env(&env);
+    config_clear(CONFIG_CACHE_MAX_MIB);
     remove_tree(dir);
     free(value);
 }
@@ -1152,20 +1113,18 @@ static void cap_of_zero_keeps_everything(void)
 {
     char dir[TEST_PATH_MAX];
     unsigned char *value = make_big_value(TEST_BIG_VALUE);
-    saved_env env = save_env("FLCE_CACHE_MAX_MIB");
     make_tmpdir(dir);
-    setenv("FLCE_CACHE_MAX_MIB", "0", 1);
+    config_set(CONFIG_CACHE_MAX_MIB, "0");
     store_big(dir, "kernel big 1", value);
     store_big(dir, "kernel big 2", value);
     CHECK(count_files(dir, NULL) == 2);
-    restore_env(&env);
+    config_clear(CONFIG_CACHE_MAX_MIB);
     remove_tree(dir);
     free(value);
 }
 
 static void max_bytes_follows_the_environment(void)
 {
-    saved_env env = save_env("FLCE_CACHE_MAX_MIB");
     static const struct {
         const char *value;
         uint64_t mib;
@@ -1173,10 +1132,10 @@ static void max_bytes_follows_the_environment(void)
                  {"junk", CACHE_DEFAULT_MAX_MIB}, {"-5", CACHE_DEFAULT_MAX_MIB},
                  {"12MiB", CACHE_DEFAULT_MAX_MIB}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        set_or_unset("FLCE_CACHE_MAX_MIB", cases[i].value);
+        config_set(CONFIG_CACHE_MAX_MIB, cases[i].value);
         CHECKF(cache_max_bytes() == cases[i].mib << 20, "'%s'", cases[i].value ? cases[i].value : "unset");
     }
-    restore_env(&env);
+    config_clear(CONFIG_CACHE_MAX_MIB);
 }
 
 /* prune: stale temp and lock files go, fresh ones and held ones stay; invalid entries go; then the
@@ -1186,8 +1145,7 @@ static void prune_removes_stale_files_invalid_entries_and_the_least_recently_use
     static const char *keys[] = {"kernel p1", "kernel p2", "kernel p3"};
     char dir[TEST_PATH_MAX], path[TEST_PATH_MAX], held_path[TEST_PATH_MAX];
     unsigned char *value = make_big_value(TEST_BIG_VALUE);
-    saved_env env = save_env("FLCE_CACHE_MAX_MIB");
-    setenv("FLCE_CACHE_MAX_MIB", "0", 1); /* no eviction by the stores themselves */
+    config_set(CONFIG_CACHE_MAX_MIB, "0"); /* no eviction by the stores themselves */
     make_tmpdir(dir);
     for (int i = 0; i < 3; i++) {
         store_big(dir, keys[i], value);
@@ -1235,7 +1193,7 @@ static void prune_removes_stale_files_invalid_entries_and_the_least_recently_use
 
     /* Without a cap, nothing more goes. */
     CHECK(cache_prune(dir, 0, &r) == FLCE_OK && r.evicted == 0 && r.entries == 2);
-    restore_env(&env);
+    config_clear(CONFIG_CACHE_MAX_MIB);
     remove_tree(dir);
     free(value);
 }
@@ -1258,7 +1216,6 @@ static void read_only_layers_are_searched_after_the_directory(void)
 {
     char root[TEST_PATH_MAX], rw[TEST_PATH_MAX], ro1[TEST_PATH_MAX], ro2[TEST_PATH_MAX],
         layers[3 * TEST_PATH_MAX], path[TEST_PATH_MAX];
-    saved_env env = save_env("FLCE_CACHE_RO");
     make_tmpdir(root);
     join(rw, root, "rw");
     join(ro1, root, "ro1");
@@ -1270,7 +1227,7 @@ static void read_only_layers_are_searched_after_the_directory(void)
     entry_path(ro1, "kernel corrupt", path);
     flip_byte(path, -3);
     snprintf(layers, sizeof layers, "%s::%s", ro1, ro2); /* an empty element is skipped */
-    setenv("FLCE_CACHE_RO", layers, 1);
+    config_set(CONFIG_CACHE_RO, layers);
     CHECK(load_str(rw, KEY_A, VALUE_A) == 1);
     CHECK(load_str(rw, KEY_B, VALUE_B) == 1);
     CHECK(load_str(rw, "kernel corrupt", VALUE_A) == 0);
@@ -1279,16 +1236,14 @@ static void read_only_layers_are_searched_after_the_directory(void)
     CHECK(store_str(rw, KEY_B, VALUE_A) == FLCE_OK); /* the writable directory comes first */
     CHECK(load_str(rw, KEY_B, VALUE_A) == 1);
     CHECK(count_files(ro2, NULL) == 2);
-    restore_env(&env);
+    config_clear(CONFIG_CACHE_RO);
     CHECK(load_str(rw, KEY_A, VALUE_A) == 0);
     remove_tree(root);
 }
 
 static void unusable_default_directory_falls_back_to_a_private_temp_directory(void)
 {
-    static const char *names[] = {"FLCE_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "TMPDIR"};
-    saved_env env[4];
-    for (int i = 0; i < 4; i++) env[i] = save_env(names[i]);
+    static const config_id names[] = {CONFIG_CACHE_DIR, CONFIG_XDG_CACHE_HOME, CONFIG_HOME, CONFIG_TMPDIR};
     char root[TEST_PATH_MAX], afile[TEST_PATH_MAX], below[TEST_PATH_MAX], tmp1[TEST_PATH_MAX],
         tmp2[TEST_PATH_MAX], expect[TEST_PATH_MAX], out[TEST_PATH_MAX], own[64];
     struct stat st;
@@ -1302,37 +1257,37 @@ static void unusable_default_directory_falls_back_to_a_private_temp_directory(vo
     snprintf(own, sizeof own, "flce-%lu", (unsigned long)geteuid());
 
     /* The XDG directory cannot be created: $TMPDIR/flce-<uid>, made 0700. */
-    unsetenv("FLCE_CACHE_DIR");
-    setenv("XDG_CACHE_HOME", below, 1);
-    setenv("HOME", root, 1);
-    setenv("TMPDIR", tmp1, 1);
+    config_set(CONFIG_CACHE_DIR, NULL);
+    config_set(CONFIG_XDG_CACHE_HOME, below);
+    config_set(CONFIG_HOME, root);
+    config_set(CONFIG_TMPDIR, tmp1);
     join(expect, tmp1, own);
     CHECK(cache_dir_writable(out, sizeof out) == FLCE_OK && !strcmp(out, expect));
     CHECK(stat(expect, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700);
 
     /* No XDG_CACHE_HOME or HOME at all: the same fallback. */
-    unsetenv("XDG_CACHE_HOME");
-    unsetenv("HOME");
+    config_set(CONFIG_XDG_CACHE_HOME, NULL);
+    config_set(CONFIG_HOME, NULL);
     CHECK(cache_dir_writable(out, sizeof out) == FLCE_OK && !strcmp(out, expect));
 
     /* A fallback others can write is not used: back to the default, whose stores warn. */
-    setenv("XDG_CACHE_HOME", below, 1);
-    setenv("HOME", root, 1);
-    setenv("TMPDIR", tmp2, 1);
+    config_set(CONFIG_XDG_CACHE_HOME, below);
+    config_set(CONFIG_HOME, root);
+    config_set(CONFIG_TMPDIR, tmp2);
     join(expect, tmp2, own);
     CHECK(mkdir(expect, 0700) == 0 && chmod(expect, 0777) == 0);
     join(expect, below, "flce");
     CHECKF(cache_dir_writable(out, sizeof out) == FLCE_OK && !strcmp(out, expect), "got %s", out);
 
     /* A usable default is used as is. */
-    setenv("XDG_CACHE_HOME", root, 1);
+    config_set(CONFIG_XDG_CACHE_HOME, root);
     join(expect, root, "flce");
     CHECK(cache_dir_writable(out, sizeof out) == FLCE_OK && !strcmp(out, expect));
 
     /* An explicit FLCE_CACHE_DIR is always taken as given. */
-    setenv("FLCE_CACHE_DIR", below, 1);
+    config_set(CONFIG_CACHE_DIR, below);
     CHECK(cache_dir_writable(out, sizeof out) == FLCE_OK && !strcmp(out, below));
-    for (int i = 0; i < 4; i++) restore_env(&env[i]);
+    for (int i = 0; i < 4; i++) config_clear(names[i]);
     remove_tree(root);
 }
 
@@ -1539,7 +1494,6 @@ static void counters_degrade_quietly(void)
 {
     char dir[TEST_PATH_MAX], path[TEST_PATH_MAX], missing[TEST_PATH_MAX];
     cache_dir_counters c;
-    saved_env env = save_env("FLCE_CACHE_STATS");
     make_tmpdir(dir);
     join(path, dir, CACHE_STATS_FILE);
     join(missing, dir, "no/such/dir");
@@ -1548,11 +1502,11 @@ static void counters_degrade_quietly(void)
     cache_stats_flush();
     CHECK(!file_exists(missing));
     CHECK(cache_dir_counters_read("/proc/flce-no-such-dir", &c) == FLCE_OK && c.compiles == 0);
-    setenv("FLCE_CACHE_STATS", "0", 1);
+    config_set(CONFIG_CACHE_STATS, "0");
     cache_stats_note(dir, CACHE_OUTCOME_HIT, 0, 0, 0);
     cache_stats_flush();
     CHECK(!file_exists(path));
-    restore_env(&env);
+    config_clear(CONFIG_CACHE_STATS);
     remove_tree(dir);
 }
 
@@ -1572,18 +1526,32 @@ static int tool_path(char *out)
     return access(out, X_OK) == 0;
 }
 
-/* Runs the tool with FLCE_CACHE_DIR=dir, its stdout and stderr into out_path; its exit status. */
+/* Runs the tool with FLCE_CACHE_DIR=dir, its stdout and stderr into out_path; its exit status. The
+ * tool is another program, whose interface is its environment: dir goes into the environment it is
+ * started with (execve's), this process's own stays as it is. */
 static int run_tool(const char *tool, const char *dir, char *const argv[], const char *out_path)
 {
+    extern char **environ;
+    size_t n = 0;
+    while (environ[n]) n++;
+    char **env = calloc(n + 2, sizeof *env), setting[TEST_PATH_MAX + 32];
+    if (!env || snprintf(setting, sizeof setting, "FLCE_CACHE_DIR=%s", dir) >= (int)sizeof setting) {
+        free(env);
+        return -1;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "FLCE_CACHE_DIR=", 15)) env[k++] = environ[i];
+    env[k] = setting;
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
         int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(126);
-        setenv("FLCE_CACHE_DIR", dir, 1);
-        execv(tool, argv);
+        execve(tool, argv, env);
         _exit(127);
     }
+    free(env);
     int status = 0;
     if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
     return WEXITSTATUS(status);

@@ -264,8 +264,7 @@ static void portable_tile_shapes_compile(void)
             specs[n_specs++] = *role[r];
         }
     }
-    setenv("FLCE_PORTABLE", "1", 1);
-    config_reload();
+    config_set(CONFIG_PORTABLE, "1");
     int before = n_specs;
     add_representative(90);
     for (int i = before; i < n_specs; i++)
@@ -273,8 +272,7 @@ static void portable_tile_shapes_compile(void)
             CHECKF(!specs[i].tile.wgmma && !specs[i].tile.tma && specs[i].tile.bm == 128 && specs[i].tile.bn == 256,
                    "FLCE_PORTABLE=1 on sm_90: tile %dx%d wgmma=%d", specs[i].tile.bm, specs[i].tile.bn,
                    specs[i].tile.wgmma);
-    unsetenv("FLCE_PORTABLE");
-    config_reload();
+    config_set(CONFIG_PORTABLE, NULL);
     compile_all();
     CHECKF(failures == 0, "%d of %d specs failed", failures, n_specs);
 }
@@ -319,8 +317,7 @@ static void every_dispatchable_spec_compiles_for_sm_100a(void)
  * beside the 128 accumulators), both label widths. f32 stays portable. */
 static void tcgen05_specs_compile_for_sm_100a_when_enabled(void)
 {
-    setenv("FLCE_ENABLE_SM100", "1", 1);
-    config_reload(); /* the settings are read once per process */
+    config_set(CONFIG_ENABLE_SM100, "1");
     n_specs = failures = 0;
     add_arch(100);
     int tc[3][3] = {{0}}; /* [dtype][role] */
@@ -345,8 +342,7 @@ static void tcgen05_specs_compile_for_sm_100a_when_enabled(void)
         CHECK(failures == 0);
         for (int i = 0; i < n_specs; i++) CHECKF(!specs[i].tile.tcgen05, "sm_%d chose tcgen05", sms[a]);
     }
-    unsetenv("FLCE_ENABLE_SM100");
-    config_reload();
+    config_set(CONFIG_ENABLE_SM100, NULL);
     n_specs = failures = 0;
     add_arch(100);
     for (int i = 0; i < n_specs; i++) CHECKF(!specs[i].tile.tcgen05, "sm_100 chose tcgen05 without FLCE_ENABLE_SM100");

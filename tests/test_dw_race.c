@@ -21,7 +21,7 @@
  * repeated and compared, and says so; the test fails when none does. Skipped (77) without a GPU,
  * and on a device or configuration without the wgmma TMA path (no tile counter there).
  * FLCE_PREFETCH and FLCE_TIERED are set to 0: no compile runs in the background, so that the
- * settings can be re-read between the two orders (config_reload), and every call runs the kernels
+ * settings can change between the two orders (config_set), and every call runs the kernels
  * flce_prepare built. */
 #include <math.h>
 #include <stdint.h>
@@ -33,7 +33,7 @@
 #include "check.h"
 #include "config.h"
 #include "context.h"
-#include "dev_env.h"
+#include "dev_switch.h"
 #include "devmem.h"
 #include "gpu_io.h"
 #include "gpu_ready.h"
@@ -92,8 +92,7 @@ static void *random_labels(int64_t n, int64_t v)
 /* Re-reads the settings with FLCE_DEV grad_streams on or off. */
 static void grad_streams(int on)
 {
-    dev_env_set("grad_streams", on ? "1" : "0");
-    config_reload();
+    dev_switch_set("grad_streams", on ? "1" : "0");
 }
 
 /* The plan this context's call makes (launch.c launch_call). */
@@ -305,9 +304,8 @@ int main(void)
     int rc = 0;
     if (!gpu_ready(1, &rc)) return rc;
     /* before the settings are first read: nothing compiles in the background (see the top) */
-    setenv("FLCE_PREFETCH", "0", 1);
-    setenv("FLCE_TIERED", "0", 1);
-    config_reload();
+    config_set(CONFIG_PREFETCH, "0");
+    config_set(CONFIG_TIERED, "0");
     const char *r = getenv("FLCE_TEST_REPS");
     if (r && *r) reps = atoi(r) > 1 ? atoi(r) : 2;
     host_rng_seed(&rng, host_announced_seed());

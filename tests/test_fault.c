@@ -8,7 +8,8 @@
  * that stays valid (no partial entry, no temp file from a failed store), and nothing leaked (file
  * descriptors here, each new one named; memory under the asan preset). CPU only: NVRTC compiles the
  * small rowops role.
- * Every case works in its own mkdtemp directory, named through FLCE_CACHE_DIR, and removes it.
+ * Every case works in its own mkdtemp directory, given as FLCE_CACHE_DIR's value (config_set, no
+ * setenv: the settings are data), and removes it.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
@@ -29,6 +30,7 @@
 
 #include "cache.h"
 #include "check.h"
+#include "config.h"
 #include "hash.h"
 #include "nvrtc_compile.h"
 #include "tmpdir.h"
@@ -147,14 +149,14 @@ typedef struct fault_case {
 static void case_begin(fault_case *c)
 {
     make_tmpdir(c->dir);
-    setenv("FLCE_CACHE_DIR", c->dir, 1);
-    unsetenv("FLCE_FAULT");
+    config_set(CONFIG_CACHE_DIR, c->dir);
+    config_set(CONFIG_FAULT, NULL);
     fd_snapshot_take(&c->fds);
 }
 
 static void case_end(fault_case *c)
 {
-    unsetenv("FLCE_FAULT");
+    config_set(CONFIG_FAULT, NULL);
     int changed = fd_changes(&c->fds, 1, NULL, 0);
     CHECKF(changed == 0, "%d file descriptor(s) opened or closed by the case (listed above)", changed);
     remove_tree(c->dir);
@@ -247,14 +249,14 @@ static int log_capture_begin(const char *path, const char *level)
         return -1;
     }
     close(fd);
-    setenv("FLCE_LOG", level, 1);
+    config_set(CONFIG_LOG, level);
     return saved;
 }
 
 static void log_capture_end(int saved)
 {
     fflush(stderr);
-    unsetenv("FLCE_LOG");
+    config_set(CONFIG_LOG, NULL);
     if (saved < 0) return;
     dup2(saved, 2);
     close(saved);
@@ -274,12 +276,12 @@ static void nvrtc_failure_is_a_clean_compile_error(void)
     case_begin(&c);
     kernel_spec s = rowops_spec(FLCE_DTYPE_BF16);
     jit_result r;
-    setenv("FLCE_FAULT", "nvrtc:1", 1);
+    config_set(CONFIG_FAULT, "nvrtc:1");
     CHECK(jit_build(&s, &r) == FLCE_ERR_COMPILE);
     CHECKF(msg_has("injected fault: NVRTC compile"), "message: %s", flce_last_error());
     CHECK(r.cubin == NULL && r.len == 0);
     CHECK(count_files(c.dir, NULL) == 0);
-    unsetenv("FLCE_FAULT");
+    config_set(CONFIG_FAULT, NULL);
     free(build_ok(&s, JIT_COMPILED, NULL));
     cache_stats st = stat_of(c.dir);
     CHECK(st.entries == 1 && st.temp_files == 0 && st.invalid == 0);
@@ -309,7 +311,7 @@ static void nth_call_alone_fails(void)
     case_begin(&c);
     kernel_spec a = rowops_spec(FLCE_DTYPE_BF16), b = rowops_spec(FLCE_DTYPE_F16);
     jit_result r;
-    setenv("FLCE_FAULT", "nvrtc:2", 1);
+    config_set(CONFIG_FAULT, "nvrtc:2");
     free(build_ok(&a, JIT_COMPILED, NULL));
     CHECK(jit_build(&b, &r) == FLCE_ERR_COMPILE && msg_has("injected") && r.cubin == NULL);
     free(build_ok(&b, JIT_COMPILED, NULL));
@@ -324,12 +326,12 @@ static void failed_store_leaves_no_entry_and_compile_succeeds(const char *fault)
     fault_case c;
     case_begin(&c);
     kernel_spec s = rowops_spec(FLCE_DTYPE_BF16);
-    setenv("FLCE_FAULT", fault, 1);
+    config_set(CONFIG_FAULT, fault);
     free(build_ok(&s, JIT_COMPILED, NULL));
     int temp = -1;
     CHECKF(count_files(c.dir, &temp) == 0, "FLCE_FAULT=%s left %d files (%d temp)", fault,
            count_files(c.dir, NULL), temp);
-    unsetenv("FLCE_FAULT");
+    config_set(CONFIG_FAULT, NULL);
     size_t n1 = 0, n2 = 0;
     void *compiled = build_ok(&s, JIT_COMPILED, &n1);
     void *loaded = build_ok(&s, JIT_DISK_HIT, &n2);
@@ -362,7 +364,7 @@ static void readonly_cache_directory_still_compiles(void)
     FILE *f = fopen(file, "w");
     CHECK(f != NULL);
     if (f) fclose(f);
-    setenv("FLCE_CACHE_DIR", below, 1);
+    config_set(CONFIG_CACHE_DIR, below);
     kernel_spec s = rowops_spec(FLCE_DTYPE_BF16);
     free(build_ok(&s, JIT_COMPILED, NULL));
     free(build_ok(&s, JIT_COMPILED, NULL)); /* nothing was stored, so no hit */
@@ -407,7 +409,7 @@ static void writer_killed_mid_write_leaves_cache_valid(void)
     fflush(NULL);
     pid_t child = fork();
     if (child == 0) {
-        setenv("FLCE_FAULT", "cache_write:1:stall", 1);
+        config_set(CONFIG_FAULT, "cache_write:1:stall");
         cache_store(c.dir, key, sizeof key - 1, value, TEST_BIG_VALUE);
         _exit(3); /* not reached: the store stalls inside its write */
     }
@@ -548,8 +550,8 @@ static void file_system_without_flock_compiles_and_caches_without_the_lock(void)
     char log_path[TEST_PATH_MAX];
     side_path(log_path, c.dir, ".log");
     kernel_spec s = cheap_spec(1);
-    setenv("FLCE_FAULT", "cache_lock", 1);
-    unsetenv("FLCE_CACHE_LOCK_TIMEOUT");
+    config_set(CONFIG_FAULT, "cache_lock");
+    config_set(CONFIG_CACHE_LOCK_TIMEOUT, NULL);
     int saved = log_capture_begin(log_path, "warn");
     CHECK(saved >= 0);
     size_t n1 = 0, n2 = 0;
@@ -564,7 +566,7 @@ static void file_system_without_flock_compiles_and_caches_without_the_lock(void)
            (unsigned long long)st.invalid, (unsigned long long)st.temp_files,
            (unsigned long long)st.lock_files);
     CHECK(count_files(c.dir, NULL) == 1);
-    unsetenv("FLCE_FAULT");
+    config_set(CONFIG_FAULT, NULL);
     free(build_ok(&s, JIT_DISK_HIT, NULL)); /* the entry serves a process with locks too */
     free(compiled);
     free(loaded);
@@ -595,7 +597,7 @@ static int kill_child_in_nvrtc(const kernel_spec *s, const char *log_path, int d
     if (child == 0) {
         int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd < 0 || dup2(fd, 2) < 0) _exit(2);
-        setenv("FLCE_LOG", "debug", 1);
+        config_set(CONFIG_LOG, "debug");
         jit_result r;
         _exit(jit_build(s, &r) == FLCE_OK ? 0 : 1);
     }
@@ -620,7 +622,7 @@ static void process_killed_in_nvrtc_leaves_no_entry_and_no_lock_that_blocks(void
     char log_path[TEST_PATH_MAX];
     side_path(log_path, c.dir, ".child.log");
     kernel_spec s = cheap_spec(2);
-    unsetenv("FLCE_CACHE_LOCK_TIMEOUT");
+    config_set(CONFIG_CACHE_LOCK_TIMEOUT, NULL);
     /* 30 ms into a compile of several hundred: NVRTC is running. Should the compile finish first
      * (a much faster machine), try again at once after the line. */
     int killed = 0;
@@ -659,16 +661,17 @@ static void process_killed_in_nvrtc_leaves_no_entry_and_no_lock_that_blocks(void
 }
 
 /* The child of missing_nvrtc_...: a fresh process (exec'd, so NVRTC is looked for anew) with
- * FLCE_NVRTC_LIBRARY naming a file that does not exist. A compile is FLCE_ERR_COMPILE whose
+ * FLCE_NVRTC_LIBRARY given (config_set) a file that does not exist. A compile is FLCE_ERR_COMPILE whose
  * message names that file, FLCE_NVRTC_LIBRARY and how to install NVRTC; nothing is left in the
  * cache directory. NVRTC is looked for once per process (README: "Read once, at first compile"),
- * so setting the variable right afterwards does not help this process: a later call either
+ * so unsetting it right afterwards does not help this process: a later call either
  * fails the same way or (if the design changes) works; it never crashes or half-succeeds. */
 static int child_without_nvrtc(const char *dir)
 {
     kernel_spec s = cheap_spec(3);
     jit_result r;
-    setenv("FLCE_CACHE_DIR", dir, 1);
+    config_set(CONFIG_NVRTC_LIBRARY, TEST_NO_NVRTC);
+    config_set(CONFIG_CACHE_DIR, dir);
     flce_status st = jit_build(&s, &r);
     const char *msg = flce_last_error();
     int ok = st == FLCE_ERR_COMPILE && r.cubin == NULL && strstr(msg, TEST_NO_NVRTC) &&
@@ -677,7 +680,7 @@ static int child_without_nvrtc(const char *dir)
     ok = ok && nvrtc_load_error() != NULL;
     int files = count_files(dir, NULL);
     if (files) fprintf(stderr, "  without NVRTC: %d file(s) left in the cache directory\n", files);
-    unsetenv("FLCE_NVRTC_LIBRARY");
+    config_set(CONFIG_NVRTC_LIBRARY, NULL);
     st = jit_build(&s, &r);
     if (st == FLCE_OK) free(r.cubin);
     int later_ok = (st == FLCE_ERR_COMPILE && strstr(flce_last_error(), TEST_NO_NVRTC)) ||
@@ -698,7 +701,6 @@ static void missing_nvrtc_is_a_clean_compile_error_and_leaves_nothing_on_disk(vo
     fflush(NULL);
     pid_t child = fork();
     if (child == 0) {
-        setenv("FLCE_NVRTC_LIBRARY", TEST_NO_NVRTC, 1);
         execl(self, self, "--without-nvrtc", c.dir, (char *)NULL);
         _exit(127);
     }
@@ -722,7 +724,7 @@ static int warm_up_nvrtc(void)
 {
     char dir[TEST_PATH_MAX];
     make_tmpdir(dir);
-    setenv("FLCE_CACHE_DIR", dir, 1);
+    config_set(CONFIG_CACHE_DIR, dir);
     kernel_spec s = rowops_spec(FLCE_DTYPE_F32); /* a spec no case builds */
     jit_result r;
     flce_status st = jit_build(&s, &r);

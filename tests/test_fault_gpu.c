@@ -30,6 +30,7 @@
 
 #include "bench_data.h"
 #include "check.h"
+#include "config.h"
 #include "context.h"
 #include "devmem.h"
 #include "error.h"
@@ -173,7 +174,7 @@ static int child_case(const char *point, int nth)
     if (flce_context_create(0, &ctx) != FLCE_OK) return CHILD_FAILED;
     char setting[64];
     snprintf(setting, sizeof setting, "%s:%d", point, nth);
-    setenv("FLCE_FAULT", setting, 1);
+    config_set(CONFIG_FAULT, setting);
     int failed_at = 0, bad = 0;
     prob *seq[2] = {&a, &b};
     for (int c = 0; c < 2 && !bad; c++) {
@@ -195,12 +196,12 @@ static int child_case(const char *point, int nth)
         if (!module && (ctx->workspace != 0 || ctx->workspace_bytes != 0))
             bad = 1, fprintf(stderr, "    the context kept a workspace after a failed allocation\n");
         /* the same call without the fault: the context must still work */
-        unsetenv("FLCE_FAULT");
+        config_set(CONFIG_FAULT, NULL);
         st = prob_run(ctx, seq[c]);
         if (st != FLCE_OK) bad = 1, fprintf(stderr, "    retry without the fault: %s\n", flce_last_error());
-        setenv("FLCE_FAULT", setting, 1);
+        config_set(CONFIG_FAULT, setting);
     }
-    unsetenv("FLCE_FAULT");
+    config_set(CONFIG_FAULT, NULL);
     /* and problem A from scratch, against the reference */
     if (!bad && (prob_run(ctx, &a) != FLCE_OK || !prob_correct(&a))) bad = 1;
     flce_context_destroy(ctx);
@@ -332,11 +333,11 @@ static int strat_failure_clean(flce_context *ctx, const bench_data *d, flce_stat
                         flce_status_name(FLCE_ERR_OUT_OF_MEMORY), bytes);
     if (ctx->workspace != 0 || ctx->workspace_bytes != 0)
         ok = 0, fprintf(stderr, "    the context kept a workspace after a failed allocation\n");
-    unsetenv("FLCE_FAULT");
+    config_set(CONFIG_FAULT, NULL);
     st = strat_run(ctx, d, NULL, 0);
     if (st != FLCE_OK) ok = 0, fprintf(stderr, "    retry without the fault: %s\n", flce_last_error());
     if (st == FLCE_OK && !strat_correct(d)) ok = 0;
-    setenv("FLCE_FAULT", setting, 1);
+    config_set(CONFIG_FAULT, setting);
     return ok;
 }
 
@@ -382,7 +383,7 @@ static int child_strategies(const char *point, int nth)
                need[1] > need[0] ? "two allocations" : "one allocation");
     char setting[64];
     snprintf(setting, sizeof setting, "%s:%d", point, nth);
-    setenv("FLCE_FAULT", setting, 1);
+    config_set(CONFIG_FAULT, setting);
     int failed_at = 0, bad = 0;
     for (int i = 0; i < 2 && !bad; i++) {
         flce_status st = strat_run(ctx, seq[i], NULL, 0);
@@ -390,7 +391,7 @@ static int child_strategies(const char *point, int nth)
         failed_at = i + 1;
         bad = !strat_failure_clean(ctx, seq[i], st, need[i], setting);
     }
-    unsetenv("FLCE_FAULT");
+    config_set(CONFIG_FAULT, NULL);
     for (int i = 0; i < 2 && !bad; i++)
         if (strat_run(ctx, seq[i], NULL, 0) != FLCE_OK || !strat_correct(seq[i])) bad = 1;
     flce_context_destroy(ctx);
@@ -461,7 +462,7 @@ static int child_resources(const char *point, int nth)
     if (!strat_setup(&c, FLCE_STRATEGY_CHUNKED, 24)) return CHILD_FAILED;
     char setting[64];
     snprintf(setting, sizeof setting, "%s:%d", point, nth);
-    setenv("FLCE_FAULT", setting, 1);
+    config_set(CONFIG_FAULT, setting);
     int failed_at = 0, bad = 0;
     flce_context *ctx = NULL;
     flce_status st = flce_context_create(0, &ctx);
@@ -472,13 +473,13 @@ static int child_resources(const char *point, int nth)
         if (st != FLCE_ERR_OUT_OF_MEMORY || !strstr(msg, "error flag") || ctx != NULL)
             bad = 1, fprintf(stderr, "    expected %s naming the error flag, and no context\n",
                              flce_status_name(FLCE_ERR_OUT_OF_MEMORY));
-        unsetenv("FLCE_FAULT");
+        config_set(CONFIG_FAULT, NULL);
         ctx = NULL;
         if (flce_context_create(0, &ctx) != FLCE_OK) {
             fprintf(stderr, "    a context without the fault: %s\n", flce_last_error());
             return CHILD_FAILED;
         }
-        setenv("FLCE_FAULT", setting, 1);
+        config_set(CONFIG_FAULT, setting);
     }
     for (int k = 0; k < 2 && !bad; k++) { /* the first call makes the resources, the second reuses them */
         st = strat_run(ctx, &c, NULL, 0);
@@ -488,13 +489,13 @@ static int child_resources(const char *point, int nth)
         printf("    %s, call %d: %s: %s\n", setting, k + 1, flce_status_name(st), msg);
         if (st != FLCE_ERR_OUT_OF_MEMORY || !*msg)
             bad = 1, fprintf(stderr, "    expected %s with a message\n", flce_status_name(FLCE_ERR_OUT_OF_MEMORY));
-        unsetenv("FLCE_FAULT");
+        config_set(CONFIG_FAULT, NULL);
         st = strat_run(ctx, &c, NULL, 0);
         if (st != FLCE_OK) bad = 1, fprintf(stderr, "    retry without the fault: %s\n", flce_last_error());
         if (st == FLCE_OK && !strat_correct(&c)) bad = 1;
-        setenv("FLCE_FAULT", setting, 1);
+        config_set(CONFIG_FAULT, setting);
     }
-    unsetenv("FLCE_FAULT");
+    config_set(CONFIG_FAULT, NULL);
     if (!bad && (strat_run(ctx, &c, NULL, 0) != FLCE_OK || !strat_correct(&c))) bad = 1;
     flce_context_destroy(ctx);
     bench_data_free(&c);

@@ -19,7 +19,7 @@
 
 #include "check.h"
 #include "config.h"
-#include "dev_env.h"
+#include "dev_switch.h"
 #include "fuzz_case.h"
 #include "host.h"
 #include "ref.h"
@@ -434,7 +434,7 @@ static void the_compact_p_step_is_allowed_where_dz_cancels(void)
     const double step = 0x1p-12;
     double verdict[3] = {-1, -1, -1}; /* compact plan; dW × 1.01; no compact logits */
     for (int k = 0; k < 3; k++) {
-        if (k == 2) dev_env_set("compact", "0"), config_reload();
+        if (k == 2) dev_switch_set("compact", "0");
         host_rng rng;
         host_rng_seed(&rng, 1122);
         outputs o = {0};
@@ -448,7 +448,7 @@ static void the_compact_p_step_is_allowed_where_dz_cancels(void)
         if (res.failed != (k != 0)) report(&c, k == 1 ? M_SCALE_DW : M_NONE, &res, k == 2 ? "no compact" : "compact");
         outputs_free(&o);
     }
-    dev_env_set("compact", NULL), config_reload();
+    dev_switch_set("compact", NULL);
     CHECKF(verdict[0] == 0, "the compact step failed the checker (%g)", verdict[0]);
     CHECKF(verdict[1] == 1, "dW x 1.01 passed the checker (%g)", verdict[1]);
     CHECKF(verdict[2] == 1, "the fp16 step passed without compact logits in the plan (%g)", verdict[2]);
@@ -477,7 +477,7 @@ static void compact_p_subnormals_are_allowed(void)
         }
         double verdict[3] = {-1, -1, -1}; /* compact plan; gradients × 1.01; no compact logits */
         for (int k = 0; k < 3; k++) {
-            if (k == 2) dev_env_set("compact", "0"), config_reload();
+            if (k == 2) dev_switch_set("compact", "0");
             host_rng rng;
             host_rng_seed(&rng, flagged[f]);
             outputs o = {0};
@@ -494,7 +494,7 @@ static void compact_p_subnormals_are_allowed(void)
             if (res.failed != (k != 0)) report(&c, M_NONE, &res, k == 2 ? "no compact" : k ? "1 % off" : "compact");
             outputs_free(&o);
         }
-        dev_env_set("compact", NULL), config_reload();
+        dev_switch_set("compact", NULL);
         CHECKF(verdict[0] == 0, "case %llu: the compact p's subnormal steps failed the checker",
                (unsigned long long)flagged[f]);
         CHECKF(verdict[1] == 1, "case %llu: gradients x 1.01 passed", (unsigned long long)flagged[f]);

@@ -51,6 +51,8 @@ static void settings_in(ctx_settings *s, const char *dir, flce_options *o)
     CHECKF(ctx_settings_from(o, s) == FLCE_OK, "%s", flce_last_error());
 }
 
+/* The one case here that keeps setenv: what is under test is that flce_options_init takes the
+ * values the process's environment holds (include/flce.h, the fields' "init"). */
 static void options_init_takes_the_environment(void)
 {
     setenv("FLCE_PREFETCH", "off", 1), setenv("FLCE_COMPILE_THREADS", "3", 1);
@@ -144,9 +146,7 @@ static void two_contexts_cache_into_their_own_directories(void)
     call_specs(s);
     char a[TEST_PATH_MAX], b[TEST_PATH_MAX], env[TEST_PATH_MAX];
     make_tmpdir_named(a, "flce-opt-a"), make_tmpdir_named(b, "flce-opt-b"), make_tmpdir_named(env, "flce-opt-env");
-    const char *was = getenv("FLCE_CACHE_DIR");
-    char *saved = was ? strdup(was) : NULL;
-    setenv("FLCE_CACHE_DIR", env, 1);
+    config_set(CONFIG_CACHE_DIR, env);
     flce_options o;
     flce_options_init(&o);
     ctx_settings sa, sb;
@@ -163,9 +163,7 @@ static void two_contexts_cache_into_their_own_directories(void)
            (unsigned long long)entries(a), (unsigned long long)entries(b), (unsigned long long)entries(env));
     CHECK(jit_build_with(NULL, &s[0], &r) == FLCE_OK && r.origin == JIT_COMPILED && entries(env) == 1);
     free(r.cubin);
-    if (saved) setenv("FLCE_CACHE_DIR", saved, 1);
-    else unsetenv("FLCE_CACHE_DIR");
-    free(saved);
+    config_clear(CONFIG_CACHE_DIR);
     remove_tree(a), remove_tree(b), remove_tree(env);
 }
 
@@ -191,7 +189,7 @@ static void read_only_layers_are_the_contexts(void)
     CHECK(ctx_settings_from(&o, &without) == FLCE_OK);
     o.cache_ro = NULL;
     CHECK(ctx_settings_from(&o, &from_env) == FLCE_OK);
-    setenv("FLCE_CACHE_RO", full, 1);
+    config_set(CONFIG_CACHE_RO, full);
     j = ctx_jit(&with);
     CHECK(jit_lookup_with(&j, &s[0], &r) == FLCE_OK && r.cubin && r.origin == JIT_DISK_HIT);
     free(r.cubin);
@@ -200,7 +198,7 @@ static void read_only_layers_are_the_contexts(void)
     j = ctx_jit(&from_env);
     CHECK(jit_lookup_with(&j, &s[0], &r) == FLCE_OK && r.cubin);
     free(r.cubin);
-    unsetenv("FLCE_CACHE_RO");
+    config_set(CONFIG_CACHE_RO, NULL);
     CHECK(jit_lookup_with(&j, &s[0], &r) == FLCE_OK && !r.cubin);
     CHECK(entries(empty) == 0 && entries(full) == 1);
     remove_tree(full), remove_tree(empty);
@@ -277,11 +275,11 @@ static void a_contexts_log_level_and_callback_are_its_own(void)
     log_msg(LOG_WARN, "at warn");
     CHECK(seen.infos == 0 && seen.others == 1);
     log_sink_set((log_sink){note_line, &seen, FLCE_LOG_FROM_ENV});
-    unsetenv("FLCE_LOG");
+    config_set(CONFIG_LOG, NULL);
     log_msg(LOG_WARN, "FLCE_LOG unset");
-    setenv("FLCE_LOG", "info", 1);
+    config_set(CONFIG_LOG, "info");
     log_msg(LOG_INFO, "FLCE_LOG=info");
-    unsetenv("FLCE_LOG");
+    config_set(CONFIG_LOG, NULL);
     CHECK(seen.infos == 1 && seen.others == 1);
     log_sink_set(was);
     CHECK(log_sink_get().fn == NULL && log_sink_get().level == -1);
@@ -333,7 +331,8 @@ static void a_context_that_never_compiles_in_a_call_says_not_ready(void)
 
 int main(void)
 {
-    /* As test_jit_parallel: NVRTC's own cache (where a driver is installed) off, so "compiled" is. */
+    /* As test_jit_parallel: NVRTC's own cache (where a driver is installed) off, so "compiled" is.
+     * The driver's variable, not one of ours: only the environment reaches it. */
     setenv("CUDA_CACHE_DISABLE", "1", 1);
     config_get(); /* read (and logged) before the cases set FLCE_LOG */
     RUN(options_init_takes_the_environment);

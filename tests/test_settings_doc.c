@@ -264,7 +264,7 @@ static void check_dev_settings(const char *rel, const char *text)
         size_t n = strcspn(p, " \t\n\"'`);:|]}\\"); /* where a value ends in prose, code or CMake */
         while (n && p[n - 1] == '.') n--; /* the end of a sentence */
         snprintf(value, sizeof value, "%.*s", (int)(n < 255 ? n : 255), p);
-        setenv("FLCE_DEV", value, 1);
+        setenv("FLCE_DEV", value, 1); /* as a user's shell would: the environment's parser is what is checked */
         flce_config c;
         const char *warned = capture_stderr("warn", from_env, &c);
         CHECKF(!*warned, "%s: FLCE_DEV=%s: %s", rel, value, warned);

@@ -123,7 +123,9 @@ static void more_shards_than_units(void)
     CHECK(r.failed == 1 && r.bad_shards == 1 && log_->small_runs == 0);
 }
 
-/* The filter drops whole functions in every shard alike, so the numbering still agrees. */
+/* The filter drops whole functions in every shard alike, so the numbering still agrees.
+ * FLCE_TEST_FILTER and FLCE_TEST_JOBS are the test harness's variables (check.h, shard.h), not the
+ * library's settings: CTest and CI set them, and reading them is what these cases test (setenv). */
 static void the_filter_applies_in_every_shard(void)
 {
     setenv("FLCE_TEST_FILTER", "small", 1);

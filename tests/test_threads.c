@@ -12,6 +12,7 @@
 #include <nvrtc.h>
 
 #include "check.h"
+#include "config.h"
 #include "error.h"
 #include "jit.h"
 #include "nvrtc_compile.h"
@@ -122,19 +123,16 @@ static void plans_on_many_threads_share_one_tune_table(void)
 {
     char dir[TEST_PATH_MAX];
     make_tmpdir_named(dir, "flce-threads");
-    char *old = getenv("FLCE_CACHE_DIR") ? strdup(getenv("FLCE_CACHE_DIR")) : NULL;
-    setenv("FLCE_CACHE_DIR", dir, 1);
+    config_set(CONFIG_CACHE_DIR, dir);
     tune_entry e = tuned_entry();
     CHECK(tune_table_store(dir, &e) == FLCE_OK);
     tune_forget();
-    setenv("FLCE_LOG", "off", 1); /* the log's class-change bookkeeping runs; its lines do not */
+    config_set(CONFIG_LOG, "off"); /* the log's class-change bookkeeping runs; its lines do not */
     crowd c = {.fn = plan_some, .arg = &e};
     run_crowd(&c, THREADS);
     for (int i = 0; i < THREADS; i++) CHECKF(c.result[i], "thread %d (sm_%d) planned other tiles", i, i % 2 ? 86 : 80);
-    unsetenv("FLCE_LOG");
-    if (old) setenv("FLCE_CACHE_DIR", old, 1);
-    else unsetenv("FLCE_CACHE_DIR");
-    free(old);
+    config_set(CONFIG_LOG, NULL);
+    config_clear(CONFIG_CACHE_DIR);
     tune_forget();
     remove_tree(dir);
 }
@@ -186,8 +184,7 @@ static void one_spec_built_by_threads_at_once(void)
     enum { BUILDERS = 3 };
     char dir[TEST_PATH_MAX];
     make_tmpdir_named(dir, "flce-threads");
-    char *old = getenv("FLCE_CACHE_DIR") ? strdup(getenv("FLCE_CACHE_DIR")) : NULL;
-    setenv("FLCE_CACHE_DIR", dir, 1);
+    config_set(CONFIG_CACHE_DIR, dir);
     static build_job j;
     flce_problem p;
     flce_problem_init(&p);
@@ -208,16 +205,14 @@ static void one_spec_built_by_threads_at_once(void)
     CHECK(again.len == j.r[0].len && again.cubin && !memcmp(again.cubin, j.r[0].cubin, again.len));
     free(again.cubin);
     for (int i = 0; i < BUILDERS; i++) free(j.r[i].cubin);
-    if (old) setenv("FLCE_CACHE_DIR", old, 1);
-    else unsetenv("FLCE_CACHE_DIR");
-    free(old);
+    config_clear(CONFIG_CACHE_DIR);
     remove_tree(dir);
 }
 
 int main(void)
 {
-    unsetenv("FLCE_PORTABLE");
-    unsetenv("FLCE_DEV");
+    config_set(CONFIG_PORTABLE, NULL);
+    config_set(CONFIG_DEV, NULL);
     RUN(nvrtc_version_is_one_text_from_many_threads);
     RUN(plans_on_many_threads_share_one_tune_table);
     RUN(messages_stay_per_thread_under_contention);

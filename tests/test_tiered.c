@@ -11,6 +11,7 @@
 
 #include "cache.h"
 #include "check.h"
+#include "config.h"
 #include "context.h"
 #include "devmem.h"
 #include "gpu_io.h"
@@ -105,7 +106,7 @@ static void whole_tiles_run_on_the_twin_then_swap_in_the_same_bits(void)
 {
     char dir[TEST_PATH_MAX];
     make_tmpdir_named(dir, "flce-tiered");
-    setenv("FLCE_CACHE_DIR", dir, 1);
+    config_set(CONFIG_CACHE_DIR, dir);
     flce_context *ctx = NULL;
     run_case partial, whole, other;
     CHECK(setup(&partial, 1000) && setup(&whole, 1024) && setup(&other, 768));
@@ -145,7 +146,7 @@ static void a_specialized_compile_queues_its_twin(void)
 {
     char dir[TEST_PATH_MAX];
     make_tmpdir_named(dir, "flce-tiered");
-    setenv("FLCE_CACHE_DIR", dir, 1);
+    config_set(CONFIG_CACHE_DIR, dir);
     flce_context *ctx = NULL;
     run_case whole, partial;
     CHECK(setup(&whole, 1024) && setup(&partial, 1000));

@@ -12,7 +12,7 @@
 #include "capture.h"
 #include "check.h"
 #include "config.h"
-#include "dev_env.h"
+#include "dev_switch.h"
 #include "error.h"
 #include "hash.h"
 #include "tmpdir.h"
@@ -286,8 +286,7 @@ static void a_valid_line_changes_the_dispatchers_tiles(void)
 {
     char dir[TEST_PATH_MAX];
     make_tmpdir_named(dir, "flce-tune");
-    char *old = getenv("FLCE_CACHE_DIR") ? strdup(getenv("FLCE_CACHE_DIR")) : NULL;
-    setenv("FLCE_CACHE_DIR", dir, 1);
+    config_set(CONFIG_CACHE_DIR, dir);
     tune_forget();
     plan before, after, offline, other_gpu, portable, no_tma;
     plan_for(DEVICE, 90, &before);
@@ -306,17 +305,14 @@ static void a_valid_line_changes_the_dispatchers_tiles(void)
     CHECK(!memcmp(&offline.logits.tile, &before.logits.tile, sizeof a.tile[0]));
     plan_for("NVIDIA H200", 90, &other_gpu);
     CHECK(!memcmp(&other_gpu.logits.tile, &before.logits.tile, sizeof a.tile[0]));
-    setenv("FLCE_PORTABLE", "1", 1);
-    config_reload(); /* the settings are read once per process */
+    config_set(CONFIG_PORTABLE, "1");
     plan_for(DEVICE, 90, &portable);
     CHECK(!portable.logits.tile.wgmma);
-    unsetenv("FLCE_PORTABLE");
-    dev_env_set("tma", "0");
-    config_reload();
+    config_set(CONFIG_PORTABLE, NULL);
+    dev_switch_set("tma", "0");
     plan_for(DEVICE, 90, &no_tma);
     CHECK(no_tma.logits.tile.wgmma && !no_tma.logits.tile.tma && no_tma.dw.tile.bn == 256);
-    dev_env_set("tma", NULL);
-    config_reload();
+    dev_switch_set("tma", NULL);
     /* forced tiles (the tuner's hook) win over everything, and clear */
     spec_tile forced[3] = {a.tile[2], a.tile[2], a.tile[2]};
     tune_force_tiles(forced);
@@ -324,9 +320,7 @@ static void a_valid_line_changes_the_dispatchers_tiles(void)
     plan_for(DEVICE, 90, &f);
     CHECK(!memcmp(&f.dh.tile, &a.tile[2], sizeof a.tile[2]));
     tune_force_tiles(NULL);
-    if (old) setenv("FLCE_CACHE_DIR", old, 1);
-    else unsetenv("FLCE_CACHE_DIR");
-    free(old);
+    config_clear(CONFIG_CACHE_DIR);
     tune_forget();
     remove_tree(dir);
 }
@@ -343,7 +337,7 @@ static void dispatcher_logs_tuned_versus_default_tiles(void)
 {
     char dir[TEST_PATH_MAX];
     make_tmpdir_named(dir, "flce-tune");
-    setenv("FLCE_CACHE_DIR", dir, 1);
+    config_set(CONFIG_CACHE_DIR, dir);
     tune_entry a = sample_entry(80);
     CHECK(tune_table_store(dir, &a) == FLCE_OK);
     tune_forget();
@@ -352,7 +346,7 @@ static void dispatcher_logs_tuned_versus_default_tiles(void)
            "log: %s", text);
     CHECKF(strstr(text, "default tiles (class not in the tune table) for NVIDIA_H100_80GB_HBM3 sm_86"),
            "log: %s", text);
-    unsetenv("FLCE_CACHE_DIR");
+    config_set(CONFIG_CACHE_DIR, NULL);
     tune_forget();
     remove_tree(dir);
 }
@@ -469,9 +463,8 @@ static void both_tuner_fronts_share_one_candidate_list(void)
 
 int main(void)
 {
-    unsetenv("FLCE_PORTABLE");
-    unsetenv("FLCE_DEV");
-    config_reload();
+    config_set(CONFIG_PORTABLE, NULL);
+    config_set(CONFIG_DEV, NULL);
     RUN(round_trip_keeps_every_field);
     RUN(blackwell_tile_round_trips_as_tcgen05);
     RUN(tile_kind_not_of_the_arch_is_rejected);
