@@ -1,5 +1,5 @@
 /* dev_switch.h — one developer switch (README "Developer switches") given to this process as data
- * for a test: config_set on the switch's row, which takes effect at once (no setenv, no reload). A
+ * for a test: config_set on the switch's row, which takes effect at once (the environment untouched, no reload). A
  * test that means the other path must really set it, so a key that is not a switch
  * (config_table.h) aborts rather than run the default. */
 #ifndef FLCE_TEST_DEV_SWITCH_H

@@ -1,8 +1,8 @@
 /* test_config.c — the FLCE_* settings (runtime/config.c): one on/off convention, range-checked
  * numbers, defaults for anything else with a warning; the same values given as data (config_set);
  * and planning as a pure function of problem, device facts, settings and tune tiles (plan_build).
- * cpu. Reading the environment is what most of this tests, so it sets variables (setenv), unlike
- * the other tests, which give their settings as data. */
+ * cpu. Reading the environment is what most of this tests, so it sets variables, unlike the other
+ * tests, which give their settings as data. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -331,7 +331,7 @@ static void replace_sets_the_process_settings_as_data(void)
  * over the variable, NULL reads as unset whatever the variable holds, config_clear reads the
  * variable again; a row read at each use sees it at its next use, a process row's field and a
  * developer switch change at once (over FLCE_DEV's item and the retired variable) and keep it
- * across config_reload. The setenv here is the environment each given value must win over. */
+ * across config_reload. The variables set here are the environment each given value must win over. */
 static void given_values_win_over_the_environment(void)
 {
     clear_knobs();

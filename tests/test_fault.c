@@ -8,8 +8,8 @@
  * that stays valid (no partial entry, no temp file from a failed store), and nothing leaked (file
  * descriptors here, each new one named; memory under the asan preset). CPU only: NVRTC compiles the
  * small rowops role.
- * Every case works in its own mkdtemp directory, given as FLCE_CACHE_DIR's value (config_set, no
- * setenv: the settings are data), and removes it.
+ * Every case works in its own mkdtemp directory, given as FLCE_CACHE_DIR's value (config_set: the
+ * settings are data, the environment untouched), and removes it.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L

@@ -51,7 +51,7 @@ static void settings_in(ctx_settings *s, const char *dir, flce_options *o)
     CHECKF(ctx_settings_from(o, s) == FLCE_OK, "%s", flce_last_error());
 }
 
-/* The one case here that keeps setenv: what is under test is that flce_options_init takes the
+/* The one case here that sets variables: what is under test is that flce_options_init takes the
  * values the process's environment holds (include/flce.h, the fields' "init"). */
 static void options_init_takes_the_environment(void)
 {

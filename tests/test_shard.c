@@ -125,7 +125,7 @@ static void more_shards_than_units(void)
 
 /* The filter drops whole functions in every shard alike, so the numbering still agrees.
  * FLCE_TEST_FILTER and FLCE_TEST_JOBS are the test harness's variables (check.h, shard.h), not the
- * library's settings: CTest and CI set them, and reading them is what these cases test (setenv). */
+ * library's settings: CTest and CI set them, and reading them is what these cases test. */
 static void the_filter_applies_in_every_shard(void)
 {
     setenv("FLCE_TEST_FILTER", "small", 1);
