@@ -328,7 +328,8 @@ static void auto_why(flce_problem p, int sm, int sms, uint64_t mem, char *out, s
 }
 
 /* A "+fp32z" row plans and runs with the compact store off (the process's settings replaced as data,
- * no setenv); fp32z_end puts the caller's setting back. fp32z_begin returns what to pass to it. */
+ * the environment untouched); fp32z_end puts the caller's setting back. fp32z_begin returns what to
+ * pass to it. */
 static int fp32z_begin(int k)
 {
     flce_config c = *config_get();

@@ -23,14 +23,31 @@
 #include "tool_api.h"
 #endif
 
-/* The settings are read once per process since issue 18 (runtime/config.c): re-read them after each
- * setenv below. Weak, so this file still builds against a libflce.a from before config.c, which
- * read the environment at every call. */
+/* A setting by its name (a variable, or a developer switch's FLCE_DEV key "tma"; value NULL: its
+ * default), given to the library as data (config_set_name). Weak, with the environment as the
+ * fallback, so that this file still builds and runs against a libflce.a from before config_set_name
+ * (the other side of a comparison): there a switch is an item of FLCE_DEV and, before 2026-11-28,
+ * its own FLCE_<KEY> (that build reads only that; a newer one reads both, with a warning), and the
+ * settings are re-read after each setenv (config_reload, weak too: before config.c the library read
+ * the environment at every call). */
+int config_set_name(const char *name, const char *value) __attribute__((weak));
 void config_reload(void) __attribute__((weak));
 static void env_put(const char *name, const char *value)
 {
     if (value) setenv(name, value, 1);
     else unsetenv(name);
+}
+static void setting(const char *name, const char *value)
+{
+    if (config_set_name && config_set_name(name, value) == 0) return;
+    if (strncmp(name, "FLCE_", 5)) { /* a developer switch's key */
+        char item[64], legacy[64];
+        snprintf(item, sizeof item, "%s=%s", name, value ? value : "");
+        size_t n = (size_t)snprintf(legacy, sizeof legacy, "FLCE_%s", name);
+        for (size_t i = 5; i < n && i < sizeof legacy; i++)
+            if (legacy[i] >= 'a' && legacy[i] <= 'z') legacy[i] = (char)(legacy[i] - 'a' + 'A');
+        env_put("FLCE_DEV", value ? item : NULL), env_put(legacy, value);
+    } else env_put(name, value);
     if (config_reload) config_reload();
 }
 
@@ -140,8 +157,8 @@ int main(int argc, char **argv)
     const flce_dtype dts[] = {FLCE_DTYPE_BF16, FLCE_DTYPE_F16, FLCE_DTYPE_F32};
     const char *dtn[] = {"bf16", "f16", "f32"};
     char kind[64];
-    env_put("FLCE_ENABLE_SM100", NULL);
-    env_put("FLCE_DEV", NULL), env_put("FLCE_TMA", NULL);
+    setting("FLCE_ENABLE_SM100", NULL);
+    setting("FLCE_DEV", NULL), setting("tma", NULL); /* every switch at its default */
     for (int d = 0; d < 3; d++) {
         /* sm_80: mma.sync (16-bit) and exact FFMA (f32) */
         snprintf(kind, sizeof kind, "mma_%s", dtn[d]);
@@ -150,16 +167,13 @@ int main(int argc, char **argv)
         snprintf(kind, sizeof kind, "%s_%s", d < 2 ? "tma" : "mma", dtn[d]);
         gemms(90, dts[d], kind, NULL);
     }
-    /* sm_90a, FLCE_DEV=tma=0: wgmma fed by cp.async; FLCE_PORTABLE's tile: mma.sync on Hopper */
-    /* FLCE_TMA too: this file is built against both trees, and a tree older than FLCE_DEV
-     * (2026-11-28) reads only that; a newer one reads both, with a warning (goes with the retired
-     * variables, next release) */
-    env_put("FLCE_DEV", "tma=0"), env_put("FLCE_TMA", "0");
+    /* sm_90a, FLCE_DEV tma=0: wgmma fed by cp.async; FLCE_PORTABLE's tile: mma.sync on Hopper */
+    setting("tma", "0");
     for (int d = 0; d < 2; d++) {
         snprintf(kind, sizeof kind, "cpasync_%s", dtn[d]);
         gemms(90, dts[d], kind, NULL);
     }
-    env_put("FLCE_DEV", NULL), env_put("FLCE_TMA", NULL);
+    setting("tma", NULL);
     for (int d = 0; d < 2; d++) {
         spec_tile t = spec_default_tile(89, dts[d], ROLE_LOGITS);
         t.stages = 4;
@@ -179,7 +193,7 @@ int main(int argc, char **argv)
         gemms(80, FLCE_DTYPE_F32, "mma64_f32", &m);
     }
     /* sm_100a: tcgen05 (FLCE_ENABLE_SM100=1, 16-bit), FFMA (f32); without the opt-in, mma.sync */
-    env_put("FLCE_ENABLE_SM100", "1");
+    setting("FLCE_ENABLE_SM100", "1");
     for (int d = 0; d < 3; d++) {
         snprintf(kind, sizeof kind, "%s_%s", d < 2 ? "tcgen05" : "mma", dtn[d]);
         gemms(100, dts[d], kind, NULL);
@@ -189,7 +203,7 @@ int main(int argc, char **argv)
         t.bn = 128, t.stages = 6;
         gemms(100, FLCE_DTYPE_BF16, "tcgen05_128_bf16", &t);
     }
-    env_put("FLCE_ENABLE_SM100", NULL);
+    setting("FLCE_ENABLE_SM100", NULL);
     gemms(100, FLCE_DTYPE_BF16, "mma_bf16", NULL);
     /* rowops: without and with every option; then with the per-token upstream gradients (every
      * SPEC_OPT_GRAD_* bit: OPT_TOKEN_GRADS) under the sum and the none reduction, which take
@@ -214,7 +228,7 @@ int main(int argc, char **argv)
     /* The spec flags the lists above leave at 0, appended so that the numbers above stay: qrows,
      * full_tiles, 2-CTA clusters (logits, dH, dW), plain_out, red_acc 1 (bulk reductions where
      * spec_bulk_red) and 2 (red.global), on the paths that take them; invalid ones are skipped. */
-    env_put("FLCE_ENABLE_SM100", "1");
+    setting("FLCE_ENABLE_SM100", "1");
     const int variant_sm[] = {90, 80, 100};
     for (int a = 0; a < 3; a++)
         for (int d = 0; d < 3; d++) {
@@ -253,7 +267,7 @@ int main(int argc, char **argv)
                 }
             }
         }
-    env_put("FLCE_ENABLE_SM100", NULL);
+    setting("FLCE_ENABLE_SM100", NULL);
     fclose(index_file);
     printf("kernel_diff_dump: %d sources (%d invalid combinations skipped)\n", count, invalid);
     return 0;
