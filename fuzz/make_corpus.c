@@ -115,15 +115,15 @@ static seed base_spec(spec_role role, int sm, flce_dtype dtype)
     x.s.sm = sm, x.s.dtype = dtype, x.s.hidden = 4096, x.s.vocab_shard = 32000;
     x.s.role = role, x.s.label_bits = 32, x.s.reduction = FLCE_REDUCTION_MEAN;
     /* The mma.sync tile on every arch (validate_tile's checks); wgmma seeds set theirs. */
-    x.s.tile = (spec_tile){128, 128, dtype == FLCE_DTYPE_F32 ? 16 : 32, 3, 2, 4, 0, 0};
+    x.s.tile = (spec_tile){128, 128, dtype == FLCE_DTYPE_F32 ? 16 : 32, 3, 2, 4, MAINLOOP_MMA_SYNC};
     return x;
 }
 
-/* The Hopper main loop's tile (validate_wgmma's checks), cp.async-fed (tma = 0). */
+/* The Hopper main loop's tile (validate_wgmma's checks), cp.async-fed. */
 static seed base_wgmma(spec_role role, flce_dtype dtype)
 {
     seed x = base_spec(role, 90, dtype);
-    x.s.tile = (spec_tile){128, 256, 64, 4, 8, 1, 1, 0};
+    x.s.tile = (spec_tile){128, 256, 64, 4, 8, 1, MAINLOOP_WGMMA_CP_ASYNC};
     return x;
 }
 
@@ -131,7 +131,7 @@ static seed base_wgmma(spec_role role, flce_dtype dtype)
 static seed base_tcgen05(spec_role role, flce_dtype dtype)
 {
     seed x = base_spec(role, 100, dtype);
-    x.s.tile = (spec_tile){128, 256, 64, 4, 8, 1, 0, 1, 1};
+    x.s.tile = (spec_tile){128, 256, 64, 4, 8, 1, MAINLOOP_TCGEN05};
     return x;
 }
 
@@ -182,9 +182,7 @@ static void emit_problem(const char *name, const seed *x)
     put(&w, (uint32_t)s->tile.stages, 4);
     put(&w, (uint32_t)s->tile.warps_m, 4);
     put(&w, (uint32_t)s->tile.warps_n, 4);
-    put(&w, (uint32_t)s->tile.wgmma, 4);
-    put(&w, (uint32_t)s->tile.tma, 4);
-    put(&w, (uint32_t)s->tile.tcgen05, 4);
+    put(&w, (uint32_t)s->tile.loop, 4);
     put(&w, (uint32_t)s->label_bits, 4);
     put(&w, (uint32_t)s->reduction, 4);
     put(&w, s->opts, 4);
@@ -214,7 +212,7 @@ static void emit_crash(const char *name, const seed *x)
 
 static void tile(seed *x, int bm, int bn, int bk, int stages, int wm, int wn)
 {
-    x->s.tile = (spec_tile){bm, bn, bk, stages, wm, wn, 0, 0};
+    x->s.tile = (spec_tile){bm, bn, bk, stages, wm, wn, MAINLOOP_MMA_SYNC};
 }
 
 /* Raw specs that validate: spec_compile.c compiles the first ten distinct ones in name order,
@@ -236,10 +234,10 @@ static void problem_valid_specs(void)
     emit_problem("emit_ok_dw_sm90_f16_wgmma_128x192x64", &x);
     /* the TMA-fed Hopper tiles: MN-major operands (dW) and the logits epilogue with every option */
     x = base_wgmma(ROLE_DW, FLCE_DTYPE_F16);
-    x.s.tile.tma = 1;
+    x.s.tile.loop = MAINLOOP_WGMMA_TMA;
     emit_problem("emit_ok_dw_sm90_f16_wgmma_tma_128x256x64", &x);
     x = base_wgmma(ROLE_LOGITS, FLCE_DTYPE_BF16);
-    x.s.tile.tma = 1, x.s.label_bits = 64, x.s.softcap = 30.f, x.s.temperature = 0.8f;
+    x.s.tile.loop = MAINLOOP_WGMMA_TMA, x.s.label_bits = 64, x.s.softcap = 30.f, x.s.temperature = 0.8f;
     x.s.opts = SPEC_OPT_BIAS | SPEC_OPT_WEIGHTS | SPEC_OPT_ZSUM | SPEC_OPT_ENTROPY | SPEC_OPT_ARGMAX;
     emit_problem("emit_ok_logits_sm90_bf16_wgmma_tma_every_option", &x);
     /* the tcgen05 tiles (sm_100a): MN-major operands, and the logits epilogue with every option */
@@ -354,10 +352,10 @@ static void problem_invalid_specs(void)
     BAD_SPEC("f32_bk_6", (x.s.dtype = FLCE_DTYPE_F32, x.s.tile.bk = 6));
     BAD_SPEC("stages_1", x.s.tile.stages = 1);
     BAD_SPEC("stages_9", x.s.tile.stages = 9);
-    BAD_SPEC("accumulators_256x256_1x1", (x.s.tile = (spec_tile){256, 256, 32, 2, 1, 1, 0, 0}));
-    BAD_SPEC("smem_256x256x128_s8", (x.s.tile = (spec_tile){256, 256, 128, 8, 4, 4, 0, 0}));
+    BAD_SPEC("accumulators_256x256_1x1", (x.s.tile = (spec_tile){256, 256, 32, 2, 1, 1, MAINLOOP_MMA_SYNC}));
+    BAD_SPEC("smem_256x256x128_s8", (x.s.tile = (spec_tile){256, 256, 128, 8, 4, 4, MAINLOOP_MMA_SYNC}));
     BAD_SPEC("smem_sm86_128x128x64_s4",
-             (x.s.sm = 86, x.s.tile = (spec_tile){128, 128, 64, 4, 2, 4, 0, 0}));
+             (x.s.sm = 86, x.s.tile = (spec_tile){128, 128, 64, 4, 2, 4, MAINLOOP_MMA_SYNC}));
     /* the Hopper main loop's own checks */
     seed w = base_wgmma(ROLE_DW, FLCE_DTYPE_BF16);
     x = w, x.s.sm = 80;
@@ -372,25 +370,22 @@ static void problem_invalid_specs(void)
     emit_problem("emit_bad_wgmma_stages_9", &x);
     x = w, x.s.tile.stages = 8;
     emit_problem("emit_bad_wgmma_smem_8_stages_of_128x256x64", &x);
-    x = w, x.s.tile.tma = 2;
-    emit_problem("emit_bad_wgmma_tma_2", &x);
-    BAD_SPEC("tma_without_wgmma", x.s.tile.tma = 1);
+    x = w, x.s.tile.loop = MAINLOOP_WGMMA_TMA, x.s.sm = 100;
+    emit_problem("emit_bad_wgmma_tma_sm100", &x);
+    /* a loop number that names no loop */
+    BAD_SPEC("loop_4", x.s.tile.loop = (spec_mainloop)SPEC_MAINLOOPS);
     /* the Blackwell main loop's own checks */
     seed t = base_tcgen05(ROLE_DH, FLCE_DTYPE_BF16);
     x = t, x.s.sm = 90;
     emit_problem("emit_bad_tcgen05_sm90", &x);
     x = t, x.s.dtype = FLCE_DTYPE_F32;
     emit_problem("emit_bad_tcgen05_f32", &x);
-    x = t, x.s.tile.tma = 0;
-    emit_problem("emit_bad_tcgen05_without_tma", &x);
-    x = t, x.s.tile.wgmma = 1;
-    emit_problem("emit_bad_tcgen05_with_wgmma", &x);
     x = t, x.s.tile.bn = 320;
     emit_problem("emit_bad_tcgen05_bn_320", &x);
     x = t, x.s.tile.stages = 5;
     emit_problem("emit_bad_tcgen05_smem_5_stages_of_128x256x64", &x);
-    x = t, x.s.tile.tcgen05 = -1;
-    emit_problem("emit_bad_tcgen05_minus_1", &x);
+    x = t, x.s.tile.loop = (spec_mainloop)-1;
+    emit_problem("emit_bad_loop_minus_1", &x);
     BAD_SPEC("opts_bit_5", x.s.opts = 1u << 5);
     BAD_SPEC("softcap_nan", x.s.softcap = NAN);
     BAD_SPEC("temperature_negative", x.s.temperature = -1.0f);
@@ -712,8 +707,8 @@ static void tune_seed(const char *name, const char *text)
 static void tune_tables(void)
 {
     char a[TUNE_LINE_MAX + 2], b[TUNE_LINE_MAX + 2], text[8 * TUNE_LINE_MAX];
-    tune_line(a, sizeof a, 90, 4096, (spec_tile){128, 128, 64, 4, 8, 1, 1, 1});
-    tune_line(b, sizeof b, 80, 2048, (spec_tile){64, 128, 32, 3, 2, 2, 0, 0});
+    tune_line(a, sizeof a, 90, 4096, (spec_tile){128, 128, 64, 4, 8, 1, MAINLOOP_WGMMA_TMA});
+    tune_line(b, sizeof b, 80, 2048, (spec_tile){64, 128, 32, 3, 2, 2, MAINLOOP_MMA_SYNC});
     snprintf(text, sizeof text, "%s\n# comment\n%s\n\n%s\n", TUNE_TABLE_HEADER, a, b);
     tune_seed("ok_two_classes", text);
     snprintf(text, sizeof text, "%s\n%s\n%s\n", TUNE_TABLE_HEADER, a, a);
@@ -736,7 +731,7 @@ static void tune_tables(void)
     snprintf(text, sizeof text, "%s\n%s\n", TUNE_TABLE_HEADER, stale);
     tune_seed("bad_stale_version", text);
     char wrong[TUNE_LINE_MAX + 2]; /* wgmma on sm_80 with a valid checksum: validation refuses */
-    tune_line(wrong, sizeof wrong, 80, 4096, (spec_tile){128, 256, 64, 4, 8, 1, 1, 1});
+    tune_line(wrong, sizeof wrong, 80, 4096, (spec_tile){128, 256, 64, 4, 8, 1, MAINLOOP_WGMMA_TMA});
     snprintf(text, sizeof text, "%s\n%s\n", TUNE_TABLE_HEADER, wrong);
     tune_seed("bad_tile_for_arch", text);
     snprintf(text, sizeof text, "%s\nx y\n\x01\x02 sum=zz\na b c d e f g h i j k l m n sum=0000000000000000\n%s\n",

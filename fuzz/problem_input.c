@@ -47,9 +47,7 @@ static void decode_spec(fuzz_reader *r, kernel_spec *s)
     s->tile.stages = fuzz_i32(r);
     s->tile.warps_m = fuzz_i32(r);
     s->tile.warps_n = fuzz_i32(r);
-    s->tile.wgmma = fuzz_i32(r);
-    s->tile.tma = fuzz_i32(r);
-    s->tile.tcgen05 = fuzz_i32(r);
+    s->tile.loop = (spec_mainloop)fuzz_i32(r);
     s->label_bits = fuzz_i32(r);
     s->reduction = (flce_reduction)fuzz_i32(r);
     s->opts = fuzz_u32(r);

@@ -20,7 +20,7 @@
  *            i32 has_class_weights accumulate_grad_hidden accumulate_grad_weight sequence_parallel
  *   plan:    u8 op (mod 3), i32 sm, i32 num_sms, u16 outputs mask (TENSOR_*, testing/tensor_fields.h)
  *   spec:    i32 sm dtype, i64 hidden vocab_shard, i32 role bm bn bk stages warps_m warps_n
- *            wgmma tma tcgen05 label_bits reduction, u32 opts, f32 softcap temperature smoothing z_loss
+ *            loop (spec_mainloop) label_bits reduction, u32 opts, f32 softcap temperature smoothing z_loss
  */
 #ifndef FLCE_FUZZ_PROBLEM_INPUT_H
 #define FLCE_FUZZ_PROBLEM_INPUT_H

@@ -56,7 +56,7 @@ static int spec_same(const kernel_spec *a, const kernel_spec *b)
            a->reduction == b->reduction && a->tile.bm == b->tile.bm && a->tile.bn == b->tile.bn &&
            a->tile.bk == b->tile.bk && a->tile.stages == b->tile.stages &&
            a->tile.warps_m == b->tile.warps_m && a->tile.warps_n == b->tile.warps_n &&
-           a->tile.wgmma == b->tile.wgmma &&
+           a->tile.loop == b->tile.loop &&
            a->opts == b->opts && a->softcap == b->softcap && a->temperature == b->temperature &&
            a->smoothing == b->smoothing && a->z_loss == b->z_loss;
 }

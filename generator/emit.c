@@ -89,8 +89,8 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
     if (s->role != ROLE_ROWOPS) {
         const spec_tile *t = &s->tile;
         sb_printf(b, "#define FLCE_WGMMA %d  // 1: the Hopper path's 128-byte-swizzled tiles (also Blackwell's)\n",
-                  t->wgmma || t->tcgen05);
-        sb_printf(b, "#define FLCE_TMA %d  // 1: TMA + mbarrier pipeline, producer warpgroup\n", t->tma);
+                  spec_uses_warpgroup(t));
+        sb_printf(b, "#define FLCE_TMA %d  // 1: TMA + mbarrier pipeline, producer warpgroup\n", spec_uses_tma(t));
         sb_printf(b, "#define FLCE_FUSED_DZ %d\n", !!s->fused_dz);
         sb_printf(b, "#define FLCE_COMPACT %d\n", !!s->compact);
         sb_printf(b, "#define FLCE_QROWS %d  // p̃ = bf16 exp(z − ref) against one reference per row\n", !!s->qrows);
@@ -224,18 +224,18 @@ static void sb_template(sbuf *b, const char *text, int tcgen05, int cluster)
  * epilogue (gemm_logits.cu or gemm_grad.cu); gemm_entry.cu, the kernels. */
 static void emit_gemm(sbuf *b, const kernel_spec *s)
 {
-    int tcgen05 = s->tile.tcgen05, cluster = s->cluster > 1;
-    int hopper = s->tile.wgmma || tcgen05; /* FLCE_WGMMA: the swizzled TMA / cp.async tiles */
-    if (s->tile.wgmma) emit_wgmma(b, s);
+    int tcgen05 = s->tile.loop == MAINLOOP_TCGEN05, cluster = s->cluster > 1;
+    int hopper = spec_uses_warpgroup(&s->tile); /* FLCE_WGMMA: the swizzled TMA / cp.async tiles */
+    if (spec_uses_wgmma(&s->tile)) emit_wgmma(b, s);
     if (tcgen05) emit_tcgen05(b, s);
     const char *pieces[8];
     int n = 0;
     pieces[n++] = tmpl_gemm_cu;
     if (hopper) {
         pieces[n++] = tmpl_gemm_wgmma_cu;
-        if (s->tile.tma) pieces[n++] = tmpl_gemm_wgmma_tma_cu;
+        if (spec_uses_tma(&s->tile)) pieces[n++] = tmpl_gemm_wgmma_tma_cu;
         if (tcgen05) pieces[n++] = tmpl_gemm_tcgen05_cu;
-        if (!s->tile.tma) pieces[n++] = tmpl_gemm_wgmma_cp_async_cu;
+        if (!spec_uses_tma(&s->tile)) pieces[n++] = tmpl_gemm_wgmma_cp_async_cu;
     } else {
         pieces[n++] = tmpl_gemm_mma_sync_cu;
     }

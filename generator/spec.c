@@ -42,6 +42,29 @@ int spec_parse_arch(const char *s)
     return spec_arch_supported((int)v) ? (int)v : 0;
 }
 
+const char *spec_mainloop_name(spec_mainloop loop)
+{
+    switch (loop) {
+    case MAINLOOP_MMA_SYNC: return "mma";
+    case MAINLOOP_WGMMA_CP_ASYNC: return "wgmma";
+    case MAINLOOP_WGMMA_TMA: return "wgmma+tma";
+    case MAINLOOP_TCGEN05: return "tcgen05+tma";
+    }
+    return "?";
+}
+
+/* The loop as spec_summary has always printed it (the text is the JIT cache key's, so it stays). */
+static const char *summary_loop(spec_mainloop loop)
+{
+    switch (loop) {
+    case MAINLOOP_MMA_SYNC: return "";
+    case MAINLOOP_WGMMA_CP_ASYNC: return " wgmma";
+    case MAINLOOP_WGMMA_TMA: return " wgmma tma";
+    case MAINLOOP_TCGEN05: return " tcgen05 tma";
+    }
+    return " loop=?";
+}
+
 const char *spec_role_name(spec_role role)
 {
     switch (role) {
@@ -116,7 +139,7 @@ static void summary_text(const kernel_spec *s, int with_shape, char *out, size_t
     snprintf(out, cap, "%s%s %s%s labels=i%d %s tile=%dx%dx%d stages=%d warps=%dx%d%s%s%s%s%s%s%s",
              spec_role_name(s->role), s->fused_dz ? "+dz" : s->qrows ? "+qrows" : s->compact ? "+compact" : "",
              spec_dtype_name(s->dtype), shape, s->label_bits, spec_arch_name(s->sm), t->bm, t->bn, t->bk, t->stages,
-             t->warps_m, t->warps_n, t->tcgen05 ? " tcgen05 tma" : t->wgmma ? (t->tma ? " wgmma tma" : " wgmma") : "",
+             t->warps_m, t->warps_n, summary_loop(t->loop),
              s->cluster > 1 ? " cluster=2" : "", s->plain_out ? " plain-out" : "", s->red_acc == 2 ? " red-acc-thread" : s->red_acc ? " red-acc" : "",
              s->full_tiles ? " full-tiles" : "", opts,
              s->fused_dz ? (s->reduction == FLCE_REDUCTION_NONE ? " reduction=none" : " reduction=mean/sum") : "");
@@ -139,7 +162,7 @@ static size_t bulk_red_bytes(const kernel_spec *s) { return 2048u * (size_t)(s->
 int spec_bulk_red(const kernel_spec *s)
 {
     const spec_tile *t = &s->tile;
-    return s->red_acc == 1 && t->wgmma && t->tma && !t->tcgen05 && t->warps_n == 1 && t->bm == 16 * t->warps_m &&
+    return s->red_acc == 1 && t->loop == MAINLOOP_WGMMA_TMA && t->warps_n == 1 && t->bm == 16 * t->warps_m &&
            t->bn % 32 == 0 && smem_bytes(s) + bulk_red_bytes(s) <= spec_smem_limit(s->sm);
 }
 
@@ -152,20 +175,20 @@ static size_t smem_bytes(const kernel_spec *s)
 {
     if (s->role == ROLE_ROWOPS || s->role == ROLE_DISTILL) return 0;
     const spec_tile *t = &s->tile;
-    if (t->wgmma || t->tcgen05) /* swizzled tiles without padding, plus room to align them to 1024
+    if (spec_uses_warpgroup(t)) /* swizzled tiles without padding, plus room to align them to 1024
                                  * bytes, plus TMA's two 8-byte mbarriers per stage; tcgen05 adds two
                                  * mbarriers per accumulator buffer (2) and the 4-byte tensor-memory
                                  * address, 36 bytes kept 16-aligned (gemm_tcgen05.cu, tmem_slot) */
         return (size_t)t->stages * (size_t)(t->bm + t->bn) * (size_t)t->bk * 2 + 1024 +
-               (t->tma ? 16u * (size_t)t->stages : 0) + (t->tcgen05 ? 48u : 0) +
+               (spec_uses_tma(t) ? 16u * (size_t)t->stages : 0) + (t->loop == MAINLOOP_TCGEN05 ? 48u : 0) +
                /* dH/dW on wgmma + TMA: stages + 1 words for the dynamic tile order, which uses two
                 * of them since issue 43 (its tile slot and that slot's mbarrier; the room stays, and
                 * with it every offset after it: templates/gemm_wgmma_tma.cu tile_slot) */
-               (t->tma && !t->tcgen05 && s->role != ROLE_LOGITS ? 8u * (size_t)(t->stages + 1) : 0) +
+               (t->loop == MAINLOOP_WGMMA_TMA && s->role != ROLE_LOGITS ? 8u * (size_t)(t->stages + 1) : 0) +
                /* compact logits, dH and dW on wgmma + TMA: a 2 KiB buffer per warp through which
                 * 16-bit tiles are stored, on a 128-byte boundary past the barriers and the tile slot
                 * (templates/gemm_wgmma_tma.cu, STAGED_STORE, STAGING_OFFSET) */
-               (t->tma && !t->tcgen05 && (s->role != ROLE_LOGITS || s->compact)
+               (t->loop == MAINLOOP_WGMMA_TMA && (s->role != ROLE_LOGITS || s->compact)
                     ? 128u + 2048u * (size_t)(t->warps_m * t->warps_n) : 0);
     /* mma.sync / FFMA: unpadded XOR-swizzled stages (templates/gemm_mma_sync.cu) */
     size_t pipeline = (size_t)t->stages * (size_t)(t->bm + t->bn) * (size_t)t->bk * (size_t)elem_bytes(s->dtype);
@@ -179,7 +202,7 @@ int spec_threads(const kernel_spec *s)
     if (s->role == ROLE_ROWOPS || s->role == ROLE_DISTILL) return 256;
     /* TMA: one producer warpgroup in front of the warps that compute */
     return s->tile.warps_m * s->tile.warps_n * 32 +
-           ((s->tile.wgmma || s->tile.tcgen05) && s->tile.tma ? 128 : 0);
+           (spec_uses_tma(&s->tile) ? 128 : 0);
 }
 
 size_t spec_smem_limit(int sm)
@@ -194,7 +217,7 @@ size_t spec_smem_limit(int sm)
 
 int spec_tmem_columns(const kernel_spec *s)
 {
-    if (s->role == ROLE_ROWOPS || !s->tile.tcgen05 || s->tile.bn < 1) return 0;
+    if (s->role == ROLE_ROWOPS || s->tile.loop != MAINLOOP_TCGEN05 || s->tile.bn < 1) return 0;
     int need = 2 * s->tile.bn, cols = 32; /* tcgen05.alloc: a power of two, at least 32 */
     while (cols < need && cols < (1 << 20)) cols *= 2;
     return cols;
@@ -208,7 +231,7 @@ spec_tile spec_tile_pick(int sm, flce_dtype dtype, spec_role role, spec_knobs k)
         /* The Hopper TMA tile's shape and pipeline (128×256×64, 4 stages, producer warpgroup + two
          * consumer warpgroups); tcgen05.mma accumulates in tensor memory, two 256-column buffers,
          * so the next tile's MMAs run during this tile's epilogue. */
-        spec_tile b = {128, 256, 64, 4, 8, 1, 0, 1, 1};
+        spec_tile b = {128, 256, 64, 4, 8, 1, MAINLOOP_TCGEN05};
         return b;
     }
     if (sm == 90 && dtype != FLCE_DTYPE_F32) {
@@ -217,14 +240,15 @@ spec_tile spec_tile_pick(int sm, flce_dtype dtype, spec_role role, spec_knobs k)
          * (setmaxnreg), so the logits epilogue fits beside 128 accumulators; on the cp.async path
          * (k.tma = 0, FLCE_TMA=0) it spills at 128×256 and keeps 128×128 (bench/NOTES.md v2). */
         int tma = k.tma != 0;
-        spec_tile w = {128, role == ROLE_LOGITS && !tma ? 128 : 256, 64, 4, 8, 1, 1, tma};
+        spec_tile w = {128, role == ROLE_LOGITS && !tma ? 128 : 256, 64, 4, 8, 1,
+                       tma ? MAINLOOP_WGMMA_TMA : MAINLOOP_WGMMA_CP_ASYNC};
         return w;
     }
     /* mma.sync (FFMA for fp32): 128×256 CTA tiles of 8 warps with 64×64 warp tiles, the shape of
      * the fast sm_80 GEMMs: a third less shared-memory and L2 traffic per FLOP than 128×128 with
      * 64×32 warp tiles, and 8 ldmatrix.x4 per 32 mma.sync per warp. BK 32 (16 fp32: the same 64
      * bytes per row), 4 stages of 24 KiB, which fit the 99 KiB of sm_86/89/120 (issue 19). */
-    spec_tile t = {128, 256, 32, 4, 2, 4, 0, 0};
+    spec_tile t = {128, 256, 32, 4, 2, 4, MAINLOOP_MMA_SYNC};
     (void)role;
     if (dtype == FLCE_DTYPE_F32) t.bk = 16;
     return t;
@@ -236,8 +260,8 @@ static flce_status validate_warpgroup_shape(const spec_tile *t, const char *path
 {
     if (t->bm != 128 || t->bk != 64 || t->warps_m != 8 || t->warps_n != 1)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tile.%s=1: needs bm=128, bk=64, warps=8x1 (got %d, %d, %dx%d)", path, t->bm, t->bk,
-                       t->warps_m, t->warps_n);
+                       "tile.loop=%s: needs bm=128, bk=64, warps=8x1 (got %d, %d, %dx%d)",
+                       spec_mainloop_name(t->loop), t->bm, t->bk, t->warps_m, t->warps_n);
     if (t->bn < 64 || t->bn > 256 || t->bn % 64)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.bn=%d: the %s path takes 64, 128, 192 or 256", t->bn,
                        path);
@@ -261,28 +285,24 @@ static flce_status validate_wgmma(const kernel_spec *s)
 {
     const spec_tile *t = &s->tile;
     if (s->sm != 90)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.wgmma=1: needs sm_90a, not %s", spec_arch_name(s->sm));
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.loop=%s: needs sm_90a, not %s", spec_mainloop_name(t->loop),
+                       spec_arch_name(s->sm));
     if (s->dtype == FLCE_DTYPE_F32)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.wgmma=1: takes f16 or bf16 inputs, not f32");
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.loop=%s: takes f16 or bf16 inputs, not f32",
+                       spec_mainloop_name(t->loop));
     TRY(validate_warpgroup_shape(t, "wgmma"));
-    if (t->tma != 0 && t->tma != 1)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tma=%d: must be 0 or 1", t->tma);
     return validate_smem(s);
 }
 
 static flce_status validate_tcgen05(const kernel_spec *s)
 {
     const spec_tile *t = &s->tile;
-    if (t->tcgen05 != 1)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tcgen05=%d: must be 0 or 1", t->tcgen05);
     if (s->sm != 100)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tcgen05=1: needs sm_100a, not %s", spec_arch_name(s->sm));
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.loop=%s: needs sm_100a, not %s", spec_mainloop_name(t->loop),
+                       spec_arch_name(s->sm));
     if (s->dtype == FLCE_DTYPE_F32)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tcgen05=1: takes f16 or bf16 inputs, not f32");
-    if (t->wgmma)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.wgmma=%d: must be 0 with tile.tcgen05=1", t->wgmma);
-    if (t->tma != 1)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tma=%d: tile.tcgen05=1 is fed by TMA only (tma=1)", t->tma);
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.loop=%s: takes f16 or bf16 inputs, not f32",
+                       spec_mainloop_name(t->loop));
     /* tcgen05.mma M = 128 takes N a multiple of 16 up to 256; the epilogue loads 64 columns at a time */
     TRY(validate_warpgroup_shape(t, "tcgen05"));
     int cols = spec_tmem_columns(s);
@@ -312,9 +332,13 @@ static flce_status validate_stored_rows(const kernel_spec *s, const char *operan
 static flce_status validate_tile(const kernel_spec *s)
 {
     const spec_tile *t = &s->tile;
-    if (t->tcgen05) return validate_tcgen05(s);
-    if (t->wgmma) return validate_wgmma(s);
-    if (t->tma) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.tma=1: needs tile.wgmma=1 or tile.tcgen05=1");
+    switch (t->loop) {
+    case MAINLOOP_TCGEN05: return validate_tcgen05(s);
+    case MAINLOOP_WGMMA_CP_ASYNC:
+    case MAINLOOP_WGMMA_TMA: return validate_wgmma(s);
+    case MAINLOOP_MMA_SYNC: break;
+    default: return err_set(FLCE_ERR_INVALID_ARGUMENT, "tile.loop=%d: not a spec_mainloop", (int)t->loop);
+    }
     int vec = 16 / elem_bytes(s->dtype);
     if (t->warps_m < 1 || t->warps_n < 1 || t->warps_m > 16 || t->warps_n > 16 ||
         t->warps_m * t->warps_n > 16)
@@ -401,11 +425,11 @@ flce_status spec_validate(const kernel_spec *s)
     if (s->compact && s->dtype == FLCE_DTYPE_F32)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "compact=1: needs a 16-bit dtype (fp32 logits are stored as they are)");
     if (s->qrows != 0 && (s->qrows != 1 || s->role != ROLE_LOGITS || !s->compact || s->dtype != FLCE_DTYPE_BF16 ||
-                          !s->tile.wgmma || !s->tile.tma || s->tile.tcgen05))
+                          s->tile.loop != MAINLOOP_WGMMA_TMA))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "qrows=%d: 0, or 1 for the compact bf16 logits pass on the wgmma TMA path", s->qrows);
-    if (s->plain_out != 0 && (s->plain_out != 1 || s->role == ROLE_LOGITS || !s->tile.wgmma || !s->tile.tma ||
-                              s->tile.tcgen05 || s->dtype == FLCE_DTYPE_F32 || s->hidden % s->tile.bn != 0))
+    if (s->plain_out != 0 && (s->plain_out != 1 || s->role == ROLE_LOGITS || s->tile.loop != MAINLOOP_WGMMA_TMA ||
+                              s->dtype == FLCE_DTYPE_F32 || s->hidden % s->tile.bn != 0))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "plain_out=%d: 0, or 1 for dH/dW on the wgmma TMA path with a 16-bit dtype and hidden a "
                        "multiple of the tile's BN",
@@ -417,8 +441,8 @@ flce_status spec_validate(const kernel_spec *s)
                        s->full_tiles);
     if (s->red_acc != 0 && (s->red_acc < 0 || s->red_acc > 2 || s->role == ROLE_LOGITS || s->plain_out))
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "red_acc=%d: 0, or 1 or 2 for dH/dW without plain_out", s->red_acc);
-    if (s->cluster != 0 && (s->cluster != 2 || !s->tile.wgmma || !s->tile.tma || s->tile.tcgen05))
+    if (s->cluster != 0 && (s->cluster != 2 || s->tile.loop != MAINLOOP_WGMMA_TMA))
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "cluster=%d: 0, or 2 on the wgmma TMA path (tile.wgmma=1, tile.tma=1)", s->cluster);
+                       "cluster=%d: 0, or 2 on the wgmma TMA path (tile.loop=wgmma+tma)", s->cluster);
     return validate_tile(s);
 }

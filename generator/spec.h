@@ -19,16 +19,45 @@ typedef enum spec_role {
     ROLE_DISTILL = 4 /* the distillation call's kernels (templates/distill.cu, emit_distill_source) */
 } spec_role;
 
+/* The GEMM main loop: which instructions multiply and how stages reach shared memory. One value
+ * rather than independent switches, so that a tile names only loops that exist (TMA without a
+ * warpgroup MMA, or tcgen05 without TMA, cannot be written). The values are stable: the fuzz
+ * corpus stores them, and MAINLOOP_MMA_SYNC is 0 so that a zeroed spec is the portable loop. */
+typedef enum spec_mainloop {
+    MAINLOOP_MMA_SYNC = 0,       /* mma.sync (FFMA for fp32), cp.async stages: every arch
+                                  * (templates/gemm_mma_sync.cu) */
+    MAINLOOP_WGMMA_CP_ASYNC = 1, /* Hopper wgmma (sm_90a, 16-bit, 128 × BN × 64, 8 × 1 warps), stages
+                                  * loaded by cp.async (gemm_wgmma_cp_async.cu) */
+    MAINLOOP_WGMMA_TMA = 2,      /* Hopper wgmma, stages loaded by TMA under mbarriers from a producer
+                                  * warpgroup (+128 threads), two consumer warpgroups (gemm_wgmma_tma.cu) */
+    MAINLOOP_TCGEN05 = 3         /* Blackwell (sm_100a, 16-bit): the same TMA tiles and producer,
+                                  * tcgen05.mma into tensor memory, 128 × BN × 64, 8 × 1 warps
+                                  * (gemm_tcgen05.cu) */
+} spec_mainloop;
+enum { SPEC_MAINLOOPS = 4 };
+
 typedef struct spec_tile {
     int bm, bn, bk;      /* CTA tile: rows, columns, depth of one pipeline stage */
-    int stages;          /* cp.async pipeline depth */
+    int stages;          /* pipeline depth */
     int warps_m, warps_n;
-    int wgmma;           /* 1: Hopper main loop (sm_90a, 16-bit, 128 × BN × 64, 8 × 1 warps) */
-    int tma;             /* 1 (needs wgmma or tcgen05): stages loaded by TMA under mbarriers from a
-                          * producer warpgroup (+128 threads), two consumer warpgroups; 0: cp.async */
-    int tcgen05;         /* 1: Blackwell main loop (sm_100a, 16-bit, needs tma = 1, wgmma = 0): the same
-                          * TMA tiles, tcgen05.mma into tensor memory, 128 × BN × 64, 8 × 1 warps */
+    spec_mainloop loop;
 } spec_tile;
+
+/* Hopper wgmma, either feed (FLCE_WGMMA's wgmma instructions; not tcgen05). */
+static inline int spec_uses_wgmma(const spec_tile *t)
+{
+    return t->loop == MAINLOOP_WGMMA_CP_ASYNC || t->loop == MAINLOOP_WGMMA_TMA;
+}
+/* A warpgroup loop (wgmma or tcgen05): the 128-byte-swizzled tiles of templates/gemm_wgmma.cu. */
+static inline int spec_uses_warpgroup(const spec_tile *t)
+{
+    return spec_uses_wgmma(t) || t->loop == MAINLOOP_TCGEN05;
+}
+/* Stages loaded by TMA under mbarriers from a producer warpgroup (Hopper's TMA loop or tcgen05). */
+static inline int spec_uses_tma(const spec_tile *t)
+{
+    return t->loop == MAINLOOP_WGMMA_TMA || t->loop == MAINLOOP_TCGEN05;
+}
 
 typedef struct kernel_spec {
     int sm;              /* compute capability ×10: 80, 86, 89, 90, 100, 120 */
@@ -103,6 +132,10 @@ int spec_parse_arch(const char *s);
 int spec_arch_supported(int sm);
 
 const char *spec_role_name(spec_role role);
+/* "mma", "wgmma", "wgmma+tma", "tcgen05+tma": the loop's token in the autotune table's tile text
+ * (runtime/tune_table.c, so the written text must not change) and in spec_validate's messages; "?"
+ * for a value that is not a spec_mainloop. spec_summary prints its own older words. */
+const char *spec_mainloop_name(spec_mainloop loop);
 /* "f32", "f16", "bf16" (also the autotune table's dtype tokens); "?" for anything else. */
 const char *spec_dtype_name(flce_dtype t);
 /* One line that identifies the spec to a person ("logits bf16 D=4096 V=32768 sm_90a 128x128x32 s3 w2x4"). */

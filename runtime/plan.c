@@ -77,7 +77,7 @@ static int64_t logits_ctas_per_sm(const kernel_spec *s)
     int64_t smem = (int64_t)spec_smem_bytes(s) + 1024, cap = (int64_t)spec_smem_limit(s->sm) + 1024;
     int64_t by_smem = smem > 0 ? cap / smem : 1, by_threads = 2048 / spec_threads(s);
     int64_t k = by_smem < by_threads ? by_smem : by_threads;
-    if (!s->tile.wgmma && !s->tile.tcgen05) {
+    if (s->tile.loop == MAINLOOP_MMA_SYNC) {
         /* mma.sync / FFMA: registers bound it too. ptxas gives the logits kernels about 120
          * registers beside the accumulators (248 at 64×64 warp tiles, issue 19), of the SM's 64 Ki. */
         int64_t acc = (int64_t)(s->tile.bm / s->tile.warps_m) * (s->tile.bn / s->tile.warps_n) / 32;
@@ -145,7 +145,7 @@ uint64_t plan_tp_block_bytes(int64_t rows)
 
 /* The Hopper wgmma main loop fed by TMA (not tcgen05, which shares its pipeline): the only path
  * with clusters, the dW tile counter and the staged 16-bit store. */
-static int hopper_tma(const kernel_spec *s) { return s->tile.wgmma && s->tile.tma && !s->tile.tcgen05; }
+static int hopper_tma(const kernel_spec *s) { return s->tile.loop == MAINLOOP_WGMMA_TMA; }
 
 /* The logits pass in 2-CTA clusters, the pair's two row blocks sharing W's tile (each CTA loads
  * half and multicasts it: a third fewer operand bytes asked of L2 per tile, as cuBLAS's 2x1

@@ -44,7 +44,7 @@ flce_status tma_prepare_gemm(const kernel_spec *s, struct flce_gemm_params *g, i
 {
     /* tcgen05 (sm_100a) loads the very same boxes into the same swizzled stages and walks the same
      * persistent dH/dW grid as the Hopper TMA path: only the MMA differs (templates/gemm_tcgen05.cu). */
-    if (s->role == ROLE_ROWOPS || !(s->tile.wgmma || s->tile.tcgen05) || !s->tile.tma) return FLCE_OK;
+    if (s->role == ROLE_ROWOPS || !spec_uses_tma(&s->tile)) return FLCE_OK;
     const unsigned bk = (unsigned)s->tile.bk;
     int a_kmajor = s->role != ROLE_DW, b_kmajor = s->role == ROLE_LOGITS;
     /* logits in a cluster: each CTA loads (and multicasts) BN/2 rows of B (templates/gemm_wgmma_tma.cu,

@@ -1,6 +1,6 @@
 /*
- * tma.h — TMA tensor maps for the Hopper and Blackwell GEMM paths (spec tile.tma, with tile.wgmma or
- * tile.tcgen05; templates/gemm_wgmma_tma.cu, gemm_tcgen05.cu). A map holds the operand's address,
+ * tma.h — TMA tensor maps for the Hopper and Blackwell GEMM paths (spec tile.loop MAINLOOP_WGMMA_TMA or
+ * MAINLOOP_TCGEN05; templates/gemm_wgmma_tma.cu, gemm_tcgen05.cu). A map holds the operand's address,
  * so launch.c encodes both maps of every such GEMM launch into its params (cuTensorMapEncodeTiled:
  * host work only, no device call, capturable in a graph).
  */
@@ -10,7 +10,7 @@
 #include "params.h"
 #include "spec.h"
 
-/* For a spec with tile.tma (wgmma or tcgen05), fills g->tmap_a and g->tmap_b from g's operand fields (a/b, *_rows,
+/* For a spec whose loop spec_uses_tma (wgmma or tcgen05), fills g->tmap_a and g->tmap_b from g's operand fields (a/b, *_rows,
  * *_cols, ld*) with the boxes gemm_wgmma_tma.cu's producer loads (tcgen05 shares it): K-major operands one box of 64 k × the tile's rows,
  * MN-major ones boxes of 64 × 64; and turns the (column tiles, row tiles) grid *gx × *gy of a dH/dW
  * launch into the persistent grid the kernel walks (min(tiles, num_sms) × 1; for spec cluster = 2

@@ -179,7 +179,10 @@ int tune_candidates(int sm, flce_dtype dtype, spec_role role, int64_t hidden, in
         for (int tma = 1; tma >= 0; tma--)
             for (int b = 0; b < 2; b++)
                 for (int st = 3; st <= 5; st++)
-                    n = tune_push(&s, (spec_tile){128, bns[b], 64, st, 8, 1, 1, tma}, out, n, cap);
+                    n = tune_push(&s,
+                                  (spec_tile){128, bns[b], 64, st, 8, 1,
+                                              tma ? MAINLOOP_WGMMA_TMA : MAINLOOP_WGMMA_CP_ASYNC},
+                                  out, n, cap);
         return n;
     }
     /* mma.sync: CTA shapes around the default 128×256 (64×64 warp tiles), 8 warps (or 4 for the
@@ -193,7 +196,7 @@ int tune_candidates(int sm, flce_dtype dtype, spec_role role, int64_t hidden, in
         for (int bk = bk0; bk <= 2 * bk0; bk *= 2)
             for (int st = 3; st <= 5; st++)
                 n = tune_push(&s, (spec_tile){shapes[i][0], shapes[i][1], bk, st, shapes[i][2],
-                                              shapes[i][3], 0, 0},
+                                              shapes[i][3], MAINLOOP_MMA_SYNC},
                               out, n, cap);
     return n;
 }

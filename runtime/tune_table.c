@@ -82,18 +82,16 @@ uint64_t tune_generator_version(void)
     return h;
 }
 
-/* The main-loop kind of a tile, indexed by wgmma | tma << 1 | tcgen05 << 2: one distinct token per
- * combination, so that a tile reads back with the bits it was written from and spec_validate (not
- * the text) decides whether it fits the arch. Before issue 15 the text had no tcgen05 (and lost a
- * lone tma): a Blackwell tile read back as the mma.sync tile of the same shape, which sm_100 accepts. */
-static const char *const tile_kinds[8] = {"mma", "wgmma", "mma+tma", "wgmma+tma",
-                                          "tcgen05", "wgmma+tcgen05", "tcgen05+tma", "wgmma+tcgen05+tma"};
-
+/* The main-loop kind of a tile is spec_mainloop_name's token, one per loop, so that a tile reads
+ * back with the loop it was written from and spec_validate (not the text) decides whether it fits
+ * the arch. Before issue 15 the text had no tcgen05: a Blackwell tile read back as the mma.sync tile
+ * of the same shape, which sm_100 accepts. Tables written while the loop was three switches hold
+ * these same four tokens for the four loops (the tuner stores validated tiles only); the tokens of
+ * combinations that name no loop ("mma+tma", "tcgen05", "wgmma+tcgen05", ...) no longer parse. */
 void tune_tile_text(const spec_tile *t, char *out, size_t cap)
 {
-    const char *kind = tile_kinds[(t->wgmma != 0) | (t->tma != 0) << 1 | (t->tcgen05 != 0) << 2];
     snprintf(out, cap, "%dx%dx%d/s%d/w%dx%d/%s", t->bm, t->bn, t->bk, t->stages, t->warps_m,
-             t->warps_n, kind);
+             t->warps_n, spec_mainloop_name(t->loop));
 }
 
 /* ---- strict little parsers over (text, length) ------------------------------------------ */
@@ -164,11 +162,13 @@ int tune_tile_parse(const char *s, size_t len, spec_tile *t)
         !cur_small(&c, &t->warps_n) || !cur_lit(&c, "/"))
         return -1;
     size_t rest = (size_t)(c.end - c.p);
-    for (int k = 0; k < 8; k++)
-        if (rest == strlen(tile_kinds[k]) && !memcmp(c.p, tile_kinds[k], rest)) {
-            t->wgmma = k & 1, t->tma = (k >> 1) & 1, t->tcgen05 = (k >> 2) & 1;
+    for (int k = 0; k < SPEC_MAINLOOPS; k++) {
+        const char *kind = spec_mainloop_name((spec_mainloop)k);
+        if (rest == strlen(kind) && !memcmp(c.p, kind, rest)) {
+            t->loop = (spec_mainloop)k;
             return 0;
         }
+    }
     return -1;
 }
 

@@ -224,7 +224,7 @@ static void representative_specs_compile_for_sm_86_87_89_120(void)
     for (size_t a = 0; a < sizeof sms / sizeof sms[0]; a++) add_representative(sms[a]);
     CHECKF(n_specs == 40, "%d specs", n_specs);
     for (int i = 0; i < n_specs; i++)
-        CHECKF(!specs[i].tile.wgmma && !specs[i].tile.tcgen05, "sm_%d: not the portable path", specs[i].sm);
+        CHECKF(specs[i].tile.loop == MAINLOOP_MMA_SYNC, "sm_%d: not the portable path", specs[i].sm);
     compile_all();
     CHECKF(failures == 0, "%d of %d specs failed", failures, n_specs);
 }
@@ -240,11 +240,11 @@ static void portable_tile_shapes_compile(void)
         flce_dtype dt;
         spec_tile t;
     } cases[] = {
-        {80, FLCE_DTYPE_BF16, {256, 128, 32, 4, 4, 2, 0, 0, 0}},
-        {80, FLCE_DTYPE_F16, {128, 256, 64, 3, 2, 4, 0, 0, 0}},
-        {86, FLCE_DTYPE_BF16, {128, 128, 16, 4, 2, 2, 0, 0, 0}},
-        {89, FLCE_DTYPE_F32, {256, 128, 16, 4, 4, 2, 0, 0, 0}},
-        {120, FLCE_DTYPE_F16, {64, 128, 32, 3, 2, 2, 0, 0, 0}},
+        {80, FLCE_DTYPE_BF16, {256, 128, 32, 4, 4, 2, MAINLOOP_MMA_SYNC}},
+        {80, FLCE_DTYPE_F16, {128, 256, 64, 3, 2, 4, MAINLOOP_MMA_SYNC}},
+        {86, FLCE_DTYPE_BF16, {128, 128, 16, 4, 2, 2, MAINLOOP_MMA_SYNC}},
+        {89, FLCE_DTYPE_F32, {256, 128, 16, 4, 4, 2, MAINLOOP_MMA_SYNC}},
+        {120, FLCE_DTYPE_F16, {64, 128, 32, 3, 2, 2, MAINLOOP_MMA_SYNC}},
     };
     n_specs = failures = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -269,9 +269,9 @@ static void portable_tile_shapes_compile(void)
     add_representative(90);
     for (int i = before; i < n_specs; i++)
         if (specs[i].role != ROLE_ROWOPS)
-            CHECKF(!specs[i].tile.wgmma && !specs[i].tile.tma && specs[i].tile.bm == 128 && specs[i].tile.bn == 256,
-                   "FLCE_PORTABLE=1 on sm_90: tile %dx%d wgmma=%d", specs[i].tile.bm, specs[i].tile.bn,
-                   specs[i].tile.wgmma);
+            CHECKF(specs[i].tile.loop == MAINLOOP_MMA_SYNC && specs[i].tile.bm == 128 && specs[i].tile.bn == 256,
+                   "FLCE_PORTABLE=1 on sm_90: tile %dx%d loop %s", specs[i].tile.bm, specs[i].tile.bn,
+                   spec_mainloop_name(specs[i].tile.loop));
     config_set(CONFIG_PORTABLE, NULL);
     compile_all();
     CHECKF(failures == 0, "%d of %d specs failed", failures, n_specs);
@@ -294,7 +294,7 @@ static void every_dispatchable_spec_compiles_for_sm_90a(void)
     const int base = n_specs;
     for (int i = 0; i < base && n_specs + 1 <= MAX_SPECS; i++) {
         kernel_spec c = specs[i];
-        if (c.role != ROLE_LOGITS || !c.tile.tma || c.dtype != FLCE_DTYPE_BF16 || c.label_bits != 32 || c.cluster)
+        if (c.role != ROLE_LOGITS || c.tile.loop != MAINLOOP_WGMMA_TMA || c.dtype != FLCE_DTYPE_BF16 || c.label_bits != 32 || c.cluster)
             continue;
         c.cluster = 2;
         specs[n_specs++] = c;
@@ -324,9 +324,10 @@ static void tcgen05_specs_compile_for_sm_100a_when_enabled(void)
     for (int i = 0; i < n_specs; i++) {
         const kernel_spec *s = &specs[i];
         if (s->role == ROLE_ROWOPS) continue;
-        CHECKF(s->tile.tcgen05 == (s->dtype != FLCE_DTYPE_F32), "dtype %d role %d: tcgen05=%d", (int)s->dtype,
-               (int)s->role, s->tile.tcgen05);
-        if (s->tile.tcgen05) tc[s->dtype][s->role]++;
+        int tcgen05 = s->tile.loop == MAINLOOP_TCGEN05;
+        CHECKF(tcgen05 == (s->dtype != FLCE_DTYPE_F32), "dtype %d role %d: loop %s", (int)s->dtype, (int)s->role,
+               spec_mainloop_name(s->tile.loop));
+        if (tcgen05) tc[s->dtype][s->role]++;
     }
     for (int dt = FLCE_DTYPE_F16; dt <= FLCE_DTYPE_BF16; dt++)
         CHECKF(tc[dt][ROLE_LOGITS] >= 2 && tc[dt][ROLE_DH] >= 1 && tc[dt][ROLE_DW] >= 1,
@@ -340,12 +341,12 @@ static void tcgen05_specs_compile_for_sm_100a_when_enabled(void)
         n_specs = failures = 0;
         add_arch(sms[a]);
         CHECK(failures == 0);
-        for (int i = 0; i < n_specs; i++) CHECKF(!specs[i].tile.tcgen05, "sm_%d chose tcgen05", sms[a]);
+        for (int i = 0; i < n_specs; i++) CHECKF(specs[i].tile.loop != MAINLOOP_TCGEN05, "sm_%d chose tcgen05", sms[a]);
     }
     config_set(CONFIG_ENABLE_SM100, NULL);
     n_specs = failures = 0;
     add_arch(100);
-    for (int i = 0; i < n_specs; i++) CHECKF(!specs[i].tile.tcgen05, "sm_100 chose tcgen05 without FLCE_ENABLE_SM100");
+    for (int i = 0; i < n_specs; i++) CHECKF(specs[i].tile.loop != MAINLOOP_TCGEN05, "sm_100 chose tcgen05 without FLCE_ENABLE_SM100");
 }
 
 static void broken_source_reports_the_nvrtc_log(void)

@@ -476,7 +476,7 @@ static void planning_is_a_pure_function_of_its_inputs(void)
     CHECK(!memcmp(&a, &b, sizeof a));
     CHECK(plan_make(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, NULL, &offline) == FLCE_OK);
     CHECK(!memcmp(&a, &offline, sizeof a));
-    CHECK(a.compact && a.logits.tile.tma && a.raster_rows == PLAN_RASTER_ROWS);
+    CHECK(a.compact && a.logits.tile.loop == MAINLOOP_WGMMA_TMA && a.raster_rows == PLAN_RASTER_ROWS);
 }
 
 static void each_setting_reaches_the_plan(void)
@@ -498,15 +498,16 @@ static void each_setting_reaches_the_plan(void)
     config_defaults(&cfg);
     cfg.portable = 1;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(!pl.logits.tile.wgmma && !pl.dh.tile.wgmma && !pl.dw.tile.tma);
+    CHECK(pl.logits.tile.loop == MAINLOOP_MMA_SYNC && pl.dh.tile.loop == MAINLOOP_MMA_SYNC &&
+          pl.dw.tile.loop == MAINLOOP_MMA_SYNC);
     config_defaults(&cfg);
     cfg.tiles.tma = 0;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.logits.tile.wgmma && !pl.logits.tile.tma && pl.logits.tile.bn == 128 && pl.dw.tile.bn == 256);
+    CHECK(pl.logits.tile.loop == MAINLOOP_WGMMA_CP_ASYNC && pl.logits.tile.bn == 128 && pl.dw.tile.bn == 256);
     config_defaults(&cfg);
     cfg.tiles.enable_sm100 = 1;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 100, 148, &cfg, NULL, NULL, &pl) == FLCE_OK);
-    CHECK(pl.logits.tile.tcgen05 && pl.dh.tile.tcgen05);
+    CHECK(pl.logits.tile.loop == MAINLOOP_TCGEN05 && pl.dh.tile.loop == MAINLOOP_TCGEN05);
     config_defaults(&cfg);
     cfg.cluster = 2, cfg.red_acc = 1, cfg.raster_rows = 0, cfg.logits_cluster = 0;
     CHECK(plan_build(&p, FLCE_OP_LOSS_AND_GRAD, 90, 132, &cfg, NULL, NULL, &pl) == FLCE_OK);

@@ -66,25 +66,29 @@ static void bad_fields_are_named(void)
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("accumulators"));
 }
 
-/* The TMA-fed tile: default on sm_90 16-bit (FLCE_DEV tma unset), never elsewhere, only with wgmma;
- * a producer warpgroup in front of the 8 computing warps, and two mbarriers per stage. */
+/* The TMA-fed tile: default on sm_90 16-bit (FLCE_DEV tma unset), never elsewhere, only with the
+ * warpgroup shape; a producer warpgroup in front of the 8 computing warps, and two mbarriers per
+ * stage. A loop number outside spec_mainloop is refused, naming the field. */
 static void tma_tiles_are_the_hopper_default_and_need_wgmma(void)
 {
     kernel_spec s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16);
     s.tile = spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_LOGITS);
-    CHECK(s.tile.wgmma == 1 && s.tile.tma == 1 && s.tile.bn == 256 && spec_validate(&s) == FLCE_OK);
+    CHECK(s.tile.loop == MAINLOOP_WGMMA_TMA && s.tile.bn == 256 && spec_validate(&s) == FLCE_OK);
+    CHECK(spec_uses_wgmma(&s.tile) && spec_uses_tma(&s.tile) && spec_uses_warpgroup(&s.tile));
     CHECK(spec_threads(&s) == 384);
     CHECK(spec_smem_bytes(&s) == 4u * (128 + 256) * 64 * 2 + 1024 + 4 * 16);
     char *src = NULL;
     CHECK(emit_source(&s, &src) == FLCE_OK && strstr(src, "#define FLCE_TMA 1"));
     free(src);
-    CHECK(spec_default_tile(100, FLCE_DTYPE_BF16, ROLE_LOGITS).tma == 0);
-    CHECK(spec_default_tile(90, FLCE_DTYPE_F32, ROLE_DH).tma == 0);
-    s.tile.tma = 2;
-    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.tma=2"));
+    CHECK(spec_default_tile(100, FLCE_DTYPE_BF16, ROLE_LOGITS).loop == MAINLOOP_MMA_SYNC);
+    CHECK(spec_default_tile(90, FLCE_DTYPE_F32, ROLE_DH).loop == MAINLOOP_MMA_SYNC);
+    s.tile.loop = (spec_mainloop)SPEC_MAINLOOPS;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.loop=4"));
+    s.tile.loop = (spec_mainloop)-1;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.loop=-1"));
     s = good_gemm(ROLE_DH, FLCE_DTYPE_BF16);
-    s.tile.tma = 1;
-    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.wgmma=1"));
+    s.tile.loop = MAINLOOP_WGMMA_TMA;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.loop=wgmma+tma: needs bm=128"));
 }
 
 /* Bulk reductions (spec_bulk_red): red_acc 1 on the Hopper TMA tile with 16-row warp tiles, where a
@@ -134,18 +138,19 @@ static void clusters_need_the_tma_tile(void)
 static void tcgen05_tiles_are_opt_in_blackwell_16_bit_only(void)
 {
     spec_knobs off = {1, 0}, on = {1, 1};
-    CHECK(spec_default_tile(100, FLCE_DTYPE_BF16, ROLE_LOGITS).tcgen05 == 0);
-    CHECK(spec_tile_pick(100, FLCE_DTYPE_BF16, ROLE_LOGITS, off).tcgen05 == 0);
+    CHECK(spec_default_tile(100, FLCE_DTYPE_BF16, ROLE_LOGITS).loop == MAINLOOP_MMA_SYNC);
+    CHECK(spec_tile_pick(100, FLCE_DTYPE_BF16, ROLE_LOGITS, off).loop == MAINLOOP_MMA_SYNC);
     kernel_spec s = good_gemm(ROLE_DW, FLCE_DTYPE_F16);
     s.sm = 100;
     s.tile = spec_tile_pick(100, FLCE_DTYPE_F16, ROLE_DW, on);
-    CHECK(s.tile.tcgen05 == 1 && s.tile.tma == 1 && s.tile.wgmma == 0 && s.tile.bn == 256);
+    CHECK(s.tile.loop == MAINLOOP_TCGEN05 && s.tile.bn == 256);
+    CHECK(spec_uses_tma(&s.tile) && spec_uses_warpgroup(&s.tile) && !spec_uses_wgmma(&s.tile));
     CHECK(spec_validate(&s) == FLCE_OK);
     CHECK(spec_threads(&s) == 384 && spec_tmem_columns(&s) == 512);
     CHECK(spec_smem_bytes(&s) <= spec_smem_limit(100));
-    CHECK(spec_tile_pick(100, FLCE_DTYPE_F32, ROLE_DW, on).tcgen05 == 0);
-    CHECK(spec_tile_pick(90, FLCE_DTYPE_BF16, ROLE_DW, on).tcgen05 == 0);
-    CHECK(spec_tile_pick(80, FLCE_DTYPE_BF16, ROLE_DW, on).tcgen05 == 0);
+    CHECK(spec_tile_pick(100, FLCE_DTYPE_F32, ROLE_DW, on).loop == MAINLOOP_MMA_SYNC);
+    CHECK(spec_tile_pick(90, FLCE_DTYPE_BF16, ROLE_DW, on).loop == MAINLOOP_WGMMA_TMA);
+    CHECK(spec_tile_pick(80, FLCE_DTYPE_BF16, ROLE_DW, on).loop == MAINLOOP_MMA_SYNC);
     char *src = NULL;
     CHECK(emit_source(&s, &src) == FLCE_OK);
     CHECK(src && strstr(src, "tcgen05.mma.cta_group::1.kind::f16") && strstr(src, "#define FLCE_TCGEN05 1"));
@@ -159,17 +164,13 @@ static void tcgen05_tiles_are_opt_in_blackwell_16_bit_only(void)
 
     kernel_spec b = s;
     b.sm = 90;
-    CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.tcgen05=1") && msg_has("sm_100a"));
+    CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.loop=tcgen05+tma") && msg_has("sm_100a"));
     b = s, b.dtype = FLCE_DTYPE_F32;
     CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("f32"));
-    b = s, b.tile.tma = 0;
-    CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.tma=0"));
-    b = s, b.tile.wgmma = 1;
-    CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.wgmma=1"));
+    b = s, b.tile.loop = MAINLOOP_WGMMA_TMA; /* Hopper's loop on sm_100 */
+    CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.loop=wgmma+tma: needs sm_90a"));
     b = s, b.tile.bn = 320;
     CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.bn=320"));
-    b = s, b.tile.tcgen05 = 2;
-    CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.tcgen05=2"));
     b = s, b.tile.stages = 5;
     CHECK(spec_validate(&b) == FLCE_ERR_INVALID_ARGUMENT && msg_has("shared memory") && msg_has("sm_100a"));
 }
@@ -178,14 +179,14 @@ static void wgmma_tiles_are_hopper_and_16_bit_only(void)
 {
     kernel_spec s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16);
     s.tile = spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_LOGITS);
-    CHECK(s.tile.wgmma == 1 && spec_validate(&s) == FLCE_OK);
+    CHECK(spec_uses_wgmma(&s.tile) && spec_validate(&s) == FLCE_OK);
     s.sm = 86;
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("sm_90a") && msg_has("sm_86"));
     s.sm = 90, s.dtype = FLCE_DTYPE_F32;
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("f32"));
     s.dtype = FLCE_DTYPE_F16, s.tile.bn = 96;
     CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && msg_has("tile.bn=96"));
-    CHECK(spec_default_tile(90, FLCE_DTYPE_F32, ROLE_DW).wgmma == 0);
+    CHECK(spec_default_tile(90, FLCE_DTYPE_F32, ROLE_DW).loop == MAINLOOP_MMA_SYNC);
     char *src = NULL;
     s.tile.bn = 128, s.role = ROLE_DW;
     CHECK(emit_source(&s, &src) == FLCE_OK && strstr(src, "m64n128k16.f32.f16.f16") &&

@@ -91,9 +91,9 @@ static tune_entry tuned_entry(void)
     flce_problem_init(&p);
     p.tokens = 5000, p.hidden = 4096, p.vocab_shard = 32768;
     tune_key_make(&p, p.tokens, DEVICE, 80, &e.key);
-    e.tile[0] = (spec_tile){64, 128, 32, 3, 2, 2, 0, 0};
-    e.tile[1] = (spec_tile){128, 64, 64, 3, 2, 2, 0, 0};
-    e.tile[2] = (spec_tile){128, 128, 32, 4, 4, 2, 0, 0};
+    e.tile[0] = (spec_tile){64, 128, 32, 3, 2, 2, MAINLOOP_MMA_SYNC};
+    e.tile[1] = (spec_tile){128, 64, 64, 3, 2, 2, MAINLOOP_MMA_SYNC};
+    e.tile[2] = (spec_tile){128, 128, 32, 4, 4, 2, MAINLOOP_MMA_SYNC};
     e.ms = 1;
     return e;
 }

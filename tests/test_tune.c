@@ -29,13 +29,13 @@ static tune_entry sample_entry(int sm)
     p.tokens = 5000, p.hidden = 4096, p.vocab_shard = 32768;
     tune_key_make(&p, p.tokens, DEVICE, sm, &e.key);
     if (sm == 90) {
-        e.tile[0] = (spec_tile){128, 128, 64, 5, 8, 1, 1, 1};
-        e.tile[1] = (spec_tile){128, 128, 64, 3, 8, 1, 1, 0};
-        e.tile[2] = (spec_tile){128, 256, 64, 3, 8, 1, 1, 1};
+        e.tile[0] = (spec_tile){128, 128, 64, 5, 8, 1, MAINLOOP_WGMMA_TMA};
+        e.tile[1] = (spec_tile){128, 128, 64, 3, 8, 1, MAINLOOP_WGMMA_CP_ASYNC};
+        e.tile[2] = (spec_tile){128, 256, 64, 3, 8, 1, MAINLOOP_WGMMA_TMA};
     } else {
-        e.tile[0] = (spec_tile){64, 128, 32, 3, 2, 2, 0, 0};
-        e.tile[1] = (spec_tile){128, 64, 64, 3, 2, 2, 0, 0};
-        e.tile[2] = (spec_tile){128, 128, 32, 4, 4, 2, 0, 0};
+        e.tile[0] = (spec_tile){64, 128, 32, 3, 2, 2, MAINLOOP_MMA_SYNC};
+        e.tile[1] = (spec_tile){128, 64, 64, 3, 2, 2, MAINLOOP_MMA_SYNC};
+        e.tile[2] = (spec_tile){128, 128, 32, 4, 4, 2, MAINLOOP_MMA_SYNC};
     }
     e.ms = 12.5;
     return e;
@@ -94,18 +94,17 @@ static void round_trip_keeps_every_field(void)
 
 /* issue 15: a Blackwell tile (tcgen05.mma fed by TMA) is stored as such and reads back as such,
  * not as the mma.sync tile of the same shape (which sm_100 validation accepts too); and every
- * combination of the tile's kind bits reads back as written, so that validation, not the text,
- * decides what is used. */
+ * main loop reads back as written, so that validation, not the text, decides what is used. */
 static void blackwell_tile_round_trips_as_tcgen05(void)
 {
     char dir[TEST_PATH_MAX], path[TEST_PATH_MAX], text[64];
     spec_tile bw = spec_tile_pick(100, FLCE_DTYPE_BF16, ROLE_LOGITS, (spec_knobs){1, 1}); /* FLCE_ENABLE_SM100=1 */
-    CHECK(bw.tcgen05 == 1 && bw.tma == 1 && bw.wgmma == 0);
+    CHECK(bw.loop == MAINLOOP_TCGEN05);
     tune_tile_text(&bw, text, sizeof text);
     CHECKF(strstr(text, "/tcgen05+tma") != NULL, "%s", text);
     /* The mma.sync tile of the same shape is a different tile, valid on sm_100 too. */
     spec_tile same_shape = bw;
-    same_shape.tcgen05 = same_shape.tma = 0;
+    same_shape.loop = MAINLOOP_MMA_SYNC;
     kernel_spec s;
     memset(&s, 0, sizeof s);
     s.sm = 100, s.dtype = FLCE_DTYPE_BF16, s.role = ROLE_LOGITS, s.hidden = 4096, s.vocab_shard = 32768;
@@ -124,48 +123,56 @@ static void blackwell_tile_round_trips_as_tcgen05(void)
     CHECK(tune_table_load(path, 0, &t) == FLCE_OK);
     const tune_entry *got = tune_table_find(&t, &e.key);
     CHECKF(got && t.rejected == 0, "found %d rejected %zu", got != NULL, t.rejected);
-    CHECK(got && got->tile[0].tcgen05 == 1 && got->tile[0].tma == 1 && got->tile[0].wgmma == 0);
+    CHECK(got && got->tile[0].loop == MAINLOOP_TCGEN05);
     CHECK(got && !memcmp(got->tile, e.tile, sizeof e.tile));
     tune_table_free(&t);
     remove_tree(dir);
 
-    /* Every kind (wgmma, tma, tcgen05 each 0 or 1) parses back to the bits it was written from. */
-    for (int k = 0; k < 8; k++) {
-        spec_tile a = {128, 256, 64, 4, 8, 1, k & 1, (k >> 1) & 1, (k >> 2) & 1}, b;
+    /* Every main loop parses back to the loop it was written from, under the token tables have
+     * always held for it (the text of the tiles the tuner stored when the loop was three switches). */
+    static const char *const kinds[SPEC_MAINLOOPS] = {"/mma", "/wgmma", "/wgmma+tma", "/tcgen05+tma"};
+    for (int k = 0; k < SPEC_MAINLOOPS; k++) {
+        spec_tile a = {128, 256, 64, 4, 8, 1, (spec_mainloop)k}, b;
         tune_tile_text(&a, text, sizeof text);
+        CHECKF(strlen(text) > strlen(kinds[k]) && !strcmp(text + strlen(text) - strlen(kinds[k]), kinds[k]),
+               "kind %d: %s", k, text);
         CHECKF(tune_tile_parse(text, strlen(text), &b) == 0 && !memcmp(&a, &b, sizeof a), "kind %d: %s", k, text);
     }
+    /* The kinds of switch combinations that name no loop do not parse (nor does anything else). */
     static const char *bad[] = {"128x256x64/s4/w8x1/tcgen05+", "128x256x64/s4/w8x1/tma+tcgen05",
-                                "128x256x64/s4/w8x1/tcgen05+tma+tma", "128x256x64/s4/w8x1/"};
+                                "128x256x64/s4/w8x1/tcgen05+tma+tma", "128x256x64/s4/w8x1/",
+                                "128x256x64/s4/w8x1/mma+tma", "128x256x64/s4/w8x1/tcgen05",
+                                "128x256x64/s4/w8x1/wgmma+tcgen05", "128x256x64/s4/w8x1/wgmma+tcgen05+tma"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         spec_tile b;
         CHECKF(tune_tile_parse(bad[i], strlen(bad[i]), &b) == -1, "%s parsed", bad[i]);
     }
 }
 
-/* A table line whose tile kind does not fit its arch (tcgen05 on sm_90, wgmma on sm_100, TMA
- * without a warpgroup path) is rejected with validation's words, never used. */
+/* A table line whose tile kind does not fit its arch (tcgen05 on sm_90, wgmma on sm_100, wgmma on
+ * sm_80) is rejected with validation's words, never used. */
 static void tile_kind_not_of_the_arch_is_rejected(void)
 {
     spec_tile bw = spec_tile_pick(100, FLCE_DTYPE_BF16, ROLE_DH, (spec_knobs){1, 1}); /* FLCE_ENABLE_SM100=1 */
-    tune_entry on90 = sample_entry(90), on100 = sample_entry(100), tma_only = sample_entry(80);
+    tune_entry on90 = sample_entry(90), on100 = sample_entry(100), on80 = sample_entry(80);
     on90.tile[1] = bw;
     for (int r = 0; r < TUNE_ROLES; r++) on100.tile[r] = bw;
     on100.tile[2] = sample_entry(90).tile[2]; /* a wgmma tile */
-    tma_only.tile[0].tma = 1;
+    on80.tile[0].loop = MAINLOOP_WGMMA_CP_ASYNC;
     char l1[TUNE_LINE_MAX + 2], l2[TUNE_LINE_MAX + 2], l3[TUNE_LINE_MAX + 2];
     CHECK(tune_line_format(&on90, l1, sizeof l1) == FLCE_OK);
     CHECK(tune_line_format(&on100, l2, sizeof l2) == FLCE_OK);
-    CHECK(tune_line_format(&tma_only, l3, sizeof l3) == FLCE_OK);
+    CHECK(tune_line_format(&on80, l3, sizeof l3) == FLCE_OK);
     const char *lines[] = {l1, l2, l3};
     parse_job j = {table_text(lines, 3)};
     const char *err = captured(parse_it, &j);
     CHECKF(j.t.count == 0 && j.t.rejected == 3, "count %zu rejected %zu\n%s", j.t.count, j.t.rejected, err);
-    CHECKF(strstr(err, "line 2 ignored: dh tile rejected by spec validation: tile.tcgen05=1: needs sm_100a"),
+    CHECKF(strstr(err, "line 2 ignored: dh tile rejected by spec validation: tile.loop=tcgen05+tma: needs sm_100a"),
            "%s", err);
-    CHECKF(strstr(err, "line 3 ignored: dw tile rejected by spec validation: tile.wgmma=1: needs sm_90a"), "%s",
+    CHECKF(strstr(err, "line 3 ignored: dw tile rejected by spec validation: tile.loop=wgmma+tma: needs sm_90a"), "%s",
            err);
-    CHECKF(strstr(err, "line 4 ignored: logits tile rejected by spec validation: tile.tma=1"), "%s", err);
+    CHECKF(strstr(err, "line 4 ignored: logits tile rejected by spec validation: tile.loop=wgmma: needs sm_90a, not sm_80"),
+           "%s", err);
     tune_table_free(&j.t);
 }
 
@@ -231,7 +238,7 @@ static void bad_lines_are_ignored_with_one_warning_each(void)
     snprintf(stale_gen + strlen(stale_gen), 40, " sum=%016llx",
              (unsigned long long)hash64(stale_gen, strlen(stale_gen), 0x7a11e5ab1e0f1ce5ull));
     tune_entry w = sample_entry(80);
-    w.tile[1] = (spec_tile){128, 256, 64, 4, 8, 1, 1, 1}; /* wgmma on sm_80: validation refuses */
+    w.tile[1] = (spec_tile){128, 256, 64, 4, 8, 1, MAINLOOP_WGMMA_TMA}; /* wgmma on sm_80: validation refuses */
     tune_line_format(&w, bad_tile, sizeof bad_tile);
     memset(huge, 'x', sizeof huge - 1);
     huge[sizeof huge - 1] = '\0';
@@ -307,11 +314,11 @@ static void a_valid_line_changes_the_dispatchers_tiles(void)
     CHECK(!memcmp(&other_gpu.logits.tile, &before.logits.tile, sizeof a.tile[0]));
     config_set(CONFIG_PORTABLE, "1");
     plan_for(DEVICE, 90, &portable);
-    CHECK(!portable.logits.tile.wgmma);
+    CHECK(portable.logits.tile.loop == MAINLOOP_MMA_SYNC);
     config_set(CONFIG_PORTABLE, NULL);
     dev_switch_set("tma", "0");
     plan_for(DEVICE, 90, &no_tma);
-    CHECK(no_tma.logits.tile.wgmma && !no_tma.logits.tile.tma && no_tma.dw.tile.bn == 256);
+    CHECK(no_tma.logits.tile.loop == MAINLOOP_WGMMA_CP_ASYNC && no_tma.dw.tile.bn == 256);
     dev_switch_set("tma", NULL);
     /* forced tiles (the tuner's hook) win over everything, and clear */
     spec_tile forced[3] = {a.tile[2], a.tile[2], a.tile[2]};

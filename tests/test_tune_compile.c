@@ -37,7 +37,7 @@ static void add_sample(int sm, flce_dtype dtype)
             specs[n_specs] = *base[r];
             /* (the plan's own dW cluster, plan_dw_cluster at short token chunks, is for its TMA
              * tile; a plan of tuned tiles takes none) */
-            if (!c[picks[i]].tma) specs[n_specs].cluster = 0;
+            if (c[picks[i]].loop != MAINLOOP_WGMMA_TMA) specs[n_specs].cluster = 0;
             specs[n_specs++].tile = c[picks[i]];
         }
     }

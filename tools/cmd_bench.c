@@ -392,7 +392,7 @@ static int bench_list(const bench_opts *o)
                 at += snprintf(runs + at, sizeof runs - (size_t)at, "; logits in 2-CTA clusters");
             if (op != FLCE_OP_FORWARD && pl.dh_splits > 1)
                 at += snprintf(runs + at, sizeof runs - (size_t)at, "; dH split in %d over the vocab", pl.dh_splits);
-            else if (op != FLCE_OP_FORWARD && pl.dh.tile.wgmma && pl.dh.tile.bn < 256)
+            else if (op != FLCE_OP_FORWARD && spec_uses_wgmma(&pl.dh.tile) && pl.dh.tile.bn < 256)
                 at += snprintf(runs + at, sizeof runs - (size_t)at, "; dH tiles %d wide", pl.dh.tile.bn);
             if (op != FLCE_OP_FORWARD && pl.dw.cluster > 1)
                 at += snprintf(runs + at, sizeof runs - (size_t)at, "; dW in %d-CTA clusters", pl.dw.cluster);

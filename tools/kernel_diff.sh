@@ -6,7 +6,8 @@
 #   tools/kernel_diff.sh BEFORE_BUILD AFTER_BUILD [JOBS]
 #
 # Both builds get tools/kernel_diff_dump.c compiled against their libflce.a (with the headers of
-# their own source tree), which writes the generated source of a fixed matrix of specs — sm_80
+# their own source tree; each tree's own kernel_diff_dump.c where it has one, so that a change of
+# the spec's layout, which the dumper fills, can be compared with its base), which writes the generated source of a fixed matrix of specs — sm_80
 # mma.sync and FFMA, sm_90a wgmma + TMA, wgmma + cp.async (FLCE_DEV=tma=0) and the portable tile,
 # sm_100a tcgen05 (FLCE_ENABLE_SM100=1) and mma.sync; logits (Z store, compact p̃, fused dZ with
 # mean and none, each without and with all options), dh, dw; other tile shapes; rowops — and the
@@ -49,15 +50,18 @@ export PATH="$cuda/bin:$PATH"
 cache_value() { sed -n "s/^$2:[A-Z]*=//p" "$1/CMakeCache.txt"; }
 
 build_dumper() { # build dir, output binary
-    local src nccl
+    local src nccl dumper
     src=$(cache_value "$1" flce_SOURCE_DIR)
     nccl=$(cache_value "$1" FLCE_NCCL_LIBRARY)
     [ -f "$1/libflce.a" ] || { echo "kernel_diff: $1/libflce.a missing (build it first)" >&2; return 1; }
     case $nccl in */libnccl*) ;; *) nccl= ;; esac
-    # base/ (absent before 2026-11-23, harmless then): tool_api.h's headers include atomic_file.h
-    # and error.h from it; without it "error.h" found glibc's file of that name
+    # each tree builds its own dumper (the spec's fields differ between trees); one older than the
+    # dumper uses this tree's. base/ (absent before 2026-11-23, harmless then): tool_api.h's headers
+    # include atomic_file.h and error.h from it; without it "error.h" found glibc's file of that name
+    dumper="$src/tools/kernel_diff_dump.c"
+    [ -f "$dumper" ] || dumper="$here/kernel_diff_dump.c"
     cc -std=c11 -O1 -D_DEFAULT_SOURCE -I"$src/include" -I"$src/base" -I"$src/generator" -I"$src/runtime" -I"$cuda/include" \
-        "$here/kernel_diff_dump.c" "$1/libflce.a" -L"$cuda/lib64" -L"$cuda/lib" -lnvrtc ${nccl:+"$nccl"} \
+        "$dumper" "$1/libflce.a" -L"$cuda/lib64" -L"$cuda/lib" -lnvrtc ${nccl:+"$nccl"} \
         -ldl -lpthread -lm -Wl,-rpath,"$cuda/lib64" -Wl,-rpath,"$cuda/lib" -o "$2"
 }
 

@@ -185,9 +185,9 @@ int main(int argc, char **argv)
         spec_tile t = spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_DH);
         t.bn = 128;
         gemms(90, FLCE_DTYPE_BF16, "tma128_bf16", &t);
-        t.tma = 0, t.bn = 64;
+        t.loop = MAINLOOP_WGMMA_CP_ASYNC, t.bn = 64;
         gemms(90, FLCE_DTYPE_F16, "cpasync64_f16", &t);
-        spec_tile m = {64, 64, 32, 2, 2, 2, 0, 0, 0};
+        spec_tile m = {64, 64, 32, 2, 2, 2, MAINLOOP_MMA_SYNC};
         gemms(80, FLCE_DTYPE_F16, "mma64_f16", &m);
         m.bk = 16;
         gemms(80, FLCE_DTYPE_F32, "mma64_f32", &m);
