@@ -4,9 +4,7 @@
 // independent accumulators to cover the instruction's latency. Also ffma_peak, the fp32 FFMA
 // ceiling the fp32 path (exact FFMA on the same fragments) is measured against (issue 19).
 // Compiled by NVRTC at run time.
-#ifndef MMA_CHAINS
-#define MMA_CHAINS 8
-#endif
+constexpr int MMA_CHAINS = 8; // bench/mma_peak.c's CHAINS: its FLOP count
 
 // acc (16×8 fp32 fragment) += a (16×16) · b (16×8), operands as packed 16-bit pairs.
 __device__ __forceinline__ void mma_16816(float (&acc)[4], const unsigned (&a)[4], const unsigned (&b)[2])
@@ -36,9 +34,7 @@ extern "C" __global__ void __launch_bounds__(256) mma_peak(float *out, int iters
     out[blockIdx.x * blockDim.x + threadIdx.x] = s; // keeps every chain live
 }
 
-#ifndef FFMA_CHAINS
-#define FFMA_CHAINS 16
-#endif
+constexpr int FFMA_CHAINS = 16; // bench/mma_peak.c's FFMA_CHAINS
 // FLOPs: gridDim.x · blockDim.x · iters · FFMA_CHAINS · 2. Each thread runs FFMA_CHAINS independent
 // a = a·x + y chains; x and y come from the arguments, so nothing folds at compile time.
 extern "C" __global__ void __launch_bounds__(256) ffma_peak(float *out, int iters, unsigned seed)

@@ -137,13 +137,12 @@ __device__ __forceinline__ void stage_issue(stage_loader &s, unsigned stage, con
     else loader_issue<BK, BN, false>(s.b, stage + A_TILE * ELEM_BYTES, B, k0, p.b_rows, p.ldb);
 }
 
-#if FLCE_DTYPE != DTYPE_F32
-// Fragment addresses of the m16n8k16 layouts, relative to a stage: ldmatrix (K-major tiles) or
-// ldmatrix.trans (transposed tiles) hands each thread exactly the A rows g, g+8 / B column g
-// (g = lane/4) pairs it needs. Along the dimension that steps by 16 (mi or nj on K-major tiles, the k
-// step on transposed ones) an address moves by a constant (16 rows: two swizzle periods), so only
-// the other dimension's offsets are kept: KSTEPS of them for a K-major tile, MI (A) or NI/2 (B)
-// for a transposed one.
+// 16-bit dtypes (mma_16816): fragment addresses of the m16n8k16 layouts, relative to a stage:
+// ldmatrix (K-major tiles) or ldmatrix.trans (transposed tiles) hands each thread exactly the A rows
+// g, g+8 / B column g (g = lane/4) pairs it needs. Along the dimension that steps by 16 (mi or nj on
+// K-major tiles, the k step on transposed ones) an address moves by a constant (16 rows: two swizzle
+// periods), so only the other dimension's offsets are kept: KSTEPS of them for a K-major tile, MI (A)
+// or NI/2 (B) for a transposed one.
 constexpr int A_OFFS = A_KMAJOR ? KSTEPS : MI;
 constexpr int B_OFFS = B_KMAJOR ? KSTEPS : NI / 2;
 struct frag_offsets {
@@ -196,8 +195,8 @@ __device__ __forceinline__ void mma_frags(float (&acc)[MI][NI][4], const frags &
 #pragma unroll
         for (int ni = 0; ni < NI; ni++) mma_16816(acc[mi][ni], f.a[mi], f.b[ni][0], f.b[ni][1]);
 }
-#else
-// Exact fp32: each thread's A rows g, g+8 and B columns 2t, 2t+1 of every 16×8 block, two k at a
+
+// fp32, exact: each thread's A rows g, g+8 and B columns 2t, 2t+1 of every 16×8 block, two k at a
 // time, in FFMA (the accumulator layout of m16n8k16, so the epilogues are shared). Pairs adjacent
 // in shared memory come in one 8-byte load (a chunk holds 4 floats and pairs start even): along k
 // on K-major tiles, along the columns 2t, 2t+1 on a transposed B; 24 loads per 256 FFMA where a
@@ -251,12 +250,12 @@ __device__ __forceinline__ void ffma_stage(float (&acc)[MI][NI][4], const elem_t
                         acc[mi][ni][e] = fmaf(a[mi][e / 2][k], b[ni][e % 2][k], acc[mi][ni][e]);
     }
 }
-#endif
 
 // acc = A[m0.., :] · B[n0.., :]ᵀ over the whole k extent, STAGES-deep cp.async pipeline.
 // Stage kt is read at k tile kt; the stage refilled at k tile kt (with k tile kt + STAGES − 1) is
 // the one read at kt − 1, whose last fragments every warp loaded before the barrier of kt − 1.
-// Ends with a barrier so the caller may reuse shared memory.
+// Ends with a barrier so the caller may reuse shared memory. Both the 16-bit fragments and the fp32
+// FFMA stage above are compiled for every dtype (they are parsed either way); the dtype picks one.
 __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned char *smem_bytes,
                                          const flce_gemm_params &p, long long m0, long long n0, int wm, int wn,
                                          int lane)
@@ -276,46 +275,46 @@ __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned char 
         cp_async_commit();
     }
     int write = STAGES - 1, read = 0; // stage indices
-#if FLCE_DTYPE != DTYPE_F32
-    const frag_offsets fo = frag_offsets_init(wm, wn, lane);
-    frags f[2];
-    cp_async_wait<STAGES - 2>();
-    __syncthreads(); // stage 0 landed for everyone
-    load_frags(f[0], smem0, fo, 0);
-    for (int kt = 0; kt < ktiles; kt++) {
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ks++) {
-            if (ks == 0) {
-                const int next = kt + STAGES - 1;
-                if (next < ktiles) stage_issue(ld, smem0 + write * STAGE_BYTES, p, (long long)next * BK);
-                cp_async_commit();
-                write = write + 1 == STAGES ? 0 : write + 1;
-            }
-            if (ks == KSTEPS - 1) { // the next fragments come from stage kt + 1
-                cp_async_wait<STAGES - 2>();
-                __syncthreads();
-                read = read + 1 == STAGES ? 0 : read + 1;
-            }
-            // (past the last k tile this reads a stale stage; those fragments are never used)
-            load_frags(f[(ks + 1) % 2], smem0 + read * STAGE_BYTES, fo, (ks + 1) % KSTEPS);
-            mma_frags(acc, f[ks % 2]);
-        }
-        if (KSTEPS % 2) f[0] = f[1]; // an odd step count ends with the next k tile's fragments in f[1]
-    }
-#else
-    (void)read;
-    elem_t *smem = (elem_t *)smem_bytes;
-    for (int kt = 0; kt < ktiles; kt++) {
+    if constexpr (FLCE_DTYPE != DTYPE_F32) {
+        const frag_offsets fo = frag_offsets_init(wm, wn, lane);
+        frags f[2];
         cp_async_wait<STAGES - 2>();
-        __syncthreads(); // stage kt landed for everyone; stage kt-1 is free to refill
-        const int next = kt + STAGES - 1;
-        if (next < ktiles) stage_issue(ld, smem0 + write * STAGE_BYTES, p, (long long)next * BK);
-        cp_async_commit();
-        write = write + 1 == STAGES ? 0 : write + 1;
-        elem_t *stage = smem + (kt % STAGES) * STAGE_ELEMS;
-        ffma_stage(acc, stage, stage + A_TILE, wm, wn, lane);
+        __syncthreads(); // stage 0 landed for everyone
+        load_frags(f[0], smem0, fo, 0);
+        for (int kt = 0; kt < ktiles; kt++) {
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++) {
+                if (ks == 0) {
+                    const int next = kt + STAGES - 1;
+                    if (next < ktiles) stage_issue(ld, smem0 + write * STAGE_BYTES, p, (long long)next * BK);
+                    cp_async_commit();
+                    write = write + 1 == STAGES ? 0 : write + 1;
+                }
+                if (ks == KSTEPS - 1) { // the next fragments come from stage kt + 1
+                    cp_async_wait<STAGES - 2>();
+                    __syncthreads();
+                    read = read + 1 == STAGES ? 0 : read + 1;
+                }
+                // (past the last k tile this reads a stale stage; those fragments are never used)
+                load_frags(f[(ks + 1) % 2], smem0 + read * STAGE_BYTES, fo, (ks + 1) % KSTEPS);
+                mma_frags(acc, f[ks % 2]);
+            }
+            if (KSTEPS % 2) f[0] = f[1]; // an odd step count ends with the next k tile's fragments in f[1]
+        }
+    } else {
+        (void)read;
+        elem_t *smem = (elem_t *)smem_bytes;
+        for (int kt = 0; kt < ktiles; kt++) {
+            cp_async_wait<STAGES - 2>();
+            __syncthreads(); // stage kt landed for everyone; stage kt-1 is free to refill
+            const int next = kt + STAGES - 1;
+            if (next < ktiles) stage_issue(ld, smem0 + write * STAGE_BYTES, p, (long long)next * BK);
+            cp_async_commit();
+            write = write + 1 == STAGES ? 0 : write + 1;
+            elem_t *stage = smem + (kt % STAGES) * STAGE_ELEMS;
+            ffma_stage(acc, stage, stage + A_TILE, wm, wn, lane);
+        }
     }
-#endif
     cp_async_wait<0>();
     __syncthreads();
 }

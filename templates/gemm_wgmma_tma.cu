@@ -204,9 +204,8 @@ __device__ __forceinline__ void pipe_init(unsigned char *smem)
 {
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(full_bar(smem, s), 1), mbar_init(empty_bar(smem, s), CONSUMER_WGS);
-#if !ROLE_IS_LOGITS
-        mbar_init(tile_taken_bar(smem), THREADS); // the dynamic tile order's slot: every consumer thread reads it
-#endif
+        if constexpr (!ROLE_IS_LOGITS) // the dynamic tile order's slot (dH, dW): every consumer thread reads it
+            mbar_init(tile_taken_bar(smem), THREADS);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the copy engine
     }
     __syncthreads();
@@ -287,7 +286,6 @@ __device__ void drain_pair(unsigned char *smem, int it)
     for (int i = it; i < it + STAGES; i++) mbar_wait(empty_bar(smem, i % STAGES), ((i / STAGES) & 1) ^ 1);
 }
 #endif // FLCE_CLUSTER
-#if ROLE_IS_LOGITS
 // The logits producer (one thread): for each of n_tiles vocab tiles at n0 + t·BN, the k-tiles of A
 // (the CTA's row block at m0) with the tile's B. In a 2-CTA cluster B is this CTA's BN/2 rows,
 // multicast to both CTAs: the peer loads the other half at the same `it` (both CTAs walk the same
@@ -315,7 +313,6 @@ __device__ void produce_logits(const flce_gemm_params &p, unsigned char *smem, l
 #endif
         }
 }
-#endif // ROLE_IS_LOGITS
 
 
 #if FLCE_TCGEN05
@@ -331,9 +328,8 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
     if (slot) { // before any wgmma of this tile (the loop's first wait then passes at once)
         mbar_wait(full_bar(smem, it % STAGES), (it / STAGES) & 1);
         *tile = *(const volatile long long *)slot;
-#if !ROLE_IS_LOGITS
-        mbar_arrive(tile_taken_bar(smem)); // this thread is done with the slot (tile_slot)
-#endif
+        // dH, dW: this thread is done with the slot (tile_slot)
+        if constexpr (!ROLE_IS_LOGITS) mbar_arrive(tile_taken_bar(smem));
         if (*tile < 0) return false;
     }
     const int ktiles = (int)(((kn < 0 ? p.k : kn) + BK - 1) / BK);
