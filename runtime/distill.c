@@ -13,7 +13,6 @@
  * with reduction none, so its GEMM epilogues scale nothing: g_i is in dZs already. */
 #include "distill.h"
 
-#include <pthread.h>
 #include <string.h>
 
 #include "config.h"
@@ -38,7 +37,7 @@ static void ce_problem(const flce_distill_problem *p, int64_t hidden, uint64_t b
     q->strategy = FLCE_STRATEGY_CHUNKED, q->memory_budget = budget;
 }
 
-flce_status distill_plan_make(const flce_distill_problem *p, const distill_device *dev,
+flce_status distill_plan_make(const flce_distill_problem *p, const call_device *dev,
                               const flce_distill_tensors *t, distill_plan *pl)
 {
     memset(pl, 0, sizeof *pl);
@@ -137,31 +136,47 @@ static void call_specs(const distill_plan *pl, const kernel_spec *s, const kerne
     all[4] = &pl->teacher.logits, all[5] = s;
 }
 
+typedef struct distill_call {
+    const flce_distill_problem *p;
+    const distill_plan *pl;
+    const flce_distill_tensors *t;
+} distill_call;
+
+static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
+                           const flce_distill_tensors *t, CUdeviceptr ws, CUstream stream);
+
+static flce_status run_body(flce_context *ctx, CUdeviceptr ws, CUstream stream, void *arg)
+{
+    const distill_call *c = arg;
+    return run_all(ctx, c->p, c->pl, c->t, ws, stream);
+}
+
+/* Preparing loads the kernels of the tensors given, or of both variants the module has (with and
+ * without labels: only whether labels are given shapes it). */
+static flce_status prepare_body(flce_context *ctx, CUdeviceptr ws, CUstream stream, void *arg)
+{
+    (void)ws, (void)stream;
+    const distill_call *c = arg;
+    flce_distill_tensors with, without;
+    flce_distill_tensors_init(&with), flce_distill_tensors_init(&without);
+    with.labels = &with;
+    const flce_distill_tensors *variants[2] = {c->t ? c->t : &with, c->t ? NULL : &without};
+    for (int v = 0; v < 2 && variants[v]; v++) {
+        kernel_spec s = distill_spec(ctx, c->p, variants[v]);
+        const kernel_spec *all[6];
+        CUfunction fns[6][CTX_MAX_KERNELS];
+        call_specs(c->pl, &s, all);
+        TRY(ctx_kernels_many(ctx, all, 6, fns));
+    }
+    return FLCE_OK;
+}
+
 flce_status distill_prepare(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
                             const flce_distill_tensors *t)
 {
     CTX_LOG_SCOPE(ctx);
-    flce_distill_tensors with, without;
-    flce_distill_tensors_init(&with), flce_distill_tensors_init(&without);
-    with.labels = &with; /* only whether labels are given shapes the module */
-    const flce_distill_tensors *variants[2] = {t ? t : &with, t ? NULL : &without};
-    pthread_mutex_lock(&ctx->lock);
-    CUcontext prev = NULL;
-    flce_status st = ctx_enter(ctx, &prev);
-    if (st == FLCE_OK) {
-        ctx->preparing = 1; /* compile whatever is missing, whatever compile_in_call says */
-        for (int v = 0; v < 2 && st == FLCE_OK && variants[v]; v++) {
-            kernel_spec s = distill_spec(ctx, p, variants[v]);
-            const kernel_spec *all[6];
-            CUfunction fns[6][CTX_MAX_KERNELS];
-            call_specs(pl, &s, all);
-            st = ctx_kernels_many(ctx, all, 6, fns);
-        }
-        ctx->preparing = 0;
-        ctx_leave(prev);
-    }
-    pthread_mutex_unlock(&ctx->lock);
-    return st;
+    distill_call c = {p, pl, t};
+    return call_prepare(ctx, prepare_body, &c);
 }
 
 static flce_status load(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
@@ -234,22 +249,6 @@ flce_status distill_run(flce_context *ctx, const flce_distill_problem *p, const 
     log_msg(LOG_DEBUG, "distill: N=%lld Ds=%lld Dt=%lld V=%lld, %lld token chunk(s) of %lld rows, workspace %.1f MiB",
             (long long)p->tokens, (long long)p->hidden_student, (long long)p->hidden_teacher, (long long)p->vocab,
             (long long)pl->chunks, (long long)pl->chunk_rows, (double)pl->workspace_bytes / (1 << 20));
-    pthread_mutex_lock(&ctx->lock);
-    CUcontext prev = NULL;
-    flce_status st = ctx_take_flag(ctx);
-    if (st == FLCE_OK) st = ctx_enter(ctx, &prev);
-    if (st == FLCE_OK) {
-        CUdeviceptr ws = (CUdeviceptr)(uintptr_t)t->workspace;
-        if (!ws) st = ctx_workspace(ctx, pl->workspace_bytes, stream, &ws);
-        if (st == FLCE_OK) {
-            st = run_all(ctx, p, pl, t, ws, stream);
-            if (!t->workspace) { /* after a failed call too: some of its work may be queued */
-                flce_status done = ctx_workspace_done(ctx, stream);
-                if (st == FLCE_OK) st = done;
-            }
-        }
-        ctx_leave(prev);
-    }
-    pthread_mutex_unlock(&ctx->lock);
-    return st;
+    distill_call c = {p, pl, t};
+    return call_run(ctx, t->workspace, pl->workspace_bytes, stream, run_body, &c);
 }

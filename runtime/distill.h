@@ -6,12 +6,7 @@
 
 #include "flce.h"
 #include "plan.h"
-
-/* The device a plan is made for (its tiles and splits depend on it); name NULL: no tune table. */
-typedef struct distill_device {
-    const char *name;
-    int sm, num_sms;
-} distill_device;
+#include "row_call.h" /* call_device: the device a plan is made for; name NULL: no tune table */
 
 /* The default memory_budget: one token chunk's fp32 logits of both models (and dZs) in 4 GiB:
  * 4096 × 32000 is one chunk, 8192 × 128256 three. Measured on an H200 (bench/NOTES.md, session 24):
@@ -43,13 +38,13 @@ typedef struct distill_plan {
 /* The plan of problem p (checked) on device dev for tensors t (NULL: the worst case, as
  * flce_distill_workspace_size reports). FLCE_ERR_INVALID_ARGUMENT when memory_budget cannot hold
  * one token's logits. */
-flce_status distill_plan_make(const flce_distill_problem *p, const distill_device *dev,
+flce_status distill_plan_make(const flce_distill_problem *p, const call_device *dev,
                               const flce_distill_tensors *t, distill_plan *pl);
 
 /* Every check of flce_distill_loss_and_grad but the context's (no device): the problem copied into
  * *p with its defaults, and its plan on dev. The cpu tests call it directly. */
 flce_status distill_check(const flce_distill_problem *problem, const flce_distill_tensors *t,
-                          const distill_device *dev, flce_distill_problem *p, distill_plan *pl);
+                          const call_device *dev, flce_distill_problem *p, distill_plan *pl);
 
 /* Compiles (or loads from the disk cache) every kernel a call of problem p with tensors t runs, t NULL:
  * those of calls with and without labels; whatever the context's compile_in_call says. */

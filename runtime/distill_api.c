@@ -10,6 +10,7 @@
 #include "context.h"
 #include "distill.h"
 #include "error.h"
+#include "row_call.h"
 #include "log.h"
 
 void flce_distill_problem_init(flce_distill_problem *p)
@@ -38,25 +39,8 @@ static flce_status normalize_problem(const flce_distill_problem *in, flce_distil
 {
     if (!in) return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem: NULL");
     flce_distill_problem_init(out);
-    if (in->struct_size != sizeof *in)
-        return err_set(in->struct_size > sizeof *in ? FLCE_ERR_UNSUPPORTED : FLCE_ERR_INVALID_ARGUMENT,
-                       "problem.struct_size=%u: flce_distill_problem is %zu bytes in this library (%s); "
-                       "initialize with flce_distill_problem_init",
-                       in->struct_size, sizeof *in, FLCE_VERSION_STRING);
+    TRY(call_check_struct_size(in->struct_size, sizeof *in, "problem", "flce_distill_problem"));
     memcpy(out, in, sizeof *out);
-    return FLCE_OK;
-}
-
-static flce_status check_dim(int64_t value, const char *name, int64_t at_least, int64_t multiple,
-                             int64_t at_most)
-{
-    if (value < at_least || value % multiple)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.%s=%lld: must be at least %lld%s", name,
-                       (long long)value, (long long)at_least,
-                       multiple > 1 ? " and a multiple of 8" : "");
-    if (value > at_most)
-        return err_set(FLCE_ERR_UNSUPPORTED, "problem.%s=%lld: at most %lld supported", name,
-                       (long long)value, (long long)at_most);
     return FLCE_OK;
 }
 
@@ -64,12 +48,11 @@ flce_status flce_distill_problem_validate(const flce_distill_problem *problem)
 {
     flce_distill_problem p;
     TRY(normalize_problem(problem, &p));
-    TRY(check_dim(p.tokens, "tokens", 1, 1, FLCE_MAX_TOKENS));
-    TRY(check_dim(p.hidden_student, "hidden_student", 8, 8, FLCE_MAX_HIDDEN));
-    TRY(check_dim(p.hidden_teacher, "hidden_teacher", 8, 8, FLCE_MAX_HIDDEN));
-    TRY(check_dim(p.vocab, "vocab", 1, 1, FLCE_MAX_VOCAB));
-    if (p.dtype != FLCE_DTYPE_F32 && p.dtype != FLCE_DTYPE_F16 && p.dtype != FLCE_DTYPE_BF16)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.dtype=%d: not an flce_dtype", (int)p.dtype);
+    TRY(call_check_dim(p.tokens, "tokens", 1, 1, FLCE_MAX_TOKENS));
+    TRY(call_check_dim(p.hidden_student, "hidden_student", 8, 8, FLCE_MAX_HIDDEN));
+    TRY(call_check_dim(p.hidden_teacher, "hidden_teacher", 8, 8, FLCE_MAX_HIDDEN));
+    TRY(call_check_dim(p.vocab, "vocab", 1, 1, FLCE_MAX_VOCAB));
+    TRY(call_check_dtype(p.dtype));
     if (p.label_bits != 32 && p.label_bits != 64)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.label_bits=%d: must be 32 or 64", p.label_bits);
     if (p.reduction != FLCE_REDUCTION_MEAN && p.reduction != FLCE_REDUCTION_SUM &&
@@ -82,9 +65,7 @@ flce_status flce_distill_problem_validate(const flce_distill_problem *problem)
                        (int)p.divergence);
     if (!(p.beta >= 0.0f && p.beta <= 1.0f)) /* NaN fails too */
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.beta=%g: must be in [0, 1]", (double)p.beta);
-    if (!(p.temperature > 0.0f) || !isfinite(p.temperature) || !isfinite(1.0f / p.temperature))
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.temperature=%g: must be finite and > 0 (1/T finite)",
-                       (double)p.temperature);
+    TRY(call_check_temperature(p.temperature));
     if (!(p.ce_weight >= 0.0f) || !isfinite(p.ce_weight))
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.ce_weight=%g: must be finite and >= 0",
                        (double)p.ce_weight);
@@ -96,37 +77,21 @@ flce_status flce_distill_problem_validate(const flce_distill_problem *problem)
     return FLCE_OK;
 }
 
-static flce_status check_ptr(const void *ptr, const char *name, uintptr_t align, int required)
-{
-    if (!ptr) {
-        if (required) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.%s: NULL (required)", name);
-        return FLCE_OK;
-    }
-    if ((uintptr_t)ptr % align)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.%s=%p: must be %u-byte aligned", name, ptr,
-                       (unsigned)align);
-    return FLCE_OK;
-}
-
 static flce_status check_tensors(const flce_distill_problem *p, const flce_distill_tensors *t)
 {
     if (!t) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors: NULL");
-    if (t->struct_size != sizeof *t)
-        return err_set(t->struct_size > sizeof *t ? FLCE_ERR_UNSUPPORTED : FLCE_ERR_INVALID_ARGUMENT,
-                       "tensors.struct_size=%u: flce_distill_tensors is %zu bytes in this library (%s); "
-                       "initialize with flce_distill_tensors_init",
-                       t->struct_size, sizeof *t, FLCE_VERSION_STRING);
-    TRY(check_ptr(t->student_hidden, "student_hidden", 16, 1));
-    TRY(check_ptr(t->student_weight, "student_weight", 16, 1));
-    TRY(check_ptr(t->teacher_hidden, "teacher_hidden", 16, 1));
-    TRY(check_ptr(t->teacher_weight, "teacher_weight", 16, 1));
-    TRY(check_ptr(t->labels, "labels", (uintptr_t)p->label_bits / 8, 0));
-    TRY(check_ptr(t->grad_output, "grad_output", 4, 0));
-    TRY(check_ptr(t->loss, "loss", 4, 0));
-    TRY(check_ptr(t->divergence, "divergence", 4, 0));
-    TRY(check_ptr(t->grad_student_hidden, "grad_student_hidden", 16, 0));
-    TRY(check_ptr(t->grad_student_weight, "grad_student_weight", 16, 0));
-    TRY(check_ptr(t->workspace, "workspace", 16, 0));
+    TRY(call_check_struct_size(t->struct_size, sizeof *t, "tensors", "flce_distill_tensors"));
+    TRY(call_check_ptr(t->student_hidden, "student_hidden", 16, 1));
+    TRY(call_check_ptr(t->student_weight, "student_weight", 16, 1));
+    TRY(call_check_ptr(t->teacher_hidden, "teacher_hidden", 16, 1));
+    TRY(call_check_ptr(t->teacher_weight, "teacher_weight", 16, 1));
+    TRY(call_check_ptr(t->labels, "labels", (uintptr_t)p->label_bits / 8, 0));
+    TRY(call_check_ptr(t->grad_output, "grad_output", 4, 0));
+    TRY(call_check_ptr(t->loss, "loss", 4, 0));
+    TRY(call_check_ptr(t->divergence, "divergence", 4, 0));
+    TRY(call_check_ptr(t->grad_student_hidden, "grad_student_hidden", 16, 0));
+    TRY(call_check_ptr(t->grad_student_weight, "grad_student_weight", 16, 0));
+    TRY(call_check_ptr(t->workspace, "workspace", 16, 0));
     if (p->ce_weight != 0.0f && !t->labels)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tensors.labels: NULL, but problem.ce_weight=%g needs labels for its CE term",
@@ -137,12 +102,6 @@ static flce_status check_tensors(const flce_distill_problem *p, const flce_disti
 }
 
 /* What the plan depends on of the context's device. */
-static distill_device device_of(const flce_context *ctx)
-{
-    distill_device d = {ctx->name, ctx->sm, ctx->num_sms};
-    return d;
-}
-
 flce_status flce_distill_workspace_size(flce_context *ctx, const flce_distill_problem *problem,
                                         uint64_t *bytes)
 {
@@ -153,7 +112,7 @@ flce_status flce_distill_workspace_size(flce_context *ctx, const flce_distill_pr
     TRY(normalize_problem(problem, &p));
     TRY(flce_distill_problem_validate(&p));
     distill_plan pl;
-    distill_device dev = device_of(ctx);
+    call_device dev = call_device_of(ctx);
     TRY(distill_plan_make(&p, &dev, NULL, &pl));
     *bytes = pl.workspace_bytes;
     return FLCE_OK;
@@ -167,28 +126,21 @@ flce_status flce_distill_prepare(flce_context *ctx, const flce_distill_problem *
     flce_distill_problem p;
     TRY(normalize_problem(problem, &p));
     TRY(flce_distill_problem_validate(&p));
-    if (tensors && tensors->struct_size != sizeof *tensors)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.struct_size=%u: flce_distill_tensors is %zu bytes in this "
-                       "library; initialize with flce_distill_tensors_init", tensors->struct_size, sizeof *tensors);
+    if (tensors) TRY(call_check_struct_size(tensors->struct_size, sizeof *tensors, "tensors", "flce_distill_tensors"));
     distill_plan pl;
-    distill_device dev = device_of(ctx);
+    call_device dev = call_device_of(ctx);
     TRY(distill_plan_make(&p, &dev, tensors, &pl));
     return distill_prepare(ctx, &p, &pl, tensors);
 }
 
 flce_status distill_check(const flce_distill_problem *problem, const flce_distill_tensors *t,
-                          const distill_device *dev, flce_distill_problem *p, distill_plan *pl)
+                          const call_device *dev, flce_distill_problem *p, distill_plan *pl)
 {
     TRY(normalize_problem(problem, p));
     TRY(flce_distill_problem_validate(p));
     TRY(check_tensors(p, t));
     TRY(distill_plan_make(p, dev, t, pl));
-    if (t->workspace && t->workspace_bytes < pl->workspace_bytes)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tensors.workspace_bytes=%llu: this problem needs %llu "
-                       "(flce_distill_workspace_size)",
-                       (unsigned long long)t->workspace_bytes, (unsigned long long)pl->workspace_bytes);
-    return FLCE_OK;
+    return call_check_workspace(t->workspace, t->workspace_bytes, pl->workspace_bytes, "flce_distill_workspace_size");
 }
 
 flce_status flce_distill_loss_and_grad(flce_context *ctx, const flce_distill_problem *problem,
@@ -198,7 +150,7 @@ flce_status flce_distill_loss_and_grad(flce_context *ctx, const flce_distill_pro
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
     flce_distill_problem p;
     distill_plan pl;
-    distill_device dev = device_of(ctx);
+    call_device dev = call_device_of(ctx);
     TRY(distill_check(problem, t, &dev, &p, &pl));
     return distill_run(ctx, &p, &pl, t, stream);
 }

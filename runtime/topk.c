@@ -4,7 +4,6 @@
  * selects each row's k largest and writes their ids and z/T − lse. */
 #include "topk.h"
 
-#include <pthread.h>
 #include <string.h>
 
 #include "config.h"
@@ -18,7 +17,7 @@ enum { TOPK_THREADS = 256, DK_TOPK = 3 }; /* emit.c distill_names */
 
 static uint64_t align256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
 
-flce_status topk_plan_make(const flce_topk_problem *p, const distill_device *dev, topk_plan *pl)
+flce_status topk_plan_make(const flce_topk_problem *p, const call_device *dev, topk_plan *pl)
 {
     memset(pl, 0, sizeof *pl);
     const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8, row = ld * 4;
@@ -107,49 +106,36 @@ static flce_status run_all(flce_context *ctx, const flce_topk_problem *p, const 
     return FLCE_OK;
 }
 
+typedef struct topk_call {
+    const flce_topk_problem *p;
+    const topk_plan *pl;
+    const flce_topk_tensors *t; /* NULL when preparing */
+} topk_call;
+
+static flce_status topk_body(flce_context *ctx, CUdeviceptr ws, CUstream stream, void *arg)
+{
+    const topk_call *c = arg;
+    if (c->t) return run_all(ctx, c->p, c->pl, c->t, ws, stream);
+    kernel_spec s = topk_module_spec(ctx->sm, c->p);
+    const kernel_spec *specs[2] = {&c->pl->model.logits, &s};
+    CUfunction fns[2][CTX_MAX_KERNELS];
+    return ctx_kernels_many(ctx, specs, 2, fns);
+}
+
 flce_status topk_prepare(flce_context *ctx, const flce_topk_problem *p, const topk_plan *pl)
 {
     CTX_LOG_SCOPE(ctx);
-    pthread_mutex_lock(&ctx->lock);
-    CUcontext prev = NULL;
-    flce_status st = ctx_enter(ctx, &prev);
-    if (st == FLCE_OK) {
-        ctx->preparing = 1; /* compile whatever is missing, whatever compile_in_call says */
-        kernel_spec s = topk_module_spec(ctx->sm, p);
-        const kernel_spec *specs[2] = {&pl->model.logits, &s};
-        CUfunction fns[2][CTX_MAX_KERNELS];
-        st = ctx_kernels_many(ctx, specs, 2, fns);
-        ctx->preparing = 0;
-        ctx_leave(prev);
-    }
-    pthread_mutex_unlock(&ctx->lock);
-    return st;
+    topk_call c = {p, pl, NULL};
+    return call_prepare(ctx, topk_body, &c);
 }
 
 flce_status topk_run(flce_context *ctx, const flce_topk_problem *p, const topk_plan *pl, const flce_topk_tensors *t,
-                     void *stream_arg)
+                     void *stream)
 {
     CTX_LOG_SCOPE(ctx);
-    CUstream stream = (CUstream)stream_arg;
     log_msg(LOG_DEBUG, "top-k: N=%lld D=%lld V=%lld k=%d, %lld token chunk(s) of %lld rows, workspace %.1f MiB",
             (long long)p->tokens, (long long)p->hidden, (long long)p->vocab, p->k, (long long)pl->chunks,
             (long long)pl->chunk_rows, (double)pl->workspace_bytes / (1 << 20));
-    pthread_mutex_lock(&ctx->lock);
-    CUcontext prev = NULL;
-    flce_status st = ctx_take_flag(ctx);
-    if (st == FLCE_OK) st = ctx_enter(ctx, &prev);
-    if (st == FLCE_OK) {
-        CUdeviceptr ws = (CUdeviceptr)(uintptr_t)t->workspace;
-        if (!ws) st = ctx_workspace(ctx, pl->workspace_bytes, stream, &ws);
-        if (st == FLCE_OK) {
-            st = run_all(ctx, p, pl, t, ws, stream);
-            if (!t->workspace) {
-                flce_status done = ctx_workspace_done(ctx, stream);
-                if (st == FLCE_OK) st = done;
-            }
-        }
-        ctx_leave(prev);
-    }
-    pthread_mutex_unlock(&ctx->lock);
-    return st;
+    topk_call c = {p, pl, t};
+    return call_run(ctx, t->workspace, pl->workspace_bytes, (CUstream)stream, topk_body, &c);
 }

@@ -28,10 +28,10 @@ typedef struct topk_plan {
 /* The module flce_topk_row is in (the distillation's, templates/distill.cu): one per arch and dtype. */
 kernel_spec topk_module_spec(int sm, const flce_topk_problem *p);
 
-flce_status topk_plan_make(const flce_topk_problem *p, const distill_device *dev, topk_plan *pl);
+flce_status topk_plan_make(const flce_topk_problem *p, const call_device *dev, topk_plan *pl);
 
 /* Every check of flce_topk_logprobs but the context's; the problem with its defaults and its plan. */
-flce_status topk_check(const flce_topk_problem *problem, const flce_topk_tensors *t, const distill_device *dev,
+flce_status topk_check(const flce_topk_problem *problem, const flce_topk_tensors *t, const call_device *dev,
                        flce_topk_problem *p, topk_plan *pl);
 
 /* Compiles (or loads from the disk cache) the call's kernels, whatever compile_in_call says. */

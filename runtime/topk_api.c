@@ -1,12 +1,12 @@
 /* topk_api.c — the public top-k log-probabilities entry points of flce.h (issue 44 item 2): argument
  * checks with messages naming the argument, the workspace size, then topk.c's launch. */
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "api_limits.h"
 #include "context.h"
 #include "error.h"
+#include "row_call.h"
 #include "topk.h"
 
 enum { TOPK_K_MAX = 64 };
@@ -33,23 +33,8 @@ static flce_status normalize_problem(const flce_topk_problem *in, flce_topk_prob
 {
     if (!in) return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem: NULL");
     flce_topk_problem_init(out);
-    if (in->struct_size != sizeof *in)
-        return err_set(in->struct_size > sizeof *in ? FLCE_ERR_UNSUPPORTED : FLCE_ERR_INVALID_ARGUMENT,
-                       "problem.struct_size=%u: flce_topk_problem is %zu bytes in this library (%s); "
-                       "initialize with flce_topk_problem_init",
-                       in->struct_size, sizeof *in, FLCE_VERSION_STRING);
+    TRY(call_check_struct_size(in->struct_size, sizeof *in, "problem", "flce_topk_problem"));
     memcpy(out, in, sizeof *out);
-    return FLCE_OK;
-}
-
-static flce_status check_dim(int64_t value, const char *name, int64_t at_least, int64_t multiple, int64_t at_most)
-{
-    if (value < at_least || value % multiple)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.%s=%lld: must be at least %lld%s", name, (long long)value,
-                       (long long)at_least, multiple > 1 ? " and a multiple of 8" : "");
-    if (value > at_most)
-        return err_set(FLCE_ERR_UNSUPPORTED, "problem.%s=%lld: at most %lld supported", name, (long long)value,
-                       (long long)at_most);
     return FLCE_OK;
 }
 
@@ -57,49 +42,27 @@ flce_status flce_topk_problem_validate(const flce_topk_problem *problem)
 {
     flce_topk_problem p;
     TRY(normalize_problem(problem, &p));
-    TRY(check_dim(p.tokens, "tokens", 1, 1, FLCE_MAX_TOKENS));
-    TRY(check_dim(p.hidden, "hidden", 8, 8, FLCE_MAX_HIDDEN));
-    TRY(check_dim(p.vocab, "vocab", 1, 1, FLCE_MAX_VOCAB));
-    if (p.dtype != FLCE_DTYPE_F32 && p.dtype != FLCE_DTYPE_F16 && p.dtype != FLCE_DTYPE_BF16)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.dtype=%d: not an flce_dtype", (int)p.dtype);
+    TRY(call_check_dim(p.tokens, "tokens", 1, 1, FLCE_MAX_TOKENS));
+    TRY(call_check_dim(p.hidden, "hidden", 8, 8, FLCE_MAX_HIDDEN));
+    TRY(call_check_dim(p.vocab, "vocab", 1, 1, FLCE_MAX_VOCAB));
+    TRY(call_check_dtype(p.dtype));
     if (p.k < 1 || p.k > TOPK_K_MAX || p.k > p.vocab)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.k=%d: must be in [1, %d] and at most problem.vocab=%lld",
                        p.k, TOPK_K_MAX, (long long)p.vocab);
-    if (!(p.temperature > 0.0f) || !isfinite(p.temperature) || !isfinite(1.0f / p.temperature))
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.temperature=%g: must be finite and > 0 (1/T finite)",
-                       (double)p.temperature);
-    return FLCE_OK;
-}
-
-static flce_status check_ptr(const void *ptr, const char *name, uintptr_t align, int required)
-{
-    if (!ptr) return required ? err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.%s: NULL (required)", name) : FLCE_OK;
-    if ((uintptr_t)ptr % align)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.%s=%p: must be %u-byte aligned", name, ptr, (unsigned)align);
-    return FLCE_OK;
+    return call_check_temperature(p.temperature);
 }
 
 static flce_status check_tensors(const flce_topk_tensors *t)
 {
     if (!t) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors: NULL");
-    if (t->struct_size != sizeof *t)
-        return err_set(t->struct_size > sizeof *t ? FLCE_ERR_UNSUPPORTED : FLCE_ERR_INVALID_ARGUMENT,
-                       "tensors.struct_size=%u: flce_topk_tensors is %zu bytes in this library (%s); "
-                       "initialize with flce_topk_tensors_init",
-                       t->struct_size, sizeof *t, FLCE_VERSION_STRING);
-    TRY(check_ptr(t->hidden, "hidden", 16, 1));
-    TRY(check_ptr(t->weight, "weight", 16, 1));
-    TRY(check_ptr(t->indices, "indices", 8, 1));
-    TRY(check_ptr(t->logprobs, "logprobs", 4, 1));
-    TRY(check_ptr(t->lse, "lse", 4, 0));
-    TRY(check_ptr(t->workspace, "workspace", 16, 0));
+    TRY(call_check_struct_size(t->struct_size, sizeof *t, "tensors", "flce_topk_tensors"));
+    TRY(call_check_ptr(t->hidden, "hidden", 16, 1));
+    TRY(call_check_ptr(t->weight, "weight", 16, 1));
+    TRY(call_check_ptr(t->indices, "indices", 8, 1));
+    TRY(call_check_ptr(t->logprobs, "logprobs", 4, 1));
+    TRY(call_check_ptr(t->lse, "lse", 4, 0));
+    TRY(call_check_ptr(t->workspace, "workspace", 16, 0));
     return FLCE_OK;
-}
-
-static distill_device device_of(const flce_context *ctx)
-{
-    distill_device d = {ctx->name, ctx->sm, ctx->num_sms};
-    return d;
 }
 
 flce_status flce_topk_workspace_size(flce_context *ctx, const flce_topk_problem *problem, uint64_t *bytes)
@@ -111,7 +74,7 @@ flce_status flce_topk_workspace_size(flce_context *ctx, const flce_topk_problem 
     TRY(normalize_problem(problem, &p));
     TRY(flce_topk_problem_validate(&p));
     topk_plan pl;
-    distill_device dev = device_of(ctx);
+    call_device dev = call_device_of(ctx);
     TRY(topk_plan_make(&p, &dev, &pl));
     *bytes = pl.workspace_bytes;
     return FLCE_OK;
@@ -125,23 +88,19 @@ flce_status flce_topk_prepare(flce_context *ctx, const flce_topk_problem *proble
     TRY(normalize_problem(problem, &p));
     TRY(flce_topk_problem_validate(&p));
     topk_plan pl;
-    distill_device dev = device_of(ctx);
+    call_device dev = call_device_of(ctx);
     TRY(topk_plan_make(&p, &dev, &pl));
     return topk_prepare(ctx, &p, &pl);
 }
 
-flce_status topk_check(const flce_topk_problem *problem, const flce_topk_tensors *t, const distill_device *dev,
+flce_status topk_check(const flce_topk_problem *problem, const flce_topk_tensors *t, const call_device *dev,
                        flce_topk_problem *p, topk_plan *pl)
 {
     TRY(normalize_problem(problem, p));
     TRY(flce_topk_problem_validate(p));
     TRY(check_tensors(t));
     TRY(topk_plan_make(p, dev, pl));
-    if (t->workspace && t->workspace_bytes < pl->workspace_bytes)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "tensors.workspace_bytes=%llu: this problem needs %llu (flce_topk_workspace_size)",
-                       (unsigned long long)t->workspace_bytes, (unsigned long long)pl->workspace_bytes);
-    return FLCE_OK;
+    return call_check_workspace(t->workspace, t->workspace_bytes, pl->workspace_bytes, "flce_topk_workspace_size");
 }
 
 flce_status flce_topk_logprobs(flce_context *ctx, const flce_topk_problem *problem, const flce_topk_tensors *t,
@@ -151,7 +110,7 @@ flce_status flce_topk_logprobs(flce_context *ctx, const flce_topk_problem *probl
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
     flce_topk_problem p;
     topk_plan pl;
-    distill_device dev = device_of(ctx);
+    call_device dev = call_device_of(ctx);
     TRY(topk_check(problem, t, &dev, &p, &pl));
     return topk_run(ctx, &p, &pl, t, stream);
 }

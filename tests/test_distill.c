@@ -28,7 +28,7 @@ static flce_distill_problem good(void)
 }
 
 /* The plan's device when there is none: an H100's arch and SMs, no tune table. */
-static const distill_device H100 = {NULL, 90, 132};
+static const call_device H100 = {NULL, 90, 132};
 
 /* Fake, aligned device addresses: distill_check never dereferences them. */
 #define ADDR(k) ((void *)(uintptr_t)(0x10000u * (k)))
