@@ -122,7 +122,11 @@ enum {
     SPEC_OPT_GRAD_LSE = 1u << 6,
     SPEC_OPT_GRAD_ENTROPY = 1u << 7,
     SPEC_OPT_GRAD_LOSS_ROWS = 1u << 8,
-    SPEC_OPT_TOKEN_GRADS_SHIFT = 5
+    SPEC_OPT_TOKEN_GRADS_SHIFT = 5,
+    /* LOGITS with the compact store (the distillation's student pass, runtime/distill.c): Σ_j p_j·z_j
+     * per row into part_zs, p_j another pass's stored compact p̃ of the same columns scaled to
+     * probabilities (the teacher's; templates/gemm_logits.cu says where they come from) */
+    SPEC_OPT_SOFT = 1u << 9
 };
 
 /* The NVRTC target for an arch: "sm_90a" for 90, "sm_100a" for 100, else "sm_<sm>". */

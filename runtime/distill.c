@@ -24,7 +24,7 @@
 #include "log.h"
 
 enum { DISTILL_THREADS = 256 };
-enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2 }; /* emit.c distill_names */
+enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2, DK_LSE = 4, DK_ROW_COMPACT = 5 }; /* emit.c distill_names */
 
 static uint64_t align256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
 
@@ -37,14 +37,95 @@ static void ce_problem(const flce_distill_problem *p, int64_t hidden, uint64_t b
     q->strategy = FLCE_STRATEGY_CHUNKED, q->memory_budget = budget;
 }
 
+/* What the CE planner is told the call has: the gradients asked for (both when t is NULL: the worst
+ * case) and no per-token outputs. A NULL tensors would plan the worst case of those too (entropy and
+ * argmax statistics, whose arrays the logits passes would then write). Planning reads only which
+ * pointers are set. */
+static void planned_tensors(const flce_distill_tensors *t, flce_tensors *ts, flce_tensors *tt)
+{
+    static char mark; /* a non-NULL address that is never dereferenced */
+    flce_tensors_init(ts);
+    ts->hidden = ts->weight = ts->labels = &mark;
+    ts->grad_hidden = t ? t->grad_student_hidden : (void *)&mark;
+    ts->grad_weight = t ? t->grad_student_weight : (void *)&mark;
+    ts->loss = (float *)&mark; /* reduction none: the CE loss output, which no pass writes here */
+    *tt = *ts;
+    tt->grad_hidden = tt->grad_weight = NULL;
+}
+
+/* Forward KL (JSD at β = 0 is one: emit.c) on 16-bit inputs: the compact path. */
+static int compact_divergence(const flce_distill_problem *p)
+{
+    return p->divergence == FLCE_DIVERGENCE_FORWARD_KL || (p->divergence == FLCE_DIVERGENCE_JSD && p->beta <= 0.0f);
+}
+
+/* The compact forward-KL plan (distill.h), or FLCE_ERR_UNSUPPORTED when the two CE plans do not
+ * give it (then the fp32 path runs: not an error the caller sees). 4 bytes per logit: both p̃, dZs
+ * in the student's. */
+static flce_status plan_compact(const flce_distill_problem *p, const call_device *dev, const flce_distill_tensors *t,
+                                uint64_t budget, distill_plan *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8;
+    const uint64_t row = 2 * (ld * 2 + (ld + 63) / 64 * 4); /* both p̃ and group maxima (64-column groups at most) */
+    if (budget < row)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.memory_budget=%llu bytes: too small for one token's logits of both models "
+                       "(%llu bytes at vocab=%lld)", (unsigned long long)budget, (unsigned long long)row,
+                       (long long)p->vocab);
+    flce_config cfg = *config_get();
+    cfg.qrows = 0; /* the compact fp16 p̃ (the soft-target sums read the teacher's) */
+    ce_problem(p, p->hidden_student, budget / 2, &pl->student_problem);
+    ce_problem(p, p->hidden_teacher, budget / 2, &pl->teacher_problem);
+    pl->student_problem.temperature = pl->teacher_problem.temperature = p->temperature;
+    flce_tensors ts, tt;
+    planned_tensors(t, &ts, &tt);
+    TRY(plan_make_cfg(&pl->student_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, &ts,
+                      &pl->student));
+    TRY(plan_make_cfg(&pl->teacher_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, &tt,
+                      &pl->teacher));
+    const plan *s = &pl->student, *te = &pl->teacher;
+    /* the soft-target sums read the teacher's p̃ where the student's own sits: same groups */
+    if (!s->compact || !te->compact || s->recompute || s->qrows || te->qrows || s->tile_cols != te->tile_cols ||
+        s->tile_max_ld != te->tile_max_ld || s->ldz != (int64_t)ld || te->ldz != (int64_t)ld ||
+        (s->logits.opts | te->logits.opts) & ~(unsigned)SPEC_OPT_BIAS || s->off_z != s->off_dz)
+        return FLCE_ERR_UNSUPPORTED;
+    pl->student.logits.opts |= SPEC_OPT_SOFT;
+    TRY(spec_validate(&pl->student.logits));
+    pl->compact = 1;
+    pl->ld = (int64_t)ld;
+    pl->chunk_rows = s->chunk_rows, pl->chunks = s->n_chunks;
+    const uint64_t rows = (uint64_t)pl->chunk_rows, n = (uint64_t)p->tokens;
+    uint64_t cur = align256(s->workspace_bytes);
+    pl->pt_offset = cur, cur = align256(cur + rows * ld * 2);
+    pl->teacher_tile_max = cur, cur = align256(cur + rows * (uint64_t)te->tile_max_ld * 4);
+    const uint64_t parts = rows * (uint64_t)te->splits * 4;
+    pl->teacher_part_m = cur, cur = align256(cur + parts);
+    pl->teacher_part_s = cur, cur = align256(cur + parts);
+    pl->teacher_target = cur, cur = align256(cur + rows * 4);
+    pl->lse_t_offset = cur, cur = align256(cur + rows * 4);
+    pl->part_xs_offset = cur, cur = align256(cur + rows * (uint64_t)s->splits * 4);
+    pl->labels_offset = cur, cur = align256(cur + ((!t || !t->labels) ? n * 8 : 0));
+    pl->per_token_offset = cur, cur = align256(cur + n * 4);
+    pl->count_offset = cur, cur += 16;
+    pl->workspace_bytes = cur;
+    return FLCE_OK;
+}
+
 flce_status distill_plan_make(const flce_distill_problem *p, const call_device *dev,
                               const flce_distill_tensors *t, distill_plan *pl)
 {
+    const uint64_t budget_given = p->memory_budget ? p->memory_budget : DISTILL_DEFAULT_BUDGET;
+    if (p->dtype != FLCE_DTYPE_F32 && compact_divergence(p) && config_get()->compact) {
+        flce_status st = plan_compact(p, dev, t, budget_given, pl);
+        if (st != FLCE_ERR_UNSUPPORTED) return st;
+        err_clear();
+    }
     memset(pl, 0, sizeof *pl);
     const int f32 = p->dtype == FLCE_DTYPE_F32;
     const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8;
     const uint64_t student_row = ld * (f32 ? 4 : 6), row = student_row + ld * 4;
-    const uint64_t budget = p->memory_budget ? p->memory_budget : DISTILL_DEFAULT_BUDGET;
+    const uint64_t budget = budget_given;
     if (budget < row)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "problem.memory_budget=%llu bytes: too small for one token's logits of both models "
@@ -58,19 +139,8 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
     ce_problem(p, p->hidden_teacher, student_budget, &pl->teacher_problem);
     /* the logits passes store and sum z/T: the row kernel's log-probabilities are at T as they stand */
     pl->student_problem.temperature = pl->teacher_problem.temperature = p->temperature;
-    /* What the CE planner is told the call has: the gradients asked for (both when t is NULL: the
-     * worst case) and no per-token outputs. A NULL tensors would plan the worst case of those too
-     * (entropy and argmax statistics, whose arrays the logits passes would then write). Planning
-     * reads only which pointers are set. */
-    static char mark; /* a non-NULL address that is never dereferenced */
     flce_tensors ts, tt;
-    flce_tensors_init(&ts);
-    ts.hidden = ts.weight = ts.labels = &mark;
-    ts.grad_hidden = t ? t->grad_student_hidden : (void *)&mark;
-    ts.grad_weight = t ? t->grad_student_weight : (void *)&mark;
-    ts.loss = (float *)&mark; /* reduction none: the CE loss output, which no pass writes here */
-    tt = ts;
-    tt.grad_hidden = tt.grad_weight = NULL;
+    planned_tensors(t, &ts, &tt);
     TRY(plan_make_cfg(&pl->student_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, &ts,
                       &pl->student));
     TRY(plan_make_cfg(&pl->teacher_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, &tt,
@@ -118,6 +188,9 @@ typedef struct distill_row_args {
     long long row0, rows, tokens, vocab, ignore_index, ld;
     int splits_s, splits_t;
     unsigned long long flag; /* the context's device flag (a label outside [0, V)) */
+    unsigned long long pt, tile_ms, tile_mt, part_xs, target_s, lse_t; /* the compact path's */
+    long long ld_tile;
+    int tile_cols;
 } distill_row_args;
 
 /* The two models' runs of the CE launch path over the workspace: the student's with its plan's
@@ -207,6 +280,44 @@ static flce_status load(flce_context *ctx, const flce_distill_problem *p, const 
     return FLCE_OK;
 }
 
+/* The compact forward-KL path per token chunk (templates/distill.cu says the math): the teacher's
+ * compact pass, its lse, the student's compact pass with the soft-target sums, the row kernel (D_i,
+ * loss_i, dZs over the student's p̃), dHs and dWs. */
+static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, const distill_plan *pl,
+                               distill_row_args *ra)
+{
+    const CUdeviceptr ws = d->student.ws;
+    const CUstream stream = d->student.stream;
+    const plan *s = &pl->student;
+    const logits_stats st_t = {.part_m = ws + pl->teacher_part_m, .part_s = ws + pl->teacher_part_s,
+                               .target = ws + pl->teacher_target, .tile_max = ws + pl->teacher_tile_max};
+    const logits_stats st_s = {.part_m = ws + s->off_part_m, .part_s = ws + s->off_part_s, .target = ws + s->off_target,
+                               .part_zs = ws + pl->part_xs_offset, .tile_max = ws + s->off_tile_max,
+                               .soft = ws + pl->pt_offset, .soft_tile_max = ws + pl->teacher_tile_max,
+                               .soft_lse = ws + pl->lse_t_offset};
+    ra->zs = ws + s->off_z, ra->zt = 0, ra->dz = ws + s->off_dz;
+    ra->part_ms = st_s.part_m, ra->part_ss = st_s.part_s, ra->part_mt = st_t.part_m, ra->part_st = st_t.part_s;
+    ra->pt = st_s.soft, ra->tile_ms = st_s.tile_max, ra->tile_mt = st_t.tile_max, ra->part_xs = st_s.part_zs;
+    ra->target_s = st_s.target, ra->lse_t = st_s.soft_lse;
+    ra->ld_tile = s->tile_max_ld, ra->tile_cols = (int)s->tile_cols;
+    for (int64_t c = 0; c < pl->chunks; c++) {
+        block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
+        b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;
+        ra->row0 = b.row0, ra->rows = b.rows;
+        TRY(launch_store_logits(&d->teacher, &b, ws + pl->pt_offset, &st_t));
+        TRY(launch(d->k[DK_LSE], (b.rows + DISTILL_THREADS - 1) / DISTILL_THREADS, 1, DISTILL_THREADS, 0, stream, ra,
+                   "distill teacher lse"));
+        TRY(launch_store_logits(&d->student, &b, ws + s->off_z, &st_s));
+        TRY(launch(d->k[DK_ROW_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (compact)"));
+        block rows_done = b;
+        rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
+        TRY(run_grad_gemms(&d->student, &rows_done, &b));
+    }
+    if (p->reduction != FLCE_REDUCTION_NONE && ra->loss)
+        TRY(launch(d->k[DK_REDUCE], 1, 1, DISTILL_THREADS, 0, stream, ra, "distill reduce"));
+    return FLCE_OK;
+}
+
 static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
                            const flce_distill_tensors *t, CUdeviceptr ws, CUstream stream)
 {
@@ -225,6 +336,7 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
                            0, 0, p->tokens, p->vocab, p->ignore_index, pl->ld, pl->student.splits, pl->teacher.splits,
                            (unsigned long long)ctx->flag_dev};
     TRY(launch(d.k[DK_COUNT], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill count"));
+    if (pl->compact) return run_compact(&d, p, pl, &ra);
     for (int64_t c = 0; c < pl->chunks; c++) {
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
         b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;

@@ -29,6 +29,13 @@ typedef struct distill_plan {
                                   logits, chunk_rows × ld */
     uint64_t teacher_part_m, teacher_part_s, teacher_target; /* the teacher pass's statistics:
                                   chunk_rows × teacher.splits floats (max, Σ exp), chunk_rows */
+    /* The compact forward-KL path (compact = 1; distill.c says when): both passes store fp16 p̃ with
+     * group maxima (the student's in its plan's off_z / off_tile_max, dZs then written in place),
+     * the teacher's p̃ at pt_offset, its group maxima at teacher_tile_max (chunk_rows × the plans'
+     * common tile_max_ld), its lse per row at lse_t_offset, and the student pass's soft-target sums
+     * at part_xs_offset (chunk_rows × student.splits). The fp32 path (compact = 0) uses zt_offset. */
+    int compact;
+    uint64_t pt_offset, teacher_tile_max, lse_t_offset, part_xs_offset;
     uint64_t labels_offset;    /* N zero labels (8 bytes each) for the logits epilogue when labels are NULL */
     uint64_t per_token_offset; /* fp32 loss_i of every token, N */
     uint64_t count_offset;     /* fp32 count of valid tokens (one value, padded to 16 bytes) */

@@ -163,7 +163,12 @@ flce_status launch_store_logits(run *r, const block *b, unsigned long long z, co
     struct flce_gemm_params g;
     logits_params(r, b, &g);
     g.out = z;
-    if (st) g.part_m = st->part_m, g.part_s = st->part_s, g.target = st->target;
+    if (st) {
+        g.part_m = st->part_m, g.part_s = st->part_s, g.target = st->target;
+        g.part_t = st->part_t, g.part_zs = st->part_zs;
+        if (r->pl->logits.compact) g.tile_max = st->tile_max, g.ld_tile_max = r->pl->tile_max_ld;
+        g.qref = st->soft, g.qflags = st->soft_tile_max, g.lse = st->soft_lse; /* params.h: OPT_SOFT */
+    }
     return launch_logits(r, &r->pl->logits, r->k.logits, b, st != NULL, &g, "logits kernel (Z store)");
 }
 

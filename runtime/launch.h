@@ -31,15 +31,21 @@ flce_status launch_call(flce_context *ctx, const flce_problem *p, flce_op op, co
                         CUstream stream, launch_part part, CUdeviceptr tp_buffer);
 
 /* Where a logits pass's statistics go: per (block row, vocab split) the max and Σ exp(z − max),
- * [rows][r->pl->splits], and each row's label logit where it lies in the shard, [rows]. */
+ * [rows][r->pl->splits], and each row's label logit where it lies in the shard, [rows]; part_t
+ * (entropy: Σ exp(z − max)·z) and part_zs (zsum or soft target) where the spec has them. A compact
+ * pass also writes its group maxima to tile_max ([rows][r->pl->tile_max_ld]); a soft-target pass
+ * (SPEC_OPT_SOFT) reads another compact pass's p̃ (soft), group maxima (soft_tile_max) and lse per
+ * row (soft_lse) of the same rows. Zero: not written (not read). */
 typedef struct logits_stats {
-    unsigned long long part_m, part_s, target;
+    unsigned long long part_m, part_s, target, part_t, part_zs, tile_max;
+    unsigned long long soft, soft_tile_max, soft_lse;
 } logits_stats;
 
-/* The logits of block b (r->t's hidden rows × weight rows, at the plan's temperature) stored at z
- * in fp32, row stride r->pl->ldz, and with st their statistics: r->pl->logits must be a plain (not
- * compact, not dZ) logits spec, and r->t->labels valid for the block's rows (the epilogue reads
- * them). For runtime/distill.c, which runs the CE path's tuned GEMMs on two models' logits. */
+/* The logits of block b (r->t's hidden rows × weight rows, at the plan's temperature) stored at z,
+ * row stride r->pl->ldz: fp32, or the compact fp16 p̃ where r->pl->logits is compact; with st their
+ * statistics. r->pl->logits must not be a dZ spec, and r->t->labels must be valid for the block's
+ * rows (the epilogue reads them). For runtime/distill.c and runtime/topk.c, which run the CE path's
+ * tuned GEMMs on their own row kernels. */
 flce_status launch_store_logits(run *r, const block *b, unsigned long long z, const logits_stats *st);
 
 /* FLCE_LOG=debug: what a planned call runs and why (launch_call, flce_strategy_of). */

@@ -36,6 +36,14 @@ __device__ __forceinline__ float to_f32(elem_t x)
     }
 }
 
+// An fp16 value's bits as fp32 (the compact store's p̃, whatever the inputs' dtype).
+__device__ __forceinline__ float half_bits_to_float(unsigned short h)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
 __device__ __forceinline__ elem_t from_f32(float x)
 {
     if constexpr (FLCE_DTYPE == DTYPE_F32) {
@@ -245,6 +253,10 @@ __device__ __forceinline__ float dz_value(float z, float lse, float a, bool is_l
 #define QROWS_SPAN 32.f
 #define QREF_SAMPLES 8
 
+// zs: a plain sum over the row's columns (no rescaling by the running max): label smoothing's
+// Σ_j w_j·z_j, or the distillation's soft-target Σ_j p_j·z_j (OPT_SOFT, gemm_logits.cu)
+constexpr bool STATS_ZS = OPT_ZSUM || OPT_SOFT;
+
 struct row_stats {
     float m, s, t, zs;
     long long arg;
@@ -260,7 +272,7 @@ __device__ __forceinline__ void stats_merge(row_stats &a, const row_stats &b)
     a.s = a.s * ea + b.s * eb;
     if (OPT_ENTROPY) a.t = a.t * ea + b.t * eb;
     a.m = mm;
-    if (OPT_ZSUM) a.zs += b.zs;
+    if (STATS_ZS) a.zs += b.zs;
 }
 
 // The statistics held by the lane `off` away (lane ^ off) in the warp.
@@ -270,7 +282,7 @@ __device__ __forceinline__ row_stats shfl_stats(const row_stats &a, int off)
     b.m = __shfl_xor_sync(0xffffffffu, a.m, off);
     b.s = __shfl_xor_sync(0xffffffffu, a.s, off);
     b.t = OPT_ENTROPY ? __shfl_xor_sync(0xffffffffu, a.t, off) : 0.f;
-    b.zs = OPT_ZSUM ? __shfl_xor_sync(0xffffffffu, a.zs, off) : 0.f;
+    b.zs = STATS_ZS ? __shfl_xor_sync(0xffffffffu, a.zs, off) : 0.f;
     b.arg = OPT_ARGMAX ? __shfl_xor_sync(0xffffffffu, a.arg, off) : 0;
     return b;
 }

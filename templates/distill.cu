@@ -58,6 +58,15 @@ struct flce_distill_params {
     long long ld;             // row stride of zs, zt and dz (elements)
     int splits_s, splits_t;   // vocab splits of the two logits passes
     int *flag;                // the context's device flag: [0] = 1 on a label outside [0, V); may be NULL
+    // The compact forward-KL path (flce_distill_lse, flce_distill_row_compact; 16-bit): zs and dz
+    // are then the student's fp16 p̃ = exp(zs/T − m)·2^15 and dZs in its place, zt unused.
+    const unsigned short *pt; // rows × ld: the teacher's fp16 p̃
+    const float *tile_ms, *tile_mt; // rows × ld_tile: the two passes' m per column group
+    const float *part_xs;     // rows × splits_s: Σ p̂_j·zs_j/T, the student pass's soft-target sums
+    const float *target_s;    // rows: the student's label logit (the CE term)
+    float *lse_t;             // rows: the teacher's lse at T (flce_distill_lse writes it)
+    long long ld_tile;        // row stride of tile_ms and tile_mt
+    int tile_cols;            // columns per group
 };
 
 __device__ __forceinline__ long long distill_label(const flce_distill_params &p, long long i)
@@ -289,6 +298,118 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
             if (p.loss) p.loss[i] = loss;
         }
     }
+}
+
+// The compact forward-KL path (runtime/distill.c, 16-bit inputs): the teacher's logits pass stores
+// fp16 p̃_t with its group maxima and (max, Σ exp) per split; flce_distill_lse merges those into
+// lse_t; the student's pass (SPEC_OPT_SOFT) stores p̃_s and sums x_i = Σ_j p̂_j·zs_j/T against the
+// teacher's probabilities as stored, p̂_j = p̃_t·2^-15·exp(m_t − lse_t); then, per row,
+//   D_i = Σ p̂ log p̂ − x_i + lse_s·Σ p̂      (= Σ p (log p − log q) with every p the stored p̂)
+//   dZs = g·(q − p̂)/T (+ CE),  q = p̃_s·2^-15·exp(m_s − lse_s),  written over p̃_s.
+// Weighting all three sums by the same p̂ leaves fp16's rounding of p̃_t (2^-11 relative) only in
+// the log-ratio term, not times the logits' size; a p̃_t that underflowed is a p below 2^-39 of its
+// group's maximum, whose p·log p adds nothing. Nothing here takes a log of the student's p̃.
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_lse(const flce_distill_params p)
+{
+    const long long r = (long long)blockIdx.x * DISTILL_THREADS + threadIdx.x;
+    if (r >= p.rows) return;
+    distill_ms a = {DISTILL_NEG_INF, 0.f};
+    for (int k = 0; k < p.splits_t; k++)
+        a = distill_ms_merge(a, {p.part_mt[r * p.splits_t + k], p.part_st[r * p.splits_t + k]});
+    p.lse_t[r] = a.m + logf(a.s);
+}
+
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_compact(const flce_distill_params p)
+{
+#if FLCE_DTYPE == 0
+    (void)p; // fp32 inputs take the fp32 path (flce_distill_row)
+#else
+    __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32];
+    const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
+    const unsigned short *ps = (const unsigned short *)p.zs + r * p.ld, *pt = p.pt + r * p.ld;
+    unsigned short *dz = (unsigned short *)p.dz + r * p.ld; // may be ps: each thread reads its 8 first
+    const float *tms = p.tile_ms + r * p.ld_tile, *tmt = p.tile_mt + r * p.ld_tile;
+    const bool valid = distill_valid(p, i);
+    float lse_s = 0.f, lse_t = 0.f, x = 0.f, loss = 0.f, g = 0.f;
+    long long y = -1;
+    if (valid) {
+        lse_s = distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s, scratch_a,
+                            scratch_b);
+        lse_t = p.lse_t[r];
+        float xs = 0.f;
+        for (int k = threadIdx.x; k < p.splits_s; k += DISTILL_THREADS) xs += p.part_xs[r * p.splits_s + k];
+        x = distill_block_sum(xs, scratch_a);
+        g = distill_scale(p, i);
+#if DISTILL_LABELS
+        y = distill_label(p, i);
+        if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (lse_s - p.target_s[r]);
+#endif
+    }
+    // 8 columns (16 bytes) per step; a group is a multiple of 8 columns wide, ld a multiple of 8
+    float a = 0.f, w = 0.f;
+    for (long long j0 = 8 * (long long)threadIdx.x; j0 < p.ld; j0 += 8 * DISTILL_THREADS) {
+        uint4 out = {0u, 0u, 0u, 0u};
+        if (valid) {
+            const uint4 qs = *(const uint4 *)(ps + j0), qt = *(const uint4 *)(pt + j0);
+            const long long grp = j0 / p.tile_cols;
+            // 2^-15·exp(m − lse): the group's factor from p̃ to a probability (log2 units for p̂'s log)
+            const float ls = (tms[grp] - lse_s) * 1.4426950408889634f - 15.f;
+            const float lt = (tmt[grp] - lse_t) * 1.4426950408889634f - 15.f;
+            const float fs = exp2f(ls), ft = exp2f(lt);
+            const unsigned ws_[4] = {qs.x, qs.y, qs.z, qs.w}, wt_[4] = {qt.x, qt.y, qt.z, qt.w};
+            unsigned o[4];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const long long j = j0 + e;
+                float d = 0.f;
+                if (j < v) {
+                    float hs, ht;
+                    asm("cvt.f32.f16 %0, %1;" : "=f"(hs) : "h"((unsigned short)(ws_[e / 2] >> (16 * (e % 2)))));
+                    asm("cvt.f32.f16 %0, %1;" : "=f"(ht) : "h"((unsigned short)(wt_[e / 2] >> (16 * (e % 2)))));
+                    const float q = hs * fs, pj = ht * ft;
+                    if (ht > 0.f) a += pj * ((log2f(ht) + lt) * 0.6931471805599453f);
+                    w += pj;
+                    d = (q - pj) * INV_TEMP;
+#if DISTILL_LABELS
+                    if (CE_WEIGHT != 0.f) d += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
+#endif
+                    d *= g;
+                }
+                unsigned short h;
+#if FLCE_DTYPE == 1
+                asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(d));
+#else
+                asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(d));
+#endif
+                if (e % 2 == 0) o[e / 2] = h;
+                else o[e / 2] |= (unsigned)h << 16;
+            }
+            out = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+        *(uint4 *)(dz + j0) = out; // an invalid token's row, and the padding to ld, are zeros
+    }
+    if (!valid) {
+        if (threadIdx.x == 0) {
+            if (p.divergence) p.divergence[i] = 0.f;
+            p.loss_rows[i] = 0.f;
+            if constexpr (FLCE_REDUCTION == 2) {
+                if (p.loss) p.loss[i] = 0.f;
+            }
+        }
+        return;
+    }
+    a = distill_block_sum(a, scratch_a);
+    w = distill_block_sum(w, scratch_b);
+    const float d = a - x + lse_s * w;
+    loss += d;
+    if (threadIdx.x == 0) {
+        if (p.divergence) p.divergence[i] = d;
+        p.loss_rows[i] = loss;
+        if constexpr (FLCE_REDUCTION == 2) {
+            if (p.loss) p.loss[i] = loss;
+        }
+    }
+#endif
 }
 
 // (reduction none: flce_distill_row wrote each loss_i; the runtime does not launch this one)

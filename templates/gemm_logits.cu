@@ -171,14 +171,37 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                 if constexpr (FLCE_QROWS && Q_REF_STATS) mb = ref * 1.4426950408889634f;
                 else mb = tile.m * 1.4426950408889634f - 15.f;
             }
+            // OPT_SOFT (the distillation's student pass): Σ_j p_j·z_j with p_j the teacher's
+            // probability at this element, p̃_j·2^-15·exp(m_t − lse_t) from the teacher pass's compact
+            // store (same rows, columns and column groups: p.qref, row stride ldo), its group maxima
+            // (p.qflags, [row][ld_tile_max]) and its lse (p.lse, per row). The p̃ pairs sit where
+            // this thread's own p̃ pairs are stored; sw sums them times z, scaled once per group.
+            const unsigned *soft_row = nullptr;
+            float soft_scale = 0.f, sw = 0.f;
+            if constexpr (OPT_SOFT) {
+                if (row < p.m) {
+                    soft_row = (const unsigned *)((const unsigned short *)p.qref + row * p.ldo + c0);
+                    const float mt = ((const float *)p.qflags)[row * p.ld_tile_max + (c0 - 2 * t) / WTN];
+                    soft_scale = ex2_approx((mt - ((const float *)p.lse)[row]) * 1.4426950408889634f - 15.f);
+                }
+            }
 #pragma unroll
             for (int ni = 0; ni < NI; ni++) {
                 float en[2] = {0.f, 0.f};
+                float wt[2] = {0.f, 0.f};
+                if constexpr (OPT_SOFT) {
+                    if (soft_row && (FULL || ni * 8 < lim)) {
+                        const unsigned pair = soft_row[ni * 4];
+                        wt[0] = half_bits_to_float((unsigned short)(pair & 0xffffu));
+                        wt[1] = half_bits_to_float((unsigned short)(pair >> 16));
+                    }
+                }
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
                     const int j = ni * 8 + c;
                     float z = acc[mi][ni][2 * h + c];
                     if (FULL || j < lim) {
+                        if constexpr (OPT_SOFT) sw = fmaf(wt[c], z, sw);
                         float e;
                         if constexpr (FLCE_COMPACT) e = ex2_approx(fmaf(z, 1.4426950408889634f, -mb));
                         else e = exp_le0(z - tile.m);
@@ -196,6 +219,7 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                     (void)en;
                 }
             }
+            if constexpr (OPT_SOFT) tile.zs = sw * soft_scale;
             if constexpr (FLCE_QROWS && Q_REF_STATS) {
                 tile.m = ref; // the sums' reference
             } else if constexpr (FLCE_COMPACT) {
@@ -230,7 +254,7 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
 // the mask compiled in (not taken), the pass ran 0.35 ms slower at 8192×4096×128256 on an H100
 // (bench/NOTES.md, session 6, d6).
 constexpr bool NO_PARTIAL_TILE = FLCE_FULL_TILES;
-constexpr bool ONE_EPILOGUE = COMPACT_STAGED && !OPT_BIAS && !OPT_ZSUM && !OPT_ARGMAX && !OPT_ENTROPY &&
+constexpr bool ONE_EPILOGUE = COMPACT_STAGED && !OPT_BIAS && !STATS_ZS && !OPT_ARGMAX && !OPT_ENTROPY &&
                               INV_TEMP == 1.f && SOFTCAP == 0.f;
 __device__ __forceinline__ void mask_past_shard(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long n0,
                                                 int wn, int lane)
@@ -426,7 +450,7 @@ __device__ __forceinline__ void store_partials(const flce_gemm_params &p, long l
     ((float *)p.part_m)[at] = a.m;
     ((float *)p.part_s)[at] = a.s;
     if (OPT_ENTROPY) ((float *)p.part_t)[at] = a.t;
-    if (OPT_ZSUM) ((float *)p.part_zs)[at] = a.zs;
+    if (STATS_ZS) ((float *)p.part_zs)[at] = a.zs;
     if (OPT_ARGMAX) ((long long *)p.part_arg)[at] = a.arg;
 }
 

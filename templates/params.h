@@ -88,6 +88,10 @@ struct flce_gemm_params {
      * dH: row_scale, 0 or an fp32 factor per row of the launch that multiplies its accumulators
      * (flce_qscale's s_i; a 0 factor gives 0 whatever the accumulator holds). */
     unsigned long long qref, qflags, row_scale;
+    /* Logits with OPT_SOFT (the distillation's student pass; no FLCE_QROWS, no FLCE_FUSED_DZ, so
+     * these fields are free there): qref is the teacher pass's compact fp16 p̃ of the same rows and
+     * columns (ld = ldo), qflags its fp32 group maxima (ld = ld_tile_max, the same column groups),
+     * and lse the teacher's fp32 lse of rows 0..m-1 (templates/gemm_logits.cu). */
     /* dH with row_scale and the label terms in its epilogue (the runtime's qdh off; else 0): qlab,
      * flce_qscale's (dz, label column) pairs per row, whose dz times the label's row of B is added
      * where that column lies in this launch's k range [qlab_k0, qlab_k0 + k) (B's row

@@ -15,6 +15,7 @@
 #include "topk.h"
 #include "emit.h"
 #include "flce.h"
+#include "dev_switch.h"
 #include "nvrtc_compile.h"
 
 static int says(const char *needle) { return strstr(flce_last_error(), needle) != NULL; }
@@ -296,14 +297,16 @@ static void null_context_and_bytes_are_named(void)
     CHECK(flce_distill_prepare(NULL, &p, &t) == FLCE_ERR_INVALID_ARGUMENT && says("ctx: NULL"));
 }
 
+/* The fp32-logits path: reverse KL and JSD (and fp32 inputs, and FLCE_DEV=compact=0) */
 static void chunks_follow_the_budget(void)
 {
     flce_distill_problem p = good();
+    p.divergence = FLCE_DIVERGENCE_REVERSE_KL;
     distill_plan pl;
     const uint64_t ld = 32000, row = ld * 10; /* teacher fp32 Z + student fp32 Z + 16-bit dZ */
     CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
     CHECK(pl.chunk_rows == 1024 && pl.chunks == 1 && pl.ld == 32000); /* 4 GiB / 320000 = 13421 rows ≥ N */
-    CHECK(!pl.student.compact && !pl.student.qrows && !pl.student.recompute && pl.student.off_z != pl.student.off_dz);
+    CHECK(!pl.compact && !pl.student.compact && !pl.student.qrows && !pl.student.recompute && pl.student.off_z != pl.student.off_dz);
     CHECK(!pl.student.need_dw_acc); /* one chunk: dWs straight into the caller's buffer */
     CHECK(pl.zt_offset >= pl.student.workspace_bytes && pl.workspace_bytes >= pl.zt_offset + 1024 * ld * 4 + 1024 * 4);
     p.memory_budget = row * 300; /* 300 rows fit: chunks of whole 128-row blocks, balanced */
@@ -328,6 +331,60 @@ static void chunks_follow_the_budget(void)
     p.dtype = FLCE_DTYPE_BF16;
     CHECKF(distill_plan_make(&p, &H100, &t, &with) == FLCE_OK, "%s", flce_last_error());
     CHECK(with.per_token_offset == with.labels_offset);
+}
+
+/* Forward KL on 16-bit inputs: both passes compact (4 bytes per logit), the student's with the
+ * soft-target sums over the teacher's p̃ in the same column groups, dZs in place of its p̃. */
+static void forward_kl_plans_the_compact_path(void)
+{
+    flce_distill_problem p = good();
+    distill_plan pl;
+    const uint64_t ld = 32000;
+    CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(pl.compact && pl.student.compact && pl.teacher.compact && !pl.student.qrows && !pl.teacher.qrows);
+    CHECK(pl.student.logits.opts == SPEC_OPT_SOFT && !(pl.teacher.logits.opts & SPEC_OPT_SOFT));
+    CHECK(pl.student.tile_cols == pl.teacher.tile_cols && pl.student.tile_max_ld == pl.teacher.tile_max_ld);
+    CHECK(pl.student.off_z == pl.student.off_dz && pl.chunk_rows == 1024 && pl.chunks == 1);
+    CHECK(pl.pt_offset >= pl.student.workspace_bytes && pl.teacher_tile_max >= pl.pt_offset + 1024 * ld * 2 &&
+          pl.lse_t_offset % 256 == 0 && pl.part_xs_offset % 256 == 0 && pl.per_token_offset % 256 == 0);
+    CHECK(spec_validate(&pl.student.logits) == FLCE_OK);
+    const uint64_t row = 2 * (ld * 2 + (ld + 63) / 64 * 4); /* what the plan counts per token */
+    p.memory_budget = row * 300;
+    CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECKF(pl.compact && pl.chunk_rows <= 300 && pl.chunks * pl.chunk_rows >= 1024 &&
+           (uint64_t)pl.chunk_rows * ld * 4 <= p.memory_budget, "%lld rows x %lld", (long long)pl.chunk_rows,
+           (long long)pl.chunks);
+    CHECK(pl.student.need_dw_acc);
+    p.memory_budget = row - 1;
+    CHECK(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("problem.memory_budget="));
+    p.memory_budget = 0;
+    p.divergence = FLCE_DIVERGENCE_JSD, p.beta = 0.0f; /* JSD at β = 0 is forward KL */
+    CHECK(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK && pl.compact);
+    p.beta = 0.5f;
+    CHECK(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK && !pl.compact);
+    p.divergence = FLCE_DIVERGENCE_FORWARD_KL, p.dtype = FLCE_DTYPE_F32;
+    CHECK(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK && !pl.compact);
+    p.dtype = FLCE_DTYPE_F16;
+    dev_switch_set("compact", "0"); /* the developer switch keeps the fp32 logits */
+    CHECK(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK && !pl.compact);
+    dev_switch_set("compact", NULL);
+    CHECK(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK && pl.compact);
+    /* a soft-target spec is a compact logits pass's only */
+    kernel_spec s = pl.student.logits;
+    s.compact = 0;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && says("soft-target"));
+    s = pl.student.logits, s.opts |= SPEC_OPT_ZSUM;
+    CHECK(spec_validate(&s) == FLCE_ERR_INVALID_ARGUMENT && says("soft-target"));
+    /* and it compiles (the student pass's kernel on sm_90a, the Hopper path CI cannot run) */
+    if (!nvrtc_load_error()) {
+        char *src = NULL;
+        void *cubin = NULL;
+        size_t len = 0;
+        flce_status st = emit_source(&pl.student.logits, &src);
+        if (st == FLCE_OK) st = nvrtc_compile(src, "soft", 90, &cubin, &len);
+        CHECKF(st == FLCE_OK && len > 0, "%s", flce_last_error());
+        free(src), free(cubin);
+    }
 }
 
 static void jsd_ends_are_emitted_as_the_kls(void)
@@ -360,7 +417,8 @@ static void distill_spec_emits_through_the_spec_path(void)
     free(src);
     const char *const *names = emit_kernel_names(ROLE_DISTILL);
     CHECK(names && !strcmp(names[0], "flce_distill_count") && !strcmp(names[1], "flce_distill_row") &&
-          !strcmp(names[2], "flce_distill_reduce") && !strcmp(names[3], "flce_topk_row") && !names[4]);
+          !strcmp(names[2], "flce_distill_reduce") && !strcmp(names[3], "flce_topk_row") && !strcmp(names[4], "flce_distill_lse") &&
+          !strcmp(names[5], "flce_distill_row_compact") && !names[6]);
     char line[256];
     spec_summary(&s, line, sizeof line);
     CHECKF(strstr(line, "distill f16 div=1") != NULL, "%s", line);
@@ -408,6 +466,7 @@ int main(void)
     RUN(every_bad_tensor_is_named);
     RUN(null_context_and_bytes_are_named);
     RUN(chunks_follow_the_budget);
+    RUN(forward_kl_plans_the_compact_path);
     RUN(jsd_ends_are_emitted_as_the_kls);
     RUN(distill_spec_emits_through_the_spec_path);
     RUN(row_kernels_compile_for_sm_80_and_sm_90a);

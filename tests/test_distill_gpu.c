@@ -34,6 +34,7 @@ typedef struct dcase {
     int grad_output;    /* a random upstream gradient instead of NULL */
     int nan_token;      /* >= 0: that token's teacher hidden row gets a NaN (reduction none) */
     int bad_label;      /* k > 0: token k - 1's label is V + 3 (masked like ignore_index, and flagged) */
+    double sharp;       /* > 0: the weights this many times larger (peaked distributions, logits to ±40) */
 } dcase;
 
 static int all_finite(const double *x, size_t n)
@@ -78,8 +79,9 @@ static void run_case(const dcase *c)
     const int64_t n = c->n, ds = c->ds, dt = c->dt, v = c->v;
     const size_t es = host_dtype_size(c->dtype);
     double *hs = dalloc(n * ds), *ws = dalloc(v * ds), *ht = dalloc(n * dt), *wt = dalloc(v * dt);
-    fill(hs, n * ds, 1.0, c->dtype), fill(ws, v * ds, 1.5 / sqrt((double)ds), c->dtype);
-    fill(ht, n * dt, 1.0, c->dtype), fill(wt, v * dt, 2.0 / sqrt((double)dt), c->dtype);
+    const double k = c->sharp > 0 ? c->sharp : 1.0;
+    fill(hs, n * ds, 1.0, c->dtype), fill(ws, v * ds, k * 1.5 / sqrt((double)ds), c->dtype);
+    fill(ht, n * dt, 1.0, c->dtype), fill(wt, v * dt, k * 2.0 / sqrt((double)dt), c->dtype);
     if (c->nan_token >= 0) ht[c->nan_token * dt + 3] = NAN;
     int64_t *labels = malloc(sizeof(int64_t) * (size_t)n);
     int32_t *labels32 = malloc(sizeof(int32_t) * (size_t)n);
@@ -184,6 +186,14 @@ static void ignored_tokens_chunks_and_options_match_the_reference(void)
          FLCE_REDUCTION_MEAN, 0, 3, 0, 0, -1},
         {"several chunks (small budget), reverse kl", 200, 64, 96, 1500, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_REVERSE_KL,
          0.f, 2.0f, 0.f, FLCE_REDUCTION_MEAN, 8ull * 1500 * 48, 4, 0, 0, -1},
+        {"several chunks (small budget), forward kl (the compact path)", 200, 64, 96, 1500, FLCE_DTYPE_BF16,
+         FLCE_DIVERGENCE_FORWARD_KL, 0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 4ull * 1500 * 48, 4, 0, 0, -1},
+        {"sharp logits (to ±40), forward kl, none", 128, 64, 128, 2000, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_FORWARD_KL,
+         0.f, 1.0f, 0.f, FLCE_REDUCTION_NONE, 0, 0, 0, 1, -1, 0, 5.0},
+        {"sharp logits, fp16, forward kl at T = 2", 128, 64, 128, 2000, FLCE_DTYPE_F16, FLCE_DIVERGENCE_FORWARD_KL,
+         0.f, 2.0f, 0.f, FLCE_REDUCTION_SUM, 0, 0, 0, 0, -1, 0, 5.0},
+        {"sharp logits, reverse kl (the fp32 path)", 128, 64, 128, 2000, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_REVERSE_KL,
+         0.f, 1.0f, 0.f, FLCE_REDUCTION_MEAN, 0, 0, 0, 0, -1, 0, 5.0},
         {"several chunks, fp32, forward kl, sum", 200, 32, 32, 999, FLCE_DTYPE_F32, FLCE_DIVERGENCE_FORWARD_KL, 0.f,
          1.0f, 1.0f, FLCE_REDUCTION_SUM, 8ull * 999 * 33, 5, 0, 1, -1},
         {"labels NULL, jsd beta 0 is forward kl", 64, 32, 64, 500, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_JSD, 0.0f, 1.5f,
