@@ -367,7 +367,11 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_c
                     asm("cvt.f32.f16 %0, %1;" : "=f"(hs) : "h"((unsigned short)(ws_[e / 2] >> (16 * (e % 2)))));
                     asm("cvt.f32.f16 %0, %1;" : "=f"(ht) : "h"((unsigned short)(wt_[e / 2] >> (16 * (e % 2)))));
                     const float q = hs * fs, pj = ht * ft;
-                    if (ht > 0.f) a += pj * ((log2f(ht) + lt) * 0.6931471805599453f);
+                    if (ht > 0.f) {
+                        float l2; // lg2.approx: within 2^-22 of log2, far below p̃'s fp16 step
+                        asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(l2) : "f"(ht));
+                        a += pj * ((l2 + lt) * 0.6931471805599453f);
+                    }
                     w += pj;
                     d = (q - pj) * INV_TEMP;
 #if DISTILL_LABELS
