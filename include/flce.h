@@ -470,9 +470,11 @@ typedef struct flce_distill_problem {
     int64_t ignore_index;      /* default -100 */
     flce_reduction reduction;
     uint64_t memory_budget;    /* bytes for one token chunk's logits, which sets the chunk size
-                                  (whole 128-row blocks where one fits): per logit the teacher's
-                                  and the student's fp32 logits and the student's dZ, 10 bytes
-                                  (fp32 inputs 8); 0 = 4 GiB; less than one token's row is
+                                  (whole 128-row blocks where one fits): per logit, forward KL on
+                                  16-bit inputs both models' compact fp16 logits, 4 bytes (dZ in
+                                  the student's place); otherwise the teacher's and the student's
+                                  fp32 logits and the student's dZ, 10 bytes (fp32 inputs 8);
+                                  0 = 4 GiB; less than one token's row is
                                   FLCE_ERR_INVALID_ARGUMENT. On top: an fp32 V × Ds dW accumulator
                                   for 16-bit inputs in several chunks, the CE path's few arrays
                                   per token. flce_distill_workspace_size says the total */
