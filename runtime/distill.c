@@ -170,14 +170,14 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
 }
 
 /* The module's spec: everything the row kernels are specialized on. */
-static kernel_spec distill_spec(const flce_context *ctx, const flce_distill_problem *p, const flce_distill_tensors *t)
+static kernel_spec distill_spec(const flce_context *ctx, const flce_distill_problem *p, int has_labels)
 {
     kernel_spec s;
     memset(&s, 0, sizeof s); /* the spec is a cache key by its bytes */
     s.sm = ctx->sm, s.dtype = p->dtype, s.role = ROLE_DISTILL, s.label_bits = p->label_bits;
     s.hidden = p->hidden_student, s.vocab_shard = p->vocab; /* for logs: the code does not depend on them */
     s.reduction = p->reduction, s.temperature = p->temperature;
-    s.divergence = (int)p->divergence, s.beta = p->beta, s.ce_weight = p->ce_weight, s.has_labels = t->labels != NULL;
+    s.divergence = (int)p->divergence, s.beta = p->beta, s.ce_weight = p->ce_weight, s.has_labels = has_labels;
     return s;
 }
 
@@ -230,12 +230,9 @@ static flce_status prepare_body(flce_context *ctx, CUdeviceptr ws, CUstream stre
 {
     (void)ws, (void)stream;
     const distill_call *c = arg;
-    flce_distill_tensors with, without;
-    flce_distill_tensors_init(&with), flce_distill_tensors_init(&without);
-    with.labels = &with;
-    const flce_distill_tensors *variants[2] = {c->t ? c->t : &with, c->t ? NULL : &without};
-    for (int v = 0; v < 2 && variants[v]; v++) {
-        kernel_spec s = distill_spec(ctx, c->p, variants[v]);
+    const int labels[2] = {c->t ? c->t->labels != NULL : 1, 0}, variants = c->t ? 1 : 2;
+    for (int v = 0; v < variants; v++) {
+        kernel_spec s = distill_spec(ctx, c->p, labels[v]);
         const kernel_spec *all[6];
         CUfunction fns[6][CTX_MAX_KERNELS];
         call_specs(c->pl, &s, all);
@@ -255,7 +252,7 @@ flce_status distill_prepare(flce_context *ctx, const flce_distill_problem *p, co
 static flce_status load(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
                         const flce_distill_tensors *t, CUdeviceptr ws, CUstream stream, distill_runs *d)
 {
-    kernel_spec s = distill_spec(ctx, p, t);
+    kernel_spec s = distill_spec(ctx, p, t->labels != NULL);
     const kernel_spec *all[6];
     call_specs(pl, &s, all);
     CUfunction fns[6][CTX_MAX_KERNELS];
