@@ -478,6 +478,14 @@ typedef struct flce_distill_problem {
                                   FLCE_ERR_INVALID_ARGUMENT. On top: an fp32 V × Ds dW accumulator
                                   for 16-bit inputs in several chunks, the CE path's few arrays
                                   per token. flce_distill_workspace_size says the total */
+    int32_t teacher_topk;      /* 0 (default): the teacher as teacher_hidden and teacher_weight.
+                                  k in [1, min(64, V)]: the teacher as each token's k (index,
+                                  log-probability) pairs (tensors.teacher_topk_indices, _logprobs),
+                                  e.g. flce_topk_logprobs's; hidden_teacher must then be 0 and the
+                                  divergence forward KL over those ids only:
+                                  D_i = Σ_{j∈K_i} p_j (log p_j − log q_j), dD_i/dzs_j =
+                                  (q_j·Σ_{K_i} p − p_j·1[j∈K_i])/T, p_j = exp(the given log-prob),
+                                  as given (its temperature and normalization are the teacher's) */
 } flce_distill_problem;
 
 /* Device buffers of one distillation call. Unused outputs may be NULL. */
@@ -496,6 +504,11 @@ typedef struct flce_distill_tensors {
     void *workspace;               /* caller-owned scratch of flce_distill_workspace_size bytes, or
                                       NULL to let the context allocate and keep one */
     uint64_t workspace_bytes;
+    /* problem.teacher_topk = k > 0 (teacher_hidden and teacher_weight then NULL): N × k int64
+     * distinct ids in [0, V) and their N × k fp32 log-probabilities. A token whose ids are out of
+     * range or repeat gets a NaN divergence, loss and dZs row (never a silent wrong gradient). */
+    const int64_t *teacher_topk_indices;
+    const float *teacher_topk_logprobs;
 } flce_distill_tensors;
 
 FLCE_API void flce_distill_problem_init(flce_distill_problem *problem);

@@ -24,7 +24,7 @@
 #include "log.h"
 
 enum { DISTILL_THREADS = 256 };
-enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2, DK_LSE = 4, DK_ROW_COMPACT = 5 }; /* emit.c distill_names */
+enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2, DK_LSE = 4, DK_ROW_COMPACT = 5, DK_ROW_TOPK = 6 }; /* emit.c distill_names */
 
 static uint64_t align256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
 
@@ -116,7 +116,8 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
                               const flce_distill_tensors *t, distill_plan *pl)
 {
     const uint64_t budget_given = p->memory_budget ? p->memory_budget : DISTILL_DEFAULT_BUDGET;
-    if (p->dtype != FLCE_DTYPE_F32 && compact_divergence(p) && config_get()->compact) {
+    const int teacher = p->teacher_topk == 0; /* the teacher's GEMM runs (else its top-k is given) */
+    if (teacher && p->dtype != FLCE_DTYPE_F32 && compact_divergence(p) && config_get()->compact) {
         flce_status st = plan_compact(p, dev, t, budget_given, pl);
         if (st != FLCE_ERR_UNSUPPORTED) return st;
         err_clear();
@@ -124,13 +125,13 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
     memset(pl, 0, sizeof *pl);
     const int f32 = p->dtype == FLCE_DTYPE_F32;
     const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8;
-    const uint64_t student_row = ld * (f32 ? 4 : 6), row = student_row + ld * 4;
+    const uint64_t student_row = ld * (f32 ? 4 : 6), row = student_row + (teacher ? ld * 4 : 0);
     const uint64_t budget = budget_given;
     if (budget < row)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "problem.memory_budget=%llu bytes: too small for one token's logits of both models "
-                       "(%llu bytes at vocab=%lld)", (unsigned long long)budget, (unsigned long long)row,
-                       (long long)p->vocab);
+                       "problem.memory_budget=%llu bytes: too small for one token's logits of %s "
+                       "(%llu bytes at vocab=%lld)", (unsigned long long)budget,
+                       teacher ? "both models" : "the student", (unsigned long long)row, (long long)p->vocab);
     /* the student's share of the budget, so that its chunk rows are the rows the whole fits */
     const uint64_t student_budget = budget / row * student_row;
     flce_config cfg = *config_get();
@@ -143,8 +144,12 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
     planned_tensors(t, &ts, &tt);
     TRY(plan_make_cfg(&pl->student_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, &ts,
                       &pl->student));
-    TRY(plan_make_cfg(&pl->teacher_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, &tt,
-                      &pl->teacher));
+    if (teacher)
+        TRY(plan_make_cfg(&pl->teacher_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg,
+                          &tt, &pl->teacher));
+    else
+        pl->teacher.ldz = (int64_t)ld; /* (no teacher plan: its GEMM does not run) */
+    pl->topk = p->teacher_topk;
     if ((pl->student.logits.opts | pl->teacher.logits.opts) & ~(unsigned)SPEC_OPT_BIAS)
         return err_set(FLCE_ERR_INTERNAL, "distillation: a logits pass planned with statistics beyond (max, sum) "
                        "(opts 0x%x, 0x%x; a planning bug)", pl->student.logits.opts, pl->teacher.logits.opts);
@@ -157,11 +162,13 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
     pl->ld = (int64_t)ld;
     pl->chunk_rows = pl->student.chunk_rows, pl->chunks = pl->student.n_chunks;
     uint64_t cur = align256(pl->student.workspace_bytes), n = (uint64_t)p->tokens;
-    pl->zt_offset = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * ld * 4);
-    const uint64_t parts = (uint64_t)pl->chunk_rows * (uint64_t)pl->teacher.splits * 4;
-    pl->teacher_part_m = cur, cur = align256(cur + parts);
-    pl->teacher_part_s = cur, cur = align256(cur + parts);
-    pl->teacher_target = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * 4);
+    if (teacher) {
+        pl->zt_offset = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * ld * 4);
+        const uint64_t parts = (uint64_t)pl->chunk_rows * (uint64_t)pl->teacher.splits * 4;
+        pl->teacher_part_m = cur, cur = align256(cur + parts);
+        pl->teacher_part_s = cur, cur = align256(cur + parts);
+        pl->teacher_target = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * 4);
+    }
     pl->labels_offset = cur, cur = align256(cur + ((!t || !t->labels) ? n * 8 : 0)); /* int64 or int32 */
     pl->per_token_offset = cur, cur = align256(cur + n * 4);
     pl->count_offset = cur, cur += 16;
@@ -191,6 +198,8 @@ typedef struct distill_row_args {
     unsigned long long pt, tile_ms, tile_mt, part_xs, target_s, lse_t; /* the compact path's */
     long long ld_tile;
     int tile_cols;
+    unsigned long long tk_idx, tk_lp; /* the teacher's top-k (flce_distill_row_topk) */
+    int topk;
 } distill_row_args;
 
 /* The two models' runs of the CE launch path over the workspace: the student's with its plan's
@@ -202,11 +211,12 @@ typedef struct distill_runs {
 } distill_runs;
 
 /* The call's kernels, in load()'s order: the student plan's rowops, logits, dH, dW, the teacher's
- * logits, the row kernels' module (s, which the caller owns). */
+ * logits (the module again when the teacher's top-k is given: no teacher pass runs), the row
+ * kernels' module (s, which the caller owns). */
 static void call_specs(const distill_plan *pl, const kernel_spec *s, const kernel_spec *all[6])
 {
     all[0] = &pl->student.rowops, all[1] = &pl->student.logits, all[2] = &pl->student.dh, all[3] = &pl->student.dw;
-    all[4] = &pl->teacher.logits, all[5] = s;
+    all[4] = pl->topk ? s : &pl->teacher.logits, all[5] = s;
 }
 
 typedef struct distill_call {
@@ -334,13 +344,15 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
                            (unsigned long long)ctx->flag_dev};
     TRY(launch(d.k[DK_COUNT], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill count"));
     if (pl->compact) return run_compact(&d, p, pl, &ra);
+    ra.tk_idx = addr(t->teacher_topk_indices), ra.tk_lp = addr(t->teacher_topk_logprobs), ra.topk = pl->topk;
     for (int64_t c = 0; c < pl->chunks; c++) {
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
         b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;
-        TRY(launch_store_logits(&d.teacher, &b, zt, &st_t));
+        if (!pl->topk) TRY(launch_store_logits(&d.teacher, &b, zt, &st_t));
         TRY(launch_store_logits(&d.student, &b, zs, &st_s));
         ra.row0 = b.row0, ra.rows = b.rows;
-        TRY(launch(d.k[DK_ROW], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows"));
+        if (pl->topk) TRY(launch(d.k[DK_ROW_TOPK], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows (top-k)"));
+        else TRY(launch(d.k[DK_ROW], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows"));
         block rows_done = b;
         rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
         TRY(run_grad_gemms(&d.student, &rows_done, &b));

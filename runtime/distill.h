@@ -14,6 +14,10 @@
  * 5.4 / 7.0 GiB), 8192×2048×151936 (teacher 4096) 61.2 / 52.9 / 50.0 / 48.1 ms. */
 #define DISTILL_DEFAULT_BUDGET (4ull << 30)
 
+/* The most (index, log-probability) pairs per token a teacher given as top-k may have (problem.teacher_topk;
+ * templates/distill.cu DISTILL_TOPK_MAX). */
+#define DISTILL_TOPK_MAX 64
+
 /* One call's plan: the student's GEMMs are a chunked CE plan of (N, Ds, V) with the fp32 Z store
  * (its logits, dH and dW kernels, tuned tiles, workspace layout: Z, dZ, accumulators); the
  * teacher's logits kernel comes from the same plan of (N, Dt, V). Token chunks of chunk_rows: per
@@ -35,6 +39,8 @@ typedef struct distill_plan {
      * common tile_max_ld), its lse per row at lse_t_offset, and the student pass's soft-target sums
      * at part_xs_offset (chunk_rows × student.splits). The fp32 path (compact = 0) uses zt_offset. */
     int compact;
+    int topk;                  /* problem.teacher_topk: > 0, the teacher's top-k is given (the fp32
+                                  path without the teacher's plan, pass or regions) */
     uint64_t pt_offset, teacher_tile_max, lse_t_offset, part_xs_offset;
     uint64_t labels_offset;    /* N zero labels (8 bytes each) for the logits epilogue when labels are NULL */
     uint64_t per_token_offset; /* fp32 loss_i of every token, N */

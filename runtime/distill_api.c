@@ -50,7 +50,8 @@ flce_status flce_distill_problem_validate(const flce_distill_problem *problem)
     TRY(normalize_problem(problem, &p));
     TRY(call_check_dim(p.tokens, "tokens", 1, 1, FLCE_MAX_TOKENS));
     TRY(call_check_dim(p.hidden_student, "hidden_student", 8, 8, FLCE_MAX_HIDDEN));
-    TRY(call_check_dim(p.hidden_teacher, "hidden_teacher", 8, 8, FLCE_MAX_HIDDEN));
+    if (p.teacher_topk == 0)
+        TRY(call_check_dim(p.hidden_teacher, "hidden_teacher", 8, 8, FLCE_MAX_HIDDEN));
     TRY(call_check_dim(p.vocab, "vocab", 1, 1, FLCE_MAX_VOCAB));
     TRY(call_check_dtype(p.dtype));
     if (p.label_bits != 32 && p.label_bits != 64)
@@ -66,6 +67,20 @@ flce_status flce_distill_problem_validate(const flce_distill_problem *problem)
     if (!(p.beta >= 0.0f && p.beta <= 1.0f)) /* NaN fails too */
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.beta=%g: must be in [0, 1]", (double)p.beta);
     TRY(call_check_temperature(p.temperature));
+    if (p.teacher_topk != 0) {
+        if (p.teacher_topk < 0 || p.teacher_topk > DISTILL_TOPK_MAX || p.teacher_topk > p.vocab)
+            return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                           "problem.teacher_topk=%d: must be 0 (the teacher's weights) or in [1, %d] and at most "
+                           "problem.vocab=%lld", p.teacher_topk, DISTILL_TOPK_MAX, (long long)p.vocab);
+        if (p.hidden_teacher != 0)
+            return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                           "problem.hidden_teacher=%lld: must be 0 when the teacher comes as top-k "
+                           "(problem.teacher_topk=%d)", (long long)p.hidden_teacher, p.teacher_topk);
+        if (!(p.divergence == FLCE_DIVERGENCE_FORWARD_KL || (p.divergence == FLCE_DIVERGENCE_JSD && p.beta <= 0.0f)))
+            return err_set(FLCE_ERR_UNSUPPORTED,
+                           "problem.divergence=%d with problem.teacher_topk=%d: a teacher's top-k gives forward KL "
+                           "over its ids only (reverse KL and JSD need every p)", (int)p.divergence, p.teacher_topk);
+    }
     if (!(p.ce_weight >= 0.0f) || !isfinite(p.ce_weight))
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.ce_weight=%g: must be finite and >= 0",
                        (double)p.ce_weight);
@@ -83,8 +98,23 @@ static flce_status check_tensors(const flce_distill_problem *p, const flce_disti
     TRY(call_check_struct_size(t->struct_size, sizeof *t, "tensors", "flce_distill_tensors"));
     TRY(call_check_ptr(t->student_hidden, "student_hidden", 16, 1));
     TRY(call_check_ptr(t->student_weight, "student_weight", 16, 1));
-    TRY(call_check_ptr(t->teacher_hidden, "teacher_hidden", 16, 1));
-    TRY(call_check_ptr(t->teacher_weight, "teacher_weight", 16, 1));
+    if (p->teacher_topk) {
+        if (t->teacher_hidden || t->teacher_weight)
+            return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                           "tensors.%s: given, but problem.teacher_topk=%d says the teacher comes as top-k "
+                           "(give its hidden states and weight, or its top-k, not both)",
+                           t->teacher_hidden ? "teacher_hidden" : "teacher_weight", p->teacher_topk);
+        TRY(call_check_ptr(t->teacher_topk_indices, "teacher_topk_indices", 8, 1));
+        TRY(call_check_ptr(t->teacher_topk_logprobs, "teacher_topk_logprobs", 4, 1));
+    } else {
+        if (t->teacher_topk_indices || t->teacher_topk_logprobs)
+            return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                           "tensors.%s: given, but problem.teacher_topk is 0 (the teacher as hidden states and "
+                           "weight); set problem.teacher_topk to k to give the teacher as top-k",
+                           t->teacher_topk_indices ? "teacher_topk_indices" : "teacher_topk_logprobs");
+        TRY(call_check_ptr(t->teacher_hidden, "teacher_hidden", 16, 1));
+        TRY(call_check_ptr(t->teacher_weight, "teacher_weight", 16, 1));
+    }
     TRY(call_check_ptr(t->labels, "labels", (uintptr_t)p->label_bits / 8, 0));
     TRY(call_check_ptr(t->grad_output, "grad_output", 4, 0));
     TRY(call_check_ptr(t->loss, "loss", 4, 0));

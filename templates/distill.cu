@@ -67,6 +67,11 @@ struct flce_distill_params {
     float *lse_t;             // rows: the teacher's lse at T (flce_distill_lse writes it)
     long long ld_tile;        // row stride of tile_ms and tile_mt
     int tile_cols;            // columns per group
+    // The teacher as top-k (flce_distill_row_topk; problem.teacher_topk): tokens × topk ids and
+    // log-probabilities, the fp32 path's student logits in zs
+    const long long *tk_idx;
+    const float *tk_lp;
+    int topk;
 };
 
 __device__ __forceinline__ long long distill_label(const flce_distill_params &p, long long i)
@@ -290,6 +295,86 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
         distill_store(dz, j, g * dzj);
     }
 #endif
+    loss += d;
+    if (threadIdx.x == 0) {
+        if (p.divergence) p.divergence[i] = d;
+        p.loss_rows[i] = loss;
+        if constexpr (FLCE_REDUCTION == 2) {
+            if (p.loss) p.loss[i] = loss;
+        }
+    }
+}
+
+// The teacher as top-k (problem.teacher_topk = k): each token's k (id, log p) pairs K given, no
+// teacher GEMM; the student's fp32 logits at T as on the fp32 path. Forward KL over K:
+//   D_i = Σ_{j∈K} p_j (log p_j − log q_j),   dZs_ij = g_i·(q_j·P_K − p_j·1[j∈K])/T (+ CE),  P_K = Σ_K p
+// Ids out of [0, V) or repeated within a token make its D, loss and dZs row NaN (a wrong gradient
+// would otherwise be silent). The k entries' log q are read before the row's dZs overwrite zs (fp32).
+constexpr int DISTILL_TOPK_MAX = 64;
+
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_topk(const flce_distill_params p)
+{
+    __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32];
+    __shared__ long long kid[DISTILL_TOPK_MAX];
+    __shared__ float kp[DISTILL_TOPK_MAX], klq[DISTILL_TOPK_MAX];
+    const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
+    const float *zs = p.zs + r * p.ld;
+    void *dz = (char *)p.dz + r * p.ld * (FLCE_DTYPE == 0 ? 4 : 2);
+    for (long long j = v + threadIdx.x; j < p.ld; j += DISTILL_THREADS) distill_store(dz, j, 0.f);
+    if (!distill_valid(p, i)) {
+        for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) distill_store(dz, j, 0.f);
+        if (threadIdx.x == 0) {
+            if (p.divergence) p.divergence[i] = 0.f;
+            p.loss_rows[i] = 0.f;
+            if constexpr (FLCE_REDUCTION == 2) {
+                if (p.loss) p.loss[i] = 0.f;
+            }
+        }
+        return;
+    }
+    const float lse_s = distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s, scratch_a,
+                                    scratch_b);
+    float loss = 0.f;
+#if DISTILL_LABELS
+    const long long y = distill_label(p, i);
+    if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (lse_s - zs[y]);
+#endif
+    const int k = p.topk, t = (int)threadIdx.x;
+    float dpart = 0.f, ppart = 0.f, badpart = 0.f;
+    if (t < k) {
+        const long long id = p.tk_idx[i * k + t];
+        const float lp = p.tk_lp[i * k + t];
+        bool ok = id >= 0 && id < v;
+        for (int u = 0; u < k; u++) ok = ok && (u == t || p.tk_idx[i * k + u] != id);
+        const float lq = ok ? zs[id] - lse_s : 0.f, pj = __expf(lp);
+        kid[t] = ok ? id : -1, kp[t] = pj, klq[t] = lq;
+        dpart = distill_xlog(pj, lp, lq), ppart = pj, badpart = ok ? 0.f : 1.f;
+    }
+    float d = distill_block_sum(dpart, scratch_a); // (its barriers also publish kid, kp, klq)
+    const float pk = distill_block_sum(ppart, scratch_b);
+    const float bad = distill_block_sum(badpart, scratch_a);
+    const float nan = __int_as_float(0x7fc00000);
+    if (bad != 0.f) d = nan;
+    const float g = bad != 0.f ? nan : distill_scale(p, i);
+    // every column as if outside K, then the k ids (each written once: the ids are distinct)
+    for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
+        const float q = __expf(zs[j] - lse_s);
+        float dzj = q * pk * INV_TEMP;
+#if DISTILL_LABELS
+        if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
+#endif
+        distill_store(dz, j, g * dzj);
+    }
+    __syncthreads();
+    if (t < k && kid[t] >= 0) {
+        const long long j = kid[t];
+        const float q = __expf(klq[t]);
+        float dzj = (q * pk - kp[t]) * INV_TEMP;
+#if DISTILL_LABELS
+        if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
+#endif
+        distill_store(dz, j, g * dzj);
+    }
     loss += d;
     if (threadIdx.x == 0) {
         if (p.divergence) p.divergence[i] = d;

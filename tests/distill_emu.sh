@@ -26,6 +26,11 @@ one() {
         echo "FAIL (build) $*"; fails=$((fails + 1)); return
     fi
     if out=$("$dir/emu" "$chunk"); then echo "ok   $* : $out"; else echo "FAIL $* : $out"; fails=$((fails + 1)); fi
+    if [ "$eff" = 0 ] && [ "$nan" = -1 ]; then # the teacher as top-k: forward KL over its ids
+        runs=$((runs + 1))
+        if out=$("$dir/emu" topkkl); then echo "ok   topkkl $* : $(echo "$out" | tr '\n' ' ')"
+        else echo "FAIL topkkl $* : $out"; fails=$((fails + 1)); fi
+    fi
 }
 # every divergence with each of (CE at T = 1, labels), (T = 2, labels), (T = 1.5, no labels), the
 # three reductions rotating over them so that each divergence meets each reduction and each

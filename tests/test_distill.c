@@ -68,9 +68,11 @@ static void struct_layout_is_the_bindings(void)
     CHECK(offsetof(flce_distill_problem, dtype) == 40);
     CHECK(offsetof(flce_distill_problem, divergence) == 48);
     CHECK(offsetof(flce_distill_problem, ignore_index) == 64);
-    CHECK(offsetof(flce_distill_problem, memory_budget) == 80 && sizeof(flce_distill_problem) == 88);
+    CHECK(offsetof(flce_distill_problem, memory_budget) == 80 && offsetof(flce_distill_problem, teacher_topk) == 88 &&
+          sizeof(flce_distill_problem) == 96);
     CHECK(offsetof(flce_distill_tensors, student_hidden) == 8);
-    CHECK(offsetof(flce_distill_tensors, workspace_bytes) == 96 && sizeof(flce_distill_tensors) == 104);
+    CHECK(offsetof(flce_distill_tensors, workspace_bytes) == 96 && offsetof(flce_distill_tensors, teacher_topk_logprobs) == 112 &&
+          sizeof(flce_distill_tensors) == 120);
 }
 
 typedef struct bad_case {
@@ -142,6 +144,60 @@ static void every_bad_problem_field_is_named(void)
                flce_status_name(st), flce_last_error());
     }
     CHECK(flce_distill_problem_validate(NULL) == FLCE_ERR_INVALID_ARGUMENT && says("problem: NULL"));
+}
+
+/* The teacher as top-k (problem.teacher_topk): every inconsistency named, the plan without the
+ * teacher's GEMM, pass or regions. */
+static void teacher_topk_is_checked_and_planned(void)
+{
+    flce_distill_problem p = good(), q;
+    p.teacher_topk = 16, p.hidden_teacher = 0;
+    CHECKF(flce_distill_problem_validate(&p) == FLCE_OK, "%s", flce_last_error());
+    p.hidden_teacher = 4096; /* a teacher width with top-k: a caller mixing the two forms */
+    CHECK(flce_distill_problem_validate(&p) == FLCE_ERR_INVALID_ARGUMENT && says("problem.hidden_teacher=4096") &&
+          says("teacher_topk=16"));
+    p.hidden_teacher = 0, p.teacher_topk = 65;
+    CHECK(flce_distill_problem_validate(&p) == FLCE_ERR_INVALID_ARGUMENT && says("problem.teacher_topk=65"));
+    p.teacher_topk = -1;
+    CHECK(flce_distill_problem_validate(&p) == FLCE_ERR_INVALID_ARGUMENT && says("problem.teacher_topk=-1"));
+    p.teacher_topk = 8, p.vocab = 5; /* more ids than the vocabulary */
+    CHECK(flce_distill_problem_validate(&p) == FLCE_ERR_INVALID_ARGUMENT && says("problem.teacher_topk=8") &&
+          says("problem.vocab=5"));
+    p.vocab = 32000, p.teacher_topk = 16, p.divergence = FLCE_DIVERGENCE_REVERSE_KL;
+    CHECK(flce_distill_problem_validate(&p) == FLCE_ERR_UNSUPPORTED && says("problem.divergence=1"));
+    p.divergence = FLCE_DIVERGENCE_JSD, p.beta = 0.0f; /* JSD at β = 0 is forward KL */
+    CHECK(flce_distill_problem_validate(&p) == FLCE_OK);
+    p.divergence = FLCE_DIVERGENCE_FORWARD_KL;
+    /* tensors: the teacher given both ways, or the top-k missing */
+    flce_distill_tensors t = good_tensors();
+    distill_plan pl;
+    CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.teacher_hidden: given") &&
+          says("not both"));
+    t.teacher_hidden = NULL;
+    CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.teacher_weight: given"));
+    t.teacher_weight = NULL;
+    CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT &&
+          says("tensors.teacher_topk_indices: NULL (required)"));
+    t.teacher_topk_indices = (const int64_t *)ADDR(10);
+    CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT &&
+          says("tensors.teacher_topk_logprobs: NULL (required)"));
+    t.teacher_topk_logprobs = (const float *)((char *)ADDR(11) + 2);
+    CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.teacher_topk_logprobs=") &&
+          says("4-byte aligned"));
+    t.teacher_topk_logprobs = (const float *)ADDR(11);
+    CHECKF(distill_check(&p, &t, &H100, &q, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECKF(pl.topk == 16 && !pl.compact && !pl.zt_offset && !pl.teacher_part_m && pl.chunks == 1, "topk %d compact %d zt %llu tpm %llu chunks %lld", pl.topk, pl.compact, (unsigned long long)pl.zt_offset, (unsigned long long)pl.teacher_part_m, (long long)pl.chunks);
+    CHECK(!pl.student.compact && pl.student.off_z != pl.student.off_dz && pl.workspace_bytes > pl.per_token_offset);
+    const uint64_t row = 32000 * 6; /* the student's fp32 logits and 16-bit dZs only */
+    p.memory_budget = row * 300;
+    CHECKF(distill_check(&p, &t, &H100, &q, &pl) == FLCE_OK && pl.chunk_rows > 200 && pl.chunk_rows <= 300,
+           "%lld rows: %s", (long long)pl.chunk_rows, flce_last_error());
+    /* top-k tensors with a dense teacher */
+    flce_distill_problem dense = good();
+    flce_distill_tensors u = good_tensors();
+    u.teacher_topk_logprobs = (const float *)ADDR(11);
+    CHECK(distill_check(&dense, &u, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT &&
+          says("tensors.teacher_topk_logprobs: given, but problem.teacher_topk is 0"));
 }
 
 static void jsd_ends_and_every_divergence_validate(void)
@@ -418,7 +474,7 @@ static void distill_spec_emits_through_the_spec_path(void)
     const char *const *names = emit_kernel_names(ROLE_DISTILL);
     CHECK(names && !strcmp(names[0], "flce_distill_count") && !strcmp(names[1], "flce_distill_row") &&
           !strcmp(names[2], "flce_distill_reduce") && !strcmp(names[3], "flce_topk_row") && !strcmp(names[4], "flce_distill_lse") &&
-          !strcmp(names[5], "flce_distill_row_compact") && !names[6]);
+          !strcmp(names[5], "flce_distill_row_compact") && !strcmp(names[6], "flce_distill_row_topk") && !names[7]);
     char line[256];
     spec_summary(&s, line, sizeof line);
     CHECKF(strstr(line, "distill f16 div=1") != NULL, "%s", line);
@@ -463,6 +519,7 @@ int main(void)
     RUN(struct_layout_is_the_bindings);
     RUN(every_bad_problem_field_is_named);
     RUN(jsd_ends_and_every_divergence_validate);
+    RUN(teacher_topk_is_checked_and_planned);
     RUN(every_bad_tensor_is_named);
     RUN(null_context_and_bytes_are_named);
     RUN(chunks_follow_the_budget);

@@ -36,6 +36,7 @@ class DistillProblem(ctypes.Structure):
         ("ignore_index", ctypes.c_int64),
         ("reduction", _enum),
         ("memory_budget", ctypes.c_uint64),
+        ("teacher_topk", ctypes.c_int32),
     ]
 
 
@@ -55,6 +56,8 @@ class DistillTensors(ctypes.Structure):
         ("grad_student_weight", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_uint64),
+        ("teacher_topk_indices", ctypes.c_void_p),
+        ("teacher_topk_logprobs", ctypes.c_void_p),
     ]
 
 

@@ -108,10 +108,116 @@ static int topk_case(long long v, int k, int splits)
     return bad;
 }
 
+/* flce_distill_row_topk (argv[1] "topkkl", in the forward-KL builds): the teacher given as each
+ * token's k (id, log p) pairs — the k largest of a random teacher's log-softmax, in a shuffled
+ * order — against the same formulas in double on the same fp32 student logits: D_i, loss_i (the
+ * build's CE term, labels, reduction) and dZs, written beside the logits and in place of them. Token
+ * 3 repeats an id and token 5 names one outside [0, V): their D and dZs rows must be NaN. */
+static int topkkl_case(int k, bool in_place)
+{
+    const long long n = 12, ds = 16, v = 90, ld = 96;
+    const int splits = 3;
+    std::vector<float> hs(n * ds), ws(v * ds), zs(n * ld, NAN), dzb(n * ld, NAN), pm(n * splits), ps(n * splits);
+    for (auto &x : hs) x = rnd();
+    for (auto &x : ws) x = rnd() * 0.8;
+    for (long long i = 0; i < n; i++)
+        for (long long j = 0; j < v; j++) {
+            float a = 0.f;
+            for (long long l = 0; l < ds; l++) a += hs[i * ds + l] * ws[j * ds + l];
+            zs[i * ld + j] = a * INV_TEMP;
+        }
+    const long long per = (v + splits - 1) / splits;
+    for (long long i = 0; i < n; i++)
+        for (int s = 0; s < splits; s++) {
+            float m = -INFINITY, sum = 0.f;
+            for (long long j = s * per; j < v && j < (s + 1) * per; j++) m = fmaxf(m, zs[i * ld + j]);
+            for (long long j = s * per; j < v && j < (s + 1) * per; j++) sum += expf(zs[i * ld + j] - m);
+            pm[i * splits + s] = m, ps[i * splits + s] = sum;
+        }
+    std::vector<long long> idx(n * k);
+    std::vector<float> lp(n * k);
+    for (long long i = 0; i < n; i++) {
+        std::vector<double> zt(v);
+        double m = -INFINITY, sum = 0;
+        for (auto &x : zt) x = rnd() * 3, m = fmax(m, x);
+        for (auto x : zt) sum += exp(x - m);
+        std::vector<long long> order(v);
+        for (long long j = 0; j < v; j++) order[j] = j;
+        std::sort(order.begin(), order.end(), [&](long long a, long long b) { return zt[a] > zt[b]; });
+        std::reverse(order.begin(), order.begin() + k); // any order of the k
+        for (int q = 0; q < k; q++) idx[i * k + q] = order[q], lp[i * k + q] = (float)(zt[order[q]] - m - log(sum));
+    }
+    if (k >= 2) idx[3 * k + 1] = idx[3 * k];
+    idx[5 * k + k - 1] = v + 2;
+    std::vector<int> lab(n);
+    for (long long i = 0; i < n; i++) lab[i] = i % 7 == 6 ? -100 : rand() % v;
+    const long long nl = FLCE_REDUCTION == 2 ? n : 1;
+    std::vector<float> go(nl), lossrows(n), loss(nl), div(n);
+    for (auto &x : go) x = 0.5f + (float)(rand() % 100) / 100;
+    float count = -1;
+    const std::vector<float> z0 = zs; // the logits as the reference reads them
+    flce_distill_params rp = {zs.data(), nullptr, in_place ? zs.data() : dzb.data(), pm.data(), ps.data(), nullptr,
+                              nullptr, DISTILL_LABELS ? lab.data() : nullptr, go.data(), div.data(), lossrows.data(),
+                              loss.data(), &count, 0, n, n, v, -100, ld, splits, 0};
+    rp.tk_idx = idx.data(), rp.tk_lp = lp.data(), rp.topk = k;
+    run(flce_distill_count, 1, rp);
+    run(flce_distill_row_topk, n, rp);
+    const float *dz = in_place ? zs.data() : dzb.data();
+    int bad = 0;
+    for (long long i = 0; i < n; i++) {
+        const bool valid = !DISTILL_LABELS || lab[i] != -100;
+        if (!valid) {
+            for (long long j = 0; j < ld; j++) bad += dz[i * ld + j] != 0.f;
+            bad += div[i] != 0.f;
+            continue;
+        }
+        for (long long j = v; j < ld; j++) bad += dz[i * ld + j] != 0.f; // padding zeroed
+        if ((i == 3 && k >= 2) || i == 5) {
+            bad += !std::isnan(div[i]) || !std::isnan(dz[i * ld]);
+            continue;
+        }
+        double mx = -INFINITY, sum = 0;
+        for (long long j = 0; j < v; j++) mx = fmax(mx, z0[i * ld + j]);
+        for (long long j = 0; j < v; j++) sum += exp(z0[i * ld + j] - mx);
+        const double lse = mx + log(sum);
+        double d = 0, pk = 0;
+        std::vector<double> pj(v, 0.0);
+        for (int q = 0; q < k; q++) {
+            const double p = exp((double)lp[i * k + q]);
+            d += p * (lp[i * k + q] - (z0[i * ld + idx[i * k + q]] - lse)), pk += p, pj[idx[i * k + q]] = p;
+        }
+        double g = FLCE_REDUCTION == 2 ? go[i] : go[0];
+        if (FLCE_REDUCTION == 0) g /= count;
+        double e2 = 0, r2 = 0;
+        for (long long j = 0; j < v; j++) {
+            const double qj = exp(z0[i * ld + j] - lse);
+            double want = (qj * pk - pj[j]) * INV_TEMP;
+            if (DISTILL_LABELS && CE_WEIGHT != 0.f) want += CE_WEIGHT * (qj - (j == lab[i] ? 1.0 : 0.0));
+            want *= g;
+            e2 += (dz[i * ld + j] - want) * (dz[i * ld + j] - want), r2 += want * want;
+        }
+        double lw = d + (DISTILL_LABELS && CE_WEIGHT != 0.f ? CE_WEIGHT * (lse - z0[i * ld + lab[i]]) : 0.0);
+        if (!(fabs(div[i] - d) <= 1e-5 * (1 + fabs(d))) || !(sqrt(e2) <= 1e-5 * sqrt(r2) + 1e-12) ||
+            !(fabs(lossrows[i] - lw) <= 1e-5 * (1 + fabs(lw)))) {
+            if (bad++ < 5) printf("token %lld: D %g want %g, loss %g want %g, dz err %.2e\n", i, div[i], d, lossrows[i], lw,
+                                  sqrt(e2 / (r2 + 1e-300)));
+        }
+    }
+    printf("topkkl k=%d %s: %s\n", k, in_place ? "in place" : "beside", bad ? "FAIL" : "ok");
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
     pthread_barrier_init(&emu_block_bar, nullptr, 256);
     for (int w = 0; w < 8; w++) pthread_barrier_init(&emu_warp_bar[w], nullptr, 32);
+    if (argc > 1 && !strcmp(argv[1], "topkkl")) {
+        int bad = 0;
+        bad += topkkl_case(1, false);
+        bad += topkkl_case(16, true);
+        bad += topkkl_case(64, false);
+        return bad != 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "topk")) {
         int bad = 0;
         bad += topk_case(1000, 1, 3);
