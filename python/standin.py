@@ -298,6 +298,44 @@ def distill_dz(zs, zt, labels, divergence, beta, temperature, ce_weight, ignore_
     return torch.where(valid, loss, zero), torch.where(valid, d, zero), valid, torch.where(valid[:, None], dz, 0.0)
 
 
+def distill_topk_dz(zs, idx, lp, labels, temperature, ce_weight, ignore_index):
+    """flce_distill_row_topk in float64: the teacher as each row's k (id, log p) pairs, forward KL
+    over them, D = Σ_K p (log p − log q), dz = (q·P_K − p·1[K])/T (+ CE at T = 1); a row whose ids
+    repeat or leave [0, V) is NaN. Returns what distill_dz returns."""
+    n, v = zs.shape
+    lq = torch.log_softmax(zs / temperature, 1)
+    q = lq.exp()
+    ok = ((idx >= 0) & (idx < v)).all(1)
+    ok &= torch.tensor([len(set(r.tolist())) == idx.shape[1] for r in idx], dtype=torch.bool, device=zs.device)
+    ic = torch.where((idx >= 0) & (idx < v), idx, torch.zeros_like(idx))
+    lpd = lp.double()
+    p = lpd.exp()
+    d = torch.where(p == 0, torch.zeros_like(p), p * (lpd - lq.gather(1, ic))).sum(1)
+    pk = p.sum(1)
+    dz = q * pk[:, None]
+    dz = dz.scatter_add(1, ic, -p) / temperature
+    nan = torch.full_like(d, float("nan"))
+    d = torch.where(ok, d, nan)
+    dz = torch.where(ok[:, None], dz, nan[:, None])
+    if labels is None:
+        valid = torch.ones(n, dtype=torch.bool, device=zs.device)
+        yc = torch.zeros(n, dtype=torch.int64, device=zs.device)
+    else:
+        y = labels.long()
+        has_label = (y >= 0) & (y < v)
+        valid = has_label & (y != ignore_index)
+        yc = torch.where(has_label, y, torch.zeros_like(y))
+    loss = d.clone()
+    if ce_weight != 0 and labels is not None:
+        ce = torch.logsumexp(zs, 1) - zs.gather(1, yc[:, None]).squeeze(1)
+        loss = loss + ce_weight * ce
+        sm = torch.softmax(zs, 1)
+        sm[torch.arange(n, device=zs.device), yc] -= 1
+        dz = dz + ce_weight * sm
+    zero = torch.zeros_like(loss)
+    return torch.where(valid, loss, zero), torch.where(valid, d, zero), valid, torch.where(valid[:, None], dz, 0.0)
+
+
 _real_distill_call = None  # flce.distill._DistillCall.__call__ before install() (the library call)
 
 
@@ -308,9 +346,14 @@ def _distill_run(self, loss, divergence, grad_hidden=None, grad_weight=None, gra
     if _distill_lib.available():  # the library's own checks of the problem, as the real call makes them
         _distill_lib.validate(p)
     # the problem the binding built describes the tensors it passes
+    topk = p.teacher_topk
     assert (p.tokens, p.hidden_student, p.hidden_teacher, p.vocab) == \
-        (self.hs.shape[0], self.hs.shape[1], self.ht.shape[1], self.ws.shape[0]), "distill problem/tensor mismatch"
-    assert self.wt.shape == (p.vocab, p.hidden_teacher) and self.ht.shape[0] == p.tokens
+        (self.hs.shape[0], self.hs.shape[1], 0 if topk else self.ht.shape[1], self.ws.shape[0]), \
+        "distill problem/tensor mismatch"
+    if topk:
+        assert self.ht.dtype == torch.int64 and self.ht.shape == (p.tokens, topk) and self.wt.shape == self.ht.shape
+    else:
+        assert self.wt.shape == (p.vocab, p.hidden_teacher) and self.ht.shape[0] == p.tokens
     assert p.divergence == _distill_lib.DIVERGENCES[o.divergence] and p.reduction == _lib.REDUCTIONS[o.reduction]
     assert abs(p.beta - o.beta) < 1e-6 and abs(p.temperature - o.temperature) < 1e-6 and p.ignore_index == o.ignore_index
     if p.ce_weight != 0 and (self.labels is None or p.temperature != 1):
@@ -320,10 +363,15 @@ def _distill_run(self, loss, divergence, grad_hidden=None, grad_weight=None, gra
                     ("grad_weight", grad_weight), ("grad_output", grad_output)):
         assert t is None or t.is_contiguous(), f"{name}: not contiguous"
     hs, ws = self.hs.double(), self.ws.double()
-    zs, zt = hs @ ws.T, self.ht.double() @ self.wt.double().T
+    zs = hs @ ws.T
     reduction = o.reduction
-    per, d, valid, dz = distill_dz(zs, zt, self.labels, o.divergence, float(p.beta), float(p.temperature),
-                                   float(p.ce_weight), p.ignore_index)
+    if topk:
+        per, d, valid, dz = distill_topk_dz(zs, self.ht, self.wt, self.labels, float(p.temperature),
+                                            float(p.ce_weight), p.ignore_index)
+    else:
+        zt = self.ht.double() @ self.wt.double().T
+        per, d, valid, dz = distill_dz(zs, zt, self.labels, o.divergence, float(p.beta), float(p.temperature),
+                                       float(p.ce_weight), p.ignore_index)
     count = int(valid.sum())
     if reduction == "none":
         loss.copy_(per)

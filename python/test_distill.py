@@ -332,10 +332,15 @@ def op_cases():
         h, w = hs.requires_grad_(), ws.requires_grad_()
         for reduction, grads in (("mean", 3), ("sum", 1), ("none", 0)):
             torch.library.opcheck(_distill.distill_op, (h, w, ht, wt, y, None, "jsd", 0.4, 1.0, 0.5, -100, reduction,
-                                                        0, grads))
+                                                        0, grads, 0))
         g = torch.randn(24, device=DEV)
         torch.library.opcheck(_distill.distill_op, (hs.detach(), ws.detach(), ht, wt, None, g, "forward_kl", 0.5,
-                                                    2.0, 0.0, -100, "none", 0, 3))
+                                                    2.0, 0.0, -100, "none", 0, 3, 0))
+        # the teacher as top-k: its ids and log-probabilities in the teacher's two places
+        _, _, ids, lp, _ = topk_inputs(24, 16, 40, 6)
+        for reduction, grads in (("mean", 3), ("none", 0)):
+            torch.library.opcheck(_distill.distill_op, (h, w, ids, lp, y, None, "forward_kl", 0.0, 1.0, 0.0, -100,
+                                                        reduction, 0, grads, 6))
     case("opcheck flce::distill", opcheck)
 
     def compiled_matches_eager(reduction, dynamic, ce):
@@ -565,6 +570,114 @@ def bad_input_cases():
     case("prepare_linear_distillation: bad arguments named; on a GPU a step after it", prepare, calls_library=False)
 
 
+# ---- the teacher as top-k (flce.linear_distillation_topk) ---------------------------------------
+
+def topk_inputs(n, ds, v, k, dtype=torch.float32, seed=0, ignore=0.2):
+    """The student as inputs() makes it; the teacher's k largest log-probabilities (of a random
+    teacher's full log-softmax, so they are not renormalized) and their ids in a shuffled order."""
+    hs, ws, ht, wt, y = inputs(n, ds, 24, v, dtype, seed, ignore=ignore)
+    lp_full = torch.log_softmax(ht.double() @ wt.double().T, 1)
+    vals, ids = lp_full.topk(k, 1)
+    g = torch.Generator(device=DEV).manual_seed(seed + 1)
+    perm = torch.randperm(k, generator=g, device=DEV)
+    return hs, ws, ids[:, perm].contiguous(), vals[:, perm].float().contiguous(), y
+
+
+def torch_distill_topk(hs, ws, ids, lp, labels, temperature=1.0, ce_weight=0.0, ignore_index=-100,
+                       reduction="mean"):
+    """The top-k forward KL in plain PyTorch (float64, autograd): Σ_K p (log p − log q)."""
+    zs = hs.reshape(-1, hs.shape[-1]) @ ws.T
+    lq = torch.log_softmax(zs / temperature, -1)
+    lpd = lp.reshape(-1, lp.shape[-1]).double()
+    d = (lpd.exp() * (lpd - lq.gather(1, ids.reshape(-1, ids.shape[-1])))).sum(-1)
+    n = zs.shape[0]
+    if labels is None:
+        valid = torch.ones(n, dtype=torch.bool, device=zs.device)
+    else:
+        y = labels.reshape(-1).long()
+        valid = (y != ignore_index) & (y >= 0) & (y < zs.shape[1])
+    loss = d
+    if ce_weight:
+        loss = loss + ce_weight * F.cross_entropy(zs, torch.where(valid, y, 0), reduction="none")
+    loss, d = torch.where(valid, loss, 0.0), torch.where(valid, d, 0.0)
+    if reduction == "mean":
+        count = int(valid.sum())
+        loss = loss.sum() / count if count else loss.sum() * 0
+    elif reduction == "sum":
+        loss = loss.sum()
+    else:
+        loss = loss.reshape(hs.shape[:-1])
+    return loss, d.reshape(hs.shape[:-1]).detach()
+
+
+def check_topk(n=64, ds=32, v=300, k=16, dtype=torch.float32, seed=2, with_labels=True, **opts):
+    hs, ws, ids, lp, y = topk_inputs(n, ds, v, k, dtype, seed)
+    labels = y if with_labels else None
+    h1, w1 = hs.clone().requires_grad_(), ws.clone().requires_grad_()
+    h2, w2 = hs.double().requires_grad_(), ws.double().requires_grad_()
+    out = flce.linear_distillation_topk(h1, w1, ids, lp, labels, return_per_token=True, **opts)
+    ref, ref_div = torch_distill_topk(h2, w2, ids, lp, labels, **{a: b for a, b in opts.items() if a != "memory_budget"})
+    tol, tol_grad = tolerance(dtype)  # the fp32 path: exact student logits, exact teacher log-probs
+    e = rel(out.loss.detach(), ref.detach())
+    assert e < tol, f"loss rel err {e:.2e}"
+    e = rel(out.divergence, ref_div)
+    assert e < tol, f"per-token divergence rel err {e:.2e}"
+    up = torch.randn(ref.shape, device=DEV, dtype=torch.float64) if opts.get("reduction") == "none" else \
+        torch.tensor(1.5, device=DEV, dtype=torch.float64)
+    (out.loss.double() * up).sum().backward()
+    (ref * up).sum().backward()
+    for name, a, b in (("dH", h1.grad, h2.grad), ("dW", w1.grad, w2.grad)):
+        e = rel(a, b)
+        assert e < tol_grad, f"{name} rel err {e:.2e} > {tol_grad}"
+
+
+def topk_cases():
+    dtypes = [torch.float32, torch.bfloat16] if GPU else [torch.float32]
+    for dtype in dtypes:
+        for k in (1, 16, 64):
+            for reduction in ("mean", "sum", "none"):
+                case(f"topk teacher {dtype} k={k} {reduction}",
+                     lambda: check_topk(k=k, dtype=dtype, reduction=reduction, temperature=1.5))
+    case("topk teacher, CE at T = 1", lambda: check_topk(ce_weight=0.5, reduction="mean"))
+    case("topk teacher, labels None", lambda: check_topk(with_labels=False, reduction="none"))
+    case("topk teacher, k = V", lambda: check_topk(v=40, k=40))
+
+    def bad_ids_are_nan():
+        hs, ws, ids, lp, y = topk_inputs(8, 16, 50, 4, ignore=0.0)
+        ids[2, 1] = ids[2, 0]  # repeated
+        ids[5, 3] = 50 + 7     # outside [0, V)
+        out = flce.linear_distillation_topk(hs, ws, ids, lp, y, reduction="none", return_per_token=True)
+        bad = torch.zeros(8, dtype=torch.bool, device=DEV)
+        bad[2] = bad[5] = True
+        assert torch.isnan(out.divergence[bad]).all() and torch.isfinite(out.divergence[~bad]).all(), out.divergence
+    case("topk teacher: repeated or out-of-range ids make that token NaN", bad_ids_are_nan)
+
+    def compiled():
+        hs, ws, ids, lp, y = topk_inputs(32, 16, 80, 8)
+        f = torch.compile(flce.linear_distillation_topk, backend=BACKEND, fullgraph=True)
+        a = f(hs, ws, ids, lp, y)
+        b = flce.linear_distillation_topk(hs, ws, ids, lp, y)
+        assert rel(a, b) < 1e-6, (a, b)
+    case("topk teacher under torch.compile(fullgraph=True)", compiled)
+
+    def bad_input():
+        hs, ws, ids, lp, y = topk_inputs(8, 16, 50, 4)
+        for what, args, kw in (
+                ("teacher_topk_indices", (hs, ws, ids.int(), lp, y), {}),
+                ("teacher_topk_logprobs", (hs, ws, ids, lp.double(), y), {}),
+                ("teacher_topk_logprobs", (hs, ws, ids, lp[:, :3].contiguous(), y), {}),
+                ("teacher_topk_indices", (hs, ws, ids[:4].contiguous(), lp[:4].contiguous(), y), {}),
+                ("k = 65", (hs, ws, torch.zeros(8, 65, dtype=torch.int64, device=DEV),
+                            torch.zeros(8, 65, device=DEV), y), {})):
+            try:
+                flce.linear_distillation_topk(*args, **kw)
+            except ValueError as e:
+                assert what in str(e), (what, str(e))
+            else:
+                raise AssertionError(f"{what}: no error")
+    case("topk teacher: bad inputs named", bad_input, calls_library=False)
+
+
 def main():
     global LIBRARY_CALLS
     try:
@@ -585,7 +698,8 @@ def main():
             LIBRARY_CALLS = False
             print(f"SKIP the cases that call the library: {flce.library_path()} has no flce_distill_loss_and_grad "
                   f"(rebuild libflce)")
-    for name, section in (("values", value_cases), ("ops", op_cases), ("bad input", bad_input_cases)):
+    for name, section in (("values", value_cases), ("ops", op_cases), ("bad input", bad_input_cases),
+                          ("teacher top-k", topk_cases)):
         t0 = time.time()
         section()
         print(f"[{name}: {time.time() - t0:.1f} s]")

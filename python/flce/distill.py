@@ -30,7 +30,7 @@ from torch import Tensor
 from . import _compat, _distill_lib, _lib
 from ._ops import _traced  # flce/__init__.py has loaded _ops first
 
-__all__ = ["linear_distillation", "LinearDistillation", "LinearDistillationOutput"]
+__all__ = ["linear_distillation", "linear_distillation_topk", "LinearDistillation", "LinearDistillationOutput"]
 
 Divergence = Literal["forward_kl", "reverse_kl", "jsd"]
 Reduction = Literal["mean", "sum", "none"]
@@ -59,6 +59,7 @@ class _DistillOptions(NamedTuple):
     ignore_index: int
     reduction: str
     memory_budget: int
+    teacher_topk: int = 0  # > 0: the teacher comes as top-k (ht = its ids, wt = their log-probs)
 
 
 # ---- argument checks -------------------------------------------------------------------------
@@ -189,7 +190,8 @@ class _DistillCall:
         self.device = hs.device
         self.hs, self.ws, self.ht, self.wt, self.labels, self.opts = hs, ws, ht, wt, labels, opts
         self.problem = _distill_lib.new_problem(
-            tokens=hs.shape[0], hidden_student=hs.shape[1], hidden_teacher=ht.shape[1], vocab=ws.shape[0],
+            tokens=hs.shape[0], hidden_student=hs.shape[1], hidden_teacher=0 if opts.teacher_topk else ht.shape[1],
+            vocab=ws.shape[0], teacher_topk=int(opts.teacher_topk),
             dtype=_DTYPES[hs.dtype], label_bits=_LABEL_BITS[labels.dtype] if labels is not None else 64,
             divergence=_distill_lib.DIVERGENCES[opts.divergence], beta=float(opts.beta),
             temperature=float(opts.temperature), ce_weight=float(opts.ce_weight),
@@ -207,9 +209,13 @@ class _DistillCall:
 
         def p(t, name, align):
             return None if t is None else _ptr(t, name, align)
+        topk = bool(self.opts.teacher_topk)
         t = _distill_lib.new_tensors(
             student_hidden=p(self.hs, "student_hidden", 16), student_weight=p(self.ws, "student_weight", 16),
-            teacher_hidden=p(self.ht, "teacher_hidden", 16), teacher_weight=p(self.wt, "teacher_weight", 16),
+            teacher_hidden=None if topk else p(self.ht, "teacher_hidden", 16),
+            teacher_weight=None if topk else p(self.wt, "teacher_weight", 16),
+            teacher_topk_indices=p(self.ht, "teacher_topk_indices", 8) if topk else None,
+            teacher_topk_logprobs=p(self.wt, "teacher_topk_logprobs", 4) if topk else None,
             labels=p(self.labels, "labels", self.labels.element_size() if self.labels is not None else 1),
             grad_output=p(grad_output, "grad_output", 4), loss=p(loss, "loss", 4),
             divergence=p(divergence, "divergence", 4), grad_student_hidden=p(grad_hidden, "grad_hidden", 16),
@@ -218,7 +224,7 @@ class _DistillCall:
         _distill_lib.loss_and_grad(ctx, self.problem, t, torch.cuda.current_stream(self.device).cuda_stream)
 
 
-def _dense(t, align=16):
+def _dense(t, align=16):  # (ids: 8-byte, log-probs: 4-byte aligned would do; 16 is what a fresh tensor has)
     """t when contiguous and aligned, else a contiguous copy (a compiled graph may hand the op a
     layout eager mode would not have)."""
     if t is None or (t.is_contiguous() and t.data_ptr() % align == 0):
@@ -237,14 +243,17 @@ def _outputs(hs, ws, reduction, grads):
 def _distill_impl(student_hidden: Tensor, student_weight: Tensor, teacher_hidden: Tensor, teacher_weight: Tensor,
                   labels: Optional[Tensor], grad_output: Optional[Tensor], divergence: str, beta: float,
                   temperature: float, ce_weight: float, ignore_index: int, reduction: str, memory_budget: int,
-                  grads: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                  grads: int, teacher_topk: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(loss, divergence, dhs, dws): loss () or (N,) for 'none', the per-token divergence (N,), and
     the student's gradients of Σ g_i loss_i (grad_output g: None = 1, one fp32 value for mean/sum, N
-    for none) when `grads` asks for them (GRAD_HIDDEN, GRAD_WEIGHT), else empty (0,) tensors."""
+    for none) when `grads` asks for them (GRAD_HIDDEN, GRAD_WEIGHT), else empty (0,) tensors.
+    teacher_topk = k > 0: teacher_hidden is the teacher's (N, k) int64 ids and teacher_weight their
+    (N, k) fp32 log-probabilities (forward KL over those ids)."""
     hs, ws, ht, wt = (_dense(t) for t in (student_hidden, student_weight, teacher_hidden, teacher_weight))
     labels = None if labels is None else _dense(labels, labels.element_size())
     go = None if grad_output is None else _dense(grad_output.to(torch.float32), 4)
-    opts = _DistillOptions(divergence, beta, temperature, ce_weight, ignore_index, reduction, memory_budget)
+    opts = _DistillOptions(divergence, beta, temperature, ce_weight, ignore_index, reduction, memory_budget,
+                           teacher_topk)
     loss, div, dh, dw = _outputs(hs, ws, reduction, grads)
     _DistillCall(hs, ws, ht, wt, labels, opts)(loss, div, dh if grads & GRAD_HIDDEN else None,
                                                dw if grads & GRAD_WEIGHT else None, go)
@@ -256,12 +265,12 @@ distill_op = torch.library.custom_op("flce::distill", mutates_args=())(_distill_
 
 @distill_op.register_fake
 def _distill_fake(student_hidden, student_weight, teacher_hidden, teacher_weight, labels, grad_output, divergence,
-                  beta, temperature, ce_weight, ignore_index, reduction, memory_budget, grads):
+                  beta, temperature, ce_weight, ignore_index, reduction, memory_budget, grads, teacher_topk):
     return _outputs(student_hidden, student_weight, reduction, grads)
 
 
 _OPTION_NAMES = ("divergence", "beta", "temperature", "ce_weight", "ignore_index", "reduction", "memory_budget",
-                 "grads")
+                 "grads", "teacher_topk")
 
 
 def _setup(ctx, inputs, output):
@@ -278,7 +287,7 @@ def _setup(ctx, inputs, output):
 
 
 def _backward(ctx, g_loss, g_div, g_dh, g_dw):
-    none = (None,) * 14
+    none = (None,) * 15
     need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if g_loss is None or not (need_dh or need_dw):
         return none
@@ -306,7 +315,8 @@ def _backward(ctx, g_loss, g_div, g_dh, g_dw):
     grads = GRAD_HIDDEN * bool(need_dh) | GRAD_WEIGHT * bool(need_dw)
     call = _distill_impl if getattr(ctx, "eager", False) else distill_op
     _, _, dh, dw = call(hs, ws, ht, wt, labels, g, o["divergence"], o["beta"], o["temperature"],
-                        o["ce_weight"], o["ignore_index"], o["reduction"], o["memory_budget"], grads)
+                        o["ce_weight"], o["ignore_index"], o["reduction"], o["memory_budget"], grads,
+                        o["teacher_topk"])
     return (dh if need_dh else None, dw if need_dw else None) + none[2:]
 
 
@@ -424,7 +434,98 @@ def linear_distillation(student_hidden: Tensor, student_weight: Tensor, teacher_
     if reduction != "none":
         grads = GRAD_HIDDEN * bool(need_dh) | GRAD_WEIGHT * bool(need_dw)
     loss, div, _, _ = _distill(h2, ws, t2, wt, y1, None, divergence, float(beta), float(temperature),
-                                 float(ce_weight), int(ignore_index), reduction, int(memory_budget or 0), grads)
+                                 float(ce_weight), int(ignore_index), reduction, int(memory_budget or 0), grads, 0)
+    if reduction == "none":
+        loss = loss.reshape(lead)
+    if return_per_token:
+        return LinearDistillationOutput(loss, div.reshape(lead))
+    return loss
+
+
+def _check_topk_tensors(hs, ws, idx, lp, labels):
+    for name, t in (("student_hidden", hs), ("student_weight", ws), ("teacher_topk_indices", idx),
+                    ("teacher_topk_logprobs", lp)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {_kind(t)}")
+    if labels is not None and not isinstance(labels, torch.Tensor):
+        raise TypeError(f"labels: expected a torch.Tensor or None, got {_kind(labels)}")
+    _require_cuda(hs, "student_hidden")
+    for name, t in (("student_weight", ws), ("teacher_topk_indices", idx), ("teacher_topk_logprobs", lp),
+                    ("labels", labels)):
+        if t is not None and t.device != hs.device:
+            raise ValueError(f"{name}: on {t.device}, student_hidden is on {hs.device} (must be the same device)")
+    if hs.dtype not in _DTYPES:
+        raise ValueError(f"student_hidden: dtype {hs.dtype} is not supported (float32, float16 or bfloat16)")
+    if ws.dtype != hs.dtype:
+        raise ValueError(f"student_weight: dtype {ws.dtype}, student_hidden is {hs.dtype} (must be the same)")
+    if idx.dtype != torch.int64:
+        raise ValueError(f"teacher_topk_indices: dtype {idx.dtype}; expected int64 (torch.topk's indices)")
+    if lp.dtype != torch.float32:
+        raise ValueError(f"teacher_topk_logprobs: dtype {lp.dtype}; expected float32 log-probabilities")
+    if labels is not None and labels.dtype not in _LABEL_BITS:
+        raise ValueError(f"labels: dtype {labels.dtype} is not supported (int32 or int64)")
+    if hs.dim() < 1 or ws.dim() != 2 or ws.shape[1] != hs.shape[-1]:
+        raise ValueError(f"student_weight: shape {tuple(ws.shape)} does not match student_hidden {tuple(hs.shape)} "
+                         f"(need (V, D) with D = student_hidden.shape[-1])")
+    if ws.shape[0] < 1:
+        raise ValueError("student_weight: V = 0 rows; need at least one vocab row")
+    if hs.shape[-1] < 8 or hs.shape[-1] % 8:
+        raise ValueError(f"student_hidden: D = {hs.shape[-1]} must be a positive multiple of 8")
+    lead = tuple(hs.shape[:-1])
+    if idx.dim() < 1 or tuple(idx.shape[:-1]) != lead:
+        raise ValueError(f"teacher_topk_indices: shape {tuple(idx.shape)} must be student_hidden's leading shape "
+                         f"{lead} plus (k,)")
+    if tuple(lp.shape) != tuple(idx.shape):
+        raise ValueError(f"teacher_topk_logprobs: shape {tuple(lp.shape)} differs from teacher_topk_indices' "
+                         f"{tuple(idx.shape)}")
+    k = idx.shape[-1]
+    if not 1 <= k <= min(64, ws.shape[0]):
+        raise ValueError(f"teacher_topk_indices: k = {k} ids per token; must be in [1, min(64, V = {ws.shape[0]})]")
+    if labels is not None and tuple(labels.shape) != lead:
+        raise ValueError(f"labels: shape {tuple(labels.shape)} must be student_hidden's leading shape {lead}")
+    for name, t in (("student_hidden", hs), ("student_weight", ws), ("teacher_topk_indices", idx),
+                    ("teacher_topk_logprobs", lp), ("labels", labels)):
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"{name}: must be contiguous (call .contiguous() first)")
+
+
+def linear_distillation_topk(student_hidden: Tensor, student_weight: Tensor, teacher_topk_indices: Tensor,
+                             teacher_topk_logprobs: Tensor, labels: Optional[Tensor] = None, *,
+                             temperature: float = 1.0, ce_weight: float = 0.0, ignore_index: int = -100,
+                             reduction: Reduction = "mean", return_per_token: bool = False,
+                             memory_budget: Optional[int] = None) -> Union[Tensor, LinearDistillationOutput]:
+    """Forward KL from a teacher given as each token's top-k (e.g. flce.topk_logprobs of the teacher,
+    or a serving engine's prompt log-probs): D_i = sum over the k ids j of p_j (log p_j - log q_j),
+    p_j = exp(teacher_topk_logprobs) as given (their temperature and normalization are the
+    teacher's), q = softmax(student logits / temperature) over the whole vocabulary, without the
+    student's tokens x vocab logits in memory and with no teacher GEMM.
+
+    teacher_topk_indices: (..., k) int64 distinct ids in [0, V), the student's leading shape, k <= 64;
+    teacher_topk_logprobs: (..., k) float32. A token whose ids repeat or fall outside [0, V) gets a NaN
+    divergence and gradient row (never a silently wrong one). The other arguments are
+    linear_distillation's; gradients reach student_hidden and student_weight."""
+    _check_topk_tensors(student_hidden, student_weight, teacher_topk_indices, teacher_topk_logprobs, labels)
+    _check_options(labels, "forward_kl", 0.5, temperature, ce_weight, ignore_index, reduction, return_per_token,
+                   memory_budget)
+    hs, ws = _autocast(student_hidden, student_weight)
+    lead = hs.shape[:-1]
+    k = teacher_topk_indices.shape[-1]
+    h2 = hs.reshape(-1, hs.shape[-1])
+    idx, lp = teacher_topk_indices.reshape(-1, k), teacher_topk_logprobs.detach().reshape(-1, k)
+    y1 = None if labels is None else labels.reshape(-1)
+    n = h2.shape[0]
+    grad_on = torch.is_grad_enabled()
+    need_dh, need_dw = grad_on and hs.requires_grad, grad_on and ws.requires_grad
+    if n == 0:
+        zero = h2.float().sum() * 0 + ws.float().sum() * 0
+        per = torch.zeros(lead, dtype=torch.float32, device=hs.device)
+        loss = per + zero if reduction == "none" else zero
+        return LinearDistillationOutput(loss, per) if return_per_token else loss
+    grads = 0
+    if reduction != "none":
+        grads = GRAD_HIDDEN * bool(need_dh) | GRAD_WEIGHT * bool(need_dw)
+    loss, div, _, _ = _distill(h2, ws, idx, lp, y1, None, "forward_kl", 0.0, float(temperature), float(ce_weight),
+                               int(ignore_index), reduction, int(memory_budget or 0), grads, int(k))
     if reduction == "none":
         loss = loss.reshape(lead)
     if return_per_token:
