@@ -210,6 +210,162 @@ static void ignored_tokens_chunks_and_options_match_the_reference(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
 }
 
+/* The teacher as top-k (problem.teacher_topk = k): the k largest of a random teacher's fp64
+ * log-softmax in a shuffled order, against forward KL over those ids in fp64 (D_i, the loss, dHs and
+ * dWs from dz = g·(q·P_K − p·1[K])/T + CE); token 1 repeats an id and token 4 names one past V, so
+ * their divergence is NaN and the other tokens still match. */
+typedef struct tcase {
+    const char *name;
+    int64_t n, ds, v;
+    int k;
+    flce_dtype dtype;
+    float temperature, ce_weight;
+    flce_reduction reduction;
+    uint64_t budget;
+    int bad_ids;
+} tcase;
+
+static void run_topk_case(const tcase *c)
+{
+    const int64_t n = c->n, ds = c->ds, v = c->v, k = c->k;
+    const size_t es = host_dtype_size(c->dtype);
+    double *hs = dalloc(n * ds), *ws = dalloc(v * ds), *zt = dalloc(v), *lp = dalloc(n * k);
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)(n * k)), *labels = malloc(sizeof(int64_t) * (size_t)n);
+    int32_t *labels32 = malloc(sizeof(int32_t) * (size_t)n);
+    fill(hs, n * ds, 1.0, c->dtype), fill(ws, v * ds, 1.5 / sqrt((double)ds), c->dtype);
+    for (int64_t i = 0; i < n; i++) {
+        double m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < v; j++) zt[j] = 2.0 * host_rng_normal(&rng), m = fmax(m, zt[j]);
+        for (int64_t j = 0; j < v; j++) s += exp(zt[j] - m);
+        for (int64_t q = 0; q < k; q++) { /* the q-th largest, by selection (k ≤ 64) */
+            int64_t best = -1;
+            for (int64_t j = 0; j < v; j++) {
+                int taken = 0;
+                for (int64_t u = 0; u < q && !taken; u++) taken = ids[i * k + u] == j;
+                if (!taken && (best < 0 || zt[j] > zt[best])) best = j;
+            }
+            ids[i * k + q] = best, lp[i * k + q] = (double)(float)(zt[best] - m - log(s));
+        }
+        for (int64_t q = k - 1; q > 0; q--) { /* shuffled: the call must not assume an order */
+            int64_t u = (int64_t)host_rng_below(&rng, q + 1), ti = ids[i * k + q];
+            double tl = lp[i * k + q];
+            ids[i * k + q] = ids[i * k + u], lp[i * k + q] = lp[i * k + u], ids[i * k + u] = ti, lp[i * k + u] = tl;
+        }
+        labels[i] = i % 9 == 8 ? -100 : (int64_t)host_rng_below(&rng, v), labels32[i] = (int32_t)labels[i];
+    }
+    if (c->bad_ids && k >= 2) ids[1 * k + 1] = ids[1 * k];
+    if (c->bad_ids) ids[4 * k + k - 1] = v + 3;
+    /* the reference */
+    const int64_t n_loss = c->reduction == FLCE_REDUCTION_NONE ? n : 1;
+    double *rl = dalloc(n), *rdiv = dalloc(n), *dz = dalloc(n * v), *rdh = dalloc(n * ds), *rdw = dalloc(v * ds);
+    double count = 0, total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int valid = labels[i] != -100;
+        rl[i] = rdiv[i] = 0;
+        if (!valid) continue;
+        count += 1;
+        double *z = dz + i * v, m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < v; j++) {
+            double a = 0;
+            for (int64_t l = 0; l < ds; l++) a += hs[i * ds + l] * ws[j * ds + l];
+            z[j] = a;
+        }
+        for (int64_t j = 0; j < v; j++) m = fmax(m, z[j] / c->temperature);
+        for (int64_t j = 0; j < v; j++) s += exp(z[j] / c->temperature - m);
+        const double lse = m + log(s);
+        double d = 0, pk = 0;
+        for (int64_t q = 0; q < k; q++) {
+            const double p = exp(lp[i * k + q]);
+            d += p * (lp[i * k + q] - (z[ids[i * k + q]] / c->temperature - lse)), pk += p;
+        }
+        double ce = 0, m1 = -INFINITY, s1 = 0;
+        for (int64_t j = 0; j < v; j++) m1 = fmax(m1, z[j]);
+        for (int64_t j = 0; j < v; j++) s1 += exp(z[j] - m1);
+        ce = m1 + log(s1) - z[labels[i]];
+        rdiv[i] = d, rl[i] = d + c->ce_weight * ce, total += rl[i];
+        for (int64_t j = 0; j < v; j++) {
+            const double q = exp(z[j] / c->temperature - lse), q1 = exp(z[j] - m1) / s1;
+            z[j] = q * pk / c->temperature + c->ce_weight * (q1 - (j == labels[i]));
+        }
+        for (int64_t q = 0; q < k; q++) z[ids[i * k + q]] -= exp(lp[i * k + q]) / c->temperature;
+    }
+    double rloss = c->reduction == FLCE_REDUCTION_MEAN ? (count ? total / count : 0) : total;
+    for (int64_t i = 0; i < n; i++) {
+        const double g = labels[i] == -100 ? 0 : c->reduction == FLCE_REDUCTION_MEAN ? 1.0 / count : 1.0;
+        for (int64_t j = 0; j < v; j++) dz[i * v + j] *= g;
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t l = 0; l < ds; l++) {
+            double a = 0;
+            for (int64_t j = 0; j < v; j++) a += dz[i * v + j] * ws[j * ds + l];
+            rdh[i * ds + l] = a;
+        }
+    for (int64_t j = 0; j < v; j++)
+        for (int64_t l = 0; l < ds; l++) {
+            double a = 0;
+            for (int64_t i = 0; i < n; i++) a += dz[i * v + j] * hs[i * ds + l];
+            rdw[j * ds + l] = a;
+        }
+    /* the call */
+    flce_distill_problem p;
+    flce_distill_problem_init(&p);
+    p.tokens = n, p.hidden_student = ds, p.hidden_teacher = 0, p.vocab = v, p.dtype = c->dtype, p.teacher_topk = c->k;
+    p.temperature = c->temperature, p.ce_weight = c->ce_weight, p.reduction = c->reduction, p.label_bits = 32;
+    p.memory_budget = c->budget;
+    flce_distill_tensors t;
+    flce_distill_tensors_init(&t);
+    t.student_hidden = upload_dtype(c->dtype, hs, n * ds), t.student_weight = upload_dtype(c->dtype, ws, v * ds);
+    void *dids = NULL, *dlab = NULL;
+    if (devmem_alloc(&dids, (size_t)(n * k) * 8) == FLCE_OK) devmem_upload(dids, ids, (size_t)(n * k) * 8);
+    if (devmem_alloc(&dlab, (size_t)n * 4) == FLCE_OK) devmem_upload(dlab, labels32, (size_t)n * 4);
+    t.teacher_topk_indices = dids, t.teacher_topk_logprobs = upload_f32(lp, n * k), t.labels = dlab;
+    t.loss = poisoned((size_t)n_loss * 4), t.divergence = poisoned((size_t)n * 4);
+    t.grad_student_hidden = poisoned((size_t)(n * ds) * es), t.grad_student_weight = poisoned((size_t)(v * ds) * es);
+    flce_status st = flce_distill_loss_and_grad(ctx, &p, &t, NULL);
+    CHECKF(st == FLCE_OK, "%s: %s: %s", c->name, flce_status_name(st), flce_last_error());
+    CHECKF(flce_check(ctx, NULL) == FLCE_OK, "%s: check: %s", c->name, flce_last_error());
+    double *gl = dalloc(n_loss), *gdiv = dalloc(n), *gdh = dalloc(n * ds), *gdw = dalloc(v * ds);
+    down_f32(t.loss, gl, n_loss), down_f32(t.divergence, gdiv, n);
+    download_f64(c->dtype, t.grad_student_hidden, gdh, (size_t)(n * ds));
+    download_f64(c->dtype, t.grad_student_weight, gdw, (size_t)(v * ds));
+    if (c->bad_ids) {
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const int nan_token = labels[i] != -100 && ((i == 1 && k >= 2) || i == 4);
+            if (nan_token) bad += !isnan(gdiv[i]) || !isnan(gdh[i * ds]);
+            else bad += !(fabs(gdiv[i] - rdiv[i]) <= 1e-4 * (1 + fabs(rdiv[i])));
+        }
+        CHECKF(bad == 0, "%s: %d tokens wrong (NaN where the ids are bad, the reference elsewhere)", c->name, bad);
+    } else {
+        double e_loss = c->reduction == FLCE_REDUCTION_NONE ? ref_rel_l2(rl, gl, (size_t)n) : fabs(gl[0] - rloss) / (1 + fabs(rloss));
+        double e_div = ref_rel_l2(rdiv, gdiv, (size_t)n);
+        double e_dh = ref_rel_l2(rdh, gdh, (size_t)(n * ds)), e_dw = ref_rel_l2(rdw, gdw, (size_t)(v * ds));
+        double tg = tol_grad(c->dtype);
+        CHECKF(e_loss <= 1e-5 && e_div <= 1e-5, "%s: loss %.2e (%g vs %g) divergence %.2e", c->name, e_loss, gl[0],
+               rloss, e_div);
+        CHECKF(e_dh <= tg && e_dw <= tg, "%s: dHs %.2e dWs %.2e (tol %.0e)", c->name, e_dh, e_dw, tg);
+    }
+    devmem_free((void *)t.student_hidden), devmem_free((void *)t.student_weight), devmem_free(dids), devmem_free(dlab);
+    devmem_free((void *)t.teacher_topk_logprobs), devmem_free(t.loss), devmem_free(t.divergence);
+    devmem_free(t.grad_student_hidden), devmem_free(t.grad_student_weight);
+    free(hs), free(ws), free(zt), free(lp), free(ids), free(labels), free(labels32);
+    free(rl), free(rdiv), free(dz), free(rdh), free(rdw), free(gl), free(gdiv), free(gdh), free(gdw);
+}
+
+static void teacher_topk_matches_the_reference(void)
+{
+    static const tcase cases[] = {
+        {"top-k teacher, bf16, k 16, mean", 96, 64, 1000, 16, FLCE_DTYPE_BF16, 1.0f, 0.f, FLCE_REDUCTION_MEAN, 0, 0},
+        {"top-k teacher, fp32, k 64, sum, T 2", 96, 32, 700, 64, FLCE_DTYPE_F32, 2.0f, 0.f, FLCE_REDUCTION_SUM, 0, 0},
+        {"top-k teacher, bf16, k 1, none, CE", 64, 32, 500, 1, FLCE_DTYPE_BF16, 1.0f, 0.5f, FLCE_REDUCTION_NONE, 0, 0},
+        {"top-k teacher, fp16, k 8, several chunks", 200, 64, 1500, 8, FLCE_DTYPE_F16, 1.5f, 0.f, FLCE_REDUCTION_MEAN,
+         6ull * 1504 * 48, 0},
+        {"top-k teacher, bad ids make their tokens NaN", 64, 32, 300, 4, FLCE_DTYPE_BF16, 1.0f, 0.f,
+         FLCE_REDUCTION_NONE, 0, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_topk_case(&cases[i]);
+}
+
 /* A server's context (compile_in_call = 0, no background compiles) over an empty cache: the call
  * refuses with FLCE_ERR_NOT_READY before flce_distill_prepare (NULL tensors: every variant), and
  * runs after it. */
@@ -266,6 +422,7 @@ int main(void)
     }
     RUN(every_divergence_reduction_and_dtype_matches_the_reference);
     RUN(ignored_tokens_chunks_and_options_match_the_reference);
+    RUN(teacher_topk_matches_the_reference);
     RUN(prepare_before_a_never_compiling_call);
     flce_context_destroy(ctx);
     FINISH();
