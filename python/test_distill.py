@@ -543,7 +543,8 @@ def bad_input_cases():
 
     def prepare():
         for kwargs, word in ((dict(divergence="kl"), "divergence"), (dict(reduction="avg"), "reduction"),
-                             (dict(device="cpu"), "device"), (dict(label_dtype=torch.int16), "label_dtype")):
+                             (dict(device="cpu"), "device"), (dict(label_dtype=torch.int16), "label_dtype"),
+                             (dict(teacher_topk=65), "teacher_topk"), (dict(teacher_topk=8), "hidden_teacher")):
             try:
                 flce.prepare_linear_distillation(16, 32, 64, 100, **kwargs)
             except ValueError as e:
@@ -567,6 +568,10 @@ def bad_input_cases():
         loss = flce.linear_distillation(hs, ws, ht, wt, divergence="jsd", beta=0.3)
         loss.backward()
         assert torch.isfinite(loss) and hs.grad is not None and torch.isfinite(ws.grad.float()).all()
+        flce.prepare_linear_distillation(16, 32, 0, 100, teacher_topk=8)  # the top-k teacher's kernels
+        _, _, ids, lp, _ = topk_inputs(16, 32, 100, 8)
+        loss = flce.linear_distillation_topk(hs, ws, ids, lp)
+        assert torch.isfinite(loss), loss
     case("prepare_linear_distillation: bad arguments named; on a GPU a step after it", prepare, calls_library=False)
 
 
@@ -676,6 +681,24 @@ def topk_cases():
             else:
                 raise AssertionError(f"{what}: no error")
     case("topk teacher: bad inputs named", bad_input, calls_library=False)
+
+    def bench_dry_run():
+        # bench/distill_topk_compare.py's logic on the CPU (a tiny shape, the stand-in): every row, no
+        # error, the errors against its float64 reference small
+        import json
+        import subprocess
+        import tempfile
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        with tempfile.TemporaryDirectory() as out:
+            r = subprocess.run([sys.executable, os.path.join(repo, "bench", "distill_topk_compare.py"), "--cpu-dry",
+                                "--out", out], capture_output=True, text=True, timeout=600)
+            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+            rows = json.load(open(os.path.join(out, [f for f in os.listdir(out) if f.endswith(".json")][0])))
+        assert len(rows) == 4 and not any(x["error"] for x in rows), rows
+        for x in rows[1:]:
+            assert x["ms"] and max(x["err_loss"], x["err_dh"], x["err_dw"]) < 1e-5, x
+    if not GPU:
+        case("bench/distill_topk_compare.py --cpu-dry", bench_dry_run)
 
 
 def main():

@@ -561,18 +561,25 @@ def prepare_linear_distillation(tokens: int, hidden_student: int, hidden_teacher
                                 label_dtype: torch.dtype = torch.int64, divergence: str = "forward_kl",
                                 beta: float = 0.5, temperature: float = 1.0, ce_weight: float = 0.0,
                                 ignore_index: int = -100, reduction: str = "mean",
-                                memory_budget: Optional[int] = None) -> None:
+                                memory_budget: Optional[int] = None, teacher_topk: int = 0) -> None:
     """Compiles (or loads from flce's disk cache) the kernels linear_distillation calls of this shape
     and these options will run on `device` (None: the current CUDA device), with and without labels
     and for every gradient, before the first step (synchronous). label_dtype: of the labels the calls
-    pass (int64 or int32); the other options are linear_distillation's."""
+    pass (int64 or int32); the other options are linear_distillation's. teacher_topk = k > 0: the
+    kernels of linear_distillation_topk with k ids per token instead (hidden_teacher then 0)."""
     from .topk import _cuda_device
     if dtype not in _DTYPES:
         raise ValueError(f"dtype: {dtype} not supported (bfloat16, float16 or float32)")
     if label_dtype not in _LABEL_BITS:
         raise ValueError(f"label_dtype: {label_dtype}; expected torch.int64 or torch.int32")
+    if isinstance(teacher_topk, bool) or not isinstance(teacher_topk, int) or not 0 <= teacher_topk <= 64:
+        raise ValueError(f"teacher_topk: {teacher_topk!r}; expected 0 (the teacher's weights) or k in [1, 64]")
     for name, v in (("tokens", tokens), ("hidden_student", hidden_student), ("hidden_teacher", hidden_teacher),
                     ("vocab", vocab)):
+        if name == "hidden_teacher" and teacher_topk:
+            if v != 0:
+                raise ValueError(f"hidden_teacher: {v!r}; must be 0 with teacher_topk={teacher_topk} (no teacher GEMM)")
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}: {v!r}; expected a positive int")
     if not isinstance(divergence, str) or divergence not in _distill_lib.DIVERGENCES:
@@ -585,7 +592,7 @@ def prepare_linear_distillation(tokens: int, hidden_student: int, hidden_teacher
         dtype=_DTYPES[dtype], label_bits=_LABEL_BITS[label_dtype],
         divergence=_distill_lib.DIVERGENCES[divergence], beta=float(beta), temperature=float(temperature),
         ce_weight=float(ce_weight), ignore_index=int(ignore_index), reduction=_lib.REDUCTIONS[reduction],
-        memory_budget=int(memory_budget or 0))
+        memory_budget=int(memory_budget or 0), teacher_topk=int(teacher_topk))
     _distill_lib.validate(problem)
     _distill_lib.distill_prepare(_lib.context(dev.index if dev.index is not None else torch.cuda.current_device()),
                                  problem)
