@@ -254,7 +254,6 @@ def distill_dz(zs, zt, labels, divergence, beta, temperature, ce_weight, ignore_
     """testing/ref.c ref_distill_row over all rows in float64, written out (not autograd): per-token
     loss_i, divergence D_i, validity, and dz = ∂loss_i/∂zs (rows of invalid tokens 0). zs, zt: the
     raw logits (rows x V, any device); also bench/distill_compare.py's reference."""
-    v = zs.shape[1]
     if divergence == "jsd" and beta <= 0:
         divergence = "forward_kl"
     elif divergence == "jsd" and beta >= 1:
@@ -276,10 +275,16 @@ def distill_dz(zs, zt, labels, divergence, beta, temperature, ce_weight, ignore_
         d = beta * xlog(p, lp, lm).sum(1) + (1 - beta) * xlog(q, lq, lm).sum(1)
         kl_qm = xlog(q, lq, lm).sum(1)
         dz = torch.where(q == 0, torch.zeros_like(q), (1 - beta) * q * (lq - lm - kl_qm[:, None]))
-    dz = dz / temperature
+    return _ce_and_mask(zs, d, dz / temperature, labels, ce_weight, ignore_index)
+
+
+def _ce_and_mask(zs, d, dz, labels, ce_weight, ignore_index):
+    """The rows' loss = D + the CE term at T = 1 (and its dz), then masked tokens' rows 0, not NaN·0 (a
+    NaN teacher row of an ignored token stays out): (loss, D, valid, dz)."""
+    n, v = zs.shape
     if labels is None:
-        valid = torch.ones(zs.shape[0], dtype=torch.bool, device=zs.device)
-        yc = torch.zeros(zs.shape[0], dtype=torch.int64, device=zs.device)
+        valid = torch.ones(n, dtype=torch.bool, device=zs.device)
+        yc = torch.zeros(n, dtype=torch.int64, device=zs.device)
     else:
         y = labels.long()
         has_label = (y >= 0) & (y < v)
@@ -287,14 +292,12 @@ def distill_dz(zs, zt, labels, divergence, beta, temperature, ce_weight, ignore_
         yc = torch.where(has_label, y, torch.zeros_like(y))
     loss = d.clone()
     if ce_weight != 0 and labels is not None:
-        lse = torch.logsumexp(zs, 1)
-        ce = lse - zs.gather(1, yc[:, None]).squeeze(1)
+        ce = torch.logsumexp(zs, 1) - zs.gather(1, yc[:, None]).squeeze(1)
         loss = loss + ce_weight * ce
         sm = torch.softmax(zs, 1)
-        sm[torch.arange(zs.shape[0], device=zs.device), yc] -= 1
+        sm[torch.arange(n, device=zs.device), yc] -= 1
         dz = dz + ce_weight * sm
     zero = torch.zeros_like(loss)
-    # masked rows: 0, not NaN·0 (a NaN teacher row of an ignored token stays out)
     return torch.where(valid, loss, zero), torch.where(valid, d, zero), valid, torch.where(valid[:, None], dz, 0.0)
 
 
@@ -315,25 +318,8 @@ def distill_topk_dz(zs, idx, lp, labels, temperature, ce_weight, ignore_index):
     dz = q * pk[:, None]
     dz = dz.scatter_add(1, ic, -p) / temperature
     nan = torch.full_like(d, float("nan"))
-    d = torch.where(ok, d, nan)
-    dz = torch.where(ok[:, None], dz, nan[:, None])
-    if labels is None:
-        valid = torch.ones(n, dtype=torch.bool, device=zs.device)
-        yc = torch.zeros(n, dtype=torch.int64, device=zs.device)
-    else:
-        y = labels.long()
-        has_label = (y >= 0) & (y < v)
-        valid = has_label & (y != ignore_index)
-        yc = torch.where(has_label, y, torch.zeros_like(y))
-    loss = d.clone()
-    if ce_weight != 0 and labels is not None:
-        ce = torch.logsumexp(zs, 1) - zs.gather(1, yc[:, None]).squeeze(1)
-        loss = loss + ce_weight * ce
-        sm = torch.softmax(zs, 1)
-        sm[torch.arange(n, device=zs.device), yc] -= 1
-        dz = dz + ce_weight * sm
-    zero = torch.zeros_like(loss)
-    return torch.where(valid, loss, zero), torch.where(valid, d, zero), valid, torch.where(valid[:, None], dz, 0.0)
+    return _ce_and_mask(zs, torch.where(ok, d, nan), torch.where(ok[:, None], dz, nan[:, None]), labels, ce_weight,
+                        ignore_index)
 
 
 _real_distill_call = None  # flce.distill._DistillCall.__call__ before install() (the library call)

@@ -104,6 +104,11 @@ def torch_distill(hs, ws, ht, wt, labels=None, divergence="forward_kl", beta=0.5
         lm = torch.logsumexp(torch.stack([lp + math.log(beta), lq + math.log(1 - beta)]), 0)
         d = beta * F.kl_div(lm, lp, log_target=True, reduction="none").sum(-1) + \
             (1 - beta) * F.kl_div(lm, lq, log_target=True, reduction="none").sum(-1)
+    return ce_mask_reduce(zs, d, labels, ce_weight, ignore_index, reduction, hs.shape[:-1])
+
+
+def ce_mask_reduce(zs, d, labels, ce_weight, ignore_index, reduction, lead):
+    """loss_i = D_i + ce_weight·CE_i (T = 1), masked tokens 0, then the reduction: (loss, D)."""
     n = zs.shape[0]
     if labels is None:
         valid = torch.ones(n, dtype=torch.bool, device=zs.device)
@@ -112,18 +117,16 @@ def torch_distill(hs, ws, ht, wt, labels=None, divergence="forward_kl", beta=0.5
         valid = (y != ignore_index) & (y >= 0) & (y < zs.shape[1])
     loss = d
     if ce_weight:
-        ce = F.cross_entropy(zs, torch.where(valid, y, 0), reduction="none")
-        loss = loss + ce_weight * ce
-    loss = torch.where(valid, loss, 0.0)
-    d = torch.where(valid, d, 0.0)
+        loss = loss + ce_weight * F.cross_entropy(zs, torch.where(valid, y, 0), reduction="none")
+    loss, d = torch.where(valid, loss, 0.0), torch.where(valid, d, 0.0)
     if reduction == "mean":
         count = int(valid.sum())
         loss = loss.sum() / count if count else loss.sum() * 0
     elif reduction == "sum":
         loss = loss.sum()
     else:
-        loss = loss.reshape(hs.shape[:-1])
-    return loss, d.reshape(hs.shape[:-1]).detach()
+        loss = loss.reshape(lead)
+    return loss, d.reshape(lead).detach()
 
 
 def tolerance(dtype, compact=False):
@@ -595,24 +598,7 @@ def torch_distill_topk(hs, ws, ids, lp, labels, temperature=1.0, ce_weight=0.0, 
     lq = torch.log_softmax(zs / temperature, -1)
     lpd = lp.reshape(-1, lp.shape[-1]).double()
     d = (lpd.exp() * (lpd - lq.gather(1, ids.reshape(-1, ids.shape[-1])))).sum(-1)
-    n = zs.shape[0]
-    if labels is None:
-        valid = torch.ones(n, dtype=torch.bool, device=zs.device)
-    else:
-        y = labels.reshape(-1).long()
-        valid = (y != ignore_index) & (y >= 0) & (y < zs.shape[1])
-    loss = d
-    if ce_weight:
-        loss = loss + ce_weight * F.cross_entropy(zs, torch.where(valid, y, 0), reduction="none")
-    loss, d = torch.where(valid, loss, 0.0), torch.where(valid, d, 0.0)
-    if reduction == "mean":
-        count = int(valid.sum())
-        loss = loss.sum() / count if count else loss.sum() * 0
-    elif reduction == "sum":
-        loss = loss.sum()
-    else:
-        loss = loss.reshape(hs.shape[:-1])
-    return loss, d.reshape(hs.shape[:-1]).detach()
+    return ce_mask_reduce(zs, d, labels, ce_weight, ignore_index, reduction, hs.shape[:-1])
 
 
 def check_topk(n=64, ds=32, v=300, k=16, dtype=torch.float32, seed=2, with_labels=True, **opts):

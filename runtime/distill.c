@@ -53,6 +53,25 @@ static void planned_tensors(const flce_distill_tensors *t, flce_tensors *ts, flc
     tt->grad_hidden = tt->grad_weight = NULL;
 }
 
+/* The CE plans a path runs on: the student's, and the teacher's where its GEMM runs, each for a
+ * problem at the call's temperature (the logits passes store and sum z/T, so the row kernels'
+ * log-probabilities are at T as they stand) with `budget` for its chunk. */
+static flce_status plan_models(const flce_distill_problem *p, const call_device *dev, const flce_distill_tensors *t,
+                               const flce_config *cfg, uint64_t budget, int teacher, distill_plan *pl)
+{
+    ce_problem(p, p->hidden_student, budget, &pl->student_problem);
+    ce_problem(p, p->hidden_teacher, budget, &pl->teacher_problem);
+    pl->student_problem.temperature = pl->teacher_problem.temperature = p->temperature;
+    flce_tensors ts, tt;
+    planned_tensors(t, &ts, &tt);
+    TRY(plan_make_cfg(&pl->student_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, cfg, &ts,
+                      &pl->student));
+    if (teacher)
+        TRY(plan_make_cfg(&pl->teacher_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, cfg, &tt,
+                          &pl->teacher));
+    return FLCE_OK;
+}
+
 /* Forward KL (JSD at β = 0 is one: emit.c) on 16-bit inputs: the compact path. */
 static int compact_divergence(const flce_distill_problem *p)
 {
@@ -75,15 +94,7 @@ static flce_status plan_compact(const flce_distill_problem *p, const call_device
                        (long long)p->vocab);
     flce_config cfg = *config_get();
     cfg.qrows = 0; /* the compact fp16 p̃ (the soft-target sums read the teacher's) */
-    ce_problem(p, p->hidden_student, budget / 2, &pl->student_problem);
-    ce_problem(p, p->hidden_teacher, budget / 2, &pl->teacher_problem);
-    pl->student_problem.temperature = pl->teacher_problem.temperature = p->temperature;
-    flce_tensors ts, tt;
-    planned_tensors(t, &ts, &tt);
-    TRY(plan_make_cfg(&pl->student_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, &ts,
-                      &pl->student));
-    TRY(plan_make_cfg(&pl->teacher_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, &tt,
-                      &pl->teacher));
+    TRY(plan_models(p, dev, t, &cfg, budget / 2, 1, pl));
     const plan *s = &pl->student, *te = &pl->teacher;
     /* the soft-target sums read the teacher's p̃ where the student's own sits: same groups */
     if (!s->compact || !te->compact || s->recompute || s->qrows || te->qrows || s->tile_cols != te->tile_cols ||
@@ -136,19 +147,8 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
     const uint64_t student_budget = budget / row * student_row;
     flce_config cfg = *config_get();
     cfg.compact = 0, cfg.qrows = 0; /* the fp32 Z store: the row kernel reads plain logits */
-    ce_problem(p, p->hidden_student, student_budget, &pl->student_problem);
-    ce_problem(p, p->hidden_teacher, student_budget, &pl->teacher_problem);
-    /* the logits passes store and sum z/T: the row kernel's log-probabilities are at T as they stand */
-    pl->student_problem.temperature = pl->teacher_problem.temperature = p->temperature;
-    flce_tensors ts, tt;
-    planned_tensors(t, &ts, &tt);
-    TRY(plan_make_cfg(&pl->student_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, &ts,
-                      &pl->student));
-    if (teacher)
-        TRY(plan_make_cfg(&pl->teacher_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg,
-                          &tt, &pl->teacher));
-    else
-        pl->teacher.ldz = (int64_t)ld; /* (no teacher plan: its GEMM does not run) */
+    TRY(plan_models(p, dev, t, &cfg, student_budget, teacher, pl));
+    if (!teacher) pl->teacher.ldz = (int64_t)ld; /* (no teacher plan: its GEMM does not run) */
     pl->topk = p->teacher_topk;
     if ((pl->student.logits.opts | pl->teacher.logits.opts) & ~(unsigned)SPEC_OPT_BIAS)
         return err_set(FLCE_ERR_INTERNAL, "distillation: a logits pass planned with statistics beyond (max, sum) "

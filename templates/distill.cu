@@ -189,6 +189,26 @@ __device__ __forceinline__ void distill_store(void *p, long long i, float v)
 #endif
 }
 
+// A row's outputs, by thread 0: D_i, loss_i for the reduce, and loss_i itself under reduction none
+__device__ __forceinline__ void distill_row_out(const flce_distill_params &p, long long i, float d, float loss)
+{
+    if (threadIdx.x == 0) {
+        if (p.divergence) p.divergence[i] = d;
+        p.loss_rows[i] = loss;
+        if constexpr (FLCE_REDUCTION == 2) {
+            if (p.loss) p.loss[i] = loss;
+        }
+    }
+}
+
+// A row of dZs (in the dtype, row stride ld) zero from column j0 to ld: the padding dH's loads read
+// (times the weight's absent rows, TMA's zeros) must be a number, not whatever the workspace held;
+// from 0, a masked token's whole row
+__device__ __forceinline__ void distill_zero_row(void *dz, long long j0, long long ld)
+{
+    for (long long j = j0 + threadIdx.x; j < ld; j += DISTILL_THREADS) distill_store(dz, j, 0.f);
+}
+
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_count(const flce_distill_params p)
 {
     __shared__ float scratch[DISTILL_THREADS / 32];
@@ -215,38 +235,54 @@ __device__ __forceinline__ float distill_lse(const float *part_m, const float *p
     return a.m + logf(a.s);
 }
 
+// The start of a row on the fp32 logits paths (flce_distill_row, flce_distill_row_topk): its
+// pointers; a masked token's dZs row zeroed and its outputs 0 (false: the kernel returns); else the
+// row's padding zeroed, the student's lse at T from its splits, and the CE term at temperature 1
+// (CE_WEIGHT != 0 only with T = 1: zs is the raw logit, lse_s its normalizer), whose zs[y] is read
+// here, before any thread of the row may overwrite zs (dz may be zs: fp32)
+struct distill_row_start {
+    const float *zs;
+    void *dz;
+    float lse_s, loss;
+    long long y;
+};
+
+__device__ __forceinline__ bool distill_row_begin(const flce_distill_params &p, float *scratch_a, float *scratch_b,
+                                                  distill_row_start &s)
+{
+    const long long r = blockIdx.x, i = p.row0 + r;
+    s.zs = p.zs + r * p.ld;
+    s.dz = (char *)p.dz + r * p.ld * (FLCE_DTYPE == 0 ? 4 : 2);
+    if (!distill_valid(p, i)) {
+        distill_zero_row(s.dz, 0, p.ld);
+        distill_row_out(p, i, 0.f, 0.f);
+        return false;
+    }
+    distill_zero_row(s.dz, p.vocab, p.ld);
+    s.lse_s = distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s, scratch_a, scratch_b);
+    s.loss = 0.f, s.y = -1;
+#if DISTILL_LABELS
+    s.y = distill_label(p, i);
+    if (CE_WEIGHT != 0.f) s.loss = CE_WEIGHT * (s.lse_s - s.zs[s.y]);
+#endif
+    return true;
+}
+
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(const flce_distill_params p)
 {
     __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32];
     const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
-    const float *zs = p.zs + r * p.ld;
-    const float *zt = p.zt + r * p.ld;
-    void *dz = (char *)p.dz + r * p.ld * (FLCE_DTYPE == 0 ? 4 : 2);
-    // the row's padding to ld: dH's loads read it (times the weight's absent rows, TMA's zeros), so
-    // it must be a number, not whatever the workspace held
-    for (long long j = v + threadIdx.x; j < p.ld; j += DISTILL_THREADS) distill_store(dz, j, 0.f);
-    if (!distill_valid(p, i)) {
-        for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) distill_store(dz, j, 0.f);
-        if (threadIdx.x == 0) {
-            if (p.divergence) p.divergence[i] = 0.f;
-            p.loss_rows[i] = 0.f;
-            if constexpr (FLCE_REDUCTION == 2) {
-                if (p.loss) p.loss[i] = 0.f;
-            }
-        }
-        return;
-    }
-    // 1. both log-normalizers at temperature T, from the logits passes' statistics
-    const float lse_s = distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s, scratch_a,
-                                    scratch_b);
+    distill_row_start s;
+    if (!distill_row_begin(p, scratch_a, scratch_b, s)) return;
+    const float *zs = s.zs, *zt = p.zt + r * p.ld;
+    void *dz = s.dz;
+    // 1. both log-normalizers at temperature T, from the logits passes' statistics (lse_s: begin)
+    const float lse_s = s.lse_s;
     const float lse_t = distill_lse(p.part_mt + r * p.splits_t, p.part_st + r * p.splits_t, p.splits_t, scratch_a,
                                     scratch_b);
-    // the CE term at temperature 1 (CE_WEIGHT != 0 only with T = 1: zs is the raw logit, lse_s its
-    // normalizer), read before any thread overwrites zs's columns (dz may be zs)
-    float loss = 0.f;
+    float loss = s.loss;
 #if DISTILL_LABELS
-    const long long y = distill_label(p, i);
-    if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (lse_s - zs[y]);
+    const long long y = s.y;
 #endif
     __syncthreads();
     const float g = distill_scale(p, i);
@@ -295,14 +331,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
         distill_store(dz, j, g * dzj);
     }
 #endif
-    loss += d;
-    if (threadIdx.x == 0) {
-        if (p.divergence) p.divergence[i] = d;
-        p.loss_rows[i] = loss;
-        if constexpr (FLCE_REDUCTION == 2) {
-            if (p.loss) p.loss[i] = loss;
-        }
-    }
+    distill_row_out(p, i, d, loss + d);
 }
 
 // The teacher as top-k (problem.teacher_topk = k): each token's k (id, log p) pairs K given, no
@@ -317,27 +346,14 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
     __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32];
     __shared__ long long kid[DISTILL_TOPK_MAX];
     __shared__ float kp[DISTILL_TOPK_MAX], klq[DISTILL_TOPK_MAX];
-    const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
-    const float *zs = p.zs + r * p.ld;
-    void *dz = (char *)p.dz + r * p.ld * (FLCE_DTYPE == 0 ? 4 : 2);
-    for (long long j = v + threadIdx.x; j < p.ld; j += DISTILL_THREADS) distill_store(dz, j, 0.f);
-    if (!distill_valid(p, i)) {
-        for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) distill_store(dz, j, 0.f);
-        if (threadIdx.x == 0) {
-            if (p.divergence) p.divergence[i] = 0.f;
-            p.loss_rows[i] = 0.f;
-            if constexpr (FLCE_REDUCTION == 2) {
-                if (p.loss) p.loss[i] = 0.f;
-            }
-        }
-        return;
-    }
-    const float lse_s = distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s, scratch_a,
-                                    scratch_b);
-    float loss = 0.f;
+    const long long i = p.row0 + blockIdx.x, v = p.vocab;
+    distill_row_start s;
+    if (!distill_row_begin(p, scratch_a, scratch_b, s)) return;
+    const float *zs = s.zs, lse_s = s.lse_s;
+    void *dz = s.dz;
+    float loss = s.loss;
 #if DISTILL_LABELS
-    const long long y = distill_label(p, i);
-    if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (lse_s - zs[y]);
+    const long long y = s.y;
 #endif
     const int k = p.topk, t = (int)threadIdx.x;
     float dpart = 0.f, ppart = 0.f, badpart = 0.f;
@@ -375,14 +391,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
 #endif
         distill_store(dz, j, g * dzj);
     }
-    loss += d;
-    if (threadIdx.x == 0) {
-        if (p.divergence) p.divergence[i] = d;
-        p.loss_rows[i] = loss;
-        if constexpr (FLCE_REDUCTION == 2) {
-            if (p.loss) p.loss[i] = loss;
-        }
-    }
+    distill_row_out(p, i, d, loss + d);
 }
 
 // The compact forward-KL path (runtime/distill.c, 16-bit inputs): the teacher's logits pass stores
@@ -479,13 +488,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_c
         *(uint4 *)(dz + j0) = out; // an invalid token's row, and the padding to ld, are zeros
     }
     if (!valid) {
-        if (threadIdx.x == 0) {
-            if (p.divergence) p.divergence[i] = 0.f;
-            p.loss_rows[i] = 0.f;
-            if constexpr (FLCE_REDUCTION == 2) {
-                if (p.loss) p.loss[i] = 0.f;
-            }
-        }
+        distill_row_out(p, i, 0.f, 0.f);
         return;
     }
     a = distill_block_sum(a, scratch_a);
@@ -494,14 +497,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_c
     // normalized by Σ p̂, D's error is Σ p ε (r_j − D), r the log-ratio, instead of Σ p ε (r_j + 1)
     // (a float64 simulation of python/test_distill.py's data: 4.7e-5 → 2.1e-5 relative)
     const float d = (a - x - (w - 1.f)) / w + lse_s;
-    loss += d;
-    if (threadIdx.x == 0) {
-        if (p.divergence) p.divergence[i] = d;
-        p.loss_rows[i] = loss;
-        if constexpr (FLCE_REDUCTION == 2) {
-            if (p.loss) p.loss[i] = loss;
-        }
-    }
+    distill_row_out(p, i, d, loss + d);
 #endif
 }
 

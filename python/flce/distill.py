@@ -360,6 +360,35 @@ def _distill(*args):
     return _EagerDistill.apply(*args)
 
 
+def _student_call(hs, ws, t_a, t_b, labels, divergence, beta, temperature, ce_weight, ignore_index, reduction,
+                  return_per_token, memory_budget, teacher_topk):
+    """The checked call of linear_distillation (t_a, t_b: the teacher's rows and weight) and of
+    linear_distillation_topk (its ids and log-probabilities, teacher_topk = k): the student's rows
+    flattened, no tokens handled without a call, the gradients asked for in forward unless
+    reduction is 'none', the outputs in the student's leading shape."""
+    lead = hs.shape[:-1]
+    h2 = hs.reshape(-1, hs.shape[-1])
+    y1 = None if labels is None else labels.reshape(-1)
+    grad_on = torch.is_grad_enabled()
+    need_dh, need_dw = grad_on and hs.requires_grad, grad_on and ws.requires_grad
+    if h2.shape[0] == 0:
+        zero = h2.float().sum() * 0 + ws.float().sum() * 0
+        per = torch.zeros(lead, dtype=torch.float32, device=hs.device)
+        loss = per + zero if reduction == "none" else zero
+        return LinearDistillationOutput(loss, per) if return_per_token else loss
+    grads = 0
+    if reduction != "none":
+        grads = GRAD_HIDDEN * bool(need_dh) | GRAD_WEIGHT * bool(need_dw)
+    loss, div, _, _ = _distill(h2, ws, t_a, t_b, y1, None, divergence, float(beta), float(temperature),
+                               float(ce_weight), int(ignore_index), reduction, int(memory_budget or 0), grads,
+                               int(teacher_topk))
+    if reduction == "none":
+        loss = loss.reshape(lead)
+    if return_per_token:
+        return LinearDistillationOutput(loss, div.reshape(lead))
+    return loss
+
+
 # ---- the public function ---------------------------------------------------------------------
 
 @overload
@@ -419,27 +448,8 @@ def linear_distillation(student_hidden: Tensor, student_weight: Tensor, teacher_
     _check_options(labels, divergence, beta, temperature, ce_weight, ignore_index, reduction, return_per_token,
                    memory_budget)
     hs, ws, ht, wt = _autocast(student_hidden, student_weight, teacher_hidden.detach(), teacher_weight.detach())
-    lead = hs.shape[:-1]
-    h2, t2 = hs.reshape(-1, hs.shape[-1]), ht.reshape(-1, ht.shape[-1])
-    y1 = None if labels is None else labels.reshape(-1)
-    n = h2.shape[0]
-    grad_on = torch.is_grad_enabled()
-    need_dh, need_dw = grad_on and hs.requires_grad, grad_on and ws.requires_grad
-    if n == 0:
-        zero = h2.float().sum() * 0 + ws.float().sum() * 0
-        per = torch.zeros(lead, dtype=torch.float32, device=hs.device)
-        loss = per + zero if reduction == "none" else zero
-        return LinearDistillationOutput(loss, per) if return_per_token else loss
-    grads = 0
-    if reduction != "none":
-        grads = GRAD_HIDDEN * bool(need_dh) | GRAD_WEIGHT * bool(need_dw)
-    loss, div, _, _ = _distill(h2, ws, t2, wt, y1, None, divergence, float(beta), float(temperature),
-                                 float(ce_weight), int(ignore_index), reduction, int(memory_budget or 0), grads, 0)
-    if reduction == "none":
-        loss = loss.reshape(lead)
-    if return_per_token:
-        return LinearDistillationOutput(loss, div.reshape(lead))
-    return loss
+    return _student_call(hs, ws, ht.reshape(-1, ht.shape[-1]), wt, labels, divergence, beta, temperature, ce_weight,
+                         ignore_index, reduction, return_per_token, memory_budget, 0)
 
 
 def _check_topk_tensors(hs, ws, idx, lp, labels):
@@ -508,29 +518,10 @@ def linear_distillation_topk(student_hidden: Tensor, student_weight: Tensor, tea
     _check_options(labels, "forward_kl", 0.5, temperature, ce_weight, ignore_index, reduction, return_per_token,
                    memory_budget)
     hs, ws = _autocast(student_hidden, student_weight)
-    lead = hs.shape[:-1]
     k = teacher_topk_indices.shape[-1]
-    h2 = hs.reshape(-1, hs.shape[-1])
-    idx, lp = teacher_topk_indices.reshape(-1, k), teacher_topk_logprobs.detach().reshape(-1, k)
-    y1 = None if labels is None else labels.reshape(-1)
-    n = h2.shape[0]
-    grad_on = torch.is_grad_enabled()
-    need_dh, need_dw = grad_on and hs.requires_grad, grad_on and ws.requires_grad
-    if n == 0:
-        zero = h2.float().sum() * 0 + ws.float().sum() * 0
-        per = torch.zeros(lead, dtype=torch.float32, device=hs.device)
-        loss = per + zero if reduction == "none" else zero
-        return LinearDistillationOutput(loss, per) if return_per_token else loss
-    grads = 0
-    if reduction != "none":
-        grads = GRAD_HIDDEN * bool(need_dh) | GRAD_WEIGHT * bool(need_dw)
-    loss, div, _, _ = _distill(h2, ws, idx, lp, y1, None, "forward_kl", 0.0, float(temperature), float(ce_weight),
-                               int(ignore_index), reduction, int(memory_budget or 0), grads, int(k))
-    if reduction == "none":
-        loss = loss.reshape(lead)
-    if return_per_token:
-        return LinearDistillationOutput(loss, div.reshape(lead))
-    return loss
+    return _student_call(hs, ws, teacher_topk_indices.reshape(-1, k), teacher_topk_logprobs.detach().reshape(-1, k),
+                         labels, "forward_kl", 0.0, temperature, ce_weight, ignore_index, reduction, return_per_token,
+                         memory_budget, int(k))
 
 
 class LinearDistillation(torch.nn.Module):
