@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import stamp  # noqa: E402  (bench/)
+from distill_compare import user_step  # noqa: E402  (leaf student tensors, the teacher's two tensors as given)
 
 SHAPES = ["8192x4096x128256", "4096x2048x32000"]
 DRY_SHAPES = ["96x32x500"]
@@ -106,18 +107,6 @@ def reference(data, samples, temperature):
 
 def rel_l2(x, ref):
     return float((x.double() - ref).norm() / ref.norm().clamp(min=1e-300))
-
-
-def user_step(fn, data):
-    hs, ws, ids, lp, y = data
-    h, w = hs.detach().requires_grad_(), ws.detach().requires_grad_()
-
-    def step():
-        h.grad = w.grad = None
-        loss = fn(h, w, ids, lp, y)
-        loss.backward()
-        return loss.detach(), h.grad, w.grad
-    return step
 
 
 def main():

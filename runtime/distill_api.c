@@ -131,6 +131,18 @@ static flce_status check_tensors(const flce_distill_problem *p, const flce_disti
     return FLCE_OK;
 }
 
+/* The problem as checked and its plan for ctx's device with the tensors given (NULL: the worst
+ * case), for workspace_size and prepare. */
+static flce_status plan_problem(const flce_context *ctx, const flce_distill_problem *problem,
+                                const flce_distill_tensors *t, flce_distill_problem *p, distill_plan *pl)
+{
+    TRY(normalize_problem(problem, p));
+    TRY(flce_distill_problem_validate(p));
+    if (t) TRY(call_check_struct_size(t->struct_size, sizeof *t, "tensors", "flce_distill_tensors"));
+    call_device dev = call_device_of(ctx);
+    return distill_plan_make(p, &dev, t, pl);
+}
+
 /* What the plan depends on of the context's device. */
 flce_status flce_distill_workspace_size(flce_context *ctx, const flce_distill_problem *problem,
                                         uint64_t *bytes)
@@ -139,11 +151,8 @@ flce_status flce_distill_workspace_size(flce_context *ctx, const flce_distill_pr
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
     if (!bytes) return err_set(FLCE_ERR_INVALID_ARGUMENT, "bytes: NULL");
     flce_distill_problem p;
-    TRY(normalize_problem(problem, &p));
-    TRY(flce_distill_problem_validate(&p));
     distill_plan pl;
-    call_device dev = call_device_of(ctx);
-    TRY(distill_plan_make(&p, &dev, NULL, &pl));
+    TRY(plan_problem(ctx, problem, NULL, &p, &pl));
     *bytes = pl.workspace_bytes;
     return FLCE_OK;
 }
@@ -154,12 +163,8 @@ flce_status flce_distill_prepare(flce_context *ctx, const flce_distill_problem *
     err_clear();
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
     flce_distill_problem p;
-    TRY(normalize_problem(problem, &p));
-    TRY(flce_distill_problem_validate(&p));
-    if (tensors) TRY(call_check_struct_size(tensors->struct_size, sizeof *tensors, "tensors", "flce_distill_tensors"));
     distill_plan pl;
-    call_device dev = call_device_of(ctx);
-    TRY(distill_plan_make(&p, &dev, tensors, &pl));
+    TRY(plan_problem(ctx, problem, tensors, &p, &pl));
     return distill_prepare(ctx, &p, &pl, tensors);
 }
 

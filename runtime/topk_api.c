@@ -65,17 +65,24 @@ static flce_status check_tensors(const flce_topk_tensors *t)
     return FLCE_OK;
 }
 
+/* The problem as checked and its plan for ctx's device (workspace_size and prepare). */
+static flce_status plan_problem(const flce_context *ctx, const flce_topk_problem *problem, flce_topk_problem *p,
+                                topk_plan *pl)
+{
+    TRY(normalize_problem(problem, p));
+    TRY(flce_topk_problem_validate(p));
+    call_device dev = call_device_of(ctx);
+    return topk_plan_make(p, &dev, pl);
+}
+
 flce_status flce_topk_workspace_size(flce_context *ctx, const flce_topk_problem *problem, uint64_t *bytes)
 {
     err_clear();
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
     if (!bytes) return err_set(FLCE_ERR_INVALID_ARGUMENT, "bytes: NULL");
     flce_topk_problem p;
-    TRY(normalize_problem(problem, &p));
-    TRY(flce_topk_problem_validate(&p));
     topk_plan pl;
-    call_device dev = call_device_of(ctx);
-    TRY(topk_plan_make(&p, &dev, &pl));
+    TRY(plan_problem(ctx, problem, &p, &pl));
     *bytes = pl.workspace_bytes;
     return FLCE_OK;
 }
@@ -85,11 +92,8 @@ flce_status flce_topk_prepare(flce_context *ctx, const flce_topk_problem *proble
     err_clear();
     if (!ctx) return err_set(FLCE_ERR_INVALID_ARGUMENT, "ctx: NULL (create one with flce_context_create)");
     flce_topk_problem p;
-    TRY(normalize_problem(problem, &p));
-    TRY(flce_topk_problem_validate(&p));
     topk_plan pl;
-    call_device dev = call_device_of(ctx);
-    TRY(topk_plan_make(&p, &dev, &pl));
+    TRY(plan_problem(ctx, problem, &p, &pl));
     return topk_prepare(ctx, &p, &pl);
 }
 

@@ -13,6 +13,7 @@
 #include "check.h"
 #include "flce.h"
 #include "gpu_io.h"
+#include "server_ctx.h"
 #include "gpu_ready.h"
 #include "ref.h"
 
@@ -371,13 +372,9 @@ static void teacher_topk_matches_the_reference(void)
  * runs after it. */
 static void prepare_before_a_never_compiling_call(void)
 {
-    char dir[] = "/tmp/flce-distill-prepare-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
-    flce_options o;
-    flce_options_init(&o);
-    o.cache_dir = dir, o.cache_ro = "", o.compile_in_call = 0, o.background_compile = 0;
-    flce_context *server = NULL;
-    CHECKF(flce_context_create_ex(0, &o, &server) == FLCE_OK, "%s", flce_last_error());
+    char dir[] = "/tmp/flce-distill-prepare-XXXXXX"; /* mkdtemp's template (server_ctx.h) */
+    flce_context *server = server_context(dir);
+    CHECKF(server != NULL, "server context in %s: %s", dir, flce_last_error());
     const int64_t n = 32, ds = 32, dt = 64, v = 300;
     flce_distill_problem p;
     flce_distill_problem_init(&p);
@@ -403,10 +400,7 @@ static void prepare_before_a_never_compiling_call(void)
     devmem_free((void *)t.teacher_hidden), devmem_free((void *)t.teacher_weight), devmem_free(t.loss);
     devmem_free(t.grad_student_hidden), devmem_free(t.grad_student_weight);
     free(hs), free(ws), free(ht), free(wt);
-    flce_context_destroy(server);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0);
+    CHECK(server_context_done(server, dir) == 0);
 }
 
 int main(void)

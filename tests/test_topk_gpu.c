@@ -14,6 +14,7 @@
 #include "check.h"
 #include "flce.h"
 #include "gpu_io.h"
+#include "server_ctx.h"
 #include "gpu_ready.h"
 #include "ref.h"
 
@@ -133,13 +134,9 @@ static void topk_matches_fp64(void)
  * refuses with FLCE_ERR_NOT_READY before flce_topk_prepare, and runs after it. */
 static void prepare_before_a_never_compiling_call(void)
 {
-    char dir[] = "/tmp/flce-topk-prepare-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
-    flce_options o;
-    flce_options_init(&o);
-    o.cache_dir = dir, o.cache_ro = "", o.compile_in_call = 0, o.background_compile = 0;
-    flce_context *server = NULL;
-    CHECKF(flce_context_create_ex(0, &o, &server) == FLCE_OK, "%s", flce_last_error());
+    char dir[] = "/tmp/flce-topk-prepare-XXXXXX"; /* mkdtemp's template (server_ctx.h) */
+    flce_context *server = server_context(dir);
+    CHECKF(server != NULL, "server context in %s: %s", dir, flce_last_error());
     flce_topk_problem p;
     flce_topk_problem_init(&p);
     p.tokens = 64, p.hidden = 64, p.vocab = 1000, p.k = 4;
@@ -158,10 +155,7 @@ static void prepare_before_a_never_compiling_call(void)
     CHECK(flce_topk_prepare(NULL, &p) == FLCE_ERR_INVALID_ARGUMENT);
     devmem_free((void *)t.hidden), devmem_free((void *)t.weight), devmem_free(t.indices), devmem_free(t.logprobs);
     free(h), free(w);
-    flce_context_destroy(server);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0);
+    CHECK(server_context_done(server, dir) == 0);
 }
 
 int main(void)
