@@ -24,7 +24,7 @@
 #include "log.h"
 
 enum { DISTILL_THREADS = 256 };
-enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2, DK_LSE = 4, DK_ROW_COMPACT = 5, DK_ROW_TOPK = 6 }; /* emit.c distill_names */
+enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2, DK_LSE = 4, DK_ROW_COMPACT = 5, DK_ROW_TOPK = 6, DK_ROW_TOPK_COMPACT = 7 }; /* emit.c distill_names */
 
 static uint64_t align256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
 
@@ -123,13 +123,47 @@ static flce_status plan_compact(const flce_distill_problem *p, const call_device
     return FLCE_OK;
 }
 
+/* The teacher as top-k on 16-bit inputs: the student's compact CE pass alone (2 bytes per logit: p̃,
+ * dZs written in its place; templates/distill.cu flce_distill_row_topk_compact), or
+ * FLCE_ERR_UNSUPPORTED when its CE plan does not give it (then the fp32 path runs). */
+static flce_status plan_topk_compact(const flce_distill_problem *p, const call_device *dev,
+                                     const flce_distill_tensors *t, uint64_t budget, distill_plan *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8;
+    const uint64_t row = ld * 2 + (ld + 63) / 64 * 4; /* p̃ and group maxima (64-column groups at most) */
+    if (budget < row)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.memory_budget=%llu bytes: too small for one token's logits of the student "
+                       "(%llu bytes at vocab=%lld)", (unsigned long long)budget, (unsigned long long)row,
+                       (long long)p->vocab);
+    flce_config cfg = *config_get();
+    cfg.qrows = 0; /* the compact fp16 p̃ with group maxima, which the row kernel reads */
+    TRY(plan_models(p, dev, t, &cfg, budget, 0, pl));
+    const plan *s = &pl->student;
+    if (!s->compact || s->recompute || s->qrows || s->ldz != (int64_t)ld || s->logits.opts & ~(unsigned)SPEC_OPT_BIAS ||
+        s->off_z != s->off_dz)
+        return FLCE_ERR_UNSUPPORTED;
+    pl->teacher.ldz = (int64_t)ld; /* (no teacher plan: its GEMM does not run) */
+    pl->compact = 1, pl->topk = p->teacher_topk;
+    pl->ld = (int64_t)ld;
+    pl->chunk_rows = s->chunk_rows, pl->chunks = s->n_chunks;
+    uint64_t cur = align256(s->workspace_bytes), n = (uint64_t)p->tokens;
+    pl->labels_offset = cur, cur = align256(cur + ((!t || !t->labels) ? n * 8 : 0));
+    pl->per_token_offset = cur, cur = align256(cur + n * 4);
+    pl->count_offset = cur, cur += 16;
+    pl->workspace_bytes = cur;
+    return FLCE_OK;
+}
+
 flce_status distill_plan_make(const flce_distill_problem *p, const call_device *dev,
                               const flce_distill_tensors *t, distill_plan *pl)
 {
     const uint64_t budget_given = p->memory_budget ? p->memory_budget : DISTILL_DEFAULT_BUDGET;
     const int teacher = p->teacher_topk == 0; /* the teacher's GEMM runs (else its top-k is given) */
-    if (teacher && p->dtype != FLCE_DTYPE_F32 && compact_divergence(p) && config_get()->compact) {
-        flce_status st = plan_compact(p, dev, t, budget_given, pl);
+    if (p->dtype != FLCE_DTYPE_F32 && compact_divergence(p) && config_get()->compact) {
+        flce_status st = teacher ? plan_compact(p, dev, t, budget_given, pl)
+                                 : plan_topk_compact(p, dev, t, budget_given, pl);
         if (st != FLCE_ERR_UNSUPPORTED) return st;
         err_clear();
     }
@@ -200,6 +234,8 @@ typedef struct distill_row_args {
     int tile_cols;
     unsigned long long tk_idx, tk_lp; /* the teacher's top-k (flce_distill_row_topk) */
     int topk;
+    unsigned long long hs, ws; /* Hs, Ws: flce_distill_row_topk_compact's exact logits at the ids */
+    long long dim;
 } distill_row_args;
 
 /* The two models' runs of the CE launch path over the workspace: the student's with its plan's
@@ -298,10 +334,11 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
     const plan *s = &pl->student;
     const logits_stats st_t = {.part_m = ws + pl->teacher_part_m, .part_s = ws + pl->teacher_part_s,
                                .target = ws + pl->teacher_target, .tile_max = ws + pl->teacher_tile_max};
-    const logits_stats st_s = {.part_m = ws + s->off_part_m, .part_s = ws + s->off_part_s, .target = ws + s->off_target,
-                               .part_zs = ws + pl->part_xs_offset, .tile_max = ws + s->off_tile_max,
-                               .soft = ws + pl->pt_offset, .soft_tile_max = ws + pl->teacher_tile_max,
-                               .soft_lse = ws + pl->lse_t_offset};
+    logits_stats st_s = {.part_m = ws + s->off_part_m, .part_s = ws + s->off_part_s, .target = ws + s->off_target,
+                         .part_zs = ws + pl->part_xs_offset, .tile_max = ws + s->off_tile_max,
+                         .soft = ws + pl->pt_offset, .soft_tile_max = ws + pl->teacher_tile_max,
+                         .soft_lse = ws + pl->lse_t_offset};
+    if (pl->topk) st_s.part_zs = st_s.soft = st_s.soft_tile_max = st_s.soft_lse = 0; /* no teacher pass */
     ra->zs = ws + s->off_z, ra->zt = 0, ra->dz = ws + s->off_dz;
     ra->part_ms = st_s.part_m, ra->part_ss = st_s.part_s, ra->part_mt = st_t.part_m, ra->part_st = st_t.part_s;
     ra->pt = st_s.soft, ra->tile_ms = st_s.tile_max, ra->tile_mt = st_t.tile_max, ra->part_xs = st_s.part_zs;
@@ -311,11 +348,16 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
         b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;
         ra->row0 = b.row0, ra->rows = b.rows;
-        TRY(launch_store_logits(&d->teacher, &b, ws + pl->pt_offset, &st_t));
-        TRY(launch(d->k[DK_LSE], (b.rows + DISTILL_THREADS - 1) / DISTILL_THREADS, 1, DISTILL_THREADS, 0, stream, ra,
-                   "distill teacher lse"));
+        if (!pl->topk) {
+            TRY(launch_store_logits(&d->teacher, &b, ws + pl->pt_offset, &st_t));
+            TRY(launch(d->k[DK_LSE], (b.rows + DISTILL_THREADS - 1) / DISTILL_THREADS, 1, DISTILL_THREADS, 0, stream,
+                       ra, "distill teacher lse"));
+        }
         TRY(launch_store_logits(&d->student, &b, ws + s->off_z, &st_s));
-        TRY(launch(d->k[DK_ROW_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (compact)"));
+        if (pl->topk)
+            TRY(launch(d->k[DK_ROW_TOPK_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (top-k)"));
+        else
+            TRY(launch(d->k[DK_ROW_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (compact)"));
         block rows_done = b;
         rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
         TRY(run_grad_gemms(&d->student, &rows_done, &b));
@@ -343,8 +385,9 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
                            0, 0, p->tokens, p->vocab, p->ignore_index, pl->ld, pl->student.splits, pl->teacher.splits,
                            (unsigned long long)ctx->flag_dev};
     TRY(launch(d.k[DK_COUNT], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill count"));
-    if (pl->compact) return run_compact(&d, p, pl, &ra);
     ra.tk_idx = addr(t->teacher_topk_indices), ra.tk_lp = addr(t->teacher_topk_logprobs), ra.topk = pl->topk;
+    ra.hs = addr(t->student_hidden), ra.ws = addr(t->student_weight), ra.dim = p->hidden_student;
+    if (pl->compact) return run_compact(&d, p, pl, &ra);
     for (int64_t c = 0; c < pl->chunks; c++) {
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
         b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;

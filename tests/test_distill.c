@@ -186,12 +186,28 @@ static void teacher_topk_is_checked_and_planned(void)
           says("4-byte aligned"));
     t.teacher_topk_logprobs = (const float *)ADDR(11);
     CHECKF(distill_check(&p, &t, &H100, &q, &pl) == FLCE_OK, "%s", flce_last_error());
-    CHECKF(pl.topk == 16 && !pl.compact && !pl.zt_offset && !pl.teacher_part_m && pl.chunks == 1, "topk %d compact %d zt %llu tpm %llu chunks %lld", pl.topk, pl.compact, (unsigned long long)pl.zt_offset, (unsigned long long)pl.teacher_part_m, (long long)pl.chunks);
-    CHECK(!pl.student.compact && pl.student.off_z != pl.student.off_dz && pl.workspace_bytes > pl.per_token_offset);
-    const uint64_t row = 32000 * 6; /* the student's fp32 logits and 16-bit dZs only */
+    /* 16-bit: the student's compact pass alone (flce_distill_row_topk_compact), dZs over its p̃ */
+    CHECKF(pl.topk == 16 && pl.compact && !pl.zt_offset && !pl.teacher_part_m && !pl.pt_offset && pl.chunks == 1,
+           "topk %d compact %d zt %llu tpm %llu pt %llu chunks %lld", pl.topk, pl.compact,
+           (unsigned long long)pl.zt_offset, (unsigned long long)pl.teacher_part_m, (unsigned long long)pl.pt_offset,
+           (long long)pl.chunks);
+    CHECK(pl.student.compact && pl.student.off_z == pl.student.off_dz && !(pl.student.logits.opts & SPEC_OPT_SOFT) &&
+          pl.workspace_bytes > pl.per_token_offset);
+    p.memory_budget = 32000ull * 2 * 300; /* the student's fp16 p̃ (and its group maxima) only */
+    CHECKF(distill_check(&p, &t, &H100, &q, &pl) == FLCE_OK && pl.compact && pl.chunk_rows > 200 &&
+           pl.chunk_rows <= 300, "%lld rows", (long long)pl.chunk_rows);
+    p.memory_budget = 32000ull * 2; /* not one token's p̃ and group maxima */
+    CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("problem.memory_budget=") &&
+          says("the student"));
+    /* fp32: the fp32 logits path without the teacher's plan */
+    p.dtype = FLCE_DTYPE_F32, p.memory_budget = 0;
+    CHECKF(distill_check(&p, &t, &H100, &q, &pl) == FLCE_OK && pl.topk == 16 && !pl.compact && !pl.zt_offset &&
+           !pl.student.compact, "%s", flce_last_error());
+    const uint64_t row = 32000 * 4; /* the student's fp32 logits, dZs in place */
     p.memory_budget = row * 300;
     CHECKF(distill_check(&p, &t, &H100, &q, &pl) == FLCE_OK && pl.chunk_rows > 200 && pl.chunk_rows <= 300,
            "%lld rows: %s", (long long)pl.chunk_rows, flce_last_error());
+    p.dtype = FLCE_DTYPE_BF16, p.memory_budget = 0;
     /* top-k tensors with a dense teacher */
     flce_distill_problem dense = good();
     flce_distill_tensors u = good_tensors();
@@ -474,7 +490,7 @@ static void distill_spec_emits_through_the_spec_path(void)
     const char *const *names = emit_kernel_names(ROLE_DISTILL);
     CHECK(names && !strcmp(names[0], "flce_distill_count") && !strcmp(names[1], "flce_distill_row") &&
           !strcmp(names[2], "flce_distill_reduce") && !strcmp(names[3], "flce_topk_row") && !strcmp(names[4], "flce_distill_lse") &&
-          !strcmp(names[5], "flce_distill_row_compact") && !strcmp(names[6], "flce_distill_row_topk") && !names[7]);
+          !strcmp(names[5], "flce_distill_row_compact") && !strcmp(names[6], "flce_distill_row_topk") && !strcmp(names[7], "flce_distill_row_topk_compact") && !names[8]);
     char line[256];
     spec_summary(&s, line, sizeof line);
     CHECKF(strstr(line, "distill f16 div=1") != NULL, "%s", line);
