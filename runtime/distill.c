@@ -10,7 +10,9 @@
  *   dHs = dZs·Ws and dWs += dZsᵀ·Hs (launch_grads.c run_grad_gemms: the CE path's dH and dW with
  *     their accumulation rules, dH beside dW on two streams),
  * then the loss reduced in a fixed order (flce_distill_reduce). The CE plan is made for a problem
- * with reduction none, so its GEMM epilogues scale nothing: g_i is in dZs already. */
+ * with reduction none, so its GEMM epilogues scale nothing: g_i is in dZs already. Forward KL on
+ * 16-bit inputs takes the compact path instead (plan_compact; the teacher as top-k:
+ * plan_topk_compact): fp16 p̃ stores, the row kernels named there. */
 #include "distill.h"
 
 #include <string.h>

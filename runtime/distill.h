@@ -39,8 +39,8 @@ typedef struct distill_plan {
      * common tile_max_ld), its lse per row at lse_t_offset, and the student pass's soft-target sums
      * at part_xs_offset (chunk_rows × student.splits). The fp32 path (compact = 0) uses zt_offset. */
     int compact;
-    int topk;                  /* problem.teacher_topk: > 0, the teacher's top-k is given (the fp32
-                                  path without the teacher's plan, pass or regions) */
+    int topk;                  /* problem.teacher_topk: > 0, the teacher's top-k is given (no
+                                  teacher plan, pass or regions; compact: the student's p̃ alone) */
     uint64_t pt_offset, teacher_tile_max, lse_t_offset, part_xs_offset;
     uint64_t labels_offset;    /* N zero labels (8 bytes each) for the logits epilogue when labels are NULL */
     uint64_t per_token_offset; /* fp32 loss_i of every token, N */
