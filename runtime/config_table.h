@@ -31,6 +31,11 @@
 #ifndef FLCE_CONFIG_TABLE_H
 #define FLCE_CONFIG_TABLE_H
 
+/* The rows' defaults and bounds that the cache and the planner own come from their constants
+ * headers alone, so the settings (config.c) stand below the cache and the planner that read them. */
+#include "cache_consts.h" /* CACHE_DEFAULT_LOCK_TIMEOUT_S, CACHE_DEFAULT_MAX_MIB */
+#include "plan_consts.h"  /* PLAN_RASTER_ROWS, PLAN_DH_K_SLICE, PLAN_DH_SPLITS_MAX */
+
 /* clang-format off */
 #define CONFIG_SETTINGS(X) \
     /* ---- user settings, read once per process ---- */ \
