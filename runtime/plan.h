@@ -29,6 +29,9 @@
 /* problem.batch_invariant: the statistics pass's vocab splits are this many columns each, whatever
  * the rows (plan.c plan_invariant_logits) */
 #define PLAN_INVARIANT_SPLIT_COLS 8192
+/* a / b rounded up (a >= 0, b > 0): the planner's chunk and split counts and the launch path's grids
+ * (launch_prim.h includes this header), one definition for both. */
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /* The statistics all-gather of TP: each rank's block is a header of FLCE_TP_HEADER words, then
  * FLCE_TP_RECORD words per token row (templates/params.h). */
 uint64_t plan_tp_block_bytes(int64_t rows);
