@@ -2,7 +2,7 @@
  * atomic_file.h — replacing a file so that a reader sees the old content or the new one, never a
  * part: the content goes into a new temporary file in the same directory,
  * "<path>.tmp.<pid>.<16 hex>", which is renamed over path once it is complete and closed. The one
- * writer of the kernel cache's entries (runtime/cache.c) and of the tune table
+ * writer of the kernel cache's entries (runtime/cache_load_store.c) and of the tune table
  * (runtime/tune_table.c).
  *
  * No fsync: both callers' files are checked when they are read (checksums), and a torn file after

@@ -1,5 +1,5 @@
 /*
- * hash.c — flce's own non-cryptographic hashes (see hash.h). Used by cache.c for entry names
+ * hash.c — flce's own non-cryptographic hashes (see hash.h). Used by the disk cache (runtime/cache_entry.c) for entry names
  * (hash128 of the key) and entry checksums (hash64 chained over header, key and value), by jit.c
  * for module identities, by atomic_file.c for temporary file names.
  *

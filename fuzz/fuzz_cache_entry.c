@@ -1,12 +1,12 @@
 /*
- * fuzz_cache_entry.c — libFuzzer target over the on-disk cache reader (runtime/cache.c): the
+ * fuzz_cache_entry.c — libFuzzer target over the on-disk cache reader (runtime/cache_load_store.c, runtime/cache_entry.c): the
  * input bytes become an entry file in a private temporary cache directory, named as cache.h
  * names the entry of a key (32 hex digits of hash128(key) + ".cubin"), then cache_load looks that
  * key up and cache_list / cache_stat scan the directory. Three keys per input: the key the entry
  * itself claims to hold (so mutated entries reach the checksum and key comparison), a fixed
  * key, and the empty key.
  *
- * The oracle is an independent reading of the format documented at the top of cache.c. Invariants:
+ * The oracle is an independent reading of the format documented at the top of cache_internal.h. Invariants:
  *  - cache_load returns FLCE_OK, and a hit exactly when the file is a well-formed entry (magic,
  *    version, lengths that add up to the file size, checksum) for that very key; the hit's value
  *    is byte-for-byte the stored one; anything else is a miss with *blob = NULL, *len = 0;
@@ -33,7 +33,7 @@
 #include "fuzz.h"
 #include "hash.h"
 
-/* Part of the on-disk format (cache.c's CACHE_CHECKSUM_SEED), repeated here so the oracle does not
+/* Part of the on-disk format (cache_consts.h's CACHE_CHECKSUM_SEED), repeated here so the oracle does not
  * share code with what it checks: a change to either side shows up as a replay failure. */
 #define ENTRY_CHECKSUM_SEED 0x5fd3a1c9e04b7263ull
 #define ENTRY_HEADER 24u

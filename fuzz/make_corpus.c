@@ -549,7 +549,7 @@ static void entry_seed(const char *name, const void *d, size_t n)
     write_seed("cache_entry", name, d, n);
 }
 
-/* A well-formed entry and its damaged variants: each damage reaches one rejection in cache.c. */
+/* A well-formed entry and its damaged variants: each damage reaches one rejection in cache_entry.c. */
 static void entry_variants(const char *stem, const void *key, size_t key_len, const void *value,
                            size_t len)
 {

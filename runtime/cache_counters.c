@@ -1,6 +1,6 @@
 /*
  * cache_counters.c — the process counters of cache_counters.h: one struct under one mutex, added
- * to by lookups and stores (cache.c), lock waits (cache_lock.c), evictions (cache_prune.c) and the
+ * to by lookups and stores (cache_load_store.c), lock waits (cache_lock.c), evictions (cache_prune.c) and the
  * JIT's compiles, read by cache_counters_get.
  */
 #include <pthread.h>

@@ -28,9 +28,9 @@ void cache_note_compile(double ms, double cpu_ms);
 
 /* ---- for the cache's own files ------------------------------------------------------------- */
 
-/* A cache_load: `hit` with a value of `bytes`, or a miss (cache.c). */
+/* A cache_load: `hit` with a value of `bytes`, or a miss (cache_load_store.c). */
 void cache_count_lookup(int hit, size_t bytes);
-/* An entry of `bytes` file bytes renamed into place (cache.c). */
+/* An entry of `bytes` file bytes renamed into place (cache_load_store.c). */
 void cache_count_store(uint64_t bytes);
 /* A wait of `ms` for another holder's compile lock (cache_lock.c). */
 void cache_count_lock_wait(double ms);

@@ -1,7 +1,7 @@
 /*
  * cache_entry.c — one entry file of the disk cache: its name (the key's hash), its byte layout
  * (cache_internal.h), reading and checking it, writing it. No directory policy lives here: the
- * callers (cache.c load/store, cache_list.c, cache_prune.c) decide what a bad entry means.
+ * callers (cache_load_store.c, cache_list.c, cache_prune.c) decide what a bad entry means.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L

@@ -1,7 +1,7 @@
 /*
  * cache_internal.h — what the files of the disk cache share among themselves; everything else
  * includes cache.h alone. The cache is split by concern:
- *   cache.c        lookups (writable directory, then read-only layers), stores
+ *   cache_load_store.c  lookups (writable directory, then read-only layers), stores
  *   cache_counters.c  the process counters (cache_counters.h)
  *   cache_entry.c  an entry file: name, layout (below), read and check, write
  *   cache_dir.c    the directory: choice, mkdir -p, scan, one-time warnings

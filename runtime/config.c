@@ -7,10 +7,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "cache.h"
 #include "config.h"
 #include "log.h"
-#include "plan.h"
 
 #define CONFIG_OFFSET_BOOL(field) offsetof(flce_config, field)
 #define CONFIG_OFFSET_INT(field) offsetof(flce_config, field)

@@ -11,9 +11,9 @@
  *   KIND      how it is read. Once per process into flce_config (config_get): BOOL (on/off words),
  *             INT (an integer in lo..hi), TILE (on/off, a field of flce_config.tiles), FAST (the
  *             FLCE_NVRTC_FAST words). At each use through config_env (tests flip them between
- *             cases): LEVEL (FLCE_LOG), TEXT (a string), NUM (a number its user parses: cache.c),
- *             EBOOL (on/off). LIB: once, when that library is first opened. SYS: a system
- *             variable the library derives a default from (not ours).
+ *             cases): LEVEL (FLCE_LOG), TEXT (a string), NUM (a number its user parses:
+ *             cache_lock.c, cache_prune.c), EBOOL (on/off). LIB: once, when that library is first
+ *             opened. SYS: a system variable the library derives a default from (not ours).
  *             SWITCHES: FLCE_DEV, the one variable that holds the developer switches.
  *   AUDIENCE  USER (operators: the README's first table), DEV (developer A/B switches: algorithm
  *             variants kept for side-by-side measurements and tests, the second table), TEST (a
@@ -30,6 +30,11 @@
  */
 #ifndef FLCE_CONFIG_TABLE_H
 #define FLCE_CONFIG_TABLE_H
+
+/* The rows' defaults and bounds that the cache and the planner own come from their constants
+ * headers alone, so the settings (config.c) stand below the cache and the planner that read them. */
+#include "cache_consts.h" /* CACHE_DEFAULT_LOCK_TIMEOUT_S, CACHE_DEFAULT_MAX_MIB */
+#include "plan_consts.h"  /* PLAN_RASTER_ROWS, PLAN_DH_K_SLICE, PLAN_DH_SPLITS_MAX */
 
 /* clang-format off */
 #define CONFIG_SETTINGS(X) \

@@ -16,7 +16,7 @@
  *           part way through its temporary file, so a test can SIGKILL it mid-write; every other
  *           point treats stall as fail).
  *
- * Called by nvrtc_compile.c, cache.c, cache_lock.c, context.c and tune_run.c; nothing else should depend on it.
+ * Called by nvrtc_compile.c, cache_load_store.c, cache_lock.c, context.c and tune_run.c; nothing else should depend on it.
  */
 #ifndef FLCE_FAULT_H
 #define FLCE_FAULT_H

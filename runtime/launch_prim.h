@@ -33,7 +33,6 @@ typedef struct kernels {
     CUfunction logits, logits_dz, dh, dw, row[CTX_MAX_KERNELS];
 } kernels;
 
-static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static inline unsigned long long addr(const void *p) { return (unsigned long long)(uintptr_t)p; }
 
 typedef struct run {

@@ -9,7 +9,6 @@
 #include "plan.h"
 
 static uint64_t align256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 static uint64_t take(uint64_t *cursor, uint64_t bytes)
 {

@@ -11,31 +11,27 @@
 
 #include <stdint.h>
 
+#include "plan_consts.h"
 #include "spec.h"
 
 #define PLAN_DEFAULT_BUDGET (512ull << 20)
-#define PLAN_RASTER_ROWS 8 /* dH/dW tile order: row blocks per group (plan.c, raster_rows) */
+/* PLAN_RASTER_ROWS, PLAN_DH_K_SLICE, PLAN_DH_SPLITS_MAX and PLAN_DH_SPLIT_MIN_K, the planner's
+ * constants that the settings table uses as defaults and bounds, are plan_consts.h's. */
 /* FLCE_DEV logits_cluster unset: the logits pass in 2-CTA clusters where its launch has at least this
  * many row blocks (an odd count pairs its last block with an idle one; plan.c plan_logits_cluster) */
 #define PLAN_LOGITS_CLUSTER_MIN_BLOCKS 4
-/* The longest vocab range one chunked dH launch sums over (plan.c dh_k_slice): the tensor cores'
- * fp32 accumulation over a 2.2M-column shard left dH 3-4.7e-3 off (test_large, session 7), against
- * 1.7e-3 where launches of shorter ranges add up in memory. */
-#define PLAN_DH_K_SLICE 262144
 /* Row-scaled compact logits (qrows) by default only where a token chunk holds at least this many
  * logits: measured on an H100 (bench/NOTES.md v39) 8192×4096×128256 and 8192×2304×256000 (one chunk
  * of 1.05e9 and 2.1e9) 0.3-0.5 ms faster; after session 14's cheaper flce_qref and flce_qdw
  * 4096×2048×32000 and 1024×4096×128256 (1.3e8 each) 0.03-0.09 ms faster (run minima), 512×4096×128256
  * (6.6e7) even: its six small kernels cost what the dz pass they replace does. */
 #define PLAN_QROWS_MIN_LOGITS 100000000ll
-/* dH split over its k (plan.c plan_dh_width, dh_splits): at most this many splits, each over at
- * least PLAN_DH_SPLIT_MIN_K vocab columns (a main loop long enough to hide its pipeline's fill and
- * its fp32 slab's store). */
-#define PLAN_DH_SPLITS_MAX 8
-#define PLAN_DH_SPLIT_MIN_K 8192
 /* problem.batch_invariant: the statistics pass's vocab splits are this many columns each, whatever
  * the rows (plan.c plan_invariant_logits) */
 #define PLAN_INVARIANT_SPLIT_COLS 8192
+/* a / b rounded up (a >= 0, b > 0): the planner's chunk and split counts and the launch path's grids
+ * (launch_prim.h includes this header), one definition for both. */
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /* The statistics all-gather of TP: each rank's block is a header of FLCE_TP_HEADER words, then
  * FLCE_TP_RECORD words per token row (templates/params.h). */
 uint64_t plan_tp_block_bytes(int64_t rows);

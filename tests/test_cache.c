@@ -1,5 +1,5 @@
 /*
- * test_cache.c — the on-disk kernel cache (runtime/cache.c, docs/DESIGN.md §5): hits and misses,
+ * test_cache.c — the on-disk kernel cache (runtime/cache*.c, contract in cache.h, docs/DESIGN.md §5): hits and misses,
  * collisions, corrupt/truncated/garbage entries and entries of another format version, racing
  * writer processes, unusable directories, the directory's environment variables, and
  * list/stat/clear; the compile lock (processes that miss one kernel together compile it once;
@@ -268,7 +268,7 @@ static void truncated_entry_is_a_miss(void)
     }
 }
 
-/* cache.c's CACHE_CHECKSUM_SEED: part of the entry file's format, like the offsets below. */
+/* cache_consts.h's CACHE_CHECKSUM_SEED: part of the entry file's format, like the offsets below. */
 #define TEST_CHECKSUM_SEED 0x5fd3a1c9e04b7263ull
 
 /* Rewrites the format version field (offset 4, little-endian) of the entry at `path` and
@@ -1017,7 +1017,7 @@ static int lock_each_with_warnings(const char *const *dirs, int n, const char *l
 }
 
 /* A file system without flock (NFS without lockd: ENOLCK; others say EOPNOTSUPP or ENOSYS, which
- * cache.c treats alike), injected with FLCE_FAULT=cache_lock: cache_lock_entry gives up at once
+ * cache_lock.c treats alike), injected with FLCE_FAULT=cache_lock: cache_lock_entry gives up at once
  * without the lock, leaves no lock file behind, and says so once per directory (level warn); the
  * cache itself works (stores, loads, the stats file), and an old lock file nobody can hold is
  * pruned. */

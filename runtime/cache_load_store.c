@@ -1,12 +1,15 @@
 /*
- * cache.c — the on-disk kernel cache of docs/DESIGN.md §5.4 (contract in cache.h). jit.c calls
- * cache_load before compiling, cache_lock_entry on a miss and cache_store after; tools/cmd_cache.c
- * calls list/stat/prune/clear.
+ * cache_load_store.c — the on-disk kernel cache of docs/DESIGN.md §5.4 (contract in cache.h): its
+ * lookups and stores. jit.c calls cache_load before compiling, cache_lock_entry on a miss and
+ * cache_store after; tools/cmd_cache.c calls list/stat/prune/clear.
  *
  * This file holds lookups and stores (the writable directory, then the read-only layers of
  * $FLCE_CACHE_RO); the entry format is cache_entry.c's, the directory cache_dir.c's, the compile
  * lock cache_lock.c's, the size cap cache_prune.c's, listing cache_list.c's, the process counters
  * cache_counters.c's and the persistent per-directory counters cache_stats.c's (cache_internal.h).
+ * Like them it is named for what it holds: cache.h and cache_internal.h are the whole cache's
+ * headers, not this file's, so the parts below it (entry, directory, lock, size cap), which
+ * include them, depend on none of its code.
  *
  * Nothing here fails a compile short of running out of host memory: unusable directories and
  * failed writes become a warning (once per directory for the former) and FLCE_OK; bad entries
