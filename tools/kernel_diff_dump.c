@@ -268,6 +268,21 @@ int main(int argc, char **argv)
             }
         }
     setting("FLCE_ENABLE_SM100", NULL);
+    /* The distillation and top-k row kernels' module (ROLE_DISTILL, templates/distill.cu), appended
+     * after the GEMMs: each dtype and divergence, without labels (T 2) and with them (the CE term
+     * at T 1; 64-bit labels for fp16), the three reductions in turn. */
+    for (int d = 0; d < 3; d++)
+        for (int div = 0; div < 3; div++)
+            for (int lab = 0; lab < 2; lab++) {
+                kernel_spec s;
+                memset(&s, 0, sizeof s);
+                s.sm = 90, s.dtype = dts[d], s.role = ROLE_DISTILL, s.hidden = 4096, s.vocab_shard = 32000;
+                s.divergence = div, s.beta = div == 2 ? 0.4f : 0.5f, s.temperature = lab ? 1.f : 2.f;
+                s.has_labels = lab, s.ce_weight = lab ? 0.5f : 0.f, s.label_bits = lab && d == 1 ? 64 : 32;
+                s.reduction = (flce_reduction)((d + div + lab) % 3);
+                snprintf(kind, sizeof kind, "%s_div%d_lab%d", dtn[d], div, lab);
+                dump(&s, kind);
+            }
     fclose(index_file);
     printf("kernel_diff_dump: %d sources (%d invalid combinations skipped)\n", count, invalid);
     return 0;
