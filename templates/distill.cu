@@ -89,13 +89,11 @@ __device__ __forceinline__ long long distill_label(const flce_distill_params &p,
 
 __device__ __forceinline__ bool distill_valid(const flce_distill_params &p, long long i)
 {
-#if DISTILL_LABELS
-    long long y = distill_label(p, i);
-    return y != p.ignore_index && y >= 0 && y < p.vocab;
-#else
-    (void)p, (void)i;
+    if constexpr (DISTILL_LABELS) {
+        const long long y = distill_label(p, i);
+        return y != p.ignore_index && y >= 0 && y < p.vocab;
+    }
     return true;
-#endif
 }
 
 // Sum over the CTA in a fixed order (warp shuffles, then warp 0 over the warps' sums): every thread
@@ -220,10 +218,9 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_count
     for (long long i = threadIdx.x; i < p.tokens; i += DISTILL_THREADS) {
         const bool valid = distill_valid(p, i);
         c += valid ? 1.f : 0.f;
-#if DISTILL_LABELS
         // same value from every writer: no atomic needed
-        if (!valid && p.flag && distill_label(p, i) != p.ignore_index) *(volatile int *)p.flag = 1;
-#endif
+        if constexpr (DISTILL_LABELS)
+            if (!valid && p.flag && distill_label(p, i) != p.ignore_index) *(volatile int *)p.flag = 1;
     }
     c = distill_block_sum(c, scratch);
     if (threadIdx.x == 0) *p.count = c;
@@ -265,10 +262,10 @@ __device__ __forceinline__ bool distill_row_begin(const flce_distill_params &p, 
     distill_zero_row(s.dz, p.vocab, p.ld);
     s.lse_s = distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s, scratch_a, scratch_b);
     s.loss = 0.f, s.y = -1;
-#if DISTILL_LABELS
-    s.y = distill_label(p, i);
-    if (CE_WEIGHT != 0.f) s.loss = CE_WEIGHT * (s.lse_s - s.zs[s.y]);
-#endif
+    if constexpr (DISTILL_LABELS) {
+        s.y = distill_label(p, i);
+        if (CE_WEIGHT != 0.f) s.loss = CE_WEIGHT * (s.lse_s - s.zs[s.y]);
+    }
     return true;
 }
 
@@ -285,9 +282,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
     const float lse_t = distill_lse(p.part_mt + r * p.splits_t, p.part_st + r * p.splits_t, p.splits_t, scratch_a,
                                     scratch_b);
     float loss = s.loss;
-#if DISTILL_LABELS
-    const long long y = s.y;
-#endif
+    const long long y = s.y; // −1 without labels (CE_WEIGHT is 0 then: emit_distill_source)
     __syncthreads();
     const float g = distill_scale(p, i);
     float d = 0.f;
@@ -297,9 +292,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
         const float lq = zs[j] - lse_s, lp = zt[j] - lse_t, q = __expf(lq), pj = __expf(lp);
         d += distill_xlog(pj, lp, lq);
         float dzj = (q - pj) * INV_TEMP;
-#if DISTILL_LABELS
         if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
-#endif
         distill_store(dz, j, g * dzj);
     }
     d = distill_block_sum(d, scratch_a);
@@ -329,9 +322,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
 #else
         float dzj = q == 0.f ? 0.f : (1.f - DISTILL_BETA) * q * (lq - distill_log_m(lp, lq) - kq) * INV_TEMP;
 #endif
-#if DISTILL_LABELS
         if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
-#endif
         distill_store(dz, j, g * dzj);
     }
 #endif
@@ -356,9 +347,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
     const float *zs = s.zs, lse_s = s.lse_s;
     void *dz = s.dz;
     float loss = s.loss;
-#if DISTILL_LABELS
-    const long long y = s.y;
-#endif
+    const long long y = s.y; // −1 without labels (CE_WEIGHT is 0 then: emit_distill_source)
     const int k = p.topk, t = (int)threadIdx.x;
     float dpart = 0.f, ppart = 0.f, badpart = 0.f;
     if (t < k) {
@@ -380,9 +369,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
     for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
         const float q = __expf(zs[j] - lse_s);
         float dzj = q * pk * INV_TEMP;
-#if DISTILL_LABELS
         if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
-#endif
         distill_store(dz, j, g * dzj);
     }
     __syncthreads();
@@ -390,9 +377,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
         const long long j = kid[t];
         const float q = __expf(klq[t]);
         float dzj = (q * pk - kp[t]) * INV_TEMP;
-#if DISTILL_LABELS
         if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
-#endif
         distill_store(dz, j, g * dzj);
     }
     distill_row_out(p, i, d, loss + d);
@@ -439,10 +424,10 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_c
         for (int k = threadIdx.x; k < p.splits_s; k += DISTILL_THREADS) xs += p.part_xs[r * p.splits_s + k];
         x = distill_block_sum(xs, scratch_a);
         g = distill_scale(p, i);
-#if DISTILL_LABELS
-        y = distill_label(p, i);
-        if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (lse_s - p.target_s[r]);
-#endif
+        if constexpr (DISTILL_LABELS) {
+            y = distill_label(p, i);
+            if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (lse_s - p.target_s[r]);
+        }
     }
     // 8 columns (16 bytes) per step; a group is a multiple of 8 columns wide, ld a multiple of 8
     float a = 0.f, w = 0.f;
@@ -473,17 +458,12 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_c
                     }
                     w += pj;
                     d = (q - pj) * INV_TEMP;
-#if DISTILL_LABELS
                     if (CE_WEIGHT != 0.f) d += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
-#endif
                     d *= g;
                 }
                 unsigned short h;
-#if FLCE_DTYPE == 1
-                asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(d));
-#else
-                asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(d));
-#endif
+                if constexpr (FLCE_DTYPE == 1) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(d));
+                else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(d));
                 if (e % 2 == 0) o[e / 2] = h;
                 else o[e / 2] |= (unsigned)h << 16;
             }
@@ -518,11 +498,8 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_c
 __device__ __forceinline__ float distill_elem(unsigned short h)
 {
     float f;
-#if FLCE_DTYPE == 1
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-#else
-    f = __uint_as_float((unsigned)h << 16); // bf16: the high half of an fp32
-#endif
+    if constexpr (FLCE_DTYPE == 1) asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    else f = __uint_as_float((unsigned)h << 16); // bf16: the high half of an fp32
     return f;
 }
 
@@ -571,10 +548,10 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
                                     scratch_b);
     float loss = 0.f;
     long long y = -1;
-#if DISTILL_LABELS
-    y = distill_label(p, i);
-    if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (lse_s - p.target_s[r]);
-#endif
+    if constexpr (DISTILL_LABELS) {
+        y = distill_label(p, i);
+        if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (lse_s - p.target_s[r]);
+    }
     const int k = p.topk, t = (int)threadIdx.x, warp = t >> 5;
     if (t < k) kid[t] = p.tk_idx[i * k + t], kp[t] = p.tk_lp[i * k + t];
     __syncthreads();
@@ -622,17 +599,12 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
                 asm("cvt.f32.f16 %0, %1;" : "=f"(hs) : "h"((unsigned short)(ws_[e / 2] >> (16 * (e % 2)))));
                 const float q = hs * fs;
                 dv = q * pk * INV_TEMP;
-#if DISTILL_LABELS
                 if (CE_WEIGHT != 0.f) dv += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
-#endif
                 dv *= g;
             }
             unsigned short hv;
-#if FLCE_DTYPE == 1
-            asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hv) : "f"(dv));
-#else
-            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(hv) : "f"(dv));
-#endif
+            if constexpr (FLCE_DTYPE == 1) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hv) : "f"(dv));
+            else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(hv) : "f"(dv));
             if (e % 2 == 0) o[e / 2] = hv;
             else o[e / 2] |= (unsigned)hv << 16;
         }
@@ -643,9 +615,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
         const long long j = kid[t];
         const float q = __expf(klq[t]);
         float dzj = (q * pk - __expf(kp[t])) * INV_TEMP;
-#if DISTILL_LABELS
         if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
-#endif
         distill_store(dz, j, g * dzj);
     }
     distill_row_out(p, i, d, loss + d);
