@@ -77,19 +77,26 @@ def _require_cuda(t: Tensor, name: str) -> None:
         raise ValueError(f"{name}: must be on a CUDA device, is on {t.device}")
 
 
-def _check_tensors(hs, ws, ht, wt, labels):
-    for name, t in (("student_hidden", hs), ("student_weight", ws), ("teacher_hidden", ht),
-                    ("teacher_weight", wt)):
+def _check_inputs(named, labels):
+    """What both calls check first: each named tensor (student_hidden first) and labels are tensors,
+    on one CUDA device, student_hidden in a supported dtype."""
+    for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {_kind(t)}")
     if labels is not None and not isinstance(labels, torch.Tensor):
         raise TypeError(f"labels: expected a torch.Tensor or None, got {_kind(labels)}")
+    hs = named[0][1]
     _require_cuda(hs, "student_hidden")
-    for name, t in (("student_weight", ws), ("teacher_hidden", ht), ("teacher_weight", wt), ("labels", labels)):
+    for name, t in named[1:] + (("labels", labels),):
         if t is not None and t.device != hs.device:
             raise ValueError(f"{name}: on {t.device}, student_hidden is on {hs.device} (must be the same device)")
     if hs.dtype not in _DTYPES:
         raise ValueError(f"student_hidden: dtype {hs.dtype} is not supported (float32, float16 or bfloat16)")
+
+
+def _check_tensors(hs, ws, ht, wt, labels):
+    _check_inputs((("student_hidden", hs), ("student_weight", ws), ("teacher_hidden", ht), ("teacher_weight", wt)),
+                  labels)
     for name, t in (("student_weight", ws), ("teacher_hidden", ht), ("teacher_weight", wt)):
         if t.dtype != hs.dtype:
             raise ValueError(f"{name}: dtype {t.dtype}, student_hidden is {hs.dtype} (must be the same)")
@@ -453,19 +460,8 @@ def linear_distillation(student_hidden: Tensor, student_weight: Tensor, teacher_
 
 
 def _check_topk_tensors(hs, ws, idx, lp, labels):
-    for name, t in (("student_hidden", hs), ("student_weight", ws), ("teacher_topk_indices", idx),
-                    ("teacher_topk_logprobs", lp)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {_kind(t)}")
-    if labels is not None and not isinstance(labels, torch.Tensor):
-        raise TypeError(f"labels: expected a torch.Tensor or None, got {_kind(labels)}")
-    _require_cuda(hs, "student_hidden")
-    for name, t in (("student_weight", ws), ("teacher_topk_indices", idx), ("teacher_topk_logprobs", lp),
-                    ("labels", labels)):
-        if t is not None and t.device != hs.device:
-            raise ValueError(f"{name}: on {t.device}, student_hidden is on {hs.device} (must be the same device)")
-    if hs.dtype not in _DTYPES:
-        raise ValueError(f"student_hidden: dtype {hs.dtype} is not supported (float32, float16 or bfloat16)")
+    _check_inputs((("student_hidden", hs), ("student_weight", ws), ("teacher_topk_indices", idx),
+                   ("teacher_topk_logprobs", lp)), labels)
     if ws.dtype != hs.dtype:
         raise ValueError(f"student_weight: dtype {ws.dtype}, student_hidden is {hs.dtype} (must be the same)")
     if idx.dtype != torch.int64:
