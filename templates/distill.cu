@@ -175,19 +175,24 @@ __device__ __forceinline__ float distill_scale(const flce_distill_params &p, lon
 #endif
 }
 
+#if FLCE_DTYPE != 0 // (PTX conversions: the host emulation, tests/distill_emu, is fp32)
+// v in the 16-bit dtype's bits, rounded once
+__device__ __forceinline__ unsigned short distill_to16(float v)
+{
+    unsigned short h;
+    if constexpr (FLCE_DTYPE == 1) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+#endif
+
 // dZs in the dtype (16-bit: rounded once from fp32), as the dH/dW GEMMs read it
 __device__ __forceinline__ void distill_store(void *p, long long i, float v)
 {
 #if FLCE_DTYPE == 0
     ((float *)p)[i] = v;
-#elif FLCE_DTYPE == 1
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    ((unsigned short *)p)[i] = h;
 #else
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    ((unsigned short *)p)[i] = h;
+    ((unsigned short *)p)[i] = distill_to16(v);
 #endif
 }
 
@@ -461,9 +466,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_c
                     if (CE_WEIGHT != 0.f) d += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
                     d *= g;
                 }
-                unsigned short h;
-                if constexpr (FLCE_DTYPE == 1) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(d));
-                else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(d));
+                const unsigned short h = distill_to16(d);
                 if (e % 2 == 0) o[e / 2] = h;
                 else o[e / 2] |= (unsigned)h << 16;
             }
@@ -602,9 +605,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
                 if (CE_WEIGHT != 0.f) dv += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
                 dv *= g;
             }
-            unsigned short hv;
-            if constexpr (FLCE_DTYPE == 1) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hv) : "f"(dv));
-            else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(hv) : "f"(dv));
+            const unsigned short hv = distill_to16(dv);
             if (e % 2 == 0) o[e / 2] = hv;
             else o[e / 2] |= (unsigned)hv << 16;
         }
