@@ -13,7 +13,8 @@ static const char *const dh_names[] = {"flce_dh", NULL};
 static const char *const dw_names[] = {"flce_dw", NULL};
 static const char *const distill_names[] = {"flce_distill_count", "flce_distill_row", "flce_distill_reduce",
                                             "flce_topk_row", "flce_distill_lse", "flce_distill_row_compact",
-                                            "flce_distill_row_topk", "flce_distill_row_topk_compact", NULL};
+                                            "flce_distill_row_topk", "flce_distill_row_topk_compact",
+                                            "flce_distill_topk_sort", NULL};
 static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
                                            "flce_dbias", "flce_tp_pack", "flce_cast", "flce_qref", "flce_qscale",
                                            "flce_qlist_count", "flce_qlist_fill", "flce_qdw", "flce_qdh", NULL};
@@ -112,6 +113,9 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
               (s->opts >> SPEC_OPT_TOKEN_GRADS_SHIFT) & 15u);
     sb_printf(b, "#define OPT_SOFT %d  // Σ_j p_j·z_j against another pass's compact p̃ (distillation)\n",
               !!(s->opts & SPEC_OPT_SOFT));
+    sb_printf(b, "#define OPT_SPARSE %d  // Σ_u p_u·z_u over a sorted (id, p) list per row (distillation, top-k)\n",
+              !!(s->opts & SPEC_OPT_SPARSE));
+    sb_printf(b, "constexpr int SPARSE_K = %d;\n", SPEC_SPARSE_K);
     /* Hex float literals: the exact float the caller passed, no decimal round trip. */
     sb_printf(b, "constexpr float SOFTCAP = %af, INV_TEMP = %af, SMOOTHING = %af, ZLOSS = %af;\n",
               (double)s->softcap, (double)(s->temperature > 0 ? 1.0f / s->temperature : 1.0f), (double)s->smoothing,

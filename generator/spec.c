@@ -103,7 +103,7 @@ static int elem_bytes(flce_dtype t) { return t == FLCE_DTYPE_F32 ? 4 : 2; }
 static void options_text(const kernel_spec *s, char *out, size_t cap)
 {
     static const char *names[] = {"bias", "weights", "zsum", "entropy", "argmax", "grad-logprob", "grad-lse",
-                                  "grad-entropy", "grad-loss-rows", "soft-target"};
+                                  "grad-entropy", "grad-loss-rows", "soft-target", "sparse-target"};
     size_t n = 0;
     out[0] = '\0';
     for (int b = 0; b < 10; b++)
@@ -387,7 +387,7 @@ flce_status spec_validate(const kernel_spec *s)
                        (long long)s->vocab_shard);
     if (s->label_bits != 32 && s->label_bits != 64)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "label_bits=%d: must be 32 or 64", s->label_bits);
-    if (s->opts & ~1023u)
+    if (s->opts & ~2047u)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "opts=0x%x: unknown option bits", s->opts);
     /* the soft target's weights are another compact pass's p̃ in this pass's column groups, and its
      * sum takes part_zs, which label smoothing's Σ w_j·z_j otherwise holds */
@@ -395,6 +395,11 @@ flce_status spec_validate(const kernel_spec *s)
         (s->role != ROLE_LOGITS || !s->compact || s->qrows || s->fused_dz || (s->opts & SPEC_OPT_ZSUM)))
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "opts=0x%x: soft-target is for a compact logits pass without "
                        "row-scaled logits, fused dz or zsum", s->opts);
+    /* the sparse target's sum takes part_zs too, and is the soft target's alternative */
+    if ((s->opts & SPEC_OPT_SPARSE) && (s->role != ROLE_LOGITS || !s->compact || s->qrows || s->fused_dz ||
+                                        (s->opts & (SPEC_OPT_ZSUM | SPEC_OPT_SOFT))))
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "opts=0x%x: sparse-target is for a compact logits pass without "
+                       "row-scaled logits, fused dz, zsum or soft-target", s->opts);
     /* emit.c prints these as float literals: they must be finite (1/T included). */
     if (!(s->softcap >= 0) || !isfinite(s->softcap) || !(s->temperature >= 0) ||
         !isfinite(s->temperature) || (s->temperature > 0 && !isfinite(1.0f / s->temperature)) ||

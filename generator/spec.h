@@ -126,8 +126,15 @@ enum {
     /* LOGITS with the compact store (the distillation's student pass, runtime/distill.c): Σ_j p_j·z_j
      * per row into part_zs, p_j another pass's stored compact p̃ of the same columns scaled to
      * probabilities (the teacher's; templates/gemm_logits.cu says where they come from) */
-    SPEC_OPT_SOFT = 1u << 9
+    SPEC_OPT_SOFT = 1u << 9,
+    /* LOGITS with the compact store (the distillation's student pass under a top-k teacher): Σ_u p_u·z_u
+     * per row into part_zs over a list of SPEC_SPARSE_K (id, p) pairs per row, sorted by id and padded
+     * with ids past every column (templates/gemm_logits.cu) */
+    SPEC_OPT_SPARSE = 1u << 10
 };
+
+/* The (id, p) pairs per row of SPEC_OPT_SPARSE's list: the most a top-k teacher gives (distill.h) */
+#define SPEC_SPARSE_K 64
 
 /* The NVRTC target for an arch: "sm_90a" for 90, "sm_100a" for 100, else "sm_<sm>". */
 const char *spec_arch_name(int sm);

@@ -26,7 +26,10 @@
 #include "log.h"
 
 enum { DISTILL_THREADS = 256 };
-enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2, DK_LSE = 4, DK_ROW_COMPACT = 5, DK_ROW_TOPK = 6, DK_ROW_TOPK_COMPACT = 7 }; /* emit.c distill_names */
+enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2, DK_LSE = 4, DK_ROW_COMPACT = 5, DK_ROW_TOPK = 6, DK_ROW_TOPK_COMPACT = 7, DK_TOPK_SORT = 8 }; /* emit.c distill_names */
+
+/* the sparse target's lists (spec.h) hold a top-k teacher's ids, the most it may give */
+_Static_assert(DISTILL_TOPK_MAX == SPEC_SPARSE_K, "DISTILL_TOPK_MAX and SPEC_SPARSE_K differ");
 
 static uint64_t align256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
 
@@ -126,7 +129,8 @@ static flce_status plan_compact(const flce_distill_problem *p, const call_device
 }
 
 /* The teacher as top-k on 16-bit inputs: the student's compact CE pass alone (2 bytes per logit: p̃,
- * dZs written in its place; templates/distill.cu flce_distill_row_topk_compact), or
+ * dZs written in its place) with the sparse target (its epilogue sums Σ_K p·z/T over the sorted
+ * lists flce_distill_topk_sort makes; templates/distill.cu flce_distill_row_topk_compact), or
  * FLCE_ERR_UNSUPPORTED when its CE plan does not give it (then the fp32 path runs). */
 static flce_status plan_topk_compact(const flce_distill_problem *p, const call_device *dev,
                                      const flce_distill_tensors *t, uint64_t budget, distill_plan *pl)
@@ -146,11 +150,16 @@ static flce_status plan_topk_compact(const flce_distill_problem *p, const call_d
     if (!s->compact || s->recompute || s->qrows || s->ldz != (int64_t)ld || s->logits.opts & ~(unsigned)SPEC_OPT_BIAS ||
         s->off_z != s->off_dz)
         return FLCE_ERR_UNSUPPORTED;
+    pl->student.logits.opts |= SPEC_OPT_SPARSE;
+    TRY(spec_validate(&pl->student.logits));
     pl->teacher.ldz = (int64_t)ld; /* (no teacher plan: its GEMM does not run) */
     pl->compact = 1, pl->topk = p->teacher_topk;
     pl->ld = (int64_t)ld;
     pl->chunk_rows = s->chunk_rows, pl->chunks = s->n_chunks;
-    uint64_t cur = align256(s->workspace_bytes), n = (uint64_t)p->tokens;
+    uint64_t cur = align256(s->workspace_bytes), n = (uint64_t)p->tokens, rows = (uint64_t)pl->chunk_rows;
+    pl->sparse_ids_offset = cur, cur = align256(cur + rows * SPEC_SPARSE_K * 4);
+    pl->sparse_p_offset = cur, cur = align256(cur + rows * SPEC_SPARSE_K * 4);
+    pl->part_xs_offset = cur, cur = align256(cur + rows * (uint64_t)s->splits * 4);
     pl->labels_offset = cur, cur = align256(cur + ((!t || !t->labels) ? n * 8 : 0));
     pl->per_token_offset = cur, cur = align256(cur + n * 4);
     pl->count_offset = cur, cur += 16;
@@ -236,8 +245,7 @@ typedef struct distill_row_args {
     int tile_cols;
     unsigned long long tk_idx, tk_lp; /* the teacher's top-k (flce_distill_row_topk) */
     int topk;
-    unsigned long long hs, ws; /* Hs, Ws: flce_distill_row_topk_compact's exact logits at the ids */
-    long long dim;
+    unsigned long long sp_ids, sp_p; /* the sorted (id, p) lists (flce_distill_topk_sort) */
 } distill_row_args;
 
 /* The two models' runs of the CE launch path over the workspace: the student's with its plan's
@@ -340,7 +348,11 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
                          .part_zs = ws + pl->part_xs_offset, .tile_max = ws + s->off_tile_max,
                          .soft = ws + pl->pt_offset, .soft_tile_max = ws + pl->teacher_tile_max,
                          .soft_lse = ws + pl->lse_t_offset};
-    if (pl->topk) st_s.part_zs = st_s.soft = st_s.soft_tile_max = st_s.soft_lse = 0; /* no teacher pass */
+    if (pl->topk) { /* no teacher pass: the sparse target's lists instead */
+        st_s.soft = st_s.soft_tile_max = st_s.soft_lse = 0;
+        st_s.sparse_ids = ws + pl->sparse_ids_offset, st_s.sparse_p = ws + pl->sparse_p_offset;
+        ra->sp_ids = st_s.sparse_ids, ra->sp_p = st_s.sparse_p;
+    }
     ra->zs = ws + s->off_z, ra->zt = 0, ra->dz = ws + s->off_dz;
     ra->part_ms = st_s.part_m, ra->part_ss = st_s.part_s, ra->part_mt = st_t.part_m, ra->part_st = st_t.part_s;
     ra->pt = st_s.soft, ra->tile_ms = st_s.tile_max, ra->tile_mt = st_t.tile_max, ra->part_xs = st_s.part_zs;
@@ -355,6 +367,7 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
             TRY(launch(d->k[DK_LSE], (b.rows + DISTILL_THREADS - 1) / DISTILL_THREADS, 1, DISTILL_THREADS, 0, stream,
                        ra, "distill teacher lse"));
         }
+        if (pl->topk) TRY(launch(d->k[DK_TOPK_SORT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill top-k sort"));
         TRY(launch_store_logits(&d->student, &b, ws + s->off_z, &st_s));
         if (pl->topk)
             TRY(launch(d->k[DK_ROW_TOPK_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (top-k)"));
@@ -388,7 +401,6 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
                            (unsigned long long)ctx->flag_dev};
     TRY(launch(d.k[DK_COUNT], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill count"));
     ra.tk_idx = addr(t->teacher_topk_indices), ra.tk_lp = addr(t->teacher_topk_logprobs), ra.topk = pl->topk;
-    ra.hs = addr(t->student_hidden), ra.ws = addr(t->student_weight), ra.dim = p->hidden_student;
     if (pl->compact) return run_compact(&d, p, pl, &ra);
     for (int64_t c = 0; c < pl->chunks; c++) {
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};

@@ -42,6 +42,9 @@ typedef struct distill_plan {
     int topk;                  /* problem.teacher_topk: > 0, the teacher's top-k is given (no
                                   teacher plan, pass or regions; compact: the student's p̃ alone) */
     uint64_t pt_offset, teacher_tile_max, lse_t_offset, part_xs_offset;
+    /* The top-k teacher's compact path: its sorted (id, p) lists, chunk_rows × SPEC_SPARSE_K int32
+     * and fp32 (the student pass's sparse target), part_xs_offset its sums */
+    uint64_t sparse_ids_offset, sparse_p_offset;
     uint64_t labels_offset;    /* N zero labels (8 bytes each) for the logits epilogue when labels are NULL */
     uint64_t per_token_offset; /* fp32 loss_i of every token, N */
     uint64_t count_offset;     /* fp32 count of valid tokens (one value, padded to 16 bytes) */

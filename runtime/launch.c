@@ -168,6 +168,7 @@ flce_status launch_store_logits(run *r, const block *b, unsigned long long z, co
         g.part_t = st->part_t, g.part_zs = st->part_zs;
         if (r->pl->logits.compact) g.tile_max = st->tile_max, g.ld_tile_max = r->pl->tile_max_ld;
         g.qref = st->soft, g.qflags = st->soft_tile_max, g.lse = st->soft_lse; /* params.h: OPT_SOFT */
+        if (st->sparse_ids) g.qref = st->sparse_ids, g.qflags = st->sparse_p; /* OPT_SPARSE */
     }
     return launch_logits(r, &r->pl->logits, r->k.logits, b, st != NULL, &g, "logits kernel (Z store)");
 }

@@ -35,10 +35,13 @@ flce_status launch_call(flce_context *ctx, const flce_problem *p, flce_op op, co
  * (entropy: Σ exp(z − max)·z) and part_zs (zsum or soft target) where the spec has them. A compact
  * pass also writes its group maxima to tile_max ([rows][r->pl->tile_max_ld]); a soft-target pass
  * (SPEC_OPT_SOFT) reads another compact pass's p̃ (soft), group maxima (soft_tile_max) and lse per
- * row (soft_lse) of the same rows. Zero: not written (not read). */
+ * row (soft_lse) of the same rows; a sparse-target pass (SPEC_OPT_SPARSE) reads per row SPEC_SPARSE_K
+ * int32 ids sorted ascending (sparse_ids) and their fp32 weights (sparse_p). Zero: not written (not
+ * read). */
 typedef struct logits_stats {
     unsigned long long part_m, part_s, target, part_t, part_zs, tile_max;
     unsigned long long soft, soft_tile_max, soft_lse;
+    unsigned long long sparse_ids, sparse_p;
 } logits_stats;
 
 /* The logits of block b (r->t's hidden rows × weight rows, at the plan's temperature) stored at z,

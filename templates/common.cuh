@@ -254,8 +254,9 @@ __device__ __forceinline__ float dz_value(float z, float lse, float a, bool is_l
 #define QREF_SAMPLES 8
 
 // zs: a plain sum over the row's columns (no rescaling by the running max): label smoothing's
-// Σ_j w_j·z_j, or the distillation's soft-target Σ_j p_j·z_j (OPT_SOFT, gemm_logits.cu)
-constexpr bool STATS_ZS = OPT_ZSUM || OPT_SOFT;
+// Σ_j w_j·z_j, or the distillation's soft-target Σ_j p_j·z_j (OPT_SOFT, gemm_logits.cu), or its
+// sparse target's Σ_u p_u·z_u over a top-k teacher's ids (OPT_SPARSE)
+constexpr bool STATS_ZS = OPT_ZSUM || OPT_SOFT || OPT_SPARSE;
 
 struct row_stats {
     float m, s, t, zs;

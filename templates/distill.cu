@@ -72,10 +72,10 @@ struct flce_distill_params {
     const long long *tk_idx;
     const float *tk_lp;
     int topk;
-    // flce_distill_row_topk_compact's exact student logits at the k ids: Hs (tokens × dim) and Ws
-    // (V × dim) in the dtype
-    const void *hs, *ws;
-    long long dim;
+    // The top-k teacher's compact path: each row's ids sorted with their probabilities, the
+    // student pass's sparse target (flce_distill_topk_sort writes, rows × DISTILL_TOPK_MAX)
+    int *sp_ids;
+    float *sp_p;
 };
 
 __device__ __forceinline__ long long distill_label(const flce_distill_params &p, long long i)
@@ -490,44 +490,37 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_c
 
 // The teacher as top-k on 16-bit inputs (runtime/distill.c plan_topk_compact): the student's CE
 // pass alone, with the compact store (fp16 p̃_s and group maxima, as flce_distill_row_compact reads
-// them), then per row
-//   log q_j = zs_j/T − lse_s for the k ids, zs_j = hs_i·ws_j recomputed here in fp32 (8 warps, one id
-//            each at a time): exact where a log of the stored p̃ would carry fp16's 2^-12 into every
-//            term of D, and be 0 (−inf) for a logit ~28 nats under its group's maximum,
-//   D_i = Σ_K p (log p − log q),  dZs = g·(P_K·q − p·1[K])/T (+ CE),  written over p̃_s (q from p̃
-//   elsewhere, as the CE path's own gradient; from the exact log q at the k ids).
+// them) and the sparse target (SPEC_OPT_SPARSE): its epilogue sums x_i = Σ_K p_j·zs_j/T over the
+// exact fp32 logits at the ids, from the lists flce_distill_topk_sort makes. Then per row
+//   D_i = Σ_K p log p − x_i + P_K·lse_s     (= Σ_K p (log p − log q), P_K = Σ_K p)
+//   dZs = g·(P_K·q − p·1[K])/T (+ CE),  q from p̃_s (the CE path's own gradient), over p̃_s.
 // A repeated or out-of-range id makes the token's D, loss and dZs row NaN, as flce_distill_row_topk.
-#if FLCE_DTYPE != 0 // (PTX conversions: the host emulation, tests/distill_emu, is fp32)
-__device__ __forceinline__ float distill_elem(unsigned short h)
-{
-    float f;
-    if constexpr (FLCE_DTYPE == 1) asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    else f = __uint_as_float((unsigned)h << 16); // bf16: the high half of an fp32
-    return f;
-}
 
-// Σ_l a_l·b_l over dim 16-bit elements by one warp (every lane the sum): 8 elements per 16-byte load
-// where both rows allow it (dim is a multiple of 8: distill_api.c), else one at a time
-__device__ __forceinline__ float distill_warp_dot(const unsigned short *a, const unsigned short *b, long long dim)
+// Each row's k (id, p = exp(log-prob)) pairs sorted by id into DISTILL_TOPK_MAX slots (ranks by
+// counting; equal ids by position), ids clamped to [−1, 2^31 − 1] (monotone: the order stays, and a
+// bad id lies in no column), the slots after k (all of a masked token's) ids past every column with
+// weight 0
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_topk_sort(const flce_distill_params p)
 {
-    const int lane = threadIdx.x & 31;
-    float acc = 0.f;
-    if ((((unsigned long long)a | (unsigned long long)b) & 15) == 0) {
-        for (long long l = 8 * lane; l < dim; l += 8 * 32) {
-            const uint4 x = *(const uint4 *)(a + l), y = *(const uint4 *)(b + l);
-            const unsigned xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                acc = fmaf(distill_elem((unsigned short)(xs[e / 2] >> (16 * (e % 2)))),
-                           distill_elem((unsigned short)(ys[e / 2] >> (16 * (e % 2)))), acc);
-        }
-    } else {
-        for (long long l = lane; l < dim; l += 32) acc = fmaf(distill_elem(a[l]), distill_elem(b[l]), acc);
+    __shared__ long long kid[DISTILL_TOPK_MAX];
+    const long long r = blockIdx.x, i = p.row0 + r;
+    const int k = p.topk, t = (int)threadIdx.x;
+    const bool valid = distill_valid(p, i);
+    if (valid && t < k) kid[t] = p.tk_idx[i * k + t];
+    __syncthreads();
+    if (t >= DISTILL_TOPK_MAX) return;
+    int *ids = p.sp_ids + r * DISTILL_TOPK_MAX;
+    float *w = p.sp_p + r * DISTILL_TOPK_MAX;
+    if (valid && t < k) {
+        const long long id = kid[t];
+        int rank = 0;
+        for (int u = 0; u < k; u++) rank += kid[u] < id || (kid[u] == id && u < t);
+        ids[rank] = (int)(id < -1 ? -1 : id > 0x7fffffffLL ? 0x7fffffffLL : id);
+        w[rank] = __expf(p.tk_lp[i * k + t]);
+    } else if (!valid || t >= k) {
+        ids[t] = 0x7fffffff, w[t] = 0.f;
     }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    return acc;
 }
-#endif
 
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_topk_compact(const flce_distill_params p)
 {
@@ -536,7 +529,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
 #else
     __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32];
     __shared__ long long kid[DISTILL_TOPK_MAX];
-    __shared__ float kp[DISTILL_TOPK_MAX], klq[DISTILL_TOPK_MAX];
+    __shared__ float kp[DISTILL_TOPK_MAX], kq[DISTILL_TOPK_MAX];
     const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
     const unsigned short *ps = (const unsigned short *)p.zs + r * p.ld;
     unsigned short *dz = (unsigned short *)p.dz + r * p.ld; // is ps: each thread reads its 8 first
@@ -555,36 +548,34 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
         y = distill_label(p, i);
         if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (lse_s - p.target_s[r]);
     }
-    const int k = p.topk, t = (int)threadIdx.x, warp = t >> 5;
-    if (t < k) kid[t] = p.tk_idx[i * k + t], kp[t] = p.tk_lp[i * k + t];
+    float xs = 0.f;
+    for (int s = threadIdx.x; s < p.splits_s; s += DISTILL_THREADS) xs += p.part_xs[r * p.splits_s + s];
+    const float x = distill_block_sum(xs, scratch_a);
+    const int k = p.topk, t = (int)threadIdx.x;
+    if (t < k) kid[t] = p.tk_idx[i * k + t];
     __syncthreads();
     bool ok = false;
+    float apart = 0.f, ppart = 0.f;
     if (t < k) {
         const long long id = kid[t];
         ok = id >= 0 && id < v;
         for (int u = 0; u < k; u++) ok = ok && (u == t || kid[u] != id);
+        const float lp = p.tk_lp[i * k + t], pj = __expf(lp);
+        float q = 0.f; // the student's probability at the id, from p̃ before the row is overwritten
+        if (ok) {
+            float h;
+            asm("cvt.f32.f16 %0, %1;" : "=f"(h) : "h"(ps[id]));
+            q = h * exp2f((tms[id / p.tile_cols] - lse_s) * 1.4426950408889634f - 15.f);
+        }
+        kp[t] = pj, kq[t] = q;
+        apart = distill_xlog(pj, lp, 0.f), ppart = pj;
     }
-    const float bad = distill_block_sum(t < k && !ok ? 1.f : 0.f, scratch_a); // (its barriers: kid read by all)
+    const float bad = distill_block_sum(t < k && !ok ? 1.f : 0.f, scratch_a); // (its barriers: kid, kp, kq)
     if (t < k && !ok) kid[t] = -1;
-    __syncthreads();
-    // the exact student logits at the ids, a warp per id
-    const unsigned short *h = (const unsigned short *)p.hs + i * p.dim;
-    for (int u = warp; u < k; u += DISTILL_THREADS / 32) {
-        const long long id = kid[u];
-        if (id < 0) continue; // warp-uniform
-        const float z = distill_warp_dot(h, (const unsigned short *)p.ws + id * p.dim, p.dim);
-        if ((t & 31) == 0) klq[u] = z * INV_TEMP - lse_s;
-    }
-    __syncthreads();
-    float dpart = 0.f, ppart = 0.f;
-    if (t < k) {
-        const float lp = kp[t], pj = __expf(lp);
-        dpart = ok ? distill_xlog(pj, lp, klq[t]) : 0.f, ppart = pj;
-    }
+    const float a = distill_block_sum(apart, scratch_b);
+    const float pk = distill_block_sum(ppart, scratch_a);
     const float nan = __int_as_float(0x7fc00000);
-    float d = distill_block_sum(dpart, scratch_a);
-    const float pk = distill_block_sum(ppart, scratch_b);
-    if (bad != 0.f) d = nan;
+    const float d = bad != 0.f ? nan : a - x + pk * lse_s;
     const float g = bad != 0.f ? nan : distill_scale(p, i);
     // every column as if outside K (q from p̃_s), 8 columns (16 bytes) per step as
     // flce_distill_row_compact; then the k ids over them
@@ -612,10 +603,10 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
         *(uint4 *)(dz + j0) = make_uint4(o[0], o[1], o[2], o[3]); // and the padding to ld: zeros
     }
     __syncthreads();
-    if (t < k && ok) {
+    if (t < k && kid[t] >= 0) {
         const long long j = kid[t];
-        const float q = __expf(klq[t]);
-        float dzj = (q * pk - __expf(kp[t])) * INV_TEMP;
+        const float q = kq[t];
+        float dzj = (q * pk - kp[t]) * INV_TEMP;
         if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
         distill_store(dz, j, g * dzj);
     }

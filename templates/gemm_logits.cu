@@ -70,6 +70,42 @@ __device__ __forceinline__ int label_col(long long lab, long long c0)
     return lab >= 0 && ly >= 0 && ly < WTN ? (int)ly : -1;
 }
 
+// OPT_SPARSE: Σ_u p_u·z_u over the ids of one row's list that lie in this thread's columns of the
+// warp tile (acc rows mi, h: already the transformed logits). The list (p.qref: SPARSE_K int ids
+// ascending, padded with ids past every column; p.qflags: their fp32 weights) holds ~k·WTN/V ids
+// per warp tile, so its first id at or past the tile's first column cw is found by binary search
+// and the walk stops at the tile's end; of the 4 lanes sharing the row, the one holding an id's
+// column (lj = id − c0 with lj % 8 in {0, 1}, as the target vote) adds p·z.
+template <bool FULL>
+__device__ __forceinline__ float sparse_sum(const float (&acc)[MI][NI][4], const flce_gemm_params &p, long long row,
+                                            int mi, int h, long long c0, int t, int lim)
+{
+    const int *ids = (const int *)p.qref + row * SPARSE_K;
+    const float *w = (const float *)p.qflags + row * SPARSE_K;
+    const long long cw = c0 - 2 * t;
+    int lo = 0;
+#pragma unroll
+    for (int step = SPARSE_K / 2; step > 0; step /= 2)
+        if (ids[lo + step - 1] < cw) lo += step;
+    float sum = 0.f;
+    for (int u = lo; u < SPARSE_K; u++) {
+        const long long lj = ids[u] - c0;
+        if (lj + 2 * t >= WTN) break; // the rest lie past this warp tile (padding included)
+        if (lj < 0 || (lj & 6) != 0 || !(FULL || lj < lim)) continue;
+        const int j = (int)lj;
+        float zy = 0.f;
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++) {
+            if constexpr (FLCE_WGMMA)
+                zy = ni == j >> 3 ? ((j & 1) ? acc[mi][ni][2 * h + 1] : acc[mi][ni][2 * h]) : zy;
+            else
+                zy = select_f32(ni == j >> 3, select_f32(j & 1, acc[mi][ni][2 * h + 1], acc[mi][ni][2 * h]), zy);
+        }
+        sum = fmaf(w[u], zy, sum);
+    }
+    return sum;
+}
+
 // Folds one vocab tile into each owned row's running statistics; records target logits and stores
 // Z. Element (mi, ni, e) of acc sits at row wm*WTM + mi*16 + g + 8*(e/2), column
 // wn*WTN + ni*8 + 2*t + e%2 of the tile, i.e. at column c0 + j of the shard with j = ni*8 + e%2.
@@ -220,6 +256,8 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                 }
             }
             if constexpr (OPT_SOFT) tile.zs = sw * soft_scale;
+            if constexpr (OPT_SPARSE)
+                if (row < p.m) tile.zs = sparse_sum<FULL>(acc, p, row, mi, h, c0, t, lim);
             if constexpr (FLCE_QROWS && Q_REF_STATS) {
                 tile.m = ref; // the sums' reference
             } else if constexpr (FLCE_COMPACT) {

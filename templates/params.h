@@ -91,7 +91,9 @@ struct flce_gemm_params {
     /* Logits with OPT_SOFT (the distillation's student pass; no FLCE_QROWS, no FLCE_FUSED_DZ, so
      * these fields are free there): qref is the teacher pass's compact fp16 p̃ of the same rows and
      * columns (ld = ldo), qflags its fp32 group maxima (ld = ld_tile_max, the same column groups),
-     * and lse the teacher's fp32 lse of rows 0..m-1 (templates/gemm_logits.cu). */
+     * and lse the teacher's fp32 lse of rows 0..m-1 (templates/gemm_logits.cu). With OPT_SPARSE
+     * instead: qref SPARSE_K int32 ids per row (sorted, padded past every column), qflags their fp32
+     * weights (gemm_logits.cu sparse_sum). */
     /* dH with row_scale and the label terms in its epilogue (the runtime's qdh off; else 0): qlab,
      * flce_qscale's (dz, label column) pairs per row, whose dz times the label's row of B is added
      * where that column lies in this launch's k range [qlab_k0, qlab_k0 + k) (B's row

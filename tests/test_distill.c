@@ -191,7 +191,7 @@ static void teacher_topk_is_checked_and_planned(void)
            "topk %d compact %d zt %llu tpm %llu pt %llu chunks %lld", pl.topk, pl.compact,
            (unsigned long long)pl.zt_offset, (unsigned long long)pl.teacher_part_m, (unsigned long long)pl.pt_offset,
            (long long)pl.chunks);
-    CHECK(pl.student.compact && pl.student.off_z == pl.student.off_dz && !(pl.student.logits.opts & SPEC_OPT_SOFT) &&
+    CHECK(pl.student.compact && pl.student.off_z == pl.student.off_dz && pl.student.logits.opts == SPEC_OPT_SPARSE &&
           pl.workspace_bytes > pl.per_token_offset);
     p.memory_budget = 32000ull * 2 * 300; /* the student's fp16 p̃ (and its group maxima) only */
     CHECKF(distill_check(&p, &t, &H100, &q, &pl) == FLCE_OK && pl.compact && pl.chunk_rows > 200 &&
@@ -490,7 +490,7 @@ static void distill_spec_emits_through_the_spec_path(void)
     const char *const *names = emit_kernel_names(ROLE_DISTILL);
     CHECK(names && !strcmp(names[0], "flce_distill_count") && !strcmp(names[1], "flce_distill_row") &&
           !strcmp(names[2], "flce_distill_reduce") && !strcmp(names[3], "flce_topk_row") && !strcmp(names[4], "flce_distill_lse") &&
-          !strcmp(names[5], "flce_distill_row_compact") && !strcmp(names[6], "flce_distill_row_topk") && !strcmp(names[7], "flce_distill_row_topk_compact") && !names[8]);
+          !strcmp(names[5], "flce_distill_row_compact") && !strcmp(names[6], "flce_distill_row_topk") && !strcmp(names[7], "flce_distill_row_topk_compact") && !strcmp(names[8], "flce_distill_topk_sort") && !names[9]);
     char line[256];
     spec_summary(&s, line, sizeof line);
     CHECKF(strstr(line, "distill f16 div=1") != NULL, "%s", line);
