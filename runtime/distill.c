@@ -83,6 +83,19 @@ static int compact_divergence(const flce_distill_problem *p)
     return p->divergence == FLCE_DIVERGENCE_FORWARD_KL || (p->divergence == FLCE_DIVERGENCE_JSD && p->beta <= 0.0f);
 }
 
+/* A compact path's budget holds one token's fp16 p̃ and group maxima (64-column groups at most) of
+ * `models` models (2: student and teacher, 1: the student alone), or a status naming it. */
+static flce_status compact_budget_check(const flce_distill_problem *p, uint64_t budget, int models)
+{
+    const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8, row = (uint64_t)models * (ld * 2 + (ld + 63) / 64 * 4);
+    if (budget < row)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.memory_budget=%llu bytes: too small for one token's logits of %s (%llu bytes at "
+                       "vocab=%lld)", (unsigned long long)budget, models == 2 ? "both models" : "the student",
+                       (unsigned long long)row, (long long)p->vocab);
+    return FLCE_OK;
+}
+
 /* The compact forward-KL plan (distill.h), or FLCE_ERR_UNSUPPORTED when the two CE plans do not
  * give it (then the fp32 path runs: not an error the caller sees). 4 bytes per logit: both p̃, dZs
  * in the student's. */
@@ -91,12 +104,7 @@ static flce_status plan_compact(const flce_distill_problem *p, const call_device
 {
     memset(pl, 0, sizeof *pl);
     const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8;
-    const uint64_t row = 2 * (ld * 2 + (ld + 63) / 64 * 4); /* both p̃ and group maxima (64-column groups at most) */
-    if (budget < row)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "problem.memory_budget=%llu bytes: too small for one token's logits of both models "
-                       "(%llu bytes at vocab=%lld)", (unsigned long long)budget, (unsigned long long)row,
-                       (long long)p->vocab);
+    TRY(compact_budget_check(p, budget, 2));
     flce_config cfg = *config_get();
     cfg.qrows = 0; /* the compact fp16 p̃ (the soft-target sums read the teacher's) */
     TRY(plan_models(p, dev, t, &cfg, budget / 2, 1, pl));
@@ -137,12 +145,7 @@ static flce_status plan_topk_compact(const flce_distill_problem *p, const call_d
 {
     memset(pl, 0, sizeof *pl);
     const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8;
-    const uint64_t row = ld * 2 + (ld + 63) / 64 * 4; /* p̃ and group maxima (64-column groups at most) */
-    if (budget < row)
-        return err_set(FLCE_ERR_INVALID_ARGUMENT,
-                       "problem.memory_budget=%llu bytes: too small for one token's logits of the student "
-                       "(%llu bytes at vocab=%lld)", (unsigned long long)budget, (unsigned long long)row,
-                       (long long)p->vocab);
+    TRY(compact_budget_check(p, budget, 1));
     flce_config cfg = *config_get();
     cfg.qrows = 0; /* the compact fp16 p̃ with group maxima, which the row kernel reads */
     TRY(plan_models(p, dev, t, &cfg, budget, 0, pl));
