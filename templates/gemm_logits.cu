@@ -70,6 +70,21 @@ __device__ __forceinline__ int label_col(long long lab, long long c0)
     return lab >= 0 && ly >= 0 && ly < WTN ? (int)ly : -1;
 }
 
+// acc's element of row (mi, h) at this lane's column j (one of ni·8 + {0, 1}): a select chain over
+// ni, since acc is indexed only by constants (it lives in registers); 0 for a j the lane lacks
+__device__ __forceinline__ float acc_at(const float (&acc)[MI][NI][4], int mi, int h, int j)
+{
+    float zy = 0.f;
+#pragma unroll
+    for (int ni = 0; ni < NI; ni++) {
+        if constexpr (FLCE_WGMMA)
+            zy = ni == j >> 3 ? ((j & 1) ? acc[mi][ni][2 * h + 1] : acc[mi][ni][2 * h]) : zy;
+        else
+            zy = select_f32(ni == j >> 3, select_f32(j & 1, acc[mi][ni][2 * h + 1], acc[mi][ni][2 * h]), zy);
+    }
+    return zy;
+}
+
 // OPT_SPARSE: Σ_u p_u·z_u over the ids of one row's list that lie in this thread's columns of the
 // warp tile (acc rows mi, h: already the transformed logits). The list (p.qref: SPARSE_K int ids
 // ascending, padded with ids past every column; p.qflags: their fp32 weights) holds ~k·WTN/V ids
@@ -92,16 +107,7 @@ __device__ __forceinline__ float sparse_sum(const float (&acc)[MI][NI][4], const
         const long long lj = ids[u] - c0;
         if (lj + 2 * t >= WTN) break; // the rest lie past this warp tile (padding included)
         if (lj < 0 || (lj & 6) != 0 || !(FULL || lj < lim)) continue;
-        const int j = (int)lj;
-        float zy = 0.f;
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++) {
-            if constexpr (FLCE_WGMMA)
-                zy = ni == j >> 3 ? ((j & 1) ? acc[mi][ni][2 * h + 1] : acc[mi][ni][2 * h]) : zy;
-            else
-                zy = select_f32(ni == j >> 3, select_f32(j & 1, acc[mi][ni][2 * h + 1], acc[mi][ni][2 * h]), zy);
-        }
-        sum = fmaf(w[u], zy, sum);
+        sum = fmaf(w[u], acc_at(acc, mi, h, (int)lj), sum);
     }
     return sum;
 }
@@ -156,14 +162,7 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
             // only: one of the 4 lanes sharing the row owns the label's column, the others see
             // lj % 8 in 2..7 and must not store.
             if (__any_sync(0xffffffffu, lj >= 0)) {
-                float zy = 0.f;
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) {
-                    if constexpr (FLCE_WGMMA)
-                        zy = ni == lj >> 3 ? ((lj & 1) ? acc[mi][ni][2 * h + 1] : acc[mi][ni][2 * h]) : zy;
-                    else
-                        zy = select_f32(ni == lj >> 3, select_f32(lj & 1, acc[mi][ni][2 * h + 1], acc[mi][ni][2 * h]), zy);
-                }
+                const float zy = acc_at(acc, mi, h, lj);
                 if (lj >= 0 && (lj & 6) == 0) ((float *)p.target)[row] = zy;
             }
             // FLCE_COMPACT: whether this row's p̃ is stored, where, the tile's reference (the maximum,
