@@ -1,7 +1,8 @@
 /* topk.c — the top-k log-probabilities call (flce_topk_logprobs): per token chunk the CE path's
  * logits kernel stores the chunk's logits at T in fp32 with its per-split statistics
  * (launch_store_logits), then flce_topk_row (templates/distill.cu, the distillation's module)
- * selects each row's k largest and writes their ids and z/T − lse. */
+ * selects each row's k largest, forms those k logits again in fp64 from the inputs (and the lse
+ * with them) and writes their ids and z/T − lse. */
 #include "topk.h"
 
 #include <string.h>
@@ -73,6 +74,9 @@ typedef struct topk_row_args {
     unsigned long long z, part_m, part_s, indices, logprobs, lse;
     long long row0, vocab, ld;
     int splits, k;
+    unsigned long long hidden, weight; /* the k logits again, in fp64 */
+    long long dim;
+    float inv_temp;
 } topk_row_args;
 
 static flce_status run_all(flce_context *ctx, const flce_topk_problem *p, const topk_plan *pl,
@@ -95,7 +99,8 @@ static flce_status run_all(flce_context *ctx, const flce_topk_problem *p, const 
     r.rp.flag = ctx->flag_dev;
     const logits_stats st = {ws + pl->part_m_offset, ws + pl->part_s_offset, ws + pl->target_offset};
     topk_row_args a = {ws + pl->z_offset, st.part_m, st.part_s, addr(t->indices), addr(t->logprobs), addr(t->lse),
-                       0, p->vocab, pl->ld, pl->model.splits, p->k};
+                       0, p->vocab, pl->ld, pl->model.splits, p->k, addr(t->hidden), addr(t->weight), p->hidden,
+                       1.0f / p->temperature};
     for (int64_t c = 0; c < pl->chunks; c++) {
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
         b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;

@@ -634,10 +634,15 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_reduc
 // ---- top-k log-probabilities (flce_topk_logprobs, runtime/topk.c) -----------------------------------
 // One CTA per row of a token chunk's fp32 logits at T (z/T, as the CE logits pass stores them with
 // its per-split statistics): the k largest, exact, ordered by logit (ties: the lower index first),
-// with log p = z/T − lse. Selection by radix on an order-preserving key (4 rounds of an 8-bit
-// digit histogram find the k-th largest key exactly), then one pass in index order takes every key
-// above it and the lowest-indexed ones equal to it; the ≤ 64 taken are ranked by counting. A NaN
-// logit (positive) ranks above +inf, as torch.topk puts NaN first; the row's lse is then NaN.
+// with log p = z/T − lse, on an order-preserving key. Two reads of the row: each thread's largest
+// key over its columns, whose k-th largest (over the CTA's 256) is a lower bound of the row's k-th
+// largest (k distinct columns hold a key at or above it); then every column at or above that bound
+// into shared memory (about −256·ln(1 − k/256) of them for a row of distinct values: 74 at k = 64),
+// ranked there by counting. Where more than TOPK_CAND pass (rows of many equal logits), the radix
+// selection over the whole row instead (4 rounds of an 8-bit digit histogram find the k-th largest
+// key, one pass in index order takes the keys above it and the lowest-indexed equal ones). Then the
+// k logits again in fp64 from the inputs (topk_row_out). A NaN logit (positive) ranks above +inf, as
+// torch.topk puts NaN first; the row's lse is then NaN.
 constexpr int TOPK_MAX = 64;
 
 struct flce_topk_params {
@@ -648,7 +653,11 @@ struct flce_topk_params {
     float *lse;                    // tokens out (lse of z/T), or NULL
     long long row0, vocab, ld;
     int splits, k;
+    const void *hidden, *weight;   // the inputs (tokens × dim, vocab × dim, the dtype): the k logits again
+    long long dim;
+    float inv_temp;
 };
+
 
 // Larger float, larger key: the sign bit set for ≥ +0 (and +NaN), every bit flipped below.
 __device__ __forceinline__ unsigned topk_key(float x)
@@ -679,18 +688,71 @@ __device__ __forceinline__ int topk_scan(int v, int *scratch, int *total)
     return before + x - v;
 }
 
-extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_topk_row(const flce_topk_params p)
+// An input element in fp32 (16-bit values widen exactly)
+__device__ __forceinline__ float topk_in(const void *base, long long at)
+{
+#if FLCE_DTYPE == 0
+    return ((const float *)base)[at];
+#elif FLCE_DTYPE == 1
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(((const unsigned short *)base)[at]));
+    return f;
+#else
+    return __uint_as_float((unsigned)((const unsigned short *)base)[at] << 16);
+#endif
+}
+
+// The row's k taken (ids and the logits pass's z/T, in rank order) made exact and written: each
+// logit again from the inputs in fp64 (products of 16-bit or fp32 values are exact in it; the logits
+// pass's fp32 sum over D errs by ~1e-5 at D = 4096, which a log-prob carries whole), the row's lse
+// corrected by the k differences (Σ_j exp(z_j − lse) is 1 over the pass's logits), the k ranked again
+// by the exact logits (ties: the lower index). A logit the pass made ±inf or NaN is kept as it is.
+__device__ void topk_row_out(const flce_topk_params &p, long long i, const long long *sel_idx, const float *sel_z,
+                             float lse)
+{
+    __shared__ double ex[TOPK_MAX];
+    __shared__ double lse_x;
+    const int t = (int)threadIdx.x, lane = t & 31;
+    for (int u = t >> 5; u < p.k; u += DISTILL_THREADS / 32) {
+        const long long id = sel_idx[u];
+        double acc = 0.0;
+        for (long long l = lane; l < p.dim; l += 32)
+            acc = fma((double)topk_in(p.hidden, i * p.dim + l), (double)topk_in(p.weight, id * p.dim + l), acc);
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) ex[u] = isfinite(sel_z[u]) ? acc * (double)p.inv_temp : (double)sel_z[u];
+    }
+    __syncthreads();
+    if (t == 0) {
+        double s = 1.0;
+        for (int u = 0; u < p.k; u++)
+            if (isfinite(sel_z[u])) s += exp(ex[u] - (double)lse) - exp((double)sel_z[u] - (double)lse);
+        lse_x = (double)lse + log(s);
+        if (p.lse) p.lse[i] = (float)lse_x;
+    }
+    __syncthreads();
+    if (t < p.k) {
+        const unsigned key = topk_key((float)ex[t]);
+        const long long idx = sel_idx[t];
+        int rank = 0;
+        for (int m = 0; m < p.k; m++) {
+            const unsigned km = topk_key((float)ex[m]);
+            rank += km > key || (km == key && (ex[m] > ex[t] || (!(ex[m] < ex[t]) && sel_idx[m] < idx)));
+        }
+        p.indices[i * p.k + rank] = idx;
+        p.logprobs[i * p.k + rank] = (float)(ex[t] - lse_x);
+    }
+}
+
+// The radix selection over the whole row (the fallback of flce_topk_row): the k taken into sel_*.
+__device__ void topk_row_radix(const flce_topk_params &p, const float *z, long long *sel_idx, float *sel_z)
 {
     __shared__ unsigned hist[256];
     __shared__ unsigned sel[2]; // the round's digit, and how many keys of that digit are still wanted
     __shared__ int scan_scratch[DISTILL_THREADS / 32];
-    __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32];
     __shared__ unsigned cand_key[TOPK_MAX];
     __shared__ long long cand_idx[TOPK_MAX];
     __shared__ float cand_z[TOPK_MAX];
-    const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
-    const float *z = p.z + r * p.ld;
-    const float lse = distill_lse(p.part_m + r * p.splits, p.part_s + r * p.splits, p.splits, scratch_a, scratch_b);
+    const long long v = p.vocab;
     // 1. the k-th largest key, 8 bits a round from the top
     unsigned prefix = 0u, mask = 0u;
     int want = p.k;
@@ -740,8 +802,71 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_topk_row(cons
         const long long idx = cand_idx[threadIdx.x];
         int rank = 0;
         for (int m = 0; m < p.k; m++) rank += cand_key[m] > key || (cand_key[m] == key && cand_idx[m] < idx);
-        p.indices[i * p.k + rank] = idx;
-        p.logprobs[i * p.k + rank] = cand_z[threadIdx.x] - lse;
+        sel_idx[rank] = idx, sel_z[rank] = cand_z[threadIdx.x];
     }
-    if (threadIdx.x == 0 && p.lse) p.lse[i] = lse;
+    __syncthreads();
+}
+
+// Columns a row may pass to the ranking in shared memory before the radix selection takes over.
+constexpr int TOPK_CAND = 512;
+
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_topk_row(const flce_topk_params p)
+{
+    __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32];
+    __shared__ unsigned tmax[DISTILL_THREADS];
+    __shared__ unsigned cand_key[TOPK_CAND];
+    __shared__ int cand_idx[TOPK_CAND];
+    __shared__ float cand_z[TOPK_CAND];
+    __shared__ unsigned bound, count;
+    __shared__ long long sel_idx[TOPK_MAX];
+    __shared__ float sel_z[TOPK_MAX];
+    const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
+    const int t = (int)threadIdx.x;
+    const float *z = p.z + r * p.ld;
+    const float lse = distill_lse(p.part_m + r * p.splits, p.part_s + r * p.splits, p.splits, scratch_a, scratch_b);
+    // 1. each thread's largest key, 4 columns at a time (ld is a multiple of 8: rows are 16-byte
+    //    aligned; the columns past v are padding); a thread with no column offers key 0, below all
+    unsigned mx = 0u;
+    for (long long j = 4 * (long long)t; j < v; j += 4 * DISTILL_THREADS) {
+        const float4 q = *(const float4 *)(z + j);
+        const float e[4] = {q.x, q.y, q.z, q.w};
+        for (int u = 0; u < 4; u++)
+            if (j + u < v && topk_key(e[u]) > mx) mx = topk_key(e[u]);
+    }
+    tmax[t] = mx;
+    if (t == 0) count = 0u;
+    __syncthreads();
+    int above = 0; // the k-th largest of the 256 (equal ones in thread order) is the bound
+    for (int u = 0; u < DISTILL_THREADS; u++) above += tmax[u] > mx || (tmax[u] == mx && u < t);
+    if (above == p.k - 1) bound = mx;
+    __syncthreads();
+    const unsigned lo = bound;
+    // 2. every column at or above the bound, in any order
+    for (long long j = 4 * (long long)t; j < v; j += 4 * DISTILL_THREADS) {
+        const float4 q = *(const float4 *)(z + j);
+        const float e[4] = {q.x, q.y, q.z, q.w};
+        for (int u = 0; u < 4; u++) {
+            const unsigned key = topk_key(e[u]);
+            if (j + u < v && key >= lo) {
+                const unsigned slot = atomicAdd(&count, 1u);
+                if (slot < (unsigned)TOPK_CAND) cand_key[slot] = key, cand_idx[slot] = (int)(j + u), cand_z[slot] = e[u];
+            }
+        }
+    }
+    __syncthreads();
+    const int c = (int)count; // the same in every thread: the branch is uniform
+    if (c > TOPK_CAND) {
+        topk_row_radix(p, z, sel_idx, sel_z);
+    } else {
+        // 3. ranked by (logit descending, index ascending); the k first are the row's
+        for (int a = t; a < c; a += DISTILL_THREADS) {
+            const unsigned key = cand_key[a];
+            const int idx = cand_idx[a];
+            int rank = 0;
+            for (int m = 0; m < c; m++) rank += cand_key[m] > key || (cand_key[m] == key && cand_idx[m] < idx);
+            if (rank < p.k) sel_idx[rank] = idx, sel_z[rank] = cand_z[a];
+        }
+        __syncthreads();
+    }
+    topk_row_out(p, i, sel_idx, sel_z, lse);
 }

@@ -1,6 +1,6 @@
 /* test_topk_gpu.c — flce_topk_logprobs on a GPU against the top-k of fp64 logits (issue 44 item 2):
  * fresh random data (FLCE_SEED reproduces), outputs poisoned before the call. Per token: the lse at T
- * and each rank's log-prob within 1e-5·(1 + |value|) of fp64, each rank's index the fp64 one or one
+ * and each rank's log-prob within 1e-5 of fp64 (absolute; D = 4096 too, where fp32 sums alone err by more), each rank's index the fp64 one or one
  * whose fp64 logit lies as close (the GPU's fp32 sums may order near-equal logits either way), no
  * index twice; equal logits (two identical weight rows) in index order. bf16, f16 and fp32, T ≠ 1,
  * k = 1, 64 and k = V, several token chunks (a small budget); flce_topk_prepare before a call on a
@@ -97,7 +97,7 @@ static void run_case(const tcase *c)
             for (int r = 0; r < q; r++) bad += gi[i * k + r] == got; /* no index twice */
             const double e = fabs(glp[i * k + q] - (z[want] - lse));
             if (e > worst_lp) worst_lp = e;
-            if (!ok_idx || !(e <= 1e-5 * (1 + fabs(z[want] - lse)))) {
+            if (!ok_idx || !(e <= 1e-5)) {
                 if (bad < 5)
                     printf("  %s token %lld rank %d: index %lld (z %.9g) want %lld (z %.9g), log-prob %.9g want %.9g\n",
                            c->name, (long long)i, q, (long long)got, got >= 0 && got < v ? z[got] : NAN,
@@ -126,6 +126,7 @@ static void topk_matches_fp64(void)
         {"fp32 k=V", 64, 32, 40, 40, FLCE_DTYPE_F32, 1.0f, 0, -1},
         {"f16 k=1 T=2", 50, 32, 500, 1, FLCE_DTYPE_F16, 2.0f, 0, -1},
         {"bf16 equal logits (twin rows) in index order", 128, 64, 800, 64, FLCE_DTYPE_BF16, 1.0f, 0, 17},
+        {"bf16 k=64 D=4096", 64, 4096, 4000, 64, FLCE_DTYPE_BF16, 1.0f, 0, -1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
 }

@@ -49,45 +49,71 @@ template <class P> static void run(void (*fn)(P), long long grid, P p)
     for (int t = 0; t < 256; t++) pthread_join(th[t], nullptr);
 }
 static double rnd() { return (rand() / (double)RAND_MAX - 0.5) * 2; }
-/* flce_topk_row against a sort of the same fp32 logits (argv[1] "topk"): rows with ties (values on
- * a coarse grid), −inf, a NaN row, k from 1 to 64 and to the whole vocab; indices exact, log-probs
- * within 1e-6 of z − lse (lse from the same per-split statistics in double). */
+/* flce_topk_row against a sort of fp64 logits (argv[1] "topk"): hidden and weight rows of width 16,
+ * the stored logits their fp32 roundings at T, the exact top-k's raised by up to 1e-4 (as a GPU
+ * pass's fp32 sums err: the kernel forms the k logits again in fp64 and corrects the lse; raised,
+ * they stay the top k, and near ones change order there). Rows with ties (values on a coarse grid),
+ * −inf, a NaN row, k from 1 to 64 and to the whole vocab; indices exact, log-probs and lse within
+ * 1e-6 of fp64 (the stored logits' sums are fp32). */
 static int topk_case(long long v, int k, int splits)
 {
-    const long long rows = 9, ld = (v + 7) / 8 * 8, row0 = 3, tokens = row0 + rows;
+    const long long rows = 9, ld = (v + 7) / 8 * 8, row0 = 3, tokens = row0 + rows, d = 16;
+    const float inv_temp = 1.f / 1.5f;
     std::vector<float> z(rows * ld, NAN), pm(rows * splits), ps(rows * splits), lse(tokens, -1.f), lp(tokens * k, -1.f);
+    std::vector<float> h(tokens * d), w(v * d);
+    std::vector<double> ze(rows * v);
     std::vector<long long> idx(tokens * k, -1);
+    for (long long j = 0; j < v; j++) { // column 0 a coarse grid (the tie rows read it alone)
+        w[j * d] = (float)(rand() % 7) * 0.75f;
+        for (long long q = 1; q < d; q++) w[j * d + q] = (float)rnd();
+    }
+    for (long long r = 0; r < rows; r++)
+        for (long long q = 0; q < d; q++) h[(row0 + r) * d + q] = r % 3 == 0 ? (q == 0) : q == 0 ? 0.f : (float)rnd() * 3;
     for (long long r = 0; r < rows; r++)
         for (long long j = 0; j < v; j++) {
-            float x = r % 3 == 0 ? (float)(rand() % 7) * 0.5f : (float)rnd() * 4; // row 0, 3, 6: many ties
+            double a = 0;
+            for (long long q = 0; q < d; q++) a += (double)h[(row0 + r) * d + q] * w[j * d + q];
+            double x = a * inv_temp;
             if (r == 4 && j % 5 == 0) x = -INFINITY;
             if (r == 5 && j == v / 2) x = NAN;
-            z[r * ld + j] = x;
+            ze[r * v + j] = x, z[r * ld + j] = (float)x;
         }
-    const long long per = (v + splits - 1) / splits;
-    for (long long r = 0; r < rows; r++)
-        for (int s = 0; s < splits; s++) { // as the logits epilogue: fmaxf leaves NaN out, the sum keeps it
-            float m = -INFINITY, sum = 0.f;
-            for (long long j = s * per; j < v && j < (s + 1) * per; j++) m = fmaxf(m, z[r * ld + j]);
-            for (long long j = s * per; j < v && j < (s + 1) * per; j++)
-                sum += z[r * ld + j] == -INFINITY ? 0.f : expf(z[r * ld + j] - m);
-            pm[r * splits + s] = m, ps[r * splits + s] = sum;
-        }
-    flce_topk_params tp = {z.data(), pm.data(), ps.data(), idx.data(), lp.data(), lse.data(), row0, v, ld, splits, k};
-    run(flce_topk_row, rows, tp);
-    int bad = 0;
+    std::vector<std::vector<long long>> orders(rows);
     for (long long r = 0; r < rows; r++) {
-        std::vector<long long> order(v);
+        std::vector<long long> &order = orders[r];
+        order.resize(v);
         for (long long j = 0; j < v; j++) order[j] = j;
-        auto key = [&](long long j) { float x = z[r * ld + j]; return std::isnan(x) ? INFINITY * 2 : (double)x; };
+        auto key = [&](long long j) { double x = ze[r * v + j]; return std::isnan(x) ? INFINITY : x; };
         std::stable_sort(order.begin(), order.end(), [&](long long a, long long b) {
-            const bool na = std::isnan(z[r * ld + a]), nb = std::isnan(z[r * ld + b]);
+            const bool na = std::isnan(ze[r * v + a]), nb = std::isnan(ze[r * v + b]);
             if (na != nb) return na;
             return key(a) > key(b);
         });
-        double m = -INFINITY, sum = 0; // lse of the row from its splits, in double
-        for (int s = 0; s < splits; s++) m = fmax(m, pm[r * splits + s]);
-        for (int s = 0; s < splits; s++) sum += ps[r * splits + s] * exp(pm[r * splits + s] - m);
+        if (r % 3 != 0) // the stored top k raised, as a pass's rounding might
+            for (int q = 0; q < k; q++) {
+                float &x = z[r * ld + order[q]];
+                if (std::isfinite(x)) x += (float)(fabs(rnd()) * 1e-4);
+            }
+    }
+    const long long per = (v + splits - 1) / splits;
+    for (long long r = 0; r < rows; r++)
+        for (int s = 0; s < splits; s++) { // as the logits epilogue (its sums in fp64 here: a GPU's tree sums err
+            float m = -INFINITY;           // by ~1e-7, a serial fp32 sum of thousands by more); fmaxf leaves NaN
+            double sum = 0;                // out, the sum keeps it
+            for (long long j = s * per; j < v && j < (s + 1) * per; j++) m = fmaxf(m, z[r * ld + j]);
+            for (long long j = s * per; j < v && j < (s + 1) * per; j++)
+                sum += z[r * ld + j] == -INFINITY ? 0.0 : exp((double)z[r * ld + j] - m);
+            pm[r * splits + s] = m, ps[r * splits + s] = (float)sum;
+        }
+    flce_topk_params tp = {z.data(), pm.data(), ps.data(), idx.data(), lp.data(), lse.data(), row0, v, ld, splits, k,
+                           h.data(), w.data(), d, inv_temp};
+    run(flce_topk_row, rows, tp);
+    int bad = 0;
+    for (long long r = 0; r < rows; r++) {
+        const std::vector<long long> &order = orders[r];
+        double m = -INFINITY, sum = 0; // the exact lse
+        for (long long j = 0; j < v; j++) m = fmax(m, ze[r * v + j]);
+        for (long long j = 0; j < v; j++) sum += exp(ze[r * v + j] - m);
         const double l = m + log(sum);
         const long long i = row0 + r;
         for (int q = 0; q < k; q++) {
@@ -96,12 +122,12 @@ static int topk_case(long long v, int k, int splits)
                 if (bad++ < 5) printf("row %lld rank %d: index %lld, want %lld\n", r, q, idx[i * k + q], want);
                 continue;
             }
-            const double e = (double)z[r * ld + want] - l, got = lp[i * k + q];
+            const double e = ze[r * v + want] - l, got = lp[i * k + q];
             if (!(std::isnan(e) ? std::isnan(got) : got == e || fabs(got - e) <= 1e-6 * (1 + fabs(e))) && bad++ < 5)
-                printf("row %lld rank %d: log-prob %g, want %g\n", r, q, got, e);
+                printf("row %lld rank %d: log-prob %.9g, want %.9g\n", r, q, got, e);
         }
         if (!(std::isnan(l) ? std::isnan(lse[i]) : fabs(lse[i] - l) <= 1e-6 * (1 + fabs(l))) && bad++ < 5)
-            printf("row %lld: lse %g, want %g\n", r, lse[i], l);
+            printf("row %lld: lse %.9g, want %.9g\n", r, lse[i], l);
     }
     for (long long i = 0; i < row0; i++) bad += lse[i] != -1.f || idx[i * k] != -1; // rows outside the chunk untouched
     printf("topk v=%lld k=%d splits=%d: %s\n", v, k, splits, bad ? "FAIL" : "ok");
@@ -225,6 +251,7 @@ int main(int argc, char **argv)
         bad += topk_case(777, 17, 1);
         bad += topk_case(40, 40, 4); // k = V: the whole row, ordered
         bad += topk_case(5000, 64, 7);
+        bad += topk_case(20000, 64, 3); // the shared ranking on distinct rows, the radix on tie rows
         return bad != 0;
     }
     const long long n = 40, ds = 24, dt = 32, v = 150, chunk = atoi(argv[1]);

@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <cstdint>
+struct float4 {
+    float x, y, z, w;
+};
 struct emu_dim {
     unsigned x, y, z;
 };
@@ -24,6 +27,17 @@ static inline float __shfl_xor_sync(unsigned, float v, int o)
     pthread_barrier_wait(&emu_warp_bar[t / 32]);
     return r;
 }
+static inline double __shfl_xor_sync(unsigned, double v, int o)
+{
+    static double buf[256];
+    int t = (int)threadIdx.x;
+    buf[t] = v;
+    pthread_barrier_wait(&emu_warp_bar[t / 32]);
+    double r = buf[t ^ o];
+    pthread_barrier_wait(&emu_warp_bar[t / 32]);
+    return r;
+}
+using std::isfinite;
 static inline int __shfl_up_sync(unsigned, int v, int o)
 {
     int t = (int)threadIdx.x;
