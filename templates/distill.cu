@@ -688,18 +688,23 @@ __device__ __forceinline__ int topk_scan(int v, int *scratch, int *total)
     return before + x - v;
 }
 
-// An input element in fp32 (16-bit values widen exactly)
-__device__ __forceinline__ float topk_in(const void *base, long long at)
+// A 16-bit element in fp32 (exact)
+__device__ __forceinline__ float topk_widen(unsigned short x)
 {
-#if FLCE_DTYPE == 0
-    return ((const float *)base)[at];
-#elif FLCE_DTYPE == 1
+#if FLCE_DTYPE == 1
     float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(((const unsigned short *)base)[at]));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
     return f;
 #else
-    return __uint_as_float((unsigned)((const unsigned short *)base)[at] << 16);
+    return __uint_as_float((unsigned)x << 16);
 #endif
+}
+
+// An input element in fp32
+__device__ __forceinline__ float topk_in(const void *base, long long at)
+{
+    if constexpr (FLCE_DTYPE == 0) return ((const float *)base)[at];
+    else return topk_widen(((const unsigned short *)base)[at]);
 }
 
 // The row's k taken (ids and the logits pass's z/T, in rank order) made exact and written: each
@@ -716,7 +721,23 @@ __device__ void topk_row_out(const flce_topk_params &p, long long i, const long 
     for (int u = t >> 5; u < p.k; u += DISTILL_THREADS / 32) {
         const long long id = sel_idx[u];
         double acc = 0.0;
-        for (long long l = lane; l < p.dim; l += 32)
+        long long l0 = 0; // the columns a 16-byte load of both rows has covered
+#if FLCE_DTYPE != 0
+        const unsigned short *a = (const unsigned short *)p.hidden + i * p.dim,
+                             *b = (const unsigned short *)p.weight + id * p.dim;
+        if ((((unsigned long long)a | (unsigned long long)b) & 15) == 0) {
+            l0 = p.dim / 8 * 8;
+            for (long long l = 8 * lane; l < l0; l += 8 * 32) {
+                const uint4 x = *(const uint4 *)(a + l), y = *(const uint4 *)(b + l);
+                const unsigned xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    acc = fma((double)topk_widen((unsigned short)(xs[e / 2] >> (16 * (e % 2)))),
+                              (double)topk_widen((unsigned short)(ys[e / 2] >> (16 * (e % 2)))), acc);
+            }
+        }
+#endif
+        for (long long l = l0 + lane; l < p.dim; l += 32)
             acc = fma((double)topk_in(p.hidden, i * p.dim + l), (double)topk_in(p.weight, id * p.dim + l), acc);
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (lane == 0) ex[u] = isfinite(sel_z[u]) ? acc * (double)p.inv_temp : (double)sel_z[u];
