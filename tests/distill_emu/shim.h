@@ -18,22 +18,13 @@ extern emu_dim emu_block, gridDim;
 extern pthread_barrier_t emu_block_bar, emu_warp_bar[8];
 extern float emu_shfl[256];
 #define __syncthreads() pthread_barrier_wait(&emu_block_bar)
-static inline float __shfl_xor_sync(unsigned, float v, int o)
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) // float and double
 {
-    int t = (int)threadIdx.x;
-    emu_shfl[t] = v;
-    pthread_barrier_wait(&emu_warp_bar[t / 32]);
-    float r = emu_shfl[t ^ o];
-    pthread_barrier_wait(&emu_warp_bar[t / 32]);
-    return r;
-}
-static inline double __shfl_xor_sync(unsigned, double v, int o)
-{
-    static double buf[256];
+    static T buf[256];
     int t = (int)threadIdx.x;
     buf[t] = v;
     pthread_barrier_wait(&emu_warp_bar[t / 32]);
-    double r = buf[t ^ o];
+    T r = buf[t ^ o];
     pthread_barrier_wait(&emu_warp_bar[t / 32]);
     return r;
 }
