@@ -531,8 +531,9 @@ FLCE_API flce_status flce_distill_loss_and_grad(flce_context *ctx, const flce_di
 /* ---- Top-k log-probabilities (issue 44 item 2; README, "Top-k log-probabilities") ----------------
  * For each token i, the k largest logits of z_i = h_i·Wᵀ/T and their log-probabilities
  * log softmax(z_i)_j = z_ij − lse_i, without a tokens × vocab tensor: per token chunk the CE path's
- * logits GEMM stores the chunk's fp32 logits with their statistics, and one CTA per row selects the
- * k largest exactly (radix select on the fp32 values). Order: larger logit first, equal logits by
+ * logits GEMM stores the chunk's fp32 logits with their statistics, one CTA per row selects the k
+ * largest exactly (on the fp32 values) and forms those k logits again in fp64 from the inputs (the
+ * lse corrected with them). Order: larger logit first, equal logits by
  * lower index (a NaN logit ranks above +inf, as torch.topk; that row's log-probs and lse are NaN).
  * For prompt log-probs in inference engines and a teacher's top-k in distillation. Forward only: no
  * gradients. */
