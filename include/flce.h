@@ -446,8 +446,8 @@ FLCE_API flce_status flce_check(flce_context *ctx, void *stream);
  * ignore_index or outside [0, V) is masked entirely (no divergence, no CE, no gradient, not counted
  * in the mean; its divergence output is 0). labels NULL: every token counts, no CE term.
  * A NaN in one token's row stays in that token's per-token outputs and dHs row (and in the
- * mean/sum loss and dWs, which sum over tokens). v1: no tensor parallelism, no top-k, CE only at
- * temperature 1. */
+ * mean/sum loss and dWs, which sum over tokens). CE only at temperature 1; tensor parallelism: the
+ * problem's last fields. */
 typedef enum flce_divergence {
     FLCE_DIVERGENCE_FORWARD_KL = 0,
     FLCE_DIVERGENCE_REVERSE_KL = 1,
@@ -486,6 +486,19 @@ typedef struct flce_distill_problem {
                                   D_i = Σ_{j∈K_i} p_j (log p_j − log q_j), dD_i/dzs_j =
                                   (q_j·Σ_{K_i} p − p_j·1[j∈K_i])/T, p_j = exp(the given log-prob),
                                   as given (its temperature and normalization are the teacher's) */
+    /* Tensor (vocab) parallelism: this rank holds rows [vocab_offset, vocab_offset + vocab) of both
+     * weights, of a vocab of vocab_total (0 means vocab_offset + vocab); labels are global ids in
+     * [0, vocab_total). With tp_size > 1 the call needs tensors.comm and issues per token chunk
+     * one all-gather of 16 bytes per token (both models' shard log-normalizers and the student's
+     * soft-target sum) and one fp32 all-reduce of 8 per token (the divergence's two sums), and
+     * sums dHs over the ranks in fp32 (as flce_loss_and_grad does); dWs is this rank's shard. Every
+     * rank gets the same loss and divergence. In this version only the compact path runs under TP:
+     * 16-bit inputs, forward KL (or JSD with β = 0), the teacher as weights, ce_weight 0; anything
+     * else is FLCE_ERR_UNSUPPORTED naming the field. */
+    int64_t vocab_offset;
+    int64_t vocab_total;
+    int32_t tp_rank;           /* 0..tp_size-1: this caller's rank in tensors.comm */
+    int32_t tp_size;           /* ranks sharing the vocab; 1 (default) = none */
 } flce_distill_problem;
 
 /* Device buffers of one distillation call. Unused outputs may be NULL. */
@@ -509,6 +522,8 @@ typedef struct flce_distill_tensors {
      * range or repeat gets a NaN divergence, loss and dZs row (never a silent wrong gradient). */
     const int64_t *teacher_topk_indices;
     const float *teacher_topk_logprobs;
+    void *comm;                    /* ncclComm_t of the tensor-parallel group (problem.tp_size > 1),
+                                      whose rank problem.tp_rank is this caller; NULL without TP */
 } flce_distill_tensors;
 
 FLCE_API void flce_distill_problem_init(flce_distill_problem *problem);

@@ -139,9 +139,9 @@ static flce_status check_enums(const flce_problem *p)
                        "problem.tp_rank=%d, tp_size=%d: need tp_size >= 1 and 0 <= tp_rank < tp_size",
                        p->tp_rank, p->tp_size);
     /* Bounds the all-gather buffer (tp_size blocks of 32 bytes per token) far from overflow. */
-    if (p->tp_size > 4096)
-        return err_set(FLCE_ERR_UNSUPPORTED, "problem.tp_size=%d: at most 4096 ranks supported",
-                       p->tp_size);
+    if (p->tp_size > FLCE_MAX_TP)
+        return err_set(FLCE_ERR_UNSUPPORTED, "problem.tp_size=%d: at most %d ranks supported",
+                       p->tp_size, FLCE_MAX_TP);
     if (p->has_bias != 0 && p->has_bias != 1)
         return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem.has_bias=%d: must be 0 or 1", p->has_bias);
     if (p->batch_invariant != 0 && p->batch_invariant != 1)

@@ -9,5 +9,6 @@
 #define FLCE_MAX_TOKENS INT32_MAX   /* tokens of one call */
 #define FLCE_MAX_HIDDEN (1 << 20)   /* hidden size D */
 #define FLCE_MAX_VOCAB 8000000      /* vocab (shard) size V */
+#define FLCE_MAX_TP 4096            /* tensor-parallel ranks (the all-gathers' buffers are tp_size blocks) */
 
 #endif

@@ -12,7 +12,9 @@
  * then the loss reduced in a fixed order (flce_distill_reduce). The CE plan is made for a problem
  * with reduction none, so its GEMM epilogues scale nothing: g_i is in dZs already. Forward KL on
  * 16-bit inputs takes the compact path instead (plan_compact; the teacher as top-k:
- * plan_topk_compact): fp16 p̃ stores, the row kernels named there. */
+ * plan_topk_compact): fp16 p̃ stores, the row kernels named there. Under tensor parallelism
+ * (compact path only) each chunk adds an all-gather of the shards' statistics and an all-reduce of the
+ * divergence's sums (tp_merge_stats, tp_divergence), and dHs is summed over the ranks as the CE path's. */
 #include "distill.h"
 
 #include <string.h>
@@ -22,11 +24,16 @@
 #include "driver.h"
 #include "error.h"
 #include "launch.h"
+#include "comm.h"
 #include "launch_grads.h"
+#include "launch_tp.h"
 #include "log.h"
 
 enum { DISTILL_THREADS = 256 };
-enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2, DK_LSE = 4, DK_ROW_COMPACT = 5, DK_ROW_TOPK = 6, DK_ROW_TOPK_COMPACT = 7, DK_TOPK_SORT = 8 }; /* emit.c distill_names */
+enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2, DK_LSE = 4, DK_ROW_COMPACT = 5, DK_ROW_TOPK = 6, DK_ROW_TOPK_COMPACT = 7,
+       DK_TOPK_SORT = 8, DK_TP_PACK = 9, DK_TP_MERGE = 10, DK_TP_OUT = 11 }; /* emit.c distill_names */
+/* templates/distill.cu DISTILL_TP_HEADER, DISTILL_TP_RECORD: bytes of one rank's all-gather block */
+static uint64_t tp_block_bytes(uint64_t rows) { return 4 * (8 + rows * 4); }
 
 /* the sparse target's lists (spec.h) hold a top-k teacher's ids, the most it may give */
 _Static_assert(DISTILL_TOPK_MAX == SPEC_SPARSE_K, "DISTILL_TOPK_MAX and SPEC_SPARSE_K differ");
@@ -40,13 +47,16 @@ static void ce_problem(const flce_distill_problem *p, int64_t hidden, uint64_t b
     q->tokens = p->tokens, q->hidden = hidden, q->vocab_shard = p->vocab, q->dtype = p->dtype;
     q->label_bits = p->label_bits, q->reduction = FLCE_REDUCTION_NONE, q->ignore_index = p->ignore_index;
     q->strategy = FLCE_STRATEGY_CHUNKED, q->memory_budget = budget;
+    if (p->tp_size > 1) /* (the whole vocab otherwise: the CE plan as before, bit for bit) */
+        q->vocab_offset = p->vocab_offset, q->vocab_total = p->vocab_total, q->tp_rank = p->tp_rank,
+        q->tp_size = p->tp_size;
 }
 
 /* What the CE planner is told the call has: the gradients asked for (both when t is NULL: the worst
  * case) and no per-token outputs. A NULL tensors would plan the worst case of those too (entropy and
  * argmax statistics, whose arrays the logits passes would then write). Planning reads only which
  * pointers are set. */
-static void planned_tensors(const flce_distill_tensors *t, flce_tensors *ts, flce_tensors *tt)
+static void planned_tensors(const flce_distill_tensors *t, int tp, flce_tensors *ts, flce_tensors *tt)
 {
     static char mark; /* a non-NULL address that is never dereferenced */
     flce_tensors_init(ts);
@@ -56,6 +66,8 @@ static void planned_tensors(const flce_distill_tensors *t, flce_tensors *ts, flc
     ts->loss = (float *)&mark; /* reduction none: the CE loss output, which no pass writes here */
     *tt = *ts;
     tt->grad_hidden = tt->grad_weight = NULL;
+    /* TP: the student's plan sums dHs over the ranks (need_dh_tp: its fp32 part in the workspace) */
+    if (tp > 1) ts->comm = &mark;
 }
 
 /* The CE plans a path runs on: the student's, and the teacher's where its GEMM runs, each for a
@@ -68,7 +80,7 @@ static flce_status plan_models(const flce_distill_problem *p, const call_device 
     ce_problem(p, p->hidden_teacher, budget, &pl->teacher_problem);
     pl->student_problem.temperature = pl->teacher_problem.temperature = p->temperature;
     flce_tensors ts, tt;
-    planned_tensors(t, &ts, &tt);
+    planned_tensors(t, p->tp_size, &ts, &tt);
     TRY(plan_make_cfg(&pl->student_problem, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, cfg, &ts,
                       &pl->student));
     if (teacher)
@@ -129,6 +141,14 @@ static flce_status plan_compact(const flce_distill_problem *p, const call_device
     pl->teacher_target = cur, cur = align256(cur + rows * 4);
     pl->lse_t_offset = cur, cur = align256(cur + rows * 4);
     pl->part_xs_offset = cur, cur = align256(cur + rows * (uint64_t)s->splits * 4);
+    if (p->tp_size > 1) {
+        pl->tp = p->tp_size;
+        pl->tp_send_offset = cur, cur = align256(cur + tp_block_bytes(rows));
+        pl->tp_recv_offset = cur, cur = align256(cur + tp_block_bytes(rows) * (uint64_t)p->tp_size);
+        pl->lse_s_offset = cur, cur = align256(cur + rows * 4);
+        pl->x_offset = cur, cur = align256(cur + rows * 4);
+        pl->aw_offset = cur, cur = align256(cur + rows * 8);
+    }
     pl->labels_offset = cur, cur = align256(cur + ((!t || !t->labels) ? n * 8 : 0));
     pl->per_token_offset = cur, cur = align256(cur + n * 4);
     pl->count_offset = cur, cur += 16;
@@ -181,6 +201,11 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
         if (st != FLCE_ERR_UNSUPPORTED) return st;
         err_clear();
     }
+    if (p->tp_size > 1) /* (distill_api.c admits TP only where the compact path runs) */
+        return err_set(FLCE_ERR_UNSUPPORTED,
+                       "problem.tp_size=%d: the compact path, the only one under tensor parallelism, did not plan "
+                       "for this problem on this device (vocab=%lld, dtype %d)", p->tp_size, (long long)p->vocab,
+                       (int)p->dtype);
     memset(pl, 0, sizeof *pl);
     const int f32 = p->dtype == FLCE_DTYPE_F32;
     const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8;
@@ -249,6 +274,10 @@ typedef struct distill_row_args {
     unsigned long long tk_idx, tk_lp; /* the teacher's top-k (flce_distill_row_topk) */
     int topk;
     unsigned long long sp_ids, sp_p; /* the sorted (id, p) lists (flce_distill_topk_sort) */
+    long long vocab_total;
+    unsigned long long lse_s_rows, x_rows, tp_aw, tp_send, tp_recv; /* TP (flce_distill_tp_*) */
+    long long vocab_offset;
+    int tp_size;
 } distill_row_args;
 
 /* The two models' runs of the CE launch path over the workspace: the student's with its plan's
@@ -321,6 +350,7 @@ static flce_status load(flce_context *ctx, const flce_distill_problem *p, const 
     flce_tensors_init(&d->ts);
     d->ts.hidden = t->student_hidden, d->ts.weight = t->student_weight, d->ts.labels = (const void *)(uintptr_t)labels;
     d->ts.grad_hidden = t->grad_student_hidden, d->ts.grad_weight = t->grad_student_weight;
+    d->ts.comm = t->comm; /* TP: the student run's dHs reduction (launch_tp.c) */
     flce_tensors_init(&d->tt);
     d->tt.hidden = t->teacher_hidden, d->tt.weight = t->teacher_weight, d->tt.labels = d->ts.labels;
     run *r = &d->student;
@@ -334,6 +364,29 @@ static flce_status load(flce_context *ctx, const flce_distill_problem *p, const 
     d->teacher.pl = &pl->teacher, d->teacher.p = &pl->teacher_problem, d->teacher.t = &d->tt;
     d->teacher.k.logits = fns[4][0], d->teacher.k.dh = d->teacher.k.dw = NULL;
     return FLCE_OK;
+}
+
+/* Grid of the one-thread-per-row kernels over a chunk of ra->rows rows. */
+static int64_t row_blocks(const distill_row_args *ra) { return (ra->rows + DISTILL_THREADS - 1) / DISTILL_THREADS; }
+
+/* TP, after both logits passes of a chunk: every rank's (lse_s^r, lse_t^r, x_r) to every rank, merged
+ * into the global lse's and x (templates/distill.cu, "tensor parallelism"). */
+static flce_status tp_merge_stats(distill_runs *d, distill_row_args *ra)
+{
+    const CUstream stream = d->student.stream;
+    TRY(launch(d->k[DK_TP_PACK], row_blocks(ra), 1, DISTILL_THREADS, 0, stream, ra, "distill TP pack"));
+    TRY(comm_all_gather(d->ts.comm, (const void *)(uintptr_t)ra->tp_send, (void *)(uintptr_t)ra->tp_recv,
+                        tp_block_bytes((uint64_t)ra->rows), stream, "the distillation statistics' all-gather"));
+    return launch(d->k[DK_TP_MERGE], row_blocks(ra), 1, DISTILL_THREADS, 0, stream, ra, "distill TP merge");
+}
+
+/* TP, after the row kernel: the shards' (Σ p̂ log p̂, Σ p̂) summed, then each token's D and loss. */
+static flce_status tp_divergence(distill_runs *d, distill_row_args *ra)
+{
+    const CUstream stream = d->student.stream;
+    TRY(comm_all_reduce_f32(d->ts.comm, (float *)(uintptr_t)ra->tp_aw, 2 * (uint64_t)ra->rows, stream,
+                            "the divergence sums' all-reduce"));
+    return launch(d->k[DK_TP_OUT], row_blocks(ra), 1, DISTILL_THREADS, 0, stream, ra, "distill TP out");
 }
 
 /* The compact forward-KL path per token chunk (templates/distill.cu says the math): the teacher's
@@ -361,6 +414,11 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
     ra->pt = st_s.soft, ra->tile_ms = st_s.tile_max, ra->tile_mt = st_t.tile_max, ra->part_xs = st_s.part_zs;
     ra->target_s = st_s.target, ra->lse_t = st_s.soft_lse;
     ra->ld_tile = s->tile_max_ld, ra->tile_cols = (int)s->tile_cols;
+    if (pl->tp) {
+        ra->tp_send = ws + pl->tp_send_offset, ra->tp_recv = ws + pl->tp_recv_offset;
+        ra->lse_s_rows = ws + pl->lse_s_offset, ra->x_rows = ws + pl->x_offset, ra->tp_aw = ws + pl->aw_offset;
+        ra->vocab_offset = p->vocab_offset, ra->tp_size = pl->tp;
+    }
     for (int64_t c = 0; c < pl->chunks; c++) {
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
         b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;
@@ -372,13 +430,20 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
         }
         if (pl->topk) TRY(launch(d->k[DK_TOPK_SORT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill top-k sort"));
         TRY(launch_store_logits(&d->student, &b, ws + s->off_z, &st_s));
+        if (pl->tp) TRY(tp_merge_stats(d, ra));
         if (pl->topk)
             TRY(launch(d->k[DK_ROW_TOPK_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (top-k)"));
         else
             TRY(launch(d->k[DK_ROW_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (compact)"));
+        if (pl->tp) TRY(tp_divergence(d, ra));
         block rows_done = b;
         rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
         TRY(run_grad_gemms(&d->student, &rows_done, &b));
+    }
+    if (pl->tp) { /* dHs summed over the ranks (unless each chunk's went beside dW: tp_overlap) */
+        flce_status st = finish_dh(&d->student), joined = side_join(&d->student);
+        TRY(st);
+        TRY(joined);
     }
     if (p->reduction != FLCE_REDUCTION_NONE && ra->loss)
         TRY(launch(d->k[DK_REDUCE], 1, 1, DISTILL_THREADS, 0, stream, ra, "distill reduce"));
@@ -402,6 +467,7 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
                            ws + pl->per_token_offset, addr(t->loss), ws + pl->count_offset,
                            0, 0, p->tokens, p->vocab, p->ignore_index, pl->ld, pl->student.splits, pl->teacher.splits,
                            (unsigned long long)ctx->flag_dev};
+    ra.vocab_total = p->tp_size > 1 ? (p->vocab_total ? p->vocab_total : p->vocab_offset + p->vocab) : p->vocab;
     TRY(launch(d.k[DK_COUNT], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill count"));
     ra.tk_idx = addr(t->teacher_topk_indices), ra.tk_lp = addr(t->teacher_topk_logprobs), ra.topk = pl->topk;
     if (pl->compact) return run_compact(&d, p, pl, &ra);
@@ -430,6 +496,7 @@ flce_status distill_run(flce_context *ctx, const flce_distill_problem *p, const 
     log_msg(LOG_DEBUG, "distill: N=%lld Ds=%lld Dt=%lld V=%lld, %lld token chunk(s) of %lld rows, workspace %.1f MiB",
             (long long)p->tokens, (long long)p->hidden_student, (long long)p->hidden_teacher, (long long)p->vocab,
             (long long)pl->chunks, (long long)pl->chunk_rows, (double)pl->workspace_bytes / (1 << 20));
+    if (pl->tp) TRY(comm_check(t->comm, p->tp_rank, p->tp_size));
     distill_call c = {p, pl, t};
     return call_run(ctx, t->workspace, pl->workspace_bytes, stream, run_body, &c);
 }

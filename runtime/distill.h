@@ -45,6 +45,10 @@ typedef struct distill_plan {
     /* The top-k teacher's compact path: its sorted (id, p) lists, chunk_rows × SPEC_SPARSE_K int32
      * and fp32 (the student pass's sparse target), part_xs_offset its sums */
     uint64_t sparse_ids_offset, sparse_p_offset;
+    /* Tensor parallelism (tp > 1, the compact path): this rank's all-gather block and every rank's
+     * (tp_block_bytes each), the global lse_s and x per row, the shard's (a, w) per row */
+    int tp;
+    uint64_t tp_send_offset, tp_recv_offset, lse_s_offset, x_offset, aw_offset;
     uint64_t labels_offset;    /* N zero labels (8 bytes each) for the logits epilogue when labels are NULL */
     uint64_t per_token_offset; /* fp32 loss_i of every token, N */
     uint64_t count_offset;     /* fp32 count of valid tokens (one value, padded to 16 bytes) */

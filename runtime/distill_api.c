@@ -26,6 +26,7 @@ void flce_distill_problem_init(flce_distill_problem *p)
     p->temperature = 1.0f;
     p->ignore_index = -100;
     p->reduction = FLCE_REDUCTION_MEAN;
+    p->tp_size = 1;
 }
 
 void flce_distill_tensors_init(flce_distill_tensors *t)
@@ -41,6 +42,41 @@ static flce_status normalize_problem(const flce_distill_problem *in, flce_distil
     flce_distill_problem_init(out);
     TRY(call_check_struct_size(in->struct_size, sizeof *in, "problem", "flce_distill_problem"));
     memcpy(out, in, sizeof *out);
+    return FLCE_OK;
+}
+
+/* The tensor-parallel fields: a shard of a vocab the ranks tile, and (tp_size > 1) what this
+ * version runs under TP: the compact forward-KL path (distill.c plan_compact) without the CE term. */
+static flce_status check_tp(const flce_distill_problem *p)
+{
+    if (p->tp_size < 1 || p->tp_size > FLCE_MAX_TP || p->tp_rank < 0 || p->tp_rank >= p->tp_size)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.tp_rank=%d, tp_size=%d: need 1 <= tp_size <= %d and 0 <= tp_rank < tp_size",
+                       p->tp_rank, p->tp_size, FLCE_MAX_TP);
+    const int64_t total = p->vocab_total ? p->vocab_total : p->vocab_offset + p->vocab;
+    if (p->vocab_offset < 0 || total > FLCE_MAX_VOCAB * (int64_t)FLCE_MAX_TP || p->vocab_offset + p->vocab > total)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "problem.vocab_offset=%lld, vocab=%lld, vocab_total=%lld: this rank's rows "
+                       "[vocab_offset, vocab_offset + vocab) must lie in [0, vocab_total)",
+                       (long long)p->vocab_offset, (long long)p->vocab, (long long)p->vocab_total);
+    if (p->tp_size == 1) {
+        if (p->vocab_offset != 0 || total != p->vocab)
+            return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                           "problem.vocab_offset=%lld, vocab_total=%lld with tp_size=1: one rank holds the "
+                           "whole vocab (vocab_offset 0, vocab_total 0 or vocab=%lld)",
+                           (long long)p->vocab_offset, (long long)p->vocab_total, (long long)p->vocab);
+        return FLCE_OK;
+    }
+    const char *field = p->dtype == FLCE_DTYPE_F32 ? "dtype"
+                        : p->teacher_topk ? "teacher_topk"
+                        : !(p->divergence == FLCE_DIVERGENCE_FORWARD_KL ||
+                            (p->divergence == FLCE_DIVERGENCE_JSD && p->beta <= 0.0f)) ? "divergence"
+                        : p->ce_weight != 0.0f ? "ce_weight" : NULL;
+    if (field)
+        return err_set(FLCE_ERR_UNSUPPORTED,
+                       "problem.%s with tp_size=%d: distillation under tensor parallelism runs 16-bit inputs, "
+                       "forward KL (or JSD with beta 0), the teacher as weights and ce_weight 0 in this version",
+                       field, p->tp_size);
     return FLCE_OK;
 }
 
@@ -89,7 +125,7 @@ flce_status flce_distill_problem_validate(const flce_distill_problem *problem)
                        "problem.ce_weight=%g with problem.temperature=%g: the CE term runs at temperature "
                        "1 only in this version (set temperature 1 or ce_weight 0)",
                        (double)p.ce_weight, (double)p.temperature);
-    return FLCE_OK;
+    return check_tp(&p);
 }
 
 static flce_status check_tensors(const flce_distill_problem *p, const flce_distill_tensors *t)
@@ -122,6 +158,12 @@ static flce_status check_tensors(const flce_distill_problem *p, const flce_disti
     TRY(call_check_ptr(t->grad_student_hidden, "grad_student_hidden", 16, 0));
     TRY(call_check_ptr(t->grad_student_weight, "grad_student_weight", 16, 0));
     TRY(call_check_ptr(t->workspace, "workspace", 16, 0));
+    if (p->tp_size > 1 && !t->comm)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                       "tensors.comm: NULL, but problem.tp_size=%d: distillation under tensor parallelism issues "
+                       "its collectives per token chunk itself (give the group's ncclComm_t)", p->tp_size);
+    if (p->tp_size == 1 && t->comm)
+        return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors.comm: given, but problem.tp_size is 1");
     if (p->ce_weight != 0.0f && !t->labels)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "tensors.labels: NULL, but problem.ce_weight=%g needs labels for its CE term",

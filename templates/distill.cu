@@ -76,6 +76,15 @@ struct flce_distill_params {
     // student pass's sparse target (flce_distill_topk_sort writes, rows × DISTILL_TOPK_MAX)
     int *sp_ids;
     float *sp_p;
+    long long vocab_total;    // labels lie in [0, vocab_total): V, or the global vocab under TP
+    // Tensor parallelism (the compact path; flce_distill_tp_*): NULL without it
+    float *lse_s_rows;        // rows: the student's global lse (tp_merge writes, the row kernel reads)
+    float *x_rows;            // rows: the global soft-target sum x_i
+    float *tp_aw;             // rows × 2: this shard's (Σ p̂ log p̂, Σ p̂), summed over the ranks
+    void *tp_send;            // this rank's block of the all-gather (DISTILL_TP_* words)
+    const void *tp_recv;      // every rank's block, rank order
+    long long vocab_offset;   // this shard's first global id
+    int tp_size;
 };
 
 __device__ __forceinline__ long long distill_label(const flce_distill_params &p, long long i)
@@ -91,7 +100,7 @@ __device__ __forceinline__ bool distill_valid(const flce_distill_params &p, long
 {
     if constexpr (DISTILL_LABELS) {
         const long long y = distill_label(p, i);
-        return y != p.ignore_index && y >= 0 && y < p.vocab;
+        return y != p.ignore_index && y >= 0 && y < p.vocab_total;
     }
     return true;
 }
@@ -422,12 +431,16 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_c
     float lse_s = 0.f, lse_t = 0.f, x = 0.f, loss = 0.f, g = 0.f;
     long long y = -1;
     if (valid) {
-        lse_s = distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s, scratch_a,
-                            scratch_b);
+        if (p.tp_aw) { // TP: both lse's global (flce_distill_tp_merge), x not needed here
+            lse_s = p.lse_s_rows[r];
+        } else {
+            lse_s = distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s, scratch_a,
+                                scratch_b);
+            float xs = 0.f;
+            for (int k = threadIdx.x; k < p.splits_s; k += DISTILL_THREADS) xs += p.part_xs[r * p.splits_s + k];
+            x = distill_block_sum(xs, scratch_a);
+        }
         lse_t = p.lse_t[r];
-        float xs = 0.f;
-        for (int k = threadIdx.x; k < p.splits_s; k += DISTILL_THREADS) xs += p.part_xs[r * p.splits_s + k];
-        x = distill_block_sum(xs, scratch_a);
         g = distill_scale(p, i);
         if constexpr (DISTILL_LABELS) {
             y = distill_label(p, i);
@@ -475,11 +488,19 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_c
         *(uint4 *)(dz + j0) = out; // an invalid token's row, and the padding to ld, are zeros
     }
     if (!valid) {
-        distill_row_out(p, i, 0.f, 0.f);
+        if (p.tp_aw) {
+            if (threadIdx.x == 0) p.tp_aw[2 * r] = 0.f, p.tp_aw[2 * r + 1] = 0.f;
+        } else {
+            distill_row_out(p, i, 0.f, 0.f);
+        }
         return;
     }
     a = distill_block_sum(a, scratch_a);
     w = distill_block_sum(w, scratch_b);
+    if (p.tp_aw) { // TP: this shard's sums, which the ranks add before flce_distill_tp_out forms D
+        if (threadIdx.x == 0) p.tp_aw[2 * r] = a, p.tp_aw[2 * r + 1] = w;
+        return;
+    }
     // Σ p̂ − 1 is fp16's rounding of the teacher's weights (Σ p = 1): taken out, and the rest
     // normalized by Σ p̂, D's error is Σ p ε (r_j − D), r the log-ratio, instead of Σ p ε (r_j + 1)
     // (a float64 simulation of python/test_distill.py's data: 4.7e-5 → 2.1e-5 relative)
@@ -612,6 +633,102 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
     }
     distill_row_out(p, i, d, loss + d);
 #endif
+}
+
+// ---- tensor parallelism (runtime/distill.c run_compact; 16-bit inputs, forward KL, no CE term) ------
+// Each rank holds a shard S_r of both weights' rows. Its passes give the shard's lse_s^r, lse_t^r
+// and x_r = Σ_{S_r} p̂^r·zs/T, p̂^r the teacher's probabilities normalized on the shard alone (the
+// student pass reads lse_t^r). Per token chunk:
+//   flce_distill_tp_pack   a thread per row: (lse_s^r, lse_t^r, x_r, 0) after an 8-word header
+//                          (int64 vocab_offset, shard size, vocab_total, tokens), written by thread 0
+//   (all-gather over the ranks)
+//   flce_distill_tp_merge  a thread per row, every rank the same bits (rank order, fp64): lse =
+//                          log Σ_r exp(lse^r) for both models, x = Σ_r exp(lse_t^r − lse_t)·x_r; the
+//                          headers checked (the CE path's flag bits: the next call reports them)
+//   flce_distill_row_compact with tp_aw: dZs from the global lse's, and the shard's (a, w) =
+//                          (Σ p̂ log p̂, Σ p̂), which an fp32 all-reduce sums
+//   flce_distill_tp_out    a thread per row: D_i = (a − x − (w − 1))/w + lse_s, its outputs
+constexpr int DISTILL_TP_HEADER = 8, DISTILL_TP_RECORD = 4; // 32-bit words
+// The CE path's flag bits (templates/params.h FLCE_FLAG_TP_*), which flce_check reports in its words
+constexpr int DISTILL_FLAG_TP_SHARDS = 1, DISTILL_FLAG_TP_TOTAL = 2, DISTILL_FLAG_TP_TOKENS = 4;
+
+__device__ __forceinline__ long long distill_tp_block_words(const flce_distill_params &p)
+{
+    return DISTILL_TP_HEADER + p.rows * DISTILL_TP_RECORD;
+}
+
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_pack(const flce_distill_params p)
+{
+    const long long r = (long long)blockIdx.x * DISTILL_THREADS + threadIdx.x;
+    if (r == 0) {
+        long long *h = (long long *)p.tp_send;
+        h[0] = p.vocab_offset, h[1] = p.vocab, h[2] = p.vocab_total, h[3] = p.tokens;
+    }
+    if (r >= p.rows) return;
+    distill_ms a = {DISTILL_NEG_INF, 0.f};
+    float x = 0.f;
+    for (int k = 0; k < p.splits_s; k++) {
+        a = distill_ms_merge(a, {p.part_ms[r * p.splits_s + k], p.part_ss[r * p.splits_s + k]});
+        x += p.part_xs[r * p.splits_s + k];
+    }
+    float *rec = (float *)p.tp_send + DISTILL_TP_HEADER + r * DISTILL_TP_RECORD;
+    rec[0] = a.m + logf(a.s), rec[1] = p.lse_t[r], rec[2] = x, rec[3] = 0.f;
+}
+
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_merge(const flce_distill_params p)
+{
+    const long long r = (long long)blockIdx.x * DISTILL_THREADS + threadIdx.x, words = distill_tp_block_words(p);
+    if (r == 0 && p.flag) { // the ranks' shards tile one vocab, in rank order, over one token count
+        const long long *h0 = (const long long *)p.tp_recv;
+        long long next = 0;
+        int bad = 0;
+        for (int k = 0; k < p.tp_size; k++) {
+            const long long *h = (const long long *)((const float *)p.tp_recv + k * words);
+            if (h[0] != next) bad |= DISTILL_FLAG_TP_SHARDS;
+            if (h[2] != h0[2]) bad |= DISTILL_FLAG_TP_TOTAL;
+            if (h[3] != h0[3]) bad |= DISTILL_FLAG_TP_TOKENS;
+            next = h[0] + h[1];
+        }
+        if (next != h0[2]) bad |= DISTILL_FLAG_TP_SHARDS;
+        if (bad) ((volatile int *)p.flag)[1] |= bad;
+    }
+    if (r >= p.rows) return;
+    const double neg_inf = (double)DISTILL_NEG_INF;
+    double ms = neg_inf, mt = neg_inf, nan = 0.0;
+    for (int k = 0; k < p.tp_size; k++) {
+        const float *rec = (const float *)p.tp_recv + k * words + DISTILL_TP_HEADER + r * DISTILL_TP_RECORD;
+        const double ls = rec[0], lt = rec[1];
+        if (ls != ls || lt != lt || rec[2] != rec[2]) nan = (double)__int_as_float(0x7fc00000); // fmax drops NaN
+        ms = fmax(ms, ls), mt = fmax(mt, lt);
+    }
+    double ss = 0.0, st = 0.0;
+    for (int k = 0; k < p.tp_size; k++) {
+        const float *rec = (const float *)p.tp_recv + k * words + DISTILL_TP_HEADER + r * DISTILL_TP_RECORD;
+        ss += exp((double)rec[0] - ms), st += exp((double)rec[1] - mt);
+    }
+    const double lse_s = ms + log(ss) + nan, lse_t = mt + log(st) + nan;
+    double x = 0.0;
+    for (int k = 0; k < p.tp_size; k++) {
+        const float *rec = (const float *)p.tp_recv + k * words + DISTILL_TP_HEADER + r * DISTILL_TP_RECORD;
+        x += exp((double)rec[1] - lse_t) * (double)rec[2];
+    }
+    p.lse_s_rows[r] = (float)lse_s, p.lse_t[r] = (float)lse_t, p.x_rows[r] = (float)(x + nan);
+}
+
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_out(const flce_distill_params p)
+{
+    const long long r = (long long)blockIdx.x * DISTILL_THREADS + threadIdx.x, i = p.row0 + r;
+    if (r >= p.rows) return;
+    float d = 0.f;
+    if (distill_valid(p, i)) {
+        const float a = p.tp_aw[2 * r], w = p.tp_aw[2 * r + 1];
+        d = (a - p.x_rows[r] - (w - 1.f)) / w + p.lse_s_rows[r];
+    }
+    if (p.divergence) p.divergence[i] = d;
+    p.loss_rows[i] = d;
+    if constexpr (FLCE_REDUCTION == 2) {
+        if (p.loss) p.loss[i] = d;
+    }
 }
 
 // (reduction none: flce_distill_row wrote each loss_i; the runtime does not launch this one)

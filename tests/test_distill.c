@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "api_limits.h"
 #include "distill.h"
 #include "topk.h"
 #include "emit.h"
@@ -53,6 +54,7 @@ static void defaults_are_those_of_the_header(void)
     CHECK(p.dtype == FLCE_DTYPE_BF16 && p.label_bits == 32 && p.reduction == FLCE_REDUCTION_MEAN);
     CHECK(p.divergence == FLCE_DIVERGENCE_FORWARD_KL && p.temperature == 1.0f && p.ce_weight == 0.0f);
     CHECK(p.ignore_index == -100 && p.memory_budget == 0);
+    CHECK(p.tp_size == 1 && p.tp_rank == 0 && p.vocab_offset == 0 && p.vocab_total == 0);
     flce_distill_tensors t;
     memset(&t, 0x5a, sizeof t);
     flce_distill_tensors_init(&t);
@@ -68,11 +70,13 @@ static void struct_layout_is_the_bindings(void)
     CHECK(offsetof(flce_distill_problem, dtype) == 40);
     CHECK(offsetof(flce_distill_problem, divergence) == 48);
     CHECK(offsetof(flce_distill_problem, ignore_index) == 64);
-    CHECK(offsetof(flce_distill_problem, memory_budget) == 80 && offsetof(flce_distill_problem, teacher_topk) == 88 &&
-          sizeof(flce_distill_problem) == 96);
+    CHECK(offsetof(flce_distill_problem, memory_budget) == 80 && offsetof(flce_distill_problem, teacher_topk) == 88);
+    CHECK(offsetof(flce_distill_problem, vocab_offset) == 96 && offsetof(flce_distill_problem, vocab_total) == 104 &&
+          offsetof(flce_distill_problem, tp_rank) == 112 && offsetof(flce_distill_problem, tp_size) == 116 &&
+          sizeof(flce_distill_problem) == 120);
     CHECK(offsetof(flce_distill_tensors, student_hidden) == 8);
     CHECK(offsetof(flce_distill_tensors, workspace_bytes) == 96 && offsetof(flce_distill_tensors, teacher_topk_logprobs) == 112 &&
-          sizeof(flce_distill_tensors) == 120);
+          offsetof(flce_distill_tensors, comm) == 120 && sizeof(flce_distill_tensors) == 128);
 }
 
 typedef struct bad_case {
@@ -103,6 +107,9 @@ MUT(ce_negative, p->ce_weight = -0.5f)
 MUT(ce_with_temperature, p->ce_weight = 0.5f; p->temperature = 2.0f)
 MUT(small_struct, p->struct_size = 16)
 MUT(big_struct, p->struct_size = sizeof *p + 8)
+MUT(to_f32, p->dtype = FLCE_DTYPE_F32)
+MUT(to_reverse, p->divergence = FLCE_DIVERGENCE_REVERSE_KL)
+MUT(to_ce, p->ce_weight = 0.5f)
 
 static void every_bad_problem_field_is_named(void)
 {
@@ -459,6 +466,64 @@ static void forward_kl_plans_the_compact_path(void)
     }
 }
 
+/* Tensor parallelism: its fields named when wrong, what it runs (the compact forward-KL path, without
+ * CE) named when asked for more, tensors.comm required, and its plan: the student's CE plan sums dHs
+ * over the ranks, the workspace holds the exchanges' buffers. */
+static void tensor_parallel_is_checked_and_planned(void)
+{
+    static const struct {
+        int64_t offset, total;
+        int rank, size;
+        const char *says;
+    } bad[] = {
+        {0, 64000, 2, 2, "problem.tp_rank=2"},
+        {0, 64000, -1, 2, "problem.tp_rank=-1"},
+        {0, 64000, 0, 0, "tp_size=0"},
+        {0, 64000, 0, FLCE_MAX_TP + 1, "tp_size=4097"},
+        {-8, 64000, 0, 2, "problem.vocab_offset=-8"},
+        {40000, 64000, 1, 2, "problem.vocab_offset=40000"},
+        {32000, 0, 0, 1, "with tp_size=1"},
+        {0, 64000, 0, 1, "with tp_size=1"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        flce_distill_problem p = good();
+        p.vocab_offset = bad[k].offset, p.vocab_total = bad[k].total, p.tp_rank = bad[k].rank, p.tp_size = bad[k].size;
+        CHECKF(flce_distill_problem_validate(&p) == FLCE_ERR_INVALID_ARGUMENT && says(bad[k].says), "case %zu: %s", k,
+               flce_last_error());
+    }
+    flce_distill_problem p = good();
+    p.vocab_offset = 32000, p.vocab_total = 64000, p.tp_rank = 1, p.tp_size = 2;
+    CHECKF(flce_distill_problem_validate(&p) == FLCE_OK, "%s", flce_last_error());
+    static const struct {
+        void (*mutate)(flce_distill_problem *);
+        const char *says;
+    } unsupported[] = {{to_f32, "problem.dtype"}, {to_reverse, "problem.divergence"}, {to_ce, "problem.ce_weight"}};
+    for (size_t k = 0; k < sizeof unsupported / sizeof unsupported[0]; k++) {
+        flce_distill_problem q = p;
+        unsupported[k].mutate(&q);
+        CHECKF(flce_distill_problem_validate(&q) == FLCE_ERR_UNSUPPORTED && says(unsupported[k].says), "%s",
+               flce_last_error());
+    }
+    distill_plan pl;
+    CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(pl.compact && pl.tp == 2 && pl.student.need_dh_tp && pl.student.collective && !pl.teacher.collective);
+    CHECK(pl.student.tile_cols == pl.teacher.tile_cols && pl.student.off_dh_tp > 0);
+    const uint64_t rows = (uint64_t)pl.chunk_rows, block = 4 * (8 + rows * 4);
+    CHECK(pl.tp_recv_offset >= pl.tp_send_offset + block && pl.lse_s_offset >= pl.tp_recv_offset + 2 * block &&
+          pl.x_offset > pl.lse_s_offset && pl.aw_offset > pl.x_offset && pl.labels_offset >= pl.aw_offset + rows * 8 &&
+          pl.workspace_bytes > pl.count_offset);
+    distill_plan one;
+    flce_distill_problem q = good();
+    CHECK(distill_plan_make(&q, &H100, NULL, &one) == FLCE_OK && one.tp == 0 && !one.student.need_dh_tp);
+    /* tensors.comm: required with TP, refused without */
+    flce_distill_tensors t = good_tensors();
+    flce_distill_problem out;
+    CHECK(distill_check(&p, &t, &H100, &out, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.comm: NULL"));
+    t.comm = (void *)(uintptr_t)0x1000;
+    CHECKF(distill_check(&p, &t, &H100, &out, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(distill_check(&q, &t, &H100, &out, &one) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.comm: given"));
+}
+
 static void jsd_ends_are_emitted_as_the_kls(void)
 {
     distill_kernel_spec s = {90, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_JSD, 0.0f, 1.0f, 0.0f, 1, 32, FLCE_REDUCTION_MEAN};
@@ -490,7 +555,9 @@ static void distill_spec_emits_through_the_spec_path(void)
     const char *const *names = emit_kernel_names(ROLE_DISTILL);
     CHECK(names && !strcmp(names[0], "flce_distill_count") && !strcmp(names[1], "flce_distill_row") &&
           !strcmp(names[2], "flce_distill_reduce") && !strcmp(names[3], "flce_topk_row") && !strcmp(names[4], "flce_distill_lse") &&
-          !strcmp(names[5], "flce_distill_row_compact") && !strcmp(names[6], "flce_distill_row_topk") && !strcmp(names[7], "flce_distill_row_topk_compact") && !strcmp(names[8], "flce_distill_topk_sort") && !names[9]);
+          !strcmp(names[5], "flce_distill_row_compact") && !strcmp(names[6], "flce_distill_row_topk") && !strcmp(names[7], "flce_distill_row_topk_compact") && !strcmp(names[8], "flce_distill_topk_sort") &&
+          !strcmp(names[9], "flce_distill_tp_pack") && !strcmp(names[10], "flce_distill_tp_merge") &&
+          !strcmp(names[11], "flce_distill_tp_out") && !names[12]);
     char line[256];
     spec_summary(&s, line, sizeof line);
     CHECKF(strstr(line, "distill f16 div=1") != NULL, "%s", line);
@@ -540,6 +607,7 @@ int main(void)
     RUN(null_context_and_bytes_are_named);
     RUN(chunks_follow_the_budget);
     RUN(forward_kl_plans_the_compact_path);
+    RUN(tensor_parallel_is_checked_and_planned);
     RUN(jsd_ends_are_emitted_as_the_kls);
     RUN(distill_spec_emits_through_the_spec_path);
     RUN(row_kernels_compile_for_sm_80_and_sm_90a);

@@ -37,6 +37,10 @@ class DistillProblem(ctypes.Structure):
         ("reduction", _enum),
         ("memory_budget", ctypes.c_uint64),
         ("teacher_topk", ctypes.c_int32),
+        ("vocab_offset", ctypes.c_int64),
+        ("vocab_total", ctypes.c_int64),
+        ("tp_rank", ctypes.c_int32),
+        ("tp_size", ctypes.c_int32),
     ]
 
 
@@ -58,6 +62,7 @@ class DistillTensors(ctypes.Structure):
         ("workspace_bytes", ctypes.c_uint64),
         ("teacher_topk_indices", ctypes.c_void_p),
         ("teacher_topk_logprobs", ctypes.c_void_p),
+        ("comm", ctypes.c_void_p),
     ]
 
 
@@ -115,6 +120,7 @@ def new_problem(**fields):
         p.api_version = _lib.FLCE_API_VERSION
         p.dtype, p.label_bits, p.divergence = _lib.FLCE_DTYPE_BF16, 32, FLCE_DIVERGENCE_FORWARD_KL
         p.beta, p.temperature, p.ignore_index, p.reduction = 0.5, 1.0, -100, _lib.FLCE_REDUCTION_MEAN
+        p.tp_size = 1
     p.struct_size = ctypes.sizeof(DistillProblem)  # what the binding sends (the library checks it)
     for k, v in fields.items():
         if not hasattr(DistillProblem, k):
