@@ -1,0 +1,228 @@
+/* test_distill_tp.c — flce_distill_loss_and_grad under tensor parallelism (problem.tp_size > 1) on ONE
+ * GPU: the ranks are threads, each with its own context and stream, and their collectives go through
+ * tests/fake_nccl.c (loaded as NCCL through FLCE_NCCL_LIBRARY; NCCL itself refuses two ranks on one
+ * device). For identical global data, every rank's loss and divergence must match testing/ref.c
+ * ref_distill in fp64 within test_distill_gpu's tolerances, bit for bit across ranks; dHs (summed
+ * over the ranks by the call) likewise; dWs reassembled from the shards. Uneven shards, 2 and 3
+ * ranks, several token chunks, ignored tokens, every reduction, fp16 and bf16, T != 1; and ranks
+ * whose shards leave a gap are reported by flce_check. Exit 77 without a GPU. */
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "devmem.h"
+#include "flce.h"
+#include "gpu_io.h"
+#include "gpu_ready.h"
+#include "host.h"
+#include "ref.h"
+
+static host_rng rng;
+static int (*make_world)(int n, void **comms);
+
+typedef struct tcase {
+    const char *name;
+    int64_t n, ds, dt, v;
+    int tp;
+    int64_t cut[4];        /* shard r is [cut[r], cut[r + 1]) */
+    flce_dtype dtype;
+    flce_reduction red;
+    float temperature;
+    uint64_t budget;       /* 0: one chunk */
+    int ignored_every, grad_output, no_labels;
+    int gap;               /* rank 1 claims one column more at its start: the shards overlap */
+} tcase;
+
+typedef struct rank_io {
+    const tcase *c;
+    int rank;
+    void *comm;
+    const double *hs, *ws, *ht, *wt, *go;
+    const int32_t *labels;
+    double *loss, *div, *dh, *dw; /* this rank's results (dw: its shard's rows) */
+    flce_status st, chk;
+    char msg[512];
+} rank_io;
+
+static void *rank_main(void *arg)
+{
+    rank_io *io = arg;
+    const tcase *c = io->c;
+    const int64_t n = c->n, ds = c->ds, dt = c->dt, r0 = c->cut[io->rank] + (c->gap && io->rank == 1 ? -1 : 0);
+    const int64_t vr = c->cut[io->rank + 1] - r0, n_loss = c->red == FLCE_REDUCTION_NONE ? n : 1;
+    const size_t es = host_dtype_size(c->dtype);
+    flce_context *ctx = NULL;
+    io->st = devmem_use(0);
+    if (io->st == FLCE_OK) io->st = flce_context_create(0, &ctx);
+    if (io->st != FLCE_OK) {
+        snprintf(io->msg, sizeof io->msg, "context: %s", flce_last_error());
+        return NULL;
+    }
+    flce_distill_problem p;
+    flce_distill_problem_init(&p);
+    p.tokens = n, p.hidden_student = ds, p.hidden_teacher = dt, p.vocab = vr, p.dtype = c->dtype;
+    p.temperature = c->temperature, p.reduction = c->red, p.memory_budget = c->budget;
+    p.vocab_offset = r0, p.vocab_total = c->v, p.tp_rank = io->rank, p.tp_size = c->tp;
+    flce_distill_tensors t;
+    flce_distill_tensors_init(&t);
+    t.student_hidden = upload_dtype(c->dtype, io->hs, n * ds);
+    t.student_weight = upload_dtype(c->dtype, io->ws + r0 * ds, vr * ds);
+    t.teacher_hidden = upload_dtype(c->dtype, io->ht, n * dt);
+    t.teacher_weight = upload_dtype(c->dtype, io->wt + r0 * dt, vr * dt);
+    void *dlab = NULL;
+    if (!c->no_labels && devmem_alloc(&dlab, (size_t)n * 4) == FLCE_OK) devmem_upload(dlab, io->labels, (size_t)n * 4);
+    t.labels = dlab;
+    t.grad_output = c->grad_output ? upload_f32(io->go, n_loss) : NULL;
+    t.loss = poisoned((size_t)n_loss * 4), t.divergence = poisoned((size_t)n * 4);
+    t.grad_student_hidden = poisoned((size_t)(n * ds) * es), t.grad_student_weight = poisoned((size_t)(vr * ds) * es);
+    t.comm = io->comm;
+    io->st = flce_distill_loss_and_grad(ctx, &p, &t, NULL);
+    if (io->st != FLCE_OK) snprintf(io->msg, sizeof io->msg, "%s", flce_last_error());
+    io->chk = flce_check(ctx, NULL);
+    if (io->chk != FLCE_OK && io->st == FLCE_OK) snprintf(io->msg, sizeof io->msg, "%s", flce_last_error());
+    down_f32(t.loss, io->loss, n_loss), down_f32(t.divergence, io->div, n);
+    download_f64(c->dtype, t.grad_student_hidden, io->dh, (size_t)(n * ds));
+    download_f64(c->dtype, t.grad_student_weight, io->dw, (size_t)(vr * ds));
+    devmem_free((void *)t.student_hidden), devmem_free((void *)t.student_weight);
+    devmem_free((void *)t.teacher_hidden), devmem_free((void *)t.teacher_weight), devmem_free(dlab);
+    devmem_free((void *)t.grad_output), devmem_free(t.loss), devmem_free(t.divergence);
+    devmem_free(t.grad_student_hidden), devmem_free(t.grad_student_weight);
+    flce_context_destroy(ctx);
+    return NULL;
+}
+
+static void fill(double *x, int64_t count, double scale, flce_dtype t)
+{
+    for (int64_t i = 0; i < count; i++) x[i] = scale * host_rng_normal(&rng);
+    host_round_to_dtype(t, x, (size_t)count);
+}
+
+/* D_i of every token from fp64 logits, 0 for ignored ones (test_distill_gpu's). */
+static void ref_divergences(const ref_distill_problem *rp, const tcase *c, const double *hs, const double *ws,
+                            const double *ht, const double *wt, const int64_t *labels, double *out)
+{
+    double *zs = dalloc(c->v), *zt = dalloc(c->v);
+    for (int64_t i = 0; i < c->n; i++) {
+        int64_t y = labels ? labels[i] : -1;
+        if (labels && (y == rp->ignore_index || y < 0 || y >= c->v)) {
+            out[i] = 0;
+            continue;
+        }
+        for (int64_t j = 0; j < c->v; j++) {
+            double a = 0, b = 0;
+            for (int64_t k = 0; k < c->ds; k++) a += hs[i * c->ds + k] * ws[j * c->ds + k];
+            for (int64_t k = 0; k < c->dt; k++) b += ht[i * c->dt + k] * wt[j * c->dt + k];
+            zs[j] = a, zt[j] = b;
+        }
+        ref_distill_row_out r;
+        ref_distill_row(rp, c->v, zs, zt, y, &r, NULL);
+        out[i] = r.divergence;
+    }
+    free(zs), free(zt);
+}
+
+static void run_case(const tcase *c)
+{
+    const int64_t n = c->n, ds = c->ds, dt = c->dt, v = c->v, n_loss = c->red == FLCE_REDUCTION_NONE ? n : 1;
+    double *hs = dalloc(n * ds), *ws = dalloc(v * ds), *ht = dalloc(n * dt), *wt = dalloc(v * dt);
+    fill(hs, n * ds, 1.0, c->dtype), fill(ws, v * ds, 1.5 / sqrt((double)ds), c->dtype);
+    fill(ht, n * dt, 1.0, c->dtype), fill(wt, v * dt, 2.0 / sqrt((double)dt), c->dtype);
+    int64_t *labels = malloc(sizeof(int64_t) * (size_t)n);
+    int32_t *labels32 = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        labels[i] = c->ignored_every && i % c->ignored_every == 0 ? -100 : host_rng_below(&rng, v);
+        labels32[i] = (int32_t)labels[i];
+    }
+    double *go = dalloc(n_loss);
+    for (int64_t i = 0; i < n_loss; i++) go[i] = c->grad_output ? 0.5 + host_rng_uniform(&rng) : 1.0;
+    ref_distill_problem rp = {REF_DIV_FORWARD_KL, 0.0, c->temperature, 0.0, -100, c->red};
+    const int64_t *rlab = c->no_labels ? NULL : labels;
+    double *rl = dalloc(n_loss), *rdh = dalloc(n * ds), *rdw = dalloc(v * ds), *rdiv = dalloc(n);
+    CHECKF(ref_distill(&rp, n, ds, dt, v, hs, ws, ht, wt, rlab, c->grad_output ? go : NULL, rl, rdh, rdw) == 0,
+           "%s: reference failed", c->name);
+    ref_divergences(&rp, c, hs, ws, ht, wt, rlab, rdiv);
+
+    void *comms[4] = {0};
+    CHECK(make_world(c->tp, comms) == 0);
+    rank_io io[4];
+    pthread_t th[4];
+    memset(io, 0, sizeof io);
+    for (int r = 0; r < c->tp; r++) {
+        io[r] = (rank_io){c, r, comms[r], hs, ws, ht, wt, go, labels32, dalloc(n_loss), dalloc(n), dalloc(n * ds),
+                          dalloc((c->cut[r + 1] - c->cut[r] + 1) * ds), FLCE_OK, FLCE_OK, ""};
+        CHECK(pthread_create(&th[r], NULL, rank_main, &io[r]) == 0);
+    }
+    for (int r = 0; r < c->tp; r++) pthread_join(th[r], NULL);
+    if (c->gap) { /* shards that overlap: flce_check reports it on every rank */
+        for (int r = 0; r < c->tp; r++)
+            CHECKF(io[r].st == FLCE_OK && io[r].chk == FLCE_ERR_INVALID_ARGUMENT &&
+                   strstr(io[r].msg, "overlap or leave gaps"), "%s: rank %d: %s / %s: %s", c->name, r,
+                   flce_status_name(io[r].st), flce_status_name(io[r].chk), io[r].msg);
+    } else {
+        for (int r = 0; r < c->tp; r++) {
+            CHECKF(io[r].st == FLCE_OK && io[r].chk == FLCE_OK, "%s: rank %d: %s", c->name, r, io[r].msg);
+            const double e_loss = ref_rel_l2(rl, io[r].loss, (size_t)n_loss), e_div = ref_rel_l2(rdiv, io[r].div, (size_t)n);
+            const double e_dh = ref_rel_l2(rdh, io[r].dh, (size_t)(n * ds));
+            const int64_t rows = c->cut[r + 1] - c->cut[r];
+            const double e_dw = ref_rel_l2(rdw + c->cut[r] * ds, io[r].dw, (size_t)(rows * ds));
+            CHECKF(e_loss <= 1e-4 && e_div <= 1e-4, "%s: rank %d: loss %.2e (%g vs %g) divergence %.2e", c->name, r,
+                   e_loss, io[r].loss[0], rl[0], e_div);
+            CHECKF(e_dh <= 4e-3 && e_dw <= 4e-3, "%s: rank %d: dHs %.2e dWs %.2e", c->name, r, e_dh, e_dw);
+            /* what every rank computes redundantly is the same bits */
+            CHECKF(!memcmp(io[r].loss, io[0].loss, sizeof(double) * (size_t)n_loss) &&
+                   !memcmp(io[r].div, io[0].div, sizeof(double) * (size_t)n) &&
+                   !memcmp(io[r].dh, io[0].dh, sizeof(double) * (size_t)(n * ds)),
+                   "%s: rank %d's loss, divergence or dHs differ from rank 0's", c->name, r);
+            if (r == 0) printf("  %s: loss %.2e divergence %.2e dHs %.2e dWs(rank 0) %.2e\n", c->name, e_loss, e_div, e_dh, e_dw);
+        }
+    }
+    for (int r = 0; r < c->tp; r++) free(io[r].loss), free(io[r].div), free(io[r].dh), free(io[r].dw);
+    free(hs), free(ws), free(ht), free(wt), free(labels), free(labels32), free(go);
+    free(rl), free(rdh), free(rdw), free(rdiv);
+}
+
+static void shards_match_the_reference(void)
+{
+    static const tcase cases[] = {
+        {"bf16 2 ranks mean", 256, 64, 128, 1000, 2, {0, 400, 1000}, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 1.0f, 0, 5, 0, 0, 0},
+        {"fp16 2 ranks sum T=2 chunks", 300, 128, 64, 1500, 2, {0, 1024, 1500}, FLCE_DTYPE_F16, FLCE_REDUCTION_SUM, 2.0f,
+         420000, 7, 1, 0, 0},
+        {"bf16 3 ranks none chunks", 200, 64, 64, 1200, 3, {0, 256, 776, 1200}, FLCE_DTYPE_BF16, FLCE_REDUCTION_NONE,
+         1.5f, 1200 * 2 * 4 * 2, 0, 1, 0, 0},
+        {"bf16 3 ranks no labels", 130, 64, 128, 2000, 3, {0, 640, 1328, 2000}, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN,
+         1.0f, 0, 0, 0, 1, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) run_case(&cases[k]);
+}
+
+static void overlapping_shards_are_reported(void)
+{
+    static const tcase c = {"overlap", 64, 64, 64, 800, 2, {0, 400, 800}, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 1.0f,
+                            0, 0, 0, 0, 1};
+    run_case(&c);
+}
+
+int main(void)
+{
+    int rc = 0;
+    if (!gpu_ready(1, &rc)) return rc;
+    void *fake = dlopen(FAKE_NCCL, RTLD_NOW | RTLD_GLOBAL);
+    make_world = fake ? (int (*)(int, void **))dlsym(fake, "fake_nccl_world") : NULL;
+    if (!make_world) {
+        printf("FAIL: %s: %s\n", FAKE_NCCL, dlerror());
+        return 1;
+    }
+    /* flce opens NCCL on its first collective: this same file (dlopen returns the loaded one) */
+    setenv("FLCE_NCCL_LIBRARY", FAKE_NCCL, 1);
+    uint64_t seed = host_fresh_seed();
+    printf("seed %llu (FLCE_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
+    host_rng_seed(&rng, seed);
+    RUN(shards_match_the_reference);
+    RUN(overlapping_shards_are_reported);
+    FINISH();
+}
