@@ -348,14 +348,17 @@ def _distill_run(self, loss, divergence, grad_hidden=None, grad_weight=None, gra
     for name, t in (("loss", loss), ("divergence", divergence), ("grad_hidden", grad_hidden),
                     ("grad_weight", grad_weight), ("grad_output", grad_output)):
         assert t is None or t.is_contiguous(), f"{name}: not contiguous"
-    hs, ws = self.hs.double(), self.ws.double()
+    hs, ws, wt = self.hs.double(), self.ws.double(), None if topk else self.wt.double()
+    shard = slice(None)
+    if p.tp_size > 1:  # flce.h's TP contract: every rank the whole problem's outputs, dWs its shard's
+        ws, wt, shard = _distill_gather_shards(self, p, ws, wt)
     zs = hs @ ws.T
     reduction = o.reduction
     if topk:
         per, d, valid, dz = distill_topk_dz(zs, self.ht, self.wt, self.labels, float(p.temperature),
                                             float(p.ce_weight), p.ignore_index)
     else:
-        zt = self.ht.double() @ self.wt.double().T
+        zt = self.ht.double() @ wt.T
         per, d, valid, dz = distill_dz(zs, zt, self.labels, o.divergence, float(p.beta), float(p.temperature),
                                        float(p.ce_weight), p.ignore_index)
     count = int(valid.sum())
@@ -381,8 +384,25 @@ def _distill_run(self, loss, divergence, grad_hidden=None, grad_weight=None, gra
     if grad_hidden is not None:
         grad_hidden.copy_(dz @ ws)
     if grad_weight is not None:
-        grad_weight.copy_(dz.T @ hs)
+        grad_weight.copy_(dz[:, shard].T @ hs)
     _distill_run.calls += 1
+
+
+def _distill_gather_shards(self, p, ws, wt):
+    """The distillation's TP (problem.tp_size > 1) on the CPU: both weights gathered from every rank's
+    shard after the checks the library's all-gather makes; this rank's columns."""
+    import torch.distributed as dist
+    err = flce.FlceError
+    if self.comm is None:
+        raise err(1, "FLCE_ERR_INVALID_ARGUMENT", f"tensors.comm: NULL with tp_size={p.tp_size}", "stand-in")
+    assert dist.get_world_size() == p.tp_size and dist.get_rank() == p.tp_rank, "the stand-in's group is the world"
+    info = _gather_rows(torch.tensor([[p.vocab_offset, p.vocab, p.vocab_total, p.tokens]], dtype=torch.int64))
+    starts, ends = info[:, 0].tolist(), (info[:, 0] + info[:, 1]).tolist()
+    if starts[0] != 0 or ends[-1] != p.vocab_total or starts[1:] != ends[:-1] or \
+            len(set(info[:, 2].tolist())) != 1 or len(set(info[:, 3].tolist())) != 1:
+        raise err(1, "FLCE_ERR_INVALID_ARGUMENT", f"ranks disagree or shards do not tile: {info.tolist()}",
+                  "stand-in")
+    return _gather_rows(ws), _gather_rows(wt), slice(p.vocab_offset, p.vocab_offset + p.vocab)
 
 
 _distill_run.calls = 0

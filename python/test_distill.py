@@ -335,15 +335,15 @@ def op_cases():
         h, w = hs.requires_grad_(), ws.requires_grad_()
         for reduction, grads in (("mean", 3), ("sum", 1), ("none", 0)):
             torch.library.opcheck(_distill.distill_op, (h, w, ht, wt, y, None, "jsd", 0.4, 1.0, 0.5, -100, reduction,
-                                                        0, grads, 0))
+                                                        0, grads, 0, []))
         g = torch.randn(24, device=DEV)
         torch.library.opcheck(_distill.distill_op, (hs.detach(), ws.detach(), ht, wt, None, g, "forward_kl", 0.5,
-                                                    2.0, 0.0, -100, "none", 0, 3, 0))
+                                                    2.0, 0.0, -100, "none", 0, 3, 0, []))
         # the teacher as top-k: its ids and log-probabilities in the teacher's two places
         _, _, ids, lp, _ = topk_inputs(24, 16, 40, 6)
         for reduction, grads in (("mean", 3), ("none", 0)):
             torch.library.opcheck(_distill.distill_op, (h, w, ids, lp, y, None, "forward_kl", 0.0, 1.0, 0.0, -100,
-                                                        reduction, 0, grads, 6))
+                                                        reduction, 0, grads, 6, []))
     case("opcheck flce::distill", opcheck)
 
     def compiled_matches_eager(reduction, dynamic, ce):

@@ -306,6 +306,46 @@ def extra_checks(comm):
         data["h"], w, data["y"], vocab_offset=V - 1, vocab_total=V), "vocab_offset")
 
 
+def distill_checks(comm):
+    """flce.vocab_parallel_distillation (issue 44): both LM heads sharded like the CE weight, against
+    flce.linear_distillation on the whole weights (the single-GPU call; float64 on the stand-in):
+    loss, per-token divergence and the student's gradients (hidden's summed over the ranks, weight's
+    this rank's rows), mean and none; and its errors."""
+    g = torch.Generator().manual_seed(123)
+    dt_ = 2 * D
+    hs = torch.randn(N, D, generator=g).to(BF16).to(DEV)
+    ws = (torch.randn(V, D, generator=g) * 1.5 / D ** 0.5).to(BF16).to(DEV)
+    ht = torch.randn(N, dt_, generator=g).to(BF16).to(DEV)
+    wt = (torch.randn(V, dt_, generator=g) * 2.0 / dt_ ** 0.5).to(BF16).to(DEV)
+    y = torch.randint(0, V, (N,), generator=g)
+    y[::5] = -100
+    y = y.to(DEV)
+    for reduction, temperature in (("mean", 1.0), ("none", 1.5)):
+        h1, w1 = hs.clone().requires_grad_(), ws.clone().requires_grad_()
+        ref = flce.linear_distillation(h1, w1, ht, wt, y, temperature=temperature, reduction=reduction,
+                                       return_per_token=True)
+        up = torch.linspace(0.5, 1.5, N, device=DEV) if reduction == "none" else None
+        (ref.loss if up is None else ref.loss * up).sum().backward()
+        h2, w2 = hs.clone().requires_grad_(), ws[SHARD].clone().requires_grad_()
+        out = flce.vocab_parallel_distillation(h2, w2, ht, wt[SHARD], y, vocab_offset=OFFSET, vocab_total=V,
+                                               comm=comm, temperature=temperature, reduction=reduction,
+                                               return_per_token=True)
+        (out.loss if up is None else out.loss * up).sum().backward()
+        errs = (rel(out.loss, ref.loss), rel(out.divergence, ref.divergence), rel(h2.grad, h1.grad),
+                rel(w2.grad, w1.grad[SHARD]))
+        assert max(errs[:2]) <= 1e-4 and max(errs[2:]) <= 8e-3, f"{reduction}: loss, divergence, dH, dW {errs}"
+        losses = [torch.empty_like(out.loss) for _ in range(WORLD)]
+        dist.all_gather(losses, out.loss.detach().contiguous())
+        assert all(torch.equal(x, losses[0]) for x in losses), f"{reduction}: the ranks' losses differ"
+    expect_raises(TypeError, lambda: flce.vocab_parallel_distillation(
+        hs, ws[SHARD], ht, wt[SHARD], y, vocab_offset=OFFSET, vocab_total=V, comm=None), "comm")
+    expect_raises(ValueError, lambda: flce.vocab_parallel_distillation(
+        hs, ws[SHARD], ht, wt[SHARD], y, vocab_offset=V - 1, vocab_total=V, comm=comm), "vocab_offset")
+    expect_raises(flce.FlceError, lambda: flce.vocab_parallel_distillation(
+        hs, ws[SHARD], ht, wt[SHARD], y, vocab_offset=OFFSET, vocab_total=V, comm=comm, divergence="reverse_kl"),
+        "divergence")
+
+
 def make_comm():
     if not STANDIN:
         return flce.NcclComm()
@@ -365,6 +405,18 @@ def main():
     if RANK == 0:
         print(f"{'ok  ' if t.item() == 0 else 'FAIL'} errors (shift with sequence_parallel, shards), lse without saved "
               f"logits (comm=None), fp32 lse/entropy gradients (comm)")
+    try:
+        distill_checks(comm)
+        ok = True
+    except Exception as e:  # noqa: BLE001
+        ok = False
+        print(f"FAIL (rank {RANK}) vocab_parallel_distillation: {type(e).__name__}: {e}", flush=True)
+    t = torch.tensor([0.0 if ok else 1.0], device=DEV)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    failed += t.item() != 0
+    if RANK == 0:
+        print(f"{'ok  ' if t.item() == 0 else 'FAIL'} vocab_parallel_distillation (mean, none) against "
+              f"linear_distillation on the whole weights, and its errors")
         print(f"{'all passed' if not failed else f'{failed} failed'} in {time.time() - t_start:.1f} s")
     if not STANDIN:
         comm.close()

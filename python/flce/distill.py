@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Literal, NamedTuple, Optional, Tuple, Union, overload
+from typing import Any, List, Literal, NamedTuple, Optional, Tuple, Union, overload
 
 import torch
 from torch import Tensor
@@ -30,7 +30,8 @@ from torch import Tensor
 from . import _compat, _distill_lib, _lib
 from ._ops import _traced  # flce/__init__.py has loaded _ops first
 
-__all__ = ["linear_distillation", "linear_distillation_topk", "LinearDistillation", "LinearDistillationOutput"]
+__all__ = ["linear_distillation", "linear_distillation_topk", "vocab_parallel_distillation", "LinearDistillation",
+           "LinearDistillationOutput"]
 
 Divergence = Literal["forward_kl", "reverse_kl", "jsd"]
 Reduction = Literal["mean", "sum", "none"]
@@ -60,6 +61,7 @@ class _DistillOptions(NamedTuple):
     reduction: str
     memory_budget: int
     teacher_topk: int = 0  # > 0: the teacher comes as top-k (ht = its ids, wt = their log-probs)
+    tp: Tuple[int, ...] = ()  # tensor parallelism: (rank, size, vocab_offset, vocab_total, ncclComm_t address)
 
 
 # ---- argument checks -------------------------------------------------------------------------
@@ -204,6 +206,11 @@ class _DistillCall:
             temperature=float(opts.temperature), ce_weight=float(opts.ce_weight),
             ignore_index=int(opts.ignore_index), reduction=_lib.REDUCTIONS[opts.reduction],
             memory_budget=int(opts.memory_budget or 0))
+        self.comm = None
+        if opts.tp:
+            rank, size, offset, total, self.comm = opts.tp
+            self.problem.tp_rank, self.problem.tp_size = rank, size
+            self.problem.vocab_offset, self.problem.vocab_total = offset, total
 
     def __call__(self, loss, divergence, grad_hidden=None, grad_weight=None, grad_output=None):
         """Fills loss (1 or N fp32), divergence (N fp32) and, when given, the student's gradients of
@@ -227,7 +234,7 @@ class _DistillCall:
             grad_output=p(grad_output, "grad_output", 4), loss=p(loss, "loss", 4),
             divergence=p(divergence, "divergence", 4), grad_student_hidden=p(grad_hidden, "grad_hidden", 16),
             grad_student_weight=p(grad_weight, "grad_weight", 16), workspace=p(workspace, "workspace", 256),
-            workspace_bytes=workspace.numel())
+            workspace_bytes=workspace.numel(), comm=self.comm)
         _distill_lib.loss_and_grad(ctx, self.problem, t, torch.cuda.current_stream(self.device).cuda_stream)
 
 
@@ -250,17 +257,19 @@ def _outputs(hs, ws, reduction, grads):
 def _distill_impl(student_hidden: Tensor, student_weight: Tensor, teacher_hidden: Tensor, teacher_weight: Tensor,
                   labels: Optional[Tensor], grad_output: Optional[Tensor], divergence: str, beta: float,
                   temperature: float, ce_weight: float, ignore_index: int, reduction: str, memory_budget: int,
-                  grads: int, teacher_topk: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                  grads: int, teacher_topk: int, tp: List[int]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(loss, divergence, dhs, dws): loss () or (N,) for 'none', the per-token divergence (N,), and
     the student's gradients of Σ g_i loss_i (grad_output g: None = 1, one fp32 value for mean/sum, N
     for none) when `grads` asks for them (GRAD_HIDDEN, GRAD_WEIGHT), else empty (0,) tensors.
     teacher_topk = k > 0: teacher_hidden is the teacher's (N, k) int64 ids and teacher_weight their
-    (N, k) fp32 log-probabilities (forward KL over those ids)."""
+    (N, k) fp32 log-probabilities (forward KL over those ids). tp: [] or [rank, size, vocab_offset,
+    vocab_total, ncclComm_t address] (vocab_parallel_distillation: the weights are the shards, dws this
+    rank's, dhs summed over the ranks)."""
     hs, ws, ht, wt = (_dense(t) for t in (student_hidden, student_weight, teacher_hidden, teacher_weight))
     labels = None if labels is None else _dense(labels, labels.element_size())
     go = None if grad_output is None else _dense(grad_output.to(torch.float32), 4)
     opts = _DistillOptions(divergence, beta, temperature, ce_weight, ignore_index, reduction, memory_budget,
-                           teacher_topk)
+                           teacher_topk, tuple(tp))
     loss, div, dh, dw = _outputs(hs, ws, reduction, grads)
     _DistillCall(hs, ws, ht, wt, labels, opts)(loss, div, dh if grads & GRAD_HIDDEN else None,
                                                dw if grads & GRAD_WEIGHT else None, go)
@@ -272,12 +281,12 @@ distill_op = torch.library.custom_op("flce::distill", mutates_args=())(_distill_
 
 @distill_op.register_fake
 def _distill_fake(student_hidden, student_weight, teacher_hidden, teacher_weight, labels, grad_output, divergence,
-                  beta, temperature, ce_weight, ignore_index, reduction, memory_budget, grads, teacher_topk):
+                  beta, temperature, ce_weight, ignore_index, reduction, memory_budget, grads, teacher_topk, tp):
     return _outputs(student_hidden, student_weight, reduction, grads)
 
 
 _OPTION_NAMES = ("divergence", "beta", "temperature", "ce_weight", "ignore_index", "reduction", "memory_budget",
-                 "grads", "teacher_topk")
+                 "grads", "teacher_topk", "tp")
 
 
 def _setup(ctx, inputs, output):
@@ -294,7 +303,7 @@ def _setup(ctx, inputs, output):
 
 
 def _backward(ctx, g_loss, g_div, g_dh, g_dw):
-    none = (None,) * 15
+    none = (None,) * 16
     need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if g_loss is None or not (need_dh or need_dw):
         return none
@@ -323,7 +332,7 @@ def _backward(ctx, g_loss, g_div, g_dh, g_dw):
     call = _distill_impl if getattr(ctx, "eager", False) else distill_op
     _, _, dh, dw = call(hs, ws, ht, wt, labels, g, o["divergence"], o["beta"], o["temperature"],
                         o["ce_weight"], o["ignore_index"], o["reduction"], o["memory_budget"], grads,
-                        o["teacher_topk"])
+                        o["teacher_topk"], o["tp"])
     return (dh if need_dh else None, dw if need_dw else None) + none[2:]
 
 
@@ -368,7 +377,7 @@ def _distill(*args):
 
 
 def _student_call(hs, ws, t_a, t_b, labels, divergence, beta, temperature, ce_weight, ignore_index, reduction,
-                  return_per_token, memory_budget, teacher_topk):
+                  return_per_token, memory_budget, teacher_topk, tp=()):
     """The checked call of linear_distillation (t_a, t_b: the teacher's rows and weight) and of
     linear_distillation_topk (its ids and log-probabilities, teacher_topk = k): the student's rows
     flattened, no tokens handled without a call, the gradients asked for in forward unless
@@ -388,7 +397,7 @@ def _student_call(hs, ws, t_a, t_b, labels, divergence, beta, temperature, ce_we
         grads = GRAD_HIDDEN * bool(need_dh) | GRAD_WEIGHT * bool(need_dw)
     loss, div, _, _ = _distill(h2, ws, t_a, t_b, y1, None, divergence, float(beta), float(temperature),
                                float(ce_weight), int(ignore_index), reduction, int(memory_budget or 0), grads,
-                               int(teacher_topk))
+                               int(teacher_topk), list(tp))
     if reduction == "none":
         loss = loss.reshape(lead)
     if return_per_token:
@@ -518,6 +527,63 @@ def linear_distillation_topk(student_hidden: Tensor, student_weight: Tensor, tea
     return _student_call(hs, ws, teacher_topk_indices.reshape(-1, k), teacher_topk_logprobs.detach().reshape(-1, k),
                          labels, "forward_kl", 0.0, temperature, ce_weight, ignore_index, reduction, return_per_token,
                          memory_budget, int(k))
+
+
+def vocab_parallel_distillation(student_hidden: Tensor, student_weight: Tensor, teacher_hidden: Tensor,
+                                teacher_weight: Tensor, labels: Optional[Tensor] = None, *, vocab_offset: int,
+                                vocab_total: int, comm: Any, group: Any = None, divergence: Divergence = "forward_kl",
+                                beta: float = 0.0, temperature: float = 1.0, ignore_index: int = -100,
+                                reduction: Reduction = "mean", return_per_token: bool = False,
+                                memory_budget: Optional[int] = None) -> Union[Tensor, LinearDistillationOutput]:
+    """linear_distillation with both LM heads sharded by vocab rows over the ranks of `group` (tensor
+    parallelism): this rank holds student_weight = Ws[vocab_offset : vocab_offset + V_r] and
+    teacher_weight = Wt[the same rows]; the shards tile [0, vocab_total) in rank order. Every rank
+    calls it with the same hidden states, labels (global ids) and options (collectively).
+
+    comm: a flce.NcclComm(group): flce issues per token chunk one all-gather of 16 bytes per token
+        and one all-reduce of 8, and sums the student's hidden-state gradient over the ranks.
+    This version runs forward KL (divergence 'forward_kl', or 'jsd' with beta 0) on float16 or
+    bfloat16 inputs, without the CE term; anything else raises FlceError FLCE_ERR_UNSUPPORTED.
+
+    Returns the loss (or a LinearDistillationOutput), the same on every rank. Gradients: the student
+    hidden states' is summed over the ranks, the student weight's is this rank's shard; the upstream
+    gradient of the loss must be the same on every rank. A group of one rank runs
+    linear_distillation (vocab_offset 0, vocab_total V_r)."""
+    import torch.distributed as dist
+    from .parallel import NcclComm
+    _check_tensors(student_hidden, student_weight, teacher_hidden, teacher_weight, labels)
+    _check_options(labels, divergence, beta, temperature, 0.0, ignore_index, reduction, return_per_token,
+                   memory_budget)
+    for name, x in (("vocab_offset", vocab_offset), ("vocab_total", vocab_total)):
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"{name}: expected an int, got {_kind(x)} {x!r}")
+    shard = student_weight.shape[0]
+    if vocab_offset < 0 or vocab_offset + shard > vocab_total:
+        raise ValueError(f"vocab_offset={vocab_offset}, vocab_total={vocab_total}: this rank's {shard} weight rows "
+                         f"must lie in [0, vocab_total)")
+    if not isinstance(comm, NcclComm):
+        raise TypeError(f"comm: expected a flce.NcclComm, got {_kind(comm)}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("vocab_parallel_distillation: torch.distributed is not initialized")
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise ValueError("group: this process is not a member of it")
+    if not comm.ptr:
+        raise ValueError("comm: closed (NcclComm.close() was called)")
+    if comm.rank != rank or comm.size != size:
+        raise ValueError(f"comm: rank {comm.rank} of {comm.size}, but the group has rank {rank} of {size}")
+    if size == 1:
+        if vocab_offset != 0 or vocab_total != shard:
+            raise ValueError(f"vocab_offset={vocab_offset}, vocab_total={vocab_total}: a group of one rank holds the "
+                             f"whole vocab (need vocab_offset=0 and vocab_total=weight.shape[0]={shard})")
+        return linear_distillation(student_hidden, student_weight, teacher_hidden, teacher_weight, labels,
+                                   divergence=divergence, beta=beta, temperature=temperature,
+                                   ignore_index=ignore_index, reduction=reduction,
+                                   return_per_token=return_per_token, memory_budget=memory_budget)
+    hs, ws, ht, wt = _autocast(student_hidden, student_weight, teacher_hidden.detach(), teacher_weight.detach())
+    tp = (rank, size, int(vocab_offset), int(vocab_total), int(comm.ptr.value))
+    return _student_call(hs, ws, ht.reshape(-1, ht.shape[-1]), wt, labels, divergence, beta, temperature, 0.0,
+                         ignore_index, reduction, return_per_token, memory_budget, 0, tp)
 
 
 class LinearDistillation(torch.nn.Module):
