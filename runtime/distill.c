@@ -108,6 +108,18 @@ static flce_status compact_budget_check(const flce_distill_problem *p, uint64_t 
     return FLCE_OK;
 }
 
+/* TP's buffers (distill.h) from *cur on, for chunks of `rows` tokens; nothing without TP. */
+static void tp_layout(const flce_distill_problem *p, uint64_t rows, distill_plan *pl, uint64_t *cur)
+{
+    if (p->tp_size <= 1) return;
+    pl->tp = p->tp_size;
+    pl->tp_send_offset = *cur, *cur = align256(*cur + tp_block_bytes(rows));
+    pl->tp_recv_offset = *cur, *cur = align256(*cur + tp_block_bytes(rows) * (uint64_t)p->tp_size);
+    pl->lse_s_offset = *cur, *cur = align256(*cur + rows * 4);
+    pl->x_offset = *cur, *cur = align256(*cur + rows * 4);
+    if (!p->teacher_topk) pl->aw_offset = *cur, *cur = align256(*cur + rows * 8); /* (top-k: no second exchange) */
+}
+
 /* The compact forward-KL plan (distill.h), or FLCE_ERR_UNSUPPORTED when the two CE plans do not
  * give it (then the fp32 path runs: not an error the caller sees). 4 bytes per logit: both p̃, dZs
  * in the student's. */
@@ -141,14 +153,7 @@ static flce_status plan_compact(const flce_distill_problem *p, const call_device
     pl->teacher_target = cur, cur = align256(cur + rows * 4);
     pl->lse_t_offset = cur, cur = align256(cur + rows * 4);
     pl->part_xs_offset = cur, cur = align256(cur + rows * (uint64_t)s->splits * 4);
-    if (p->tp_size > 1) {
-        pl->tp = p->tp_size;
-        pl->tp_send_offset = cur, cur = align256(cur + tp_block_bytes(rows));
-        pl->tp_recv_offset = cur, cur = align256(cur + tp_block_bytes(rows) * (uint64_t)p->tp_size);
-        pl->lse_s_offset = cur, cur = align256(cur + rows * 4);
-        pl->x_offset = cur, cur = align256(cur + rows * 4);
-        pl->aw_offset = cur, cur = align256(cur + rows * 8);
-    }
+    tp_layout(p, rows, pl, &cur);
     pl->labels_offset = cur, cur = align256(cur + ((!t || !t->labels) ? n * 8 : 0));
     pl->per_token_offset = cur, cur = align256(cur + n * 4);
     pl->count_offset = cur, cur += 16;
@@ -183,6 +188,7 @@ static flce_status plan_topk_compact(const flce_distill_problem *p, const call_d
     pl->sparse_ids_offset = cur, cur = align256(cur + rows * SPEC_SPARSE_K * 4);
     pl->sparse_p_offset = cur, cur = align256(cur + rows * SPEC_SPARSE_K * 4);
     pl->part_xs_offset = cur, cur = align256(cur + rows * (uint64_t)s->splits * 4);
+    tp_layout(p, rows, pl, &cur);
     pl->labels_offset = cur, cur = align256(cur + ((!t || !t->labels) ? n * 8 : 0));
     pl->per_token_offset = cur, cur = align256(cur + n * 4);
     pl->count_offset = cur, cur += 16;
@@ -416,7 +422,8 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
     ra->ld_tile = s->tile_max_ld, ra->tile_cols = (int)s->tile_cols;
     if (pl->tp) {
         ra->tp_send = ws + pl->tp_send_offset, ra->tp_recv = ws + pl->tp_recv_offset;
-        ra->lse_s_rows = ws + pl->lse_s_offset, ra->x_rows = ws + pl->x_offset, ra->tp_aw = ws + pl->aw_offset;
+        ra->lse_s_rows = ws + pl->lse_s_offset, ra->x_rows = ws + pl->x_offset;
+        ra->tp_aw = pl->topk ? 0 : ws + pl->aw_offset;
         ra->vocab_offset = p->vocab_offset, ra->tp_size = pl->tp;
     }
     for (int64_t c = 0; c < pl->chunks; c++) {
@@ -435,7 +442,7 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
             TRY(launch(d->k[DK_ROW_TOPK_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (top-k)"));
         else
             TRY(launch(d->k[DK_ROW_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (compact)"));
-        if (pl->tp) TRY(tp_divergence(d, ra));
+        if (pl->tp && !pl->topk) TRY(tp_divergence(d, ra));
         block rows_done = b;
         rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
         TRY(run_grad_gemms(&d->student, &rows_done, &b));

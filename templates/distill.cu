@@ -533,11 +533,18 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_topk_
     int *ids = p.sp_ids + r * DISTILL_TOPK_MAX;
     float *w = p.sp_p + r * DISTILL_TOPK_MAX;
     if (valid && t < k) {
-        const long long id = kid[t];
+        // TP: the shard's ids, local; the others (weight 0) sorted last as padding (p.vocab_offset 0
+        // and every id in range without TP: the order and clamp as before)
+        const long long lo = p.vocab_offset, hi = p.vocab_offset + p.vocab;
+        const bool here = p.tp_size <= 1 || (kid[t] >= lo && kid[t] < hi);
+        const long long id = here ? kid[t] - lo : 0x7fffffffLL;
         int rank = 0;
-        for (int u = 0; u < k; u++) rank += kid[u] < id || (kid[u] == id && u < t);
+        for (int u = 0; u < k; u++) {
+            const long long o = p.tp_size <= 1 || (kid[u] >= lo && kid[u] < hi) ? kid[u] - lo : 0x7fffffffLL;
+            rank += o < id || (o == id && u < t);
+        }
         ids[rank] = (int)(id < -1 ? -1 : id > 0x7fffffffLL ? 0x7fffffffLL : id);
-        w[rank] = __expf(p.tk_lp[i * k + t]);
+        w[rank] = here ? __expf(p.tk_lp[i * k + t]) : 0.f;
     } else if (!valid || t >= k) {
         ids[t] = 0x7fffffff, w[t] = 0.f;
     }
@@ -561,8 +568,10 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
         distill_row_out(p, i, 0.f, 0.f);
         return;
     }
-    const float lse_s = distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s, scratch_a,
-                                    scratch_b);
+    // TP: lse_s and x over every shard (flce_distill_tp_merge); D then needs nothing more of the others
+    const float lse_s = p.lse_s_rows ? p.lse_s_rows[r]
+                                     : distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s,
+                                                   scratch_a, scratch_b);
     float loss = 0.f;
     long long y = -1;
     if constexpr (DISTILL_LABELS) {
@@ -570,29 +579,33 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
         if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (lse_s - p.target_s[r]);
     }
     float xs = 0.f;
-    for (int s = threadIdx.x; s < p.splits_s; s += DISTILL_THREADS) xs += p.part_xs[r * p.splits_s + s];
+    if (p.x_rows) xs = threadIdx.x == 0 ? p.x_rows[r] : 0.f;
+    else
+        for (int s = threadIdx.x; s < p.splits_s; s += DISTILL_THREADS) xs += p.part_xs[r * p.splits_s + s];
     const float x = distill_block_sum(xs, scratch_a);
     const int k = p.topk, t = (int)threadIdx.x;
     if (t < k) kid[t] = p.tk_idx[i * k + t];
     __syncthreads();
     bool ok = false;
     float apart = 0.f, ppart = 0.f;
+    long long local = -1; // the id's column in this shard (TP: ids are global), or −1
     if (t < k) {
         const long long id = kid[t];
-        ok = id >= 0 && id < v;
+        ok = id >= 0 && id < p.vocab_total;
         for (int u = 0; u < k; u++) ok = ok && (u == t || kid[u] != id);
         const float lp = p.tk_lp[i * k + t], pj = __expf(lp);
         float q = 0.f; // the student's probability at the id, from p̃ before the row is overwritten
-        if (ok) {
+        if (ok && id - p.vocab_offset >= 0 && id - p.vocab_offset < v) {
+            local = id - p.vocab_offset;
             float h;
-            asm("cvt.f32.f16 %0, %1;" : "=f"(h) : "h"(ps[id]));
-            q = h * exp2f((tms[id / p.tile_cols] - lse_s) * 1.4426950408889634f - 15.f);
+            asm("cvt.f32.f16 %0, %1;" : "=f"(h) : "h"(ps[local]));
+            q = h * exp2f((tms[local / p.tile_cols] - lse_s) * 1.4426950408889634f - 15.f);
         }
         kp[t] = pj, kq[t] = q;
         apart = distill_xlog(pj, lp, 0.f), ppart = pj;
     }
     const float bad = distill_block_sum(t < k && !ok ? 1.f : 0.f, scratch_a); // (its barriers: kid, kp, kq)
-    if (t < k && !ok) kid[t] = -1;
+    if (t < k) kid[t] = local; // (read only below, after the row's barriers)
     const float a = distill_block_sum(apart, scratch_b);
     const float pk = distill_block_sum(ppart, scratch_a);
     const float nan = __int_as_float(0x7fc00000);
@@ -636,6 +649,9 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
 }
 
 // ---- tensor parallelism (runtime/distill.c run_compact; 16-bit inputs, forward KL, no CE term) ------
+// (The teacher as top-k: its ids are global; each rank's sort keeps its shard's, its pass sums x_r over
+// them, the merge adds the x_r and merges lse_s; the row kernel then forms D itself, since Σ_K p log p
+// and Σ_K p come from the given lists: no second collective.)
 // Each rank holds a shard S_r of both weights' rows. Its passes give the shard's lse_s^r, lse_t^r
 // and x_r = Σ_{S_r} p̂^r·zs/T, p̂^r the teacher's probabilities normalized on the shard alone (the
 // student pass reads lse_t^r). Per token chunk:
@@ -672,7 +688,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_pa
         x += p.part_xs[r * p.splits_s + k];
     }
     float *rec = (float *)p.tp_send + DISTILL_TP_HEADER + r * DISTILL_TP_RECORD;
-    rec[0] = a.m + logf(a.s), rec[1] = p.lse_t[r], rec[2] = x, rec[3] = 0.f;
+    rec[0] = a.m + logf(a.s), rec[1] = p.lse_t ? p.lse_t[r] : 0.f, rec[2] = x, rec[3] = 0.f; // (top-k teacher: no lse_t)
 }
 
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_merge(const flce_distill_params p)
@@ -707,12 +723,13 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_me
         ss += exp((double)rec[0] - ms), st += exp((double)rec[1] - mt);
     }
     const double lse_s = ms + log(ss) + nan, lse_t = mt + log(st) + nan;
-    double x = 0.0;
+    double x = 0.0; // (a top-k teacher's p is given: the shards' sums add as they are)
     for (int k = 0; k < p.tp_size; k++) {
         const float *rec = (const float *)p.tp_recv + k * words + DISTILL_TP_HEADER + r * DISTILL_TP_RECORD;
-        x += exp((double)rec[1] - lse_t) * (double)rec[2];
+        x += (p.topk ? 1.0 : exp((double)rec[1] - lse_t)) * (double)rec[2];
     }
-    p.lse_s_rows[r] = (float)lse_s, p.lse_t[r] = (float)lse_t, p.x_rows[r] = (float)(x + nan);
+    p.lse_s_rows[r] = (float)lse_s, p.x_rows[r] = (float)(x + nan);
+    if (!p.topk) p.lse_t[r] = (float)lse_t;
 }
 
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_out(const flce_distill_params p)

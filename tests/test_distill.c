@@ -512,6 +512,11 @@ static void tensor_parallel_is_checked_and_planned(void)
     CHECK(pl.tp_recv_offset >= pl.tp_send_offset + block && pl.lse_s_offset >= pl.tp_recv_offset + 2 * block &&
           pl.x_offset > pl.lse_s_offset && pl.aw_offset > pl.x_offset && pl.labels_offset >= pl.aw_offset + rows * 8 &&
           pl.workspace_bytes > pl.count_offset);
+    flce_distill_problem k = p; /* the teacher as top-k: one exchange (no (a, w) buffer) */
+    k.teacher_topk = 8, k.hidden_teacher = 0;
+    CHECKF(distill_plan_make(&k, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(pl.compact && pl.topk == 8 && pl.tp == 2 && pl.student.need_dh_tp && pl.x_offset > pl.lse_s_offset &&
+          !pl.aw_offset && pl.labels_offset >= pl.x_offset + rows * 4);
     distill_plan one;
     flce_distill_problem q = good();
     CHECK(distill_plan_make(&q, &H100, NULL, &one) == FLCE_OK && one.tp == 0 && !one.student.need_dh_tp);

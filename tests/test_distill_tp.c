@@ -36,6 +36,7 @@ typedef struct tcase {
     uint64_t budget;       /* 0: one chunk */
     int ignored_every, grad_output, no_labels;
     int gap;               /* rank 1 claims one column more at its start: the shards overlap */
+    int k;                 /* > 0: the teacher as top-k (rank_io.ids, lps) */
 } tcase;
 
 typedef struct rank_io {
@@ -44,6 +45,8 @@ typedef struct rank_io {
     void *comm;
     const double *hs, *ws, *ht, *wt, *go;
     const int32_t *labels;
+    const int64_t *ids;   /* the top-k teacher's N × k global ids and log-probs */
+    const double *lps;
     double *loss, *div, *dh, *dw; /* this rank's results (dw: its shard's rows) */
     flce_status st, chk;
     char msg[512];
@@ -72,15 +75,22 @@ static void *rank_main(void *arg)
     flce_distill_tensors_init(&t);
     t.student_hidden = upload_dtype(c->dtype, io->hs, n * ds);
     t.student_weight = upload_dtype(c->dtype, io->ws + r0 * ds, vr * ds);
-    t.teacher_hidden = upload_dtype(c->dtype, io->ht, n * dt);
-    t.teacher_weight = upload_dtype(c->dtype, io->wt + r0 * dt, vr * dt);
+    void *dids = NULL;
+    if (c->k) {
+        p.teacher_topk = c->k, p.hidden_teacher = 0;
+        if (devmem_alloc(&dids, (size_t)(n * c->k) * 8) == FLCE_OK) devmem_upload(dids, io->ids, (size_t)(n * c->k) * 8);
+        t.teacher_topk_indices = dids, t.teacher_topk_logprobs = upload_f32(io->lps, n * c->k);
+    } else {
+        t.teacher_hidden = upload_dtype(c->dtype, io->ht, n * dt);
+        t.teacher_weight = upload_dtype(c->dtype, io->wt + r0 * dt, vr * dt);
+    }
     void *dlab = NULL;
     if (!c->no_labels && devmem_alloc(&dlab, (size_t)n * 4) == FLCE_OK) devmem_upload(dlab, io->labels, (size_t)n * 4);
     t.labels = dlab;
     t.grad_output = c->grad_output ? upload_f32(io->go, n_loss) : NULL;
     t.loss = poisoned((size_t)n_loss * 4), t.divergence = poisoned((size_t)n * 4);
     t.grad_student_hidden = poisoned((size_t)(n * ds) * es), t.grad_student_weight = poisoned((size_t)(vr * ds) * es);
-    t.comm = io->comm;
+    t.comm = c->tp > 1 ? io->comm : NULL;
     io->st = flce_distill_loss_and_grad(ctx, &p, &t, NULL);
     if (io->st != FLCE_OK) snprintf(io->msg, sizeof io->msg, "%s", flce_last_error());
     io->chk = flce_check(ctx, NULL);
@@ -90,6 +100,7 @@ static void *rank_main(void *arg)
     download_f64(c->dtype, t.grad_student_weight, io->dw, (size_t)(vr * ds));
     devmem_free((void *)t.student_hidden), devmem_free((void *)t.student_weight);
     devmem_free((void *)t.teacher_hidden), devmem_free((void *)t.teacher_weight), devmem_free(dlab);
+    devmem_free(dids), devmem_free((void *)t.teacher_topk_logprobs);
     devmem_free((void *)t.grad_output), devmem_free(t.loss), devmem_free(t.divergence);
     devmem_free(t.grad_student_hidden), devmem_free(t.grad_student_weight);
     flce_context_destroy(ctx);
@@ -126,6 +137,23 @@ static void ref_divergences(const ref_distill_problem *rp, const tcase *c, const
     free(zs), free(zt);
 }
 
+/* Runs case c's ranks (threads) on the data in proto (its c, rank, comm and outputs are filled here). */
+static void run_ranks(const tcase *c, const rank_io *proto, rank_io *io)
+{
+    const int64_t n = c->n, ds = c->ds, n_loss = c->red == FLCE_REDUCTION_NONE ? n : 1;
+    void *comms[4] = {0};
+    if (c->tp > 1) CHECK(make_world(c->tp, comms) == 0);
+    pthread_t th[4];
+    for (int r = 0; r < c->tp; r++) {
+        io[r] = *proto;
+        io[r].c = c, io[r].rank = r, io[r].comm = comms[r];
+        io[r].loss = dalloc(n_loss), io[r].div = dalloc(n), io[r].dh = dalloc(n * ds);
+        io[r].dw = dalloc((c->cut[r + 1] - c->cut[r] + 1) * ds);
+        CHECK(pthread_create(&th[r], NULL, rank_main, &io[r]) == 0);
+    }
+    for (int r = 0; r < c->tp; r++) pthread_join(th[r], NULL);
+}
+
 static void run_case(const tcase *c)
 {
     const int64_t n = c->n, ds = c->ds, dt = c->dt, v = c->v, n_loss = c->red == FLCE_REDUCTION_NONE ? n : 1;
@@ -147,17 +175,10 @@ static void run_case(const tcase *c)
            "%s: reference failed", c->name);
     ref_divergences(&rp, c, hs, ws, ht, wt, rlab, rdiv);
 
-    void *comms[4] = {0};
-    CHECK(make_world(c->tp, comms) == 0);
-    rank_io io[4];
-    pthread_t th[4];
-    memset(io, 0, sizeof io);
-    for (int r = 0; r < c->tp; r++) {
-        io[r] = (rank_io){c, r, comms[r], hs, ws, ht, wt, go, labels32, dalloc(n_loss), dalloc(n), dalloc(n * ds),
-                          dalloc((c->cut[r + 1] - c->cut[r] + 1) * ds), FLCE_OK, FLCE_OK, ""};
-        CHECK(pthread_create(&th[r], NULL, rank_main, &io[r]) == 0);
-    }
-    for (int r = 0; r < c->tp; r++) pthread_join(th[r], NULL);
+    rank_io proto, io[4];
+    memset(&proto, 0, sizeof proto);
+    proto.hs = hs, proto.ws = ws, proto.ht = ht, proto.wt = wt, proto.go = go, proto.labels = labels32;
+    run_ranks(c, &proto, io);
     if (c->gap) { /* shards that overlap: flce_check reports it on every rank */
         for (int r = 0; r < c->tp; r++)
             CHECKF(io[r].st == FLCE_OK && io[r].chk == FLCE_ERR_INVALID_ARGUMENT &&
@@ -200,6 +221,67 @@ static void shards_match_the_reference(void)
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) run_case(&cases[k]);
 }
 
+/* The teacher as top-k (global ids): the shards' call against the one-GPU call on the whole weights
+ * (itself checked against fp64 by test_distill_gpu); a token whose ids repeat is NaN on every rank. */
+static void topk_teacher_shards_match_one_gpu(void)
+{
+    const int64_t n = 160, ds = 64, v = 1000, k = 16;
+    static const tcase one = {"top-k one GPU", 160, 64, 0, 1000, 1, {0, 1000}, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN,
+                              1.5f, 0, 5, 0, 0, 0, 16};
+    static const tcase two = {"top-k 2 ranks", 160, 64, 0, 1000, 2, {0, 424, 1000}, FLCE_DTYPE_BF16,
+                              FLCE_REDUCTION_MEAN, 1.5f, 0, 5, 0, 0, 0, 16};
+    double *hs = dalloc(n * ds), *ws = dalloc(v * ds), *lps = dalloc(n * k);
+    fill(hs, n * ds, 1.0, FLCE_DTYPE_BF16), fill(ws, v * ds, 1.5 / sqrt((double)ds), FLCE_DTYPE_BF16);
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)(n * k));
+    int32_t *labels = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        /* distinct ids; token i % 4 == 1 all in rank 0's shard, == 2 all in rank 1's, else anywhere */
+        const int64_t lo = i % 4 == 1 ? 0 : i % 4 == 2 ? 424 : 0, span = i % 4 == 1 ? 424 : i % 4 == 2 ? 576 : v;
+        double s = 0;
+        for (int64_t q = 0; q < k; q++) {
+            int64_t id;
+            int dup;
+            do {
+                id = lo + (int64_t)host_rng_below(&rng, (uint64_t)span), dup = 0;
+                for (int64_t u = 0; u < q; u++) dup |= ids[i * k + u] == id;
+            } while (dup);
+            ids[i * k + q] = id, lps[i * k + q] = exp(2.0 * host_rng_normal(&rng)), s += lps[i * k + q] / 0.9;
+        }
+        for (int64_t q = 0; q < k; q++) lps[i * k + q] = log(lps[i * k + q] / s); /* Σ p = 0.9 */
+        labels[i] = i % 5 == 0 ? -100 : (int32_t)host_rng_below(&rng, v);
+    }
+    ids[3 * k + 5] = ids[3 * k + 2]; /* token 3: a repeated id */
+    rank_io proto;
+    memset(&proto, 0, sizeof proto);
+    proto.hs = hs, proto.ws = ws, proto.labels = labels, proto.ids = ids, proto.lps = lps;
+    rank_io a[4], b[4];
+    run_ranks(&one, &proto, a);
+    run_ranks(&two, &proto, b);
+    CHECKF(a[0].st == FLCE_OK && a[0].chk == FLCE_OK, "one GPU: %s", a[0].msg);
+    for (int r = 0; r < 2; r++) {
+        CHECKF(b[r].st == FLCE_OK && b[r].chk == FLCE_OK, "rank %d: %s", r, b[r].msg);
+        CHECKF(isnan(b[r].div[3]) && isnan(a[0].div[3]) && isnan(b[r].dh[3 * ds]), "rank %d: token 3 not NaN", r);
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++)
+            if (i != 3) bad += !(fabs(b[r].div[i] - a[0].div[i]) <= 2e-5 * (1 + fabs(a[0].div[i])));
+        CHECKF(bad == 0, "rank %d: %d divergences differ from the one-GPU call's", r, bad);
+        double *dh1 = dalloc(n * ds), *dh2 = dalloc(n * ds);
+        int64_t m = 0;
+        for (int64_t i = 0; i < n; i++) /* (token 3's NaN row is out of the mean's sum: not compared) */
+            if (i != 3)
+                for (int64_t l = 0; l < ds; l++) dh1[m] = a[0].dh[i * ds + l], dh2[m] = b[r].dh[i * ds + l], m++;
+        const int64_t rows = two.cut[r + 1] - two.cut[r];
+        const double e_dh = ref_rel_l2(dh1, dh2, (size_t)m);
+        printf("  top-k rank %d: dHs against one GPU %.2e (token 3 NaN on both)\n", r, e_dh);
+        CHECKF(e_dh <= 8e-3, "rank %d: dHs %.2e against the one-GPU call", r, e_dh);
+        CHECKF(isnan(b[r].loss[0]) && isnan(a[0].loss[0]) && rows > 0, "rank %d: the mean loss holds token 3's NaN", r);
+        free(dh1), free(dh2);
+    }
+    for (int r = 0; r < 2; r++) free(b[r].loss), free(b[r].div), free(b[r].dh), free(b[r].dw);
+    free(a[0].loss), free(a[0].div), free(a[0].dh), free(a[0].dw);
+    free(hs), free(ws), free(lps), free(ids), free(labels);
+}
+
 static void overlapping_shards_are_reported(void)
 {
     static const tcase c = {"overlap", 64, 64, 64, 800, 2, {0, 400, 800}, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 1.0f,
@@ -223,6 +305,7 @@ int main(void)
     printf("seed %llu (FLCE_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
     host_rng_seed(&rng, seed);
     RUN(shards_match_the_reference);
+    RUN(topk_teacher_shards_match_one_gpu);
     RUN(overlapping_shards_are_reported);
     FINISH();
 }
