@@ -489,13 +489,13 @@ typedef struct flce_distill_problem {
     /* Tensor (vocab) parallelism: this rank holds rows [vocab_offset, vocab_offset + vocab) of both
      * weights, of a vocab of vocab_total (0 means vocab_offset + vocab); labels are global ids in
      * [0, vocab_total). With tp_size > 1 the call needs tensors.comm and issues per token chunk
-     * one all-gather of 16 bytes per token (both models' shard log-normalizers and the student's
-     * soft-target sum) and one fp32 all-reduce of 8 per token (the divergence's two sums), and
+     * one all-gather of 16 bytes per token (both models' shard log-normalizers, the student's
+     * soft-target sum and the CE term's label logit) and one fp32 all-reduce of 8 per token (the divergence's two sums), and
      * sums dHs over the ranks in fp32 (as flce_loss_and_grad does); dWs is this rank's shard. Every
      * rank gets the same loss and divergence. The teacher as top-k (teacher_topk, global ids) needs
-     * the all-gather alone. In this version only the compact paths run under TP: 16-bit inputs,
-     * forward KL (or JSD with β = 0), ce_weight 0; anything else is FLCE_ERR_UNSUPPORTED naming the
-     * field. */
+     * the all-gather alone; the CE term takes its label's logit from the shard that holds it (in the
+     * all-gather). In this version only the compact paths run under TP: 16-bit inputs and forward
+     * KL (or JSD with β = 0); anything else is FLCE_ERR_UNSUPPORTED naming the field. */
     int64_t vocab_offset;
     int64_t vocab_total;
     int32_t tp_rank;           /* 0..tp_size-1: this caller's rank in tensors.comm */

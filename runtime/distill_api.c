@@ -46,8 +46,7 @@ static flce_status normalize_problem(const flce_distill_problem *in, flce_distil
 }
 
 /* The tensor-parallel fields: a shard of a vocab the ranks tile, and (tp_size > 1) what this
- * version runs under TP: the compact forward-KL paths (distill.c plan_compact, plan_topk_compact)
- * without the CE term. */
+ * version runs under TP: the compact forward-KL paths (distill.c plan_compact, plan_topk_compact). */
 static flce_status check_tp(const flce_distill_problem *p)
 {
     if (p->tp_size < 1 || p->tp_size > FLCE_MAX_TP || p->tp_rank < 0 || p->tp_rank >= p->tp_size)
@@ -70,12 +69,11 @@ static flce_status check_tp(const flce_distill_problem *p)
     }
     const char *field = p->dtype == FLCE_DTYPE_F32 ? "dtype"
                         : !(p->divergence == FLCE_DIVERGENCE_FORWARD_KL ||
-                            (p->divergence == FLCE_DIVERGENCE_JSD && p->beta <= 0.0f)) ? "divergence"
-                        : p->ce_weight != 0.0f ? "ce_weight" : NULL;
+                            (p->divergence == FLCE_DIVERGENCE_JSD && p->beta <= 0.0f)) ? "divergence" : NULL;
     if (field)
         return err_set(FLCE_ERR_UNSUPPORTED,
-                       "problem.%s with tp_size=%d: distillation under tensor parallelism runs 16-bit inputs, "
-                       "forward KL (or JSD with beta 0) and ce_weight 0 in this version",
+                       "problem.%s with tp_size=%d: distillation under tensor parallelism runs 16-bit inputs and "
+                       "forward KL (or JSD with beta 0) in this version",
                        field, p->tp_size);
     return FLCE_OK;
 }

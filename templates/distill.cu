@@ -443,7 +443,8 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_c
         lse_t = p.lse_t[r];
         g = distill_scale(p, i);
         if constexpr (DISTILL_LABELS) {
-            y = distill_label(p, i);
+            // (TP: target_s is the label's logit from whichever shard holds it, flce_distill_tp_merge)
+            y = distill_label(p, i) - p.vocab_offset; // the label's column in this shard (TP), if any
             if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (lse_s - p.target_s[r]);
         }
     }
@@ -575,7 +576,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
     float loss = 0.f;
     long long y = -1;
     if constexpr (DISTILL_LABELS) {
-        y = distill_label(p, i);
+        y = distill_label(p, i) - p.vocab_offset; // the label's column in this shard (TP), if any
         if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (lse_s - p.target_s[r]);
     }
     float xs = 0.f;
@@ -648,14 +649,15 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
 #endif
 }
 
-// ---- tensor parallelism (runtime/distill.c run_compact; 16-bit inputs, forward KL, no CE term) ------
+// ---- tensor parallelism (runtime/distill.c run_compact; 16-bit inputs, forward KL) -----------------
 // (The teacher as top-k: its ids are global; each rank's sort keeps its shard's, its pass sums x_r over
 // them, the merge adds the x_r and merges lse_s; the row kernel then forms D itself, since Σ_K p log p
 // and Σ_K p come from the given lists: no second collective.)
 // Each rank holds a shard S_r of both weights' rows. Its passes give the shard's lse_s^r, lse_t^r
 // and x_r = Σ_{S_r} p̂^r·zs/T, p̂^r the teacher's probabilities normalized on the shard alone (the
 // student pass reads lse_t^r). Per token chunk:
-//   flce_distill_tp_pack   a thread per row: (lse_s^r, lse_t^r, x_r, 0) after an 8-word header
+//   flce_distill_tp_pack   a thread per row: (lse_s^r, lse_t^r, x_r, z_y or 0) after an 8-word header
+//                          (z_y: the CE term's label logit, from the shard that holds the label)
 //                          (int64 vocab_offset, shard size, vocab_total, tokens), written by thread 0
 //   (all-gather over the ranks)
 //   flce_distill_tp_merge  a thread per row, every rank the same bits (rank order, fp64): lse =
@@ -687,8 +689,13 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_pa
         a = distill_ms_merge(a, {p.part_ms[r * p.splits_s + k], p.part_ss[r * p.splits_s + k]});
         x += p.part_xs[r * p.splits_s + k];
     }
+    float target = 0.f; // the CE term's label logit where this shard holds the label (the pass wrote it)
+    if constexpr (DISTILL_LABELS) {
+        const long long y = distill_label(p, p.row0 + r) - p.vocab_offset;
+        if (CE_WEIGHT != 0.f && y >= 0 && y < p.vocab) target = p.target_s[r];
+    }
     float *rec = (float *)p.tp_send + DISTILL_TP_HEADER + r * DISTILL_TP_RECORD;
-    rec[0] = a.m + logf(a.s), rec[1] = p.lse_t ? p.lse_t[r] : 0.f, rec[2] = x, rec[3] = 0.f; // (top-k teacher: no lse_t)
+    rec[0] = a.m + logf(a.s), rec[1] = p.lse_t ? p.lse_t[r] : 0.f, rec[2] = x, rec[3] = target; // (top-k: no lse_t)
 }
 
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_merge(const flce_distill_params p)
@@ -730,21 +737,28 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_me
     }
     p.lse_s_rows[r] = (float)lse_s, p.x_rows[r] = (float)(x + nan);
     if (!p.topk) p.lse_t[r] = (float)lse_t;
+    if (CE_WEIGHT != 0.f) { // the label's logit: one shard's, the others 0 (exact)
+        float target = 0.f;
+        for (int k = 0; k < p.tp_size; k++)
+            target += ((const float *)p.tp_recv)[k * words + DISTILL_TP_HEADER + r * DISTILL_TP_RECORD + 3];
+        ((float *)p.target_s)[r] = target;
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_out(const flce_distill_params p)
 {
     const long long r = (long long)blockIdx.x * DISTILL_THREADS + threadIdx.x, i = p.row0 + r;
     if (r >= p.rows) return;
-    float d = 0.f;
+    float d = 0.f, loss = 0.f;
     if (distill_valid(p, i)) {
         const float a = p.tp_aw[2 * r], w = p.tp_aw[2 * r + 1];
         d = (a - p.x_rows[r] - (w - 1.f)) / w + p.lse_s_rows[r];
+        if (CE_WEIGHT != 0.f) loss = CE_WEIGHT * (p.lse_s_rows[r] - p.target_s[r]); // (T = 1: lse_s is CE's)
     }
     if (p.divergence) p.divergence[i] = d;
-    p.loss_rows[i] = d;
+    p.loss_rows[i] = loss + d;
     if constexpr (FLCE_REDUCTION == 2) {
-        if (p.loss) p.loss[i] = d;
+        if (p.loss) p.loss[i] = loss + d;
     }
 }
 

@@ -4,7 +4,8 @@
  * device). For identical global data, every rank's loss and divergence must match testing/ref.c
  * ref_distill in fp64 within test_distill_gpu's tolerances, bit for bit across ranks; dHs (summed
  * over the ranks by the call) likewise; dWs reassembled from the shards. Uneven shards, 2 and 3
- * ranks, several token chunks, ignored tokens, every reduction, fp16 and bf16, T != 1; and ranks
+ * ranks, several token chunks, ignored tokens, every reduction, fp16 and bf16, T != 1, the CE term,
+ * the teacher as top-k; and ranks
  * whose shards leave a gap are reported by flce_check. Exit 77 without a GPU. */
 #include <dlfcn.h>
 #include <math.h>
@@ -37,6 +38,7 @@ typedef struct tcase {
     int ignored_every, grad_output, no_labels;
     int gap;               /* rank 1 claims one column more at its start: the shards overlap */
     int k;                 /* > 0: the teacher as top-k (rank_io.ids, lps) */
+    float ce_weight;
 } tcase;
 
 typedef struct rank_io {
@@ -69,7 +71,7 @@ static void *rank_main(void *arg)
     flce_distill_problem p;
     flce_distill_problem_init(&p);
     p.tokens = n, p.hidden_student = ds, p.hidden_teacher = dt, p.vocab = vr, p.dtype = c->dtype;
-    p.temperature = c->temperature, p.reduction = c->red, p.memory_budget = c->budget;
+    p.temperature = c->temperature, p.reduction = c->red, p.memory_budget = c->budget, p.ce_weight = c->ce_weight;
     p.vocab_offset = r0, p.vocab_total = c->v, p.tp_rank = io->rank, p.tp_size = c->tp;
     flce_distill_tensors t;
     flce_distill_tensors_init(&t);
@@ -168,7 +170,7 @@ static void run_case(const tcase *c)
     }
     double *go = dalloc(n_loss);
     for (int64_t i = 0; i < n_loss; i++) go[i] = c->grad_output ? 0.5 + host_rng_uniform(&rng) : 1.0;
-    ref_distill_problem rp = {REF_DIV_FORWARD_KL, 0.0, c->temperature, 0.0, -100, c->red};
+    ref_distill_problem rp = {REF_DIV_FORWARD_KL, 0.0, c->temperature, c->ce_weight, -100, c->red};
     const int64_t *rlab = c->no_labels ? NULL : labels;
     double *rl = dalloc(n_loss), *rdh = dalloc(n * ds), *rdw = dalloc(v * ds), *rdiv = dalloc(n);
     CHECKF(ref_distill(&rp, n, ds, dt, v, hs, ws, ht, wt, rlab, c->grad_output ? go : NULL, rl, rdh, rdw) == 0,
@@ -217,19 +219,24 @@ static void shards_match_the_reference(void)
          1.5f, 1200 * 2 * 4 * 2, 0, 1, 0, 0},
         {"bf16 3 ranks no labels", 130, 64, 128, 2000, 3, {0, 640, 1328, 2000}, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN,
          1.0f, 0, 0, 0, 1, 0},
+        {"bf16 2 ranks CE 0.7 chunks", 300, 64, 128, 1200, 2, {0, 520, 1200}, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN,
+         1.0f, 300000, 6, 1, 0, 0, 0, 0.7f},
+        {"fp16 3 ranks CE 0.3 none", 150, 64, 64, 900, 3, {0, 300, 611, 900}, FLCE_DTYPE_F16, FLCE_REDUCTION_NONE,
+         1.0f, 0, 4, 1, 0, 0, 0, 0.3f},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) run_case(&cases[k]);
 }
 
-/* The teacher as top-k (global ids): the shards' call against the one-GPU call on the whole weights
- * (itself checked against fp64 by test_distill_gpu); a token whose ids repeat is NaN on every rank. */
+/* The teacher as top-k (global ids) with the CE term: the shards' call against the one-GPU call on the
+ * whole weights (itself checked against fp64 by test_distill_gpu); a token whose ids repeat is NaN on
+ * every rank. */
 static void topk_teacher_shards_match_one_gpu(void)
 {
     const int64_t n = 160, ds = 64, v = 1000, k = 16;
     static const tcase one = {"top-k one GPU", 160, 64, 0, 1000, 1, {0, 1000}, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN,
-                              1.5f, 0, 5, 0, 0, 0, 16};
+                              1.0f, 0, 5, 0, 0, 0, 16, 0.4f};
     static const tcase two = {"top-k 2 ranks", 160, 64, 0, 1000, 2, {0, 424, 1000}, FLCE_DTYPE_BF16,
-                              FLCE_REDUCTION_MEAN, 1.5f, 0, 5, 0, 0, 0, 16};
+                              FLCE_REDUCTION_MEAN, 1.0f, 0, 5, 0, 0, 0, 16, 0.4f};
     double *hs = dalloc(n * ds), *ws = dalloc(v * ds), *lps = dalloc(n * k);
     fill(hs, n * ds, 1.0, FLCE_DTYPE_BF16), fill(ws, v * ds, 1.5 / sqrt((double)ds), FLCE_DTYPE_BF16);
     int64_t *ids = malloc(sizeof(int64_t) * (size_t)(n * k));

@@ -532,8 +532,8 @@ def linear_distillation_topk(student_hidden: Tensor, student_weight: Tensor, tea
 def vocab_parallel_distillation(student_hidden: Tensor, student_weight: Tensor, teacher_hidden: Tensor,
                                 teacher_weight: Tensor, labels: Optional[Tensor] = None, *, vocab_offset: int,
                                 vocab_total: int, comm: Any, group: Any = None, divergence: Divergence = "forward_kl",
-                                beta: float = 0.0, temperature: float = 1.0, ignore_index: int = -100,
-                                reduction: Reduction = "mean", return_per_token: bool = False,
+                                beta: float = 0.0, temperature: float = 1.0, ce_weight: float = 0.0,
+                                ignore_index: int = -100, reduction: Reduction = "mean", return_per_token: bool = False,
                                 memory_budget: Optional[int] = None) -> Union[Tensor, LinearDistillationOutput]:
     """linear_distillation with both LM heads sharded by vocab rows over the ranks of `group` (tensor
     parallelism): this rank holds student_weight = Ws[vocab_offset : vocab_offset + V_r] and
@@ -543,7 +543,7 @@ def vocab_parallel_distillation(student_hidden: Tensor, student_weight: Tensor, 
     comm: a flce.NcclComm(group): flce issues per token chunk one all-gather of 16 bytes per token
         and one all-reduce of 8, and sums the student's hidden-state gradient over the ranks.
     This version runs forward KL (divergence 'forward_kl', or 'jsd' with beta 0) on float16 or
-    bfloat16 inputs, without the CE term; anything else raises FlceError FLCE_ERR_UNSUPPORTED.
+    bfloat16 inputs (with or without the CE term); anything else raises FlceError FLCE_ERR_UNSUPPORTED.
 
     Returns the loss (or a LinearDistillationOutput), the same on every rank. Gradients: the student
     hidden states' is summed over the ranks, the student weight's is this rank's shard; the upstream
@@ -552,7 +552,7 @@ def vocab_parallel_distillation(student_hidden: Tensor, student_weight: Tensor, 
     import torch.distributed as dist
     from .parallel import NcclComm
     _check_tensors(student_hidden, student_weight, teacher_hidden, teacher_weight, labels)
-    _check_options(labels, divergence, beta, temperature, 0.0, ignore_index, reduction, return_per_token,
+    _check_options(labels, divergence, beta, temperature, ce_weight, ignore_index, reduction, return_per_token,
                    memory_budget)
     for name, x in (("vocab_offset", vocab_offset), ("vocab_total", vocab_total)):
         if isinstance(x, bool) or not isinstance(x, int):
@@ -578,11 +578,11 @@ def vocab_parallel_distillation(student_hidden: Tensor, student_weight: Tensor, 
                              f"whole vocab (need vocab_offset=0 and vocab_total=weight.shape[0]={shard})")
         return linear_distillation(student_hidden, student_weight, teacher_hidden, teacher_weight, labels,
                                    divergence=divergence, beta=beta, temperature=temperature,
-                                   ignore_index=ignore_index, reduction=reduction,
+                                   ce_weight=ce_weight, ignore_index=ignore_index, reduction=reduction,
                                    return_per_token=return_per_token, memory_budget=memory_budget)
     hs, ws, ht, wt = _autocast(student_hidden, student_weight, teacher_hidden.detach(), teacher_weight.detach())
     tp = (rank, size, int(vocab_offset), int(vocab_total), int(comm.ptr.value))
-    return _student_call(hs, ws, ht.reshape(-1, ht.shape[-1]), wt, labels, divergence, beta, temperature, 0.0,
+    return _student_call(hs, ws, ht.reshape(-1, ht.shape[-1]), wt, labels, divergence, beta, temperature, ce_weight,
                          ignore_index, reduction, return_per_token, memory_budget, 0, tp)
 
 
