@@ -402,7 +402,7 @@ def _distill_gather_shards(self, p, ws, wt):
             len(set(info[:, 2].tolist())) != 1 or len(set(info[:, 3].tolist())) != 1:
         raise err(1, "FLCE_ERR_INVALID_ARGUMENT", f"ranks disagree or shards do not tile: {info.tolist()}",
                   "stand-in")
-    return _gather_rows(ws), _gather_rows(wt), slice(p.vocab_offset, p.vocab_offset + p.vocab)
+    return _gather_rows(ws), None if wt is None else _gather_rows(wt), slice(p.vocab_offset, p.vocab_offset + p.vocab)
 
 
 _distill_run.calls = 0

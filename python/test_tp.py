@@ -337,6 +337,19 @@ def distill_checks(comm):
         losses = [torch.empty_like(out.loss) for _ in range(WORLD)]
         dist.all_gather(losses, out.loss.detach().contiguous())
         assert all(torch.equal(x, losses[0]) for x in losses), f"{reduction}: the ranks' losses differ"
+    # the teacher as top-k (global ids, 16 a token, distinct) with the CE term
+    ids = torch.stack([torch.randperm(V, generator=g)[:16] for _ in range(N)]).to(DEV)
+    lp = torch.log_softmax(torch.randn(N, 16, generator=g) * 2, dim=1).to(DEV) - 0.1
+    h1, w1 = hs.clone().requires_grad_(), ws.clone().requires_grad_()
+    ref = flce.linear_distillation_topk(h1, w1, ids, lp, y, ce_weight=0.3, return_per_token=True)
+    ref.loss.backward()
+    h2, w2 = hs.clone().requires_grad_(), ws[SHARD].clone().requires_grad_()
+    out = flce.vocab_parallel_distillation_topk(h2, w2, ids, lp, y, vocab_offset=OFFSET, vocab_total=V, comm=comm,
+                                                ce_weight=0.3, return_per_token=True)
+    out.loss.backward()
+    errs = (rel(out.loss, ref.loss), rel(out.divergence, ref.divergence), rel(h2.grad, h1.grad),
+            rel(w2.grad, w1.grad[SHARD]))
+    assert max(errs[:2]) <= 1e-4 and max(errs[2:]) <= 8e-3, f"top-k teacher: loss, divergence, dH, dW {errs}"
     expect_raises(TypeError, lambda: flce.vocab_parallel_distillation(
         hs, ws[SHARD], ht, wt[SHARD], y, vocab_offset=OFFSET, vocab_total=V, comm=None), "comm")
     expect_raises(ValueError, lambda: flce.vocab_parallel_distillation(
@@ -416,7 +429,7 @@ def main():
     failed += t.item() != 0
     if RANK == 0:
         print(f"{'ok  ' if t.item() == 0 else 'FAIL'} vocab_parallel_distillation (mean, none) against "
-              f"linear_distillation on the whole weights (the CE term in mean), and its errors")
+              f"linear_distillation on the whole weights (the CE term in mean), the teacher as top-k, and its errors")
         print(f"{'all passed' if not failed else f'{failed} failed'} in {time.time() - t_start:.1f} s")
     if not STANDIN:
         comm.close()

@@ -37,7 +37,8 @@ __all__ = ["linear_cross_entropy", "LinearCrossEntropy", "LinearCrossEntropyOutp
            "FlceLibraryNotFound", "check", "version", "library_path", "vocab_parallel_cross_entropy",
            "NcclComm", "patch_hf", "unpatch_hf", "prepare", "Prepared", "linear_distillation", "topk_logprobs",
            "TopkLogprobs", "prepare_topk_logprobs", "prepare_linear_distillation", "linear_distillation_topk",
-           "vocab_parallel_distillation", "LinearDistillation", "LinearDistillationOutput"]
+           "vocab_parallel_distillation", "vocab_parallel_distillation_topk", "LinearDistillation",
+           "LinearDistillationOutput"]
 
 _DTYPES = {torch.float32: _lib.FLCE_DTYPE_F32, torch.float16: _lib.FLCE_DTYPE_F16,
            torch.bfloat16: _lib.FLCE_DTYPE_BF16}
@@ -1043,5 +1044,6 @@ from . import _ops  # noqa: E402  (needs the names above)
 from .parallel import NcclComm, vocab_parallel_cross_entropy  # noqa: E402
 from . import functional, cce  # noqa: E402,F401
 from .distill import (LinearDistillation, LinearDistillationOutput, linear_distillation,  # noqa: E402,F401
-                      linear_distillation_topk, prepare_linear_distillation, vocab_parallel_distillation)
+                      linear_distillation_topk, prepare_linear_distillation, vocab_parallel_distillation,
+                      vocab_parallel_distillation_topk)
 from .topk import TopkLogprobs, prepare_topk_logprobs, topk_logprobs  # noqa: E402,F401

@@ -30,8 +30,8 @@ from torch import Tensor
 from . import _compat, _distill_lib, _lib
 from ._ops import _traced  # flce/__init__.py has loaded _ops first
 
-__all__ = ["linear_distillation", "linear_distillation_topk", "vocab_parallel_distillation", "LinearDistillation",
-           "LinearDistillationOutput"]
+__all__ = ["linear_distillation", "linear_distillation_topk", "vocab_parallel_distillation",
+           "vocab_parallel_distillation_topk", "LinearDistillation", "LinearDistillationOutput"]
 
 Divergence = Literal["forward_kl", "reverse_kl", "jsd"]
 Reduction = Literal["mean", "sum", "none"]
@@ -529,31 +529,11 @@ def linear_distillation_topk(student_hidden: Tensor, student_weight: Tensor, tea
                          memory_budget, int(k))
 
 
-def vocab_parallel_distillation(student_hidden: Tensor, student_weight: Tensor, teacher_hidden: Tensor,
-                                teacher_weight: Tensor, labels: Optional[Tensor] = None, *, vocab_offset: int,
-                                vocab_total: int, comm: Any, group: Any = None, divergence: Divergence = "forward_kl",
-                                beta: float = 0.0, temperature: float = 1.0, ce_weight: float = 0.0,
-                                ignore_index: int = -100, reduction: Reduction = "mean", return_per_token: bool = False,
-                                memory_budget: Optional[int] = None) -> Union[Tensor, LinearDistillationOutput]:
-    """linear_distillation with both LM heads sharded by vocab rows over the ranks of `group` (tensor
-    parallelism): this rank holds student_weight = Ws[vocab_offset : vocab_offset + V_r] and
-    teacher_weight = Wt[the same rows]; the shards tile [0, vocab_total) in rank order. Every rank
-    calls it with the same hidden states, labels (global ids) and options (collectively).
-
-    comm: a flce.NcclComm(group): flce issues per token chunk one all-gather of 16 bytes per token
-        and one all-reduce of 8, and sums the student's hidden-state gradient over the ranks.
-    This version runs forward KL (divergence 'forward_kl', or 'jsd' with beta 0) on float16 or
-    bfloat16 inputs (with or without the CE term); anything else raises FlceError FLCE_ERR_UNSUPPORTED.
-
-    Returns the loss (or a LinearDistillationOutput), the same on every rank. Gradients: the student
-    hidden states' is summed over the ranks, the student weight's is this rank's shard; the upstream
-    gradient of the loss must be the same on every rank. A group of one rank runs
-    linear_distillation (vocab_offset 0, vocab_total V_r)."""
+def _tp_args(student_weight, vocab_offset, vocab_total, comm, group):
+    """The checked TP arguments of the vocab-parallel forms: (rank, size, offset, total, comm address),
+    or None for a group of one rank (which must hold the whole vocab)."""
     import torch.distributed as dist
     from .parallel import NcclComm
-    _check_tensors(student_hidden, student_weight, teacher_hidden, teacher_weight, labels)
-    _check_options(labels, divergence, beta, temperature, ce_weight, ignore_index, reduction, return_per_token,
-                   memory_budget)
     for name, x in (("vocab_offset", vocab_offset), ("vocab_total", vocab_total)):
         if isinstance(x, bool) or not isinstance(x, int):
             raise TypeError(f"{name}: expected an int, got {_kind(x)} {x!r}")
@@ -576,14 +556,67 @@ def vocab_parallel_distillation(student_hidden: Tensor, student_weight: Tensor, 
         if vocab_offset != 0 or vocab_total != shard:
             raise ValueError(f"vocab_offset={vocab_offset}, vocab_total={vocab_total}: a group of one rank holds the "
                              f"whole vocab (need vocab_offset=0 and vocab_total=weight.shape[0]={shard})")
+        return None
+    return (rank, size, int(vocab_offset), int(vocab_total), int(comm.ptr.value))
+
+
+def vocab_parallel_distillation(student_hidden: Tensor, student_weight: Tensor, teacher_hidden: Tensor,
+                                teacher_weight: Tensor, labels: Optional[Tensor] = None, *, vocab_offset: int,
+                                vocab_total: int, comm: Any, group: Any = None, divergence: Divergence = "forward_kl",
+                                beta: float = 0.0, temperature: float = 1.0, ce_weight: float = 0.0,
+                                ignore_index: int = -100, reduction: Reduction = "mean", return_per_token: bool = False,
+                                memory_budget: Optional[int] = None) -> Union[Tensor, LinearDistillationOutput]:
+    """linear_distillation with both LM heads sharded by vocab rows over the ranks of `group` (tensor
+    parallelism): this rank holds student_weight = Ws[vocab_offset : vocab_offset + V_r] and
+    teacher_weight = Wt[the same rows]; the shards tile [0, vocab_total) in rank order. Every rank
+    calls it with the same hidden states, labels (global ids) and options (collectively).
+
+    comm: a flce.NcclComm(group): flce issues per token chunk one all-gather of 16 bytes per token
+        and one all-reduce of 8, and sums the student's hidden-state gradient over the ranks.
+    This version runs forward KL (divergence 'forward_kl', or 'jsd' with beta 0) on float16 or
+    bfloat16 inputs (with or without the CE term); anything else raises FlceError FLCE_ERR_UNSUPPORTED.
+
+    Returns the loss (or a LinearDistillationOutput), the same on every rank. Gradients: the student
+    hidden states' is summed over the ranks, the student weight's is this rank's shard; the upstream
+    gradient of the loss must be the same on every rank. A group of one rank runs
+    linear_distillation (vocab_offset 0, vocab_total V_r)."""
+    _check_tensors(student_hidden, student_weight, teacher_hidden, teacher_weight, labels)
+    _check_options(labels, divergence, beta, temperature, ce_weight, ignore_index, reduction, return_per_token,
+                   memory_budget)
+    tp = _tp_args(student_weight, vocab_offset, vocab_total, comm, group)
+    if tp is None:
         return linear_distillation(student_hidden, student_weight, teacher_hidden, teacher_weight, labels,
                                    divergence=divergence, beta=beta, temperature=temperature,
                                    ce_weight=ce_weight, ignore_index=ignore_index, reduction=reduction,
                                    return_per_token=return_per_token, memory_budget=memory_budget)
     hs, ws, ht, wt = _autocast(student_hidden, student_weight, teacher_hidden.detach(), teacher_weight.detach())
-    tp = (rank, size, int(vocab_offset), int(vocab_total), int(comm.ptr.value))
     return _student_call(hs, ws, ht.reshape(-1, ht.shape[-1]), wt, labels, divergence, beta, temperature, ce_weight,
                          ignore_index, reduction, return_per_token, memory_budget, 0, tp)
+
+
+def vocab_parallel_distillation_topk(student_hidden: Tensor, student_weight: Tensor, teacher_topk_indices: Tensor,
+                                     teacher_topk_logprobs: Tensor, labels: Optional[Tensor] = None, *,
+                                     vocab_offset: int, vocab_total: int, comm: Any, group: Any = None,
+                                     temperature: float = 1.0, ce_weight: float = 0.0, ignore_index: int = -100,
+                                     reduction: Reduction = "mean", return_per_token: bool = False,
+                                     memory_budget: Optional[int] = None) -> Union[Tensor, LinearDistillationOutput]:
+    """linear_distillation_topk with the student's LM head sharded by vocab rows over the ranks of
+    `group`, as vocab_parallel_distillation: the teacher's ids are global ids in [0, vocab_total);
+    one all-gather of 16 bytes per token per chunk. float16 or bfloat16 inputs."""
+    _check_topk_tensors(student_hidden, student_weight, teacher_topk_indices, teacher_topk_logprobs, labels)
+    _check_options(labels, "forward_kl", 0.5, temperature, ce_weight, ignore_index, reduction, return_per_token,
+                   memory_budget)
+    tp = _tp_args(student_weight, vocab_offset, vocab_total, comm, group)
+    if tp is None:
+        return linear_distillation_topk(student_hidden, student_weight, teacher_topk_indices, teacher_topk_logprobs,
+                                        labels, temperature=temperature, ce_weight=ce_weight,
+                                        ignore_index=ignore_index, reduction=reduction,
+                                        return_per_token=return_per_token, memory_budget=memory_budget)
+    hs, ws = _autocast(student_hidden, student_weight)
+    k = teacher_topk_indices.shape[-1]
+    return _student_call(hs, ws, teacher_topk_indices.reshape(-1, k), teacher_topk_logprobs.detach().reshape(-1, k),
+                         labels, "forward_kl", 0.0, temperature, ce_weight, ignore_index, reduction, return_per_token,
+                         memory_budget, int(k), tp)
 
 
 class LinearDistillation(torch.nn.Module):
