@@ -15,7 +15,7 @@ static const char *const distill_names[] = {"flce_distill_count", "flce_distill_
                                             "flce_topk_row", "flce_distill_lse", "flce_distill_row_compact",
                                             "flce_distill_row_topk", "flce_distill_row_topk_compact",
                                             "flce_distill_topk_sort", "flce_distill_tp_pack",
-                                            "flce_distill_tp_merge", "flce_distill_tp_out", NULL};
+                                            "flce_distill_tp_merge", "flce_distill_tp_out", "flce_topk_merge", NULL};
 static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
                                            "flce_dbias", "flce_tp_pack", "flce_cast", "flce_qref", "flce_qscale",
                                            "flce_qlist_count", "flce_qlist_fill", "flce_qdw", "flce_qdh", NULL};
@@ -313,6 +313,7 @@ flce_status emit_distill_source(const distill_kernel_spec *s, char **src)
     /* %a: the exact float, so the kernel uses the caller's β, 1/T and weight bit for bit */
     sb_printf(&b, "constexpr float DISTILL_BETA = %af, INV_TEMP = %af, CE_WEIGHT = %af;\n\n", (double)s->beta,
               (double)(1.0f / s->temperature), (double)s->ce_weight);
+    sb_text(&b, tmpl_params_h); /* the top-k merge's FLCE_TP_HEADER and FLCE_FLAG_TP_* */
     sb_text(&b, tmpl_distill_cu);
     if (b.oom) {
         free(b.p);

@@ -38,7 +38,7 @@ extern "C" {
 #define FLCE_VERSION_PATCH 0
 #define FLCE_VERSION_STRING "0.1.0"
 /* Bumped when a struct gains a field; struct_size tells the library which fields a caller has. */
-#define FLCE_API_VERSION 3
+#define FLCE_API_VERSION 4
 
 #if defined(_WIN32)
 #define FLCE_API
@@ -552,7 +552,24 @@ FLCE_API flce_status flce_distill_loss_and_grad(flce_context *ctx, const flce_di
  * lse corrected with them). Order: larger logit first, equal logits by
  * lower index (a NaN logit ranks above +inf, as torch.topk; that row's log-probs and lse are NaN).
  * For prompt log-probs in inference engines and a teacher's top-k in distillation. Forward only: no
- * gradients. */
+ * gradients.
+ * Under tensor (vocab) parallelism each of tp_size ranks holds the weight rows [vocab_offset,
+ * vocab_offset + vocab) of a vocab of vocab_total ids; the shards, in rank order, must tile
+ * [0, vocab_total), and k must be at most every shard's vocab. Each rank's k candidates and its
+ * shard's lse go into a block of flce_topk_stats_bytes = 4·(8 + N·(2 + 2k)) bytes; the tp_size blocks
+ * are all-gathered and every rank merges them the same way (lse = log Σ_r exp(lse_r) in fp64, the k
+ * largest of the tp_size·k candidates, equal logits by lower global id), so all ranks write the same
+ * outputs, bit for bit, with global ids. The candidates' logits travel in fp32 (the single-GPU call
+ * subtracts the lse in fp64): a log-prob may differ from it in the last bits.
+ *  - With tensors.comm (an ncclComm_t whose rank tp_rank is this caller), flce_topk_logprobs issues
+ *    that one all-gather itself, on `stream`, in its workspace.
+ *  - Without it, the split phase around the caller's own all-gather (torch.distributed, ...):
+ *        flce_topk_stats(..., block)           block: flce_topk_stats_bytes on the device
+ *        all-gather block of every rank, rank order → gathered (tp_size blocks)
+ *        flce_topk_finish(..., gathered)       writes indices, logprobs and lse
+ *  - Ranks whose shards overlap, leave gaps, or disagree on vocab_total or tokens are detected in the
+ *    merge: the next call (or flce_check) returns FLCE_ERR_INVALID_ARGUMENT naming it, as the CE
+ *    call's tensor parallelism does. */
 typedef struct flce_topk_problem {
     uint32_t struct_size;   /* sizeof(flce_topk_problem) as the caller compiled it */
     uint32_t api_version;   /* FLCE_API_VERSION as the caller compiled it */
@@ -565,6 +582,12 @@ typedef struct flce_topk_problem {
     uint64_t memory_budget; /* bytes for one token chunk's fp32 logits (4 per logit), which sets
                                the chunk size; 0 = 1 GiB; less than one token's row is
                                FLCE_ERR_INVALID_ARGUMENT. flce_topk_workspace_size says the total */
+    /* --- API version 4: tensor (vocab) parallelism; older callers get the defaults --- */
+    int64_t vocab_offset;   /* tensor parallelism: the global id of this shard's row 0 (default 0) */
+    int64_t vocab_total;    /* the whole vocab; 0 = vocab_offset + vocab. With tp_size > 1 at most
+                               INT32_MAX (the all-gathered blocks carry int32 ids) */
+    int32_t tp_rank;        /* this rank, 0 <= tp_rank < tp_size (default 0) */
+    int32_t tp_size;        /* ranks of the vocab-parallel group; 1 (default) = no TP */
 } flce_topk_problem;
 
 typedef struct flce_topk_tensors {
@@ -577,20 +600,37 @@ typedef struct flce_topk_tensors {
     void *workspace;      /* caller-owned scratch of flce_topk_workspace_size bytes, or NULL to let
                              the context allocate and keep one */
     uint64_t workspace_bytes;
+    /* --- API version 4: tensor parallelism; older callers get NULL --- */
+    void *comm;           /* ncclComm_t of the tensor-parallel group (tp_size > 1) whose rank tp_rank
+                             is this caller, or NULL: flce_topk_logprobs then needs tp_size 1 (use
+                             the split phase, flce_topk_stats and flce_topk_finish) */
 } flce_topk_tensors;
 
 FLCE_API void flce_topk_problem_init(flce_topk_problem *problem);
 FLCE_API void flce_topk_tensors_init(flce_topk_tensors *tensors);
 /* Checks a top-k problem without touching a GPU; the message names the argument. */
 FLCE_API flce_status flce_topk_problem_validate(const flce_topk_problem *problem);
-/* Bytes of workspace flce_topk_logprobs needs for this problem. */
+/* Bytes of workspace flce_topk_logprobs needs for this problem (with tp_size > 1: this rank's block
+ * and the gathered blocks too); flce_topk_stats needs at most this, flce_topk_finish none. */
 FLCE_API flce_status flce_topk_workspace_size(flce_context *ctx, const flce_topk_problem *problem, uint64_t *bytes);
 /* Compiles (or loads from the disk cache) the kernels flce_topk_logprobs will run for this problem,
  * whatever the context's compile_in_call says. */
 FLCE_API flce_status flce_topk_prepare(flce_context *ctx, const flce_topk_problem *problem);
-/* Each token's k largest logits' ids and log-probabilities (and lse), enqueued on `stream`. */
+/* Each token's k largest logits' ids and log-probabilities (and lse), enqueued on `stream`; with
+ * tp_size > 1 it needs tensors.comm (ids are then global: vocab_offset added). */
 FLCE_API flce_status flce_topk_logprobs(flce_context *ctx, const flce_topk_problem *problem,
                                         const flce_topk_tensors *t, void *stream);
+/* The split phase of the vocab-parallel top-k (see above). flce_topk_stats_bytes: bytes of one rank's
+ * block, 4·(8 + tokens·(2 + 2k)), the same on every rank. flce_topk_stats: this rank's block (16-byte
+ * aligned device memory the caller owns) from tensors.hidden and .weight; the outputs are not
+ * touched. flce_topk_finish: tensors.indices, .logprobs (and .lse) from `gathered`, the tp_size
+ * blocks in rank order (hidden and weight are not read); the same problem on every rank but
+ * tp_rank, vocab_offset and vocab. Both enqueued on `stream`. */
+FLCE_API flce_status flce_topk_stats_bytes(const flce_topk_problem *problem, uint64_t *bytes);
+FLCE_API flce_status flce_topk_stats(flce_context *ctx, const flce_topk_problem *problem,
+                                     const flce_topk_tensors *t, void *block, void *stream);
+FLCE_API flce_status flce_topk_finish(flce_context *ctx, const flce_topk_problem *problem,
+                                      const flce_topk_tensors *t, const void *gathered, void *stream);
 
 #ifdef __cplusplus
 }

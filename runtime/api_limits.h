@@ -1,6 +1,7 @@
-/* api_limits.h — the largest problem sizes the public calls accept (the CE call in api.c and the
- * distillation call in distill_api.c): bounds that keep every workspace size and pointer offset far
- * from 64-bit overflow. One place, so the two calls cannot drift apart. */
+/* api_limits.h — the largest problem sizes the public calls accept (the CE call in api.c, the
+ * distillation call in distill_api.c and the top-k call in topk_api.c): bounds that keep every
+ * workspace size and pointer offset far from 64-bit overflow. One place, so the calls cannot drift
+ * apart. */
 #ifndef FLCE_API_LIMITS_H
 #define FLCE_API_LIMITS_H
 

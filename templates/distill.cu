@@ -791,6 +791,11 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_reduc
 // key, one pass in index order takes the keys above it and the lowest-indexed equal ones). Then the
 // k logits again in fp64 from the inputs (topk_row_out). A NaN logit (positive) ranks above +inf, as
 // torch.topk puts NaN first; the row's lse is then NaN.
+// Under tensor (vocab) parallelism (p.block set) the row kernel writes, instead of the outputs, this
+// rank's block: the CE path's header of FLCE_TP_HEADER words (params.h: int64 vocab_offset, shard
+// vocab, vocab_total, tokens), then per token topk_record_words(k) words: the shard's corrected lse
+// (fp32), 0, the k logits (fp32 of the fp64 ones) and their int32 global ids, ordered by (logit
+// descending, lower id first), the order flce_topk_merge reads them in.
 constexpr int TOPK_MAX = 64;
 
 struct flce_topk_params {
@@ -803,8 +808,27 @@ struct flce_topk_params {
     int splits, k;
     const void *hidden, *weight;   // the inputs (tokens × dim, vocab × dim, the dtype): the k logits again
     long long dim;
-    float inv_temp;
+    float temperature;             // T: the k logits are (h·w) / T in fp64
+    // tensor parallelism
+    float *block;                  // flce_topk_row: this rank's block instead of the outputs; else NULL
+    const float *gathered;         // flce_topk_merge: tp_size blocks in rank order
+    int *flag;                     // the context's flags: [1] gathers FLCE_FLAG_TP_* (params.h)
+    long long vocab_offset, vocab_total, tokens;
+    int tp_size;
 };
+
+// Words of one token's record in a block, and of a whole block.
+__device__ __forceinline__ long long topk_record_words(int k) { return 2 + 2 * (long long)k; }
+__device__ __forceinline__ long long topk_block_words(const flce_topk_params &p)
+{
+    return FLCE_TP_HEADER + p.tokens * topk_record_words(p.k);
+}
+
+// Where token i's record starts in a block (words): [0] lse, [1] 0, [2, 2 + k) logits, k int32 ids.
+__device__ __forceinline__ long long topk_record_at(const flce_topk_params &p, long long i)
+{
+    return FLCE_TP_HEADER + i * topk_record_words(p.k);
+}
 
 
 // Larger float, larger key: the sign bit set for ≥ +0 (and +NaN), every bit flipped below.
@@ -855,6 +879,28 @@ __device__ __forceinline__ float topk_in(const void *base, long long at)
     else return topk_widen(((const unsigned short *)base)[at]);
 }
 
+// Candidate m ranks before candidate t: the larger key; on equal keys the larger fp64 logit (by_fp64:
+// the outputs; a block carries fp32 logits, which the merge orders by id alone), then the lower id.
+// A NaN fp64 logit compares neither way, so equal keys fall through to the ids.
+__device__ __forceinline__ bool topk_before(unsigned km, double xm, long long im, unsigned kt, double xt,
+                                            long long it, bool by_fp64)
+{
+    if (km != kt) return km > kt;
+    if (by_fp64 && (xm > xt || xm < xt)) return xm > xt;
+    return im < it;
+}
+
+// Under TP, by thread 0: token i's record's lse and pad word, and (token 0) the block's header.
+__device__ __forceinline__ void topk_block_row(const flce_topk_params &p, long long i, float lse)
+{
+    if (i == 0) {
+        long long *hdr = (long long *)p.block;
+        hdr[0] = p.vocab_offset, hdr[1] = p.vocab, hdr[2] = p.vocab_total, hdr[3] = p.tokens;
+    }
+    float *rec = p.block + topk_record_at(p, i);
+    rec[0] = lse, rec[1] = 0.f;
+}
+
 // The row's k taken (ids and the logits pass's z/T, in rank order) made exact and written: each
 // logit again from the inputs in fp64 (products of 16-bit or fp32 values are exact in it; the logits
 // pass's fp32 sum over D errs by ~1e-5 at D = 4096, which a log-prob carries whole), the row's lse
@@ -888,7 +934,7 @@ __device__ void topk_row_out(const flce_topk_params &p, long long i, const long 
         for (long long l = l0 + lane; l < p.dim; l += 32)
             acc = fma((double)topk_in(p.hidden, i * p.dim + l), (double)topk_in(p.weight, id * p.dim + l), acc);
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (lane == 0) ex[u] = isfinite(sel_z[u]) ? acc * (double)p.inv_temp : (double)sel_z[u];
+        if (lane == 0) ex[u] = isfinite(sel_z[u]) ? acc / (double)p.temperature : (double)sel_z[u];
     }
     __syncthreads();
     if (t == 0) {
@@ -896,19 +942,25 @@ __device__ void topk_row_out(const flce_topk_params &p, long long i, const long 
         for (int u = 0; u < p.k; u++)
             if (isfinite(sel_z[u])) s += exp(ex[u] - (double)lse) - exp((double)sel_z[u] - (double)lse);
         lse_x = (double)lse + log(s);
-        if (p.lse) p.lse[i] = (float)lse_x;
+        if (p.block) topk_block_row(p, i, (float)lse_x);
+        else if (p.lse) p.lse[i] = (float)lse_x;
     }
     __syncthreads();
     if (t < p.k) {
+        const bool by_fp64 = p.block == nullptr;
         const unsigned key = topk_key((float)ex[t]);
         const long long idx = sel_idx[t];
         int rank = 0;
-        for (int m = 0; m < p.k; m++) {
-            const unsigned km = topk_key((float)ex[m]);
-            rank += km > key || (km == key && (ex[m] > ex[t] || (!(ex[m] < ex[t]) && sel_idx[m] < idx)));
+        for (int m = 0; m < p.k; m++)
+            rank += topk_before(topk_key((float)ex[m]), ex[m], sel_idx[m], key, ex[t], idx, by_fp64);
+        if (p.block) {
+            float *rec = p.block + topk_record_at(p, i);
+            rec[2 + rank] = (float)ex[t];
+            ((int *)rec)[2 + p.k + rank] = (int)(idx + p.vocab_offset);
+        } else {
+            p.indices[i * p.k + rank] = idx;
+            p.logprobs[i * p.k + rank] = (float)(ex[t] - lse_x);
         }
-        p.indices[i * p.k + rank] = idx;
-        p.logprobs[i * p.k + rank] = (float)(ex[t] - lse_x);
     }
 }
 
@@ -999,8 +1051,10 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_topk_row(cons
     for (long long j = 4 * (long long)t; j < v; j += 4 * DISTILL_THREADS) {
         const float4 q = *(const float4 *)(z + j);
         const float e[4] = {q.x, q.y, q.z, q.w};
-        for (int u = 0; u < 4; u++)
-            if (j + u < v && topk_key(e[u]) > mx) mx = topk_key(e[u]);
+        for (int u = 0; u < 4; u++) {
+            const unsigned key = topk_key(e[u]);
+            if (j + u < v && key > mx) mx = key;
+        }
     }
     tmax[t] = mx;
     if (t == 0) count = 0u;
@@ -1038,4 +1092,93 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_topk_row(cons
         __syncthreads();
     }
     topk_row_out(p, i, sel_idx, sel_z, lse);
+}
+
+// ---- the vocab-parallel merge (flce_topk_finish; flce_topk_logprobs with tensors.comm) -------------
+// One CTA per token over the tp_size blocks in rank order, which are the same bytes on every rank, so
+// every rank writes the same outputs, bit for bit:
+//   lse = log Σ_r exp(lse_r)                  in fp64 (NaN when one is; ±inf when the largest is)
+//   the k largest of the tp_size·k candidates by (logit descending, lower global id first)
+//   log p = logit − lse                       in fp64, rounded once
+// Each rank's list is in that order already (topk_row_out), so a candidate's place is its place in
+// its own list plus, in every other list, the count that come before it (a binary search). Equal
+// (logit, id) in two lists — only when shards overlap, which the header check reports — go by rank
+// order, so the k places always hold k different candidates.
+
+// Checks that the headers describe one vocab cut into consecutive shards in rank order, with this
+// rank's vocab_total and token count (the CE path's tp_check_headers, rowops.cu); raises flag[1]'s
+// FLCE_FLAG_TP_* bits otherwise. One thread, tp_size reads.
+__device__ void topk_check_headers(const flce_topk_params &p)
+{
+    const long long words = topk_block_words(p);
+    const long long *h0 = (const long long *)p.gathered;
+    long long next = 0;
+    int bad = 0;
+    for (int r = 0; r < p.tp_size; r++) {
+        const long long *h = (const long long *)(p.gathered + r * words);
+        if (h[0] != next) bad |= FLCE_FLAG_TP_SHARDS;
+        if (h[2] != h0[2] || h[2] != p.vocab_total) bad |= FLCE_FLAG_TP_TOTAL;
+        if (h[3] != h0[3] || h[3] != p.tokens) bad |= FLCE_FLAG_TP_TOKENS;
+        next = h[0] + h[1];
+    }
+    if (next != h0[2]) bad |= FLCE_FLAG_TP_SHARDS;
+    if (bad && p.flag) ((volatile int *)p.flag)[1] |= bad;
+}
+
+// How many of a list's k candidates come before (key, id) of another list: those with a larger key,
+// an equal key and a lower id, or an equal (key, id) when the list's rank is lower (list_first).
+__device__ __forceinline__ int topk_count_before(const float *rec, int k, unsigned key, int id, bool list_first)
+{
+    const float *logit = rec + 2;
+    const int *ids = (const int *)rec + 2 + k;
+    int lo = 0, hi = k; // the list is ordered: those before form a prefix
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        const unsigned km = topk_key(logit[mid]);
+        const bool before = km > key || (km == key && (ids[mid] < id || (ids[mid] == id && list_first)));
+        if (before) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_topk_merge(const flce_topk_params p)
+{
+    __shared__ double lse_s;
+    const long long i = p.row0 + blockIdx.x, words = topk_block_words(p), at = topk_record_at(p, i);
+    const int t = (int)threadIdx.x, k = p.k;
+    if (blockIdx.x == 0 && t == 0) topk_check_headers(p);
+    if (t == 0) { // in rank order, one thread: the same bits on every rank
+        double m = (double)DISTILL_NEG_INF, nan = 0.0;
+        bool has_nan = false;
+        for (int r = 0; r < p.tp_size; r++) {
+            const double x = (double)p.gathered[r * words + at];
+            if (x != x) has_nan = true, nan = x;
+            else if (x > m) m = x;
+        }
+        double l = has_nan ? nan : m;
+        if (!has_nan && isfinite(m)) {
+            double s = 0.0;
+            for (int r = 0; r < p.tp_size; r++) s += exp((double)p.gathered[r * words + at] - m);
+            l = m + log(s);
+        }
+        lse_s = l;
+        if (p.lse) p.lse[i] = (float)l;
+    }
+    __syncthreads();
+    const double lse = lse_s;
+    for (int c = t; c < p.tp_size * k; c += DISTILL_THREADS) {
+        const int r = c / k, u = c % k;
+        const float *rec = p.gathered + r * words + at;
+        const float x = rec[2 + u];
+        const int id = ((const int *)rec)[2 + k + u];
+        const unsigned key = topk_key(x);
+        int place = u;
+        for (int q = 0; q < p.tp_size && place < k; q++)
+            if (q != r) place += topk_count_before(p.gathered + q * words + at, k, key, id, q < r);
+        if (place < k) {
+            p.indices[i * k + place] = id;
+            p.logprobs[i * k + place] = (float)((double)x - lse);
+        }
+    }
 }

@@ -51,7 +51,7 @@ FLCE_OP_FORWARD = 0
 FLCE_OP_LOSS_AND_GRAD = 1
 FLCE_OP_BACKWARD = 2
 
-FLCE_API_VERSION = 3
+FLCE_API_VERSION = 4
 
 # C enums are `int` on every ABI flce supports.
 _enum = ctypes.c_int
