@@ -321,22 +321,23 @@ static void topk_bad_arguments_are_named(void)
     flce_topk_tensors_init(&t);
     t.hidden = ADDR(1), t.weight = ADDR(2), t.indices = (int64_t *)ADDR(3), t.logprobs = (float *)ADDR(4);
     flce_topk_problem q;
+    flce_topk_tensors tq;
     topk_plan pl;
-    CHECKF(topk_check(&p, &t, &H100, &q, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECKF(topk_check(&p, &t, TOPK_ALL, NULL, &H100, &q, &tq, &pl) == FLCE_OK, "%s", flce_last_error());
     flce_topk_tensors u = t;
     u.indices = NULL;
-    CHECK(topk_check(&p, &u, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.indices: NULL (required)"));
+    CHECK(topk_check(&p, &u, TOPK_ALL, NULL, &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.indices: NULL (required)"));
     u = t, u.logprobs = NULL;
-    CHECK(topk_check(&p, &u, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.logprobs: NULL"));
+    CHECK(topk_check(&p, &u, TOPK_ALL, NULL, &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.logprobs: NULL"));
     u = t, u.weight = (const void *)((uintptr_t)ADDR(2) + 8);
-    CHECK(topk_check(&p, &u, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.weight=") &&
+    CHECK(topk_check(&p, &u, TOPK_ALL, NULL, &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.weight=") &&
           says("16-byte aligned"));
     u = t, u.indices = (int64_t *)((uintptr_t)ADDR(3) + 4);
-    CHECK(topk_check(&p, &u, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.indices=") &&
+    CHECK(topk_check(&p, &u, TOPK_ALL, NULL, &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.indices=") &&
           says("8-byte aligned"));
     u = t, u.workspace = ADDR(9), u.workspace_bytes = 64;
-    CHECK(topk_check(&p, &u, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.workspace_bytes=64"));
-    CHECK(topk_check(&p, NULL, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors: NULL"));
+    CHECK(topk_check(&p, &u, TOPK_ALL, NULL, &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors.workspace_bytes=64"));
+    CHECK(topk_check(&p, NULL, TOPK_ALL, NULL, &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("tensors: NULL"));
     uint64_t bytes;
     CHECK(flce_topk_workspace_size(NULL, &p, &bytes) == FLCE_ERR_INVALID_ARGUMENT && says("ctx: NULL"));
     CHECK(flce_topk_logprobs(NULL, &p, &t, NULL) == FLCE_ERR_INVALID_ARGUMENT && says("ctx: NULL"));
@@ -363,6 +364,148 @@ static void topk_chunks_follow_the_budget(void)
     char *src = NULL;
     CHECKF(emit_source(&s, &src) == FLCE_OK && src && strstr(src, "flce_topk_row"), "%s", flce_last_error());
     free(src);
+}
+
+/* Tensor parallelism's fields (runtime/topk_api.c check_tp): each bad one named with its value. */
+static void topk_tp_fields_are_named(void)
+{
+    flce_topk_problem p;
+    memset(&p, 0x5a, sizeof p);
+    flce_topk_problem_init(&p);
+    CHECK(p.tp_size == 1 && p.tp_rank == 0 && p.vocab_offset == 0 && p.vocab_total == 0);
+    CHECK(p.api_version == FLCE_API_VERSION && FLCE_API_VERSION >= 4);
+    /* the layout python/flce/_distill_lib.py mirrors (LP64) */
+    CHECK(offsetof(flce_topk_problem, memory_budget) == 48 && offsetof(flce_topk_problem, vocab_offset) == 56 &&
+          offsetof(flce_topk_problem, tp_rank) == 72 && offsetof(flce_topk_problem, tp_size) == 76 &&
+          sizeof(flce_topk_problem) == 80);
+    CHECK(offsetof(flce_topk_tensors, workspace_bytes) == 56 && offsetof(flce_topk_tensors, comm) == 64 &&
+          sizeof(flce_topk_tensors) == 72);
+    struct {
+        const char *name;
+        flce_status st;
+        int32_t rank, size;
+        int64_t offset, total, vocab;
+        int k;
+    } cases[] = {
+        {"problem.tp_rank=2, tp_size=2", FLCE_ERR_INVALID_ARGUMENT, 2, 2, 0, 64000, 32000, 8},
+        {"problem.tp_rank=-1, tp_size=2", FLCE_ERR_INVALID_ARGUMENT, -1, 2, 0, 64000, 32000, 8},
+        {"problem.tp_rank=0, tp_size=0", FLCE_ERR_INVALID_ARGUMENT, 0, 0, 0, 64000, 32000, 8},
+        {"problem.tp_size=4097: at most 4096", FLCE_ERR_UNSUPPORTED, 0, 4097, 0, 64000, 32000, 8},
+        {"problem.vocab_offset=-5", FLCE_ERR_INVALID_ARGUMENT, 1, 2, -5, 64000, 32000, 8},
+        {"problem.vocab_offset + vocab = 40000 + 32000 exceeds vocab_total=64000", FLCE_ERR_INVALID_ARGUMENT, 1, 2,
+         40000, 64000, 32000, 8},
+        {"problem.vocab_offset=32000, vocab_total=64000: with tp_size=1", FLCE_ERR_INVALID_ARGUMENT, 0, 1, 32000,
+         64000, 32000, 8},
+        {"problem.vocab_offset=0, vocab_total=64000: with tp_size=1", FLCE_ERR_INVALID_ARGUMENT, 0, 1, 0, 64000,
+         32000, 8},
+        {"problem.vocab_total=4294967296: at most 2147483647", FLCE_ERR_UNSUPPORTED, 1, 2, 4294967296ll - 32000,
+         4294967296ll, 32000, 8},
+        {"problem.k=20: must be in [1, 64] and at most problem.vocab=10 (this rank's shard", FLCE_ERR_INVALID_ARGUMENT,
+         1, 2, 32000, 32010, 10, 20},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        p = topk_good();
+        p.tp_rank = cases[i].rank, p.tp_size = cases[i].size, p.vocab_offset = cases[i].offset;
+        p.vocab_total = cases[i].total, p.vocab = cases[i].vocab, p.k = cases[i].k;
+        flce_status st = flce_topk_problem_validate(&p);
+        CHECKF(st == cases[i].st && says(cases[i].name), "%s: %s '%s'", cases[i].name, flce_status_name(st),
+               flce_last_error());
+    }
+    /* good ones: the last shard of two; vocab_total 0 = vocab_offset + vocab; k equal to the shard */
+    p = topk_good();
+    p.tp_rank = 1, p.tp_size = 2, p.vocab_offset = 32000, p.vocab_total = 64000;
+    CHECKF(flce_topk_problem_validate(&p) == FLCE_OK, "%s", flce_last_error());
+    p.vocab_total = 0;
+    CHECKF(flce_topk_problem_validate(&p) == FLCE_OK, "%s", flce_last_error());
+    p.vocab = 64, p.k = 64, p.vocab_total = 32064;
+    CHECKF(flce_topk_problem_validate(&p) == FLCE_OK, "%s", flce_last_error());
+    /* a caller of the first layout (no TP fields): struct_size up to memory_budget works, with the
+     * defaults; the bytes past it are never read */
+    p = topk_good();
+    p.tp_size = 0, p.vocab_offset = -1; /* garbage the old size excludes */
+    p.struct_size = offsetof(flce_topk_problem, memory_budget) + sizeof p.memory_budget;
+    CHECKF(flce_topk_problem_validate(&p) == FLCE_OK, "old problem size: %s", flce_last_error());
+    p.struct_size = offsetof(flce_topk_problem, memory_budget);
+    CHECK(flce_topk_problem_validate(&p) == FLCE_ERR_INVALID_ARGUMENT && says("problem.struct_size="));
+    p.struct_size = sizeof p + 8;
+    CHECK(flce_topk_problem_validate(&p) == FLCE_ERR_UNSUPPORTED && says("problem.struct_size="));
+}
+
+/* The split phase's checks and sizes: each half needs only its own tensors and its buffer, the
+ * whole call under TP needs the communicator, the block is 4·(8 + N·(2 + 2k)) bytes. */
+static void topk_split_phase_checks_and_sizes(void)
+{
+    flce_topk_problem p = topk_good(), q;
+    p.tp_rank = 1, p.tp_size = 3, p.vocab_offset = 32000, p.vocab_total = 100000;
+    uint64_t bytes = 0;
+    CHECKF(flce_topk_stats_bytes(&p, &bytes) == FLCE_OK, "%s", flce_last_error());
+    CHECK(bytes == 4ull * (8 + 1000ull * (2 + 2 * 8)));
+    p.k = 64, p.tokens = 8192;
+    CHECK(flce_topk_stats_bytes(&p, &bytes) == FLCE_OK && bytes == 4ull * (8 + 8192ull * 130)); /* 8.4 MB */
+    p.tokens = 1;
+    CHECK(flce_topk_stats_bytes(&p, &bytes) == FLCE_OK && bytes == 4ull * (8 + 130));
+    CHECK(flce_topk_stats_bytes(&p, NULL) == FLCE_ERR_INVALID_ARGUMENT && says("bytes: NULL"));
+    CHECK(flce_topk_stats_bytes(NULL, &bytes) == FLCE_ERR_INVALID_ARGUMENT && says("problem: NULL"));
+    p.tp_rank = 3;
+    CHECK(flce_topk_stats_bytes(&p, &bytes) == FLCE_ERR_INVALID_ARGUMENT && says("problem.tp_rank=3"));
+    p = topk_good();
+    p.tp_rank = 1, p.tp_size = 3, p.vocab_offset = 32000, p.vocab_total = 100000;
+    /* the plan: this rank's block and the three gathered ones after the logits pass's part */
+    topk_plan pl;
+    CHECKF(topk_plan_make(&p, &H100, &pl) == FLCE_OK, "%s", flce_last_error());
+    const uint64_t blk = 4ull * (8 + 1000ull * 18);
+    CHECK(pl.block_bytes == blk && pl.block_offset >= pl.stats_bytes && pl.gathered_offset >= pl.block_offset + blk);
+    CHECK(pl.workspace_bytes >= pl.gathered_offset + 3 * blk && pl.block_offset % 256 == 0 &&
+          pl.gathered_offset % 256 == 0);
+    CHECK(topk_part_workspace(&pl, TOPK_STATS) == pl.stats_bytes && topk_part_workspace(&pl, TOPK_FINISH) == 0);
+    flce_topk_problem one = topk_good();
+    topk_plan pl1;
+    CHECK(topk_plan_make(&one, &H100, &pl1) == FLCE_OK && pl1.workspace_bytes == pl1.stats_bytes);
+    /* the whole call under TP: comm required, naming the split phase */
+    flce_topk_tensors t, tq;
+    flce_topk_tensors_init(&t);
+    t.hidden = ADDR(1), t.weight = ADDR(2), t.indices = (int64_t *)ADDR(3), t.logprobs = (float *)ADDR(4);
+    CHECK(topk_check(&p, &t, TOPK_ALL, NULL, &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT &&
+          says("tensors.comm: NULL with tp_size=3") && says("flce_topk_stats") && says("flce_topk_finish"));
+    t.comm = ADDR(20);
+    CHECKF(topk_check(&p, &t, TOPK_ALL, NULL, &H100, &q, &tq, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(topk_check(&one, &t, TOPK_ALL, NULL, &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT &&
+          says("tensors.comm: given, but problem.tp_size is 1"));
+    t.comm = NULL;
+    /* the stats half: no outputs needed, the block required and aligned; its workspace is the
+     * logits pass's only */
+    flce_topk_tensors u = t;
+    u.indices = NULL, u.logprobs = NULL;
+    CHECKF(topk_check(&p, &u, TOPK_STATS, ADDR(30), &H100, &q, &tq, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(topk_check(&p, &u, TOPK_STATS, NULL, &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT &&
+          says("block: NULL") && says("flce_topk_stats_bytes"));
+    CHECK(topk_check(&p, &u, TOPK_STATS, (char *)ADDR(30) + 8, &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT &&
+          says("block=") && says("16-byte aligned"));
+    u.hidden = NULL;
+    CHECK(topk_check(&p, &u, TOPK_STATS, ADDR(30), &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT &&
+          says("tensors.hidden: NULL"));
+    u = t, u.workspace = ADDR(40), u.workspace_bytes = pl.stats_bytes;
+    CHECKF(topk_check(&p, &u, TOPK_STATS, ADDR(30), &H100, &q, &tq, &pl) == FLCE_OK, "%s", flce_last_error());
+    u.comm = ADDR(20);
+    CHECK(topk_check(&p, &u, TOPK_ALL, NULL, &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT &&
+          says("tensors.workspace_bytes="));
+    /* the finish half: no inputs needed, the outputs and the gathered blocks required */
+    u = t, u.hidden = NULL, u.weight = NULL;
+    CHECKF(topk_check(&p, &u, TOPK_FINISH, ADDR(31), &H100, &q, &tq, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(topk_check(&p, &u, TOPK_FINISH, NULL, &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT &&
+          says("gathered: NULL"));
+    u.indices = NULL;
+    CHECK(topk_check(&p, &u, TOPK_FINISH, ADDR(31), &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT &&
+          says("tensors.indices: NULL"));
+    /* a caller of the first tensors layout (no comm) */
+    u = t, u.comm = ADDR(20); /* past the old size: never read */
+    u.struct_size = offsetof(flce_topk_tensors, workspace_bytes) + sizeof u.workspace_bytes;
+    CHECK(topk_check(&p, &u, TOPK_ALL, NULL, &H100, &q, &tq, &pl) == FLCE_ERR_INVALID_ARGUMENT &&
+          says("tensors.comm: NULL"));
+    CHECKF(topk_check(&one, &u, TOPK_ALL, NULL, &H100, &q, &tq, &pl) == FLCE_OK && tq.comm == NULL &&
+           tq.struct_size == sizeof tq, "%s", flce_last_error());
+    CHECK(flce_topk_stats(NULL, &p, &t, ADDR(30), NULL) == FLCE_ERR_INVALID_ARGUMENT && says("ctx: NULL"));
+    CHECK(flce_topk_finish(NULL, &p, &t, ADDR(31), NULL) == FLCE_ERR_INVALID_ARGUMENT && says("ctx: NULL"));
 }
 
 static void null_context_and_bytes_are_named(void)
@@ -564,7 +707,7 @@ static void distill_spec_emits_through_the_spec_path(void)
           !strcmp(names[2], "flce_distill_reduce") && !strcmp(names[3], "flce_topk_row") && !strcmp(names[4], "flce_distill_lse") &&
           !strcmp(names[5], "flce_distill_row_compact") && !strcmp(names[6], "flce_distill_row_topk") && !strcmp(names[7], "flce_distill_row_topk_compact") && !strcmp(names[8], "flce_distill_topk_sort") &&
           !strcmp(names[9], "flce_distill_tp_pack") && !strcmp(names[10], "flce_distill_tp_merge") &&
-          !strcmp(names[11], "flce_distill_tp_out") && !names[12]);
+          !strcmp(names[11], "flce_distill_tp_out") && !strcmp(names[12], "flce_topk_merge") && !names[13]);
     char line[256];
     spec_summary(&s, line, sizeof line);
     CHECKF(strstr(line, "distill f16 div=1") != NULL, "%s", line);
@@ -620,5 +763,7 @@ int main(void)
     RUN(row_kernels_compile_for_sm_80_and_sm_90a);
     RUN(topk_bad_arguments_are_named);
     RUN(topk_chunks_follow_the_budget);
+    RUN(topk_tp_fields_are_named);
+    RUN(topk_split_phase_checks_and_sizes);
     FINISH();
 }
