@@ -2,7 +2,8 @@
 # distill_emu.sh SOURCE_DIR [CXX] [CC] — templates/distill.cu's kernels run on the host through
 # tests/distill_emu/shim.h against testing/ref.c ref_distill in fp64 (tests/distill_emu/emu.cpp):
 # every divergence (JSD's ends too) with CE off/on, each reduction, T, labels NULL, one and several
-# token chunks, a NaN teacher row; and flce_topk_row against a sort. fp32 only (the 16-bit
+# token chunks, a NaN teacher row; and flce_topk_row against a sort, alone and under tensor
+# parallelism (each shard's block, then flce_topk_merge; the header checks). fp32 only (the 16-bit
 # conversions are PTX). Exit 77 without a C++ compiler. The GPU tests of the same calls are
 # test_distill_gpu and test_topk_gpu.
 src=$1; cxx=${2:-c++}; cc=${3:-cc}
@@ -19,7 +20,7 @@ one() {
       printf '#define FLCE_LABEL_BITS 32\n#define FLCE_REDUCTION %d\n' "$red"
       printf 'constexpr float DISTILL_BETA = %sf, INV_TEMP = 1.0f / %sf, CE_WEIGHT = %sf;\n' "$beta" "$T" "$ce"
       printf '#define DIVP %d\n#define BETAD %s\n#define NANROW %d\n' "$div" "$beta" "$nan"
-      cat "$src/templates/distill.cu"; } > "$dir/k.cu"
+      cat "$src/templates/params.h" "$src/templates/distill.cu"; } > "$dir/k.cu"
     runs=$((runs + 1))
     if ! "$cxx" -std=c++17 -O1 -w -I"$dir" -I"$src/tests/distill_emu" -I"$src/testing" -I"$src/include" \
          "$src/tests/distill_emu/emu.cpp" "$dir/ref.o" -o "$dir/emu" -lpthread -lm; then
@@ -52,5 +53,8 @@ one 1 0.4 1.0 0.0 1 2 1 5
 # flce_topk_row (the same module) against a sort of the same logits
 runs=$((runs + 1))
 if out=$("$dir/emu" topk); then echo "ok   topk: $(echo "$out" | tr '\n' ' ')"; else echo "FAIL topk: $out"; fails=$((fails + 1)); fi
+# … and under tensor parallelism: 5 shard layouts against the fp64 sort of the whole vocab, the headers
+runs=$((runs + 1))
+if out=$("$dir/emu" topktp); then echo "ok   topktp: $(echo "$out" | tr '\n' ' ')"; else echo "FAIL topktp: $out"; fails=$((fails + 1)); fi
 echo "$((runs - fails)) passed, $fails failed"
 [ "$fails" = 0 ]

@@ -55,82 +55,217 @@ static double rnd() { return (rand() / (double)RAND_MAX - 0.5) * 2; }
  * they stay the top k, and near ones change order there). Rows with ties (values on a coarse grid),
  * −inf, a NaN row, k from 1 to 64 and to the whole vocab; indices exact, log-probs and lse within
  * 1e-6 of fp64 (the stored logits' sums are fp32). */
-static int topk_case(long long v, int k, int splits)
+static const float TOPK_T = 1.5f;
+
+struct topk_data {
+    long long v, rows, row0, tokens, ld, d;
+    std::vector<float> z, h, w;                // z: rows × ld, the stored fp32 logits at T
+    std::vector<double> ze;                    // rows × v, the exact ones
+    std::vector<std::vector<long long>> order; // each row's ids by (fp64 logit desc, NaN first, lower id)
+};
+
+static topk_data topk_make(long long v, int k, long long rows, long long row0)
 {
-    const long long rows = 9, ld = (v + 7) / 8 * 8, row0 = 3, tokens = row0 + rows, d = 16;
-    const float inv_temp = 1.f / 1.5f;
-    std::vector<float> z(rows * ld, NAN), pm(rows * splits), ps(rows * splits), lse(tokens, -1.f), lp(tokens * k, -1.f);
-    std::vector<float> h(tokens * d), w(v * d);
-    std::vector<double> ze(rows * v);
-    std::vector<long long> idx(tokens * k, -1);
+    topk_data t;
+    t.v = v, t.rows = rows, t.row0 = row0, t.tokens = row0 + rows, t.ld = (v + 7) / 8 * 8, t.d = 16;
+    const long long d = t.d, ld = t.ld;
+    t.z.assign(rows * ld, NAN), t.h.resize(t.tokens * d), t.w.resize(v * d), t.ze.resize(rows * v), t.order.resize(rows);
     for (long long j = 0; j < v; j++) { // column 0 a coarse grid (the tie rows read it alone)
-        w[j * d] = (float)(rand() % 7) * 0.75f;
-        for (long long q = 1; q < d; q++) w[j * d + q] = (float)rnd();
+        t.w[j * d] = (float)(rand() % 7) * 0.75f;
+        for (long long q = 1; q < d; q++) t.w[j * d + q] = (float)rnd();
     }
     for (long long r = 0; r < rows; r++)
-        for (long long q = 0; q < d; q++) h[(row0 + r) * d + q] = r % 3 == 0 ? (q == 0) : q == 0 ? 0.f : (float)rnd() * 3;
+        for (long long q = 0; q < d; q++)
+            t.h[(row0 + r) * d + q] = r % 3 == 0 ? (q == 0) : q == 0 ? 0.f : (float)rnd() * 3;
     for (long long r = 0; r < rows; r++)
         for (long long j = 0; j < v; j++) {
             double a = 0;
-            for (long long q = 0; q < d; q++) a += (double)h[(row0 + r) * d + q] * w[j * d + q];
-            double x = a * inv_temp;
+            for (long long q = 0; q < d; q++) a += (double)t.h[(row0 + r) * d + q] * t.w[j * d + q];
+            double x = a / TOPK_T;
             if (r == 4 && j % 5 == 0) x = -INFINITY;
             if (r == 5 && j == v / 2) x = NAN;
-            ze[r * v + j] = x, z[r * ld + j] = (float)x;
+            t.ze[r * v + j] = x, t.z[r * ld + j] = (float)x;
         }
-    std::vector<std::vector<long long>> orders(rows);
     for (long long r = 0; r < rows; r++) {
-        std::vector<long long> &order = orders[r];
+        std::vector<long long> &order = t.order[r];
         order.resize(v);
         for (long long j = 0; j < v; j++) order[j] = j;
-        auto key = [&](long long j) { double x = ze[r * v + j]; return std::isnan(x) ? INFINITY : x; };
+        auto key = [&](long long j) { double x = t.ze[r * v + j]; return std::isnan(x) ? INFINITY : x; };
         std::stable_sort(order.begin(), order.end(), [&](long long a, long long b) {
-            const bool na = std::isnan(ze[r * v + a]), nb = std::isnan(ze[r * v + b]);
+            const bool na = std::isnan(t.ze[r * v + a]), nb = std::isnan(t.ze[r * v + b]);
             if (na != nb) return na;
             return key(a) > key(b);
         });
         if (r % 3 != 0) // the stored top k raised, as a pass's rounding might
             for (int q = 0; q < k; q++) {
-                float &x = z[r * ld + order[q]];
+                float &x = t.z[r * ld + order[q]];
                 if (std::isfinite(x)) x += (float)(fabs(rnd()) * 1e-4);
             }
     }
-    const long long per = (v + splits - 1) / splits;
-    for (long long r = 0; r < rows; r++)
-        for (int s = 0; s < splits; s++) { // as the logits epilogue (its sums in fp64 here: a GPU's tree sums err
-            float m = -INFINITY;           // by ~1e-7, a serial fp32 sum of thousands by more); fmaxf leaves NaN
-            double sum = 0;                // out, the sum keeps it
-            for (long long j = s * per; j < v && j < (s + 1) * per; j++) m = fmaxf(m, z[r * ld + j]);
-            for (long long j = s * per; j < v && j < (s + 1) * per; j++)
-                sum += z[r * ld + j] == -INFINITY ? 0.0 : exp((double)z[r * ld + j] - m);
+    return t;
+}
+
+/* Columns [c0, c0 + n) of the stored logits at row stride ldo (the padding NaN) and their per-split
+ * max and Σ exp as the logits epilogue forms them (the sums in fp64 here: a GPU's tree sums err by
+ * ~1e-7, a serial fp32 sum of thousands by more); fmaxf leaves NaN out, the sum keeps it. */
+static void topk_shard(const topk_data &t, long long c0, long long n, long long ldo, int splits, std::vector<float> &z,
+                       std::vector<float> &pm, std::vector<float> &ps)
+{
+    z.assign(t.rows * ldo, NAN), pm.resize(t.rows * splits), ps.resize(t.rows * splits);
+    for (long long r = 0; r < t.rows; r++)
+        for (long long j = 0; j < n; j++) z[r * ldo + j] = t.z[r * t.ld + c0 + j];
+    const long long per = (n + splits - 1) / splits;
+    for (long long r = 0; r < t.rows; r++)
+        for (int s = 0; s < splits; s++) {
+            float m = -INFINITY;
+            double sum = 0;
+            for (long long j = s * per; j < n && j < (s + 1) * per; j++) m = fmaxf(m, z[r * ldo + j]);
+            for (long long j = s * per; j < n && j < (s + 1) * per; j++)
+                sum += z[r * ldo + j] == -INFINITY ? 0.0 : exp((double)z[r * ldo + j] - m);
             pm[r * splits + s] = m, ps[r * splits + s] = (float)sum;
         }
-    flce_topk_params tp = {z.data(), pm.data(), ps.data(), idx.data(), lp.data(), lse.data(), row0, v, ld, splits, k,
-                           h.data(), w.data(), d, inv_temp};
-    run(flce_topk_row, rows, tp);
+}
+
+/* Token rows' outputs against the fp64 sort: indices exact, log-probs and lse within 1e-6. */
+static int topk_compare(const topk_data &t, int k, const long long *idx, const float *lp, const float *lse)
+{
     int bad = 0;
-    for (long long r = 0; r < rows; r++) {
-        const std::vector<long long> &order = orders[r];
+    const long long v = t.v;
+    for (long long r = 0; r < t.rows; r++) {
+        const std::vector<long long> &order = t.order[r];
         double m = -INFINITY, sum = 0; // the exact lse
-        for (long long j = 0; j < v; j++) m = fmax(m, ze[r * v + j]);
-        for (long long j = 0; j < v; j++) sum += exp(ze[r * v + j] - m);
+        for (long long j = 0; j < v; j++) m = fmax(m, t.ze[r * v + j]);
+        for (long long j = 0; j < v; j++) sum += exp(t.ze[r * v + j] - m);
         const double l = m + log(sum);
-        const long long i = row0 + r;
+        const long long i = t.row0 + r;
         for (int q = 0; q < k; q++) {
             const long long want = order[q];
             if (idx[i * k + q] != want) {
                 if (bad++ < 5) printf("row %lld rank %d: index %lld, want %lld\n", r, q, idx[i * k + q], want);
                 continue;
             }
-            const double e = ze[r * v + want] - l, got = lp[i * k + q];
+            const double e = t.ze[r * v + want] - l, got = lp[i * k + q];
             if (!(std::isnan(e) ? std::isnan(got) : got == e || fabs(got - e) <= 1e-6 * (1 + fabs(e))) && bad++ < 5)
                 printf("row %lld rank %d: log-prob %.9g, want %.9g\n", r, q, got, e);
         }
         if (!(std::isnan(l) ? std::isnan(lse[i]) : fabs(lse[i] - l) <= 1e-6 * (1 + fabs(l))) && bad++ < 5)
             printf("row %lld: lse %.9g, want %.9g\n", r, lse[i], l);
     }
+    return bad;
+}
+
+static int topk_case(long long v, int k, int splits)
+{
+    const long long rows = 9, row0 = 3;
+    topk_data t = topk_make(v, k, rows, row0);
+    std::vector<float> z, pm, ps, lse(t.tokens, -1.f), lp(t.tokens * k, -1.f);
+    std::vector<long long> idx(t.tokens * k, -1);
+    topk_shard(t, 0, v, t.ld, splits, z, pm, ps);
+    flce_topk_params tp = {z.data(), pm.data(), ps.data(), idx.data(), lp.data(), lse.data(), row0, v, t.ld, splits, k,
+                           t.h.data(), t.w.data(), t.d, TOPK_T};
+    run(flce_topk_row, rows, tp);
+    int bad = topk_compare(t, k, idx.data(), lp.data(), lse.data());
     for (long long i = 0; i < row0; i++) bad += lse[i] != -1.f || idx[i * k] != -1; // rows outside the chunk untouched
     printf("topk v=%lld k=%d splits=%d: %s\n", v, k, splits, bad ? "FAIL" : "ok");
+    return bad;
+}
+
+/* Tensor parallelism (argv[1] "topktp"): the vocab cut into shards, each rank's flce_topk_row over
+ * its columns (its weight rows, its vocab_offset) in two token chunks writing its block, the blocks
+ * concatenated in rank order (the all-gather), flce_topk_merge of them against the fp64 sort of the
+ * whole vocab (ids global), run twice (two ranks' merges): bitwise the same outputs, flag[1] clear.
+ * Then the headers altered (a gap, an overlap, another vocab_total, another token count): the merge
+ * raises the CE path's FLCE_FLAG_TP_* bits. */
+static int topk_merge_into(const topk_data &t, int k, const std::vector<float> &gathered, int tp, int *flag,
+                           std::vector<long long> &idx, std::vector<float> &lp, std::vector<float> &lse)
+{
+    idx.assign(t.tokens * k, -1), lp.assign(t.tokens * k, -1.f), lse.assign(t.tokens, -1.f);
+    flce_topk_params mp = {};
+    mp.indices = idx.data(), mp.logprobs = lp.data(), mp.lse = lse.data(), mp.k = k, mp.gathered = gathered.data();
+    mp.flag = flag, mp.vocab_total = t.v, mp.tokens = t.tokens, mp.tp_size = tp;
+    run(flce_topk_merge, t.tokens, mp);
+    return flag[1];
+}
+
+static int topk_tp_case(const char *name, long long v, int k, std::vector<long long> shards, int splits)
+{
+    const long long rows = 9, chunk = 5;
+    topk_data t = topk_make(v, k, rows, 0);
+    const int tp = (int)shards.size();
+    const long long words = FLCE_TP_HEADER + t.tokens * (2 + 2 * (long long)k);
+    std::vector<float> gathered(tp * words, NAN);
+    long long off = 0;
+    for (int r = 0; r < tp; r++) {
+        const long long n = shards[r], ldo = (n + 7) / 8 * 8;
+        std::vector<float> z, pm, ps;
+        topk_shard(t, off, n, ldo, splits, z, pm, ps);
+        flce_topk_params sp = {z.data(), pm.data(), ps.data(), nullptr, nullptr, nullptr, 0, n, ldo, splits, k,
+                               t.h.data(), t.w.data() + off * t.d, t.d, TOPK_T};
+        sp.block = gathered.data() + r * words, sp.vocab_offset = off, sp.vocab_total = v, sp.tokens = t.tokens;
+        sp.tp_size = tp;
+        for (long long c0 = 0; c0 < rows; c0 += chunk) { // token chunks: z, pm, ps are each chunk's rows
+            sp.row0 = c0, sp.z = z.data() + c0 * ldo, sp.part_m = pm.data() + c0 * splits, sp.part_s = ps.data() + c0 * splits;
+            run(flce_topk_row, std::min(chunk, rows - c0), sp);
+        }
+        off += n;
+    }
+    int flag[2] = {0, 0}, bad = 0;
+    std::vector<long long> idx, idx2;
+    std::vector<float> lp, lp2, lse, lse2;
+    bad += topk_merge_into(t, k, gathered, tp, flag, idx, lp, lse) != 0;
+    bad += topk_compare(t, k, idx.data(), lp.data(), lse.data());
+    topk_merge_into(t, k, gathered, tp, flag, idx2, lp2, lse2); // another rank's merge: the same bits
+    bad += idx != idx2 || memcmp(lp.data(), lp2.data(), lp.size() * 4) || memcmp(lse.data(), lse2.data(), lse.size() * 4);
+    printf("topk tp %s: v=%lld k=%d shards", name, v, k);
+    for (long long n : shards) printf(" %lld", n);
+    printf(": %s\n", bad ? "FAIL" : "ok");
+    return bad;
+}
+
+/* The merge's header checks on two ranks' blocks (their records unused): each altered header raises
+ * its bit, and the good ones none. */
+static int topk_tp_headers(void)
+{
+    const int k = 2, tp = 2;
+    const long long tokens = 3, v = 100, words = FLCE_TP_HEADER + tokens * (2 + 2 * k);
+    topk_data t;
+    t.v = v, t.tokens = tokens, t.rows = tokens, t.row0 = 0;
+    std::vector<float> good(tp * words, 0.f);
+    for (int r = 0; r < tp; r++) {
+        long long *h = (long long *)(good.data() + r * words);
+        h[0] = r * 40, h[1] = r == 0 ? 40 : 60, h[2] = v, h[3] = tokens;
+        for (long long i = 0; i < tokens; i++) // ordered candidates, distinct ids
+            for (int u = 0; u < k; u++) {
+                float *rec = good.data() + r * words + FLCE_TP_HEADER + i * (2 + 2 * k);
+                rec[2 + u] = (float)(10 - u - r), ((int *)rec)[2 + k + u] = (int)(h[0] + u);
+            }
+    }
+    struct alter {
+        const char *name;
+        int rank, field;
+        long long delta;
+        int want;
+    } cases[] = {
+        {"good", 0, 0, 0, 0},
+        {"a gap", 1, 0, 1, FLCE_FLAG_TP_SHARDS},
+        {"an overlap", 1, 0, -1, FLCE_FLAG_TP_SHARDS},
+        {"a short last shard", 1, 1, -1, FLCE_FLAG_TP_SHARDS},
+        {"another vocab_total", 1, 2, 5, FLCE_FLAG_TP_TOTAL},
+        {"another token count", 0, 3, 1, FLCE_FLAG_TP_TOKENS},
+    };
+    int bad = 0;
+    for (const alter &c : cases) {
+        std::vector<float> g = good;
+        ((long long *)(g.data() + c.rank * words))[c.field] += c.delta;
+        int flag[2] = {0, 0};
+        std::vector<long long> idx;
+        std::vector<float> lp, lse;
+        const int got = topk_merge_into(t, k, g, tp, flag, idx, lp, lse);
+        if (got != c.want) printf("headers, %s: flag[1] = %d, want %d\n", c.name, got, c.want), bad++;
+        if (!c.want) // the merged order: rank 0's 10, 9 then rank 1's 9 (id 40 > id 1)
+            bad += idx[0] != 0 || idx[1] != 1 || lse[0] != lse[0];
+    }
+    printf("topk tp headers (gap, overlap, short, vocab_total, tokens): %s\n", bad ? "FAIL" : "ok");
     return bad;
 }
 
@@ -252,6 +387,16 @@ int main(int argc, char **argv)
         bad += topk_case(40, 40, 4); // k = V: the whole row, ordered
         bad += topk_case(5000, 64, 7);
         bad += topk_case(20000, 64, 3); // the shared ranking on distinct rows, the radix on tie rows
+        return bad != 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "topktp")) {
+        int bad = 0;
+        bad += topk_tp_case("even", 1000, 64, {500, 500}, 2);
+        bad += topk_tp_case("uneven", 777, 17, {300, 477}, 1);
+        bad += topk_tp_case("k = a shard's vocab", 200, 40, {40, 160}, 3);
+        bad += topk_tp_case("radix in a shard (tie rows)", 20000, 64, {12000, 8000}, 3);
+        bad += topk_tp_case("3 ranks", 3001, 64, {1000, 900, 1101}, 2);
+        bad += topk_tp_headers();
         return bad != 0;
     }
     const long long n = 40, ds = 24, dt = 32, v = 150, chunk = atoi(argv[1]);
