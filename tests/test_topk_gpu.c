@@ -4,7 +4,11 @@
  * whose fp64 logit lies as close (the GPU's fp32 sums may order near-equal logits either way), no
  * index twice; equal logits (two identical weight rows) in index order. bf16, f16 and fp32, T ≠ 1,
  * k = 1, 64 and k = V, several token chunks (a small budget); flce_topk_prepare before a call on a
- * context that never compiles in a call. Exit 77 without a GPU. */
+ * context that never compiles in a call. Tensor parallelism on one GPU (each "rank" a slice of the
+ * weight with its vocab_offset): the split phase (flce_topk_stats, the blocks gathered through the
+ * host, flce_topk_finish) over 2 and 3 ranks against fp64 and the single call, twin rows across a cut
+ * in id order, every rank's outputs bitwise the same; the whole call without tensors.comm refused; a
+ * gap between shards reported by flce_check. Exit 77 without a GPU. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -49,35 +53,61 @@ static void sort_desc(int64_t *idx, int64_t v, const double *z)
     }
 }
 
-static void run_case(const tcase *c)
+/* The case's inputs on the host (fp64, rounded to the dtype), row twin + 1 a copy of row twin. */
+static void make_data(const tcase *c, double **h, double **w)
+{
+    const int64_t n = c->n, d = c->d, v = c->v;
+    *h = dalloc(n * d), *w = dalloc(v * d);
+    for (int64_t i = 0; i < n * d; i++) (*h)[i] = host_rng_normal(&rng);
+    for (int64_t i = 0; i < v * d; i++) (*w)[i] = 2.0 / sqrt((double)d) * host_rng_normal(&rng);
+    host_round_to_dtype(c->dtype, *h, (size_t)(n * d)), host_round_to_dtype(c->dtype, *w, (size_t)(v * d));
+    if (c->twin < 0) return;
+    /* the twins 4 times as large (exact in every dtype): their logits reach the top k often */
+    for (int64_t q = 0; q < d; q++) (*w)[c->twin * d + q] *= 4;
+    memcpy(*w + (c->twin + 1) * d, *w + c->twin * d, sizeof(double) * (size_t)d);
+}
+
+/* One call's outputs on the host. */
+typedef struct topk_out {
+    int64_t *idx;
+    float *lp, *lse;
+} topk_out;
+
+static topk_out out_alloc(int64_t n, int k)
+{
+    topk_out o = {malloc(sizeof(int64_t) * (size_t)(n * k)), malloc(sizeof(float) * (size_t)(n * k)),
+                  malloc(sizeof(float) * (size_t)n)};
+    return o;
+}
+
+static void out_free(topk_out o) { free(o.idx), free(o.lp), free(o.lse); }
+
+/* Outputs poisoned on the device, and after the call downloaded and freed. */
+static void outputs_poisoned(flce_topk_tensors *t, int64_t n, int k)
+{
+    t->indices = poisoned((size_t)(n * k) * 8), t->logprobs = poisoned((size_t)(n * k) * 4);
+    t->lse = poisoned((size_t)n * 4);
+}
+
+static void outputs_fetch(flce_topk_tensors *t, int64_t n, int k, topk_out o)
+{
+    devmem_download(o.idx, t->indices, (size_t)(n * k) * 8);
+    devmem_download(o.lp, t->logprobs, (size_t)(n * k) * 4);
+    devmem_download(o.lse, t->lse, (size_t)n * 4);
+    devmem_free(t->indices), devmem_free(t->logprobs), devmem_free(t->lse);
+    t->indices = NULL, t->logprobs = NULL, t->lse = NULL;
+}
+
+/* Outputs against the top-k of the fp64 logits; the count of wrong values, *worst the largest
+ * log-prob error. */
+static int check_fp64(const tcase *c, const double *h, const double *w, topk_out o, double *worst)
 {
     const int64_t n = c->n, d = c->d, v = c->v;
     const int k = c->k;
-    double *h = dalloc(n * d), *w = dalloc(v * d);
-    for (int64_t i = 0; i < n * d; i++) h[i] = host_rng_normal(&rng);
-    for (int64_t i = 0; i < v * d; i++) w[i] = 2.0 / sqrt((double)d) * host_rng_normal(&rng);
-    host_round_to_dtype(c->dtype, h, (size_t)(n * d)), host_round_to_dtype(c->dtype, w, (size_t)(v * d));
-    if (c->twin >= 0) memcpy(w + (c->twin + 1) * d, w + c->twin * d, sizeof(double) * (size_t)d);
-    flce_topk_problem p;
-    flce_topk_problem_init(&p);
-    p.tokens = n, p.hidden = d, p.vocab = v, p.dtype = c->dtype, p.k = k, p.temperature = c->temperature;
-    p.memory_budget = c->budget;
-    flce_topk_tensors t;
-    flce_topk_tensors_init(&t);
-    t.hidden = upload_dtype(c->dtype, h, n * d), t.weight = upload_dtype(c->dtype, w, v * d);
-    t.indices = poisoned((size_t)(n * k) * 8), t.logprobs = poisoned((size_t)(n * k) * 4), t.lse = poisoned((size_t)n * 4);
-    flce_status st = flce_topk_logprobs(ctx, &p, &t, NULL);
-    CHECKF(st == FLCE_OK, "%s: %s: %s", c->name, flce_status_name(st), flce_last_error());
-    CHECKF(flce_check(ctx, NULL) == FLCE_OK, "%s: check: %s", c->name, flce_last_error());
-    int64_t *gi = malloc(sizeof(int64_t) * (size_t)(n * k));
-    float *glp = malloc(sizeof(float) * (size_t)(n * k)), *glse = malloc(sizeof(float) * (size_t)n);
-    devmem_download(gi, t.indices, (size_t)(n * k) * 8);
-    devmem_download(glp, t.logprobs, (size_t)(n * k) * 4);
-    devmem_download(glse, t.lse, (size_t)n * 4);
     double *z = dalloc(v);
     int64_t *order = malloc(sizeof(int64_t) * (size_t)v);
     int bad = 0, twin_checked = 0;
-    double worst_lp = 0;
+    *worst = 0;
     for (int64_t i = 0; i < n; i++) {
         double m = -INFINITY, s = 0;
         for (int64_t j = 0; j < v; j++) {
@@ -89,33 +119,56 @@ static void run_case(const tcase *c)
         for (int64_t j = 0; j < v; j++) s += exp(z[j] - m);
         const double lse = m + log(s);
         sort_desc(order, v, z);
-        bad += !(fabs(glse[i] - lse) <= 1e-5 * (1 + fabs(lse)));
+        bad += !(fabs(o.lse[i] - lse) <= 1e-5 * (1 + fabs(lse)));
         for (int q = 0; q < k; q++) {
-            const int64_t got = gi[i * k + q], want = order[q];
+            const int64_t got = o.idx[i * k + q], want = order[q];
             const double tol = 1e-5 * (1 + fabs(z[want]));
             const int ok_idx = got >= 0 && got < v && (got == want || fabs(z[got] - z[want]) <= tol);
-            for (int r = 0; r < q; r++) bad += gi[i * k + r] == got; /* no index twice */
-            const double e = fabs(glp[i * k + q] - (z[want] - lse));
-            if (e > worst_lp) worst_lp = e;
+            for (int r = 0; r < q; r++) bad += o.idx[i * k + r] == got; /* no index twice */
+            const double e = fabs(o.lp[i * k + q] - (z[want] - lse));
+            if (e > *worst) *worst = e;
             if (!ok_idx || !(e <= 1e-5)) {
                 if (bad < 5)
                     printf("  %s token %lld rank %d: index %lld (z %.9g) want %lld (z %.9g), log-prob %.9g want %.9g\n",
                            c->name, (long long)i, q, (long long)got, got >= 0 && got < v ? z[got] : NAN,
-                           (long long)want, z[want], glp[i * k + q], z[want] - lse);
+                           (long long)want, z[want], o.lp[i * k + q], z[want] - lse);
                 bad++;
             }
             if (c->twin >= 0 && got == c->twin + 1) { /* its twin, equal logit and lower index, ranks just before */
                 twin_checked++;
-                bad += !(q > 0 && gi[i * k + q - 1] == c->twin);
+                bad += !(q > 0 && o.idx[i * k + q - 1] == c->twin);
             }
         }
     }
-    CHECKF(bad == 0, "%s: %d wrong (largest log-prob error %.2e)", c->name, bad, worst_lp);
-    if (c->twin >= 0) printf("  %s: the twin rows met %d times in the top-%d\n", c->name, twin_checked, k);
-    printf("  %s: largest log-prob error %.2e\n", c->name, worst_lp);
-    devmem_free((void *)t.hidden), devmem_free((void *)t.weight), devmem_free(t.indices), devmem_free(t.logprobs);
-    devmem_free(t.lse);
-    free(h), free(w), free(gi), free(glp), free(glse), free(z), free(order);
+    if (c->twin >= 0) printf("  %s: the twin rows met %d times in the top-%d\n", c->name, twin_checked, c->k);
+    free(z), free(order);
+    return bad;
+}
+
+static void run_case(const tcase *c)
+{
+    const int64_t n = c->n, d = c->d, v = c->v;
+    double *h, *w;
+    make_data(c, &h, &w);
+    flce_topk_problem p;
+    flce_topk_problem_init(&p);
+    p.tokens = n, p.hidden = d, p.vocab = v, p.dtype = c->dtype, p.k = c->k, p.temperature = c->temperature;
+    p.memory_budget = c->budget;
+    flce_topk_tensors t;
+    flce_topk_tensors_init(&t);
+    t.hidden = upload_dtype(c->dtype, h, n * d), t.weight = upload_dtype(c->dtype, w, v * d);
+    outputs_poisoned(&t, n, c->k);
+    flce_status st = flce_topk_logprobs(ctx, &p, &t, NULL);
+    CHECKF(st == FLCE_OK, "%s: %s: %s", c->name, flce_status_name(st), flce_last_error());
+    CHECKF(flce_check(ctx, NULL) == FLCE_OK, "%s: check: %s", c->name, flce_last_error());
+    topk_out o = out_alloc(n, c->k);
+    outputs_fetch(&t, n, c->k, o);
+    double worst;
+    const int bad = check_fp64(c, h, w, o, &worst);
+    CHECKF(bad == 0, "%s: %d wrong (largest log-prob error %.2e)", c->name, bad, worst);
+    printf("  %s: largest log-prob error %.2e\n", c->name, worst);
+    devmem_free((void *)t.hidden), devmem_free((void *)t.weight);
+    out_free(o), free(h), free(w);
 }
 
 static void topk_matches_fp64(void)
@@ -129,6 +182,155 @@ static void topk_matches_fp64(void)
         {"bf16 k=64 D=4096", 64, 4096, 4000, 64, FLCE_DTYPE_BF16, 1.0f, 0, -1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+}
+
+/* ---- tensor parallelism on one GPU: each "rank" a slice of the weight with its offset ------------ */
+
+/* Rank r's problem when the vocab is cut at cuts[0] = 0 < cuts[1] < ... < cuts[tp] = vocab_total. */
+static flce_topk_problem rank_problem(const flce_topk_problem *whole, const int64_t *cuts, int tp, int r)
+{
+    flce_topk_problem p = *whole;
+    p.vocab = cuts[r + 1] - cuts[r], p.vocab_offset = cuts[r], p.vocab_total = cuts[tp];
+    p.tp_rank = r, p.tp_size = tp;
+    return p;
+}
+
+/* The split phase: every rank's stats from its slice of the weight (starting at weight row
+ * rows[r]) into a block of its own (poisoned first), the blocks gathered through the host into one
+ * buffer in rank order (the all-gather), then every rank's finish into out[r]. */
+static void split_phase(const flce_topk_problem *ps, int tp, const void *d_hidden, const void *d_weight,
+                        const int64_t *rows, topk_out *out)
+{
+    const size_t es = host_dtype_size(ps[0].dtype);
+    uint64_t bytes = 0;
+    CHECKF(flce_topk_stats_bytes(&ps[0], &bytes) == FLCE_OK, "%s", flce_last_error());
+    char *host = malloc((size_t)bytes * (size_t)tp);
+    for (int r = 0; r < tp; r++) {
+        flce_topk_tensors t;
+        flce_topk_tensors_init(&t);
+        t.hidden = d_hidden, t.weight = (const char *)d_weight + (size_t)rows[r] * (size_t)ps[r].hidden * es;
+        void *block = poisoned((size_t)bytes);
+        flce_status st = flce_topk_stats(ctx, &ps[r], &t, block, NULL);
+        CHECKF(st == FLCE_OK, "rank %d stats: %s: %s", r, flce_status_name(st), flce_last_error());
+        devmem_download(host + (size_t)r * bytes, block, (size_t)bytes);
+        devmem_free(block);
+    }
+    void *gathered = NULL;
+    devmem_alloc(&gathered, (size_t)bytes * (size_t)tp);
+    devmem_upload(gathered, host, (size_t)bytes * (size_t)tp);
+    for (int r = 0; r < tp; r++) {
+        flce_topk_tensors t;
+        flce_topk_tensors_init(&t);
+        outputs_poisoned(&t, ps[r].tokens, ps[r].k);
+        flce_status st = flce_topk_finish(ctx, &ps[r], &t, gathered, NULL);
+        CHECKF(st == FLCE_OK, "rank %d finish: %s: %s", r, flce_status_name(st), flce_last_error());
+        outputs_fetch(&t, ps[r].tokens, ps[r].k, out[r]);
+    }
+    devmem_free(gathered), free(host);
+}
+
+enum { TP_MAX_TEST = 3 };
+
+typedef struct tp_case {
+    tcase c;
+    int tp;
+    int64_t cuts[TP_MAX_TEST + 1];
+} tp_case;
+
+/* One layout: the split phase against fp64 (global ids), against the single call on the whole
+ * weight (log-probs and lse within 1e-5), and every rank's outputs bitwise the same. */
+static void split_case(const tp_case *tc)
+{
+    const tcase *c = &tc->c;
+    const int64_t n = c->n, d = c->d, v = c->v;
+    double *h, *w;
+    make_data(c, &h, &w);
+    flce_topk_problem whole;
+    flce_topk_problem_init(&whole);
+    whole.tokens = n, whole.hidden = d, whole.vocab = v, whole.dtype = c->dtype, whole.k = c->k;
+    whole.temperature = c->temperature, whole.memory_budget = c->budget;
+    flce_topk_tensors t;
+    flce_topk_tensors_init(&t);
+    t.hidden = upload_dtype(c->dtype, h, n * d), t.weight = upload_dtype(c->dtype, w, v * d);
+    outputs_poisoned(&t, n, c->k);
+    CHECKF(flce_topk_logprobs(ctx, &whole, &t, NULL) == FLCE_OK, "%s: single call: %s", c->name, flce_last_error());
+    topk_out single = out_alloc(n, c->k), out[TP_MAX_TEST];
+    outputs_fetch(&t, n, c->k, single);
+    flce_topk_problem ps[TP_MAX_TEST];
+    for (int r = 0; r < tc->tp; r++) ps[r] = rank_problem(&whole, tc->cuts, tc->tp, r), out[r] = out_alloc(n, c->k);
+    split_phase(ps, tc->tp, t.hidden, t.weight, tc->cuts, out);
+    CHECKF(flce_check(ctx, NULL) == FLCE_OK, "%s: check: %s", c->name, flce_last_error());
+    double worst, far = 0;
+    const int bad = check_fp64(c, h, w, out[0], &worst);
+    int same = 1;
+    for (int r = 1; r < tc->tp; r++)
+        same &= !memcmp(out[r].idx, out[0].idx, sizeof(int64_t) * (size_t)(n * c->k)) &&
+                !memcmp(out[r].lp, out[0].lp, sizeof(float) * (size_t)(n * c->k)) &&
+                !memcmp(out[r].lse, out[0].lse, sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n * c->k; i++) far = fmax(far, fabs((double)out[0].lp[i] - single.lp[i]));
+    for (int64_t i = 0; i < n; i++) far = fmax(far, fabs((double)out[0].lse[i] - single.lse[i]));
+    CHECKF(bad == 0 && same && far <= 1e-5, "%s: %d wrong against fp64 (largest log-prob error %.2e), ranks %s, "
+           "%.2e from the single call", c->name, bad, worst, same ? "the same" : "DIFFER", far);
+    printf("  %s: largest log-prob error %.2e, %.2e from the single call, %d ranks bitwise the same\n", c->name, worst,
+           far, tc->tp);
+    devmem_free((void *)t.hidden), devmem_free((void *)t.weight);
+    for (int r = 0; r < tc->tp; r++) out_free(out[r]);
+    out_free(single), free(h), free(w);
+}
+
+static void split_phase_over_2_and_3_ranks_matches_the_single_call(void)
+{
+    static const tp_case cases[] = {
+        {{"bf16 k=64 over 2 uneven ranks, twin rows across the cut", 200, 64, 3001, 64, FLCE_DTYPE_BF16, 1.0f, 0, 1399},
+         2, {0, 1400, 3001}},
+        {{"f16 k=17 T=0.7 over 3 ranks, several chunks", 300, 64, 2000, 17, FLCE_DTYPE_F16, 0.7f, 704ull * 4 * 60, -1},
+         3, {0, 700, 1300, 2000}},
+        {{"fp32 k = the smallest shard over 3 ranks, twins across the first cut", 64, 32, 300, 40, FLCE_DTYPE_F32, 1.0f,
+          0, 39},
+         3, {0, 40, 170, 300}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) split_case(&cases[i]);
+}
+
+/* flce_topk_logprobs under TP without tensors.comm: an argument error pointing to the split phase. */
+static void tp_without_the_communicator_is_refused(void)
+{
+    flce_topk_problem p;
+    flce_topk_problem_init(&p);
+    p.tokens = 8, p.hidden = 64, p.vocab = 500, p.k = 4, p.tp_rank = 0, p.tp_size = 2, p.vocab_total = 1000;
+    flce_topk_tensors t;
+    flce_topk_tensors_init(&t);
+    t.hidden = poisoned(8 * 64 * 2), t.weight = poisoned(500 * 64 * 2);
+    outputs_poisoned(&t, 8, 4);
+    flce_status st = flce_topk_logprobs(ctx, &p, &t, NULL);
+    CHECKF(st == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "tensors.comm: NULL") &&
+           strstr(flce_last_error(), "flce_topk_stats"), "%s: %s", flce_status_name(st), flce_last_error());
+    devmem_free((void *)t.hidden), devmem_free((void *)t.weight);
+    devmem_free(t.indices), devmem_free(t.logprobs), devmem_free(t.lse);
+}
+
+/* Shards that leave a gap (rank 1 starts one id late): the merge raises the CE path's flag, which
+ * flce_check reports once, as it reports the CE call's. */
+static void a_gap_between_shards_is_reported(void)
+{
+    const tcase c = {"gap", 64, 64, 1000, 8, FLCE_DTYPE_BF16, 1.0f, 0, -1};
+    double *h, *w;
+    make_data(&c, &h, &w);
+    flce_topk_problem whole;
+    flce_topk_problem_init(&whole);
+    whole.tokens = c.n, whole.hidden = c.d, whole.k = c.k;
+    const int64_t cuts[3] = {0, 500, 1001}, rows[2] = {0, 500};
+    flce_topk_problem ps[2] = {rank_problem(&whole, cuts, 2, 0), rank_problem(&whole, cuts, 2, 1)};
+    ps[1].vocab_offset = 501, ps[1].vocab = 500; /* [0, 500) and [501, 1001): id 500 is nobody's */
+    const void *dh = upload_dtype(c.dtype, h, c.n * c.d), *dw = upload_dtype(c.dtype, w, c.v * c.d);
+    topk_out out[2] = {out_alloc(c.n, c.k), out_alloc(c.n, c.k)};
+    split_phase(ps, 2, dh, dw, rows, out);
+    flce_status st = flce_check(ctx, NULL);
+    CHECKF(st == FLCE_ERR_INVALID_ARGUMENT && strstr(flce_last_error(), "overlap or leave gaps"), "%s: %s",
+           flce_status_name(st), flce_last_error());
+    CHECKF(flce_check(ctx, NULL) == FLCE_OK, "the flag is reported once: %s", flce_last_error());
+    devmem_free((void *)dh), devmem_free((void *)dw);
+    out_free(out[0]), out_free(out[1]), free(h), free(w);
 }
 
 /* A server's context (compile_in_call = 0, no background compiles) over an empty cache: the call
@@ -171,6 +373,9 @@ int main(void)
         return 1;
     }
     RUN(topk_matches_fp64);
+    RUN(split_phase_over_2_and_3_ranks_matches_the_single_call);
+    RUN(tp_without_the_communicator_is_refused);
+    RUN(a_gap_between_shards_is_reported);
     RUN(prepare_before_a_never_compiling_call);
     flce_context_destroy(ctx);
     FINISH();
