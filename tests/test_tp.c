@@ -3,7 +3,8 @@
  * lse, per-token outputs and gradients (dW reassembled from the shards, dH) must match the fp64
  * reference and a single-GPU flce run within the single-GPU tolerances, and every rank must hold
  * the same bits of everything it computes redundantly. Uneven shards, ranks that hold no target,
- * all-ignored batches, every option, the split-phase API, and shard descriptions that disagree.
+ * all-ignored batches, every option, the split-phase API, and shard descriptions that disagree. And
+ * the top-k log-probabilities with the communicator over uneven shards (both ranks the same bits).
  * Exits 77 (skipped) with fewer than 2 GPUs. */
 #include <math.h>
 #include <nccl.h>
@@ -618,6 +619,114 @@ static void disagreeing_shards_are_reported(void)
     }
 }
 
+/* ---- top-k log-probabilities with the communicator (flce_topk_logprobs, tensors.comm) ------------ */
+typedef struct topk_io {
+    int rank, k;
+    const double *h, *w;
+    int64_t n, d, cut[3];
+    float temperature;
+    int64_t *idx; /* host: the rank's outputs */
+    float *lp, *lse;
+    flce_status st;
+    char msg[600];
+} topk_io;
+
+static void *topk_main(void *arg)
+{
+    topk_io *io = arg;
+    const int64_t off = io->cut[io->rank], shard = io->cut[io->rank + 1] - off, n = io->n, d = io->d;
+    const int k = io->k;
+    devmem_use(io->rank);
+    flce_topk_problem p;
+    flce_topk_problem_init(&p);
+    p.tokens = n, p.hidden = d, p.vocab = shard, p.vocab_offset = off, p.vocab_total = io->cut[2];
+    p.tp_rank = io->rank, p.tp_size = 2, p.k = k, p.dtype = FLCE_DTYPE_BF16, p.temperature = io->temperature;
+    flce_topk_tensors t;
+    flce_topk_tensors_init(&t);
+    t.hidden = upload_dtype(p.dtype, io->h, n * d), t.weight = upload_dtype(p.dtype, io->w + off * d, shard * d);
+    t.indices = poisoned((size_t)(n * k) * 8), t.logprobs = poisoned((size_t)(n * k) * 4), t.lse = poisoned((size_t)n * 4);
+    t.comm = comms2[io->rank];
+    void *stream = NULL;
+    io->st = devmem_stream_create(&stream);
+    if (io->st == FLCE_OK) io->st = flce_topk_logprobs(ctxs[io->rank], &p, &t, stream);
+    if (io->st == FLCE_OK) io->st = flce_check(ctxs[io->rank], stream);
+    snprintf(io->msg, sizeof io->msg, "%s", flce_last_error());
+    if (io->st == FLCE_OK) {
+        devmem_download(io->idx, t.indices, (size_t)(n * k) * 8);
+        devmem_download(io->lp, t.logprobs, (size_t)(n * k) * 4);
+        devmem_download(io->lse, t.lse, (size_t)n * 4);
+    }
+    devmem_free((void *)t.hidden), devmem_free((void *)t.weight);
+    devmem_free(t.indices), devmem_free(t.logprobs), devmem_free(t.lse);
+    devmem_stream_destroy(stream);
+    return NULL;
+}
+
+/* Token i's k outputs against its fp64 logits z (v of them): distinct global ids, logits in order
+ * (within the GPU pass's fp32 error), none left out larger than the k-th, log-probs and lse within
+ * 1e-5. The count of wrong values. */
+static int topk_check_token(const double *z, int64_t v, int k, const int64_t *idx, const float *lp, float lse,
+                            char *taken)
+{
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < v; j++) m = fmax(m, z[j]);
+    for (int64_t j = 0; j < v; j++) s += exp(z[j] - m);
+    const double l = m + log(s);
+    int bad = !(fabs(lse - l) <= 1e-5 * (1 + fabs(l)));
+    memset(taken, 0, (size_t)v);
+    for (int q = 0; q < k; q++) {
+        const int64_t j = idx[q];
+        if (j < 0 || j >= v || taken[j]) return bad + 1;
+        taken[j] = 1;
+        const double tol = 1e-5 * (1 + fabs(z[j]));
+        bad += q > 0 && z[j] > z[idx[q - 1]] + tol;
+        bad += !(fabs(lp[q] - (z[j] - l)) <= 1e-5);
+    }
+    const double kth = z[idx[k - 1]];
+    for (int64_t j = 0; j < v; j++) bad += !taken[j] && z[j] > kth + 1e-5 * (1 + fabs(kth));
+    return bad;
+}
+
+/* flce_topk_logprobs over uneven shards with the communicator: one all-gather inside the call, ids
+ * global, both ranks' outputs bitwise the same and right against fp64 of the whole vocab. */
+static void topk_with_the_communicator_on_2_gpus(void)
+{
+    const int64_t n = 256, d = 64, v = 3001;
+    const int k = 64;
+    double *h = dalloc(n * d), *w = dalloc(v * d), *z = dalloc(v);
+    for (int64_t i = 0; i < n * d; i++) h[i] = host_rng_normal(&rng);
+    for (int64_t i = 0; i < v * d; i++) w[i] = 2.0 / sqrt((double)d) * host_rng_normal(&rng);
+    host_round_to_dtype(FLCE_DTYPE_BF16, h, (size_t)(n * d)), host_round_to_dtype(FLCE_DTYPE_BF16, w, (size_t)(v * d));
+    topk_io io[2];
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) {
+        io[r] = (topk_io){r, k, h, w, n, d, {0, 1300, v}, 0.8f, malloc(sizeof(int64_t) * (size_t)(n * k)),
+                          malloc(sizeof(float) * (size_t)(n * k)), malloc(sizeof(float) * (size_t)n), FLCE_OK, ""};
+        pthread_create(&th[r], NULL, topk_main, &io[r]);
+    }
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < 2; r++) CHECKF(io[r].st == FLCE_OK, "rank %d: %s: %s", r, flce_status_name(io[r].st), io[r].msg);
+    if (io[0].st == FLCE_OK && io[1].st == FLCE_OK) {
+        CHECK(!memcmp(io[0].idx, io[1].idx, sizeof(int64_t) * (size_t)(n * k)) &&
+              !memcmp(io[0].lp, io[1].lp, sizeof(float) * (size_t)(n * k)) &&
+              !memcmp(io[0].lse, io[1].lse, sizeof(float) * (size_t)n));
+        char *taken = malloc((size_t)v);
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            for (int64_t j = 0; j < v; j++) {
+                double a = 0;
+                for (int64_t q = 0; q < d; q++) a += h[i * d + q] * w[j * d + q];
+                z[j] = a / 0.8f;
+            }
+            bad += topk_check_token(z, v, k, io[0].idx + i * k, io[0].lp + i * k, io[0].lse[i], taken);
+        }
+        CHECKF(bad == 0, "%d wrong against fp64", bad);
+        free(taken);
+    }
+    for (int r = 0; r < 2; r++) free(io[r].idx), free(io[r].lp), free(io[r].lse);
+    free(h), free(w), free(z);
+}
+
 /* FLCE_TEST_TP_TIME=N,D,V (bench/device_session.sh's tptime stage): no checks; flce_loss_and_grad
  * timed at that global shape (bf16, logit std 4, labels over the whole vocab) on 2 and 4 GPUs,
  * without and with sequence parallelism (N/tp tokens per rank): 3 warm-up steps, then 20 steps
@@ -747,6 +856,7 @@ int main(void)
     RUN(every_case_matches_on_2_gpus);
     RUN(every_case_matches_on_4_gpus);
     RUN(disagreeing_shards_are_reported);
+    RUN(topk_with_the_communicator_on_2_gpus);
     for (int r = 0; r < 2; r++) ncclCommDestroy(comms2[r]);
     for (int r = 0; r < 4 && n_gpus >= 4; r++) ncclCommDestroy(comms4[r]);
     for (int r = 0; r < n_gpus; r++) flce_context_destroy(ctxs[r]);
