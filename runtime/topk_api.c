@@ -34,12 +34,16 @@ void flce_topk_tensors_init(flce_topk_tensors *t)
     t->struct_size = sizeof *t;
 }
 
-/* A struct of `size` bytes, of which the first published layout had `first`: older callers (any
- * size from `first` up) get the defaults for the fields they lack; a newer caller is unsupported. */
-static flce_status check_struct_size(unsigned size, size_t first, size_t ours, const char *arg, const char *type)
+/* The caller's struct (`size` bytes, its struct_size, the first field of both structs) over `out`,
+ * which holds the defaults: the first published layout had `first` bytes, and an older caller (any
+ * size from `first` up) keeps the defaults of the fields it lacks; a newer caller is unsupported. */
+static flce_status copy_versioned(void *out, const void *in, unsigned size, size_t first, size_t ours, const char *arg,
+                                  const char *type)
 {
-    if (size >= first && size <= ours) return FLCE_OK;
-    return call_check_struct_size(size, ours, arg, type);
+    if (size < first || size > ours) return call_check_struct_size(size, ours, arg, type);
+    memcpy(out, in, size);
+    *(uint32_t *)out = (uint32_t)ours;
+    return FLCE_OK;
 }
 
 /* The caller's problem copied into a full-size one, with the defaults for the fields it lacks and
@@ -49,9 +53,7 @@ static flce_status normalize_problem(const flce_topk_problem *in, flce_topk_prob
     if (!in) return err_set(FLCE_ERR_INVALID_ARGUMENT, "problem: NULL");
     flce_topk_problem_init(out);
     const size_t first = offsetof(flce_topk_problem, memory_budget) + sizeof in->memory_budget;
-    TRY(check_struct_size(in->struct_size, first, sizeof *in, "problem", "flce_topk_problem"));
-    memcpy(out, in, in->struct_size);
-    out->struct_size = sizeof *out;
+    TRY(copy_versioned(out, in, in->struct_size, first, sizeof *in, "problem", "flce_topk_problem"));
     /* only where the sum cannot overflow: check_tp reports the bad fields otherwise */
     if (out->vocab_total == 0 && out->vocab_offset >= 0 && out->vocab >= 0 &&
         out->vocab_offset <= INT64_MAX - out->vocab)
@@ -117,9 +119,7 @@ static flce_status check_tensors(const flce_topk_problem *p, const flce_topk_ten
     if (!in) return err_set(FLCE_ERR_INVALID_ARGUMENT, "tensors: NULL");
     flce_topk_tensors_init(t);
     const size_t first = offsetof(flce_topk_tensors, workspace_bytes) + sizeof in->workspace_bytes;
-    TRY(check_struct_size(in->struct_size, first, sizeof *in, "tensors", "flce_topk_tensors"));
-    memcpy(t, in, in->struct_size);
-    t->struct_size = sizeof *t;
+    TRY(copy_versioned(t, in, in->struct_size, first, sizeof *in, "tensors", "flce_topk_tensors"));
     const int inputs = part != TOPK_FINISH, outputs = part != TOPK_STATS;
     TRY(call_check_ptr(t->hidden, "hidden", 16, inputs));
     TRY(call_check_ptr(t->weight, "weight", 16, inputs));
