@@ -192,6 +192,27 @@ def main():
         print("  flce_distill_problem_validate(8192x2048x151936, teacher 4096, JSD): ok")
     else:
         print("  the library has no distillation API (built before issue 44's): its checks skipped")
+    # The top-k problem as the library's _init writes it, field for field, and a vocab-parallel one
+    init = getattr(L.lib(), "flce_topk_problem_init", None)
+    if init is not None and getattr(L.lib(), "flce_topk_stats_bytes", None) is not None:
+        init.argtypes, init.restype = [ctypes.POINTER(D.TopkProblem)], None
+        theirs, ours = D.TopkProblem(), D.new_topk_problem()
+        init(ctypes.byref(theirs))
+        for field, _ in D.TopkProblem._fields_:
+            ok = getattr(theirs, field) == getattr(ours, field)
+            bad += not ok
+            if not ok:
+                print(f"  topk problem.{field}: library {getattr(theirs, field)}, binding {getattr(ours, field)}  MISMATCH")
+        q = D.new_topk_problem(tokens=8192, hidden=4096, vocab=64128, k=64, vocab_offset=64128, vocab_total=128256,
+                               tp_rank=1, tp_size=2)
+        D.topk_validate(q)
+        n = D.topk_stats_bytes(q)
+        ok = n == 4 * (8 + 8192 * (2 + 2 * 64))
+        bad += not ok
+        print(f"  topk problem defaults as flce_topk_problem_init; rank 1 of 2 validates, block {n} bytes  "
+              f"{'ok' if ok else 'MISMATCH'}")
+    else:
+        print("  the library has no vocab-parallel top-k API: its checks skipped")
     try:
         L.context(0)
         print("  flce_context_create(0): created (this machine has a GPU)")

@@ -5,7 +5,8 @@ their fake kernels and autograd formulas, torch.compile, the Hugging Face patch 
 exactly as on a GPU. libflce.so is still loaded (the problems are built and validated by it).
 flce.linear_distillation's library call (flce_distill_loss_and_grad) likewise: testing/ref.c
 ref_distill's formulas in float64 (distill_dz, written out, not autograd); and flce.topk_logprobs's
-(flce_topk_logprobs): a stable descending sort of the float64 logits.
+(flce_topk_logprobs): a stable descending sort of the float64 logits; flce.vocab_parallel_topk_logprobs's
+two halves (flce_topk_stats, flce_topk_finish) write and merge the library's blocks byte for byte.
 Tensor parallelism (flce.vocab_parallel_cross_entropy, both routes) runs on the ranks of a gloo
 world: the stand-in emulates flce's collectives with torch.distributed (_run_tp).
 
@@ -435,6 +436,66 @@ def _topk_run(self, logprobs, indices, lse):
 
 _topk_run.calls = 0
 
+_TP_HEADER = 8  # words (templates/params.h FLCE_TP_HEADER): int64 vocab_offset, vocab, vocab_total, tokens
+
+
+def _topk_order(logits, ids):
+    """The candidates' order in a block and in the merge: logit descending (NaN first), then the
+    lower id (a stable sort by id, then a stable sort by logit)."""
+    by_id = torch.sort(ids, dim=1, stable=True).indices
+    logits, ids = logits.gather(1, by_id), ids.gather(1, by_id)
+    by_logit = torch.sort(logits, dim=1, descending=True, stable=True).indices
+    return logits.gather(1, by_logit), ids.gather(1, by_logit)
+
+
+def _topk_stats(self, block):
+    """flce_topk_stats in float64: this rank's block as the library lays it out (templates/distill.cu):
+    the header, then per token the shard's lse (fp32), 0, its k largest logits (fp32) and their int32
+    global ids."""
+    p = self.problem
+    from flce import _distill_lib
+    _distill_lib.topk_validate(p)
+    assert block.dtype == torch.uint8 and block.numel() == _distill_lib.topk_stats_bytes(p), "block size"
+    z = (self.hidden.double() @ self.weight.double().T) / float(p.temperature)
+    vals, idx = torch.sort(z, dim=1, descending=True, stable=True)
+    logits, ids = _topk_order(vals[:, :p.k].float(), idx[:, :p.k] + p.vocab_offset)
+    words = block.view(torch.int32)
+    words[:_TP_HEADER].view(torch.int64).copy_(
+        torch.tensor([p.vocab_offset, p.vocab, p.vocab_total, p.tokens], dtype=torch.int64))
+    rec = words[_TP_HEADER:].view(p.tokens, 2 + 2 * p.k)
+    rec[:, 0] = torch.logsumexp(z, dim=1).float().view(torch.int32)
+    rec[:, 1] = 0
+    rec[:, 2:2 + p.k] = logits.view(torch.int32)
+    rec[:, 2 + p.k:] = ids.to(torch.int32)
+    _topk_stats.calls += 1
+
+
+_topk_stats.calls = 0
+
+
+def _topk_finish(self, gathered, logprobs, indices, lse):
+    """flce_topk_finish in float64: the headers checked (the library raises the flag flce_check
+    reports; the stand-in raises at once), lse = log Σ_r exp(lse_r), the k largest of the tp_size·k
+    candidates by (logit, lower id), log p = logit − lse."""
+    p = self.problem
+    from flce import _distill_lib
+    _distill_lib.topk_validate(p)
+    words = gathered.view(torch.int32).view(p.tp_size, -1)
+    heads = words[:, :_TP_HEADER].contiguous().view(torch.int64)
+    starts, ends = heads[:, 0].tolist(), (heads[:, 0] + heads[:, 1]).tolist()
+    if starts[0] != 0 or ends[-1] != p.vocab_total or starts[1:] != ends[:-1] or \
+            set(heads[:, 2].tolist()) != {p.vocab_total} or set(heads[:, 3].tolist()) != {p.tokens}:
+        raise flce.FlceError(1, "FLCE_ERR_INVALID_ARGUMENT",
+                             f"tensor parallel ranks disagree: the blocks' headers {heads.tolist()}", "stand-in")
+    rec = words[:, _TP_HEADER:].reshape(p.tp_size, p.tokens, 2 + 2 * p.k)
+    l = torch.logsumexp(rec[:, :, 0].contiguous().view(torch.float32).double(), dim=0)
+    cand = rec[:, :, 2:2 + p.k].contiguous().view(torch.float32).permute(1, 0, 2).reshape(p.tokens, -1)
+    ids = rec[:, :, 2 + p.k:].permute(1, 0, 2).reshape(p.tokens, -1).to(torch.int64)
+    logits, ids = _topk_order(cand, ids)
+    indices.copy_(ids[:, :p.k])
+    logprobs.copy_(logits[:, :p.k].double() - l[:, None])
+    lse.copy_(l)
+
 
 def install():
     """Routes the binding's kernel calls to the float64 stand-in (idempotent)."""
@@ -464,5 +525,7 @@ def install():
     flce.distill._DistillCall.__call__ = _distill_run
     flce.distill._require_cuda = lambda t, name: None
     flce.topk._TopkCall.__call__ = _topk_run
+    flce.topk._TopkCall.stats = _topk_stats
+    flce.topk._TopkCall.finish = _topk_finish
     flce.topk._require_cuda = lambda t, name: None
     installed = True

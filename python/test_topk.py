@@ -160,6 +160,32 @@ def bad_input_cases():
                 raise AssertionError(f"{field}={value}: no FlceError")
     case("flce_topk_problem_validate names the field", library_checks)
 
+    def vocab_parallel():  # the TP fields: the library names them, the block's size; the binding's own errors
+        p = _distill_lib.new_topk_problem(tokens=8, hidden=32, vocab=100, dtype=_lib.FLCE_DTYPE_BF16, k=3,
+                                          vocab_offset=100, vocab_total=250, tp_rank=1, tp_size=3)
+        _distill_lib.topk_validate(p)
+        assert _distill_lib.topk_stats_bytes(p) == 4 * (8 + 8 * (2 + 2 * 3))
+        for field, value, word in (("tp_rank", 3, "problem.tp_rank=3"), ("vocab_offset", 200, "vocab_offset + vocab"),
+                                   ("tp_size", 5000, "problem.tp_size=5000")):
+            q = _distill_lib.TopkProblem.from_buffer_copy(p)
+            setattr(q, field, value)
+            try:
+                _distill_lib.topk_validate(q)
+            except flce.FlceError as e:
+                assert word in str(e), str(e)
+            else:
+                raise AssertionError(f"{field}={value}: no FlceError")
+        for kwargs, word in ((dict(vocab_offset=-1, vocab_total=100), "vocab_offset"),
+                             (dict(vocab_offset=50, vocab_total=100), "vocab_total"),
+                             (dict(vocab_offset=0, vocab_total=100, temperature=0.0), "temperature")):
+            try:  # (each raises before any torch.distributed call)
+                flce.vocab_parallel_topk_logprobs(h, w, 3, **kwargs)
+            except ValueError as e:
+                assert word in str(e), str(e)
+            else:
+                raise AssertionError(f"{kwargs}: no error")
+    case("vocab_parallel_topk_logprobs: TP fields checked by the library, bad arguments named", vocab_parallel)
+
     def prepare():
         for kwargs, word in ((dict(k=0), "k"), (dict(k=65), "k"), (dict(k=3, device="cpu"), "device"),
                              (dict(k=3, dtype=torch.int8), "dtype")):

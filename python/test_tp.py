@@ -20,7 +20,8 @@ every rank's loss (and without sequence parallelism every per-token output) bitw
 Also: comm=None refuses lse's gradient without saved logits (NotImplementedError), comm gives fp32
 lse/entropy gradients, shift with sequence_parallel and bad shards raise ValueError. One line per
 case (rank 0; the largest error over the ranks). Exit status 0 when all pass, 1 on a failure, 77
-when skipped (fewer than 2 CUDA devices, or not launched by torchrun).
+when skipped (fewer than 2 CUDA devices, or not launched by torchrun). Then flce.vocab_parallel_topk_logprobs
+(topk_checks) over the same shards against the float64 top-k of the whole vocab, ranks bitwise the same.
 """
 import ctypes
 import datetime
@@ -359,6 +360,58 @@ def distill_checks(comm):
         "divergence")
 
 
+def topk_checks():
+    """flce.vocab_parallel_topk_logprobs (stats, all_gather_into_tensor, finish) over this run's uneven
+    shards against the top-k of the float64 logits of the whole vocab: global ids (an id that lost its
+    shard's offset fails), log-probs and lse within 1e-5, every rank's outputs bitwise the same; k
+    larger than a shard raises before any collective."""
+    g = torch.Generator().manual_seed(123)
+    h = torch.randn(N, D, generator=g).to(BF16).to(DEV)
+    w = (torch.randn(V, D, generator=g) * (2.0 / math.sqrt(D))).to(BF16).to(DEV)
+    k, temperature = min(16, min(SIZES)), 0.8
+    out = flce.vocab_parallel_topk_logprobs(h, w[SHARD].contiguous(), k, vocab_offset=OFFSET, vocab_total=V,
+                                            temperature=temperature)
+    differ = []  # (first: every rank reaches the same collectives whatever it finds below)
+    for name, t in (("indices", out.indices), ("logprobs", out.logprobs), ("lse", out.lse)):
+        mine = t.contiguous().view(torch.uint8).reshape(-1)
+        every = [torch.empty_like(mine) for _ in range(WORLD)]
+        dist.all_gather(every, mine)
+        differ += [name] if not all(torch.equal(every[0], x) for x in every) else []
+    assert not differ, f"the ranks' {', '.join(differ)} differ in their bits"
+    z = (h.double() @ w.double().T) / temperature
+    lse = torch.logsumexp(z, dim=1)
+    vals, want = torch.sort(z, dim=1, descending=True, stable=True)
+    vals, want = vals[:, :k], want[:, :k]
+    ids = out.indices
+    assert ids.dtype == torch.int64 and ids.shape == (N, k), f"indices {ids.dtype} {tuple(ids.shape)}"
+    assert bool(((ids >= 0) & (ids < V)).all()), "an id outside [0, vocab_total)"
+    # the same id, or (a GPU's fp32 logits pass) one whose float64 logit lies as close
+    near = (z.gather(1, ids) - vals).abs() <= 1e-5 * (1 + vals.abs())
+    wrong = int((~((ids == want) | near)).sum())
+    assert wrong == 0, f"{wrong} of {N * k} ids wrong (the first: {ids[0].tolist()} want {want[0].tolist()})"
+    e_lp = (out.logprobs.double() - (vals - lse[:, None])).abs().max().item()
+    e_lse = ((out.lse.double() - lse).abs() / (1 + lse.abs())).max().item()
+    assert e_lp <= 1e-5 and e_lse <= 1e-5, f"log-prob error {e_lp:.2e}, lse error {e_lse:.2e}"
+    expect_raises(ValueError, lambda: flce.vocab_parallel_topk_logprobs(
+        h, w[SHARD], min(SIZES) + 1, vocab_offset=OFFSET, vocab_total=V), "k")
+    return f"log-prob {e_lp:.1e}  lse {e_lse:.1e}"
+
+
+def on_every_rank(what, fn):
+    """fn() on every rank; one line (rank 0: ok or FAIL with what fn returned, a failing rank its
+    error). 1 when it failed on any rank."""
+    try:
+        note, ok = fn() or "", True
+    except Exception as e:  # noqa: BLE001
+        note, ok = f"{type(e).__name__}: {e}", False
+        print(f"FAIL (rank {RANK}) {what}: {note}", flush=True)
+    t = torch.tensor([0.0 if ok else 1.0], device=DEV)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if RANK == 0:
+        print(f"{'ok  ' if t.item() == 0 else 'FAIL'} {what}{': ' + note if ok and note else ''}", flush=True)
+    return int(t.item() != 0)
+
+
 def make_comm():
     if not STANDIN:
         return flce.NcclComm()
@@ -406,30 +459,13 @@ def main():
                 if RANK == 0 or msg:
                     print(f"{'ok  ' if ok else 'FAIL'} [{time.time() - t0:4.1f} s] {name}: {shown}"
                           f"{msg if msg else ''}{'' if RANK == 0 else f' (rank {RANK})'}", flush=True)
-    try:
-        extra_checks(comm)
-        ok = True
-    except Exception as e:  # noqa: BLE001
-        ok = False
-        print(f"FAIL (rank {RANK}) errors and lse/entropy gradients: {type(e).__name__}: {e}", flush=True)
-    t = torch.tensor([0.0 if ok else 1.0], device=DEV)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    failed += t.item() != 0
+    failed += on_every_rank("errors (shift with sequence_parallel, shards), lse without saved logits (comm=None), "
+                            "fp32 lse/entropy gradients (comm)", lambda: extra_checks(comm))
+    failed += on_every_rank("vocab_parallel_distillation (mean, none) against linear_distillation on the whole "
+                            "weights (the CE term in mean), the teacher as top-k, and its errors",
+                            lambda: distill_checks(comm))
+    failed += on_every_rank(f"top-k log-probs (stats, all-gather, finish) over shards {SIZES}", topk_checks)
     if RANK == 0:
-        print(f"{'ok  ' if t.item() == 0 else 'FAIL'} errors (shift with sequence_parallel, shards), lse without saved "
-              f"logits (comm=None), fp32 lse/entropy gradients (comm)")
-    try:
-        distill_checks(comm)
-        ok = True
-    except Exception as e:  # noqa: BLE001
-        ok = False
-        print(f"FAIL (rank {RANK}) vocab_parallel_distillation: {type(e).__name__}: {e}", flush=True)
-    t = torch.tensor([0.0 if ok else 1.0], device=DEV)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    failed += t.item() != 0
-    if RANK == 0:
-        print(f"{'ok  ' if t.item() == 0 else 'FAIL'} vocab_parallel_distillation (mean, none) against "
-              f"linear_distillation on the whole weights (the CE term in mean), the teacher as top-k, and its errors")
         print(f"{'all passed' if not failed else f'{failed} failed'} in {time.time() - t_start:.1f} s")
     if not STANDIN:
         comm.close()

@@ -38,7 +38,7 @@ __all__ = ["linear_cross_entropy", "LinearCrossEntropy", "LinearCrossEntropyOutp
            "NcclComm", "patch_hf", "unpatch_hf", "prepare", "Prepared", "linear_distillation", "topk_logprobs",
            "TopkLogprobs", "prepare_topk_logprobs", "prepare_linear_distillation", "linear_distillation_topk",
            "vocab_parallel_distillation", "vocab_parallel_distillation_topk", "LinearDistillation",
-           "LinearDistillationOutput"]
+           "LinearDistillationOutput", "vocab_parallel_topk_logprobs"]
 
 _DTYPES = {torch.float32: _lib.FLCE_DTYPE_F32, torch.float16: _lib.FLCE_DTYPE_F16,
            torch.bfloat16: _lib.FLCE_DTYPE_BF16}
@@ -1046,4 +1046,4 @@ from . import functional, cce  # noqa: E402,F401
 from .distill import (LinearDistillation, LinearDistillationOutput, linear_distillation,  # noqa: E402,F401
                       linear_distillation_topk, prepare_linear_distillation, vocab_parallel_distillation,
                       vocab_parallel_distillation_topk)
-from .topk import TopkLogprobs, prepare_topk_logprobs, topk_logprobs  # noqa: E402,F401
+from .topk import TopkLogprobs, prepare_topk_logprobs, topk_logprobs, vocab_parallel_topk_logprobs  # noqa: E402,F401

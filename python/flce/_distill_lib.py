@@ -170,6 +170,11 @@ class TopkProblem(ctypes.Structure):
         ("k", ctypes.c_int32),
         ("temperature", ctypes.c_float),
         ("memory_budget", ctypes.c_uint64),
+        # API version 4: tensor (vocab) parallelism
+        ("vocab_offset", ctypes.c_int64),
+        ("vocab_total", ctypes.c_int64),
+        ("tp_rank", ctypes.c_int32),
+        ("tp_size", ctypes.c_int32),
     ]
 
 
@@ -184,6 +189,7 @@ class TopkTensors(ctypes.Structure):
         ("lse", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_uint64),
+        ("comm", ctypes.c_void_p),  # API version 4
     ]
 
 
@@ -191,6 +197,9 @@ TOPK = "flce_topk_logprobs"
 TOPK_WORKSPACE_SIZE = "flce_topk_workspace_size"
 TOPK_VALIDATE = "flce_topk_problem_validate"
 TOPK_PREPARE = "flce_topk_prepare"
+TOPK_STATS_BYTES = "flce_topk_stats_bytes"
+TOPK_STATS = "flce_topk_stats"
+TOPK_FINISH = "flce_topk_finish"
 DISTILL_PREPARE = "flce_distill_prepare"
 _topk_declared = {}
 
@@ -210,6 +219,8 @@ def _topk_fn(name):
     fn.restype, fn.argtypes = {TOPK: (st, [vp, P, T, vp]),
                                TOPK_WORKSPACE_SIZE: (st, [vp, P, ctypes.POINTER(ctypes.c_uint64)]),
                                TOPK_VALIDATE: (st, [P]), TOPK_PREPARE: (st, [vp, P]),
+                               TOPK_STATS_BYTES: (st, [P, ctypes.POINTER(ctypes.c_uint64)]),
+                               TOPK_STATS: (st, [vp, P, T, vp, vp]), TOPK_FINISH: (st, [vp, P, T, vp, vp]),
                                DISTILL_PREPARE: (st, [vp, ctypes.POINTER(DistillProblem),
                                                       ctypes.POINTER(DistillTensors)])}[name]
     _topk_declared[name] = fn
@@ -219,7 +230,7 @@ def _topk_fn(name):
 def new_topk_problem(**fields):
     p = TopkProblem()  # (flce_topk_problem_init's defaults, set here: the fields below are all given)
     p.struct_size, p.api_version = ctypes.sizeof(TopkProblem), _lib.FLCE_API_VERSION
-    p.dtype, p.k, p.temperature = _lib.FLCE_DTYPE_BF16, 1, 1.0
+    p.dtype, p.k, p.temperature, p.tp_size = _lib.FLCE_DTYPE_BF16, 1, 1.0, 1
     for k, v in fields.items():
         if not hasattr(TopkProblem, k):
             raise AttributeError(f"TopkProblem has no field {k!r}")
@@ -252,6 +263,25 @@ def topk(ctx, problem, tensors, stream):
     """Enqueues flce_topk_logprobs on `stream` (an int handle, 0 = legacy stream)."""
     _lib.check_status(_topk_fn(TOPK)(ctx, ctypes.byref(problem), ctypes.byref(tensors), ctypes.c_void_p(stream or None)),
                       TOPK)
+
+
+def topk_stats_bytes(problem):
+    """flce_topk_stats_bytes: bytes of one rank's block, 4·(8 + tokens·(2 + 2k))."""
+    n = ctypes.c_uint64()
+    _lib.check_status(_topk_fn(TOPK_STATS_BYTES)(ctypes.byref(problem), ctypes.byref(n)), TOPK_STATS_BYTES)
+    return n.value
+
+
+def topk_stats(ctx, problem, tensors, block, stream):
+    """Enqueues flce_topk_stats: this rank's block (a device address) from tensors.hidden and .weight."""
+    _lib.check_status(_topk_fn(TOPK_STATS)(ctx, ctypes.byref(problem), ctypes.byref(tensors), ctypes.c_void_p(block),
+                                           ctypes.c_void_p(stream or None)), TOPK_STATS)
+
+
+def topk_finish(ctx, problem, tensors, gathered, stream):
+    """Enqueues flce_topk_finish: the outputs from the tp_size gathered blocks (a device address)."""
+    _lib.check_status(_topk_fn(TOPK_FINISH)(ctx, ctypes.byref(problem), ctypes.byref(tensors),
+                                            ctypes.c_void_p(gathered), ctypes.c_void_p(stream or None)), TOPK_FINISH)
 
 
 def topk_prepare(ctx, problem):

@@ -6,6 +6,12 @@ NaN logit first, as torch.topk; that token's log-probs and lse are NaN). Forward
 
 The call is the torch.library custom op flce::topk_logprobs with a fake kernel, so
 torch.compile(fullgraph=True) traces through it.
+
+vocab_parallel_topk_logprobs is the same under tensor (vocab) parallelism: each rank of a
+torch.distributed group holds a shard of the weight; flce_topk_stats writes this rank's block
+(its shard's lse and k candidates with global ids, 4·(8 + N·(2 + 2k)) bytes), one
+all_gather_into_tensor gathers the blocks, and flce_topk_finish merges them: every rank gets the
+same outputs, bit for bit.
 """
 from __future__ import annotations
 
@@ -58,24 +64,56 @@ def _ptr(t, name, align):
 class _TopkCall:
     """One flce_topk_logprobs call on the current stream of the tensors' device."""
 
-    def __init__(self, hidden, weight, k, temperature, memory_budget):
+    def __init__(self, hidden, weight, k, temperature, memory_budget, tp=(0, 1, 0, 0)):
+        """tp: (rank, size, vocab_offset, vocab_total) of the vocab-parallel group; (0, 1, 0, 0) none."""
         self.device = hidden.device
         self.hidden, self.weight = hidden, weight
+        rank, size, offset, total = tp
         self.problem = _distill_lib.new_topk_problem(
             tokens=hidden.shape[0], hidden=hidden.shape[1], vocab=weight.shape[0], dtype=_DTYPES[hidden.dtype],
-            k=int(k), temperature=float(temperature), memory_budget=int(memory_budget or 0))
+            k=int(k), temperature=float(temperature), memory_budget=int(memory_budget or 0), tp_rank=rank,
+            tp_size=size, vocab_offset=offset, vocab_total=total)
+
+    def _ctx(self):
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return _lib.context(index)
+
+    def _stream(self):
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+    def _tensors(self, ctx, logprobs=None, indices=None, lse=None, inputs=True):
+        """flce_topk_tensors of this call: the inputs (and a workspace) unless `inputs` is False, the
+        outputs given."""
+        fields = {}
+        if inputs:
+            nbytes = _distill_lib.topk_workspace_size(ctx, self.problem)
+            self.workspace = torch.empty(max(nbytes, 256), dtype=torch.uint8, device=self.device)
+            fields = dict(hidden=_ptr(self.hidden, "hidden", 16), weight=_ptr(self.weight, "weight", 16),
+                          workspace=_ptr(self.workspace, "workspace", 256), workspace_bytes=self.workspace.numel())
+        for name, t, align in (("indices", indices, 8), ("logprobs", logprobs, 4), ("lse", lse, 4)):
+            if t is not None:
+                fields[name] = _ptr(t, name, align)
+        return _distill_lib.new_topk_tensors(**fields)
 
     def __call__(self, logprobs, indices, lse):
         _distill_lib._topk_fn(_distill_lib.TOPK)  # FlceError naming it on a library without it
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        ctx = _lib.context(index)
-        nbytes = _distill_lib.topk_workspace_size(ctx, self.problem)
-        workspace = torch.empty(max(nbytes, 256), dtype=torch.uint8, device=self.device)
-        t = _distill_lib.new_topk_tensors(
-            hidden=_ptr(self.hidden, "hidden", 16), weight=_ptr(self.weight, "weight", 16),
-            indices=_ptr(indices, "indices", 8), logprobs=_ptr(logprobs, "logprobs", 4), lse=_ptr(lse, "lse", 4),
-            workspace=_ptr(workspace, "workspace", 256), workspace_bytes=workspace.numel())
-        _distill_lib.topk(ctx, self.problem, t, torch.cuda.current_stream(self.device).cuda_stream)
+        ctx = self._ctx()
+        _distill_lib.topk(ctx, self.problem, self._tensors(ctx, logprobs, indices, lse), self._stream())
+
+    def block_bytes(self):
+        """flce_topk_stats_bytes: one rank's block."""
+        return _distill_lib.topk_stats_bytes(self.problem)
+
+    def stats(self, block):
+        """flce_topk_stats: this rank's block (a uint8 CUDA tensor of block_bytes())."""
+        ctx = self._ctx()
+        _distill_lib.topk_stats(ctx, self.problem, self._tensors(ctx), _ptr(block, "block", 16), self._stream())
+
+    def finish(self, gathered, logprobs, indices, lse):
+        """flce_topk_finish: the outputs from the tp_size blocks in rank order."""
+        ctx = self._ctx()
+        _distill_lib.topk_finish(ctx, self.problem, self._tensors(ctx, logprobs, indices, lse, inputs=False),
+                                 _ptr(gathered, "gathered", 16), self._stream())
 
 
 def _outputs(hidden, k):
@@ -113,6 +151,16 @@ def topk_logprobs(hidden: Tensor, weight: Tensor, k: int, *, temperature: float 
     token chunk's fp32 logits (None: the library's default, 1 GiB). Returns logprobs (..., k) fp32,
     indices (..., k) int64 (larger logit first, equal logits by lower index) and lse (...) fp32.
     No gradient flows (the outputs are not differentiable)."""
+    _check_inputs(hidden, weight, k, temperature, memory_budget)
+    lead = hidden.shape[:-1]
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    with torch.no_grad():
+        logprobs, indices, lse = topk_op(h2, weight.detach(), int(k), float(temperature), int(memory_budget or 0))
+    return TopkLogprobs(logprobs.reshape(*lead, int(k)), indices.reshape(*lead, int(k)), lse.reshape(lead))
+
+
+def _check_inputs(hidden, weight, k, temperature, memory_budget):
+    """ValueError (TypeError for a non-tensor) naming the argument, as topk_logprobs documents them."""
     for name, t in (("hidden", hidden), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -135,12 +183,47 @@ def topk_logprobs(hidden: Tensor, weight: Tensor, k: int, *, temperature: float 
         raise ValueError(f"temperature: {temperature!r}; expected a finite number > 0")
     if memory_budget is not None and (isinstance(memory_budget, bool) or operator.index(memory_budget) <= 0):
         raise ValueError(f"memory_budget: {memory_budget!r}; expected a positive number of bytes or None")
-    lead = hidden.shape[:-1]
-    h2 = hidden.reshape(-1, hidden.shape[-1])
-    if h2.shape[0] == 0:
+    if hidden.shape[:-1].numel() == 0:
         raise ValueError(f"hidden {tuple(hidden.shape)}: no tokens")
+
+
+def vocab_parallel_topk_logprobs(hidden: Tensor, weight_shard: Tensor, k: int, group=None, *, vocab_offset: int,
+                                 vocab_total: int, temperature: float = 1.0,
+                                 memory_budget: Optional[int] = None) -> TopkLogprobs:
+    """topk_logprobs under tensor (vocab) parallelism: this rank of `group` (a torch.distributed
+    process group; None: the default one) holds the weight rows [vocab_offset, vocab_offset + V_r)
+    of a vocab of vocab_total ids, and the ranks' shards tile [0, vocab_total) in rank order.
+
+    hidden: (..., D), the same tokens on every rank; weight_shard: (V_r, D); k: 1..min(64, V_r) on
+    every rank. Runs flce_topk_stats (this rank's block of 4·(8 + N·(2 + 2k)) bytes), ONE
+    torch.distributed.all_gather_into_tensor of the blocks, then flce_topk_finish. Every rank returns
+    the same (logprobs, indices, lse), bit for bit, with global vocab ids (the indices of the whole
+    vocab). Shards that overlap, leave gaps or disagree on vocab_total are reported by the next flce
+    call on the device (or flce.check()). Forward only; not traced by torch.compile (a collective)."""
+    import torch.distributed as dist
+    _check_inputs(hidden, weight_shard, k, temperature, memory_budget)
+    for name, v in (("vocab_offset", vocab_offset), ("vocab_total", vocab_total)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name}: {v!r}; expected an int >= 0")
+    if vocab_offset + weight_shard.shape[0] > vocab_total:
+        raise ValueError(f"vocab_offset + V_r = {vocab_offset} + {weight_shard.shape[0]} exceeds "
+                         f"vocab_total={vocab_total}")
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    if size == 1:
+        if vocab_offset != 0 or vocab_total != weight_shard.shape[0]:
+            raise ValueError(f"vocab_offset={vocab_offset}, vocab_total={vocab_total}: a group of one rank holds "
+                             f"the whole vocab (0, {weight_shard.shape[0]})")
+        return topk_logprobs(hidden, weight_shard, k, temperature=temperature, memory_budget=memory_budget)
+    lead = hidden.shape[:-1]
+    h2, w = _dense(hidden.reshape(-1, hidden.shape[-1]).detach()), _dense(weight_shard.detach())
     with torch.no_grad():
-        logprobs, indices, lse = topk_op(h2, weight.detach(), int(k), float(temperature), int(memory_budget or 0))
+        call = _TopkCall(h2, w, int(k), float(temperature), memory_budget, (rank, size, vocab_offset, vocab_total))
+        block = torch.empty(call.block_bytes(), dtype=torch.uint8, device=h2.device)
+        call.stats(block)
+        gathered = torch.empty(size * block.numel(), dtype=torch.uint8, device=h2.device)
+        dist.all_gather_into_tensor(gathered, block, group=group)
+        logprobs, indices, lse = _outputs(h2, int(k))
+        call.finish(gathered, logprobs, indices, lse)
     return TopkLogprobs(logprobs.reshape(*lead, int(k)), indices.reshape(*lead, int(k)), lse.reshape(lead))
 
 
