@@ -73,10 +73,13 @@ flce_status call_run(flce_context *ctx, void *workspace, uint64_t workspace_byte
     if (st == FLCE_OK) st = ctx_enter(ctx, &prev);
     if (st == FLCE_OK) {
         CUdeviceptr ws = (CUdeviceptr)(uintptr_t)workspace;
-        if (!ws) st = ctx_workspace(ctx, workspace_bytes, stream, &ws);
+        /* a body that needs none (the top-k merge) takes none of the context's: no allocation of
+         * 0 bytes, no wait on the workspace's last user, nothing refused under stream capture */
+        const int ctx_ws = !ws && workspace_bytes > 0;
+        if (ctx_ws) st = ctx_workspace(ctx, workspace_bytes, stream, &ws);
         if (st == FLCE_OK) {
             st = body(ctx, ws, stream, arg);
-            if (!workspace) {
+            if (ctx_ws) {
                 flce_status done = ctx_workspace_done(ctx, stream);
                 if (st == FLCE_OK) st = done;
             }

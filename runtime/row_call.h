@@ -41,7 +41,8 @@ typedef flce_status (*call_body)(flce_context *ctx, CUdeviceptr ws, CUstream str
 
 /* Under ctx->lock with the CUDA context entered: the bad-label flag taken, the workspace (the
  * caller's `workspace` or the context's, released after the body's work on `stream`, a failed
- * body's too since some of its work may be queued), then body. */
+ * body's too since some of its work may be queued; none when workspace_bytes is 0 and the caller
+ * gave none: the body gets 0), then body. */
 flce_status call_run(flce_context *ctx, void *workspace, uint64_t workspace_bytes, CUstream stream, call_body body,
                      void *arg);
 

@@ -333,6 +333,51 @@ static void a_gap_between_shards_is_reported(void)
     out_free(out[0]), out_free(out[1]), free(h), free(w);
 }
 
+/* The finish half needs no workspace: on a fresh context that never had one (the stats half given
+ * the caller's), with tensors.workspace NULL, it allocates none and runs (a 0-byte allocation was
+ * an error). The blocks written straight into their slices of the gathered buffer. */
+static void finish_takes_no_workspace(void)
+{
+    flce_context *fresh = NULL;
+    CHECKF(flce_context_create(0, &fresh) == FLCE_OK, "%s", flce_last_error());
+    const tcase c = {"finish on a fresh context", 32, 64, 600, 8, FLCE_DTYPE_BF16, 1.0f, 0, -1};
+    double *h, *w;
+    make_data(&c, &h, &w);
+    flce_topk_problem whole;
+    flce_topk_problem_init(&whole);
+    whole.tokens = c.n, whole.hidden = c.d, whole.k = c.k;
+    const int64_t cuts[3] = {0, 300, 600};
+    flce_topk_problem ps[2] = {rank_problem(&whole, cuts, 2, 0), rank_problem(&whole, cuts, 2, 1)};
+    uint64_t bytes = 0, ws_bytes = 0;
+    CHECK(flce_topk_stats_bytes(&ps[0], &bytes) == FLCE_OK && bytes % 16 == 0);
+    CHECK(flce_topk_workspace_size(fresh, &ps[0], &ws_bytes) == FLCE_OK);
+    void *ws = NULL, *gathered = NULL;
+    devmem_alloc(&ws, (size_t)ws_bytes), devmem_alloc(&gathered, (size_t)bytes * 2);
+    flce_topk_tensors t;
+    flce_topk_tensors_init(&t);
+    t.hidden = upload_dtype(c.dtype, h, c.n * c.d);
+    const void *dw = upload_dtype(c.dtype, w, c.v * c.d);
+    t.workspace = ws, t.workspace_bytes = ws_bytes;
+    for (int r = 0; r < 2; r++) {
+        t.weight = (const char *)dw + (size_t)cuts[r] * (size_t)c.d * 2;
+        CHECKF(flce_topk_stats(fresh, &ps[r], &t, (char *)gathered + r * bytes, NULL) == FLCE_OK, "rank %d: %s", r,
+               flce_last_error());
+    }
+    flce_topk_tensors f;
+    flce_topk_tensors_init(&f);
+    outputs_poisoned(&f, c.n, c.k);
+    flce_status st = flce_topk_finish(fresh, &ps[1], &f, gathered, NULL);
+    CHECKF(st == FLCE_OK && flce_check(fresh, NULL) == FLCE_OK, "finish: %s: %s", flce_status_name(st),
+           flce_last_error());
+    topk_out o = out_alloc(c.n, c.k);
+    outputs_fetch(&f, c.n, c.k, o);
+    double worst;
+    CHECKF(check_fp64(&c, h, w, o, &worst) == 0, "%s: wrong against fp64 (largest log-prob error %.2e)", c.name, worst);
+    devmem_free((void *)t.hidden), devmem_free((void *)dw), devmem_free(ws), devmem_free(gathered);
+    out_free(o), free(h), free(w);
+    flce_context_destroy(fresh);
+}
+
 /* A server's context (compile_in_call = 0, no background compiles) over an empty cache: the call
  * refuses with FLCE_ERR_NOT_READY before flce_topk_prepare, and runs after it. */
 static void prepare_before_a_never_compiling_call(void)
@@ -376,6 +421,7 @@ int main(void)
     RUN(split_phase_over_2_and_3_ranks_matches_the_single_call);
     RUN(tp_without_the_communicator_is_refused);
     RUN(a_gap_between_shards_is_reported);
+    RUN(finish_takes_no_workspace);
     RUN(prepare_before_a_never_compiling_call);
     flce_context_destroy(ctx);
     FINISH();
