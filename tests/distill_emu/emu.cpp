@@ -321,6 +321,7 @@ static int topkkl_case(int k, bool in_place)
                               nullptr, DISTILL_LABELS ? lab.data() : nullptr, go.data(), div.data(), lossrows.data(),
                               loss.data(), &count, 0, n, n, v, -100, ld, splits, 0};
     rp.tk_idx = idx.data(), rp.tk_lp = lp.data(), rp.topk = k;
+    rp.vocab_total = v; // labels and ids lie in [0, V) without TP (runtime/distill.c sets it so)
     run(flce_distill_count, 1, rp);
     run(flce_distill_row_topk, n, rp);
     const float *dz = in_place ? zs.data() : dzb.data();
@@ -423,6 +424,7 @@ int main(int argc, char **argv)
     flce_distill_params rp = {zs.data(), zt.data(), nullptr, pms.data(), pss.data(), pmt.data(), pst.data(),
                               DISTILL_LABELS ? lab.data() : nullptr, go.data(), div.data(),
                               lossrows.data(), loss.data(), &count, 0, 0, n, v, -100, ld, splits_s, splits_t};
+    rp.vocab_total = v; // labels lie in [0, V) without TP
     // the logits kernel's epilogue: z/T in place, then each split's (max, Σ exp(z − max)), a NaN
     // anywhere in the split making Σ NaN (the max leaves it out, as fmaxf does)
     auto logits_pass = [&](float *z, float *pm, float *ps, long long rows, int splits) {
