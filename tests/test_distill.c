@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "context.h"
 #include "api_limits.h"
 #include "distill.h"
 #include "topk.h"
@@ -708,6 +709,7 @@ static void distill_spec_emits_through_the_spec_path(void)
           !strcmp(names[5], "flce_distill_row_compact") && !strcmp(names[6], "flce_distill_row_topk") && !strcmp(names[7], "flce_distill_row_topk_compact") && !strcmp(names[8], "flce_distill_topk_sort") &&
           !strcmp(names[9], "flce_distill_tp_pack") && !strcmp(names[10], "flce_distill_tp_merge") &&
           !strcmp(names[11], "flce_distill_tp_out") && !strcmp(names[12], "flce_topk_merge") && !names[13]);
+    CHECK(13 <= CTX_MAX_KERNELS); /* a module's kernels fit the context's table (context.h) */
     char line[256];
     spec_summary(&s, line, sizeof line);
     CHECKF(strstr(line, "distill f16 div=1") != NULL, "%s", line);
