@@ -67,6 +67,16 @@ static void make_data(const tcase *c, double **h, double **w)
     memcpy(*w + (c->twin + 1) * d, *w + c->twin * d, sizeof(double) * (size_t)d);
 }
 
+/* The case's problem on the whole vocab. */
+static flce_topk_problem whole_problem(const tcase *c)
+{
+    flce_topk_problem p;
+    flce_topk_problem_init(&p);
+    p.tokens = c->n, p.hidden = c->d, p.vocab = c->v, p.dtype = c->dtype, p.k = c->k, p.temperature = c->temperature;
+    p.memory_budget = c->budget;
+    return p;
+}
+
 /* One call's outputs on the host. */
 typedef struct topk_out {
     int64_t *idx;
@@ -145,24 +155,29 @@ static int check_fp64(const tcase *c, const double *h, const double *w, topk_out
     return bad;
 }
 
-static void run_case(const tcase *c)
+/* The case's data uploaded into t (hidden and weight, which the caller frees) and one
+ * flce_topk_logprobs call on the whole vocab; its outputs. */
+static topk_out single_call(const tcase *c, const double *h, const double *w, flce_topk_tensors *t)
 {
-    const int64_t n = c->n, d = c->d, v = c->v;
-    double *h, *w;
-    make_data(c, &h, &w);
-    flce_topk_problem p;
-    flce_topk_problem_init(&p);
-    p.tokens = n, p.hidden = d, p.vocab = v, p.dtype = c->dtype, p.k = c->k, p.temperature = c->temperature;
-    p.memory_budget = c->budget;
-    flce_topk_tensors t;
-    flce_topk_tensors_init(&t);
-    t.hidden = upload_dtype(c->dtype, h, n * d), t.weight = upload_dtype(c->dtype, w, v * d);
-    outputs_poisoned(&t, n, c->k);
-    flce_status st = flce_topk_logprobs(ctx, &p, &t, NULL);
+    const int64_t n = c->n;
+    flce_topk_problem p = whole_problem(c);
+    flce_topk_tensors_init(t);
+    t->hidden = upload_dtype(c->dtype, h, n * c->d), t->weight = upload_dtype(c->dtype, w, c->v * c->d);
+    outputs_poisoned(t, n, c->k);
+    flce_status st = flce_topk_logprobs(ctx, &p, t, NULL);
     CHECKF(st == FLCE_OK, "%s: %s: %s", c->name, flce_status_name(st), flce_last_error());
     CHECKF(flce_check(ctx, NULL) == FLCE_OK, "%s: check: %s", c->name, flce_last_error());
     topk_out o = out_alloc(n, c->k);
-    outputs_fetch(&t, n, c->k, o);
+    outputs_fetch(t, n, c->k, o);
+    return o;
+}
+
+static void run_case(const tcase *c)
+{
+    double *h, *w;
+    make_data(c, &h, &w);
+    flce_topk_tensors t;
+    topk_out o = single_call(c, h, w, &t);
     double worst;
     const int bad = check_fp64(c, h, w, o, &worst);
     CHECKF(bad == 0, "%s: %d wrong (largest log-prob error %.2e)", c->name, bad, worst);
@@ -242,20 +257,12 @@ typedef struct tp_case {
 static void split_case(const tp_case *tc)
 {
     const tcase *c = &tc->c;
-    const int64_t n = c->n, d = c->d, v = c->v;
+    const int64_t n = c->n;
     double *h, *w;
     make_data(c, &h, &w);
-    flce_topk_problem whole;
-    flce_topk_problem_init(&whole);
-    whole.tokens = n, whole.hidden = d, whole.vocab = v, whole.dtype = c->dtype, whole.k = c->k;
-    whole.temperature = c->temperature, whole.memory_budget = c->budget;
+    flce_topk_problem whole = whole_problem(c);
     flce_topk_tensors t;
-    flce_topk_tensors_init(&t);
-    t.hidden = upload_dtype(c->dtype, h, n * d), t.weight = upload_dtype(c->dtype, w, v * d);
-    outputs_poisoned(&t, n, c->k);
-    CHECKF(flce_topk_logprobs(ctx, &whole, &t, NULL) == FLCE_OK, "%s: single call: %s", c->name, flce_last_error());
-    topk_out single = out_alloc(n, c->k), out[TP_MAX_TEST];
-    outputs_fetch(&t, n, c->k, single);
+    topk_out single = single_call(c, h, w, &t), out[TP_MAX_TEST];
     flce_topk_problem ps[TP_MAX_TEST];
     for (int r = 0; r < tc->tp; r++) ps[r] = rank_problem(&whole, tc->cuts, tc->tp, r), out[r] = out_alloc(n, c->k);
     split_phase(ps, tc->tp, t.hidden, t.weight, tc->cuts, out);
@@ -316,9 +323,7 @@ static void a_gap_between_shards_is_reported(void)
     const tcase c = {"gap", 64, 64, 1000, 8, FLCE_DTYPE_BF16, 1.0f, 0, -1};
     double *h, *w;
     make_data(&c, &h, &w);
-    flce_topk_problem whole;
-    flce_topk_problem_init(&whole);
-    whole.tokens = c.n, whole.hidden = c.d, whole.k = c.k;
+    flce_topk_problem whole = whole_problem(&c);
     const int64_t cuts[3] = {0, 500, 1001}, rows[2] = {0, 500};
     flce_topk_problem ps[2] = {rank_problem(&whole, cuts, 2, 0), rank_problem(&whole, cuts, 2, 1)};
     ps[1].vocab_offset = 501, ps[1].vocab = 500; /* [0, 500) and [501, 1001): id 500 is nobody's */
@@ -343,9 +348,7 @@ static void finish_takes_no_workspace(void)
     const tcase c = {"finish on a fresh context", 32, 64, 600, 8, FLCE_DTYPE_BF16, 1.0f, 0, -1};
     double *h, *w;
     make_data(&c, &h, &w);
-    flce_topk_problem whole;
-    flce_topk_problem_init(&whole);
-    whole.tokens = c.n, whole.hidden = c.d, whole.k = c.k;
+    flce_topk_problem whole = whole_problem(&c);
     const int64_t cuts[3] = {0, 300, 600};
     flce_topk_problem ps[2] = {rank_problem(&whole, cuts, 2, 0), rank_problem(&whole, cuts, 2, 1)};
     uint64_t bytes = 0, ws_bytes = 0;
