@@ -32,8 +32,8 @@
 enum { DISTILL_THREADS = 256 };
 enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2, DK_LSE = 4, DK_ROW_COMPACT = 5, DK_ROW_TOPK = 6, DK_ROW_TOPK_COMPACT = 7,
        DK_TOPK_SORT = 8, DK_TP_PACK = 9, DK_TP_MERGE = 10, DK_TP_OUT = 11 }; /* emit.c distill_names */
-/* templates/distill.cu DISTILL_TP_HEADER, DISTILL_TP_RECORD: bytes of one rank's all-gather block */
-static uint64_t tp_block_bytes(uint64_t rows) { return 4 * (8 + rows * 4); }
+/* templates/distill.cu: one rank's all-gather block, FLCE_TP_HEADER (params.h) + DISTILL_TP_RECORD words a row */
+static uint64_t tp_block_bytes(uint64_t rows) { return 4 * (FLCE_TP_HEADER + rows * 4); }
 
 /* the sparse target's lists (spec.h) hold a top-k teacher's ids, the most it may give */
 _Static_assert(DISTILL_TOPK_MAX == SPEC_SPARSE_K, "DISTILL_TOPK_MAX and SPEC_SPARSE_K differ");

@@ -666,13 +666,32 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
 //   flce_distill_row_compact with tp_aw: dZs from the global lse's, and the shard's (a, w) =
 //                          (Σ p̂ log p̂, Σ p̂), which an fp32 all-reduce sums
 //   flce_distill_tp_out    a thread per row: D_i = (a − x − (w − 1))/w + lse_s, its outputs
-constexpr int DISTILL_TP_HEADER = 8, DISTILL_TP_RECORD = 4; // 32-bit words
-// The CE path's flag bits (templates/params.h FLCE_FLAG_TP_*), which flce_check reports in its words
-constexpr int DISTILL_FLAG_TP_SHARDS = 1, DISTILL_FLAG_TP_TOTAL = 2, DISTILL_FLAG_TP_TOKENS = 4;
+constexpr int DISTILL_TP_RECORD = 4; // 32-bit words a row, after the header of FLCE_TP_HEADER words (params.h)
+
+// Checks that the tp_size gathered blocks' headers (int64 vocab_offset, shard, vocab_total, tokens; a
+// block every `words` 32-bit words) describe one vocab cut into consecutive shards in rank order, with
+// this rank's vocab_total and token count (the CE path's tp_check_headers, rowops.cu); raises flag[1]'s
+// FLCE_FLAG_TP_* bits otherwise, which the next call or flce_check reports. One thread, tp_size reads.
+__device__ void distill_tp_check_headers(const float *gathered, long long words, int tp_size, long long vocab_total,
+                                         long long tokens, int *flag)
+{
+    const long long *h0 = (const long long *)gathered;
+    long long next = 0;
+    int bad = 0;
+    for (int r = 0; r < tp_size; r++) {
+        const long long *h = (const long long *)(gathered + r * words);
+        if (h[0] != next) bad |= FLCE_FLAG_TP_SHARDS;
+        if (h[2] != h0[2] || h[2] != vocab_total) bad |= FLCE_FLAG_TP_TOTAL;
+        if (h[3] != h0[3] || h[3] != tokens) bad |= FLCE_FLAG_TP_TOKENS;
+        next = h[0] + h[1];
+    }
+    if (next != h0[2]) bad |= FLCE_FLAG_TP_SHARDS;
+    if (bad && flag) ((volatile int *)flag)[1] |= bad;
+}
 
 __device__ __forceinline__ long long distill_tp_block_words(const flce_distill_params &p)
 {
-    return DISTILL_TP_HEADER + p.rows * DISTILL_TP_RECORD;
+    return FLCE_TP_HEADER + p.rows * DISTILL_TP_RECORD;
 }
 
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_pack(const flce_distill_params p)
@@ -694,45 +713,32 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_pa
         const long long y = distill_label(p, p.row0 + r) - p.vocab_offset;
         if (CE_WEIGHT != 0.f && y >= 0 && y < p.vocab) target = p.target_s[r];
     }
-    float *rec = (float *)p.tp_send + DISTILL_TP_HEADER + r * DISTILL_TP_RECORD;
+    float *rec = (float *)p.tp_send + FLCE_TP_HEADER + r * DISTILL_TP_RECORD;
     rec[0] = a.m + logf(a.s), rec[1] = p.lse_t ? p.lse_t[r] : 0.f, rec[2] = x, rec[3] = target; // (top-k: no lse_t)
 }
 
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_merge(const flce_distill_params p)
 {
     const long long r = (long long)blockIdx.x * DISTILL_THREADS + threadIdx.x, words = distill_tp_block_words(p);
-    if (r == 0 && p.flag) { // the ranks' shards tile one vocab, in rank order, over one token count
-        const long long *h0 = (const long long *)p.tp_recv;
-        long long next = 0;
-        int bad = 0;
-        for (int k = 0; k < p.tp_size; k++) {
-            const long long *h = (const long long *)((const float *)p.tp_recv + k * words);
-            if (h[0] != next) bad |= DISTILL_FLAG_TP_SHARDS;
-            if (h[2] != h0[2]) bad |= DISTILL_FLAG_TP_TOTAL;
-            if (h[3] != h0[3]) bad |= DISTILL_FLAG_TP_TOKENS;
-            next = h[0] + h[1];
-        }
-        if (next != h0[2]) bad |= DISTILL_FLAG_TP_SHARDS;
-        if (bad) ((volatile int *)p.flag)[1] |= bad;
-    }
+    if (r == 0) distill_tp_check_headers((const float *)p.tp_recv, words, p.tp_size, p.vocab_total, p.tokens, p.flag);
     if (r >= p.rows) return;
     const double neg_inf = (double)DISTILL_NEG_INF;
     double ms = neg_inf, mt = neg_inf, nan = 0.0;
     for (int k = 0; k < p.tp_size; k++) {
-        const float *rec = (const float *)p.tp_recv + k * words + DISTILL_TP_HEADER + r * DISTILL_TP_RECORD;
+        const float *rec = (const float *)p.tp_recv + k * words + FLCE_TP_HEADER + r * DISTILL_TP_RECORD;
         const double ls = rec[0], lt = rec[1];
         if (ls != ls || lt != lt || rec[2] != rec[2]) nan = (double)__int_as_float(0x7fc00000); // fmax drops NaN
         ms = fmax(ms, ls), mt = fmax(mt, lt);
     }
     double ss = 0.0, st = 0.0;
     for (int k = 0; k < p.tp_size; k++) {
-        const float *rec = (const float *)p.tp_recv + k * words + DISTILL_TP_HEADER + r * DISTILL_TP_RECORD;
+        const float *rec = (const float *)p.tp_recv + k * words + FLCE_TP_HEADER + r * DISTILL_TP_RECORD;
         ss += exp((double)rec[0] - ms), st += exp((double)rec[1] - mt);
     }
     const double lse_s = ms + log(ss) + nan, lse_t = mt + log(st) + nan;
     double x = 0.0; // (a top-k teacher's p is given: the shards' sums add as they are)
     for (int k = 0; k < p.tp_size; k++) {
-        const float *rec = (const float *)p.tp_recv + k * words + DISTILL_TP_HEADER + r * DISTILL_TP_RECORD;
+        const float *rec = (const float *)p.tp_recv + k * words + FLCE_TP_HEADER + r * DISTILL_TP_RECORD;
         x += (p.topk ? 1.0 : exp((double)rec[1] - lse_t)) * (double)rec[2];
     }
     p.lse_s_rows[r] = (float)lse_s, p.x_rows[r] = (float)(x + nan);
@@ -740,7 +746,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_me
     if (CE_WEIGHT != 0.f) { // the label's logit: one shard's, the others 0 (exact)
         float target = 0.f;
         for (int k = 0; k < p.tp_size; k++)
-            target += ((const float *)p.tp_recv)[k * words + DISTILL_TP_HEADER + r * DISTILL_TP_RECORD + 3];
+            target += ((const float *)p.tp_recv)[k * words + FLCE_TP_HEADER + r * DISTILL_TP_RECORD + 3];
         ((float *)p.target_s)[r] = target;
     }
 }
@@ -1105,24 +1111,11 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_topk_row(cons
 // (logit, id) in two lists — only when shards overlap, which the header check reports — go by rank
 // order, so the k places always hold k different candidates.
 
-// Checks that the headers describe one vocab cut into consecutive shards in rank order, with this
-// rank's vocab_total and token count (the CE path's tp_check_headers, rowops.cu); raises flag[1]'s
-// FLCE_FLAG_TP_* bits otherwise. One thread, tp_size reads.
+// The headers checked (distill_tp_check_headers)
 __device__ void topk_check_headers(const flce_topk_params &p)
 {
-    const long long words = topk_block_words(p);
-    const long long *h0 = (const long long *)p.gathered;
-    long long next = 0;
-    int bad = 0;
-    for (int r = 0; r < p.tp_size; r++) {
-        const long long *h = (const long long *)(p.gathered + r * words);
-        if (h[0] != next) bad |= FLCE_FLAG_TP_SHARDS;
-        if (h[2] != h0[2] || h[2] != p.vocab_total) bad |= FLCE_FLAG_TP_TOTAL;
-        if (h[3] != h0[3] || h[3] != p.tokens) bad |= FLCE_FLAG_TP_TOKENS;
-        next = h[0] + h[1];
-    }
-    if (next != h0[2]) bad |= FLCE_FLAG_TP_SHARDS;
-    if (bad && p.flag) ((volatile int *)p.flag)[1] |= bad;
+    distill_tp_check_headers((const float *)p.gathered, topk_block_words(p), p.tp_size, p.vocab_total, p.tokens,
+                             p.flag);
 }
 
 // How many of a list's k candidates come before (key, id) of another list: those with a larger key,

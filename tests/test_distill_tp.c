@@ -1,5 +1,5 @@
-/* test_distill_tp.c — flce_distill_loss_and_grad under tensor parallelism (problem.tp_size > 1) on ONE
- * GPU: the ranks are threads, each with its own context and stream, and their collectives go through
+/* test_distill_tp.c — flce_distill_loss_and_grad (and flce_topk_logprobs with tensors.comm) under
+ * tensor parallelism (problem.tp_size > 1) on ONE GPU: the ranks are threads, each with its own context and stream, and their collectives go through
  * tests/fake_nccl.c (loaded as NCCL through FLCE_NCCL_LIBRARY; NCCL itself refuses two ranks on one
  * device). For identical global data, every rank's loss and divergence must match testing/ref.c
  * ref_distill in fp64 within test_distill_gpu's tolerances, bit for bit across ranks; dHs (summed
@@ -289,6 +289,87 @@ static void topk_teacher_shards_match_one_gpu(void)
     free(hs), free(ws), free(lps), free(ids), free(labels);
 }
 
+/* flce_topk_logprobs with tensors.comm (runtime/topk.c's own all-gather) over 2 uneven shards: every
+ * rank's ids, log-probs and lse the same bits, and equal to the one-GPU call's ids, log-probs within
+ * 1e-5 (the merge ranks fp32 candidates; the one-GPU call the same values). */
+typedef struct topk_io {
+    int rank, tp;
+    void *comm;
+    int64_t n, d, v, k, r0, vr;
+    const double *h, *w;
+    int64_t *ids;
+    double *lp, *lse;
+    flce_status st;
+    char msg[256];
+} topk_io;
+
+static void *topk_rank(void *arg)
+{
+    topk_io *io = arg;
+    flce_context *ctx = NULL;
+    io->st = devmem_use(0);
+    if (io->st == FLCE_OK) io->st = flce_context_create(0, &ctx);
+    if (io->st != FLCE_OK) {
+        snprintf(io->msg, sizeof io->msg, "context: %s", flce_last_error());
+        return NULL;
+    }
+    flce_topk_problem p;
+    flce_topk_problem_init(&p);
+    p.tokens = io->n, p.hidden = io->d, p.vocab = io->vr, p.k = (int32_t)io->k, p.temperature = 1.25f;
+    p.vocab_offset = io->r0, p.vocab_total = io->v, p.tp_rank = io->rank, p.tp_size = io->tp;
+    flce_topk_tensors t;
+    flce_topk_tensors_init(&t);
+    t.hidden = upload_dtype(FLCE_DTYPE_BF16, io->h, io->n * io->d);
+    t.weight = upload_dtype(FLCE_DTYPE_BF16, io->w + io->r0 * io->d, io->vr * io->d);
+    t.indices = poisoned((size_t)(io->n * io->k) * 8), t.logprobs = poisoned((size_t)(io->n * io->k) * 4);
+    t.lse = poisoned((size_t)io->n * 4);
+    t.comm = io->tp > 1 ? io->comm : NULL;
+    io->st = flce_topk_logprobs(ctx, &p, &t, NULL);
+    if (io->st == FLCE_OK) io->st = flce_check(ctx, NULL);
+    if (io->st != FLCE_OK) snprintf(io->msg, sizeof io->msg, "%s", flce_last_error());
+    devmem_download(io->ids, t.indices, (size_t)(io->n * io->k) * 8);
+    down_f32(t.logprobs, io->lp, io->n * io->k), down_f32(t.lse, io->lse, io->n);
+    devmem_free((void *)t.hidden), devmem_free((void *)t.weight), devmem_free(t.indices), devmem_free(t.logprobs);
+    devmem_free(t.lse);
+    flce_context_destroy(ctx);
+    return NULL;
+}
+
+static void topk_logprobs_with_the_communicator(void)
+{
+    const int64_t n = 96, d = 128, v = 3000, k = 24, cut = 1317;
+    double *h = dalloc(n * d), *w = dalloc(v * d);
+    fill(h, n * d, 1.0, FLCE_DTYPE_BF16), fill(w, v * d, 3.0 / sqrt((double)d), FLCE_DTYPE_BF16);
+    void *comms[2] = {0};
+    CHECK(make_world(2, comms) == 0);
+    topk_io io[3];
+    for (int r = 0; r < 3; r++) { /* io[0], io[1]: the ranks; io[2]: the one-GPU call */
+        const int tp = r < 2 ? 2 : 1;
+        io[r] = (topk_io){r < 2 ? r : 0, tp, r < 2 ? comms[r] : NULL, n, d, v, k, r == 1 ? cut : 0,
+                          r == 0 ? cut : r == 1 ? v - cut : v, h, w, malloc(sizeof(int64_t) * (size_t)(n * k)),
+                          dalloc(n * k), dalloc(n), FLCE_OK, ""};
+    }
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) CHECK(pthread_create(&th[r], NULL, topk_rank, &io[r]) == 0);
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    topk_rank(&io[2]);
+    for (int r = 0; r < 3; r++) CHECKF(io[r].st == FLCE_OK, "%s: %s", r < 2 ? "rank" : "one GPU", io[r].msg);
+    CHECK(!memcmp(io[0].ids, io[1].ids, sizeof(int64_t) * (size_t)(n * k)) &&
+          !memcmp(io[0].lp, io[1].lp, sizeof(double) * (size_t)(n * k)) &&
+          !memcmp(io[0].lse, io[1].lse, sizeof(double) * (size_t)n));
+    int64_t ids_differ = 0;
+    double worst = 0;
+    for (int64_t e = 0; e < n * k; e++) {
+        ids_differ += io[0].ids[e] != io[2].ids[e];
+        worst = fmax(worst, fabs(io[0].lp[e] - io[2].lp[e]));
+    }
+    printf("  top-k with comm: %lld ids differ from the one-GPU call's, log-probs within %.1e\n", (long long)ids_differ,
+           worst);
+    CHECKF(ids_differ == 0 && worst <= 1e-5, "%lld ids differ, log-probs %.2e", (long long)ids_differ, worst);
+    for (int r = 0; r < 3; r++) free(io[r].ids), free(io[r].lp), free(io[r].lse);
+    free(h), free(w);
+}
+
 static void overlapping_shards_are_reported(void)
 {
     static const tcase c = {"overlap", 64, 64, 64, 800, 2, {0, 400, 800}, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN, 1.0f,
@@ -313,6 +394,7 @@ int main(void)
     host_rng_seed(&rng, seed);
     RUN(shards_match_the_reference);
     RUN(topk_teacher_shards_match_one_gpu);
+    RUN(topk_logprobs_with_the_communicator);
     RUN(overlapping_shards_are_reported);
     FINISH();
 }
