@@ -23,7 +23,7 @@ one() {
       cat "$src/templates/params.h" "$src/templates/distill.cu"; } > "$dir/k.cu"
     runs=$((runs + 1))
     if ! "$cxx" -std=c++17 -O1 -w -I"$dir" -I"$src/tests/distill_emu" -I"$src/testing" -I"$src/include" \
-         "$src/tests/distill_emu/emu.cpp" "$dir/ref.o" -o "$dir/emu" -lpthread -lm; then
+         "$src/tests/distill_emu/emu.cpp" "$dir/ref.o" -o "$dir/emu" -lm; then
         echo "FAIL (build) $*"; fails=$((fails + 1)); return
     fi
     if out=$("$dir/emu" "$chunk"); then echo "ok   $* : $out"; else echo "FAIL $* : $out"; fails=$((fails + 1)); fi

@@ -6,9 +6,10 @@
  * place of the student's logits (as fp32 calls do), even ones into a block of their own. The case is compiled in (distill_emu.sh writes k.cu: the generated
  * constants, then the template); argv[1] is the token chunk. Exit 0 when every error < 1e-5. */
 #include "shim.h"
-thread_local emu_dim threadIdx;
+#include <ucontext.h>
+emu_dim threadIdx;
 emu_dim emu_block, gridDim;
-pthread_barrier_t emu_block_bar, emu_warp_bar[8];
+emu_bar emu_block_bar, emu_warp_bar[8];
 float emu_shfl[256];
 #include "k.cu"
 #include <cstdio>
@@ -18,35 +19,72 @@ float emu_shfl[256];
 extern "C" {
 #include "ref.h"
 }
-/* One launch: 256 threads for the whole grid, walking the CTAs in order (a barrier between two). */
-template <class P> struct job {
+/* One launch: the CTAs in order, each as 256 coroutines (shim.h) started at the kernel and run
+ * round-robin from one barrier to the next; the CTA ends when all 256 have returned. */
+enum { EMU_THREADS = 256, EMU_STACK = 1 << 17 };
+static ucontext_t emu_main_ctx, emu_ctx[EMU_THREADS];
+static bool emu_done[EMU_THREADS];
+static int emu_cur, emu_left;
+static char *emu_stack;
+static void *emu_job;
+
+static int emu_next(int me)
+{
+    int next = me;
+    do next = (next + 1) % EMU_THREADS;
+    while (emu_done[next] && next != me);
+    return next;
+}
+
+void emu_yield()
+{
+    const int me = emu_cur, next = emu_next(me);
+    if (next != me) {
+        emu_cur = next, threadIdx = {(unsigned)next, 0, 0};
+        swapcontext(&emu_ctx[me], &emu_ctx[next]);
+    }
+    emu_cur = me, threadIdx = {(unsigned)me, 0, 0};
+}
+
+template <class P> struct emu_launch {
     void (*fn)(P);
     P p;
-    unsigned tid;
-    long long grid;
 };
-template <class P> static void *body(void *a)
+template <class P> static void emu_entry()
 {
-    job<P> *j = (job<P> *)a;
-    threadIdx = {j->tid, 0, 0};
-    for (long long b = 0; b < j->grid; b++) {
-        if (j->tid == 0) emu_block = {(unsigned)b, 0, 0};
-        pthread_barrier_wait(&emu_block_bar);
-        j->fn(j->p);
-        pthread_barrier_wait(&emu_block_bar);
-    }
-    return nullptr;
+    const emu_launch<P> *l = (const emu_launch<P> *)emu_job;
+    l->fn(l->p);
+    const int me = emu_cur;
+    emu_done[me] = true;
+    if (--emu_left == 0) setcontext(&emu_main_ctx); // the CTA is done (does not return)
+    const int next = emu_next(me);
+    emu_cur = next, threadIdx = {(unsigned)next, 0, 0};
+    setcontext(&emu_ctx[next]);
 }
+
 template <class P> static void run(void (*fn)(P), long long grid, P p)
 {
     gridDim = {(unsigned)grid, 1, 1};
-    pthread_t th[256];
-    static job<P> jobs[256];
-    for (unsigned t = 0; t < 256; t++) {
-        jobs[t] = {fn, p, t, grid};
-        pthread_create(&th[t], nullptr, body<P>, &jobs[t]);
+    static emu_launch<P> l;
+    l = {fn, p};
+    emu_job = &l;
+    if (!emu_stack && !(emu_stack = (char *)malloc((size_t)EMU_THREADS * EMU_STACK))) {
+        fprintf(stderr, "emu: out of memory for the coroutines' stacks\n");
+        exit(2);
     }
-    for (int t = 0; t < 256; t++) pthread_join(th[t], nullptr);
+    for (long long b = 0; b < grid; b++) {
+        emu_block = {(unsigned)b, 0, 0};
+        for (int t = 0; t < EMU_THREADS; t++) {
+            getcontext(&emu_ctx[t]);
+            emu_ctx[t].uc_stack.ss_sp = emu_stack + (size_t)t * EMU_STACK;
+            emu_ctx[t].uc_stack.ss_size = EMU_STACK;
+            emu_ctx[t].uc_link = nullptr;
+            makecontext(&emu_ctx[t], (void (*)())emu_entry<P>, 0);
+            emu_done[t] = false;
+        }
+        emu_left = EMU_THREADS, emu_cur = 0, threadIdx = {0, 0, 0};
+        swapcontext(&emu_main_ctx, &emu_ctx[0]);
+    }
 }
 static double rnd() { return (rand() / (double)RAND_MAX - 0.5) * 2; }
 /* flce_topk_row against a sort of fp64 logits (argv[1] "topk"): hidden and weight rows of width 16,
@@ -371,8 +409,6 @@ static int topkkl_case(int k, bool in_place)
 
 int main(int argc, char **argv)
 {
-    pthread_barrier_init(&emu_block_bar, nullptr, 256);
-    for (int w = 0; w < 8; w++) pthread_barrier_init(&emu_warp_bar[w], nullptr, 32);
     if (argc > 1 && !strcmp(argv[1], "topkkl")) {
         int bad = 0;
         bad += topkkl_case(1, false);

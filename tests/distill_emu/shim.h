@@ -1,8 +1,10 @@
 /* shim.h — just enough of CUDA for templates/distill.cu to run on the host (distill_emu.sh): one CTA
- * at a time as 256 POSIX threads, __syncthreads a barrier, __shfl_xor_sync through a buffer between
+ * at a time as 256 coroutines of one host thread (emu.cpp run: ucontext), __syncthreads a barrier
+ * that yields to the next coroutine until all have arrived, __shfl_xor_sync through a buffer between
  * two warp barriers, __shared__ a static (the CTA's threads share it). fp32 inputs only: the 16-bit
- * conversions are inline PTX. A check of the kernels' arithmetic and indexing, not of the GPU. */
-#include <pthread.h>
+ * conversions are inline PTX. A check of the kernels' arithmetic and indexing, not of the GPU.
+ * (256 POSIX threads per CTA spent most of the test's time in futex barriers: 105 s wall, 101 s of
+ * it in the kernel, on 2 cores; coroutines switch without waking threads.) */
 #include <cmath>
 #include <cstring>
 #include <cstdint>
@@ -12,20 +14,35 @@ struct float4 {
 struct emu_dim {
     unsigned x, y, z;
 };
-extern thread_local emu_dim threadIdx;
+extern emu_dim threadIdx; // the running coroutine's (emu.cpp sets it on every switch)
 extern emu_dim emu_block, gridDim;
 #define blockIdx emu_block
-extern pthread_barrier_t emu_block_bar, emu_warp_bar[8];
 extern float emu_shfl[256];
-#define __syncthreads() pthread_barrier_wait(&emu_block_bar)
+// A barrier of `expected` coroutines: the last to arrive opens it; the others yield until it opens.
+struct emu_bar {
+    int count;
+    unsigned gen;
+};
+extern emu_bar emu_block_bar, emu_warp_bar[8];
+void emu_yield();
+static inline void emu_wait(emu_bar &b, int expected)
+{
+    const unsigned gen = b.gen;
+    if (++b.count == expected) {
+        b.count = 0, b.gen++;
+        return;
+    }
+    while (b.gen == gen) emu_yield();
+}
+#define __syncthreads() emu_wait(emu_block_bar, 256)
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) // float and double
 {
     static T buf[256];
     int t = (int)threadIdx.x;
     buf[t] = v;
-    pthread_barrier_wait(&emu_warp_bar[t / 32]);
+    emu_wait(emu_warp_bar[t / 32], 32);
     T r = buf[t ^ o];
-    pthread_barrier_wait(&emu_warp_bar[t / 32]);
+    emu_wait(emu_warp_bar[t / 32], 32);
     return r;
 }
 using std::isfinite;
@@ -33,9 +50,9 @@ static inline int __shfl_up_sync(unsigned, int v, int o)
 {
     int t = (int)threadIdx.x;
     ((int *)emu_shfl)[t] = v;
-    pthread_barrier_wait(&emu_warp_bar[t / 32]);
+    emu_wait(emu_warp_bar[t / 32], 32);
     int r = (t % 32) >= o ? ((int *)emu_shfl)[t - o] : v;
-    pthread_barrier_wait(&emu_warp_bar[t / 32]);
+    emu_wait(emu_warp_bar[t / 32], 32);
     return r;
 }
 static inline unsigned atomicAdd(unsigned *a, unsigned v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
