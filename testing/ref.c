@@ -439,6 +439,30 @@ static int ref_distill_valid(const ref_distill_problem *p, const int64_t *labels
     return !labels || (labels[i] != p->ignore_index && labels[i] >= 0 && labels[i] < v);
 }
 
+void ref_distill_divergences(const ref_distill_problem *p, int64_t n, int64_t ds, int64_t dt, int64_t v,
+                             const double *hs, const double *ws, const double *ht, const double *wt,
+                             const int64_t *labels, double *out)
+{
+    double *zs = malloc(sizeof(double) * (size_t)(v > 0 ? v : 1)), *zt = malloc(sizeof(double) * (size_t)(v > 0 ? v : 1));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t y = labels ? labels[i] : -1;
+        if (!zs || !zt || (labels && (y == p->ignore_index || y < 0 || y >= v))) {
+            out[i] = zs && zt ? 0 : NAN;
+            continue;
+        }
+        for (int64_t j = 0; j < v; j++) {
+            double a = 0, b = 0;
+            for (int64_t k = 0; k < ds; k++) a += hs[i * ds + k] * ws[j * ds + k];
+            for (int64_t k = 0; k < dt; k++) b += ht[i * dt + k] * wt[j * dt + k];
+            zs[j] = a, zt[j] = b;
+        }
+        ref_distill_row_out r;
+        ref_distill_row(p, v, zs, zt, y, &r, NULL);
+        out[i] = r.divergence;
+    }
+    free(zs), free(zt);
+}
+
 int ref_distill(const ref_distill_problem *p, int64_t n, int64_t ds, int64_t dt, int64_t v,
                 const double *hs, const double *ws, const double *ht, const double *wt,
                 const int64_t *labels, const double *grad_output, double *loss, double *dhs,

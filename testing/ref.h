@@ -122,6 +122,12 @@ typedef struct ref_distill_row_out {
 void ref_distill_row(const ref_distill_problem *p, int64_t v, const double *zs, const double *zt,
                      int64_t label, ref_distill_row_out *out, double *dz);
 
+/* D_i of every token (out, N values) from the fp64 logits of both models (ref_distill_row), 0 for a
+ * token whose label (labels may be NULL: none) is ignore_index or outside [0, V). */
+void ref_distill_divergences(const ref_distill_problem *p, int64_t n, int64_t ds, int64_t dt, int64_t v,
+                             const double *hs, const double *ws, const double *ht, const double *wt,
+                             const int64_t *labels, double *out);
+
 /* The whole problem: hs N×ds, ws V×ds (student), ht N×dt, wt V×dt (teacher), row-major.
  * loss: 1 value (mean/sum) or N (none); dhs (N×ds) and dws (V×ds) may be NULL.
  * Returns 0, -1 when memory runs out, -2 when ce_weight != 0 without labels. */

@@ -51,30 +51,6 @@ static void fill(double *x, int64_t count, double scale, flce_dtype t)
     host_round_to_dtype(t, x, (size_t)count);
 }
 
-/* D_i of every token from the fp64 logits (ref_distill_row), 0 for ignored ones. */
-static void ref_divergences(const ref_distill_problem *rp, const dcase *c, const double *hs, const double *ws,
-                            const double *ht, const double *wt, const int64_t *labels, double *out)
-{
-    double *zs = dalloc(c->v), *zt = dalloc(c->v);
-    for (int64_t i = 0; i < c->n; i++) {
-        int64_t y = labels ? labels[i] : -1;
-        if (labels && (y == rp->ignore_index || y < 0 || y >= c->v)) {
-            out[i] = 0;
-            continue;
-        }
-        for (int64_t j = 0; j < c->v; j++) {
-            double a = 0, b = 0;
-            for (int64_t k = 0; k < c->ds; k++) a += hs[i * c->ds + k] * ws[j * c->ds + k];
-            for (int64_t k = 0; k < c->dt; k++) b += ht[i * c->dt + k] * wt[j * c->dt + k];
-            zs[j] = a, zt[j] = b;
-        }
-        ref_distill_row_out r;
-        ref_distill_row(rp, c->v, zs, zt, y, &r, NULL);
-        out[i] = r.divergence;
-    }
-    free(zs), free(zt);
-}
-
 static void run_case(const dcase *c)
 {
     const int64_t n = c->n, ds = c->ds, dt = c->dt, v = c->v;
@@ -101,7 +77,7 @@ static void run_case(const dcase *c)
     const int64_t *rlab = c->no_labels ? NULL : labels;
     CHECKF(ref_distill(&rp, n, ds, dt, v, hs, ws, ht, wt, rlab, c->grad_output ? go : NULL, rl, rdh, rdw) == 0,
            "%s: reference failed", c->name);
-    ref_divergences(&rp, c, hs, ws, ht, wt, rlab, rdiv);
+    ref_distill_divergences(&rp, c->n, c->ds, c->dt, c->v, hs, ws, ht, wt, rlab, rdiv);
 
     flce_distill_problem p;
     flce_distill_problem_init(&p);

@@ -115,30 +115,6 @@ static void fill(double *x, int64_t count, double scale, flce_dtype t)
     host_round_to_dtype(t, x, (size_t)count);
 }
 
-/* D_i of every token from fp64 logits, 0 for ignored ones (test_distill_gpu's). */
-static void ref_divergences(const ref_distill_problem *rp, const tcase *c, const double *hs, const double *ws,
-                            const double *ht, const double *wt, const int64_t *labels, double *out)
-{
-    double *zs = dalloc(c->v), *zt = dalloc(c->v);
-    for (int64_t i = 0; i < c->n; i++) {
-        int64_t y = labels ? labels[i] : -1;
-        if (labels && (y == rp->ignore_index || y < 0 || y >= c->v)) {
-            out[i] = 0;
-            continue;
-        }
-        for (int64_t j = 0; j < c->v; j++) {
-            double a = 0, b = 0;
-            for (int64_t k = 0; k < c->ds; k++) a += hs[i * c->ds + k] * ws[j * c->ds + k];
-            for (int64_t k = 0; k < c->dt; k++) b += ht[i * c->dt + k] * wt[j * c->dt + k];
-            zs[j] = a, zt[j] = b;
-        }
-        ref_distill_row_out r;
-        ref_distill_row(rp, c->v, zs, zt, y, &r, NULL);
-        out[i] = r.divergence;
-    }
-    free(zs), free(zt);
-}
-
 /* Runs case c's ranks (threads) on the data in proto (its c, rank, comm and outputs are filled here). */
 static void run_ranks(const tcase *c, const rank_io *proto, rank_io *io)
 {
@@ -175,7 +151,7 @@ static void run_case(const tcase *c)
     double *rl = dalloc(n_loss), *rdh = dalloc(n * ds), *rdw = dalloc(v * ds), *rdiv = dalloc(n);
     CHECKF(ref_distill(&rp, n, ds, dt, v, hs, ws, ht, wt, rlab, c->grad_output ? go : NULL, rl, rdh, rdw) == 0,
            "%s: reference failed", c->name);
-    ref_divergences(&rp, c, hs, ws, ht, wt, rlab, rdiv);
+    ref_distill_divergences(&rp, c->n, c->ds, c->dt, c->v, hs, ws, ht, wt, rlab, rdiv);
 
     rank_io proto, io[4];
     memset(&proto, 0, sizeof proto);
