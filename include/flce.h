@@ -490,8 +490,9 @@ typedef struct flce_distill_problem {
      * weights, of a vocab of vocab_total (0 means vocab_offset + vocab); labels are global ids in
      * [0, vocab_total). With tp_size > 1 the call needs tensors.comm and issues per token chunk
      * one all-gather of 16 bytes per token (both models' shard log-normalizers, the student's
-     * soft-target sum and the CE term's label logit) and one fp32 all-reduce of 8 per token (the divergence's two sums), and
-     * sums dHs over the ranks in fp32 (as flce_loss_and_grad does); dWs is this rank's shard. Every
+     * soft-target sum and the CE term's label logit) and one fp32 all-reduce of 8 per token (the
+     * divergence's two sums), and sums dHs over the ranks in fp32 (as flce_loss_and_grad does);
+     * dWs is this rank's shard. Every
      * rank gets the same loss and divergence. The teacher as top-k (teacher_topk, global ids) needs
      * the all-gather alone; the CE term takes its label's logit from the shard that holds it (in the
      * all-gather). In this version only the compact paths run under TP: 16-bit inputs and forward
