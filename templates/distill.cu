@@ -657,8 +657,8 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
 // and x_r = Σ_{S_r} p̂^r·zs/T, p̂^r the teacher's probabilities normalized on the shard alone (the
 // student pass reads lse_t^r). Per token chunk:
 //   flce_distill_tp_pack   a thread per row: (lse_s^r, lse_t^r, x_r, z_y or 0) after an 8-word header
-//                          (z_y: the CE term's label logit, from the shard that holds the label)
 //                          (int64 vocab_offset, shard size, vocab_total, tokens), written by thread 0
+//                          (z_y: the CE term's label logit, from the shard that holds the label)
 //   (all-gather over the ranks)
 //   flce_distill_tp_merge  a thread per row, every rank the same bits (rank order, fp64): lse =
 //                          log Σ_r exp(lse^r) for both models, x = Σ_r exp(lse_t^r − lse_t)·x_r; the
