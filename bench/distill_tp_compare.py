@@ -187,6 +187,16 @@ def rel(x, ref):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
+def global_lse(z, dist):
+    """Each row's log-normalizer over every rank's columns of z (all-reduce MAX, then SUM)."""
+    import torch
+    m = z.max(dim=1).values
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    s = torch.exp(z - m[:, None]).sum(dim=1)
+    dist.all_reduce(s)
+    return m + torch.log(s)
+
+
 def oracle(hs, ws, ht, wt, T, samples, dist):
     """float64 forward KL on `samples` token rows (the loss over all tokens, mean), this rank's shard
     of the statistics all-reduced in fp64: D on those rows, their dH (all-reduced) and this rank's
@@ -196,14 +206,7 @@ def oracle(hs, ws, ht, wt, T, samples, dist):
 
     def stats(h_rows, ht_rows):
         zs, zt = (h_rows.double() @ ws.double().T) / T, (ht_rows.double() @ wt.double().T) / T
-        out = []
-        for z in (zs, zt):
-            m = z.max(dim=1).values
-            dist.all_reduce(m, op=dist.ReduceOp.MAX)
-            s = torch.exp(z - m[:, None]).sum(dim=1)
-            dist.all_reduce(s)
-            out.append(m + torch.log(s))
-        return zs, zt, out[0], out[1]
+        return zs, zt, global_lse(zs, dist), global_lse(zt, dist)
     loss = torch.zeros((), dtype=torch.float64, device=hs.device)
     dw = torch.zeros(samples, ws.shape[1], dtype=torch.float64, device=hs.device)
     step = 1024
@@ -238,14 +241,7 @@ def _torch_tp_kl():
         def forward(ctx, hs, ws, ht, wt, T):
             zs = (hs @ ws.T).float() / T
             zt = (ht @ wt.T).float() / T
-            lses = []
-            for z in (zs, zt):
-                m = z.max(dim=1).values
-                dist.all_reduce(m, op=dist.ReduceOp.MAX)
-                s = torch.exp(z - m[:, None]).sum(dim=1)
-                dist.all_reduce(s)
-                lses.append(m + torch.log(s))
-            lq, lp = zs - lses[0][:, None], zt - lses[1][:, None]
+            lq, lp = zs - global_lse(zs, dist)[:, None], zt - global_lse(zt, dist)[:, None]
             p = torch.exp(lp)
             div = (p * (lp - lq)).sum(dim=1)
             dist.all_reduce(div)

@@ -54,6 +54,15 @@ typedef struct rank_io {
     char msg[512];
 } rank_io;
 
+/* A rank thread's own context on device 0 (the ranks share the GPU); msg says why on failure. */
+static flce_status rank_context(flce_context **ctx, char *msg, size_t cap)
+{
+    flce_status st = devmem_use(0);
+    if (st == FLCE_OK) st = flce_context_create(0, ctx);
+    if (st != FLCE_OK) snprintf(msg, cap, "context: %s", flce_last_error());
+    return st;
+}
+
 static void *rank_main(void *arg)
 {
     rank_io *io = arg;
@@ -62,12 +71,7 @@ static void *rank_main(void *arg)
     const int64_t vr = c->cut[io->rank + 1] - r0, n_loss = c->red == FLCE_REDUCTION_NONE ? n : 1;
     const size_t es = host_dtype_size(c->dtype);
     flce_context *ctx = NULL;
-    io->st = devmem_use(0);
-    if (io->st == FLCE_OK) io->st = flce_context_create(0, &ctx);
-    if (io->st != FLCE_OK) {
-        snprintf(io->msg, sizeof io->msg, "context: %s", flce_last_error());
-        return NULL;
-    }
+    if ((io->st = rank_context(&ctx, io->msg, sizeof io->msg)) != FLCE_OK) return NULL;
     flce_distill_problem p;
     flce_distill_problem_init(&p);
     p.tokens = n, p.hidden_student = ds, p.hidden_teacher = dt, p.vocab = vr, p.dtype = c->dtype;
@@ -283,12 +287,7 @@ static void *topk_rank(void *arg)
 {
     topk_io *io = arg;
     flce_context *ctx = NULL;
-    io->st = devmem_use(0);
-    if (io->st == FLCE_OK) io->st = flce_context_create(0, &ctx);
-    if (io->st != FLCE_OK) {
-        snprintf(io->msg, sizeof io->msg, "context: %s", flce_last_error());
-        return NULL;
-    }
+    if ((io->st = rank_context(&ctx, io->msg, sizeof io->msg)) != FLCE_OK) return NULL;
     flce_topk_problem p;
     flce_topk_problem_init(&p);
     p.tokens = io->n, p.hidden = io->d, p.vocab = io->vr, p.k = (int32_t)io->k, p.temperature = 1.25f;
