@@ -530,34 +530,19 @@ def linear_distillation_topk(student_hidden: Tensor, student_weight: Tensor, tea
 
 
 def _tp_args(student_weight, vocab_offset, vocab_total, comm, group):
-    """The checked TP arguments of the vocab-parallel forms: (rank, size, offset, total, comm address),
-    or None for a group of one rank (which must hold the whole vocab)."""
-    import torch.distributed as dist
-    from .parallel import NcclComm
-    for name, x in (("vocab_offset", vocab_offset), ("vocab_total", vocab_total)):
-        if isinstance(x, bool) or not isinstance(x, int):
-            raise TypeError(f"{name}: expected an int, got {_kind(x)} {x!r}")
-    shard = student_weight.shape[0]
-    if vocab_offset < 0 or vocab_offset + shard > vocab_total:
-        raise ValueError(f"vocab_offset={vocab_offset}, vocab_total={vocab_total}: this rank's {shard} weight rows "
-                         f"must lie in [0, vocab_total)")
+    """The checked TP arguments of the vocab-parallel forms (parallel.py's checks, a communicator
+    required): (rank, size, offset, total, comm address), or None for a group of one rank (which
+    must hold the whole vocab)."""
+    from .parallel import NcclComm, _check_one_rank, _check_shard, _group_rank
     if not isinstance(comm, NcclComm):
         raise TypeError(f"comm: expected a flce.NcclComm, got {_kind(comm)}")
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("vocab_parallel_distillation: torch.distributed is not initialized")
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
-    if rank < 0:
-        raise ValueError("group: this process is not a member of it")
-    if not comm.ptr:
-        raise ValueError("comm: closed (NcclComm.close() was called)")
-    if comm.rank != rank or comm.size != size:
-        raise ValueError(f"comm: rank {comm.rank} of {comm.size}, but the group has rank {rank} of {size}")
+    shard = student_weight.shape[0]
+    offset, total = _check_shard(vocab_offset, vocab_total, shard)
+    rank, size = _group_rank(group, comm, "vocab_parallel_distillation")
     if size == 1:
-        if vocab_offset != 0 or vocab_total != shard:
-            raise ValueError(f"vocab_offset={vocab_offset}, vocab_total={vocab_total}: a group of one rank holds the "
-                             f"whole vocab (need vocab_offset=0 and vocab_total=weight.shape[0]={shard})")
+        _check_one_rank(offset, total, shard)
         return None
-    return (rank, size, int(vocab_offset), int(vocab_total), int(comm.ptr.value))
+    return (rank, size, offset, total, int(comm.ptr.value))
 
 
 def vocab_parallel_distillation(student_hidden: Tensor, student_weight: Tensor, teacher_hidden: Tensor,

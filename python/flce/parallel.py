@@ -363,6 +363,48 @@ def _split_phase(hidden, weight, labels, opts, tp, bias, class_weights, gh_acc, 
 
 # ---- the entry point -----------------------------------------------------------------------------
 
+def _check_shard(vocab_offset, vocab_total, shard):
+    """(vocab_offset, vocab_total) as ints, with this rank's `shard` weight rows inside [0, vocab_total)
+    (TypeError, ValueError naming them). Shared by the vocab-parallel calls (distill.py too)."""
+    for name, x in (("vocab_offset", vocab_offset), ("vocab_total", vocab_total)):
+        try:
+            ok = not isinstance(x, bool) and operator.index(x) is not None
+        except TypeError:
+            ok = False
+        if not ok:
+            raise TypeError(f"{name}: expected an int, got {type(x).__name__} {x!r}")
+    offset, total = operator.index(vocab_offset), operator.index(vocab_total)
+    if offset < 0 or total < 1 or offset + shard > total:
+        raise ValueError(f"vocab_offset={offset}, vocab_total={total}: this rank's {shard} weight rows must lie in "
+                         f"[0, vocab_total) (need 0 <= vocab_offset and vocab_offset + weight.shape[0] <= vocab_total)")
+    return offset, total
+
+
+def _group_rank(group, comm, caller):
+    """This process's (rank, size) in `group`, with comm (None or a flce.NcclComm) checked against it."""
+    if comm is not None and not isinstance(comm, NcclComm):
+        raise TypeError(f"comm: expected None or a flce.NcclComm, got {type(comm).__name__}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"{caller}: torch.distributed is not initialized "
+                           "(torch.distributed.init_process_group first)")
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise ValueError("group: this process is not a member of it")
+    if comm is not None:
+        if not comm.ptr:
+            raise ValueError("comm: closed (NcclComm.close() was called)")
+        if comm.rank != rank or comm.size != size:
+            raise ValueError(f"comm: rank {comm.rank} of {comm.size}, but the group has rank {rank} of {size}")
+    return rank, size
+
+
+def _check_one_rank(offset, total, shard):
+    """A group of one rank holds the whole vocab."""
+    if offset != 0 or total != shard:
+        raise ValueError(f"vocab_offset={offset}, vocab_total={total}: a group of one rank holds the whole "
+                         f"vocab (need vocab_offset=0 and vocab_total=weight.shape[0]={shard})")
+
+
 def vocab_parallel_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
                                  vocab_offset: int, vocab_total: int, group: Optional[dist.ProcessGroup] = None,
                                  comm: Optional[NcclComm] = None, sequence_parallel: bool = False,
@@ -411,17 +453,8 @@ def vocab_parallel_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, lab
     _check_args(hidden, weight, labels, reduction, strategy, memory_budget)
     _check_scalars(ignore_index, label_smoothing, z_loss, softcap, temperature, shift, batch_invariant)
     softcap = 0.0 if softcap is None else softcap
-    for name, x in (("vocab_offset", vocab_offset), ("vocab_total", vocab_total)):
-        try:
-            ok = not isinstance(x, bool) and operator.index(x) is not None
-        except TypeError:
-            ok = False
-        if not ok:
-            raise TypeError(f"{name}: expected an int, got {type(x).__name__} {x!r}")
-    offset, total, shard = operator.index(vocab_offset), operator.index(vocab_total), weight.shape[0]
-    if offset < 0 or total < 1 or offset + shard > total:
-        raise ValueError(f"vocab_offset={offset}, vocab_total={total}: this rank's {shard} weight rows must lie in "
-                         f"[0, vocab_total) (need 0 <= vocab_offset and vocab_offset + weight.shape[0] <= vocab_total)")
+    shard = weight.shape[0]
+    offset, total = _check_shard(vocab_offset, vocab_total, shard)
     if not isinstance(sequence_parallel, bool) and sequence_parallel not in (0, 1):
         raise TypeError(f"sequence_parallel: expected a bool, got {type(sequence_parallel).__name__} "
                         f"{sequence_parallel!r}")
@@ -430,27 +463,13 @@ def vocab_parallel_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, lab
     if sequence_parallel and s != 0:
         raise ValueError(f"shift: {shift!r} with sequence_parallel: the next rank's labels are needed; shift the "
                          f"labels before sharding (labels[..., s:] and s ignored positions, on the whole sequence)")
-    if comm is not None and not isinstance(comm, NcclComm):
-        raise TypeError(f"comm: expected None or a flce.NcclComm, got {type(comm).__name__}")
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("vocab_parallel_cross_entropy: torch.distributed is not initialized "
-                           "(torch.distributed.init_process_group first)")
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
-    if rank < 0:
-        raise ValueError("group: this process is not a member of it")
-    if comm is not None:
-        if not comm.ptr:
-            raise ValueError("comm: closed (NcclComm.close() was called)")
-        if comm.rank != rank or comm.size != size:
-            raise ValueError(f"comm: rank {comm.rank} of {comm.size}, but the group has rank {rank} of {size}")
+    rank, size = _group_rank(group, comm, "vocab_parallel_cross_entropy")
     want = dict(lse=return_lse, logprobs=return_logprobs, entropy=return_entropy, argmax=return_argmax,
                 z_loss=return_z_loss, loss_per_token=return_loss_per_token)
     want = {k: bool(v) for k, v in want.items()}
     if size == 1:
         # One rank holds the whole vocab (and all tokens): one GPU's call, no collectives.
-        if offset != 0 or total != shard:
-            raise ValueError(f"vocab_offset={offset}, vocab_total={total}: a group of one rank holds the whole "
-                             f"vocab (need vocab_offset=0 and vocab_total=weight.shape[0]={shard})")
+        _check_one_rank(offset, total, shard)
         return linear_cross_entropy(
             hidden, weight, labels, bias=bias, class_weights=class_weights, ignore_index=ignore_index,
             reduction=reduction, memory_budget=memory_budget, strategy=strategy, label_smoothing=label_smoothing,
