@@ -311,7 +311,8 @@ def distill_checks(comm):
     """flce.vocab_parallel_distillation (issue 44): both LM heads sharded like the CE weight, against
     flce.linear_distillation on the whole weights (the single-GPU call; float64 on the stand-in):
     loss, per-token divergence and the student's gradients (hidden's summed over the ranks, weight's
-    this rank's rows), mean and none; and its errors."""
+    this rank's rows), mean and none, forward KL (compact) and the fp32-logits path (reverse KL, JSD,
+    fp32 inputs); the teacher as top-k; and its errors."""
     g = torch.Generator().manual_seed(123)
     dt_ = 2 * D
     hs = torch.randn(N, D, generator=g).to(BF16).to(DEV)
@@ -338,6 +339,22 @@ def distill_checks(comm):
         losses = [torch.empty_like(out.loss) for _ in range(WORLD)]
         dist.all_gather(losses, out.loss.detach().contiguous())
         assert all(torch.equal(x, losses[0]) for x in losses), f"{reduction}: the ranks' losses differ"
+    # the fp32-logits path: reverse KL with the CE term, JSD(0.4) at T = 2, forward KL on fp32 inputs
+    for divergence, beta, temperature, ce, dtype in (("reverse_kl", 0.0, 1.0, 0.3, BF16), ("jsd", 0.4, 2.0, 0.0, BF16),
+                                                       ("forward_kl", 0.0, 1.0, 0.2, F32)):
+        hs_, ws_, ht_, wt_ = (x.to(dtype) for x in (hs, ws, ht, wt))
+        h1, w1 = hs_.clone().requires_grad_(), ws_.clone().requires_grad_()
+        ref = flce.linear_distillation(h1, w1, ht_, wt_, y, divergence=divergence, beta=beta, temperature=temperature,
+                                       return_per_token=True, ce_weight=ce)
+        ref.loss.backward()
+        h2, w2 = hs_.clone().requires_grad_(), ws_[SHARD].clone().requires_grad_()
+        out = flce.vocab_parallel_distillation(h2, w2, ht_, wt_[SHARD], y, vocab_offset=OFFSET, vocab_total=V,
+                                               comm=comm, divergence=divergence, beta=beta, temperature=temperature,
+                                               return_per_token=True, ce_weight=ce)
+        out.loss.backward()
+        errs = (rel(out.loss, ref.loss), rel(out.divergence, ref.divergence), rel(h2.grad, h1.grad),
+                rel(w2.grad, w1.grad[SHARD]))
+        assert max(errs[:2]) <= 1e-4 and max(errs[2:]) <= 8e-3, f"{divergence}: loss, divergence, dH, dW {errs}"
     # the teacher as top-k (global ids, 16 a token, distinct) with the CE term
     ids = torch.stack([torch.randperm(V, generator=g)[:16] for _ in range(N)]).to(DEV)
     lp = torch.log_softmax(torch.randn(N, 16, generator=g) * 2, dim=1).to(DEV) - 0.1
@@ -355,9 +372,8 @@ def distill_checks(comm):
         hs, ws[SHARD], ht, wt[SHARD], y, vocab_offset=OFFSET, vocab_total=V, comm=None), "comm")
     expect_raises(ValueError, lambda: flce.vocab_parallel_distillation(
         hs, ws[SHARD], ht, wt[SHARD], y, vocab_offset=V - 1, vocab_total=V, comm=comm), "vocab_offset")
-    expect_raises(flce.FlceError, lambda: flce.vocab_parallel_distillation(
-        hs, ws[SHARD], ht, wt[SHARD], y, vocab_offset=OFFSET, vocab_total=V, comm=comm, divergence="reverse_kl"),
-        "divergence")
+    expect_raises(flce.FlceError, lambda: flce.vocab_parallel_distillation_topk(
+        hs.float(), ws[SHARD].float(), ids, lp, y, vocab_offset=OFFSET, vocab_total=V, comm=comm), "dtype")
 
 
 def topk_checks():
@@ -461,8 +477,8 @@ def main():
                           f"{msg if msg else ''}{'' if RANK == 0 else f' (rank {RANK})'}", flush=True)
     failed += on_every_rank("errors (shift with sequence_parallel, shards), lse without saved logits (comm=None), "
                             "fp32 lse/entropy gradients (comm)", lambda: extra_checks(comm))
-    failed += on_every_rank("vocab_parallel_distillation (mean, none) against linear_distillation on the whole "
-                            "weights (the CE term in mean), the teacher as top-k, and its errors",
+    failed += on_every_rank("vocab_parallel_distillation (mean, none; reverse KL, JSD, fp32) against "
+                            "linear_distillation on the whole weights, the teacher as top-k, and its errors",
                             lambda: distill_checks(comm))
     failed += on_every_rank(f"top-k log-probs (stats, all-gather, finish) over shards {SIZES}", topk_checks)
     if RANK == 0:

@@ -12,9 +12,10 @@
  * then the loss reduced in a fixed order (flce_distill_reduce). The CE plan is made for a problem
  * with reduction none, so its GEMM epilogues scale nothing: g_i is in dZs already. Forward KL on
  * 16-bit inputs takes the compact path instead (plan_compact; the teacher as top-k:
- * plan_topk_compact): fp16 p̃ stores, the row kernels named there. Under tensor parallelism
- * (compact path only) each chunk adds an all-gather of the shards' statistics and an all-reduce of the
- * divergence's sums (tp_merge_stats, tp_divergence), and dHs is summed over the ranks as the CE path's. */
+ * plan_topk_compact): fp16 p̃ stores, the row kernels named there. Under tensor parallelism each
+ * chunk adds an all-gather of the shards' statistics and an all-reduce of the divergence's sums
+ * (tp_merge_stats, then tp_divergence on the compact paths, tp_fp32_sums on the fp32 one), and dHs
+ * is summed over the ranks as the CE path's. (Not under TP: fp32 inputs with the teacher as top-k.) */
 #include "distill.h"
 
 #include <string.h>
@@ -207,11 +208,11 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
         if (st != FLCE_ERR_UNSUPPORTED) return st;
         err_clear();
     }
-    if (p->tp_size > 1) /* (distill_api.c admits TP only where the compact path runs) */
+    if (p->tp_size > 1 && !teacher) /* (distill_api.c refuses fp32 inputs with a top-k teacher under TP) */
         return err_set(FLCE_ERR_UNSUPPORTED,
-                       "problem.tp_size=%d: the compact path, the only one under tensor parallelism, did not plan "
-                       "for this problem on this device (vocab=%lld, dtype %d)", p->tp_size, (long long)p->vocab,
-                       (int)p->dtype);
+                       "problem.teacher_topk=%d with tp_size=%d: the compact path, the only top-k one under tensor "
+                       "parallelism, did not plan for this problem on this device (vocab=%lld, dtype %d)",
+                       p->teacher_topk, p->tp_size, (long long)p->vocab, (int)p->dtype);
     memset(pl, 0, sizeof *pl);
     const int f32 = p->dtype == FLCE_DTYPE_F32;
     const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8;
@@ -248,6 +249,10 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
         pl->teacher_part_s = cur, cur = align256(cur + parts);
         pl->teacher_target = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * 4);
     }
+    if (p->tp_size > 1) { /* the shard's teacher lse, then the merged one (run_all) */
+        pl->lse_t_offset = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * 4);
+        tp_layout(p, (uint64_t)pl->chunk_rows, pl, &cur);
+    }
     pl->labels_offset = cur, cur = align256(cur + ((!t || !t->labels) ? n * 8 : 0)); /* int64 or int32 */
     pl->per_token_offset = cur, cur = align256(cur + n * 4);
     pl->count_offset = cur, cur += 16;
@@ -283,7 +288,7 @@ typedef struct distill_row_args {
     long long vocab_total;
     unsigned long long lse_s_rows, x_rows, tp_aw, tp_send, tp_recv; /* TP (flce_distill_tp_*) */
     long long vocab_offset;
-    int tp_size;
+    int tp_size, tp_sums;
 } distill_row_args;
 
 /* The two models' runs of the CE launch path over the workspace: the student's with its plan's
@@ -375,6 +380,16 @@ static flce_status load(flce_context *ctx, const flce_distill_problem *p, const 
 /* Grid of the one-thread-per-row kernels over a chunk of ra->rows rows. */
 static int64_t row_blocks(const distill_row_args *ra) { return (ra->rows + DISTILL_THREADS - 1) / DISTILL_THREADS; }
 
+/* TP's buffers in the row kernels' arguments (nothing without TP) */
+static void tp_args(const flce_distill_problem *p, const distill_plan *pl, CUdeviceptr ws, distill_row_args *ra)
+{
+    if (!pl->tp) return;
+    ra->tp_send = ws + pl->tp_send_offset, ra->tp_recv = ws + pl->tp_recv_offset;
+    ra->lse_s_rows = ws + pl->lse_s_offset, ra->x_rows = ws + pl->x_offset;
+    ra->tp_aw = pl->topk ? 0 : ws + pl->aw_offset;
+    ra->vocab_offset = p->vocab_offset, ra->tp_size = pl->tp;
+}
+
 /* TP, after both logits passes of a chunk: every rank's (lse_s^r, lse_t^r, x_r) to every rank, merged
  * into the global lse's and x (templates/distill.cu, "tensor parallelism"). */
 static flce_status tp_merge_stats(distill_runs *d, distill_row_args *ra)
@@ -384,6 +399,22 @@ static flce_status tp_merge_stats(distill_runs *d, distill_row_args *ra)
     TRY(comm_all_gather(d->ts.comm, (const void *)(uintptr_t)ra->tp_send, (void *)(uintptr_t)ra->tp_recv,
                         tp_block_bytes((uint64_t)ra->rows), stream, "the distillation statistics' all-gather"));
     return launch(d->k[DK_TP_MERGE], row_blocks(ra), 1, DISTILL_THREADS, 0, stream, ra, "distill TP merge");
+}
+
+/* The fp32 path under TP, after both logits passes of a chunk: the shard's teacher lse, the merged
+ * statistics (tp_merge_stats), the row kernel's first read (tp_sums: the shard's parts of the row
+ * sums) and their all-reduce; the second read (run_all) forms dZs and the outputs. */
+static flce_status tp_fp32_sums(distill_runs *d, distill_row_args *ra)
+{
+    const CUstream stream = d->student.stream;
+    TRY(launch(d->k[DK_LSE], row_blocks(ra), 1, DISTILL_THREADS, 0, stream, ra, "distill teacher lse"));
+    TRY(tp_merge_stats(d, ra));
+    ra->tp_sums = 1;
+    flce_status st = launch(d->k[DK_ROW], ra->rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (TP sums)");
+    ra->tp_sums = 0;
+    TRY(st);
+    return comm_all_reduce_f32(d->ts.comm, (float *)(uintptr_t)ra->tp_aw, 2 * (uint64_t)ra->rows, stream,
+                               "the divergence sums' all-reduce");
 }
 
 /* TP, after the row kernel: the shards' (Σ p̂ log p̂, Σ p̂) summed, then each token's D and loss. */
@@ -420,12 +451,7 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
     ra->pt = st_s.soft, ra->tile_ms = st_s.tile_max, ra->tile_mt = st_t.tile_max, ra->part_xs = st_s.part_zs;
     ra->target_s = st_s.target, ra->lse_t = st_s.soft_lse;
     ra->ld_tile = s->tile_max_ld, ra->tile_cols = (int)s->tile_cols;
-    if (pl->tp) {
-        ra->tp_send = ws + pl->tp_send_offset, ra->tp_recv = ws + pl->tp_recv_offset;
-        ra->lse_s_rows = ws + pl->lse_s_offset, ra->x_rows = ws + pl->x_offset;
-        ra->tp_aw = pl->topk ? 0 : ws + pl->aw_offset;
-        ra->vocab_offset = p->vocab_offset, ra->tp_size = pl->tp;
-    }
+    tp_args(p, pl, ws, ra);
     for (int64_t c = 0; c < pl->chunks; c++) {
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
         b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;
@@ -478,17 +504,25 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
     TRY(launch(d.k[DK_COUNT], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill count"));
     ra.tk_idx = addr(t->teacher_topk_indices), ra.tk_lp = addr(t->teacher_topk_logprobs), ra.topk = pl->topk;
     if (pl->compact) return run_compact(&d, p, pl, &ra);
+    tp_args(p, pl, ws, &ra);
+    if (pl->tp) ra.lse_t = ws + pl->lse_t_offset, ra.target_s = st_s.target;
     for (int64_t c = 0; c < pl->chunks; c++) {
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
         b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;
         if (!pl->topk) TRY(launch_store_logits(&d.teacher, &b, zt, &st_t));
         TRY(launch_store_logits(&d.student, &b, zs, &st_s));
         ra.row0 = b.row0, ra.rows = b.rows;
+        if (pl->tp) TRY(tp_fp32_sums(&d, &ra));
         if (pl->topk) TRY(launch(d.k[DK_ROW_TOPK], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows (top-k)"));
         else TRY(launch(d.k[DK_ROW], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows"));
         block rows_done = b;
         rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
         TRY(run_grad_gemms(&d.student, &rows_done, &b));
+    }
+    if (pl->tp) { /* dHs summed over the ranks, as run_compact */
+        flce_status st = finish_dh(&d.student), joined = side_join(&d.student);
+        TRY(st);
+        TRY(joined);
     }
     if (p->reduction != FLCE_REDUCTION_NONE && t->loss)
         TRY(launch(d.k[DK_REDUCE], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill reduce"));

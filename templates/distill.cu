@@ -85,6 +85,7 @@ struct flce_distill_params {
     const void *tp_recv;      // every rank's block, rank order
     long long vocab_offset;   // this shard's first global id
     int tp_size;
+    int tp_sums;              // the fp32 path's first read under TP: flce_distill_row writes the shard's sums
 };
 
 __device__ __forceinline__ long long distill_label(const flce_distill_params &p, long long i)
@@ -269,13 +270,23 @@ __device__ __forceinline__ bool distill_row_begin(const flce_distill_params &p, 
     s.zs = p.zs + r * p.ld;
     s.dz = (char *)p.dz + r * p.ld * (FLCE_DTYPE == 0 ? 4 : 2);
     if (!distill_valid(p, i)) {
-        distill_zero_row(s.dz, 0, p.ld);
-        distill_row_out(p, i, 0.f, 0.f);
+        if (!p.tp_sums) { // (TP's first read writes only its sums: the second writes the row)
+            distill_zero_row(s.dz, 0, p.ld);
+            distill_row_out(p, i, 0.f, 0.f);
+        }
         return false;
     }
-    distill_zero_row(s.dz, p.vocab, p.ld);
-    s.lse_s = distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s, scratch_a, scratch_b);
+    if (!p.tp_sums) distill_zero_row(s.dz, p.vocab, p.ld);
     s.loss = 0.f, s.y = -1;
+    if (p.tp_size > 1) { // TP: the global lse and the label's logit from whichever shard holds it (tp_merge)
+        s.lse_s = p.lse_s_rows[r];
+        if constexpr (DISTILL_LABELS) {
+            s.y = distill_label(p, i) - p.vocab_offset; // the label's column in this shard, if any
+            if (CE_WEIGHT != 0.f) s.loss = CE_WEIGHT * (s.lse_s - p.target_s[r]);
+        }
+        return true;
+    }
+    s.lse_s = distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s, scratch_a, scratch_b);
     if constexpr (DISTILL_LABELS) {
         s.y = distill_label(p, i);
         if (CE_WEIGHT != 0.f) s.loss = CE_WEIGHT * (s.lse_s - s.zs[s.y]);
@@ -287,20 +298,35 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
 {
     __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32];
     const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
+    const bool tp = p.tp_size > 1; // (the same for the whole grid: the block sums below stay uniform)
     distill_row_start s;
-    if (!distill_row_begin(p, scratch_a, scratch_b, s)) return;
+    if (!distill_row_begin(p, scratch_a, scratch_b, s)) {
+        if (tp && p.tp_sums && threadIdx.x == 0) p.tp_aw[2 * r] = 0.f, p.tp_aw[2 * r + 1] = 0.f;
+        return;
+    }
     const float *zs = s.zs, *zt = p.zt + r * p.ld;
     void *dz = s.dz;
-    // 1. both log-normalizers at temperature T, from the logits passes' statistics (lse_s: begin)
+    // 1. both log-normalizers at temperature T: the logits passes' statistics (lse_s: begin), or under
+    // TP the ranks' merged ones (flce_distill_tp_merge)
     const float lse_s = s.lse_s;
-    const float lse_t = distill_lse(p.part_mt + r * p.splits_t, p.part_st + r * p.splits_t, p.splits_t, scratch_a,
-                                    scratch_b);
+    const float lse_t = tp ? p.lse_t[r]
+                           : distill_lse(p.part_mt + r * p.splits_t, p.part_st + r * p.splits_t, p.splits_t, scratch_a,
+                                         scratch_b);
     float loss = s.loss;
     const long long y = s.y; // −1 without labels (CE_WEIGHT is 0 then: emit_distill_source)
     __syncthreads();
     const float g = distill_scale(p, i);
     float d = 0.f;
 #if DISTILL_DIV == 0
+    if (tp && p.tp_sums) { // TP, first read: the shard's part of D, which the ranks add
+        for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
+            const float lq = zs[j] - lse_s, lp = zt[j] - lse_t;
+            d += distill_xlog(__expf(lp), lp, lq);
+        }
+        d = distill_block_sum(d, scratch_a);
+        if (threadIdx.x == 0) p.tp_aw[2 * r] = d, p.tp_aw[2 * r + 1] = 0.f;
+        return;
+    }
     // 2. forward KL: D and dZs in one pass (its dZ needs no row sum)
     for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
         const float lq = zs[j] - lse_s, lp = zt[j] - lse_t, q = __expf(lq), pj = __expf(lp);
@@ -309,23 +335,34 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
         if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
         distill_store(dz, j, g * dzj);
     }
-    d = distill_block_sum(d, scratch_a);
+    d = tp ? p.tp_aw[2 * r] : distill_block_sum(d, scratch_a); // (TP: every shard's, summed)
 #else
-    // 2. the divergence (and JSD's KL(q‖m), which its gradient needs)
+    // 2. the divergence (and JSD's KL(q‖m), which its gradient needs); under TP the first read
+    // (tp_sums) writes the shard's parts, and the second takes the ranks' sums of them
     float kq = 0.f;
-    for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
-        const float lq = zs[j] - lse_s, lp = zt[j] - lse_t;
+    if (!tp || p.tp_sums) {
+        for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
+            const float lq = zs[j] - lse_s, lp = zt[j] - lse_t;
 #if DISTILL_DIV == 1
-        d += distill_xlog(__expf(lq), lq, lp);
+            d += distill_xlog(__expf(lq), lq, lp);
 #else
-        const float lm = distill_log_m(lp, lq);
-        d += DISTILL_BETA * distill_xlog(__expf(lp), lp, lm);
-        kq += distill_xlog(__expf(lq), lq, lm);
+            const float lm = distill_log_m(lp, lq);
+            d += DISTILL_BETA * distill_xlog(__expf(lp), lp, lm);
+            kq += distill_xlog(__expf(lq), lq, lm);
 #endif
-    }
-    d = distill_block_sum(d, scratch_a);
+        }
+        d = distill_block_sum(d, scratch_a);
 #if DISTILL_DIV == 2
-    kq = distill_block_sum(kq, scratch_b);
+        kq = distill_block_sum(kq, scratch_b);
+#endif
+        if (tp) {
+            if (threadIdx.x == 0) p.tp_aw[2 * r] = d, p.tp_aw[2 * r + 1] = kq;
+            return;
+        }
+    } else {
+        d = p.tp_aw[2 * r], kq = p.tp_aw[2 * r + 1];
+    }
+#if DISTILL_DIV == 2
     d += (1.f - DISTILL_BETA) * kq;
 #endif
     // 3. dZs
@@ -649,7 +686,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
 #endif
 }
 
-// ---- tensor parallelism (runtime/distill.c run_compact; 16-bit inputs, forward KL) -----------------
+// ---- tensor parallelism (runtime/distill.c run_compact, run_all) --------------------------------------
 // (The teacher as top-k: its ids are global; each rank's sort keeps its shard's, its pass sums x_r over
 // them, the merge adds the x_r and merges lse_s; the row kernel then forms D itself, since Σ_K p log p
 // and Σ_K p come from the given lists: no second collective.)
@@ -666,6 +703,12 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
 //   flce_distill_row_compact with tp_aw: dZs from the global lse's, and the shard's (a, w) =
 //                          (Σ p̂ log p̂, Σ p̂), which an fp32 all-reduce sums
 //   flce_distill_tp_out    a thread per row: D_i = (a − x − (w − 1))/w + lse_s, its outputs
+// The fp32-logits path (reverse KL, JSD with β > 0, fp32 inputs; runtime/distill.c run_all) uses the
+// same pack, all-gather and merge (x_r = 0: no soft-target sums; lse_t^r from flce_distill_lse), then
+// reads each row twice: flce_distill_row with tp_sums writes the shard's parts of the divergence's
+// row sums (D's, and JSD's KL(q‖m)), an fp32 all-reduce adds them, and flce_distill_row again forms
+// dZs and the outputs from the global sums (forward KL too: its dZ needs none, but D is a sum over
+// every shard).
 constexpr int DISTILL_TP_RECORD = 4; // 32-bit words a row, after the header of FLCE_TP_HEADER words (params.h)
 
 // Checks that the tp_size gathered blocks' headers (int64 vocab_offset, shard, vocab_total, tokens; a
@@ -706,7 +749,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_tp_pa
     float x = 0.f;
     for (int k = 0; k < p.splits_s; k++) {
         a = distill_ms_merge(a, {p.part_ms[r * p.splits_s + k], p.part_ss[r * p.splits_s + k]});
-        x += p.part_xs[r * p.splits_s + k];
+        if (p.part_xs) x += p.part_xs[r * p.splits_s + k]; // (the fp32 path has no soft-target sums)
     }
     float target = 0.f; // the CE term's label logit where this shard holds the label (the pass wrote it)
     if constexpr (DISTILL_LABELS) {

@@ -2,7 +2,8 @@
 # distill_emu.sh SOURCE_DIR [CXX] [CC] — templates/distill.cu's kernels run on the host through
 # tests/distill_emu/shim.h against testing/ref.c ref_distill in fp64 (tests/distill_emu/emu.cpp):
 # every divergence (JSD's ends too) with CE off/on, each reduction, T, labels NULL, one and several
-# token chunks, a NaN teacher row; and flce_topk_row against a sort, alone and under tensor
+# token chunks, a NaN teacher row, each also under tensor parallelism (the fp32 path's two reads with
+# the exchanges between; 2 and 3 shards); and flce_topk_row against a sort, alone and under tensor
 # parallelism (each shard's block, then flce_topk_merge; the header checks). fp32 only (the 16-bit
 # conversions are PTX). Exit 77 without a C++ compiler. The GPU tests of the same calls are
 # test_distill_gpu and test_topk_gpu.
@@ -27,6 +28,9 @@ one() {
         echo "FAIL (build) $*"; fails=$((fails + 1)); return
     fi
     if out=$("$dir/emu" "$chunk"); then echo "ok   $* : $out"; else echo "FAIL $* : $out"; fails=$((fails + 1)); fi
+    runs=$((runs + 1)) # the same under tensor parallelism (2 and 3 shards)
+    if out=$("$dir/emu" "$chunk" tp); then echo "ok   tp $* : $(echo "$out" | tr '\n' ' ')"
+    else echo "FAIL tp $* : $out"; fails=$((fails + 1)); fi
     if [ "$eff" = 0 ] && [ "$nan" = -1 ]; then # the teacher as top-k: forward KL over its ids
         runs=$((runs + 1))
         if out=$("$dir/emu" topkkl); then echo "ok   topkkl $* : $(echo "$out" | tr '\n' ' ')"

@@ -108,8 +108,6 @@ MUT(ce_negative, p->ce_weight = -0.5f)
 MUT(ce_with_temperature, p->ce_weight = 0.5f; p->temperature = 2.0f)
 MUT(small_struct, p->struct_size = 16)
 MUT(big_struct, p->struct_size = sizeof *p + 8)
-MUT(to_f32, p->dtype = FLCE_DTYPE_F32)
-MUT(to_reverse, p->divergence = FLCE_DIVERGENCE_REVERSE_KL)
 
 static void every_bad_problem_field_is_named(void)
 {
@@ -609,9 +607,9 @@ static void forward_kl_plans_the_compact_path(void)
     }
 }
 
-/* Tensor parallelism: its fields named when wrong, what it runs (the compact forward-KL path, without
- * CE) named when asked for more, tensors.comm required, and its plan: the student's CE plan sums dHs
- * over the ranks, the workspace holds the exchanges' buffers. */
+/* Tensor parallelism: its fields named when wrong, what it does not run (fp32 with a top-k teacher)
+ * named, tensors.comm required, and its plans (compact and fp32-logits): the student's CE plan sums
+ * dHs over the ranks, the workspace holds the exchanges' buffers. */
 static void tensor_parallel_is_checked_and_planned(void)
 {
     static const struct {
@@ -637,17 +635,26 @@ static void tensor_parallel_is_checked_and_planned(void)
     flce_distill_problem p = good();
     p.vocab_offset = 32000, p.vocab_total = 64000, p.tp_rank = 1, p.tp_size = 2;
     CHECKF(flce_distill_problem_validate(&p) == FLCE_OK, "%s", flce_last_error());
-    static const struct {
-        void (*mutate)(flce_distill_problem *);
-        const char *says;
-    } unsupported[] = {{to_f32, "problem.dtype"}, {to_reverse, "problem.divergence"}};
-    for (size_t k = 0; k < sizeof unsupported / sizeof unsupported[0]; k++) {
-        flce_distill_problem q = p;
-        unsupported[k].mutate(&q);
-        CHECKF(flce_distill_problem_validate(&q) == FLCE_ERR_UNSUPPORTED && says(unsupported[k].says), "%s",
-               flce_last_error());
-    }
+    flce_distill_problem f32k = p; /* fp32 inputs with a top-k teacher: not under TP */
+    f32k.dtype = FLCE_DTYPE_F32, f32k.teacher_topk = 8, f32k.hidden_teacher = 0;
+    CHECKF(flce_distill_problem_validate(&f32k) == FLCE_ERR_UNSUPPORTED && says("problem.dtype=f32 with teacher_topk=8"),
+           "%s", flce_last_error());
     distill_plan pl;
+    /* the fp32-logits path under TP (reverse KL, JSD with β > 0, fp32 inputs): the same exchanges'
+     * buffers, the teacher's lse per row, dHs summed over the ranks */
+    const flce_divergence fp32_divs[] = {FLCE_DIVERGENCE_REVERSE_KL, FLCE_DIVERGENCE_JSD, FLCE_DIVERGENCE_FORWARD_KL};
+    for (int k = 0; k < 3; k++) {
+        flce_distill_problem f = p;
+        f.divergence = fp32_divs[k], f.beta = 0.5f;
+        if (k == 2) f.dtype = FLCE_DTYPE_F32;
+        CHECKF(flce_distill_problem_validate(&f) == FLCE_OK, "%s", flce_last_error());
+        CHECKF(distill_plan_make(&f, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+        const uint64_t r = (uint64_t)pl.chunk_rows, blk = 4 * (8 + r * 4);
+        CHECKF(!pl.compact && pl.tp == 2 && pl.student.need_dh_tp && pl.student.collective && pl.zt_offset &&
+               pl.lse_t_offset >= pl.teacher_target + r * 4 && pl.tp_send_offset >= pl.lse_t_offset + r * 4 &&
+               pl.tp_recv_offset >= pl.tp_send_offset + blk && pl.lse_s_offset >= pl.tp_recv_offset + 2 * blk &&
+               pl.aw_offset > pl.x_offset && pl.labels_offset >= pl.aw_offset + r * 8, "divergence %d", k);
+    }
     flce_distill_problem ce = p; /* the CE term runs under TP */
     ce.ce_weight = 0.5f;
     CHECKF(flce_distill_problem_validate(&ce) == FLCE_OK, "%s", flce_last_error());

@@ -5,7 +5,7 @@
  * ref_distill in fp64 within test_distill_gpu's tolerances, bit for bit across ranks; dHs (summed
  * over the ranks by the call) likewise; dWs reassembled from the shards. Uneven shards, 2 and 3
  * ranks, several token chunks, ignored tokens, every reduction, fp16 and bf16, T != 1, the CE term,
- * the teacher as top-k; and ranks
+ * the teacher as top-k, the fp32-logits path (reverse KL, JSD with beta > 0, fp32 inputs); and ranks
  * whose shards leave a gap are reported by flce_check. Exit 77 without a GPU. */
 #include <dlfcn.h>
 #include <math.h>
@@ -39,6 +39,8 @@ typedef struct tcase {
     int gap;               /* rank 1 claims one column more at its start: the shards overlap */
     int k;                 /* > 0: the teacher as top-k (rank_io.ids, lps) */
     float ce_weight;
+    flce_divergence div;   /* (0: forward KL) reverse KL, JSD with beta > 0 and fp32 take the fp32-logits path */
+    float beta;
 } tcase;
 
 typedef struct rank_io {
@@ -77,6 +79,7 @@ static void *rank_main(void *arg)
     p.tokens = n, p.hidden_student = ds, p.hidden_teacher = dt, p.vocab = vr, p.dtype = c->dtype;
     p.temperature = c->temperature, p.reduction = c->red, p.memory_budget = c->budget, p.ce_weight = c->ce_weight;
     p.vocab_offset = r0, p.vocab_total = c->v, p.tp_rank = io->rank, p.tp_size = c->tp;
+    p.divergence = c->div, p.beta = c->beta;
     flce_distill_tensors t;
     flce_distill_tensors_init(&t);
     t.student_hidden = upload_dtype(c->dtype, io->hs, n * ds);
@@ -150,7 +153,10 @@ static void run_case(const tcase *c)
     }
     double *go = dalloc(n_loss);
     for (int64_t i = 0; i < n_loss; i++) go[i] = c->grad_output ? 0.5 + host_rng_uniform(&rng) : 1.0;
-    ref_distill_problem rp = {REF_DIV_FORWARD_KL, 0.0, c->temperature, c->ce_weight, -100, c->red};
+    const ref_divergence rdv = c->div == FLCE_DIVERGENCE_REVERSE_KL ? REF_DIV_REVERSE_KL
+                               : c->div == FLCE_DIVERGENCE_JSD      ? REF_DIV_JSD
+                                                                    : REF_DIV_FORWARD_KL;
+    ref_distill_problem rp = {rdv, c->beta, c->temperature, c->ce_weight, -100, c->red};
     const int64_t *rlab = c->no_labels ? NULL : labels;
     double *rl = dalloc(n_loss), *rdh = dalloc(n * ds), *rdw = dalloc(v * ds), *rdiv = dalloc(n);
     CHECKF(ref_distill(&rp, n, ds, dt, v, hs, ws, ht, wt, rlab, c->grad_output ? go : NULL, rl, rdh, rdw) == 0,
@@ -203,6 +209,17 @@ static void shards_match_the_reference(void)
          1.0f, 300000, 6, 1, 0, 0, 0, 0.7f},
         {"fp16 3 ranks CE 0.3 none", 150, 64, 64, 900, 3, {0, 300, 611, 900}, FLCE_DTYPE_F16, FLCE_REDUCTION_NONE,
          1.0f, 0, 4, 1, 0, 0, 0, 0.3f},
+        /* the fp32-logits path: two reads of each shard's rows with the sums' all-reduce between */
+        {"bf16 2 ranks reverse KL CE 0.5 chunks", 300, 64, 128, 1200, 2, {0, 520, 1200}, FLCE_DTYPE_BF16,
+         FLCE_REDUCTION_MEAN, 1.0f, 1200000, 6, 1, 0, 0, 0, 0.5f, FLCE_DIVERGENCE_REVERSE_KL},
+        {"fp16 3 ranks JSD 0.5 none T=2", 200, 64, 64, 1100, 3, {0, 256, 700, 1100}, FLCE_DTYPE_F16,
+         FLCE_REDUCTION_NONE, 2.0f, 0, 5, 1, 0, 0, 0, 0.f, FLCE_DIVERGENCE_JSD, 0.5f},
+        {"bf16 2 ranks JSD 0.3 no labels chunks", 260, 128, 64, 1500, 2, {0, 1000, 1500}, FLCE_DTYPE_BF16,
+         FLCE_REDUCTION_MEAN, 1.0f, 1500000, 0, 0, 1, 0, 0, 0.f, FLCE_DIVERGENCE_JSD, 0.3f},
+        {"fp32 2 ranks forward KL sum CE 0.2", 200, 64, 64, 1000, 2, {0, 600, 1000}, FLCE_DTYPE_F32,
+         FLCE_REDUCTION_SUM, 1.0f, 0, 7, 1, 0, 0, 0, 0.2f},
+        {"fp32 3 ranks reverse KL none chunks", 200, 64, 64, 900, 3, {0, 300, 640, 900}, FLCE_DTYPE_F32,
+         FLCE_REDUCTION_NONE, 1.5f, 700000, 4, 1, 0, 0, 0, 0.f, FLCE_DIVERGENCE_REVERSE_KL},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) run_case(&cases[k]);
 }

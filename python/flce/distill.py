@@ -558,8 +558,8 @@ def vocab_parallel_distillation(student_hidden: Tensor, student_weight: Tensor, 
 
     comm: a flce.NcclComm(group): flce issues per token chunk one all-gather of 16 bytes per token
         and one all-reduce of 8, and sums the student's hidden-state gradient over the ranks.
-    This version runs forward KL (divergence 'forward_kl', or 'jsd' with beta 0) on float16 or
-    bfloat16 inputs (with or without the CE term); anything else raises FlceError FLCE_ERR_UNSUPPORTED.
+    Every divergence and dtype runs; reverse KL, JSD with beta > 0 and float32 inputs read each
+    shard's logits twice (the row sums before the gradient), forward KL on 16-bit inputs once.
 
     Returns the loss (or a LinearDistillationOutput), the same on every rank. Gradients: the student
     hidden states' is summed over the ranks, the student weight's is this rank's shard; the upstream
