@@ -45,6 +45,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="8192x4096x128256", help="comma-separated NxDxV (student and teacher D alike)")
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--divergence", default="forward_kl", choices=("forward_kl", "reverse_kl"),
+                    help="reverse_kl: flce's fp32-logits path under TP (torch-tp is skipped)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--samples", type=int, default=32)
@@ -102,19 +104,22 @@ def run(args):
         wt_all = (torch.randn(v, d, generator=g) * 4.0 / d ** 0.5).to(bf)
         ws, wt = ws_all[shard].contiguous().to(dev), wt_all[shard].contiguous().to(dev)
         del ws_all, wt_all
-        ref = oracle(hs, ws, ht, wt, T, args.samples, dist)
+        ref = oracle(hs, ws, ht, wt, T, args.samples, dist, args.divergence)
 
         def torch_tp(h, w):
             return TorchTPKL.apply(h, w, ht, wt, T)
 
         def flce_tp(h, w):
             return flce.vocab_parallel_distillation(h, w, ht, wt, vocab_offset=off, vocab_total=v, comm=comm,
-                                                    temperature=T, return_per_token=True)
+                                                    temperature=T, return_per_token=True, divergence=args.divergence)
 
         def flce_local(h, w):
-            return flce.linear_distillation(h, w, ht, wt, temperature=T, return_per_token=True)
+            return flce.linear_distillation(h, w, ht, wt, temperature=T, return_per_token=True,
+                                            divergence=args.divergence)
         fns = {"torch-tp": torch_tp, "flce-tp": flce_tp, "flce-local": flce_local}
         for name in args.providers.split(","):
+            if name == "torch-tp" and args.divergence != "forward_kl":
+                continue  # (its hand-written backward is forward KL's)
             fn = fns[name]
             h, w = hs.clone().requires_grad_(), ws.clone().requires_grad_()
             for _ in range(args.warmup):
@@ -155,7 +160,8 @@ def run(args):
                               ("err_loss", "err_div", "err_dh", "err_dw")], dtype=torch.float64, device=dev)
             dist.all_reduce(ms, op=dist.ReduceOp.MAX)  # the slowest rank, the largest error
             row = dict(shape=f"{n}x{d}x{v}", tp=world, provider=name, ms=round(ms[0].item(), 3),
-                       extra_mib=round(ms[1].item()), device=device, date=date, temperature=T)
+                       extra_mib=round(ms[1].item()), device=device, date=date, temperature=T,
+                       divergence=args.divergence)
             for i, k in enumerate(("err_loss", "err_div", "err_dh", "err_dw")):
                 if ms[2 + i].item() >= 0:
                     row[k] = float(f"{ms[2 + i].item():.3g}")
@@ -164,7 +170,8 @@ def run(args):
                 print(json.dumps(row), flush=True)
     if rank == 0 and not args.cpu_dry:
         os.makedirs(args.out, exist_ok=True)
-        stem = os.path.join(args.out, f"distill-tp-{device}-x{world}-{date}")
+        tag = "" if args.divergence == "forward_kl" else "-" + args.divergence
+        stem = os.path.join(args.out, f"distill-tp-{device}-x{world}-{date}{tag}")
         with open(stem + ".json", "w") as f:
             json.dump(rows_out, f, indent=1)
         with open(stem + ".md", "w") as f:
@@ -197,12 +204,22 @@ def global_lse(z, dist):
     return m + torch.log(s)
 
 
-def oracle(hs, ws, ht, wt, T, samples, dist):
-    """float64 forward KL on `samples` token rows (the loss over all tokens, mean), this rank's shard
-    of the statistics all-reduced in fp64: D on those rows, their dH (all-reduced) and this rank's
-    first `samples` dW rows (every token's contribution, in row chunks)."""
+def oracle(hs, ws, ht, wt, T, samples, dist, divergence="forward_kl"):
+    """float64 forward (or reverse) KL on `samples` token rows (the loss over all tokens, mean), this
+    rank's shard of the statistics all-reduced in fp64: D on those rows, their dH (all-reduced) and
+    this rank's first `samples` dW rows (every token's contribution, in row chunks)."""
     import torch
     n = hs.shape[0]
+
+    def div_dz(lq, lp):  # per-row D (all-reduced over the shards) and dz/T·n (this shard's columns)
+        q, p = torch.exp(lq), torch.exp(lp)
+        if divergence == "reverse_kl":
+            d = (q * (lq - lp)).sum(dim=1)
+            dist.all_reduce(d)
+            return d, q * (lq - lp - d[:, None]) / T / n
+        d = (p * (lp - lq)).sum(dim=1)
+        dist.all_reduce(d)
+        return d, (q - p) / T / n
 
     def stats(h_rows, ht_rows):
         zs, zt = (h_rows.double() @ ws.double().T) / T, (ht_rows.double() @ wt.double().T) / T
@@ -212,20 +229,13 @@ def oracle(hs, ws, ht, wt, T, samples, dist):
     step = 1024
     for r0 in range(0, n, step):
         zs, zt, ls, lt = stats(hs[r0:r0 + step], ht[r0:r0 + step])
-        lq, lp = zs - ls[:, None], zt - lt[:, None]
-        p = torch.exp(lp)
-        part = (p * (lp - lq)).sum()
-        dist.all_reduce(part)
-        loss += part
-        dz = (torch.exp(lq) - p) / T / n
+        d, dz = div_dz(zs - ls[:, None], zt - lt[:, None])
+        loss += d.sum()
         dw += dz[:, :samples].T @ hs[r0:r0 + step].double()
     rows = torch.linspace(0, n - 1, samples).long().to(hs.device)
     zs, zt, ls, lt = stats(hs[rows], ht[rows])
-    lq, lp = zs - ls[:, None], zt - lt[:, None]
-    p = torch.exp(lp)
-    div = (p * (lp - lq)).sum(dim=1)
-    dist.all_reduce(div)
-    dh = ((torch.exp(lq) - p) / T / n) @ ws.double()
+    div, dz = div_dz(zs - ls[:, None], zt - lt[:, None])
+    dh = dz @ ws.double()
     dist.all_reduce(dh)
     return dict(loss=loss / n, rows=rows, div=div, dh=dh, dw=dw)
 
