@@ -496,8 +496,8 @@ typedef struct flce_distill_problem {
      * rank gets the same loss and divergence. The teacher as top-k (teacher_topk, global ids) needs
      * the all-gather alone; the CE term takes its label's logit from the shard that holds it (in the
      * all-gather). Reverse KL, JSD with β > 0 and fp32 inputs (the fp32-logits path) take the same
-     * two collectives but read each shard's logits twice (the row sums before dZs). Not under TP in
-     * this version: fp32 inputs with the teacher as top-k (FLCE_ERR_UNSUPPORTED naming dtype). */
+     * two collectives but read each shard's logits twice (the row sums before dZs); so does the
+     * teacher as top-k on fp32 inputs. */
     int64_t vocab_offset;
     int64_t vocab_total;
     int32_t tp_rank;           /* 0..tp_size-1: this caller's rank in tensors.comm */

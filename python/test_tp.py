@@ -358,22 +358,21 @@ def distill_checks(comm):
     # the teacher as top-k (global ids, 16 a token, distinct) with the CE term
     ids = torch.stack([torch.randperm(V, generator=g)[:16] for _ in range(N)]).to(DEV)
     lp = torch.log_softmax(torch.randn(N, 16, generator=g) * 2, dim=1).to(DEV) - 0.1
-    h1, w1 = hs.clone().requires_grad_(), ws.clone().requires_grad_()
-    ref = flce.linear_distillation_topk(h1, w1, ids, lp, y, ce_weight=0.3, return_per_token=True)
-    ref.loss.backward()
-    h2, w2 = hs.clone().requires_grad_(), ws[SHARD].clone().requires_grad_()
-    out = flce.vocab_parallel_distillation_topk(h2, w2, ids, lp, y, vocab_offset=OFFSET, vocab_total=V, comm=comm,
-                                                ce_weight=0.3, return_per_token=True)
-    out.loss.backward()
-    errs = (rel(out.loss, ref.loss), rel(out.divergence, ref.divergence), rel(h2.grad, h1.grad),
-            rel(w2.grad, w1.grad[SHARD]))
-    assert max(errs[:2]) <= 1e-4 and max(errs[2:]) <= 8e-3, f"top-k teacher: loss, divergence, dH, dW {errs}"
+    for dtype in (BF16, F32):  # bf16: the compact path; fp32: the fp32-logits path's two reads
+        h1, w1 = (x.detach().to(dtype, copy=True).requires_grad_() for x in (hs, ws))
+        ref = flce.linear_distillation_topk(h1, w1, ids, lp, y, ce_weight=0.3, return_per_token=True)
+        ref.loss.backward()
+        h2, w2 = (x.detach().to(dtype, copy=True).requires_grad_() for x in (hs, ws[SHARD]))
+        out = flce.vocab_parallel_distillation_topk(h2, w2, ids, lp, y, vocab_offset=OFFSET, vocab_total=V,
+                                                    comm=comm, ce_weight=0.3, return_per_token=True)
+        out.loss.backward()
+        errs = (rel(out.loss, ref.loss), rel(out.divergence, ref.divergence), rel(h2.grad, h1.grad),
+                rel(w2.grad, w1.grad[SHARD]))
+        assert max(errs[:2]) <= 1e-4 and max(errs[2:]) <= 8e-3, f"top-k teacher {dtype}: loss, D, dH, dW {errs}"
     expect_raises(TypeError, lambda: flce.vocab_parallel_distillation(
         hs, ws[SHARD], ht, wt[SHARD], y, vocab_offset=OFFSET, vocab_total=V, comm=None), "comm")
     expect_raises(ValueError, lambda: flce.vocab_parallel_distillation(
         hs, ws[SHARD], ht, wt[SHARD], y, vocab_offset=V - 1, vocab_total=V, comm=comm), "vocab_offset")
-    expect_raises(flce.FlceError, lambda: flce.vocab_parallel_distillation_topk(
-        hs.float(), ws[SHARD].float(), ids, lp, y, vocab_offset=OFFSET, vocab_total=V, comm=comm), "dtype")
 
 
 def topk_checks():

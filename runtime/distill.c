@@ -15,7 +15,7 @@
  * plan_topk_compact): fp16 p̃ stores, the row kernels named there. Under tensor parallelism each
  * chunk adds an all-gather of the shards' statistics and an all-reduce of the divergence's sums
  * (tp_merge_stats, then tp_divergence on the compact paths, tp_fp32_sums on the fp32 one), and dHs
- * is summed over the ranks as the CE path's. (Not under TP: fp32 inputs with the teacher as top-k.) */
+ * is summed over the ranks as the CE path's. */
 #include "distill.h"
 
 #include <string.h>
@@ -109,8 +109,9 @@ static flce_status compact_budget_check(const flce_distill_problem *p, uint64_t 
     return FLCE_OK;
 }
 
-/* TP's buffers (distill.h) from *cur on, for chunks of `rows` tokens; nothing without TP. */
-static void tp_layout(const flce_distill_problem *p, uint64_t rows, distill_plan *pl, uint64_t *cur)
+/* TP's buffers (distill.h) from *cur on, for chunks of `rows` tokens (the row sums' all-reduce
+ * buffer where `sums`); nothing without TP. */
+static void tp_layout(const flce_distill_problem *p, uint64_t rows, int sums, distill_plan *pl, uint64_t *cur)
 {
     if (p->tp_size <= 1) return;
     pl->tp = p->tp_size;
@@ -118,7 +119,7 @@ static void tp_layout(const flce_distill_problem *p, uint64_t rows, distill_plan
     pl->tp_recv_offset = *cur, *cur = align256(*cur + tp_block_bytes(rows) * (uint64_t)p->tp_size);
     pl->lse_s_offset = *cur, *cur = align256(*cur + rows * 4);
     pl->x_offset = *cur, *cur = align256(*cur + rows * 4);
-    if (!p->teacher_topk) pl->aw_offset = *cur, *cur = align256(*cur + rows * 8); /* (top-k: no second exchange) */
+    if (sums) pl->aw_offset = *cur, *cur = align256(*cur + rows * 8);
 }
 
 /* The compact forward-KL plan (distill.h), or FLCE_ERR_UNSUPPORTED when the two CE plans do not
@@ -154,7 +155,7 @@ static flce_status plan_compact(const flce_distill_problem *p, const call_device
     pl->teacher_target = cur, cur = align256(cur + rows * 4);
     pl->lse_t_offset = cur, cur = align256(cur + rows * 4);
     pl->part_xs_offset = cur, cur = align256(cur + rows * (uint64_t)s->splits * 4);
-    tp_layout(p, rows, pl, &cur);
+    tp_layout(p, rows, 1, pl, &cur);
     pl->labels_offset = cur, cur = align256(cur + ((!t || !t->labels) ? n * 8 : 0));
     pl->per_token_offset = cur, cur = align256(cur + n * 4);
     pl->count_offset = cur, cur += 16;
@@ -189,7 +190,7 @@ static flce_status plan_topk_compact(const flce_distill_problem *p, const call_d
     pl->sparse_ids_offset = cur, cur = align256(cur + rows * SPEC_SPARSE_K * 4);
     pl->sparse_p_offset = cur, cur = align256(cur + rows * SPEC_SPARSE_K * 4);
     pl->part_xs_offset = cur, cur = align256(cur + rows * (uint64_t)s->splits * 4);
-    tp_layout(p, rows, pl, &cur);
+    tp_layout(p, rows, 0, pl, &cur); /* (the row kernel forms D from the given lists: no second exchange) */
     pl->labels_offset = cur, cur = align256(cur + ((!t || !t->labels) ? n * 8 : 0));
     pl->per_token_offset = cur, cur = align256(cur + n * 4);
     pl->count_offset = cur, cur += 16;
@@ -208,11 +209,6 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
         if (st != FLCE_ERR_UNSUPPORTED) return st;
         err_clear();
     }
-    if (p->tp_size > 1 && !teacher) /* (distill_api.c refuses fp32 inputs with a top-k teacher under TP) */
-        return err_set(FLCE_ERR_UNSUPPORTED,
-                       "problem.teacher_topk=%d with tp_size=%d: the compact path, the only top-k one under tensor "
-                       "parallelism, did not plan for this problem on this device (vocab=%lld, dtype %d)",
-                       p->teacher_topk, p->tp_size, (long long)p->vocab, (int)p->dtype);
     memset(pl, 0, sizeof *pl);
     const int f32 = p->dtype == FLCE_DTYPE_F32;
     const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8;
@@ -250,8 +246,8 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
         pl->teacher_target = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * 4);
     }
     if (p->tp_size > 1) { /* the shard's teacher lse, then the merged one (run_all) */
-        pl->lse_t_offset = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * 4);
-        tp_layout(p, (uint64_t)pl->chunk_rows, pl, &cur);
+        if (teacher) pl->lse_t_offset = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * 4);
+        tp_layout(p, (uint64_t)pl->chunk_rows, 1, pl, &cur);
     }
     pl->labels_offset = cur, cur = align256(cur + ((!t || !t->labels) ? n * 8 : 0)); /* int64 or int32 */
     pl->per_token_offset = cur, cur = align256(cur + n * 4);
@@ -386,7 +382,7 @@ static void tp_args(const flce_distill_problem *p, const distill_plan *pl, CUdev
     if (!pl->tp) return;
     ra->tp_send = ws + pl->tp_send_offset, ra->tp_recv = ws + pl->tp_recv_offset;
     ra->lse_s_rows = ws + pl->lse_s_offset, ra->x_rows = ws + pl->x_offset;
-    ra->tp_aw = pl->topk ? 0 : ws + pl->aw_offset;
+    ra->tp_aw = pl->aw_offset ? ws + pl->aw_offset : 0;
     ra->vocab_offset = p->vocab_offset, ra->tp_size = pl->tp;
 }
 
@@ -407,10 +403,11 @@ static flce_status tp_merge_stats(distill_runs *d, distill_row_args *ra)
 static flce_status tp_fp32_sums(distill_runs *d, distill_row_args *ra)
 {
     const CUstream stream = d->student.stream;
-    TRY(launch(d->k[DK_LSE], row_blocks(ra), 1, DISTILL_THREADS, 0, stream, ra, "distill teacher lse"));
+    if (!ra->topk) TRY(launch(d->k[DK_LSE], row_blocks(ra), 1, DISTILL_THREADS, 0, stream, ra, "distill teacher lse"));
     TRY(tp_merge_stats(d, ra));
     ra->tp_sums = 1;
-    flce_status st = launch(d->k[DK_ROW], ra->rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (TP sums)");
+    flce_status st = launch(d->k[ra->topk ? DK_ROW_TOPK : DK_ROW], ra->rows, 1, DISTILL_THREADS, 0, stream, ra,
+                            "distill rows (TP sums)");
     ra->tp_sums = 0;
     TRY(st);
     return comm_all_reduce_f32(d->ts.comm, (float *)(uintptr_t)ra->tp_aw, 2 * (uint64_t)ra->rows, stream,
@@ -505,7 +502,7 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
     ra.tk_idx = addr(t->teacher_topk_indices), ra.tk_lp = addr(t->teacher_topk_logprobs), ra.topk = pl->topk;
     if (pl->compact) return run_compact(&d, p, pl, &ra);
     tp_args(p, pl, ws, &ra);
-    if (pl->tp) ra.lse_t = ws + pl->lse_t_offset, ra.target_s = st_s.target;
+    if (pl->tp) ra.lse_t = pl->topk ? 0 : ws + pl->lse_t_offset, ra.target_s = st_s.target;
     for (int64_t c = 0; c < pl->chunks; c++) {
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
         b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;

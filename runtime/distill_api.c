@@ -45,8 +45,8 @@ static flce_status normalize_problem(const flce_distill_problem *in, flce_distil
     return FLCE_OK;
 }
 
-/* The tensor-parallel fields: a shard of a vocab the ranks tile, and (tp_size > 1) what this
- * version runs under TP: every divergence and dtype, except fp32 inputs with the teacher as top-k. */
+/* The tensor-parallel fields: a shard of a vocab the ranks tile (every divergence, dtype and teacher
+ * form runs under TP). */
 static flce_status check_tp(const flce_distill_problem *p)
 {
     if (p->tp_size < 1 || p->tp_size > FLCE_MAX_TP || p->tp_rank < 0 || p->tp_rank >= p->tp_size)
@@ -67,10 +67,6 @@ static flce_status check_tp(const flce_distill_problem *p)
                            (long long)p->vocab_offset, (long long)p->vocab_total, (long long)p->vocab);
         return FLCE_OK;
     }
-    if (p->dtype == FLCE_DTYPE_F32 && p->teacher_topk)
-        return err_set(FLCE_ERR_UNSUPPORTED,
-                       "problem.dtype=f32 with teacher_topk=%d and tp_size=%d: the teacher as top-k runs under "
-                       "tensor parallelism on 16-bit inputs only in this version", p->teacher_topk, p->tp_size);
     return FLCE_OK;
 }
 

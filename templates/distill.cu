@@ -385,6 +385,8 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
 //   D_i = Σ_{j∈K} p_j (log p_j − log q_j),   dZs_ij = g_i·(q_j·P_K − p_j·1[j∈K])/T (+ CE),  P_K = Σ_K p
 // Ids out of [0, V) or repeated within a token make its D, loss and dZs row NaN (a wrong gradient
 // would otherwise be silent). The k entries' log q are read before the row's dZs overwrite zs (fp32).
+// Under TP (the fp32 path's two reads, flce_distill_row): ids are global, each shard sums D over the
+// ids it holds (first read), P_K is every id's (the list is every rank's), the second read takes D.
 constexpr int DISTILL_TOPK_MAX = 64;
 
 extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_topk(const flce_distill_params p)
@@ -392,28 +394,40 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
     __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32];
     __shared__ long long kid[DISTILL_TOPK_MAX];
     __shared__ float kp[DISTILL_TOPK_MAX], klq[DISTILL_TOPK_MAX];
-    const long long i = p.row0 + blockIdx.x, v = p.vocab;
+    const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
     distill_row_start s;
-    if (!distill_row_begin(p, scratch_a, scratch_b, s)) return;
+    if (!distill_row_begin(p, scratch_a, scratch_b, s)) {
+        if (p.tp_size > 1 && p.tp_sums && threadIdx.x == 0) p.tp_aw[2 * r] = 0.f, p.tp_aw[2 * r + 1] = 0.f;
+        return;
+    }
     const float *zs = s.zs, lse_s = s.lse_s;
     void *dz = s.dz;
     float loss = s.loss;
     const long long y = s.y; // −1 without labels (CE_WEIGHT is 0 then: emit_distill_source)
     const int k = p.topk, t = (int)threadIdx.x;
+    const bool tp = p.tp_size > 1; // (ids global: this shard's columns are [vocab_offset, + v))
     float dpart = 0.f, ppart = 0.f, badpart = 0.f;
     if (t < k) {
-        const long long id = p.tk_idx[i * k + t];
+        const long long id = p.tk_idx[i * k + t], col = id - (tp ? p.vocab_offset : 0);
         const float lp = p.tk_lp[i * k + t];
-        bool ok = id >= 0 && id < v;
+        bool ok = id >= 0 && id < p.vocab_total;
         for (int u = 0; u < k; u++) ok = ok && (u == t || p.tk_idx[i * k + u] != id);
-        const float lq = ok ? zs[id] - lse_s : 0.f, pj = __expf(lp);
-        kid[t] = ok ? id : -1, kp[t] = pj, klq[t] = lq;
-        dpart = distill_xlog(pj, lp, lq), ppart = pj, badpart = ok ? 0.f : 1.f;
+        const bool mine = ok && col >= 0 && col < v;
+        const float lq = mine ? zs[col] - lse_s : 0.f, pj = __expf(lp);
+        kid[t] = mine ? col : -1, kp[t] = pj, klq[t] = lq;
+        dpart = mine ? distill_xlog(pj, lp, lq) : 0.f, ppart = pj, badpart = ok ? 0.f : 1.f;
     }
     float d = distill_block_sum(dpart, scratch_a); // (its barriers also publish kid, kp, klq)
     const float pk = distill_block_sum(ppart, scratch_b);
     const float bad = distill_block_sum(badpart, scratch_a);
     const float nan = __int_as_float(0x7fc00000);
+    if (tp) { // the shard's part of D (first read), or every shard's (second)
+        if (p.tp_sums) {
+            if (threadIdx.x == 0) p.tp_aw[2 * r] = d, p.tp_aw[2 * r + 1] = 0.f;
+            return;
+        }
+        d = p.tp_aw[2 * r];
+    }
     if (bad != 0.f) d = nan;
     const float g = bad != 0.f ? nan : distill_scale(p, i);
     // every column as if outside K, then the k ids (each written once: the ids are distinct)

@@ -607,9 +607,9 @@ static void forward_kl_plans_the_compact_path(void)
     }
 }
 
-/* Tensor parallelism: its fields named when wrong, what it does not run (fp32 with a top-k teacher)
- * named, tensors.comm required, and its plans (compact and fp32-logits): the student's CE plan sums
- * dHs over the ranks, the workspace holds the exchanges' buffers. */
+/* Tensor parallelism: its fields named when wrong, tensors.comm required, and its plans (compact and
+ * fp32-logits, the teacher as weights or top-k): the student's CE plan sums dHs over the ranks, the
+ * workspace holds the exchanges' buffers. */
 static void tensor_parallel_is_checked_and_planned(void)
 {
     static const struct {
@@ -635,11 +635,13 @@ static void tensor_parallel_is_checked_and_planned(void)
     flce_distill_problem p = good();
     p.vocab_offset = 32000, p.vocab_total = 64000, p.tp_rank = 1, p.tp_size = 2;
     CHECKF(flce_distill_problem_validate(&p) == FLCE_OK, "%s", flce_last_error());
-    flce_distill_problem f32k = p; /* fp32 inputs with a top-k teacher: not under TP */
-    f32k.dtype = FLCE_DTYPE_F32, f32k.teacher_topk = 8, f32k.hidden_teacher = 0;
-    CHECKF(flce_distill_problem_validate(&f32k) == FLCE_ERR_UNSUPPORTED && says("problem.dtype=f32 with teacher_topk=8"),
-           "%s", flce_last_error());
     distill_plan pl;
+    flce_distill_problem f32k = p; /* fp32 inputs with a top-k teacher: the fp32 path's two reads, no teacher lse */
+    f32k.dtype = FLCE_DTYPE_F32, f32k.teacher_topk = 8, f32k.hidden_teacher = 0;
+    CHECKF(flce_distill_problem_validate(&f32k) == FLCE_OK, "%s", flce_last_error());
+    CHECKF(distill_plan_make(&f32k, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(!pl.compact && pl.topk == 8 && pl.tp == 2 && pl.student.need_dh_tp && !pl.lse_t_offset && pl.aw_offset &&
+          pl.labels_offset >= pl.aw_offset + (uint64_t)pl.chunk_rows * 8);
     /* the fp32-logits path under TP (reverse KL, JSD with β > 0, fp32 inputs): the same exchanges'
      * buffers, the teacher's lse per row, dHs summed over the ranks */
     const flce_divergence fp32_divs[] = {FLCE_DIVERGENCE_REVERSE_KL, FLCE_DIVERGENCE_JSD, FLCE_DIVERGENCE_FORWARD_KL};

@@ -227,13 +227,13 @@ static void shards_match_the_reference(void)
 /* The teacher as top-k (global ids) with the CE term: the shards' call against the one-GPU call on the
  * whole weights (itself checked against fp64 by test_distill_gpu); a token whose ids repeat is NaN on
  * every rank. */
-static void topk_teacher_shards_match_one_gpu(void)
+static void topk_teacher_case(flce_dtype dtype) /* bf16: the compact path; fp32: the fp32 path's two reads */
 {
     const int64_t n = 160, ds = 64, v = 1000, k = 16;
-    static const tcase one = {"top-k one GPU", 160, 64, 0, 1000, 1, {0, 1000}, FLCE_DTYPE_BF16, FLCE_REDUCTION_MEAN,
-                              1.0f, 0, 5, 0, 0, 0, 16, 0.4f};
-    static const tcase two = {"top-k 2 ranks", 160, 64, 0, 1000, 2, {0, 424, 1000}, FLCE_DTYPE_BF16,
-                              FLCE_REDUCTION_MEAN, 1.0f, 0, 5, 0, 0, 0, 16, 0.4f};
+    const tcase one = {"top-k one GPU", 160, 64, 0, 1000, 1, {0, 1000}, dtype, FLCE_REDUCTION_MEAN,
+                       1.0f, 0, 5, 0, 0, 0, 16, 0.4f};
+    const tcase two = {"top-k 2 ranks", 160, 64, 0, 1000, 2, {0, 424, 1000}, dtype,
+                       FLCE_REDUCTION_MEAN, 1.0f, 0, 5, 0, 0, 0, 16, 0.4f};
     double *hs = dalloc(n * ds), *ws = dalloc(v * ds), *lps = dalloc(n * k);
     fill(hs, n * ds, 1.0, FLCE_DTYPE_BF16), fill(ws, v * ds, 1.5 / sqrt((double)ds), FLCE_DTYPE_BF16);
     int64_t *ids = malloc(sizeof(int64_t) * (size_t)(n * k));
@@ -276,7 +276,7 @@ static void topk_teacher_shards_match_one_gpu(void)
                 for (int64_t l = 0; l < ds; l++) dh1[m] = a[0].dh[i * ds + l], dh2[m] = b[r].dh[i * ds + l], m++;
         const int64_t rows = two.cut[r + 1] - two.cut[r];
         const double e_dh = ref_rel_l2(dh1, dh2, (size_t)m);
-        printf("  top-k rank %d: dHs against one GPU %.2e (token 3 NaN on both)\n", r, e_dh);
+        printf("  top-k %s rank %d: dHs against one GPU %.2e (token 3 NaN on both)\n", host_dtype_name(dtype), r, e_dh);
         CHECKF(e_dh <= 8e-3, "rank %d: dHs %.2e against the one-GPU call", r, e_dh);
         CHECKF(isnan(b[r].loss[0]) && isnan(a[0].loss[0]) && rows > 0, "rank %d: the mean loss holds token 3's NaN", r);
         free(dh1), free(dh2);
@@ -284,6 +284,12 @@ static void topk_teacher_shards_match_one_gpu(void)
     for (int r = 0; r < 2; r++) free(b[r].loss), free(b[r].div), free(b[r].dh), free(b[r].dw);
     free(a[0].loss), free(a[0].div), free(a[0].dh), free(a[0].dw);
     free(hs), free(ws), free(lps), free(ids), free(labels);
+}
+
+static void topk_teacher_shards_match_one_gpu(void)
+{
+    topk_teacher_case(FLCE_DTYPE_BF16);
+    topk_teacher_case(FLCE_DTYPE_F32);
 }
 
 /* flce_topk_logprobs with tensors.comm (runtime/topk.c's own all-gather) over 2 uneven shards: every

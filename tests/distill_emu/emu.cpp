@@ -312,7 +312,84 @@ static int topk_tp_headers(void)
  * order — against the same formulas in double on the same fp32 student logits: D_i, loss_i (the
  * build's CE term, labels, reduction) and dZs, written beside the logits and in place of them. Token
  * 3 repeats an id and token 5 names one outside [0, V): their D and dZs rows must be NaN. */
-static int topkkl_case(int k, bool in_place)
+/* The fp32 top-k row kernel under tensor parallelism (runtime/distill.c run_all, tp_fp32_sums): the
+ * columns cut into `shards`; per rank its logits' columns and splits, its CE label logit, its block
+ * (flce_distill_tp_pack), the blocks in rank order, its merge, its first read (tp_sums), the sums
+ * added in rank order, its second read; its dZs put back at its columns of dz (row stride ld).
+ * Outputs from rank 0; 1 when another rank's differ or the headers' flag rises. */
+static int topkkl_tp(const flce_distill_params &one, const std::vector<float> &zs, const std::vector<int> &lab,
+                     const std::vector<long long> &shards, float *dz)
+{
+    const long long n = one.rows, v = one.vocab, ld = one.ld;
+    const int tp = (int)shards.size(), splits = 2;
+    std::vector<float> gathered(tp * (FLCE_TP_HEADER + n * 4), NAN);
+    struct rank_data {
+        long long off, vr, ldr;
+        std::vector<float> z, pm, ps, target, lse_s, x, aw, lossrows, loss, div;
+        float count = -1;
+        flce_distill_params rp;
+    };
+    std::vector<rank_data> rk(tp);
+    int flag[2] = {0, 0};
+    long long off = 0;
+    for (int r = 0; r < tp; r++) {
+        rank_data &k = rk[r];
+        k.off = off, k.vr = shards[r], k.ldr = (k.vr + 7) / 8 * 8, off += k.vr;
+        k.z.assign(n * k.ldr, NAN), k.pm.resize(n * splits), k.ps.resize(n * splits), k.target.resize(n);
+        k.lse_s.resize(n), k.x.resize(n), k.aw.resize(2 * n), k.lossrows.resize(n), k.loss.resize(one.tokens);
+        k.div.resize(n);
+        const long long per = (k.vr + splits - 1) / splits;
+        for (long long i = 0; i < n; i++) {
+            for (long long j = 0; j < k.vr; j++) k.z[i * k.ldr + j] = zs[i * ld + k.off + j];
+            for (int q = 0; q < splits; q++) {
+                float m = -INFINITY, sum = 0.f;
+                for (long long j = q * per; j < k.vr && j < (q + 1) * per; j++) m = fmaxf(m, k.z[i * k.ldr + j]);
+                for (long long j = q * per; j < k.vr && j < (q + 1) * per; j++) sum += expf(k.z[i * k.ldr + j] - m);
+                k.pm[i * splits + q] = m, k.ps[i * splits + q] = sum;
+            }
+            const long long y = DISTILL_LABELS ? lab[i] - k.off : -1;
+            k.target[i] = y >= 0 && y < k.vr ? k.z[i * k.ldr + y] : 0.f;
+        }
+        k.rp = one;
+        k.rp.zs = k.z.data(), k.rp.dz = k.z.data(), k.rp.part_ms = k.pm.data(), k.rp.part_ss = k.ps.data();
+        k.rp.splits_s = splits, k.rp.vocab = k.vr, k.rp.ld = k.ldr, k.rp.divergence = k.div.data();
+        k.rp.loss_rows = k.lossrows.data(), k.rp.loss = k.loss.data(), k.rp.count = &k.count, k.rp.flag = flag;
+        k.rp.target_s = k.target.data(), k.rp.lse_s_rows = k.lse_s.data(), k.rp.x_rows = k.x.data();
+        k.rp.tp_aw = k.aw.data(), k.rp.tp_send = gathered.data() + r * (FLCE_TP_HEADER + n * 4);
+        k.rp.tp_recv = gathered.data(), k.rp.vocab_offset = k.off, k.rp.tp_size = tp;
+        run(flce_distill_count, 1, k.rp);
+        run(flce_distill_tp_pack, (n + 255) / 256, k.rp);
+    }
+    for (int r = 0; r < tp; r++) {
+        run(flce_distill_tp_merge, (n + 255) / 256, rk[r].rp);
+        rk[r].rp.tp_sums = 1;
+        run(flce_distill_row_topk, n, rk[r].rp);
+        rk[r].rp.tp_sums = 0;
+    }
+    for (long long e = 0; e < 2 * n; e++) { // the all-reduce, rank order
+        float sum = 0.f;
+        for (int r = 0; r < tp; r++) sum += rk[r].aw[e];
+        for (int r = 0; r < tp; r++) rk[r].aw[e] = sum;
+    }
+    int bad = 0;
+    for (int r = 0; r < tp; r++) {
+        rank_data &k = rk[r];
+        run(flce_distill_row_topk, n, k.rp); // (in place: dZs over the rank's logits)
+        for (long long i = 0; i < n; i++) {
+            for (long long j = 0; j < k.vr; j++) dz[i * ld + k.off + j] = k.z[i * k.ldr + j];
+            for (long long j = k.vr; j < k.ldr; j++) bad += k.z[i * k.ldr + j] != 0.f; // each rank's padding
+        }
+        if (r > 0) bad += memcmp(k.div.data(), rk[0].div.data(), 4 * n) != 0 ||
+                          memcmp(k.lossrows.data(), rk[0].lossrows.data(), 4 * n) != 0;
+    }
+    for (long long i = 0; i < n; i++)
+        for (long long j = v; j < ld; j++) dz[i * ld + j] = 0.f; // (the whole row's padding is no rank's)
+    memcpy(one.divergence, rk[0].div.data(), 4 * n), memcpy(one.loss_rows, rk[0].lossrows.data(), 4 * n);
+    *one.count = rk[0].count;
+    return bad + (flag[1] != 0);
+}
+
+static int topkkl_case(int k, bool in_place, std::vector<long long> shards = {})
 {
     const long long n = 12, ds = 16, v = 90, ld = 96;
     const int splits = 3;
@@ -360,10 +437,15 @@ static int topkkl_case(int k, bool in_place)
                               loss.data(), &count, 0, n, n, v, -100, ld, splits, 0};
     rp.tk_idx = idx.data(), rp.tk_lp = lp.data(), rp.topk = k;
     rp.vocab_total = v; // labels and ids lie in [0, V) without TP (runtime/distill.c sets it so)
-    run(flce_distill_count, 1, rp);
-    run(flce_distill_row_topk, n, rp);
-    const float *dz = in_place ? zs.data() : dzb.data();
     int bad = 0;
+    if (!shards.empty()) {
+        bad += topkkl_tp(rp, z0, lab, shards, dzb.data());
+        in_place = false;
+    } else {
+        run(flce_distill_count, 1, rp);
+        run(flce_distill_row_topk, n, rp);
+    }
+    const float *dz = in_place ? zs.data() : dzb.data();
     for (long long i = 0; i < n; i++) {
         const bool valid = !DISTILL_LABELS || lab[i] != -100;
         if (!valid) {
@@ -403,7 +485,7 @@ static int topkkl_case(int k, bool in_place)
                                   sqrt(e2 / (r2 + 1e-300)));
         }
     }
-    printf("topkkl k=%d %s: %s\n", k, in_place ? "in place" : "beside", bad ? "FAIL" : "ok");
+    printf("topkkl k=%d %s: %s\n", k, !shards.empty() ? "tp" : in_place ? "in place" : "beside", bad ? "FAIL" : "ok");
     return bad;
 }
 
@@ -658,6 +740,8 @@ int main(int argc, char **argv)
         bad += topkkl_case(1, false);
         bad += topkkl_case(16, true);
         bad += topkkl_case(64, false);
+        bad += topkkl_case(16, false, {30, 60}); // tensor parallelism: ids on both shards
+        bad += topkkl_case(64, false, {20, 41, 29});
         return bad != 0;
     }
     if (argc > 1 && !strcmp(argv[1], "topk")) {
