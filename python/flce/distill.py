@@ -587,7 +587,8 @@ def vocab_parallel_distillation_topk(student_hidden: Tensor, student_weight: Ten
                                      memory_budget: Optional[int] = None) -> Union[Tensor, LinearDistillationOutput]:
     """linear_distillation_topk with the student's LM head sharded by vocab rows over the ranks of
     `group`, as vocab_parallel_distillation: the teacher's ids are global ids in [0, vocab_total);
-    one all-gather of 16 bytes per token per chunk. float16 or bfloat16 inputs."""
+    one all-gather of 16 bytes per token per chunk on float16 or bfloat16 inputs; float32 inputs add an
+    fp32 all-reduce of 8 bytes per token and read the shard's logits twice."""
     _check_topk_tensors(student_hidden, student_weight, teacher_topk_indices, teacher_topk_logprobs, labels)
     _check_options(labels, "forward_kl", 0.5, temperature, ce_weight, ignore_index, reduction, return_per_token,
                    memory_budget)
