@@ -37,7 +37,8 @@ typedef struct distill_plan {
      * group maxima (the student's in its plan's off_z / off_tile_max, dZs then written in place),
      * the teacher's p̃ at pt_offset, its group maxima at teacher_tile_max (chunk_rows × the plans'
      * common tile_max_ld), its lse per row at lse_t_offset, and the student pass's soft-target sums
-     * at part_xs_offset (chunk_rows × student.splits). The fp32 path (compact = 0) uses zt_offset. */
+     * at part_xs_offset (chunk_rows × student.splits). The fp32 path (compact = 0) uses zt_offset,
+     * and under TP lse_t_offset for the teacher's lse (the shard's, then the merged one). */
     int compact;
     int topk;                  /* problem.teacher_topk: > 0, the teacher's top-k is given (no
                                   teacher plan, pass or regions; compact: the student's p̃ alone) */
@@ -45,8 +46,10 @@ typedef struct distill_plan {
     /* The top-k teacher's compact path: its sorted (id, p) lists, chunk_rows × SPEC_SPARSE_K int32
      * and fp32 (the student pass's sparse target), part_xs_offset its sums */
     uint64_t sparse_ids_offset, sparse_p_offset;
-    /* Tensor parallelism (tp > 1, the compact path): this rank's all-gather block and every rank's
-     * (tp_block_bytes each), the global lse_s and x per row, the shard's (a, w) per row */
+    /* Tensor parallelism (tp > 1): this rank's all-gather block and every rank's (tp_block_bytes
+     * each), the global lse_s and x per row, and the row sums' all-reduce buffer, 2 floats per row
+     * (the compact path's (a, w), the fp32 path's D and KL(q‖m) parts; none for the compact top-k
+     * teacher: aw_offset 0) */
     int tp;
     uint64_t tp_send_offset, tp_recv_offset, lse_s_offset, x_offset, aw_offset;
     uint64_t labels_offset;    /* N zero labels (8 bytes each) for the logits epilogue when labels are NULL */
