@@ -53,7 +53,7 @@ static void add_arch(int sm)
                 }
                 /* 64-bit labels change only the label loads: their rowops with every option on for
                  * one reduction per dtype (each reduction once), their logits for one dtype (CI's
-                 * 15 minutes; FLCE_TEST_COMPILE_EVERY_ARCH=1 does not thin them either) */
+                 * 15 minutes; FLCE_TEST_COMPILE_EVERY_ARCH=1 compiles this thinned list too) */
                 const int wide = lb == 64, wide_rowops = !wide || red == dt, wide_logits = !wide || dt == 1;
                 if (!wide) specs[n_specs++] = pl.rowops;
                 /* every option on, for each dtype and reduction: bias, weights, smoothing,
