@@ -20,12 +20,14 @@ the per-token divergence and dH on those rows, dW on this rank's first --samples
 Rows go into <out>/distill-tp-<device>-x<tp>-<date>.{json,md}.
 
   torchrun --nproc_per_node=2 bench/distill_tp_compare.py --out DIR [--shapes 8192x4096x128256]
+      [--divergence reverse_kl | --divergence jsd --beta 0.5]   # the fp32-logits path (no torch-tp row)
   python3 bench/distill_tp_compare.py --cpu-dry     # no GPU: 2 gloo ranks on the CPU, flce through
                                                     # python/standin.py, checks the script only
 """
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -45,8 +47,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="8192x4096x128256", help="comma-separated NxDxV (student and teacher D alike)")
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--divergence", default="forward_kl", choices=("forward_kl", "reverse_kl"),
-                    help="reverse_kl: flce's fp32-logits path under TP (torch-tp is skipped)")
+    ap.add_argument("--divergence", default="forward_kl", choices=("forward_kl", "reverse_kl", "jsd"),
+                    help="reverse_kl, jsd: flce's fp32-logits path under TP (torch-tp is skipped)")
+    ap.add_argument("--beta", type=float, default=0.5, help="JSD's beta (0 < beta < 1)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--samples", type=int, default=32)
@@ -104,18 +107,19 @@ def run(args):
         wt_all = (torch.randn(v, d, generator=g) * 4.0 / d ** 0.5).to(bf)
         ws, wt = ws_all[shard].contiguous().to(dev), wt_all[shard].contiguous().to(dev)
         del ws_all, wt_all
-        ref = oracle(hs, ws, ht, wt, T, args.samples, dist, args.divergence)
+        ref = oracle(hs, ws, ht, wt, T, args.samples, dist, args.divergence, args.beta)
 
         def torch_tp(h, w):
             return TorchTPKL.apply(h, w, ht, wt, T)
 
         def flce_tp(h, w):
             return flce.vocab_parallel_distillation(h, w, ht, wt, vocab_offset=off, vocab_total=v, comm=comm,
-                                                    temperature=T, return_per_token=True, divergence=args.divergence)
+                                                    temperature=T, return_per_token=True, divergence=args.divergence,
+                                                    beta=args.beta)
 
         def flce_local(h, w):
             return flce.linear_distillation(h, w, ht, wt, temperature=T, return_per_token=True,
-                                            divergence=args.divergence)
+                                            divergence=args.divergence, beta=args.beta)
         fns = {"torch-tp": torch_tp, "flce-tp": flce_tp, "flce-local": flce_local}
         for name in args.providers.split(","):
             if name == "torch-tp" and args.divergence != "forward_kl":
@@ -161,7 +165,7 @@ def run(args):
             dist.all_reduce(ms, op=dist.ReduceOp.MAX)  # the slowest rank, the largest error
             row = dict(shape=f"{n}x{d}x{v}", tp=world, provider=name, ms=round(ms[0].item(), 3),
                        extra_mib=round(ms[1].item()), device=device, date=date, temperature=T,
-                       divergence=args.divergence)
+                       divergence=args.divergence, beta=args.beta if args.divergence == "jsd" else None)
             for i, k in enumerate(("err_loss", "err_div", "err_dh", "err_dw")):
                 if ms[2 + i].item() >= 0:
                     row[k] = float(f"{ms[2 + i].item():.3g}")
@@ -204,8 +208,8 @@ def global_lse(z, dist):
     return m + torch.log(s)
 
 
-def oracle(hs, ws, ht, wt, T, samples, dist, divergence="forward_kl"):
-    """float64 forward (or reverse) KL on `samples` token rows (the loss over all tokens, mean), this
+def oracle(hs, ws, ht, wt, T, samples, dist, divergence="forward_kl", beta=0.5):
+    """float64 forward KL, reverse KL or JSD(beta) on `samples` token rows (the loss over all tokens, mean), this
     rank's shard of the statistics all-reduced in fp64: D on those rows, their dH (all-reduced) and
     this rank's first `samples` dW rows (every token's contribution, in row chunks)."""
     import torch
@@ -213,6 +217,12 @@ def oracle(hs, ws, ht, wt, T, samples, dist, divergence="forward_kl"):
 
     def div_dz(lq, lp):  # per-row D (all-reduced over the shards) and dz/T·n (this shard's columns)
         q, p = torch.exp(lq), torch.exp(lp)
+        if divergence == "jsd":  # β KL(p‖m) + (1−β) KL(q‖m), m = βp + (1−β)q; dz needs KL(q‖m) whole
+            lm = torch.logaddexp(math.log(beta) + lp, math.log1p(-beta) + lq)
+            kp, kq = (p * (lp - lm)).sum(dim=1), (q * (lq - lm)).sum(dim=1)
+            dist.all_reduce(kp)
+            dist.all_reduce(kq)
+            return beta * kp + (1 - beta) * kq, (1 - beta) * q * (lq - lm - kq[:, None]) / T / n
         if divergence == "reverse_kl":
             d = (q * (lq - lp)).sum(dim=1)
             dist.all_reduce(d)
