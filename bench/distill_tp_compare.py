@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""distill_tp_compare.py — distillation (forward KL; --divergence: reverse KL, JSD) with both LM heads sharded by vocab rows over the
-ranks of a tensor-parallel group (issue 44 item 1 under TP), side by side in one run:
+"""distill_tp_compare.py — distillation (forward KL; reverse KL or JSD with --divergence) with both LM
+heads sharded by vocab rows over the ranks of a tensor-parallel group (issue 44 item 1 under TP),
+side by side in one run:
 
   torch-tp    what a framework writes (Megatron's vocab-parallel cross-entropy, for a divergence):
               both models' logits on the shard in bf16, upcast to fp32 at T; all-reduce MAX and SUM
