@@ -312,6 +312,31 @@ static int topk_tp_headers(void)
  * order — against the same formulas in double on the same fp32 student logits: D_i, loss_i (the
  * build's CE term, labels, reduction) and dZs, written beside the logits and in place of them. Token
  * 3 repeats an id and token 5 names one outside [0, V): their D and dZs rows must be NaN. */
+/* Each split's (max, Σ exp(z − max)) of rows × v logits at row stride ld, as the logits epilogue forms
+ * them in fp32: a NaN anywhere in the split makes Σ NaN (the max leaves it out, as fmaxf does). */
+static void split_stats(const float *z, float *pm, float *ps, long long rows, long long v, long long ld, int splits)
+{
+    const long long per = (v + splits - 1) / splits;
+    for (long long i = 0; i < rows; i++)
+        for (int k = 0; k < splits; k++) {
+            float m = -INFINITY, sum = 0.f;
+            for (long long j = k * per; j < v && j < (k + 1) * per; j++) m = fmaxf(m, z[i * ld + j]);
+            for (long long j = k * per; j < v && j < (k + 1) * per; j++) sum += expf(z[i * ld + j] - m);
+            pm[i * splits + k] = m, ps[i * splits + k] = sum;
+        }
+}
+
+/* The row sums' all-reduce of the TP emulations: every rank's aw[0 .. count) summed in rank order
+ * (every rank the same bits, as NCCL's and tests/fake_nccl.c's). */
+template <class Rank> static void sum_in_rank_order(std::vector<Rank> &rk, long long count)
+{
+    for (long long e = 0; e < count; e++) {
+        float sum = 0.f;
+        for (const Rank &k : rk) sum += k.aw[e];
+        for (Rank &k : rk) k.aw[e] = sum;
+    }
+}
+
 /* The fp32 top-k row kernel under tensor parallelism (runtime/distill.c run_all, tp_fp32_sums): the
  * columns cut into `shards`; per rank its logits' columns and splits, its CE label logit, its block
  * (flce_distill_tp_pack), the blocks in rank order, its merge, its first read (tp_sums), the sums
@@ -338,18 +363,12 @@ static int topkkl_tp(const flce_distill_params &one, const std::vector<float> &z
         k.z.assign(n * k.ldr, NAN), k.pm.resize(n * splits), k.ps.resize(n * splits), k.target.resize(n);
         k.lse_s.resize(n), k.x.resize(n), k.aw.resize(2 * n), k.lossrows.resize(n), k.loss.resize(one.tokens);
         k.div.resize(n);
-        const long long per = (k.vr + splits - 1) / splits;
         for (long long i = 0; i < n; i++) {
             for (long long j = 0; j < k.vr; j++) k.z[i * k.ldr + j] = zs[i * ld + k.off + j];
-            for (int q = 0; q < splits; q++) {
-                float m = -INFINITY, sum = 0.f;
-                for (long long j = q * per; j < k.vr && j < (q + 1) * per; j++) m = fmaxf(m, k.z[i * k.ldr + j]);
-                for (long long j = q * per; j < k.vr && j < (q + 1) * per; j++) sum += expf(k.z[i * k.ldr + j] - m);
-                k.pm[i * splits + q] = m, k.ps[i * splits + q] = sum;
-            }
             const long long y = DISTILL_LABELS ? lab[i] - k.off : -1;
             k.target[i] = y >= 0 && y < k.vr ? k.z[i * k.ldr + y] : 0.f;
         }
+        split_stats(k.z.data(), k.pm.data(), k.ps.data(), n, k.vr, k.ldr, splits);
         k.rp = one;
         k.rp.zs = k.z.data(), k.rp.dz = k.z.data(), k.rp.part_ms = k.pm.data(), k.rp.part_ss = k.ps.data();
         k.rp.splits_s = splits, k.rp.vocab = k.vr, k.rp.ld = k.ldr, k.rp.divergence = k.div.data();
@@ -366,11 +385,7 @@ static int topkkl_tp(const flce_distill_params &one, const std::vector<float> &z
         run(flce_distill_row_topk, n, rk[r].rp);
         rk[r].rp.tp_sums = 0;
     }
-    for (long long e = 0; e < 2 * n; e++) { // the all-reduce, rank order
-        float sum = 0.f;
-        for (int r = 0; r < tp; r++) sum += rk[r].aw[e];
-        for (int r = 0; r < tp; r++) rk[r].aw[e] = sum;
-    }
+    sum_in_rank_order(rk, 2 * n);
     int bad = 0;
     for (int r = 0; r < tp; r++) {
         rank_data &k = rk[r];
@@ -402,14 +417,7 @@ static int topkkl_case(int k, bool in_place, std::vector<long long> shards = {})
             for (long long l = 0; l < ds; l++) a += hs[i * ds + l] * ws[j * ds + l];
             zs[i * ld + j] = a * INV_TEMP;
         }
-    const long long per = (v + splits - 1) / splits;
-    for (long long i = 0; i < n; i++)
-        for (int s = 0; s < splits; s++) {
-            float m = -INFINITY, sum = 0.f;
-            for (long long j = s * per; j < v && j < (s + 1) * per; j++) m = fmaxf(m, zs[i * ld + j]);
-            for (long long j = s * per; j < v && j < (s + 1) * per; j++) sum += expf(zs[i * ld + j] - m);
-            pm[i * splits + s] = m, ps[i * splits + s] = sum;
-        }
+    split_stats(zs.data(), pm.data(), ps.data(), n, v, ld, splits);
     std::vector<long long> idx(n * k);
     std::vector<float> lp(n * k);
     for (long long i = 0; i < n; i++) {
@@ -517,20 +525,12 @@ static distill_data distill_make()
     return t;
 }
 
-// the logits kernel's epilogue over `v` columns: z/T in place, then each split's (max, Σ exp(z − max)),
-// a NaN anywhere in the split making Σ NaN (the max leaves it out, as fmaxf does)
+// the logits kernel's epilogue over `v` columns: z/T in place, then each split's statistics
 static void logits_pass(float *z, float *pm, float *ps, long long rows, long long v, long long ld, int splits)
 {
-    const long long per = (v + splits - 1) / splits;
-    for (long long i = 0; i < rows; i++) {
+    for (long long i = 0; i < rows; i++)
         for (long long j = 0; j < v; j++) z[i * ld + j] *= INV_TEMP;
-        for (int k = 0; k < splits; k++) {
-            float m = -INFINITY, sum = 0.f;
-            for (long long j = k * per; j < v && j < (k + 1) * per; j++) m = fmaxf(m, z[i * ld + j]);
-            for (long long j = k * per; j < v && j < (k + 1) * per; j++) sum += expf(z[i * ld + j] - m);
-            pm[i * splits + k] = m, ps[i * splits + k] = sum;
-        }
-    }
+    split_stats(z, pm, ps, rows, v, ld, splits);
 }
 
 // C[m × nn] (row stride ldc) = A[m × k] · B[nn × k]ᵀ in fp32, as the logits GEMM
@@ -707,11 +707,7 @@ static int distill_tp_case(long long chunk, std::vector<long long> shards)
             run(flce_distill_row, rows, k.rp);
             k.rp.tp_sums = 0;
         }
-        for (long long e = 0; e < 2 * rows; e++) { // the all-reduce, rank order
-            float sum = 0.f;
-            for (int r = 0; r < tp; r++) sum += rk[r].aw[e];
-            for (int r = 0; r < tp; r++) rk[r].aw[e] = sum;
-        }
+        sum_in_rank_order(rk, 2 * rows);
         for (int r = 0; r < tp; r++) {
             rank_data &k = rk[r];
             float *dz = (r0 / chunk) % 2 ? k.zs.data() : k.dzb.data();
