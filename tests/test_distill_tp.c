@@ -153,10 +153,7 @@ static void run_case(const tcase *c)
     }
     double *go = dalloc(n_loss);
     for (int64_t i = 0; i < n_loss; i++) go[i] = c->grad_output ? 0.5 + host_rng_uniform(&rng) : 1.0;
-    const ref_divergence rdv = c->div == FLCE_DIVERGENCE_REVERSE_KL ? REF_DIV_REVERSE_KL
-                               : c->div == FLCE_DIVERGENCE_JSD      ? REF_DIV_JSD
-                                                                    : REF_DIV_FORWARD_KL;
-    ref_distill_problem rp = {rdv, c->beta, c->temperature, c->ce_weight, -100, c->red};
+    ref_distill_problem rp = {(ref_divergence)c->div, c->beta, c->temperature, c->ce_weight, -100, c->red};
     const int64_t *rlab = c->no_labels ? NULL : labels;
     double *rl = dalloc(n_loss), *rdh = dalloc(n * ds), *rdw = dalloc(v * ds), *rdiv = dalloc(n);
     CHECKF(ref_distill(&rp, n, ds, dt, v, hs, ws, ht, wt, rlab, c->grad_output ? go : NULL, rl, rdh, rdw) == 0,
