@@ -322,53 +322,48 @@ def distill_checks(comm):
     y = torch.randint(0, V, (N,), generator=g)
     y[::5] = -100
     y = y.to(DEV)
+
+    def whole_vs_shard(what, dtype, whole, sharded, up=None):
+        """whole(h, w) on the whole student weight against sharded(h, w) on this rank's rows, both in
+        `dtype` (leaf tensors, backward of the loss, times `up` per token where given): loss, per-token
+        divergence within 1e-4, dH and this rank's dW rows within 8e-3. Returns sharded's output."""
+        outs, grads = [], []
+        for fn, w in ((whole, ws), (sharded, ws[SHARD])):
+            h, w = (x.detach().to(dtype, copy=True).requires_grad_() for x in (hs, w))
+            out = fn(h, w)
+            (out.loss if up is None else out.loss * up).sum().backward()
+            outs.append(out), grads.append((h.grad, w.grad))
+        (ref, out), ((dh1, dw1), (dh2, dw2)) = outs, grads
+        errs = (rel(out.loss, ref.loss), rel(out.divergence, ref.divergence), rel(dh2, dh1), rel(dw2, dw1[SHARD]))
+        assert max(errs[:2]) <= 1e-4 and max(errs[2:]) <= 8e-3, f"{what}: loss, divergence, dH, dW {errs}"
+        return out
+
     for reduction, temperature, ce in (("mean", 1.0, 0.5), ("none", 1.5, 0.0)):
-        h1, w1 = hs.clone().requires_grad_(), ws.clone().requires_grad_()
-        ref = flce.linear_distillation(h1, w1, ht, wt, y, temperature=temperature, reduction=reduction,
-                                       return_per_token=True, ce_weight=ce)
-        up = torch.linspace(0.5, 1.5, N, device=DEV) if reduction == "none" else None
-        (ref.loss if up is None else ref.loss * up).sum().backward()
-        h2, w2 = hs.clone().requires_grad_(), ws[SHARD].clone().requires_grad_()
-        out = flce.vocab_parallel_distillation(h2, w2, ht, wt[SHARD], y, vocab_offset=OFFSET, vocab_total=V,
-                                               comm=comm, temperature=temperature, reduction=reduction,
-                                               return_per_token=True, ce_weight=ce)
-        (out.loss if up is None else out.loss * up).sum().backward()
-        errs = (rel(out.loss, ref.loss), rel(out.divergence, ref.divergence), rel(h2.grad, h1.grad),
-                rel(w2.grad, w1.grad[SHARD]))
-        assert max(errs[:2]) <= 1e-4 and max(errs[2:]) <= 8e-3, f"{reduction}: loss, divergence, dH, dW {errs}"
+        opts = dict(temperature=temperature, reduction=reduction, return_per_token=True, ce_weight=ce)
+        out = whole_vs_shard(reduction, BF16, lambda h, w: flce.linear_distillation(h, w, ht, wt, y, **opts),
+                             lambda h, w: flce.vocab_parallel_distillation(h, w, ht, wt[SHARD], y, vocab_offset=OFFSET,
+                                                                           vocab_total=V, comm=comm, **opts),
+                             up=torch.linspace(0.5, 1.5, N, device=DEV) if reduction == "none" else None)
         losses = [torch.empty_like(out.loss) for _ in range(WORLD)]
         dist.all_gather(losses, out.loss.detach().contiguous())
         assert all(torch.equal(x, losses[0]) for x in losses), f"{reduction}: the ranks' losses differ"
     # the fp32-logits path: reverse KL with the CE term, JSD(0.4) at T = 2, forward KL on fp32 inputs
     for divergence, beta, temperature, ce, dtype in (("reverse_kl", 0.0, 1.0, 0.3, BF16), ("jsd", 0.4, 2.0, 0.0, BF16),
                                                        ("forward_kl", 0.0, 1.0, 0.2, F32)):
-        hs_, ws_, ht_, wt_ = (x.to(dtype) for x in (hs, ws, ht, wt))
-        h1, w1 = hs_.clone().requires_grad_(), ws_.clone().requires_grad_()
-        ref = flce.linear_distillation(h1, w1, ht_, wt_, y, divergence=divergence, beta=beta, temperature=temperature,
-                                       return_per_token=True, ce_weight=ce)
-        ref.loss.backward()
-        h2, w2 = hs_.clone().requires_grad_(), ws_[SHARD].clone().requires_grad_()
-        out = flce.vocab_parallel_distillation(h2, w2, ht_, wt_[SHARD], y, vocab_offset=OFFSET, vocab_total=V,
-                                               comm=comm, divergence=divergence, beta=beta, temperature=temperature,
-                                               return_per_token=True, ce_weight=ce)
-        out.loss.backward()
-        errs = (rel(out.loss, ref.loss), rel(out.divergence, ref.divergence), rel(h2.grad, h1.grad),
-                rel(w2.grad, w1.grad[SHARD]))
-        assert max(errs[:2]) <= 1e-4 and max(errs[2:]) <= 8e-3, f"{divergence}: loss, divergence, dH, dW {errs}"
+        ht_, wt_ = ht.to(dtype), wt.to(dtype)
+        opts = dict(divergence=divergence, beta=beta, temperature=temperature, return_per_token=True, ce_weight=ce)
+        whole_vs_shard(divergence, dtype, lambda h, w: flce.linear_distillation(h, w, ht_, wt_, y, **opts),
+                       lambda h, w: flce.vocab_parallel_distillation(h, w, ht_, wt_[SHARD], y, vocab_offset=OFFSET,
+                                                                     vocab_total=V, comm=comm, **opts))
     # the teacher as top-k (global ids, 16 a token, distinct) with the CE term
     ids = torch.stack([torch.randperm(V, generator=g)[:16] for _ in range(N)]).to(DEV)
     lp = torch.log_softmax(torch.randn(N, 16, generator=g) * 2, dim=1).to(DEV) - 0.1
     for dtype in (BF16, F32):  # bf16: the compact path; fp32: the fp32-logits path's two reads
-        h1, w1 = (x.detach().to(dtype, copy=True).requires_grad_() for x in (hs, ws))
-        ref = flce.linear_distillation_topk(h1, w1, ids, lp, y, ce_weight=0.3, return_per_token=True)
-        ref.loss.backward()
-        h2, w2 = (x.detach().to(dtype, copy=True).requires_grad_() for x in (hs, ws[SHARD]))
-        out = flce.vocab_parallel_distillation_topk(h2, w2, ids, lp, y, vocab_offset=OFFSET, vocab_total=V,
-                                                    comm=comm, ce_weight=0.3, return_per_token=True)
-        out.loss.backward()
-        errs = (rel(out.loss, ref.loss), rel(out.divergence, ref.divergence), rel(h2.grad, h1.grad),
-                rel(w2.grad, w1.grad[SHARD]))
-        assert max(errs[:2]) <= 1e-4 and max(errs[2:]) <= 8e-3, f"top-k teacher {dtype}: loss, D, dH, dW {errs}"
+        whole_vs_shard(f"top-k teacher {dtype}", dtype,
+                       lambda h, w: flce.linear_distillation_topk(h, w, ids, lp, y, ce_weight=0.3, return_per_token=True),
+                       lambda h, w: flce.vocab_parallel_distillation_topk(h, w, ids, lp, y, vocab_offset=OFFSET,
+                                                                          vocab_total=V, comm=comm, ce_weight=0.3,
+                                                                          return_per_token=True))
     expect_raises(TypeError, lambda: flce.vocab_parallel_distillation(
         hs, ws[SHARD], ht, wt[SHARD], y, vocab_offset=OFFSET, vocab_total=V, comm=None), "comm")
     expect_raises(ValueError, lambda: flce.vocab_parallel_distillation(
