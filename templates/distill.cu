@@ -160,14 +160,24 @@ __device__ __forceinline__ distill_ms distill_block_ms(distill_ms v, float *scra
 __device__ __forceinline__ float distill_xlog(float a, float la, float lb) { return a == 0.f ? 0.f : a * (la - lb); }
 
 #if DISTILL_DIV == 2
-__device__ __forceinline__ float distill_log_m(float lp, float lq)
+// JSD's two log-ratios against the mixture, lp − log m and lq − log m (m = βp + (1−β)q), from the
+// difference δ = lq − lp alone: with δ ≤ 0, lp − log m = −log(β + (1−β)e^δ), and lq − log m is that
+// plus δ; with δ > 0 the same with the roles swapped. One exp of −|δ| and one log of a number in
+// [min(β, 1−β), 1]: the hardware approximations (ex2, lg2), ~1e-6 absolute here, where forming
+// log m ≈ −12 first and subtracting lost as much to rounding and took a software log1p per column
+// (the fp32 path's JSD row kernel ran 1.7× as long as reverse KL's, bench/NOTES.md session 30).
+// A side whose probability is 0 gets −inf; a NaN of either stays (δ NaN).
+__device__ __forceinline__ void distill_jsd_logs(float lp, float lq, float &lpm, float &lqm)
 {
-    const float a = logf(DISTILL_BETA) + lp, b = log1pf(-DISTILL_BETA) + lq;
-    const float hi = fmaxf(a, b), lo = fminf(a, b);
-    if (a != a || b != b) return a + b;
-    if (hi == DISTILL_NEG_INF) return DISTILL_NEG_INF;
-    return hi + log1pf(__expf(lo - hi));
+    const float dl = lq - lp;
+    const bool qlow = dl <= 0.f;
+    const float e = __expf(-fabsf(dl));
+    const float l = -__logf(qlow ? DISTILL_BETA + (1.f - DISTILL_BETA) * e : (1.f - DISTILL_BETA) + DISTILL_BETA * e);
+    lpm = qlow ? l : l - dl;
+    lqm = qlow ? l + dl : l;
 }
+// a·l, 0 where the weight a is 0 (whatever l is)
+__device__ __forceinline__ float distill_wlog(float a, float l) { return a == 0.f ? 0.f : a * l; }
 #endif
 
 // g_i of the header for a valid token
@@ -346,9 +356,10 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
 #if DISTILL_DIV == 1
             d += distill_xlog(__expf(lq), lq, lp);
 #else
-            const float lm = distill_log_m(lp, lq);
-            d += DISTILL_BETA * distill_xlog(__expf(lp), lp, lm);
-            kq += distill_xlog(__expf(lq), lq, lm);
+            float lpm, lqm;
+            distill_jsd_logs(lp, lq, lpm, lqm);
+            d += DISTILL_BETA * distill_wlog(__expf(lp), lpm);
+            kq += distill_wlog(__expf(lq), lqm);
 #endif
         }
         d = distill_block_sum(d, scratch_a);
@@ -371,7 +382,10 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
 #if DISTILL_DIV == 1
         float dzj = q == 0.f ? 0.f : q * (lq - lp - d) * INV_TEMP;
 #else
-        float dzj = q == 0.f ? 0.f : (1.f - DISTILL_BETA) * q * (lq - distill_log_m(lp, lq) - kq) * INV_TEMP;
+        float lpm, lqm;
+        distill_jsd_logs(lp, lq, lpm, lqm);
+        (void)lpm;
+        float dzj = q == 0.f ? 0.f : (1.f - DISTILL_BETA) * q * (lqm - kq) * INV_TEMP;
 #endif
         if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
         distill_store(dz, j, g * dzj);

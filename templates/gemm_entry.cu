@@ -169,6 +169,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
         if (!LOGITS_PERSIST) break;
     }
     store_cta_stats(rs, p, m0, wm, wn, lane, split, smem);
+    bulk_drain(lane);
 #endif // !FLCE_WGMMA
 }
 
@@ -297,7 +298,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
         mainloop(acc, smem, p, it, wm / 4);
         if (rb < tiles_m) grad_epilogue(acc, p, rb * BM, n0, wm, wn, lane, scale, smem, p.out);
     }
-    bulk_red_drain(lane);
+    bulk_drain(lane);
 #else
 #if FLCE_TMA
     const long long tiles_n = (p.n + BN - 1) / BN, tiles_m = (p.m + BM - 1) / BM, tiles = tiles_n * tiles_m;
@@ -391,7 +392,7 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS FLCE_GRAD_ENTRY(FLCE_PARAM p)
         if (dynamic) tile_origin(p, t, tiles_m, tiles_n, m0, n0);
         grad_epilogue(acc, p, m0, n0, wm, wn, lane, scale, smem, out);
     }
-    bulk_red_drain(lane);
+    bulk_drain(lane);
 #else
     const long long n0 = (long long)blockIdx.x * BN, m0 = (long long)blockIdx.y * BM;
     mainloop(acc, smem, p, m0, n0, wm, wn, lane);

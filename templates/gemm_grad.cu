@@ -42,65 +42,20 @@ __device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce
         }
 }
 
-// The same update as red_epilogue, handed to the TMA unit instead: each warp writes its 16 rows ×
-// 32 columns of fp32 into one of its two 2 KiB staging buffers and 16 lanes each issue one bulk
-// reduction of a 128-byte row (cp.reduce.async.bulk … add.f32), so a tile is 8 bulk operations per
-// row rather than 64 red.v2 per thread. With per-thread reductions the consumers stalled on the
-// LSU (LG throttle) and on their registers still being read (long scoreboard): dW into the fp32
-// main_grad ran 30 % longer per k than with a bf16 store (bench/NOTES.md session 15). A buffer is
-// rewritten once the bulk reads of two rounds before are done (wait_group.read 1); the last tile's
-// reductions are waited for when the consumer leaves (bulk_red_drain). Still one reduction per
-// element per launch; f32 reductions flush subnormals to zero as red.global does.
-// Needs out and the row stride 16-byte aligned (bulk_red_ok; else red_epilogue). FLCE_GRAD_BULK
+// The same update as red_epilogue, handed to the TMA unit instead (bulk_rows_out, gemm_wgmma_tma.cu):
+// each warp writes its 16 rows × 32 columns of fp32 into one of its two 2 KiB staging buffers and 16
+// lanes each issue one bulk reduction of a 128-byte row (cp.reduce.async.bulk … add.f32), so a tile
+// is 8 bulk operations per row rather than 64 red.v2 per thread. With per-thread reductions the
+// consumers stalled on the LSU (LG throttle) and on their registers still being read (long
+// scoreboard): dW into the fp32 main_grad ran 30 % longer per k than with a bf16 store
+// (bench/NOTES.md session 15). Still one reduction per element per launch; f32 reductions flush
+// subnormals to zero as red.global does.
+// Needs out and the row stride 16-byte aligned (bulk_out_ok; else red_epilogue). FLCE_GRAD_BULK
 // kernels only (generator/spec.c spec_bulk_red: the Hopper TMA tile, room for the buffers).
-__device__ __forceinline__ bool bulk_red_ok(const flce_gemm_params &p)
-{
-    return ((p.out | ((unsigned long long)p.ldo * 4ull)) & 15ull) == 0;
-}
 __device__ __forceinline__ void bulk_red_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
                                                   long long n0, int wm, int lane, float scale, unsigned char *smem)
 {
-    static_assert(!FLCE_GRAD_BULK || (WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 4 == 0),
-                  "bulk reductions: one warp tile of 16 rows");
-    const int g = lane / 4, t = lane % 4;
-    const unsigned buf0 = staging_addr(smem, wm);
-    const long long row = m0 + wm * WTM + lane; // lanes 0-15: the row each reduces
-    float *out_row = (float *)p.out + row * p.ldo;
-#pragma unroll
-    for (int q = 0; q < NI / 4; q++) { // 32 columns at a time
-        const unsigned buf = buf0 + (q & 1) * 2048;
-        if (lane < 16) asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(buf + (g + 8 * h) * 128 + (i * 8 + 2 * t) * 4),
-                             "f"(acc[0][q * 4 + i][2 * h] * scale), "f"(acc[0][q * 4 + i][2 * h + 1] * scale)
-                             : "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the writes, seen by the TMA unit
-        __syncwarp();
-        if (lane < 16) {
-            const long long col = n0 + q * 32;
-            if (row < p.m && col < p.n) {
-                const unsigned bytes = (unsigned)((p.n - col < 32 ? p.n - col : 32) * 4); // n: a multiple of 8
-                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                             ::"l"(out_row + col), "r"(buf + lane * 128), "r"(bytes)
-                             : "memory");
-            }
-            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-        }
-    }
-}
-// Before a consumer warp leaves: its bulk reductions done (their shared memory read, their global
-// writes complete before the kernel's end is seen by the next launch).
-__device__ __forceinline__ void bulk_red_drain(int lane)
-{
-    if constexpr (FLCE_GRAD_BULK) {
-        if (lane < 16) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-    } else {
-        (void)lane;
-    }
+    bulk_rows_out<true>(acc, (float *)p.out, p.ldo, p.m, p.n, m0 + wm * WTM, n0, scale, staging_addr(smem, wm), lane);
 }
 
 // dH over row-scaled compact logits (FLCE_QROWS, p.row_scale): row r of the tile times s_r, plus
@@ -155,7 +110,7 @@ __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flc
     if constexpr (FLCE_GRAD_RED) {
         if (p.red_addend) { // uniform across the CTA
             if constexpr (FLCE_GRAD_BULK) {
-                if (bulk_red_ok(p)) {
+                if (bulk_out_ok(p)) {
                     bulk_red_epilogue(acc, p, m0, n0, wm, lane, scale, smem);
                     return;
                 }

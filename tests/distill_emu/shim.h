@@ -60,6 +60,7 @@ static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4);
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
 #define __expf(x) expf(x)
+#define __logf(x) logf(x)
 #define __global__
 #define __device__
 #define __forceinline__ inline
