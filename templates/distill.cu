@@ -262,7 +262,8 @@ __device__ __forceinline__ float distill_lse(const float *part_m, const float *p
 }
 
 // The start of a row on the fp32 logits paths (flce_distill_row, flce_distill_row_topk): its
-// pointers; a masked token's dZs row zeroed and its outputs 0 (false: the kernel returns); else the
+// pointers; a masked token's dZs row zeroed and its outputs 0, or under TP's first read (tp_sums)
+// its row sums 0 (false: the kernel returns); else the
 // row's padding zeroed, the student's lse at T from its splits, and the CE term at temperature 1
 // (CE_WEIGHT != 0 only with T = 1: zs is the raw logit, lse_s its normalizer), whose zs[y] is read
 // here, before any thread of the row may overwrite zs (dz may be zs: fp32)
@@ -280,9 +281,11 @@ __device__ __forceinline__ bool distill_row_begin(const flce_distill_params &p, 
     s.zs = p.zs + r * p.ld;
     s.dz = (char *)p.dz + r * p.ld * (FLCE_DTYPE == 0 ? 4 : 2);
     if (!distill_valid(p, i)) {
-        if (!p.tp_sums) { // (TP's first read writes only its sums: the second writes the row)
+        if (!p.tp_sums) { // (TP's first read writes only its sums, 0 here: the second writes the row)
             distill_zero_row(s.dz, 0, p.ld);
             distill_row_out(p, i, 0.f, 0.f);
+        } else if (p.tp_size > 1 && threadIdx.x == 0) {
+            p.tp_aw[2 * r] = 0.f, p.tp_aw[2 * r + 1] = 0.f;
         }
         return false;
     }
@@ -310,10 +313,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
     const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
     const bool tp = p.tp_size > 1; // (the same for the whole grid: the block sums below stay uniform)
     distill_row_start s;
-    if (!distill_row_begin(p, scratch_a, scratch_b, s)) {
-        if (tp && p.tp_sums && threadIdx.x == 0) p.tp_aw[2 * r] = 0.f, p.tp_aw[2 * r + 1] = 0.f;
-        return;
-    }
+    if (!distill_row_begin(p, scratch_a, scratch_b, s)) return;
     const float *zs = s.zs, *zt = p.zt + r * p.ld;
     void *dz = s.dz;
     // 1. both log-normalizers at temperature T: the logits passes' statistics (lse_s: begin), or under
@@ -410,10 +410,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_t
     __shared__ float kp[DISTILL_TOPK_MAX], klq[DISTILL_TOPK_MAX];
     const long long r = blockIdx.x, i = p.row0 + r, v = p.vocab;
     distill_row_start s;
-    if (!distill_row_begin(p, scratch_a, scratch_b, s)) {
-        if (p.tp_size > 1 && p.tp_sums && threadIdx.x == 0) p.tp_aw[2 * r] = 0.f, p.tp_aw[2 * r + 1] = 0.f;
-        return;
-    }
+    if (!distill_row_begin(p, scratch_a, scratch_b, s)) return;
     const float *zs = s.zs, lse_s = s.lse_s;
     void *dz = s.dz;
     float loss = s.loss;
