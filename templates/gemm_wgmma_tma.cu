@@ -421,11 +421,6 @@ __device__ __forceinline__ void staged_store(const unsigned (&pk)[NI][2], unsign
 }
 
 // ---- fp32 tiles out by bulk copies or bulk reductions (FLCE_GRAD_BULK, FLCE_Z_BULK) -------------
-// a, b, c, d by rot = 0, 1, 2, 3: three selects (an indexed pick of acc would put it in local memory)
-__device__ __forceinline__ float rot_pick(int rot, float a, float b, float c, float d)
-{
-    return rot == 0 ? a : rot == 1 ? b : rot == 2 ? c : d;
-}
 // A warp's 16 rows × WTN fp32 columns (acc's fragment layout, times scale) to rows row0…, columns
 // col0… of out (row stride ld), rows below `rows` and columns below `cols` (a multiple of 4) only:
 // 32 columns at a time into one of the warp's two 2 KiB buffers (staging_addr: 128-byte rows), then
@@ -444,10 +439,6 @@ __device__ __forceinline__ void bulk_rows_out(const float (&acc)[MI][NI][4], flo
     static_assert(!(FLCE_GRAD_BULK || FLCE_Z_BULK) || (WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 4 == 0),
                   "bulk copies: one warp tile of 16 rows");
     const int g = lane / 4, t = lane % 4;
-    // Row g's 128 bytes span all 32 banks, so lanes writing the same 8 columns of rows g = 0…3 (one
-    // half-warp) would meet in 8 banks: a 4-way conflict, 8 wavefronts per store instead of 2. At
-    // each step the lanes of row g write block (k + g) mod 4 of the round instead: 32 banks a half.
-    const int rot = g & 3;
     const long long row = row0 + lane; // lanes 0-15: the row each hands over
     float *out_row = out + row * ld;
 #pragma unroll
@@ -456,18 +447,12 @@ __device__ __forceinline__ void bulk_rows_out(const float (&acc)[MI][NI][4], flo
         if (lane < 16) asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
         __syncwarp();
 #pragma unroll
-        for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 4; i++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                // step k: 8-column block (k + rot) mod 4 of the round (rot_pick: selects, no indexing)
-                const float *x0 = acc[0][q * 4 + k], *x1 = acc[0][q * 4 + (k + 1) % 4],
-                            *x2 = acc[0][q * 4 + (k + 2) % 4], *x3 = acc[0][q * 4 + (k + 3) % 4];
-                const int i = (k + rot) & 3;
+            for (int h = 0; h < 2; h++)
                 asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(buf + (g + 8 * h) * 128 + (i * 8 + 2 * t) * 4),
-                             "f"(rot_pick(rot, x0[2 * h], x1[2 * h], x2[2 * h], x3[2 * h]) * scale),
-                             "f"(rot_pick(rot, x0[2 * h + 1], x1[2 * h + 1], x2[2 * h + 1], x3[2 * h + 1]) * scale)
+                             "f"(acc[0][q * 4 + i][2 * h] * scale), "f"(acc[0][q * 4 + i][2 * h + 1] * scale)
                              : "memory");
-            }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the writes, seen by the TMA unit
         __syncwarp();
         if (lane < 16) {
