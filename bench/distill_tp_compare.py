@@ -5,9 +5,10 @@ side by side in one run:
 
   torch-tp    what a framework writes (Megatron's vocab-parallel cross-entropy, for a divergence):
               both models' logits on the shard in bf16, upcast to fp32 at T; all-reduce MAX and SUM
-              for each model's log-normalizer; the shard's part of D summed by one more all-reduce;
-              the shard's q and p kept for a hand-written backward: dZ = g (q - p)/T, dH = dZ.W_r
-              all-reduced (fp32), dW = dZ^T.H.
+              for each model's log-normalizer; the shard's part of D summed by one more all-reduce
+              (JSD: two); for a hand-written backward forward KL keeps the shard's q and p (dZ =
+              g (q - p)/T), reverse KL and JSD the shard's unscaled dz formed with the row sums;
+              dH = dZ.W_r all-reduced (fp32), dW = dZ^T.H.
   flce-tp     flce.vocab_parallel_distillation(comm=flce.NcclComm()): per token chunk one all-gather
               of 16 bytes a token and one all-reduce of 8, dH summed in fp32 (README, "Distillation").
   flce-local  flce.linear_distillation on this rank's shard alone (another problem: no errors), so that
@@ -21,7 +22,7 @@ the per-token divergence and dH on those rows, dW on this rank's first --samples
 Rows go into <out>/distill-tp-<device>-x<tp>-<date>.{json,md}.
 
   torchrun --nproc_per_node=2 bench/distill_tp_compare.py --out DIR [--shapes 8192x4096x128256]
-      [--divergence reverse_kl | --divergence jsd --beta 0.5]   # the fp32-logits path (no torch-tp row)
+      [--divergence reverse_kl | --divergence jsd --beta 0.5]   # the fp32-logits path
   python3 bench/distill_tp_compare.py --cpu-dry     # no GPU: 2 gloo ranks on the CPU, flce through
                                                     # python/standin.py, checks the script only
 """
@@ -49,7 +50,7 @@ def main():
     ap.add_argument("--shapes", default="8192x4096x128256", help="comma-separated NxDxV (student and teacher D alike)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--divergence", default="forward_kl", choices=("forward_kl", "reverse_kl", "jsd"),
-                    help="reverse_kl, jsd: flce's fp32-logits path under TP (torch-tp is skipped)")
+                    help="reverse_kl, jsd: flce's fp32-logits path under TP")
     ap.add_argument("--beta", type=float, default=0.5, help="JSD's beta (0 < beta < 1)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -111,7 +112,7 @@ def run(args):
         ref = oracle(hs, ws, ht, wt, T, args.samples, dist, args.divergence, args.beta)
 
         def torch_tp(h, w):
-            return TorchTPKL.apply(h, w, ht, wt, T)
+            return TorchTPKL.apply(h, w, ht, wt, T, args.divergence, args.beta)
 
         def flce_tp(h, w):
             return flce.vocab_parallel_distillation(h, w, ht, wt, vocab_offset=off, vocab_total=v, comm=comm,
@@ -123,8 +124,6 @@ def run(args):
                                             divergence=args.divergence, beta=args.beta)
         fns = {"torch-tp": torch_tp, "flce-tp": flce_tp, "flce-local": flce_local}
         for name in args.providers.split(","):
-            if name == "torch-tp" and args.divergence != "forward_kl":
-                continue  # (its hand-written backward is forward KL's)
             fn = fns[name]
             h, w = hs.clone().requires_grad_(), ws.clone().requires_grad_()
             for _ in range(args.warmup):
@@ -256,29 +255,45 @@ def _torch_tp_kl():
     import torch.distributed as dist
 
     class TorchTPKL(torch.autograd.Function):
-        """Megatron-style vocab-parallel forward KL (mean over tokens) with a hand-written backward."""
+        """Megatron-style vocab-parallel divergence (mean over tokens) with a hand-written backward: forward
+        KL keeps q and p for it; reverse KL and JSD, whose dz needs the row's all-reduced sum, keep
+        the shard's unscaled dz (one fp32 tensor) formed in the forward."""
 
         @staticmethod
-        def forward(ctx, hs, ws, ht, wt, T):
+        def forward(ctx, hs, ws, ht, wt, T, divergence="forward_kl", beta=0.5):
             zs = (hs @ ws.T).float() / T
             zt = (ht @ wt.T).float() / T
             lq, lp = zs - global_lse(zs, dist)[:, None], zt - global_lse(zt, dist)[:, None]
-            p = torch.exp(lp)
-            div = (p * (lp - lq)).sum(dim=1)
-            dist.all_reduce(div)
-            q = torch.exp(lq)
-            ctx.save_for_backward(hs, ws, q, p)
+            del zs, zt
+            p, q = torch.exp(lp), torch.exp(lq)
+            if divergence == "reverse_kl":
+                div = (q * (lq - lp)).sum(dim=1)
+                dist.all_reduce(div)
+                saved = (q * (lq - lp - div[:, None]),)
+            elif divergence == "jsd":
+                lm = torch.logaddexp(math.log(beta) + lp, math.log1p(-beta) + lq)
+                kp, kq = (p * (lp - lm)).sum(dim=1), (q * (lq - lm)).sum(dim=1)
+                dist.all_reduce(kp)
+                dist.all_reduce(kq)
+                div = beta * kp + (1 - beta) * kq
+                saved = ((1 - beta) * q * (lq - lm - kq[:, None]),)
+            else:
+                div = (p * (lp - lq)).sum(dim=1)
+                dist.all_reduce(div)
+                saved = (q, p)
+            ctx.save_for_backward(hs, ws, *saved)
             ctx.T = T
             ctx.mark_non_differentiable(div)
             return div.mean(), div
 
         @staticmethod
         def backward(ctx, g, _):
-            hs, ws, q, p = ctx.saved_tensors
-            dz = ((q - p) * (g / (ctx.T * q.shape[0]))).to(hs.dtype)
+            hs, ws, *saved = ctx.saved_tensors
+            dz = saved[0] if len(saved) == 1 else saved[0] - saved[1]
+            dz = (dz * (g / (ctx.T * dz.shape[0]))).to(hs.dtype)
             dh = (dz @ ws).float()
             dist.all_reduce(dh)
-            return dh.to(hs.dtype), dz.T @ hs, None, None, None
+            return dh.to(hs.dtype), dz.T @ hs, None, None, None, None, None
     return TorchTPKL
 
 
