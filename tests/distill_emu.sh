@@ -4,7 +4,8 @@
 # every divergence (JSD's ends too) with CE off/on, each reduction, T, labels NULL, one and several
 # token chunks, a NaN teacher row, each also under tensor parallelism (the fp32 path's two reads with
 # the exchanges between; 2 and 3 shards); and flce_topk_row against a sort, alone and under tensor
-# parallelism (each shard's block, then flce_topk_merge; the header checks). fp32 only (the 16-bit
+# parallelism (each shard's block, then flce_topk_merge; the header checks); JSD's log-ratios against
+# the mixture on a grid out to ±inf. fp32 only (the 16-bit
 # conversions are PTX). Exit 77 without a C++ compiler. The GPU tests of the same calls are
 # test_distill_gpu and test_topk_gpu.
 src=$1; cxx=${2:-c++}; cc=${3:-cc}
@@ -31,6 +32,11 @@ one() {
     runs=$((runs + 1)) # the same under tensor parallelism (2 and 3 shards)
     if out=$("$dir/emu" "$chunk" tp); then echo "ok   tp $* : $(echo "$out" | tr '\n' ' ')"
     else echo "FAIL tp $* : $out"; fails=$((fails + 1)); fi
+    if [ "$eff" = 2 ] && [ "$nan" = -1 ]; then # JSD's log-ratios against long double, to ±inf
+        runs=$((runs + 1))
+        if out=$("$dir/emu" jsdlogs); then echo "ok   jsdlogs $* : $out"
+        else echo "FAIL jsdlogs $* : $out"; fails=$((fails + 1)); fi
+    fi
     if [ "$eff" = 0 ] && [ "$nan" = -1 ]; then # the teacher as top-k: forward KL over its ids
         runs=$((runs + 1))
         if out=$("$dir/emu" topkkl); then echo "ok   topkkl $* : $(echo "$out" | tr '\n' ' ')"

@@ -729,8 +729,49 @@ static int distill_tp_case(long long chunk, std::vector<long long> shards)
     return distill_compare(t, rk[0].loss, rk[0].div, dh, dw, rk[0].count, what) || bad;
 }
 
+#if DISTILL_DIV == 2
+/* JSD's log-ratios against the mixture (distill_jsd_logs, argv[1] "jsdlogs") against long double on a
+ * grid of log-probabilities from 0 to −200 and −inf on each side (|lq − lp| past fp32's exp range,
+ * where the other term's weight is 0 in fp32), and NaN on either side staying NaN. Both −inf (a weight
+ * of 0 on both sides, never read) is left out. */
+static int jsd_logs_case()
+{
+    const float inf = INFINITY, grid[] = {0.f, -1e-3f, -0.7f, -5.f, -20.f, -60.f, -87.f, -88.f, -100.f, -200.f, -inf};
+    const long double lb = logl((long double)DISTILL_BETA), l1b = log1pl(-(long double)DISTILL_BETA);
+    int bad = 0, n = 0;
+    for (float lp : grid)
+        for (float lq : grid) {
+            if (lp == -inf && lq == -inf) continue;
+            const long double a = lb + lp, b = l1b + lq, hi = fmaxl(a, b), lo = fminl(a, b);
+            const long double lm = hi + log1pl(expl(lo - hi)); // log(βp + (1−β)q), stable
+            const long double ep = lp - lm, eq = lq - lm;
+            float gp, gq;
+            distill_jsd_logs(lp, lq, gp, gq);
+            auto off = [](float got, long double want) {
+                return std::isinf((double)want) ? got != (float)want : !(fabsl(got - want) <= 2e-6L * (1 + fabsl(want)));
+            };
+            n++;
+            if ((off(gp, ep) || off(gq, eq)) && bad++ < 5)
+                printf("lp %g lq %g: lp − log m %.9g vs %.9Lg, lq − log m %.9g vs %.9Lg\n", lp, lq, gp, ep, gq, eq);
+        }
+    for (float x : {-3.f, 0.f}) {
+        float gp, gq;
+        distill_jsd_logs(NAN, x, gp, gq);
+        bad += !std::isnan(gp) || !std::isnan(gq);
+        distill_jsd_logs(x, NAN, gp, gq);
+        bad += !std::isnan(gp) || !std::isnan(gq);
+        n += 2;
+    }
+    printf("jsd logs beta %g: %d pairs, %d off\n", (double)DISTILL_BETA, n, bad);
+    return bad != 0;
+}
+#endif
+
 int main(int argc, char **argv)
 {
+#if DISTILL_DIV == 2
+    if (argc > 1 && !strcmp(argv[1], "jsdlogs")) return jsd_logs_case();
+#endif
     if (argc > 1 && !strcmp(argv[1], "topkkl")) {
         int bad = 0;
         bad += topkkl_case(1, false);
