@@ -42,10 +42,8 @@ __device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce
         }
 }
 
-// The same update as red_epilogue, handed to the TMA unit instead (bulk_rows_out, gemm_wgmma_tma.cu):
-// each warp writes its 16 rows × 32 columns of fp32 into one of its two 2 KiB staging buffers and 16
-// lanes each issue one bulk reduction of a 128-byte row (cp.reduce.async.bulk … add.f32), so a tile
-// is 8 bulk operations per row rather than 64 red.v2 per thread. With per-thread reductions the
+// The same update as red_epilogue, handed to the TMA unit instead as bulk reductions of whole
+// 128-byte rows (bulk_rows_out, gemm_wgmma_tma.cu, says how). With per-thread reductions the
 // consumers stalled on the LSU (LG throttle) and on their registers still being read (long
 // scoreboard): dW into the fp32 main_grad ran 30 % longer per k than with a bf16 store
 // (bench/NOTES.md session 15). Still one reduction per element per launch; f32 reductions flush
