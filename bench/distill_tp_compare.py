@@ -208,6 +208,26 @@ def global_lse(z, dist):
     return m + torch.log(s)
 
 
+def divergence_rows(lq, lp, divergence, beta, dist):
+    """Per row of shard log-probabilities lq (student), lp (teacher): D, its shard parts all-reduced,
+    and the shard's dD/dz·T (forward KL q − p; reverse KL and JSD need the row's whole sums first)."""
+    import torch
+    q, p = torch.exp(lq), torch.exp(lp)
+    if divergence == "jsd":  # β KL(p‖m) + (1−β) KL(q‖m), m = βp + (1−β)q; dz needs KL(q‖m) whole
+        lm = torch.logaddexp(math.log(beta) + lp, math.log1p(-beta) + lq)
+        kp, kq = (p * (lp - lm)).sum(dim=1), (q * (lq - lm)).sum(dim=1)
+        dist.all_reduce(kp)
+        dist.all_reduce(kq)
+        return beta * kp + (1 - beta) * kq, (1 - beta) * q * (lq - lm - kq[:, None])
+    if divergence == "reverse_kl":
+        d = (q * (lq - lp)).sum(dim=1)
+        dist.all_reduce(d)
+        return d, q * (lq - lp - d[:, None])
+    d = (p * (lp - lq)).sum(dim=1)
+    dist.all_reduce(d)
+    return d, q - p
+
+
 def oracle(hs, ws, ht, wt, T, samples, dist, divergence="forward_kl", beta=0.5):
     """float64 forward KL, reverse KL or JSD(beta) on `samples` token rows (the loss over all tokens, mean), this
     rank's shard of the statistics all-reduced in fp64: D on those rows, their dH (all-reduced) and
@@ -216,20 +236,8 @@ def oracle(hs, ws, ht, wt, T, samples, dist, divergence="forward_kl", beta=0.5):
     n = hs.shape[0]
 
     def div_dz(lq, lp):  # per-row D (all-reduced over the shards) and dz/T·n (this shard's columns)
-        q, p = torch.exp(lq), torch.exp(lp)
-        if divergence == "jsd":  # β KL(p‖m) + (1−β) KL(q‖m), m = βp + (1−β)q; dz needs KL(q‖m) whole
-            lm = torch.logaddexp(math.log(beta) + lp, math.log1p(-beta) + lq)
-            kp, kq = (p * (lp - lm)).sum(dim=1), (q * (lq - lm)).sum(dim=1)
-            dist.all_reduce(kp)
-            dist.all_reduce(kq)
-            return beta * kp + (1 - beta) * kq, (1 - beta) * q * (lq - lm - kq[:, None]) / T / n
-        if divergence == "reverse_kl":
-            d = (q * (lq - lp)).sum(dim=1)
-            dist.all_reduce(d)
-            return d, q * (lq - lp - d[:, None]) / T / n
-        d = (p * (lp - lq)).sum(dim=1)
-        dist.all_reduce(d)
-        return d, (q - p) / T / n
+        d, dz = divergence_rows(lq, lp, divergence, beta, dist)
+        return d, dz / T / n
 
     def stats(h_rows, ht_rows):
         zs, zt = (h_rows.double() @ ws.double().T) / T, (ht_rows.double() @ wt.double().T) / T
@@ -265,22 +273,14 @@ def _torch_tp_kl():
             zt = (ht @ wt.T).float() / T
             lq, lp = zs - global_lse(zs, dist)[:, None], zt - global_lse(zt, dist)[:, None]
             del zs, zt
-            p, q = torch.exp(lp), torch.exp(lq)
-            if divergence == "reverse_kl":
-                div = (q * (lq - lp)).sum(dim=1)
-                dist.all_reduce(div)
-                saved = (q * (lq - lp - div[:, None]),)
-            elif divergence == "jsd":
-                lm = torch.logaddexp(math.log(beta) + lp, math.log1p(-beta) + lq)
-                kp, kq = (p * (lp - lm)).sum(dim=1), (q * (lq - lm)).sum(dim=1)
-                dist.all_reduce(kp)
-                dist.all_reduce(kq)
-                div = beta * kp + (1 - beta) * kq
-                saved = ((1 - beta) * q * (lq - lm - kq[:, None]),)
-            else:
+            if divergence == "forward_kl":
+                p, q = torch.exp(lp), torch.exp(lq)
                 div = (p * (lp - lq)).sum(dim=1)
                 dist.all_reduce(div)
                 saved = (q, p)
+            else:
+                div, dz = divergence_rows(lq, lp, divergence, beta, dist)
+                saved = (dz,)
             ctx.save_for_backward(hs, ws, *saved)
             ctx.T = T
             ctx.mark_non_differentiable(div)
