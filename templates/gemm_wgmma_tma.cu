@@ -370,6 +370,9 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
 // Used by the compact logits epilogue and the dH/dW epilogue's 16-bit output where STAGED_STORE
 // (gemm.cu: not on the Blackwell path, which pastes this file too but never calls them).
 // One 2 KiB buffer per warp (two with FLCE_GRAD_BULK or FLCE_Z_BULK: bulk_rows_out); the generator's spec_smem_bytes adds them
+#ifndef FLCE_ROWS_LSU
+#define FLCE_ROWS_LSU 0 // EXPERIMENT (session 31): 1 Z, 2 dW's reductions through the LSU
+#endif
 constexpr int STAGING_BYTES = (FLCE_GRAD_BULK || FLCE_Z_BULK ? 2 : 1) * 16 * 64 * 2;
 // The staging buffers follow the barriers and the tile slot, on a 128-byte boundary (the
 // generator's spec_smem_bytes counts the same).
@@ -439,6 +442,42 @@ __device__ __forceinline__ void bulk_rows_out(const float (&acc)[MI][NI][4], flo
     static_assert(!(FLCE_GRAD_BULK || FLCE_Z_BULK) || (WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 4 == 0),
                   "bulk copies: one warp tile of 16 rows");
     const int g = lane / 4, t = lane % 4;
+    if constexpr ((FLCE_ROWS_LSU & (RED ? 2 : 1)) != 0) { // EXPERIMENT: the LSU instead of the TMA unit
+#pragma unroll
+        for (int q = 0; q < NI / 4; q++) {
+            const unsigned buf = buf0 + (q & 1) * 2048; // rewritten two rounds on, after the next __syncwarp
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(buf + (g + 8 * h) * 128 + (i * 8 + 2 * t) * 4),
+                                 "f"(acc[0][q * 4 + i][2 * h] * scale), "f"(acc[0][q * 4 + i][2 * h + 1] * scale)
+                                 : "memory");
+            __syncwarp();
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = i * 4 + (lane >> 3), c = lane & 7;
+                float v0, v1, v2, v3;
+                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=f"(v0), "=f"(v1), "=f"(v2), "=f"(v3)
+                             : "r"(buf + r * 128 + c * 16)
+                             : "memory");
+                const long long col = col0 + q * 32 + c * 4;
+                if (row0 + r < rows && col < cols) {
+                    float *dst = out + (row0 + r) * ld + col;
+                    if constexpr (RED)
+                        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v0), "f"(v1),
+                                     "f"(v2), "f"(v3)
+                                     : "memory");
+                    else
+                        asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v0), "f"(v1),
+                                     "f"(v2), "f"(v3)
+                                     : "memory");
+                }
+            }
+        }
+        return;
+    }
     const long long row = row0 + lane; // lanes 0-15: the row each hands over
     float *out_row = out + row * ld;
 #pragma unroll
