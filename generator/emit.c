@@ -15,7 +15,7 @@ static const char *const distill_names[] = {"flce_distill_count", "flce_distill_
                                             "flce_topk_row", "flce_distill_lse", "flce_distill_row_compact",
                                             "flce_distill_row_topk", "flce_distill_row_topk_compact",
                                             "flce_distill_topk_sort", "flce_distill_tp_pack",
-                                            "flce_distill_tp_merge", "flce_distill_tp_out", "flce_topk_merge", "flce_distill_row_cl", NULL};
+                                            "flce_distill_tp_merge", "flce_distill_tp_out", "flce_topk_merge", NULL};
 static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
                                            "flce_dbias", "flce_tp_pack", "flce_cast", "flce_qref", "flce_qscale",
                                            "flce_qlist_count", "flce_qlist_fill", "flce_qdw", "flce_qdh", NULL};

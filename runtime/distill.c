@@ -32,7 +32,7 @@
 
 enum { DISTILL_THREADS = 256 };
 enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2, DK_LSE = 4, DK_ROW_COMPACT = 5, DK_ROW_TOPK = 6, DK_ROW_TOPK_COMPACT = 7,
-       DK_TOPK_SORT = 8, DK_TP_PACK = 9, DK_TP_MERGE = 10, DK_TP_OUT = 11, DK_ROW_CL = 13 }; /* emit.c distill_names */
+       DK_TOPK_SORT = 8, DK_TP_PACK = 9, DK_TP_MERGE = 10, DK_TP_OUT = 11 }; /* emit.c distill_names */
 /* templates/distill.cu: one rank's all-gather block, FLCE_TP_HEADER (params.h) + DISTILL_TP_RECORD words a row */
 static uint64_t tp_block_bytes(uint64_t rows) { return 4 * (FLCE_TP_HEADER + rows * 4); }
 
@@ -94,26 +94,6 @@ static flce_status plan_models(const flce_distill_problem *p, const call_device 
 static int compact_divergence(const flce_distill_problem *p)
 {
     return p->divergence == FLCE_DIVERGENCE_FORWARD_KL || (p->divergence == FLCE_DIVERGENCE_JSD && p->beta <= 0.0f);
-}
-
-/* flce_distill_row_cl (templates/distill.cu) reads each row of reverse KL and JSD once, held in a
- * cluster's shared memory, where flce_distill_row reads it twice: the fewest CTAs a row (a power of
- * two) whose slices of both models' rows take at most ROW_CL_SLAB bytes each (three CTAs an SM,
- * so that one CTA's loads overlap another's stores), else 16 CTAs up to ROW_CL_SLAB_MAX (one an SM).
- * None (row_cl 0, the two reads) before sm_90 (no clusters), under TP (the sums' all-reduce comes
- * between the reads), with a top-k teacher, for forward KL (one read already) or past 16 × 200 KB. */
-enum { ROW_CL_SLAB = 72 * 1024, ROW_CL_SLAB_MAX = 200 * 1024, ROW_CL_MAX = 16 };
-static void plan_row_cluster(const flce_distill_problem *p, int sm, distill_plan *pl)
-{
-    pl->row_cl = 0, pl->row_cl_slice = 0;
-    if (sm < 90 || p->tp_size > 1 || p->teacher_topk || compact_divergence(p)) return;
-    for (int cl = 1; cl <= ROW_CL_MAX; cl *= 2) {
-        const int64_t slice = ((p->vocab + cl - 1) / cl + 3) / 4 * 4;
-        if ((uint64_t)slice * 8 <= (cl < ROW_CL_MAX ? ROW_CL_SLAB : ROW_CL_SLAB_MAX)) {
-            pl->row_cl = cl, pl->row_cl_slice = slice;
-            return;
-        }
-    }
 }
 
 /* A compact path's budget holds one token's fp16 p̃ and group maxima (64-column groups at most) of
@@ -257,7 +237,6 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
                        (long long)pl->student.ldz, (unsigned long long)ld);
     pl->ld = (int64_t)ld;
     pl->chunk_rows = pl->student.chunk_rows, pl->chunks = pl->student.n_chunks;
-    plan_row_cluster(p, dev->sm, pl);
     uint64_t cur = align256(pl->student.workspace_bytes), n = (uint64_t)p->tokens;
     if (teacher) {
         pl->zt_offset = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * ld * 4);
@@ -306,8 +285,6 @@ typedef struct distill_row_args {
     unsigned long long lse_s_rows, x_rows, tp_aw, tp_send, tp_recv; /* TP (flce_distill_tp_*) */
     long long vocab_offset;
     int tp_size, tp_sums;
-    long long cl_slice; /* flce_distill_row_cl */
-    int cl;
 } distill_row_args;
 
 /* The two models' runs of the CE launch path over the workspace: the student's with its plan's
@@ -503,22 +480,6 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
     return FLCE_OK;
 }
 
-/* flce_distill_row_cl over a chunk (plan_row_cluster): row_cl CTAs a row in clusters, each with its
- * slices of zs and zt in dynamic shared memory (the function's limits raised to them first). */
-static flce_status launch_row_cluster(CUfunction fn, const distill_plan *pl, distill_row_args *ra, CUstream stream)
-{
-    const size_t smem = (size_t)pl->row_cl_slice * 8;
-    CUresult res = drv.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
-    if (res == CUDA_SUCCESS && pl->row_cl > 8)
-        res = drv.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
-    if (res != CUDA_SUCCESS) return drv_error(res, "setting the distillation row kernel's shared memory and cluster");
-    ra->cl = pl->row_cl, ra->cl_slice = pl->row_cl_slice;
-    flce_status st = launch_cluster(fn, ra->rows * pl->row_cl, 1, pl->row_cl, DISTILL_THREADS, smem, stream, ra,
-                                    "distill rows (clusters)");
-    ra->cl = 0, ra->cl_slice = 0;
-    return st;
-}
-
 static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
                            const flce_distill_tensors *t, CUdeviceptr ws, CUstream stream)
 {
@@ -550,7 +511,6 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
         ra.row0 = b.row0, ra.rows = b.rows;
         if (pl->tp) TRY(tp_fp32_sums(&d, &ra));
         if (pl->topk) TRY(launch(d.k[DK_ROW_TOPK], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows (top-k)"));
-        else if (pl->row_cl && ((ra.zs | ra.zt | ra.dz) & 15) == 0) TRY(launch_row_cluster(d.k[DK_ROW_CL], pl, &ra, stream));
         else TRY(launch(d.k[DK_ROW], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows"));
         block rows_done = b;
         rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
