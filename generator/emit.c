@@ -101,7 +101,7 @@ static void emit_preamble(sbuf *b, const kernel_spec *s)
                   !!s->plain_out);
         sb_printf(b, "#define FLCE_GRAD_RED %d  // fp32 accumulators may be updated by red.global\n", !!s->red_acc);
         sb_printf(b, "#define FLCE_GRAD_BULK %d  // … by bulk reductions from shared memory\n", spec_bulk_red(s));
-        sb_printf(b, "#define FLCE_Z_BULK %d  // the fp32 Z store by bulk copies from shared memory\n", spec_bulk_z(s));
+        sb_printf(b, "#define FLCE_Z_STAGED %d  // the fp32 Z store staged in shared memory\n", spec_staged_z(s));
         sb_printf(b, "#define FLCE_FULL_TILES %d  // every launch's n is a multiple of BN\n", !!s->full_tiles);
         sb_printf(b, "#define FLCE_CLUSTER %d  // CTAs per cluster: the B tile is multicast to all of them\n",
                   s->cluster > 1 ? s->cluster : 0);

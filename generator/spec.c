@@ -160,7 +160,7 @@ static size_t smem_bytes(const kernel_spec *s);
 static size_t bulk_red_bytes(const kernel_spec *s) { return 2048u * (size_t)(s->tile.warps_m * s->tile.warps_n); }
 
 /* Where a warp tile is 16 rows of whole 32-column blocks on the wgmma + TMA loop: the tiles the
- * bulk copies of templates/gemm_wgmma_tma.cu (bulk_rows_out) take. */
+ * staged fp32 rows of templates/gemm_wgmma_tma.cu (bulk_rows_out) take. */
 static int bulk_tile(const spec_tile *t)
 {
     return t->loop == MAINLOOP_WGMMA_TMA && t->warps_n == 1 && t->bm == 16 * t->warps_m && t->bn % 32 == 0;
@@ -171,19 +171,19 @@ int spec_bulk_red(const kernel_spec *s)
     return s->red_acc == 1 && bulk_tile(&s->tile) && smem_bytes(s) + bulk_red_bytes(s) <= spec_smem_limit(s->sm);
 }
 
-/* The plain logits pass's fp32 Z store by bulk copies: two 2 KiB staging buffers per warp, on a
+/* The plain logits pass's fp32 Z store through shared memory: two 2 KiB staging buffers per warp, on a
  * 128-byte boundary past the barriers (the compact pass's one buffer is counted in smem_bytes). */
-static size_t bulk_z_bytes(const kernel_spec *s) { return 128u + 2u * bulk_red_bytes(s); }
+static size_t staged_z_bytes(const kernel_spec *s) { return 128u + 2u * bulk_red_bytes(s); }
 
-int spec_bulk_z(const kernel_spec *s)
+int spec_staged_z(const kernel_spec *s)
 {
     return s->role == ROLE_LOGITS && !s->compact && !s->qrows && !s->fused_dz && bulk_tile(&s->tile) &&
-           smem_bytes(s) + bulk_z_bytes(s) <= spec_smem_limit(s->sm);
+           smem_bytes(s) + staged_z_bytes(s) <= spec_smem_limit(s->sm);
 }
 
 size_t spec_smem_bytes(const kernel_spec *s)
 {
-    return smem_bytes(s) + (spec_bulk_red(s) ? bulk_red_bytes(s) : 0) + (spec_bulk_z(s) ? bulk_z_bytes(s) : 0);
+    return smem_bytes(s) + (spec_bulk_red(s) ? bulk_red_bytes(s) : 0) + (spec_staged_z(s) ? staged_z_bytes(s) : 0);
 }
 
 static size_t smem_bytes(const kernel_spec *s)

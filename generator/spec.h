@@ -161,9 +161,9 @@ size_t spec_smem_bytes(const kernel_spec *s);
 /* 1 when a red_acc kernel updates fp32 accumulators by bulk reductions from shared memory (a
  * second 2 KiB staging buffer per warp, where it fits: templates/gemm_grad.cu, FLCE_GRAD_BULK). */
 int spec_bulk_red(const kernel_spec *s);
-/* 1 when a plain logits kernel (no compact, qrows or fused dZ store) stores fp32 Z by bulk copies
- * from two 2 KiB staging buffers per warp, where they fit (templates/gemm_logits.cu, FLCE_Z_BULK). */
-int spec_bulk_z(const kernel_spec *s);
+/* 1 when a plain logits kernel (no compact, qrows or fused dZ store) stores fp32 Z through two
+ * 2 KiB staging buffers per warp, where they fit (templates/gemm_logits.cu, FLCE_Z_STAGED). */
+int spec_staged_z(const kernel_spec *s);
 int spec_threads(const kernel_spec *s);
 /* Largest dynamic shared memory per block of an arch (opt-in limit). */
 size_t spec_smem_limit(int sm);

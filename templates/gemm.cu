@@ -54,17 +54,16 @@ __device__ void staged_store(const unsigned (&pk)[NI][2], unsigned short *out, l
 template <bool RED>
 __device__ void bulk_rows_out(const float (&acc)[MI][NI][4], float *out, long long ld, long long rows, long long cols,
                               long long row0, long long col0, float scale, unsigned buf0, int lane);
-// Whether the output at p.out and its row stride (fp32) are 16-byte aligned, as bulk copies need.
+// Whether the output at p.out and its row stride (fp32) are 16-byte aligned, as bulk_rows_out needs.
 __device__ __forceinline__ bool bulk_out_ok(const flce_gemm_params &p)
 {
     return ((p.out | ((unsigned long long)p.ldo * 4ull)) & 15ull) == 0;
 }
-// Before a consumer warp leaves: its bulk copies or reductions (FLCE_GRAD_BULK, FLCE_Z_BULK) done,
-// their shared memory read and their global writes complete before the kernel's end is seen by
-// the next launch.
+// Before a consumer warp leaves: its bulk reductions (FLCE_GRAD_BULK) done, their shared memory
+// read and their global writes complete before the kernel's end is seen by the next launch.
 __device__ __forceinline__ void bulk_drain(int lane)
 {
-    if constexpr (FLCE_GRAD_BULK || FLCE_Z_BULK) {
+    if constexpr (FLCE_GRAD_BULK) {
         if (lane < 16) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     } else {
         (void)lane;

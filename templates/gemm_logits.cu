@@ -57,11 +57,11 @@ __device__ __forceinline__ float transform_logit(float acc, long long col, const
     return z;
 }
 
-// The plain pass's fp32 Z goes out by bulk copies (FLCE_Z_BULK: generator/spec.c spec_bulk_z, the
-// Hopper TMA tile with room for two staging buffers per warp; bulk_rows_out) where Z and its row
-// stride are 16-byte aligned (bulk_out_ok), else straight from the fragments: those 8-byte stores,
-// 8 rows per instruction, made the pass ~25 % slower than the compact one at 8192×4096×128256
-// (bench/NOTES.md session 30).
+// The plain pass's fp32 Z goes out through shared memory (FLCE_Z_STAGED: generator/spec.c
+// spec_staged_z, the Hopper TMA tile with room for two staging buffers per warp; bulk_rows_out)
+// where Z and its row stride are 16-byte aligned (bulk_out_ok), else straight from the fragments:
+// those 8-byte stores, 8 rows per instruction, made the pass ~25 % slower than the compact one at
+// 8192×4096×128256 (bench/NOTES.md session 30).
 
 // Columns j < cols_inside(limit, c0) of a thread's warp tile starting at column c0 lie below
 // `limit` (the shard's n, or a row stride).
@@ -131,9 +131,9 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                                                   unsigned char *smem, const float *qc)
 {
     constexpr bool STAGED = COMPACT_STAGED && FULL; // a tile reaching past the shard keeps the direct stores
-    const bool bulk_z = FLCE_Z_BULK && p.out && bulk_out_ok(p); // uniform across the CTA
+    const bool staged_z = FLCE_Z_STAGED && p.out && bulk_out_ok(p); // uniform across the CTA
     unsigned pk[NI][2]; // STAGED: the packed p̃ pairs, stored after both rows of the fragment
-    if constexpr (!COMPACT_STAGED && !FLCE_Z_BULK) (void)smem;
+    if constexpr (!COMPACT_STAGED && !FLCE_Z_STAGED) (void)smem;
     const int g = lane / 4, t = lane % 4;
     const long long c0 = n0 + wn * WTN + 2 * t;
     // Columns j < lim lie inside the shard; j < zlim inside Z's row. Past the shard TMA and
@@ -272,7 +272,7 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
             }
             tile.arg = arg < 0 ? 0x7fffffffffffffffLL : p.vocab_offset + c0 + arg;
             if (tile.s != tile.s || tile.m != NEG_INF) stats_merge(run[mi][h], tile);
-            if (!FLCE_COMPACT && !bulk_z && p.out && row < p.m) {
+            if (!FLCE_COMPACT && !staged_z && p.out && row < p.m) {
                 float *z_row = (float *)p.out + row * p.ldo + c0;
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++)
@@ -284,8 +284,8 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
         if (p.out)
             staged_store(pk, (unsigned short *)p.out, p.ldo, p.m, p.ldo, staging_addr(smem, wm), m0 + wm * WTM, n0, lane);
     }
-    if constexpr (FLCE_Z_BULK) {
-        if (bulk_z) // the tile's Z rows (to the row stride, as the direct stores) by bulk copies
+    if constexpr (FLCE_Z_STAGED) {
+        if (staged_z) // the tile's Z rows (to the row stride, as the direct stores) through shared memory
             bulk_rows_out<false>(acc, (float *)p.out, p.ldo, p.m, p.ldo, m0 + wm * WTM, n0, 1.f, staging_addr(smem, wm),
                                  lane);
     }

@@ -369,11 +369,8 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
 // compact logits pass's stores went from 17 M instructions and 136 M sectors to 4.7 M and 70 M).
 // Used by the compact logits epilogue and the dH/dW epilogue's 16-bit output where STAGED_STORE
 // (gemm.cu: not on the Blackwell path, which pastes this file too but never calls them).
-// One 2 KiB buffer per warp (two with FLCE_GRAD_BULK or FLCE_Z_BULK: bulk_rows_out); the generator's spec_smem_bytes adds them
-#ifndef FLCE_ROWS_LSU
-#define FLCE_ROWS_LSU 0 // EXPERIMENT (session 31): 1 Z, 2 dW's reductions through the LSU
-#endif
-constexpr int STAGING_BYTES = (FLCE_GRAD_BULK || FLCE_Z_BULK ? 2 : 1) * 16 * 64 * 2;
+// One 2 KiB buffer per warp (two with FLCE_GRAD_BULK or FLCE_Z_STAGED: bulk_rows_out); the generator's spec_smem_bytes adds them
+constexpr int STAGING_BYTES = (FLCE_GRAD_BULK || FLCE_Z_STAGED ? 2 : 1) * 16 * 64 * 2;
 // The staging buffers follow the barriers and the tile slot, on a 128-byte boundary (the
 // generator's spec_smem_bytes counts the same).
 constexpr int STAGING_OFFSET = PIPE_BYTES + (16 * STAGES + 8 * (STAGES + 1) + 127) / 128 * 128;
@@ -423,36 +420,46 @@ __device__ __forceinline__ void staged_store(const unsigned (&pk)[NI][2], unsign
     }
 }
 
-// ---- fp32 tiles out by bulk copies or bulk reductions (FLCE_GRAD_BULK, FLCE_Z_BULK) -------------
+// ---- fp32 tiles out through shared memory (FLCE_GRAD_BULK, FLCE_Z_STAGED) ----------------------
 // A warp's 16 rows × WTN fp32 columns (acc's fragment layout, times scale) to rows row0…, columns
-// col0… of out (row stride ld), rows below `rows` and columns below `cols` (a multiple of 4) only:
-// 32 columns at a time into one of the warp's two 2 KiB buffers (staging_addr: 128-byte rows), then
-// 16 lanes each hand one row's 128 bytes to the TMA unit, a reduction (RED: cp.reduce.async.bulk …
-// add.f32, dW into fp32 accumulators) or a copy (the plain logits pass's Z). The warp goes on to the
-// next columns and the next tile while the copies drain: a buffer is rewritten once the bulk reads
-// of two rounds before are done (wait_group.read 1), and bulk_drain waits for all before the warp
-// leaves. Direct 8-byte stores from the fragments touch 8 rows per instruction and kept the
-// consumers waiting on the LSU (bench/NOTES.md session 15 for dW, session 30 for Z).
+// col0… of out (row stride ld), rows below `rows` and columns below `cols` (a multiple of 4) only,
+// 32 columns at a time through one of the warp's two 2 KiB buffers (staging_addr: 128-byte rows).
+// RED (dW into fp32 accumulators): 16 lanes each hand one row's 128 bytes to the TMA unit as a
+// bulk reduction (cp.reduce.async.bulk … add.f32); the warp goes on while they drain, a buffer is
+// rewritten once the bulk reads of two rounds before are done (wait_group.read 1), and bulk_drain
+// waits for all before the warp leaves. Else (the plain logits pass's Z): each lane reads 16 bytes
+// of 4 rows back and stores them, one st.global.v4 covering 4 whole rows. Direct 8-byte stores
+// from the fragments touch 8 rows per instruction and kept the consumers waiting on the LSU
+// (bench/NOTES.md session 15 for dW, session 30 for Z); Z by bulk copies, one TMA operation per
+// 128-byte row, was ~1 ms a reverse KL or JSD step slower than these stores (session 31, q1).
 // Needs out and ld·4 16-byte aligned. Every lane of the warp calls it.
+// Columns 32q… of a warp's 16 fp32 rows (acc's fragments, times scale) into the 2 KiB buffer at
+// buf, row r at buf + 128r
+__device__ __forceinline__ void stage_fp32_rows(const float (&acc)[MI][NI][4], int q, float scale, unsigned buf,
+                                                int lane)
+{
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(buf + (g + 8 * h) * 128 + (i * 8 + 2 * t) * 4),
+                         "f"(acc[0][q * 4 + i][2 * h] * scale), "f"(acc[0][q * 4 + i][2 * h + 1] * scale)
+                         : "memory");
+}
 template <bool RED>
 __device__ __forceinline__ void bulk_rows_out(const float (&acc)[MI][NI][4], float *out, long long ld, long long rows,
                                               long long cols, long long row0, long long col0, float scale,
                                               unsigned buf0, int lane)
 {
-    static_assert(!(FLCE_GRAD_BULK || FLCE_Z_BULK) || (WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 4 == 0),
-                  "bulk copies: one warp tile of 16 rows");
-    const int g = lane / 4, t = lane % 4;
-    if constexpr ((FLCE_ROWS_LSU & (RED ? 2 : 1)) != 0) { // EXPERIMENT: the LSU instead of the TMA unit
+    static_assert(!(FLCE_GRAD_BULK || FLCE_Z_STAGED) || (WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 4 == 0),
+                  "staged fp32 rows: one warp tile of 16 rows");
+    if constexpr (!RED) {
 #pragma unroll
         for (int q = 0; q < NI / 4; q++) {
-            const unsigned buf = buf0 + (q & 1) * 2048; // rewritten two rounds on, after the next __syncwarp
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(buf + (g + 8 * h) * 128 + (i * 8 + 2 * t) * 4),
-                                 "f"(acc[0][q * 4 + i][2 * h] * scale), "f"(acc[0][q * 4 + i][2 * h + 1] * scale)
-                                 : "memory");
+            // (rewritten two rounds on: after the next round's __syncwarp, which follows these reads)
+            const unsigned buf = buf0 + (q & 1) * 2048;
+            stage_fp32_rows(acc, q, scale, buf, lane);
             __syncwarp();
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -463,17 +470,10 @@ __device__ __forceinline__ void bulk_rows_out(const float (&acc)[MI][NI][4], flo
                              : "r"(buf + r * 128 + c * 16)
                              : "memory");
                 const long long col = col0 + q * 32 + c * 4;
-                if (row0 + r < rows && col < cols) {
-                    float *dst = out + (row0 + r) * ld + col;
-                    if constexpr (RED)
-                        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v0), "f"(v1),
-                                     "f"(v2), "f"(v3)
-                                     : "memory");
-                    else
-                        asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v0), "f"(v1),
-                                     "f"(v2), "f"(v3)
-                                     : "memory");
-                }
+                if (row0 + r < rows && col < cols)
+                    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(out + (row0 + r) * ld + col),
+                                 "f"(v0), "f"(v1), "f"(v2), "f"(v3)
+                                 : "memory");
             }
         }
         return;
@@ -485,27 +485,16 @@ __device__ __forceinline__ void bulk_rows_out(const float (&acc)[MI][NI][4], flo
         const unsigned buf = buf0 + (q & 1) * 2048;
         if (lane < 16) asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
         __syncwarp();
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(buf + (g + 8 * h) * 128 + (i * 8 + 2 * t) * 4),
-                             "f"(acc[0][q * 4 + i][2 * h] * scale), "f"(acc[0][q * 4 + i][2 * h + 1] * scale)
-                             : "memory");
+        stage_fp32_rows(acc, q, scale, buf, lane);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the writes, seen by the TMA unit
         __syncwarp();
         if (lane < 16) {
             const long long col = col0 + q * 32;
             if (row < rows && col < cols) {
                 const unsigned bytes = (unsigned)((cols - col < 32 ? cols - col : 32) * 4);
-                if constexpr (RED)
-                    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                                 ::"l"(out_row + col), "r"(buf + lane * 128), "r"(bytes)
-                                 : "memory");
-                else
-                    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
-                                 ::"l"(out_row + col), "r"(buf + lane * 128), "r"(bytes)
-                                 : "memory");
+                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                             ::"l"(out_row + col), "r"(buf + lane * 128), "r"(bytes)
+                             : "memory");
             }
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         }

@@ -115,34 +115,34 @@ static void bulk_reductions_need_the_tma_tile_and_room_for_their_buffers(void)
     CHECK(!spec_bulk_red(&s));
 }
 
-/* The plain logits pass's bulk Z store (spec_bulk_z): on the Hopper TMA tile where two 2 KiB buffers
+/* The plain logits pass's staged Z store (spec_staged_z): on the Hopper TMA tile where two 2 KiB buffers
  * per warp fit; not for the compact, qrows or fused-dZ passes (their own stores), other roles or
  * tiles. */
-static void bulk_z_store_is_the_plain_logits_pass_on_the_tma_tile(void)
+static void staged_z_store_is_the_plain_logits_pass_on_the_tma_tile(void)
 {
     kernel_spec s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16);
     s.tile = spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_LOGITS);
-    CHECK(spec_validate(&s) == FLCE_OK && spec_bulk_z(&s) && spec_smem_bytes(&s) <= spec_smem_limit(90));
+    CHECK(spec_validate(&s) == FLCE_OK && spec_staged_z(&s) && spec_smem_bytes(&s) <= spec_smem_limit(90));
     char *src = NULL;
-    CHECK(emit_source(&s, &src) == FLCE_OK && strstr(src, "#define FLCE_Z_BULK 1"));
+    CHECK(emit_source(&s, &src) == FLCE_OK && strstr(src, "#define FLCE_Z_STAGED 1"));
     free(src);
     const size_t bulk = spec_smem_bytes(&s);
     s.compact = 1; /* the compact pass: one staging buffer per warp, counted apart */
-    CHECK(spec_validate(&s) == FLCE_OK && !spec_bulk_z(&s) &&
+    CHECK(spec_validate(&s) == FLCE_OK && !spec_staged_z(&s) &&
           spec_smem_bytes(&s) == bulk - 4096u * (size_t)s.tile.warps_m + 2048u * (size_t)s.tile.warps_m);
     s.qrows = 1;
-    CHECK(!spec_bulk_z(&s));
+    CHECK(!spec_staged_z(&s));
     s.compact = 0, s.qrows = 0, s.fused_dz = 1;
-    CHECK(!spec_bulk_z(&s));
+    CHECK(!spec_staged_z(&s));
     s.fused_dz = 0, s.tile.stages = 5; /* no room left for the buffers */
-    CHECK(!spec_bulk_z(&s));
+    CHECK(!spec_staged_z(&s));
     s = good_gemm(ROLE_LOGITS, FLCE_DTYPE_BF16); /* the portable tile: direct stores */
-    CHECK(!spec_bulk_z(&s));
-    CHECK(emit_source(&s, &src) == FLCE_OK && strstr(src, "#define FLCE_Z_BULK 0"));
+    CHECK(!spec_staged_z(&s));
+    CHECK(emit_source(&s, &src) == FLCE_OK && strstr(src, "#define FLCE_Z_STAGED 0"));
     free(src);
     s = good_gemm(ROLE_DH, FLCE_DTYPE_BF16);
     s.tile = spec_default_tile(90, FLCE_DTYPE_BF16, ROLE_DH);
-    CHECK(!spec_bulk_z(&s));
+    CHECK(!spec_staged_z(&s));
 }
 
 /* Clusters of 2 on the wgmma TMA tile for every GEMM role (logits: W's tile shared by two row
@@ -641,7 +641,7 @@ int main(void)
     RUN(tcgen05_tiles_are_opt_in_blackwell_16_bit_only);
     RUN(tma_tiles_are_the_hopper_default_and_need_wgmma);
     RUN(bulk_reductions_need_the_tma_tile_and_room_for_their_buffers);
-    RUN(bulk_z_store_is_the_plain_logits_pass_on_the_tma_tile);
+    RUN(staged_z_store_is_the_plain_logits_pass_on_the_tma_tile);
     RUN(clusters_need_the_tma_tile);
     RUN(arch_names_parse_and_print);
     RUN(chunks_fit_the_memory_budget);
