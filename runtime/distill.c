@@ -8,7 +8,8 @@
  *   flce_distill_row (templates/distill.cu): both log-normalizers from those statistics, D_i,
  *     loss_i and dZs in the dtype (× g_i), one read of each row (forward KL) or two,
  *   dHs = dZs·Ws and dWs += dZsᵀ·Hs (launch_grads.c run_grad_gemms: the CE path's dH and dW with
- *     their accumulation rules, dH beside dW on two streams),
+ *     their accumulation rules, dH beside dW on two streams), or on 16-bit inputs where N <= 2·Ds
+ *     dHs alone, dZs kept for every token and dWs once after the last chunk (dz_all_rows),
  * then the loss reduced in a fixed order (flce_distill_reduce). The CE plan is made for a problem
  * with reduction none, so its GEMM epilogues scale nothing: g_i is in dZs already. Forward KL on
  * 16-bit inputs takes the compact path instead (plan_compact; the teacher as top-k:
@@ -94,6 +95,18 @@ static flce_status plan_models(const flce_distill_problem *p, const call_device 
 static int compact_divergence(const flce_distill_problem *p)
 {
     return p->divergence == FLCE_DIVERGENCE_FORWARD_KL || (p->divergence == FLCE_DIVERGENCE_JSD && p->beta <= 0.0f);
+}
+
+/* The fp32 path on 16-bit inputs in several token chunks: the student's dZ of every token kept
+ * (plan_dz_all_rows, N × V × 2 bytes) so that dWs runs once over all of them after the last chunk,
+ * where it is no larger than the fp32 V × Ds accumulator it replaces (N ≤ 2·Ds). Accumulating dWs
+ * chunk by chunk (fp32 stores, bulk reductions, then the dtype) cost a reverse KL step at
+ * 8192×4096×128256 in 3 chunks 15.9 ms of dW against 12.4 in one launch (bench/NOTES.md session 31).
+ * Not under TP (dWs beside dHs's all-reduce: launch_grads.c) nor with dWs not asked for. */
+static int dz_all_rows(const flce_distill_problem *p, const distill_plan *pl)
+{
+    return p->dtype != FLCE_DTYPE_F32 && p->tp_size <= 1 && pl->student.n_chunks > 1 && pl->student.need_dw_acc &&
+           p->tokens <= 2 * p->hidden_student;
 }
 
 /* A compact path's budget holds one token's fp16 p̃ and group maxima (64-column groups at most) of
@@ -237,6 +250,11 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
                        (long long)pl->student.ldz, (unsigned long long)ld);
     pl->ld = (int64_t)ld;
     pl->chunk_rows = pl->student.chunk_rows, pl->chunks = pl->student.n_chunks;
+    if (dz_all_rows(p, pl)) {
+        flce_tensors ts, tt;
+        planned_tensors(t, p->tp_size, &ts, &tt);
+        TRY(plan_dz_all_rows(&pl->student_problem, &ts, &pl->student));
+    }
     uint64_t cur = align256(pl->student.workspace_bytes), n = (uint64_t)p->tokens;
     if (teacher) {
         pl->zt_offset = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * ld * 4);
@@ -480,6 +498,31 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
     return FLCE_OK;
 }
 
+/* dz_all_rows: dHs of chunk b from its rows of dZs (the student plan's off_dz moved to them) */
+static flce_status run_dh_chunk(const distill_runs *d, const block *b)
+{
+    plan chunk = *d->student.pl;
+    chunk.off_dz += (uint64_t)b->row0 * (uint64_t)chunk.ldz * 2;
+    flce_tensors ts = d->ts;
+    ts.grad_weight = NULL;
+    run r = d->student;
+    r.pl = &chunk, r.t = &ts;
+    block rows_done = *b;
+    rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
+    return run_grad_gemms(&r, &rows_done, b);
+}
+
+/* dz_all_rows: dWs once over every token's dZs, straight into the dtype */
+static flce_status run_dw_all(const distill_runs *d, const flce_distill_problem *p)
+{
+    flce_tensors ts = d->ts;
+    ts.grad_hidden = NULL;
+    run r = d->student;
+    r.t = &ts;
+    const block all = {0, p->tokens, 0, p->vocab, 1, 1};
+    return run_grad_gemms(&r, &all, &all);
+}
+
 static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
                            const flce_distill_tensors *t, CUdeviceptr ws, CUstream stream)
 {
@@ -509,13 +552,19 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
         if (!pl->topk) TRY(launch_store_logits(&d.teacher, &b, zt, &st_t));
         TRY(launch_store_logits(&d.student, &b, zs, &st_s));
         ra.row0 = b.row0, ra.rows = b.rows;
+        ra.dz = dz + (pl->student.dz_all_rows ? (unsigned long long)b.row0 * (unsigned long long)pl->ld * 2 : 0);
         if (pl->tp) TRY(tp_fp32_sums(&d, &ra));
         if (pl->topk) TRY(launch(d.k[DK_ROW_TOPK], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows (top-k)"));
         else TRY(launch(d.k[DK_ROW], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows"));
+        if (pl->student.dz_all_rows) {
+            TRY(run_dh_chunk(&d, &b));
+            continue;
+        }
         block rows_done = b;
         rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
         TRY(run_grad_gemms(&d.student, &rows_done, &b));
     }
+    if (pl->student.dz_all_rows && t->grad_student_weight) TRY(run_dw_all(&d, p));
     if (pl->tp) { /* dHs summed over the ranks, as run_compact */
         flce_status st = finish_dh(&d.student), joined = side_join(&d.student);
         TRY(st);

@@ -462,7 +462,7 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
     pl->need_zloss_rows = stats && p->z_loss > 0 && reduced && (!t || t->z_loss_out);
     int caller_dw = p->accumulate_grad_weight, caller_dh = p->accumulate_grad_hidden;
     int f32 = p->dtype == FLCE_DTYPE_F32;
-    pl->need_dw_acc = grads && !pl->recompute && pl->n_chunks > 1 && !f32 && !caller_dw &&
+    pl->need_dw_acc = grads && !pl->recompute && pl->n_chunks > 1 && !f32 && !caller_dw && !pl->dz_all_rows &&
                       (!t || t->grad_weight);
     /* With collectives, dH always builds up in fp32 (need_dh_tp): it is summed across ranks
      * before it is rounded once. */
@@ -518,7 +518,7 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
             }
         } else {
             pl->off_z = take(&cur, chunk_elems * 4);
-            pl->off_dz = f32 ? pl->off_z : take(&cur, chunk_elems * 2);
+            pl->off_dz = f32 ? pl->off_z : take(&cur, (pl->dz_all_rows ? n * (uint64_t)pl->ldz : chunk_elems) * 2);
         }
         if (pl->need_dw_acc) pl->off_dw_acc = take(&cur, (uint64_t)pl->v * (uint64_t)pl->d * 4);
         /* recompute: every token's dH builds up over the vocab chunks; chunked: one token chunk's */
@@ -554,6 +554,17 @@ static void plan_grad_stores(const flce_problem *p, plan *pl)
     int red = pl->bulk_red ? 1 : 2;
     dh->red_acc = pl->red_acc && !dh->plain_out ? red : 0;
     dw->red_acc = pl->red_acc && !dw->plain_out ? red : 0;
+}
+
+flce_status plan_dz_all_rows(const flce_problem *p, const flce_tensors *t, plan *pl)
+{
+    if (pl->op == FLCE_OP_FORWARD || pl->recompute || pl->compact || pl->fused_dz || pl->collective ||
+        p->dtype == FLCE_DTYPE_F32)
+        return err_set(FLCE_ERR_INTERNAL, "plan_dz_all_rows: not a chunked 16-bit plan with gradients (a planning bug)");
+    pl->dz_all_rows = 1, pl->off_dw_acc = 0;
+    plan_layout(p, t, pl);
+    plan_grad_stores(p, pl);
+    return FLCE_OK;
 }
 
 /* dH's tile width on the wgmma TMA path. dH's output is only tokens × D, so its 128×256 tiles may
