@@ -160,7 +160,7 @@ static size_t smem_bytes(const kernel_spec *s);
 static size_t bulk_red_bytes(const kernel_spec *s) { return 2048u * (size_t)(s->tile.warps_m * s->tile.warps_n); }
 
 /* Where a warp tile is 16 rows of whole 32-column blocks on the wgmma + TMA loop: the tiles the
- * staged fp32 rows of templates/gemm_wgmma_tma.cu (bulk_rows_out) take. */
+ * staged fp32 rows of templates/gemm_wgmma_tma.cu (bulk_red_rows, staged_rows_out) take. */
 static int bulk_tile(const spec_tile *t)
 {
     return t->loop == MAINLOOP_WGMMA_TMA && t->warps_n == 1 && t->bm == 16 * t->warps_m && t->bn % 32 == 0;

@@ -51,10 +51,11 @@ constexpr bool STAGED_STORE = FLCE_TMA;
 __device__ unsigned staging_addr(unsigned char *smem, int warp);
 __device__ void staged_store(const unsigned (&pk)[NI][2], unsigned short *out, long long ld, long long rows,
                              long long cols, unsigned buf, long long row0, long long col0, int lane);
-template <bool RED>
-__device__ void bulk_rows_out(const float (&acc)[MI][NI][4], float *out, long long ld, long long rows, long long cols,
+__device__ void staged_rows_out(const float (&acc)[MI][NI][4], float *out, long long ld, long long rows,
+                                long long cols, long long row0, long long col0, unsigned buf0, int lane);
+__device__ void bulk_red_rows(const float (&acc)[MI][NI][4], float *out, long long ld, long long rows, long long cols,
                               long long row0, long long col0, float scale, unsigned buf0, int lane);
-// Whether the output at p.out and its row stride (fp32) are 16-byte aligned, as bulk_rows_out needs.
+// Whether the output at p.out and its row stride (fp32) are 16-byte aligned, as those two need.
 __device__ __forceinline__ bool bulk_out_ok(const flce_gemm_params &p)
 {
     return ((p.out | ((unsigned long long)p.ldo * 4ull)) & 15ull) == 0;

@@ -43,7 +43,7 @@ __device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce
 }
 
 // The same update as red_epilogue, handed to the TMA unit instead as bulk reductions of whole
-// 128-byte rows (bulk_rows_out, gemm_wgmma_tma.cu, says how). With per-thread reductions the
+// 128-byte rows (bulk_red_rows, gemm_wgmma_tma.cu, says how). With per-thread reductions the
 // consumers stalled on the LSU (LG throttle) and on their registers still being read (long
 // scoreboard): dW into the fp32 main_grad ran 30 % longer per k than with a bf16 store
 // (bench/NOTES.md session 15). Still one reduction per element per launch; f32 reductions flush
@@ -53,7 +53,7 @@ __device__ __forceinline__ void red_epilogue(float (&acc)[MI][NI][4], const flce
 __device__ __forceinline__ void bulk_red_epilogue(float (&acc)[MI][NI][4], const flce_gemm_params &p, long long m0,
                                                   long long n0, int wm, int lane, float scale, unsigned char *smem)
 {
-    bulk_rows_out<true>(acc, (float *)p.out, p.ldo, p.m, p.n, m0 + wm * WTM, n0, scale, staging_addr(smem, wm), lane);
+    bulk_red_rows(acc, (float *)p.out, p.ldo, p.m, p.n, m0 + wm * WTM, n0, scale, staging_addr(smem, wm), lane);
 }
 
 // dH over row-scaled compact logits (FLCE_QROWS, p.row_scale): row r of the tile times s_r, plus

@@ -57,12 +57,6 @@ __device__ __forceinline__ float transform_logit(float acc, long long col, const
     return z;
 }
 
-// The plain pass's fp32 Z goes out through shared memory (FLCE_Z_STAGED: generator/spec.c
-// spec_staged_z, the Hopper TMA tile with room for two staging buffers per warp; bulk_rows_out)
-// where Z and its row stride are 16-byte aligned (bulk_out_ok), else straight from the fragments:
-// those 8-byte stores, 8 rows per instruction, made the pass ~25 % slower than the compact one at
-// 8192×4096×128256 (bench/NOTES.md session 30).
-
 // Columns j < cols_inside(limit, c0) of a thread's warp tile starting at column c0 lie below
 // `limit` (the shard's n, or a row stride).
 __device__ __forceinline__ int cols_inside(long long limit, long long c0)
@@ -131,7 +125,12 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
                                                   unsigned char *smem, const float *qc)
 {
     constexpr bool STAGED = COMPACT_STAGED && FULL; // a tile reaching past the shard keeps the direct stores
-    const bool staged_z = FLCE_Z_STAGED && p.out && bulk_out_ok(p); // uniform across the CTA
+    // The plain pass's fp32 Z goes out through shared memory (FLCE_Z_STAGED: generator/spec.c
+    // spec_staged_z, the Hopper TMA tile with room for two staging buffers per warp;
+    // staged_rows_out) where Z and its row stride are 16-byte aligned, else straight from the
+    // fragments: those 8-byte stores, 8 rows per instruction, made the pass ~25 % slower than the
+    // compact one at 8192×4096×128256 (bench/NOTES.md session 30). Uniform across the CTA.
+    const bool staged_z = FLCE_Z_STAGED && p.out && bulk_out_ok(p);
     unsigned pk[NI][2]; // STAGED: the packed p̃ pairs, stored after both rows of the fragment
     if constexpr (!COMPACT_STAGED && !FLCE_Z_STAGED) (void)smem;
     const int g = lane / 4, t = lane % 4;
@@ -286,8 +285,7 @@ __device__ __forceinline__ void logits_epilogue_t(float (&acc)[MI][NI][4], const
     }
     if constexpr (FLCE_Z_STAGED) {
         if (staged_z) // the tile's Z rows (to the row stride, as the direct stores) through shared memory
-            bulk_rows_out<false>(acc, (float *)p.out, p.ldo, p.m, p.ldo, m0 + wm * WTM, n0, 1.f, staging_addr(smem, wm),
-                                 lane);
+            staged_rows_out(acc, (float *)p.out, p.ldo, p.m, p.ldo, m0 + wm * WTM, n0, staging_addr(smem, wm), lane);
     }
 }
 

@@ -369,7 +369,8 @@ __device__ bool mainloop(float (&acc)[MI][NI][4], unsigned char *smem, const flc
 // compact logits pass's stores went from 17 M instructions and 136 M sectors to 4.7 M and 70 M).
 // Used by the compact logits epilogue and the dH/dW epilogue's 16-bit output where STAGED_STORE
 // (gemm.cu: not on the Blackwell path, which pastes this file too but never calls them).
-// One 2 KiB buffer per warp (two with FLCE_GRAD_BULK or FLCE_Z_STAGED: bulk_rows_out); the generator's spec_smem_bytes adds them
+// One 2 KiB buffer per warp (two with FLCE_GRAD_BULK or FLCE_Z_STAGED: bulk_red_rows, staged_rows_out);
+// the generator's spec_smem_bytes adds them
 constexpr int STAGING_BYTES = (FLCE_GRAD_BULK || FLCE_Z_STAGED ? 2 : 1) * 16 * 64 * 2;
 // The staging buffers follow the barriers and the tile slot, on a 128-byte boundary (the
 // generator's spec_smem_bytes counts the same).
@@ -421,18 +422,13 @@ __device__ __forceinline__ void staged_store(const unsigned (&pk)[NI][2], unsign
 }
 
 // ---- fp32 tiles out through shared memory (FLCE_GRAD_BULK, FLCE_Z_STAGED) ----------------------
-// A warp's 16 rows × WTN fp32 columns (acc's fragment layout, times scale) to rows row0…, columns
-// col0… of out (row stride ld), rows below `rows` and columns below `cols` (a multiple of 4) only,
-// 32 columns at a time through one of the warp's two 2 KiB buffers (staging_addr: 128-byte rows).
-// RED (dW into fp32 accumulators): 16 lanes each hand one row's 128 bytes to the TMA unit as a
-// bulk reduction (cp.reduce.async.bulk … add.f32); the warp goes on while they drain, a buffer is
-// rewritten once the bulk reads of two rounds before are done (wait_group.read 1), and bulk_drain
-// waits for all before the warp leaves. Else (the plain logits pass's Z): each lane reads 16 bytes
-// of 4 rows back and stores them, one st.global.v4 covering 4 whole rows. Direct 8-byte stores
-// from the fragments touch 8 rows per instruction and kept the consumers waiting on the LSU
-// (bench/NOTES.md session 15 for dW, session 30 for Z); Z by bulk copies, one TMA operation per
-// 128-byte row, was ~1 ms a reverse KL or JSD step slower than these stores (session 31, q1).
-// Needs out and ld·4 16-byte aligned. Every lane of the warp calls it.
+// A warp's 16 rows × WTN fp32 columns (acc's fragment layout) go out 32 columns at a time through
+// one of the warp's two 2 KiB buffers (staging_addr: 128-byte rows), to rows row0…, columns col0…
+// of out (row stride ld), rows below `rows` and columns below `cols` (a multiple of 4) only. Direct
+// 8-byte stores or reductions from the fragments touch 8 rows per instruction and kept the
+// consumers waiting on the LSU (bench/NOTES.md session 15 for dW, session 30 for Z). Both need out
+// and ld·4 16-byte aligned (bulk_out_ok); every lane of the warp calls them.
+
 // Columns 32q… of a warp's 16 fp32 rows (acc's fragments, times scale) into the 2 KiB buffer at
 // buf, row r at buf + 128r
 __device__ __forceinline__ void stage_fp32_rows(const float (&acc)[MI][NI][4], int q, float scale, unsigned buf,
@@ -447,37 +443,49 @@ __device__ __forceinline__ void stage_fp32_rows(const float (&acc)[MI][NI][4], i
                          "f"(acc[0][q * 4 + i][2 * h] * scale), "f"(acc[0][q * 4 + i][2 * h + 1] * scale)
                          : "memory");
 }
-template <bool RED>
-__device__ __forceinline__ void bulk_rows_out(const float (&acc)[MI][NI][4], float *out, long long ld, long long rows,
+
+// The plain logits pass's Z: each lane reads 16 bytes of 4 rows back and stores them, one
+// st.global.v4 covering 4 whole rows. Z by bulk copies, one TMA operation per 128-byte row, was
+// ~1 ms a reverse KL or JSD step slower than these stores (bench/NOTES.md session 31, q1).
+__device__ __forceinline__ void staged_rows_out(const float (&acc)[MI][NI][4], float *out, long long ld,
+                                                long long rows, long long cols, long long row0, long long col0,
+                                                unsigned buf0, int lane)
+{
+    static_assert(!FLCE_Z_STAGED || (WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 4 == 0),
+                  "staged fp32 rows: one warp tile of 16 rows");
+#pragma unroll
+    for (int q = 0; q < NI / 4; q++) {
+        // (rewritten two rounds on: after the next round's __syncwarp, which follows these reads)
+        const unsigned buf = buf0 + (q & 1) * 2048;
+        stage_fp32_rows(acc, q, 1.f, buf, lane);
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = i * 4 + (lane >> 3), c = lane & 7;
+            float v0, v1, v2, v3;
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=f"(v0), "=f"(v1), "=f"(v2), "=f"(v3)
+                         : "r"(buf + r * 128 + c * 16)
+                         : "memory");
+            const long long col = col0 + q * 32 + c * 4;
+            if (row0 + r < rows && col < cols)
+                asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(out + (row0 + r) * ld + col),
+                             "f"(v0), "f"(v1), "f"(v2), "f"(v3)
+                             : "memory");
+        }
+    }
+}
+
+// dW into fp32 accumulators (times scale): 16 lanes each hand one row's 128 bytes to the TMA unit
+// as a bulk reduction (cp.reduce.async.bulk … add.f32); the warp goes on while they drain, a buffer
+// is rewritten once the bulk reads of two rounds before are done (wait_group.read 1), and
+// bulk_drain waits for all before the warp leaves.
+__device__ __forceinline__ void bulk_red_rows(const float (&acc)[MI][NI][4], float *out, long long ld, long long rows,
                                               long long cols, long long row0, long long col0, float scale,
                                               unsigned buf0, int lane)
 {
-    static_assert(!(FLCE_GRAD_BULK || FLCE_Z_STAGED) || (WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 4 == 0),
-                  "staged fp32 rows: one warp tile of 16 rows");
-    if constexpr (!RED) {
-#pragma unroll
-        for (int q = 0; q < NI / 4; q++) {
-            // (rewritten two rounds on: after the next round's __syncwarp, which follows these reads)
-            const unsigned buf = buf0 + (q & 1) * 2048;
-            stage_fp32_rows(acc, q, scale, buf, lane);
-            __syncwarp();
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = i * 4 + (lane >> 3), c = lane & 7;
-                float v0, v1, v2, v3;
-                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                             : "=f"(v0), "=f"(v1), "=f"(v2), "=f"(v3)
-                             : "r"(buf + r * 128 + c * 16)
-                             : "memory");
-                const long long col = col0 + q * 32 + c * 4;
-                if (row0 + r < rows && col < cols)
-                    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(out + (row0 + r) * ld + col),
-                                 "f"(v0), "f"(v1), "f"(v2), "f"(v3)
-                                 : "memory");
-            }
-        }
-        return;
-    }
+    static_assert(!FLCE_GRAD_BULK || (WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 4 == 0),
+                  "bulk reductions: one warp tile of 16 rows");
     const long long row = row0 + lane; // lanes 0-15: the row each hands over
     float *out_row = out + row * ld;
 #pragma unroll
