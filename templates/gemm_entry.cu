@@ -169,7 +169,6 @@ extern "C" __global__ void FLCE_KERNEL_BOUNDS flce_logits(FLCE_PARAM p)
         if (!LOGITS_PERSIST) break;
     }
     store_cta_stats(rs, p, m0, wm, wn, lane, split, smem);
-    bulk_drain(lane);
 #endif // !FLCE_WGMMA
 }
 
