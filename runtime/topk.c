@@ -1,8 +1,9 @@
 /* topk.c — the top-k log-probabilities call (flce_topk_logprobs): per token chunk the CE path's
- * logits kernel stores the chunk's logits at T in fp32 with its per-split statistics
- * (launch_store_logits), then flce_topk_row (templates/distill.cu, the distillation's module)
- * selects each row's k largest, forms those k logits again in fp64 from the inputs (and the lse
- * with them) and writes their ids and z/T − lse. Under tensor parallelism the row kernel writes
+ * logits kernel stores the chunk's logits at T in fp32 with its per-split statistics (max, Σ exp,
+ * and the entropy statistic Σ exp·z; launch_store_logits), then flce_topk_row (templates/distill.cu,
+ * the distillation's module) selects each row's k largest, forms those k logits again in fp64 from
+ * the inputs, corrects the lse with them (their differences, and the pass's bias they reveal on the
+ * other columns) and writes their ids and z/T − lse. Under tensor parallelism the row kernel writes
  * this rank's block instead (the stats half), the blocks are all-gathered (over tensors.comm here,
  * or by the caller between flce_topk_stats and flce_topk_finish), and flce_topk_merge forms the
  * outputs from them (the finish half). */
@@ -58,8 +59,10 @@ flce_status topk_plan_make(const flce_topk_problem *p, const call_device *dev, t
     flce_tensors_init(&t);
     t.hidden = t.weight = t.labels = &mark;
     t.loss = (float *)&mark;
+    t.entropy = (float *)&mark; /* the entropy statistic: E_p[z/T] for flce_topk_row's lse correction */
     TRY(plan_make_cfg(&pl->ce, FLCE_OP_LOSS_AND_GRAD, dev->name, dev->sm, dev->num_sms, 0, &cfg, &t, &pl->model));
-    if (pl->model.recompute || pl->model.compact || pl->model.logits.opts & ~(unsigned)SPEC_OPT_BIAS)
+    if (pl->model.recompute || pl->model.compact ||
+        (pl->model.logits.opts & ~(unsigned)SPEC_OPT_BIAS) != SPEC_OPT_ENTROPY)
         return err_set(FLCE_ERR_INTERNAL, "top-k: the CE plan is not a plain chunked one (a planning bug)");
     pl->ld = (int64_t)ld;
     const uint64_t rows = (uint64_t)pl->chunk_rows, parts = rows * (uint64_t)pl->model.splits * 4;
@@ -67,6 +70,7 @@ flce_status topk_plan_make(const flce_topk_problem *p, const call_device *dev, t
     pl->z_offset = cur, cur = align256(cur + rows * ld * 4);
     pl->part_m_offset = cur, cur = align256(cur + parts);
     pl->part_s_offset = cur, cur = align256(cur + parts);
+    pl->part_t_offset = cur, cur = align256(cur + parts);
     pl->target_offset = cur, cur = align256(cur + rows * 4);
     pl->labels_offset = cur, cur = align256(cur + (uint64_t)p->tokens * 4);
     pl->stats_bytes = cur;
@@ -91,7 +95,7 @@ kernel_spec topk_module_spec(int sm, const flce_topk_problem *p)
 
 /* Field for field templates/distill.cu's flce_topk_params. */
 typedef struct topk_row_args {
-    unsigned long long z, part_m, part_s, indices, logprobs, lse;
+    unsigned long long z, part_m, part_s, part_t, indices, logprobs, lse;
     long long row0, vocab, ld;
     int splits, k;
     unsigned long long hidden, weight; /* the k logits again, in fp64 */
@@ -134,9 +138,11 @@ static flce_status run_stats(flce_context *ctx, const flce_topk_problem *p, cons
     r.es = p->dtype == FLCE_DTYPE_F32 ? 4 : 2;
     r.k.logits = fns[0][0];
     r.rp.flag = ctx->flag_dev;
-    const logits_stats st = {ws + pl->part_m_offset, ws + pl->part_s_offset, ws + pl->target_offset};
+    const logits_stats st = {.part_m = ws + pl->part_m_offset, .part_s = ws + pl->part_s_offset,
+                             .target = ws + pl->target_offset, .part_t = ws + pl->part_t_offset};
     topk_row_args a = row_args(ctx, p, t);
-    a.z = ws + pl->z_offset, a.part_m = st.part_m, a.part_s = st.part_s, a.ld = pl->ld, a.splits = pl->model.splits;
+    a.z = ws + pl->z_offset, a.part_m = st.part_m, a.part_s = st.part_s, a.part_t = st.part_t;
+    a.ld = pl->ld, a.splits = pl->model.splits;
     a.block = rank_block;
     for (int64_t c = 0; c < pl->chunks; c++) {
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};

@@ -24,7 +24,7 @@ typedef struct topk_plan {
     flce_problem ce;           /* the CE problem the plan is of */
     plan model;
     uint64_t z_offset;         /* chunk_rows × ld fp32 logits at T */
-    uint64_t part_m_offset, part_s_offset; /* chunk_rows × model.splits fp32 statistics */
+    uint64_t part_m_offset, part_s_offset, part_t_offset; /* chunk_rows × model.splits fp32 statistics */
     uint64_t target_offset;    /* chunk_rows floats the statistics pass writes (the stand-in labels' logit) */
     uint64_t labels_offset;    /* N zero int32 labels (the logits epilogue reads one per row) */
     uint64_t stats_bytes;      /* the workspace up to here: all flce_topk_stats needs */

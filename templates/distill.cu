@@ -875,6 +875,7 @@ constexpr int TOPK_MAX = 64;
 struct flce_topk_params {
     const float *z;                // rows × ld: the chunk's logits at T
     const float *part_m, *part_s;  // rows × splits: the logits pass's max and Σ exp(· − max)
+    const float *part_t;           // rows × splits: its Σ exp(· − max)·z/T (the entropy statistic)
     long long *indices;            // tokens × k out
     float *logprobs;               // tokens × k out
     float *lse;                    // tokens out (lse of z/T), or NULL
@@ -978,10 +979,19 @@ __device__ __forceinline__ void topk_block_row(const flce_topk_params &p, long l
 // The row's k taken (ids and the logits pass's z/T, in rank order) made exact and written: each
 // logit again from the inputs in fp64 (products of 16-bit or fp32 values are exact in it; the logits
 // pass's fp32 sum over D errs by ~1e-5 at D = 4096, which a log-prob carries whole), the row's lse
-// corrected by the k differences (Σ_j exp(z_j − lse) is 1 over the pass's logits), the k ranked again
-// by the exact logits (ties: the lower index). A logit the pass made ±inf or NaN is kept as it is.
+// corrected, the k ranked again by the exact logits (ties: the lower index). A logit the pass made
+// ±inf or NaN is kept as it is.
+// The lse's correction, over the pass's p'_j = exp(z'_j − lse') (Σ p' = 1): the k columns' own
+// differences, Σ_K exp(z_j − lse') − p'_j; and the other columns' share of the pass's bias. On 16-bit
+// inputs the wgmma sums run toward zero, z' = z·(1 − ε) with ε ≈ 4e-6 the same for a row's columns
+// (bench/NOTES.md session 31, q2): left alone it put 1.4e-5 into every log-prob at logit std 4. The
+// k pairs estimate it, ε̂ = −Σ_K (z'_j − z_j)·z_j / Σ_K z_j² (least squares through 0), and the other
+// columns then add ε̂·Σ_{j∉K} p'_j z'_j = ε̂·(E_p'[z'] − Σ_K p'_j z'_j), E_p'[z'] the entropy statistic
+// `ez` (not finite: the term is left out). Where the pass is not biased (fp32 inputs) ε̂ is noise of the
+// pass's rounding and the term as small. Under TP each shard corrects its own lse so: the merge of
+// the shards' lse is then the corrected one.
 __device__ void topk_row_out(const flce_topk_params &p, long long i, const long long *sel_idx, const float *sel_z,
-                             float lse)
+                             float lse, float ez)
 {
     __shared__ double ex[TOPK_MAX];
     __shared__ double lse_x;
@@ -1012,9 +1022,15 @@ __device__ void topk_row_out(const flce_topk_params &p, long long i, const long 
     }
     __syncthreads();
     if (t == 0) {
-        double s = 1.0;
+        double s = 1.0, zz = 0.0, dz = 0.0, pz = 0.0;
         for (int u = 0; u < p.k; u++)
-            if (isfinite(sel_z[u])) s += exp(ex[u] - (double)lse) - exp((double)sel_z[u] - (double)lse);
+            if (isfinite(sel_z[u]) && isfinite(ex[u])) {
+                const double zp = (double)sel_z[u], pu = exp(zp - (double)lse);
+                s += exp(ex[u] - (double)lse) - pu;
+                zz += ex[u] * ex[u], dz += (zp - ex[u]) * ex[u], pz += pu * zp;
+            }
+        const double bias = zz > 0.0 ? -dz / zz * ((double)ez - pz) : 0.0;
+        if (isfinite(bias)) s += bias;
         lse_x = (double)lse + log(s);
         if (p.block) topk_block_row(p, i, (float)lse_x);
         else if (p.lse) p.lse[i] = (float)lse_x;
@@ -1119,6 +1135,12 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_topk_row(cons
     const int t = (int)threadIdx.x;
     const float *z = p.z + r * p.ld;
     const float lse = distill_lse(p.part_m + r * p.splits, p.part_s + r * p.splits, p.splits, scratch_a, scratch_b);
+    float ez = 0.f; // E_p[z/T] over the pass's logits: the splits' Σ exp(z − m)·z scaled to the lse
+    for (int u = t; u < p.splits; u += DISTILL_THREADS) {
+        const long long at = r * p.splits + u;
+        if (p.part_s[at] > 0.f) ez += p.part_t[at] * __expf(p.part_m[at] - lse);
+    }
+    ez = distill_block_sum(ez, scratch_a);
     // 1. each thread's largest key, 4 columns at a time (ld is a multiple of 8: rows are 16-byte
     //    aligned; the columns past v are padding); a thread with no column offers key 0, below all
     unsigned mx = 0u;
@@ -1165,7 +1187,7 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_topk_row(cons
         }
         __syncthreads();
     }
-    topk_row_out(p, i, sel_idx, sel_z, lse);
+    topk_row_out(p, i, sel_idx, sel_z, lse, ez);
 }
 
 // ---- the vocab-parallel merge (flce_topk_finish; flce_topk_logprobs with tensors.comm) -------------

@@ -88,21 +88,25 @@ template <class P> static void run(void (*fn)(P), long long grid, P p)
 }
 static double rnd() { return (rand() / (double)RAND_MAX - 0.5) * 2; }
 /* flce_topk_row against a sort of fp64 logits (argv[1] "topk"): hidden and weight rows of width 16,
- * the stored logits their fp32 roundings at T, the exact top-k's raised by up to 1e-4 (as a GPU
- * pass's fp32 sums err: the kernel forms the k logits again in fp64 and corrects the lse; raised,
- * they stay the top k, and near ones change order there). Rows with ties (values on a coarse grid),
- * −inf, a NaN row, k from 1 to 64 and to the whole vocab; indices exact, log-probs and lse within
- * 1e-6 of fp64 (the stored logits' sums are fp32). */
+ * the stored logits at T as a GPU pass on 16-bit inputs errs: z·(1 − ε) with ε a row's own (0 to
+ * 6e-5, ten times the wgmma sums' bias, so that an lse left uncorrected misses the tolerance by far),
+ * each column also off by up to 2e-7·|z| at random, then rounded to fp32 (the tie rows exact: equal
+ * logits stay equal in a pass). The kernel forms the k
+ * logits again in fp64 and corrects the lse by their differences and by the bias they reveal on the
+ * other columns. Rows with ties (values on a coarse grid, unbiased), −inf (unbiased: its entropy
+ * statistic is NaN, 0·−inf, so the kernel leaves the bias term out), a NaN row, k from 1 to 64 and to
+ * the whole vocab; indices exact, log-probs and lse within 1e-6 of fp64 (the stored logits' sums are
+ * fp32). */
 static const float TOPK_T = 1.5f;
 
 struct topk_data {
     long long v, rows, row0, tokens, ld, d;
-    std::vector<float> z, h, w;                // z: rows × ld, the stored fp32 logits at T
+    std::vector<float> z, h, w;                // z: rows × ld, the stored fp32 logits at T (biased)
     std::vector<double> ze;                    // rows × v, the exact ones
     std::vector<std::vector<long long>> order; // each row's ids by (fp64 logit desc, NaN first, lower id)
 };
 
-static topk_data topk_make(long long v, int k, long long rows, long long row0)
+static topk_data topk_make(long long v, long long rows, long long row0)
 {
     topk_data t;
     t.v = v, t.rows = rows, t.row0 = row0, t.tokens = row0 + rows, t.ld = (v + 7) / 8 * 8, t.d = 16;
@@ -122,7 +126,9 @@ static topk_data topk_make(long long v, int k, long long rows, long long row0)
             double x = a / TOPK_T;
             if (r == 4 && j % 5 == 0) x = -INFINITY;
             if (r == 5 && j == v / 2) x = NAN;
-            t.ze[r * v + j] = x, t.z[r * ld + j] = (float)x;
+            const bool tie = r % 3 == 0; // equal logits stay equal in a pass: neither bias nor noise
+            const double eps = tie || r == 4 ? 0.0 : 2e-5 * (double)(r % 4), noise = tie ? 0.0 : 2e-7 * rnd();
+            t.ze[r * v + j] = x, t.z[r * ld + j] = (float)(x * (1 - eps + noise));
         }
     for (long long r = 0; r < rows; r++) {
         std::vector<long long> &order = t.order[r];
@@ -134,33 +140,30 @@ static topk_data topk_make(long long v, int k, long long rows, long long row0)
             if (na != nb) return na;
             return key(a) > key(b);
         });
-        if (r % 3 != 0) // the stored top k raised, as a pass's rounding might
-            for (int q = 0; q < k; q++) {
-                float &x = t.z[r * ld + order[q]];
-                if (std::isfinite(x)) x += (float)(fabs(rnd()) * 1e-4);
-            }
     }
     return t;
 }
 
 /* Columns [c0, c0 + n) of the stored logits at row stride ldo (the padding NaN) and their per-split
- * max and Σ exp as the logits epilogue forms them (the sums in fp64 here: a GPU's tree sums err by
- * ~1e-7, a serial fp32 sum of thousands by more); fmaxf leaves NaN out, the sum keeps it. */
+ * max, Σ exp and Σ exp·z as the logits epilogue forms them (the sums in fp64 here: a GPU's tree sums
+ * err by ~1e-7, a serial fp32 sum of thousands by more); fmaxf leaves NaN out, the sums keep it. */
 static void topk_shard(const topk_data &t, long long c0, long long n, long long ldo, int splits, std::vector<float> &z,
-                       std::vector<float> &pm, std::vector<float> &ps)
+                       std::vector<float> &pm, std::vector<float> &ps, std::vector<float> &pt)
 {
-    z.assign(t.rows * ldo, NAN), pm.resize(t.rows * splits), ps.resize(t.rows * splits);
+    z.assign(t.rows * ldo, NAN), pm.resize(t.rows * splits), ps.resize(t.rows * splits), pt.resize(t.rows * splits);
     for (long long r = 0; r < t.rows; r++)
         for (long long j = 0; j < n; j++) z[r * ldo + j] = t.z[r * t.ld + c0 + j];
     const long long per = (n + splits - 1) / splits;
     for (long long r = 0; r < t.rows; r++)
         for (int s = 0; s < splits; s++) {
             float m = -INFINITY;
-            double sum = 0;
+            double sum = 0, sz = 0;
             for (long long j = s * per; j < n && j < (s + 1) * per; j++) m = fmaxf(m, z[r * ldo + j]);
-            for (long long j = s * per; j < n && j < (s + 1) * per; j++)
-                sum += z[r * ldo + j] == -INFINITY ? 0.0 : exp((double)z[r * ldo + j] - m);
-            pm[r * splits + s] = m, ps[r * splits + s] = (float)sum;
+            for (long long j = s * per; j < n && j < (s + 1) * per; j++) {
+                const double x = z[r * ldo + j], e = x == -INFINITY ? 0.0 : exp(x - m);
+                sum += e, sz += e * x; // 0·−inf: NaN, as the GPU's e·z
+            }
+            pm[r * splits + s] = m, ps[r * splits + s] = (float)sum, pt[r * splits + s] = (float)sz;
         }
 }
 
@@ -195,11 +198,11 @@ static int topk_compare(const topk_data &t, int k, const long long *idx, const f
 static int topk_case(long long v, int k, int splits)
 {
     const long long rows = 9, row0 = 3;
-    topk_data t = topk_make(v, k, rows, row0);
-    std::vector<float> z, pm, ps, lse(t.tokens, -1.f), lp(t.tokens * k, -1.f);
+    topk_data t = topk_make(v, rows, row0);
+    std::vector<float> z, pm, ps, pt, lse(t.tokens, -1.f), lp(t.tokens * k, -1.f);
     std::vector<long long> idx(t.tokens * k, -1);
-    topk_shard(t, 0, v, t.ld, splits, z, pm, ps);
-    flce_topk_params tp = {z.data(), pm.data(), ps.data(), idx.data(), lp.data(), lse.data(), row0, v, t.ld, splits, k,
+    topk_shard(t, 0, v, t.ld, splits, z, pm, ps, pt);
+    flce_topk_params tp = {z.data(), pm.data(), ps.data(), pt.data(), idx.data(), lp.data(), lse.data(), row0, v, t.ld, splits, k,
                            t.h.data(), t.w.data(), t.d, TOPK_T};
     run(flce_topk_row, rows, tp);
     int bad = topk_compare(t, k, idx.data(), lp.data(), lse.data());
@@ -228,21 +231,22 @@ static int topk_merge_into(const topk_data &t, int k, const std::vector<float> &
 static int topk_tp_case(const char *name, long long v, int k, std::vector<long long> shards, int splits)
 {
     const long long rows = 9, chunk = 5;
-    topk_data t = topk_make(v, k, rows, 0);
+    topk_data t = topk_make(v, rows, 0);
     const int tp = (int)shards.size();
     const long long words = FLCE_TP_HEADER + t.tokens * (2 + 2 * (long long)k);
     std::vector<float> gathered(tp * words, NAN);
     long long off = 0;
     for (int r = 0; r < tp; r++) {
         const long long n = shards[r], ldo = (n + 7) / 8 * 8;
-        std::vector<float> z, pm, ps;
-        topk_shard(t, off, n, ldo, splits, z, pm, ps);
-        flce_topk_params sp = {z.data(), pm.data(), ps.data(), nullptr, nullptr, nullptr, 0, n, ldo, splits, k,
+        std::vector<float> z, pm, ps, pt;
+        topk_shard(t, off, n, ldo, splits, z, pm, ps, pt);
+        flce_topk_params sp = {z.data(), pm.data(), ps.data(), pt.data(), nullptr, nullptr, nullptr, 0, n, ldo, splits, k,
                                t.h.data(), t.w.data() + off * t.d, t.d, TOPK_T};
         sp.block = gathered.data() + r * words, sp.vocab_offset = off, sp.vocab_total = v, sp.tokens = t.tokens;
         sp.tp_size = tp;
         for (long long c0 = 0; c0 < rows; c0 += chunk) { // token chunks: z, pm, ps are each chunk's rows
             sp.row0 = c0, sp.z = z.data() + c0 * ldo, sp.part_m = pm.data() + c0 * splits, sp.part_s = ps.data() + c0 * splits;
+            sp.part_t = pt.data() + c0 * splits;
             run(flce_topk_row, std::min(chunk, rows - c0), sp);
         }
         off += n;
