@@ -499,27 +499,17 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
 }
 
 /* dz_all_rows: dHs of chunk b from its rows of dZs (the student plan's off_dz moved to them) */
-static flce_status run_dh_chunk(const distill_runs *d, const block *b, CUstream stream)
+static flce_status run_dh_chunk(const distill_runs *d, const block *b)
 {
     plan chunk = *d->student.pl;
     chunk.off_dz += (uint64_t)b->row0 * (uint64_t)chunk.ldz * 2;
     flce_tensors ts = d->ts;
     ts.grad_weight = NULL;
     run r = d->student;
-    r.pl = &chunk, r.t = &ts, r.stream = stream;
+    r.pl = &chunk, r.t = &ts;
     block rows_done = *b;
     rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
     return run_grad_gemms(&r, &rows_done, b);
-}
-
-#define DH_SIDE 0 /* EXPERIMENT s2: 0 caller's stream; 1 side stream after the rows; 2 side stream after the next student pass */
-
-/* EXPERIMENT s2: dHs of chunk b on the side stream, behind everything the caller's stream holds */
-static flce_status dh_beside(distill_runs *d, const block *b)
-{
-    TRY(ctx_side_stream(d->student.ctx));
-    TRY(fork_to(&d->student, d->student.ctx->side));
-    return run_dh_chunk(d, b, d->student.ctx->side);
 }
 
 /* dz_all_rows: dWs once over every token's dZs, straight into the dtype */
@@ -556,35 +546,25 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
     if (pl->compact) return run_compact(&d, p, pl, &ra);
     tp_args(p, pl, ws, &ra);
     if (pl->tp) ra.lse_t = pl->topk ? 0 : ws + pl->lse_t_offset, ra.target_s = st_s.target;
-    block pending;
-    int has_pending = 0;
     for (int64_t c = 0; c < pl->chunks; c++) {
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
         b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;
         if (!pl->topk) TRY(launch_store_logits(&d.teacher, &b, zt, &st_t));
         TRY(launch_store_logits(&d.student, &b, zs, &st_s));
-        if (has_pending) {
-            TRY(dh_beside(&d, &pending));
-            has_pending = 0;
-        }
         ra.row0 = b.row0, ra.rows = b.rows;
         ra.dz = dz + (pl->student.dz_all_rows ? (unsigned long long)b.row0 * (unsigned long long)pl->ld * 2 : 0);
         if (pl->tp) TRY(tp_fp32_sums(&d, &ra));
         if (pl->topk) TRY(launch(d.k[DK_ROW_TOPK], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows (top-k)"));
         else TRY(launch(d.k[DK_ROW], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows"));
         if (pl->student.dz_all_rows) {
-            if (DH_SIDE == 1) TRY(dh_beside(&d, &b));
-            else if (DH_SIDE == 2) pending = b, has_pending = 1;
-            else TRY(run_dh_chunk(&d, &b, stream));
+            TRY(run_dh_chunk(&d, &b));
             continue;
         }
         block rows_done = b;
         rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
         TRY(run_grad_gemms(&d.student, &rows_done, &b));
     }
-    if (has_pending) TRY(dh_beside(&d, &pending));
     if (pl->student.dz_all_rows && t->grad_student_weight) TRY(run_dw_all(&d, p));
-    if (!pl->tp && d.student.n_forked) TRY(side_join(&d.student));
     if (pl->tp) { /* dHs summed over the ranks, as run_compact */
         flce_status st = finish_dh(&d.student), joined = side_join(&d.student);
         TRY(st);
