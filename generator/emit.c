@@ -15,7 +15,7 @@ static const char *const distill_names[] = {"flce_distill_count", "flce_distill_
                                             "flce_topk_row", "flce_distill_lse", "flce_distill_row_compact",
                                             "flce_distill_row_topk", "flce_distill_row_topk_compact",
                                             "flce_distill_topk_sort", "flce_distill_tp_pack",
-                                            "flce_distill_tp_merge", "flce_distill_tp_out", "flce_topk_merge", "flce_distill_row_cl", NULL};
+                                            "flce_distill_tp_merge", "flce_distill_tp_out", "flce_topk_merge", NULL};
 static const char *const rowops_names[] = {"flce_prepare", "flce_combine", "flce_dz", "flce_reduce",
                                            "flce_dbias", "flce_tp_pack", "flce_cast", "flce_qref", "flce_qscale",
                                            "flce_qlist_count", "flce_qlist_fill", "flce_qdw", "flce_qdh", NULL};
@@ -306,7 +306,6 @@ flce_status emit_distill_source(const distill_kernel_spec *s, char **src)
               spec_arch_name(s->sm), div, (double)s->beta, (double)s->temperature, (double)s->ce_weight,
               s->has_labels, s->label_bits, (int)s->reduction);
     sb_text(&b, "#define FLCE_GENERATED 1\n");
-    sb_printf(&b, "#define FLCE_SM %d  // flce_distill_row_cl's clusters from 90\n", s->sm);
     sb_printf(&b, "#define FLCE_DTYPE %d  // 0 f32, 1 f16, 2 bf16: the GEMMs' inputs and outputs\n", (int)s->dtype);
     sb_printf(&b, "#define DISTILL_DIV %d  // 0 forward KL, 1 reverse KL, 2 JSD\n", div);
     sb_printf(&b, "#define DISTILL_LABELS %d\n", !!s->has_labels);

@@ -16,7 +16,7 @@
 #include "log.h"
 #include "spec.h"
 
-enum { CTX_MAX_KERNELS = 14 };
+enum { CTX_MAX_KERNELS = 13 };
 
 typedef struct ctx_module {
     uint64_t hash[2];  /* jit_key_hash of the source: the module's identity */

@@ -33,7 +33,7 @@
 
 enum { DISTILL_THREADS = 256 };
 enum { DK_COUNT = 0, DK_ROW = 1, DK_REDUCE = 2, DK_LSE = 4, DK_ROW_COMPACT = 5, DK_ROW_TOPK = 6, DK_ROW_TOPK_COMPACT = 7,
-       DK_TOPK_SORT = 8, DK_TP_PACK = 9, DK_TP_MERGE = 10, DK_TP_OUT = 11, DK_ROW_CL = 13 }; /* emit.c distill_names */
+       DK_TOPK_SORT = 8, DK_TP_PACK = 9, DK_TP_MERGE = 10, DK_TP_OUT = 11 }; /* emit.c distill_names */
 /* templates/distill.cu: one rank's all-gather block, FLCE_TP_HEADER (params.h) + DISTILL_TP_RECORD words a row */
 static uint64_t tp_block_bytes(uint64_t rows) { return 4 * (FLCE_TP_HEADER + rows * 4); }
 
@@ -107,28 +107,6 @@ static int dz_all_rows(const flce_distill_problem *p, const distill_plan *pl)
 {
     return p->dtype != FLCE_DTYPE_F32 && p->tp_size <= 1 && pl->student.n_chunks > 1 && pl->student.need_dw_acc &&
            p->tokens <= 2 * p->hidden_student;
-}
-
-/* flce_distill_row_cl (templates/distill.cu) takes each row of reverse KL and JSD with a cluster of
- * CTAs, so that its second read of a row finds the row in L2, where flce_distill_row (one CTA a row)
- * reads HBM twice: the fewest CTAs a row (a power of two, at most ROW_CL_MAX) whose slices of both
- * models' rows take at most ROW_CL_SLICE bytes. None (row_cl 0, flce_distill_row) before sm_90 (no
- * clusters), under TP (the sums' all-reduce comes between the reads), with a top-k teacher, or for
- * forward KL (one read already). */
-#define ROW_CL_SLICE (64 * 1024) /* EXPERIMENT s3 */
-#define ROW_CL_SMEM 0 /* EXPERIMENT s3: dynamic shared memory a CTA asks, to bound the CTAs an SM */
-enum { ROW_CL_MAX = 16 };
-static void plan_row_cluster(const flce_distill_problem *p, int sm, distill_plan *pl)
-{
-    pl->row_cl = 0, pl->row_cl_slice = 0;
-    if (sm < 90 || p->tp_size > 1 || p->teacher_topk || compact_divergence(p) || ROW_CL_SLICE == 0) return;
-    for (int cl = 1; cl <= ROW_CL_MAX; cl *= 2) {
-        const int64_t slice = ((p->vocab + cl - 1) / cl + 3) / 4 * 4;
-        if ((uint64_t)slice * 8 <= ROW_CL_SLICE || cl == ROW_CL_MAX) {
-            pl->row_cl = cl, pl->row_cl_slice = slice;
-            return;
-        }
-    }
 }
 
 /* A compact path's budget holds one token's fp16 p̃ and group maxima (64-column groups at most) of
@@ -277,7 +255,6 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
         planned_tensors(t, p->tp_size, &ts, &tt);
         TRY(plan_dz_all_rows(&pl->student_problem, &ts, &pl->student));
     }
-    plan_row_cluster(p, dev->sm, pl);
     uint64_t cur = align256(pl->student.workspace_bytes), n = (uint64_t)p->tokens;
     if (teacher) {
         pl->zt_offset = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * ld * 4);
@@ -326,8 +303,6 @@ typedef struct distill_row_args {
     unsigned long long lse_s_rows, x_rows, tp_aw, tp_send, tp_recv; /* TP (flce_distill_tp_*) */
     long long vocab_offset;
     int tp_size, tp_sums;
-    long long cl_slice; /* flce_distill_row_cl */
-    int cl;
 } distill_row_args;
 
 /* The two models' runs of the CE launch path over the workspace: the student's with its plan's
@@ -548,21 +523,6 @@ static flce_status run_dw_all(const distill_runs *d, const flce_distill_problem 
     return run_grad_gemms(&r, &all, &all);
 }
 
-/* flce_distill_row_cl over a chunk (plan_row_cluster): row_cl CTAs a row in clusters. */
-static flce_status launch_row_cluster(CUfunction fn, const distill_plan *pl, distill_row_args *ra, CUstream stream)
-{
-    const size_t smem = ROW_CL_SMEM;
-    CUresult res = drv.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
-    if (res == CUDA_SUCCESS && pl->row_cl > 8)
-        res = drv.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
-    if (res != CUDA_SUCCESS) return drv_error(res, "setting the distillation row kernel's cluster size");
-    ra->cl = pl->row_cl, ra->cl_slice = pl->row_cl_slice;
-    flce_status st = launch_cluster(fn, ra->rows * pl->row_cl, 1, pl->row_cl, DISTILL_THREADS, smem, stream, ra,
-                                    "distill rows (clusters)");
-    ra->cl = 0, ra->cl_slice = 0;
-    return st;
-}
-
 static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
                            const flce_distill_tensors *t, CUdeviceptr ws, CUstream stream)
 {
@@ -595,7 +555,6 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
         ra.dz = dz + (pl->student.dz_all_rows ? (unsigned long long)b.row0 * (unsigned long long)pl->ld * 2 : 0);
         if (pl->tp) TRY(tp_fp32_sums(&d, &ra));
         if (pl->topk) TRY(launch(d.k[DK_ROW_TOPK], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows (top-k)"));
-        else if (pl->row_cl && ((ra.zs | ra.zt | ra.dz) & 15) == 0) TRY(launch_row_cluster(d.k[DK_ROW_CL], pl, &ra, stream));
         else TRY(launch(d.k[DK_ROW], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows"));
         if (pl->student.dz_all_rows) {
             TRY(run_dh_chunk(&d, &b));

@@ -52,10 +52,6 @@ typedef struct distill_plan {
      * teacher: aw_offset 0) */
     int tp;
     uint64_t tp_send_offset, tp_recv_offset, lse_s_offset, x_offset, aw_offset;
-    /* flce_distill_row_cl for reverse KL and JSD on one rank (distill.c plan_row_cluster): row_cl
-     * CTAs a row, row_cl_slice columns each (a multiple of 4); row_cl 0: flce_distill_row */
-    int row_cl;
-    int64_t row_cl_slice;
     uint64_t labels_offset;    /* N zero labels (8 bytes each) for the logits epilogue when labels are NULL */
     uint64_t per_token_offset; /* fp32 loss_i of every token, N */
     uint64_t count_offset;     /* fp32 count of valid tokens (one value, padded to 16 bytes) */

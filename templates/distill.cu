@@ -86,9 +86,6 @@ struct flce_distill_params {
     long long vocab_offset;   // this shard's first global id
     int tp_size;
     int tp_sums;              // the fp32 path's first read under TP: flce_distill_row writes the shard's sums
-    // flce_distill_row_cl: a cluster of cl CTAs per row, each cl_slice columns (a multiple of 4)
-    long long cl_slice;
-    int cl;
 };
 
 __device__ __forceinline__ long long distill_label(const flce_distill_params &p, long long i)
@@ -182,41 +179,6 @@ __device__ __forceinline__ void distill_jsd_logs(float lp, float lq, float &lpm,
 // a·l, 0 where the weight a is 0 (whatever l is)
 __device__ __forceinline__ float distill_wlog(float a, float l) { return a == 0.f ? 0.f : a * l; }
 #endif
-
-// A column's terms, shared by flce_distill_row (reverse KL, JSD) and flce_distill_row_cl: the row
-// sums (d: D, or JSD's β·KL(p‖m) part; kq: JSD's KL(q‖m)) and, once they are known, dz/T before
-// the CE term and g_i.
-__device__ __forceinline__ void distill_sum_terms(float lq, float lp, float &d, float &kq)
-{
-#if DISTILL_DIV == 0
-    d += distill_xlog(__expf(lp), lp, lq);
-    (void)kq;
-#elif DISTILL_DIV == 1
-    d += distill_xlog(__expf(lq), lq, lp);
-    (void)kq;
-#else
-    float lpm, lqm;
-    distill_jsd_logs(lp, lq, lpm, lqm);
-    d += DISTILL_BETA * distill_wlog(__expf(lp), lpm);
-    kq += distill_wlog(__expf(lq), lqm);
-#endif
-}
-// (q = exp(lq), passed in: the CE term uses it too)
-__device__ __forceinline__ float distill_dz_term(float lq, float lp, float q, float d, float kq)
-{
-#if DISTILL_DIV == 0
-    (void)d, (void)kq;
-    return (q - __expf(lp)) * INV_TEMP;
-#elif DISTILL_DIV == 1
-    (void)kq;
-    return q == 0.f ? 0.f : q * (lq - lp - d) * INV_TEMP;
-#else
-    float lpm, lqm;
-    distill_jsd_logs(lp, lq, lpm, lqm);
-    (void)lpm, (void)d;
-    return q == 0.f ? 0.f : (1.f - DISTILL_BETA) * q * (lqm - kq) * INV_TEMP;
-#endif
-}
 
 // g_i of the header for a valid token
 __device__ __forceinline__ float distill_scale(const flce_distill_params &p, long long i)
@@ -389,7 +351,17 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
     // (tp_sums) writes the shard's parts, and the second takes the ranks' sums of them
     float kq = 0.f;
     if (!tp || p.tp_sums) {
-        for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) distill_sum_terms(zs[j] - lse_s, zt[j] - lse_t, d, kq);
+        for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
+            const float lq = zs[j] - lse_s, lp = zt[j] - lse_t;
+#if DISTILL_DIV == 1
+            d += distill_xlog(__expf(lq), lq, lp);
+#else
+            float lpm, lqm;
+            distill_jsd_logs(lp, lq, lpm, lqm);
+            d += DISTILL_BETA * distill_wlog(__expf(lp), lpm);
+            kq += distill_wlog(__expf(lq), lqm);
+#endif
+        }
         d = distill_block_sum(d, scratch_a);
 #if DISTILL_DIV == 2
         kq = distill_block_sum(kq, scratch_b);
@@ -406,165 +378,20 @@ extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row(c
 #endif
     // 3. dZs
     for (long long j = threadIdx.x; j < v; j += DISTILL_THREADS) {
-        const float lq = zs[j] - lse_s, q = __expf(lq);
-        float dzj = distill_dz_term(lq, zt[j] - lse_t, q, d, kq);
+        const float lq = zs[j] - lse_s, q = __expf(lq), lp = zt[j] - lse_t;
+#if DISTILL_DIV == 1
+        float dzj = q == 0.f ? 0.f : q * (lq - lp - d) * INV_TEMP;
+#else
+        float lpm, lqm;
+        distill_jsd_logs(lp, lq, lpm, lqm);
+        (void)lpm;
+        float dzj = q == 0.f ? 0.f : (1.f - DISTILL_BETA) * q * (lqm - kq) * INV_TEMP;
+#endif
         if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
         distill_store(dz, j, g * dzj);
     }
 #endif
     distill_row_out(p, i, d, loss + d);
-}
-
-// ---- Reverse KL and JSD rows by clusters (no TP): flce_distill_row_cl -------------------------
-// flce_distill_row reads a reverse KL or JSD row twice (the sums, then dZs), one CTA a row: at ~1 MB
-// a row (both models' fp32 logits at V = 128256) and ~8 rows in flight per SM, the second read
-// finds the row gone from L2 and reads HBM again (5.2 ms of a 60 ms reverse KL step at
-// 8192×4096×128256, bench/NOTES.md sessions 30, 31). Here a cluster of p.cl CTAs takes a row, each
-// CTA p.cl_slice columns: the whole GPU works on a few dozen rows at a time, whose slices the second
-// read finds still in L2. Each CTA sums its slice's terms; the CTAs' partial sums meet through
-// distributed shared memory (each CTA adds the p.cl partials in rank order, so all get the same
-// bits); then each CTA reads its slice again and writes dZs. (Holding the slices in shared memory
-// instead, f9e4594, ran at 2 TB/s: three CTAs an SM and no overlap of their phases.) Under TP the
-// sums need the ranks' all-reduce between the two reads, so TP keeps flce_distill_row. The runtime
-// picks p.cl and the slice (runtime/distill.c plan_row_cluster). tests/distill_emu/shim.h runs it as
-// one-CTA clusters (DISTILL_HOST_CLUSTER).
-#ifndef DISTILL_HOST_CLUSTER
-#if FLCE_SM < 90 // no clusters: compiled for the module, never launched (plan_row_cluster)
-__device__ __forceinline__ int distill_cta_rank() { return 0; }
-__device__ __forceinline__ void distill_cluster_arrive() {}
-__device__ __forceinline__ void distill_cluster_wait() { __syncthreads(); }
-__device__ __forceinline__ float distill_cluster_load(const float *x, int) { return *x; }
-#else
-__device__ __forceinline__ int distill_cta_rank()
-{
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return (int)r;
-}
-// every thread of the cluster's CTAs; shared (and global) writes before it seen by all after it
-__device__ __forceinline__ void distill_cluster_arrive()
-{
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void distill_cluster_wait()
-{
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// *x in the shared memory of the cluster's CTA `rank`
-__device__ __forceinline__ float distill_cluster_load(const float *x, int rank)
-{
-    unsigned local = (unsigned)__cvta_generic_to_shared(x), remote;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
-}
-#endif
-#endif
-
-// four dZs values at column j (a multiple of 4: 16 bytes fp32, 8 bytes 16-bit)
-__device__ __forceinline__ void distill_store4(void *p, long long j, float a, float b, float c, float d)
-{
-#if FLCE_DTYPE == 0
-    *(float4 *)((float *)p + j) = make_float4(a, b, c, d);
-#else
-    const unsigned lo = distill_to16(a) | (unsigned)distill_to16(b) << 16,
-                   hi = distill_to16(c) | (unsigned)distill_to16(d) << 16;
-    *(uint2 *)((unsigned short *)p + j) = make_uint2(lo, hi);
-#endif
-}
-
-__device__ __forceinline__ float distill_f4(const float4 &x, int e) { return e == 0 ? x.x : e == 1 ? x.y : e == 2 ? x.z : x.w; }
-
-extern "C" __global__ void __launch_bounds__(DISTILL_THREADS) flce_distill_row_cl(const flce_distill_params p)
-{
-    __shared__ float scratch_a[DISTILL_THREADS / 32], scratch_b[DISTILL_THREADS / 32], part[2];
-    const int c = distill_cta_rank();
-    const long long r = blockIdx.x / p.cl, i = p.row0 + r, v = p.vocab, j0 = c * p.cl_slice;
-    const long long j1 = j0 + p.cl_slice < v ? j0 + p.cl_slice : v; // this CTA's columns: [j0, j1)
-    const long long n4 = j1 > j0 ? (j1 - j0 + 3) / 4 : 0;            // (the last one's to v rounded up)
-    const float *zs = p.zs + r * p.ld, *zt = p.zt + r * p.ld;
-    void *dz = (char *)p.dz + r * p.ld * (FLCE_DTYPE == 0 ? 4 : 2);
-    // the columns this CTA writes: its slice, and the last CTA the row's padding to ld too
-    const long long w1 = c == p.cl - 1 ? p.ld : (j0 + p.cl_slice < p.ld ? j0 + p.cl_slice : p.ld);
-    if (!distill_valid(p, i)) { // (the whole cluster alike: no exchange)
-        for (long long j = j0 + threadIdx.x; j < w1; j += DISTILL_THREADS) distill_store(dz, j, 0.f);
-        if (c == 0) distill_row_out(p, i, 0.f, 0.f);
-        return;
-    }
-    for (long long j = j0 + n4 * 4 + threadIdx.x; j < w1; j += DISTILL_THREADS) distill_store(dz, j, 0.f);
-    // both log-normalizers at T from the passes' statistics (each CTA: the splits are a few KB, in L2)
-    const float lse_s = distill_lse(p.part_ms + r * p.splits_s, p.part_ss + r * p.splits_s, p.splits_s, scratch_a,
-                                    scratch_b);
-    const float lse_t = distill_lse(p.part_mt + r * p.splits_t, p.part_st + r * p.splits_t, p.splits_t, scratch_a,
-                                    scratch_b);
-    float loss = 0.f;
-    long long y = -1;
-    if constexpr (DISTILL_LABELS) {
-        y = distill_label(p, i);
-        // the CE term at T = 1 by the first CTA, reading zs[y] before any CTA writes dz (fp32: zs)
-        if (CE_WEIGHT != 0.f && c == 0) loss = CE_WEIGHT * (lse_s - zs[y]);
-    }
-    const float g = distill_scale(p, i);
-    // 1. the slice's part of the sums; 4 float4 of each model per thread in flight
-    const float4 *gs = (const float4 *)(zs + j0), *gt = (const float4 *)(zt + j0);
-    float d = 0.f, kq = 0.f;
-    for (long long k0 = threadIdx.x; k0 < n4; k0 += 4 * DISTILL_THREADS) {
-        float4 a[4], b[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const long long k = k0 + u * DISTILL_THREADS;
-            if (k < n4) a[u] = gs[k], b[u] = gt[k];
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const long long k = k0 + u * DISTILL_THREADS;
-            if (k >= n4) break;
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (j0 + 4 * k + e < j1) distill_sum_terms(distill_f4(a[u], e) - lse_s, distill_f4(b[u], e) - lse_t, d, kq);
-        }
-    }
-    d = distill_block_sum(d, scratch_a);
-#if DISTILL_DIV == 2
-    kq = distill_block_sum(kq, scratch_b);
-#endif
-    if (threadIdx.x == 0) part[0] = d, part[1] = kq;
-    // 2. the row's sums: every CTA's partials, in rank order
-    distill_cluster_arrive();
-    distill_cluster_wait();
-    if (threadIdx.x < 32) { // lane q reads CTA q's; the same shuffle tree in every CTA
-        const int q = (int)threadIdx.x;
-        float a = q < p.cl ? distill_cluster_load(&part[0], q) : 0.f, b = q < p.cl ? distill_cluster_load(&part[1], q) : 0.f;
-        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o), b += __shfl_xor_sync(0xffffffffu, b, o);
-        if (q == 0) scratch_a[0] = a, scratch_b[0] = b;
-    }
-    distill_cluster_arrive(); // this CTA is done reading the others' partials (they wait for it: below)
-    __syncthreads();
-    d = scratch_a[0], kq = scratch_b[0];
-#if DISTILL_DIV == 2
-    d += (1.f - DISTILL_BETA) * kq;
-#endif
-    // 3. dZs from the slice again (in L2); the last slice's columns past v (to a multiple of 4) get
-    // zeros. (dz may be zs: fp32. Each float4 is read before its own thread writes it.)
-    for (long long k = threadIdx.x; k < n4; k += DISTILL_THREADS) {
-        const float4 a = gs[k], b = gt[k];
-        float o[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const long long j = j0 + 4 * k + e;
-            o[e] = 0.f;
-            if (j < j1) {
-                const float lq = distill_f4(a, e) - lse_s, q = __expf(lq);
-                float dzj = distill_dz_term(lq, distill_f4(b, e) - lse_t, q, d, kq);
-                if (CE_WEIGHT != 0.f) dzj += CE_WEIGHT * (q - (j == y ? 1.f : 0.f));
-                o[e] = g * dzj;
-            }
-        }
-        distill_store4(dz, j0 + 4 * k, o[0], o[1], o[2], o[3]);
-    }
-    if (c == 0) distill_row_out(p, i, d, loss + d);
-    distill_cluster_wait(); // no CTA leaves while another may still read its partials
 }
 
 // The teacher as top-k (problem.teacher_topk = k): each token's k (id, log p) pairs K given, no

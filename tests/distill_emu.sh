@@ -3,8 +3,7 @@
 # tests/distill_emu/shim.h against testing/ref.c ref_distill in fp64 (tests/distill_emu/emu.cpp):
 # every divergence (JSD's ends too) with CE off/on, each reduction, T, labels NULL, one and several
 # token chunks, a NaN teacher row, each also under tensor parallelism (the fp32 path's two reads with
-# the exchanges between; 2 and 3 shards), reverse KL and JSD also by flce_distill_row_cl (clusters
-# of one CTA); and flce_topk_row against a sort, alone and under tensor
+# the exchanges between; 2 and 3 shards); and flce_topk_row against a sort, alone and under tensor
 # parallelism (each shard's block, then flce_topk_merge; the header checks); JSD's log-ratios against
 # the mixture on a grid out to ±inf. fp32 only (the 16-bit
 # conversions are PTX). Exit 77 without a C++ compiler. The GPU tests of the same calls are
@@ -33,10 +32,6 @@ one() {
     runs=$((runs + 1)) # the same under tensor parallelism (2 and 3 shards)
     if out=$("$dir/emu" "$chunk" tp); then echo "ok   tp $* : $(echo "$out" | tr '\n' ' ')"
     else echo "FAIL tp $* : $out"; fails=$((fails + 1)); fi
-    if [ "$eff" != 0 ]; then # reverse KL and JSD by flce_distill_row_cl (one read, one CTA a row)
-        runs=$((runs + 1))
-        if out=$("$dir/emu" "$chunk" cl); then echo "ok   cl $* : $out"; else echo "FAIL cl $* : $out"; fails=$((fails + 1)); fi
-    fi
     if [ "$eff" = 2 ] && [ "$nan" = -1 ]; then # JSD's log-ratios against long double, to ±inf
         runs=$((runs + 1))
         if out=$("$dir/emu" jsdlogs); then echo "ok   jsdlogs $* : $out"

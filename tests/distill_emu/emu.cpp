@@ -615,8 +615,8 @@ static int distill_compare(const distill_data &t, const std::vector<float> &loss
 }
 
 /* The fp32 path on one device (runtime/distill.c run_all): per chunk both logits passes, the row
- * kernel (cl: flce_distill_row_cl, one CTA a row as the runtime's cluster of one), dHs and dWs. */
-static int distill_case(long long chunk, bool cl = false)
+ * kernel, dHs and dWs. */
+static int distill_case(long long chunk)
 {
     const distill_data t = distill_make();
     const long long n = t.n, ds = t.ds, dt = t.dt, v = t.v, ld = t.ld;
@@ -641,16 +641,11 @@ static int distill_case(long long chunk, bool cl = false)
         logits_pass(zs.data(), pms.data(), pss.data(), rows, v, ld, splits_s);
         float *dz = (r0 / chunk) % 2 ? zs.data() : dzb.data();
         rp.dz = dz;
-        if (cl) {
-            rp.cl = 1, rp.cl_slice = (v + 3) / 4 * 4;
-            run(flce_distill_row_cl, rows, rp);
-        } else {
-            run(flce_distill_row, rows, rp);
-        }
+        run(flce_distill_row, rows, rp);
         if (grad_gemms(t, dz, r0, rows, v, ld, t.ws.data(), dh.data(), dw.data(), false)) return 1;
     }
     run(flce_distill_reduce, 1, rp);
-    return distill_compare(t, loss, div, dh, dw, count, cl ? "row_cl " : "");
+    return distill_compare(t, loss, div, dh, dw, count, "");
 }
 
 /* The fp32 path under tensor parallelism (runtime/distill.c run_all with tp_fp32_sums): the vocab cut
@@ -817,6 +812,5 @@ int main(int argc, char **argv)
         bad += distill_tp_case(chunk, {41, 64, 45});
         return bad != 0;
     }
-    if (argc > 2 && !strcmp(argv[2], "cl")) return distill_case(chunk, true); // flce_distill_row_cl
     return distill_case(chunk);
 }

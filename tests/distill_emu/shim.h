@@ -66,11 +66,3 @@ static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); re
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
-// flce_distill_row_cl on the host: clusters of one CTA (the runtime's cl = 1 case); the cluster
-// barrier the CTA's own
-#define DISTILL_HOST_CLUSTER 1
-static inline int distill_cta_rank() { return 0; }
-static inline void distill_cluster_arrive() {}
-static inline void distill_cluster_wait() { __syncthreads(); }
-static inline float distill_cluster_load(const float *x, int) { return *x; }
-static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
