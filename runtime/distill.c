@@ -109,6 +109,23 @@ static int dz_all_rows(const flce_distill_problem *p, const distill_plan *pl)
            p->tokens <= 2 * p->hidden_student;
 }
 
+/* The compact paths in several token chunks: the student's p̃ (dZs in its place) kept for every
+ * token (plan_dz_all_rows) so that dWs runs once after the last chunk, where that takes no more
+ * workspace than the fp32 V × Ds accumulator it replaces ((N − chunk rows)·V·2 ≤ V·Ds·4 bytes):
+ * as dz_all_rows, 2 chunks at 8192×2048×151936 with a 4096-wide teacher. Not under TP. */
+static flce_status compact_dz_all_rows(const flce_distill_problem *p, const flce_distill_tensors *t,
+                                       distill_plan *pl)
+{
+    plan *s = &pl->student;
+    if (p->tp_size > 1 || s->n_chunks <= 1 || !s->need_dw_acc) return FLCE_OK;
+    plan all = *s;
+    flce_tensors ts, tt;
+    planned_tensors(t, p->tp_size, &ts, &tt);
+    TRY(plan_dz_all_rows(&pl->student_problem, &ts, &all));
+    if (all.workspace_bytes <= s->workspace_bytes) *s = all;
+    return FLCE_OK;
+}
+
 /* A compact path's budget holds one token's fp16 p̃ and group maxima (64-column groups at most) of
  * `models` models (2: student and teacher, 1: the student alone), or a status naming it. */
 static flce_status compact_budget_check(const flce_distill_problem *p, uint64_t budget, int models)
@@ -153,6 +170,7 @@ static flce_status plan_compact(const flce_distill_problem *p, const call_device
         s->tile_max_ld != te->tile_max_ld || s->ldz != (int64_t)ld || te->ldz != (int64_t)ld ||
         (s->logits.opts | te->logits.opts) & ~(unsigned)SPEC_OPT_BIAS || s->off_z != s->off_dz)
         return FLCE_ERR_UNSUPPORTED;
+    TRY(compact_dz_all_rows(p, t, pl));
     pl->student.logits.opts |= SPEC_OPT_SOFT;
     TRY(spec_validate(&pl->student.logits));
     pl->compact = 1;
@@ -193,6 +211,7 @@ static flce_status plan_topk_compact(const flce_distill_problem *p, const call_d
     if (!s->compact || s->recompute || s->qrows || s->ldz != (int64_t)ld || s->logits.opts & ~(unsigned)SPEC_OPT_BIAS ||
         s->off_z != s->off_dz)
         return FLCE_ERR_UNSUPPORTED;
+    TRY(compact_dz_all_rows(p, t, pl));
     pl->student.logits.opts |= SPEC_OPT_SPARSE;
     TRY(spec_validate(&pl->student.logits));
     pl->teacher.ldz = (int64_t)ld; /* (no teacher plan: its GEMM does not run) */
@@ -441,63 +460,6 @@ static flce_status tp_divergence(distill_runs *d, distill_row_args *ra)
     return launch(d->k[DK_TP_OUT], row_blocks(ra), 1, DISTILL_THREADS, 0, stream, ra, "distill TP out");
 }
 
-/* The compact forward-KL path per token chunk (templates/distill.cu says the math): the teacher's
- * compact pass, its lse, the student's compact pass with the soft-target sums, the row kernel (D_i,
- * loss_i, dZs over the student's p̃), dHs and dWs. */
-static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, const distill_plan *pl,
-                               distill_row_args *ra)
-{
-    const CUdeviceptr ws = d->student.ws;
-    const CUstream stream = d->student.stream;
-    const plan *s = &pl->student;
-    const logits_stats st_t = {.part_m = ws + pl->teacher_part_m, .part_s = ws + pl->teacher_part_s,
-                               .target = ws + pl->teacher_target, .tile_max = ws + pl->teacher_tile_max};
-    logits_stats st_s = {.part_m = ws + s->off_part_m, .part_s = ws + s->off_part_s, .target = ws + s->off_target,
-                         .part_zs = ws + pl->part_xs_offset, .tile_max = ws + s->off_tile_max,
-                         .soft = ws + pl->pt_offset, .soft_tile_max = ws + pl->teacher_tile_max,
-                         .soft_lse = ws + pl->lse_t_offset};
-    if (pl->topk) { /* no teacher pass: the sparse target's lists instead */
-        st_s.soft = st_s.soft_tile_max = st_s.soft_lse = 0;
-        st_s.sparse_ids = ws + pl->sparse_ids_offset, st_s.sparse_p = ws + pl->sparse_p_offset;
-        ra->sp_ids = st_s.sparse_ids, ra->sp_p = st_s.sparse_p;
-    }
-    ra->zs = ws + s->off_z, ra->zt = 0, ra->dz = ws + s->off_dz;
-    ra->part_ms = st_s.part_m, ra->part_ss = st_s.part_s, ra->part_mt = st_t.part_m, ra->part_st = st_t.part_s;
-    ra->pt = st_s.soft, ra->tile_ms = st_s.tile_max, ra->tile_mt = st_t.tile_max, ra->part_xs = st_s.part_zs;
-    ra->target_s = st_s.target, ra->lse_t = st_s.soft_lse;
-    ra->ld_tile = s->tile_max_ld, ra->tile_cols = (int)s->tile_cols;
-    tp_args(p, pl, ws, ra);
-    for (int64_t c = 0; c < pl->chunks; c++) {
-        block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
-        b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;
-        ra->row0 = b.row0, ra->rows = b.rows;
-        if (!pl->topk) {
-            TRY(launch_store_logits(&d->teacher, &b, ws + pl->pt_offset, &st_t));
-            TRY(launch(d->k[DK_LSE], (b.rows + DISTILL_THREADS - 1) / DISTILL_THREADS, 1, DISTILL_THREADS, 0, stream,
-                       ra, "distill teacher lse"));
-        }
-        if (pl->topk) TRY(launch(d->k[DK_TOPK_SORT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill top-k sort"));
-        TRY(launch_store_logits(&d->student, &b, ws + s->off_z, &st_s));
-        if (pl->tp) TRY(tp_merge_stats(d, ra));
-        if (pl->topk)
-            TRY(launch(d->k[DK_ROW_TOPK_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (top-k)"));
-        else
-            TRY(launch(d->k[DK_ROW_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (compact)"));
-        if (pl->tp && !pl->topk) TRY(tp_divergence(d, ra));
-        block rows_done = b;
-        rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
-        TRY(run_grad_gemms(&d->student, &rows_done, &b));
-    }
-    if (pl->tp) { /* dHs summed over the ranks (unless each chunk's went beside dW: tp_overlap) */
-        flce_status st = finish_dh(&d->student), joined = side_join(&d->student);
-        TRY(st);
-        TRY(joined);
-    }
-    if (p->reduction != FLCE_REDUCTION_NONE && ra->loss)
-        TRY(launch(d->k[DK_REDUCE], 1, 1, DISTILL_THREADS, 0, stream, ra, "distill reduce"));
-    return FLCE_OK;
-}
-
 /* dz_all_rows: dHs of chunk b from its rows of dZs (the student plan's off_dz moved to them) */
 static flce_status run_dh_chunk(const distill_runs *d, const block *b)
 {
@@ -521,6 +483,72 @@ static flce_status run_dw_all(const distill_runs *d, const flce_distill_problem 
     r.t = &ts;
     const block all = {0, p->tokens, 0, p->vocab, 1, 1};
     return run_grad_gemms(&r, &all, &all);
+}
+
+/* The compact forward-KL path per token chunk (templates/distill.cu says the math): the teacher's
+ * compact pass, its lse, the student's compact pass with the soft-target sums, the row kernel (D_i,
+ * loss_i, dZs over the student's p̃), dHs and dWs (dz_all_rows: dHs per chunk at its rows of every
+ * token's p̃ / dZs, dWs once after the last chunk). */
+static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, const distill_plan *pl,
+                               distill_row_args *ra)
+{
+    const CUdeviceptr ws = d->student.ws;
+    const CUstream stream = d->student.stream;
+    const plan *s = &pl->student;
+    const logits_stats st_t = {.part_m = ws + pl->teacher_part_m, .part_s = ws + pl->teacher_part_s,
+                               .target = ws + pl->teacher_target, .tile_max = ws + pl->teacher_tile_max};
+    logits_stats st_s = {.part_m = ws + s->off_part_m, .part_s = ws + s->off_part_s, .target = ws + s->off_target,
+                         .part_zs = ws + pl->part_xs_offset, .tile_max = ws + s->off_tile_max,
+                         .soft = ws + pl->pt_offset, .soft_tile_max = ws + pl->teacher_tile_max,
+                         .soft_lse = ws + pl->lse_t_offset};
+    if (pl->topk) { /* no teacher pass: the sparse target's lists instead */
+        st_s.soft = st_s.soft_tile_max = st_s.soft_lse = 0;
+        st_s.sparse_ids = ws + pl->sparse_ids_offset, st_s.sparse_p = ws + pl->sparse_p_offset;
+        ra->sp_ids = st_s.sparse_ids, ra->sp_p = st_s.sparse_p;
+    }
+    ra->zt = 0;
+    ra->part_ms = st_s.part_m, ra->part_ss = st_s.part_s, ra->part_mt = st_t.part_m, ra->part_st = st_t.part_s;
+    ra->pt = st_s.soft, ra->tile_ms = st_s.tile_max, ra->tile_mt = st_t.tile_max, ra->part_xs = st_s.part_zs;
+    ra->target_s = st_s.target, ra->lse_t = st_s.soft_lse;
+    ra->ld_tile = s->tile_max_ld, ra->tile_cols = (int)s->tile_cols;
+    tp_args(p, pl, ws, ra);
+    for (int64_t c = 0; c < pl->chunks; c++) {
+        block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
+        b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;
+        ra->row0 = b.row0, ra->rows = b.rows;
+        /* dz_all_rows: the chunk's rows of the student's p̃ / dZs (one chunk's buffer otherwise) */
+        const unsigned long long at = s->dz_all_rows ? (unsigned long long)b.row0 * (unsigned long long)pl->ld * 2 : 0;
+        ra->zs = ws + s->off_z + at, ra->dz = ws + s->off_dz + at;
+        if (!pl->topk) {
+            TRY(launch_store_logits(&d->teacher, &b, ws + pl->pt_offset, &st_t));
+            TRY(launch(d->k[DK_LSE], (b.rows + DISTILL_THREADS - 1) / DISTILL_THREADS, 1, DISTILL_THREADS, 0, stream,
+                       ra, "distill teacher lse"));
+        }
+        if (pl->topk) TRY(launch(d->k[DK_TOPK_SORT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill top-k sort"));
+        TRY(launch_store_logits(&d->student, &b, ra->zs, &st_s));
+        if (pl->tp) TRY(tp_merge_stats(d, ra));
+        if (pl->topk)
+            TRY(launch(d->k[DK_ROW_TOPK_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (top-k)"));
+        else
+            TRY(launch(d->k[DK_ROW_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (compact)"));
+        if (pl->tp && !pl->topk) TRY(tp_divergence(d, ra));
+        if (s->dz_all_rows) {
+            TRY(run_dh_chunk(d, &b));
+            continue;
+        }
+        block rows_done = b;
+        rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
+        TRY(run_grad_gemms(&d->student, &rows_done, &b));
+    }
+    if (s->dz_all_rows && d->ts.grad_weight) TRY(run_dw_all(d, p));
+    if (pl->tp) { /* dHs summed over the ranks (unless each chunk's went beside dW: tp_overlap) */
+        flce_status st = finish_dh(&d->student), joined = side_join(&d->student);
+        TRY(st);
+        TRY(joined);
+    }
+    if (p->reduction != FLCE_REDUCTION_NONE && ra->loss)
+        TRY(launch(d->k[DK_REDUCE], 1, 1, DISTILL_THREADS, 0, stream, ra, "distill reduce"));
+    return FLCE_OK;
 }
 
 static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,

@@ -503,7 +503,7 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
         if (pl->fused_dz) {
             pl->off_dz = take(&cur, chunk_elems * (f32 ? 4 : 2));
         } else if (pl->compact) { /* fp16 p̃, turned into dZ in place, and the maxima */
-            pl->off_z = pl->off_dz = take(&cur, chunk_elems * 2);
+            pl->off_z = pl->off_dz = take(&cur, (pl->dz_all_rows ? n * (uint64_t)pl->ldz : chunk_elems) * 2);
             pl->off_tile_max = take(&cur, (uint64_t)pl->chunk_rows * (uint64_t)pl->tile_max_ld * 4);
             if (pl->qrows) {
                 uint64_t r = (uint64_t)pl->chunk_rows;
@@ -558,7 +558,7 @@ static void plan_grad_stores(const flce_problem *p, plan *pl)
 
 flce_status plan_dz_all_rows(const flce_problem *p, const flce_tensors *t, plan *pl)
 {
-    if (pl->op == FLCE_OP_FORWARD || pl->recompute || pl->compact || pl->fused_dz || pl->collective ||
+    if (pl->op == FLCE_OP_FORWARD || pl->recompute || pl->qrows || pl->fused_dz || pl->collective ||
         p->dtype == FLCE_DTYPE_F32)
         return err_set(FLCE_ERR_INTERNAL, "plan_dz_all_rows: not a chunked 16-bit plan with gradients (a planning bug)");
     pl->dz_all_rows = 1, pl->off_dw_acc = 0;

@@ -111,8 +111,8 @@ typedef struct plan {
         off_tile_max;
     int need_loss_rows, need_zloss_rows, need_lse, need_dw_acc, need_dh_acc, need_db_acc;
     /* plan_dz_all_rows: off_dz holds dZ of every token (n × ldz), not one chunk's, so that dW runs
-     * once over all of them after the last chunk, with no fp32 accumulator (the distillation's fp32
-     * path, runtime/distill.c) */
+     * once over all of them after the last chunk, with no fp32 accumulator (the distillation's
+     * paths, runtime/distill.c; compact: off_z too, the p̃ that becomes dZ in place) */
     int dz_all_rows;
     /* Chunked: dH of a token chunk in launches over at most this many vocab columns each, added
      * up in fp32 (0: one launch over the whole shard) */
@@ -196,10 +196,10 @@ struct flce_config;
 flce_status plan_make_cfg(const flce_problem *p, flce_op op, const char *device, int sm, int num_sms,
                           uint64_t mem_bytes, const struct flce_config *cfg, const flce_tensors *t, plan *out);
 
-/* A chunked plan with gradients on 16-bit inputs (not compact, fused dZ or collective) laid out
- * again with dZ kept for all n tokens (dz_all_rows) instead of an fp32 dW accumulator: its caller
- * runs dH per chunk at that chunk's rows of off_dz and dW once over all tokens (runtime/distill.c).
- * FLCE_ERR_INTERNAL for any other plan. */
+/* A chunked plan with gradients on 16-bit inputs (not row-scaled, fused dZ or collective) laid out
+ * again with dZ (compact: p̃, then dZ in its place) kept for all n tokens (dz_all_rows) instead of an
+ * fp32 dW accumulator: its caller runs the logits pass and dH per chunk at that chunk's rows of
+ * off_dz and dW once over all tokens (runtime/distill.c). FLCE_ERR_INTERNAL for any other plan. */
 flce_status plan_dz_all_rows(const flce_problem *p, const flce_tensors *t, plan *pl);
 
 /* The pure planner: plan_make_on is plan_build with the process's settings (config_get) and the

@@ -201,6 +201,9 @@ static void teacher_topk_is_checked_and_planned(void)
     p.memory_budget = 32000ull * 2 * 300; /* the student's fp16 p̃ (and its group maxima) only */
     CHECKF(distill_check(&p, &t, &H100, &q, &pl) == FLCE_OK && pl.compact && pl.chunk_rows > 200 &&
            pl.chunk_rows <= 300, "%lld rows", (long long)pl.chunk_rows);
+    /* (several chunks: every token's p̃ / dZs kept in place of the fp32 dWs accumulator, dWs once) */
+    CHECK(pl.student.dz_all_rows && !pl.student.need_dw_acc && pl.student.off_z == pl.student.off_dz &&
+          pl.student.workspace_bytes >= pl.student.off_dz + 32000ull * 2 * (uint64_t)p.tokens);
     p.memory_budget = 32000ull * 2; /* not one token's p̃ and group maxima */
     CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("problem.memory_budget=") &&
           says("the student"));
@@ -582,7 +585,20 @@ static void forward_kl_plans_the_compact_path(void)
     CHECKF(pl.compact && pl.chunk_rows <= 300 && pl.chunks * pl.chunk_rows >= 1024 &&
            (uint64_t)pl.chunk_rows * ld * 4 <= p.memory_budget, "%lld rows x %lld", (long long)pl.chunk_rows,
            (long long)pl.chunks);
-    CHECK(pl.student.need_dw_acc);
+    /* several chunks: the student's p̃ / dZs of every token kept where it takes no more than the fp32
+     * V x Ds accumulator ((N − chunk rows)·V·2 ≤ V·Ds·4), dWs once */
+    CHECK(!pl.student.need_dw_acc && pl.student.dz_all_rows && !pl.student.off_dw_acc);
+    CHECK(pl.student.off_z == pl.student.off_dz && pl.student.dw.plain_out && pl.student.logits.opts == SPEC_OPT_SOFT);
+    CHECK(pl.student.workspace_bytes >= pl.student.off_dz + 1024 * ld * 2 && pl.pt_offset >= pl.student.workspace_bytes);
+    CHECK(pl.student.off_tile_max + (uint64_t)pl.chunk_rows * (uint64_t)pl.student.tile_max_ld * 4 <=
+          pl.student.workspace_bytes); /* the maxima stay one chunk's */
+    p.hidden_student = 256; /* (1024 − 300)·V·2 > V·256·4: the accumulator instead */
+    CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(pl.compact && pl.chunks > 1 && pl.student.need_dw_acc && !pl.student.dz_all_rows);
+    p.hidden_student = 2048, p.tp_size = 2, p.vocab_total = 64000; /* not under TP */
+    CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(pl.compact && pl.chunks > 1 && !pl.student.dz_all_rows);
+    p.tp_size = 1, p.vocab_total = 0;
     p.memory_budget = row - 1;
     CHECK(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("problem.memory_budget="));
     p.memory_budget = 0;

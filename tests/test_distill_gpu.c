@@ -188,6 +188,14 @@ static void ignored_tokens_chunks_and_options_match_the_reference(void)
          FLCE_DIVERGENCE_REVERSE_KL, 0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 10ull * 1500 * 48, 4, 0, 0, -1},
         {"several chunks, dWs once over all tokens, fp16 jsd, none", 130, 96, 64, 999, FLCE_DTYPE_F16,
          FLCE_DIVERGENCE_JSD, 0.6f, 2.0f, 0.f, FLCE_REDUCTION_NONE, 10ull * 1000 * 40, 0, 0, 1, -1},
+        /* the compact path likewise where (N − chunk rows)·V·2 ≤ V·Ds·4: every token's p̃ / dZs kept
+           (runtime/distill.c compact_dz_all_rows); "several chunks … forward kl" above keeps the
+           accumulator (Ds 64) */
+        {"several chunks, dWs once over all tokens, forward kl (compact), CE", 200, 128, 96, 1500, FLCE_DTYPE_BF16,
+         FLCE_DIVERGENCE_FORWARD_KL, 0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 4ull * 1500 * 48, 4, 0, 0, -1},
+        {"several chunks, dWs once over all tokens, fp16 forward kl (compact) at T = 2, none", 150, 96, 64, 1500,
+         FLCE_DTYPE_F16, FLCE_DIVERGENCE_FORWARD_KL, 0.f, 2.0f, 0.f, FLCE_REDUCTION_NONE, 4ull * 1500 * 48, 0, 0, 1,
+         -1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
 }
@@ -351,6 +359,9 @@ static void teacher_topk_matches_the_reference(void)
          0.f, FLCE_REDUCTION_NONE, 0, 0, 20.0},
         {"top-k teacher, fp16, k 64, sum, 2 chunks", 130, 128, 2000, 64, FLCE_DTYPE_F16, 1.0f, 0.f, FLCE_REDUCTION_SUM,
          2ull * 2000 * 70, 0, 4.0},
+        /* (the two above keep every token's p̃ / dZs, dWs once; here Ds 32 keeps the fp32 accumulator) */
+        {"top-k teacher, bf16, k 8, 3 chunks, the dWs accumulator", 300, 32, 1500, 8, FLCE_DTYPE_BF16, 1.0f, 0.f,
+         FLCE_REDUCTION_MEAN, 6ull * 1504 * 48, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_topk_case(&cases[i]);
 }
