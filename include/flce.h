@@ -476,9 +476,10 @@ typedef struct flce_distill_problem {
                                   fp32 logits and the student's dZ, 10 bytes (fp32 inputs 8);
                                   0 = 4 GiB; less than one token's row is
                                   FLCE_ERR_INVALID_ARGUMENT. On top, for 16-bit inputs in several
-                                  chunks: the student's dZ of all N tokens (N × V × 2 bytes; dW
-                                  then runs once) where N <= 2·Ds, else an fp32 V × Ds dW
-                                  accumulator; the CE path's few arrays per token.
+                                  chunks (C rows each): the student's dZ of the other N − C tokens
+                                  (× V × 2 bytes; dW then runs once) where that is no more than
+                                  an fp32 V × Ds dW accumulator, else that accumulator; the CE
+                                  path's few arrays per token.
                                   flce_distill_workspace_size says the total */
     int32_t teacher_topk;      /* 0 (default): the teacher as teacher_hidden and teacher_weight.
                                   k in [1, min(64, V)]: the teacher as each token's k (index,

@@ -8,8 +8,9 @@
  *   flce_distill_row (templates/distill.cu): both log-normalizers from those statistics, D_i,
  *     loss_i and dZs in the dtype (× g_i), one read of each row (forward KL) or two,
  *   dHs = dZs·Ws and dWs += dZsᵀ·Hs (launch_grads.c run_grad_gemms: the CE path's dH and dW with
- *     their accumulation rules, dH beside dW on two streams), or on 16-bit inputs where N <= 2·Ds
- *     dHs alone, dZs kept for every token and dWs once after the last chunk (dz_all_rows),
+ *     their accumulation rules, dH beside dW on two streams), or on 16-bit inputs in several chunks
+ *     where it takes no more memory than dWs's fp32 accumulator, dHs alone, dZs kept for every
+ *     token and dWs once after the last chunk (keep_dz_all_rows; the compact paths too),
  * then the loss reduced in a fixed order (flce_distill_reduce). The CE plan is made for a problem
  * with reduction none, so its GEMM epilogues scale nothing: g_i is in dZs already. Forward KL on
  * 16-bit inputs takes the compact path instead (plan_compact; the teacher as top-k:
@@ -97,27 +98,18 @@ static int compact_divergence(const flce_distill_problem *p)
     return p->divergence == FLCE_DIVERGENCE_FORWARD_KL || (p->divergence == FLCE_DIVERGENCE_JSD && p->beta <= 0.0f);
 }
 
-/* The fp32 path on 16-bit inputs in several token chunks: the student's dZ of every token kept
- * (plan_dz_all_rows, N × V × 2 bytes) so that dWs runs once over all of them after the last chunk,
- * where it is no larger than the fp32 V × Ds accumulator it replaces (N ≤ 2·Ds). Accumulating dWs
- * chunk by chunk (fp32 stores, bulk reductions, then the dtype) cost a reverse KL step at
- * 8192×4096×128256 in 3 chunks 15.9 ms of dW against 12.4 in one launch (bench/NOTES.md session 31).
+/* Several token chunks on 16-bit inputs: the student's dZs of every token kept (plan_dz_all_rows;
+ * on the compact paths the p̃ that becomes dZs in place) so that dWs runs once over all of them after
+ * the last chunk, straight into the dtype, where that takes no more workspace than the fp32 V × Ds
+ * accumulator and the one chunk's dZs it replaces ((N − chunk rows)·V·2 ≤ V·Ds·4 bytes). Accumulating
+ * dWs chunk by chunk (fp32 stores, bulk reductions, then the dtype) cost a reverse KL step at
+ * 8192×4096×128256 in 3 chunks 15.9 ms of dW against 12.4 in one launch (bench/NOTES.md session
+ * 31), and forward KL at 8192×2048×151936 (teacher 4096) in 2 chunks 10.6 against 6.9 (session 32).
  * Not under TP (dWs beside dHs's all-reduce: launch_grads.c) nor with dWs not asked for. */
-static int dz_all_rows(const flce_distill_problem *p, const distill_plan *pl)
-{
-    return p->dtype != FLCE_DTYPE_F32 && p->tp_size <= 1 && pl->student.n_chunks > 1 && pl->student.need_dw_acc &&
-           p->tokens <= 2 * p->hidden_student;
-}
-
-/* The compact paths in several token chunks: the student's p̃ (dZs in its place) kept for every
- * token (plan_dz_all_rows) so that dWs runs once after the last chunk, where that takes no more
- * workspace than the fp32 V × Ds accumulator it replaces ((N − chunk rows)·V·2 ≤ V·Ds·4 bytes):
- * as dz_all_rows, 2 chunks at 8192×2048×151936 with a 4096-wide teacher. Not under TP. */
-static flce_status compact_dz_all_rows(const flce_distill_problem *p, const flce_distill_tensors *t,
-                                       distill_plan *pl)
+static flce_status keep_dz_all_rows(const flce_distill_problem *p, const flce_distill_tensors *t, distill_plan *pl)
 {
     plan *s = &pl->student;
-    if (p->tp_size > 1 || s->n_chunks <= 1 || !s->need_dw_acc) return FLCE_OK;
+    if (p->tp_size > 1 || s->n_chunks <= 1 || !s->need_dw_acc) return FLCE_OK; /* (need_dw_acc: 16-bit) */
     plan all = *s;
     flce_tensors ts, tt;
     planned_tensors(t, p->tp_size, &ts, &tt);
@@ -170,7 +162,7 @@ static flce_status plan_compact(const flce_distill_problem *p, const call_device
         s->tile_max_ld != te->tile_max_ld || s->ldz != (int64_t)ld || te->ldz != (int64_t)ld ||
         (s->logits.opts | te->logits.opts) & ~(unsigned)SPEC_OPT_BIAS || s->off_z != s->off_dz)
         return FLCE_ERR_UNSUPPORTED;
-    TRY(compact_dz_all_rows(p, t, pl));
+    TRY(keep_dz_all_rows(p, t, pl));
     pl->student.logits.opts |= SPEC_OPT_SOFT;
     TRY(spec_validate(&pl->student.logits));
     pl->compact = 1;
@@ -211,7 +203,7 @@ static flce_status plan_topk_compact(const flce_distill_problem *p, const call_d
     if (!s->compact || s->recompute || s->qrows || s->ldz != (int64_t)ld || s->logits.opts & ~(unsigned)SPEC_OPT_BIAS ||
         s->off_z != s->off_dz)
         return FLCE_ERR_UNSUPPORTED;
-    TRY(compact_dz_all_rows(p, t, pl));
+    TRY(keep_dz_all_rows(p, t, pl));
     pl->student.logits.opts |= SPEC_OPT_SPARSE;
     TRY(spec_validate(&pl->student.logits));
     pl->teacher.ldz = (int64_t)ld; /* (no teacher plan: its GEMM does not run) */
@@ -269,11 +261,7 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
                        (long long)pl->student.ldz, (unsigned long long)ld);
     pl->ld = (int64_t)ld;
     pl->chunk_rows = pl->student.chunk_rows, pl->chunks = pl->student.n_chunks;
-    if (dz_all_rows(p, pl)) {
-        flce_tensors ts, tt;
-        planned_tensors(t, p->tp_size, &ts, &tt);
-        TRY(plan_dz_all_rows(&pl->student_problem, &ts, &pl->student));
-    }
+    TRY(keep_dz_all_rows(p, t, pl));
     uint64_t cur = align256(pl->student.workspace_bytes), n = (uint64_t)p->tokens;
     if (teacher) {
         pl->zt_offset = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * ld * 4);

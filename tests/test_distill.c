@@ -535,13 +535,13 @@ static void chunks_follow_the_budget(void)
     p.memory_budget = row * 300; /* 300 rows fit: chunks of whole 128-row blocks, balanced */
     CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
     CHECKF(pl.chunk_rows == 256 && pl.chunks == 4, "%lld rows x %lld", (long long)pl.chunk_rows, (long long)pl.chunks);
-    /* several chunks, N <= 2 Ds: dZs of every token kept (no larger than the fp32 V x Ds
+    /* several chunks, N − chunk rows <= 2 Ds: dZs of every token kept (no larger than the fp32 V x Ds
      * accumulator it replaces), dWs once */
     CHECK(!pl.student.need_dw_acc && pl.student.dz_all_rows && !pl.student.off_dw_acc);
     CHECK(pl.student.off_dz != pl.student.off_z && pl.student.dw.plain_out);
     CHECK(pl.student.workspace_bytes >= pl.student.off_dz + 1024 * ld * 2);
     CHECK((uint64_t)pl.chunk_rows * row <= p.memory_budget);
-    p.hidden_student = 256; /* N > 2 Ds: the fp32 V x Ds accumulator instead, rounded once */
+    p.hidden_student = 256; /* N − chunk rows > 2 Ds: the fp32 V x Ds accumulator instead, rounded once */
     CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
     CHECK(pl.chunks == 4 && pl.student.need_dw_acc && !pl.student.dz_all_rows);
     p.hidden_student = 2048;

@@ -183,13 +183,13 @@ static void ignored_tokens_chunks_and_options_match_the_reference(void)
          FLCE_REDUCTION_NONE, 0, 0, 0, 0, 17},
         {"a label outside [0, V) is masked and flagged", 96, 32, 64, 700, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_FORWARD_KL,
          0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 0, 5, 0, 0, -1, 12},
-        /* N <= 2 Ds in several chunks: dZs of all tokens kept, dWs once (runtime/distill.c dz_all_rows) */
+        /* N <= 2 Ds in several chunks: dZs of all tokens kept, dWs once (runtime/distill.c keep_dz_all_rows) */
         {"several chunks, dWs once over all tokens, reverse kl, CE", 200, 128, 96, 1500, FLCE_DTYPE_BF16,
          FLCE_DIVERGENCE_REVERSE_KL, 0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 10ull * 1500 * 48, 4, 0, 0, -1},
         {"several chunks, dWs once over all tokens, fp16 jsd, none", 130, 96, 64, 999, FLCE_DTYPE_F16,
          FLCE_DIVERGENCE_JSD, 0.6f, 2.0f, 0.f, FLCE_REDUCTION_NONE, 10ull * 1000 * 40, 0, 0, 1, -1},
         /* the compact path likewise where (N − chunk rows)·V·2 ≤ V·Ds·4: every token's p̃ / dZs kept
-           (runtime/distill.c compact_dz_all_rows); "several chunks … forward kl" above keeps the
+           (runtime/distill.c keep_dz_all_rows); "several chunks … forward kl" above keeps the
            accumulator (Ds 64) */
         {"several chunks, dWs once over all tokens, forward kl (compact), CE", 200, 128, 96, 1500, FLCE_DTYPE_BF16,
          FLCE_DIVERGENCE_FORWARD_KL, 0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 4ull * 1500 * 48, 4, 0, 0, -1},
