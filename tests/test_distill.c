@@ -352,7 +352,13 @@ static void topk_chunks_follow_the_budget(void)
     topk_plan pl;
     CHECKF(topk_plan_make(&p, &H100, &pl) == FLCE_OK, "%s", flce_last_error()); /* 1 GiB / 128000 ≥ N */
     CHECK(pl.chunk_rows == 1000 && pl.chunks == 1 && pl.ld == 32000 && !pl.model.compact && pl.model.splits >= 1);
-    CHECK(pl.workspace_bytes >= 1000ull * 32000 * 4 + 2 * 1000ull * pl.model.splits * 4);
+    CHECK(pl.workspace_bytes >= 1000ull * 32000 * 4 + 3 * 1000ull * pl.model.splits * 4);
+    /* the logits pass also sums Σ exp·z (the entropy statistic: flce_topk_row's E_p[z] for the lse's
+     * bias term), into its own split array */
+    CHECK(pl.model.logits.opts == SPEC_OPT_ENTROPY && spec_validate(&pl.model.logits) == FLCE_OK);
+    const uint64_t parts = 1000ull * (uint64_t)pl.model.splits * 4;
+    CHECK(pl.part_t_offset >= pl.part_s_offset + parts && pl.target_offset >= pl.part_t_offset + parts &&
+          pl.part_t_offset % 256 == 0);
     p.memory_budget = 128000ull * 300; /* 300 rows fit: 256-row chunks */
     CHECKF(topk_plan_make(&p, &H100, &pl) == FLCE_OK, "%s", flce_last_error());
     CHECK(pl.chunk_rows == 256 && pl.chunks == 4);
