@@ -91,9 +91,8 @@ static double rnd() { return (rand() / (double)RAND_MAX - 0.5) * 2; }
  * the stored logits at T as a GPU pass on 16-bit inputs errs: z·(1 − ε) with ε a row's own (0 to
  * 6e-5, ten times the wgmma sums' bias, so that an lse left uncorrected misses the tolerance by far),
  * each column also off by up to 2e-7·|z| at random, then rounded to fp32 (the tie rows exact: equal
- * logits stay equal in a pass). The kernel forms the k
- * logits again in fp64 and corrects the lse by their differences and by the bias they reveal on the
- * other columns. Rows with ties (values on a coarse grid, unbiased), −inf (unbiased: its entropy
+ * logits stay equal in a pass). The kernel forms the k logits again in fp64 and corrects the lse by
+ * their differences and by the bias they reveal on the other columns. Rows with ties (values on a coarse grid, unbiased), −inf (unbiased: its entropy
  * statistic is NaN, 0·−inf, so the kernel leaves the bias term out), a NaN row, k from 1 to 64 and to
  * the whole vocab; indices exact, log-probs and lse within 1e-6 of fp64 (the stored logits' sums are
  * fp32). */
@@ -202,8 +201,8 @@ static int topk_case(long long v, int k, int splits)
     std::vector<float> z, pm, ps, pt, lse(t.tokens, -1.f), lp(t.tokens * k, -1.f);
     std::vector<long long> idx(t.tokens * k, -1);
     topk_shard(t, 0, v, t.ld, splits, z, pm, ps, pt);
-    flce_topk_params tp = {z.data(), pm.data(), ps.data(), pt.data(), idx.data(), lp.data(), lse.data(), row0, v, t.ld, splits, k,
-                           t.h.data(), t.w.data(), t.d, TOPK_T};
+    flce_topk_params tp = {z.data(), pm.data(), ps.data(), pt.data(), idx.data(), lp.data(), lse.data(),
+                           row0, v, t.ld, splits, k, t.h.data(), t.w.data(), t.d, TOPK_T};
     run(flce_topk_row, rows, tp);
     int bad = topk_compare(t, k, idx.data(), lp.data(), lse.data());
     for (long long i = 0; i < row0; i++) bad += lse[i] != -1.f || idx[i * k] != -1; // rows outside the chunk untouched
@@ -240,8 +239,8 @@ static int topk_tp_case(const char *name, long long v, int k, std::vector<long l
         const long long n = shards[r], ldo = (n + 7) / 8 * 8;
         std::vector<float> z, pm, ps, pt;
         topk_shard(t, off, n, ldo, splits, z, pm, ps, pt);
-        flce_topk_params sp = {z.data(), pm.data(), ps.data(), pt.data(), nullptr, nullptr, nullptr, 0, n, ldo, splits, k,
-                               t.h.data(), t.w.data() + off * t.d, t.d, TOPK_T};
+        flce_topk_params sp = {z.data(), pm.data(), ps.data(), pt.data(), nullptr, nullptr, nullptr,
+                               0, n, ldo, splits, k, t.h.data(), t.w.data() + off * t.d, t.d, TOPK_T};
         sp.block = gathered.data() + r * words, sp.vocab_offset = off, sp.vocab_total = v, sp.tokens = t.tokens;
         sp.tp_size = tp;
         for (long long c0 = 0; c0 < rows; c0 += chunk) { // token chunks: z, pm, ps are each chunk's rows
