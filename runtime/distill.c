@@ -10,7 +10,8 @@
  *   dHs = dZs·Ws and dWs += dZsᵀ·Hs (launch_grads.c run_grad_gemms: the CE path's dH and dW with
  *     their accumulation rules, dH beside dW on two streams), or on 16-bit inputs in several chunks
  *     where it takes no more memory than dWs's fp32 accumulator, dHs alone, dZs kept for every
- *     token and dWs once after the last chunk (keep_dz_all_rows; the compact paths too),
+ *     token and dWs once after the last chunk; or, where a memory_budget holds neither, dWs added
+ *     into the caller's dW in the dtype chunk by chunk (dw_schedule; the compact paths too),
  * then the loss reduced in a fixed order (flce_distill_reduce). The CE plan is made for a problem
  * with reduction none, so its GEMM epilogues scale nothing: g_i is in dZs already. Forward KL on
  * 16-bit inputs takes the compact path instead (plan_compact; the teacher as top-k:
@@ -98,21 +99,27 @@ static int compact_divergence(const flce_distill_problem *p)
     return p->divergence == FLCE_DIVERGENCE_FORWARD_KL || (p->divergence == FLCE_DIVERGENCE_JSD && p->beta <= 0.0f);
 }
 
-/* Several token chunks on 16-bit inputs: the student's dZs of every token kept (plan_dz_all_rows;
- * on the compact paths the p̃ that becomes dZs in place) so that dWs runs once over all of them after
- * the last chunk, straight into the dtype, where that takes no more workspace than the fp32 V × Ds
- * accumulator and the one chunk's dZs it replaces ((N − chunk rows)·V·2 ≤ V·Ds·4 bytes). Accumulating
- * dWs chunk by chunk (fp32 stores, bulk reductions, then the dtype) cost a reverse KL step at
- * 8192×4096×128256 in 3 chunks 15.9 ms of dW against 12.4 in one launch (bench/NOTES.md session
- * 31), and forward KL at 8192×2048×151936 (teacher 4096) in 2 chunks 10.6 against 6.9 (session 32).
- * Not under TP (dWs beside dHs's all-reduce: launch_grads.c) nor with dWs not asked for. */
-static flce_status keep_dz_all_rows(const flce_distill_problem *p, const flce_distill_tensors *t, distill_plan *pl)
+/* How dWs builds up over several token chunks on 16-bit inputs. By default the student's dZs of
+ * every token kept (plan_dz_all_rows; on the compact paths the p̃ that becomes dZs in place) so that
+ * dWs runs once over all of them after the last chunk, straight into the dtype, where that takes no
+ * more workspace than the fp32 V × Ds accumulator and the one chunk's dZs it replaces ((N − chunk
+ * rows)·V·2 ≤ V·Ds·4 bytes); else that accumulator (the CE plan's). Accumulating dWs chunk by chunk
+ * (fp32 stores, bulk reductions, then the dtype) cost a reverse KL step at 8192×4096×128256 in 3
+ * chunks 15.9 ms of dW against 12.4 in one launch (bench/NOTES.md session 31), and forward KL at
+ * 8192×2048×151936 (teacher 4096) in 2 chunks 10.6 against 6.9 (session 32). `in_dtype`
+ * (distill_plan_make: a memory_budget that holds neither): each chunk's dWs added into the caller's
+ * dW in the dtype (plan_dw_in_dtype), no buffer beyond the chunk's. Under TP the accumulator
+ * (dWs beside dHs's all-reduce: launch_grads.c; the budget: distill_plan_make). */
+static flce_status dw_schedule(const flce_distill_problem *p, const flce_distill_tensors *t, int in_dtype,
+                               distill_plan *pl)
 {
     plan *s = &pl->student;
-    if (p->tp_size > 1 || s->n_chunks <= 1 || !s->need_dw_acc) return FLCE_OK; /* (need_dw_acc: 16-bit) */
-    plan all = *s;
+    if (s->n_chunks <= 1 || !s->need_dw_acc) return FLCE_OK; /* (need_dw_acc: 16-bit, dWs asked for) */
     flce_tensors ts, tt;
     planned_tensors(t, p->tp_size, &ts, &tt);
+    if (p->tp_size > 1) return FLCE_OK;
+    if (in_dtype) return plan_dw_in_dtype(&pl->student_problem, &ts, s);
+    plan all = *s;
     TRY(plan_dz_all_rows(&pl->student_problem, &ts, &all));
     if (all.workspace_bytes <= s->workspace_bytes) *s = all;
     return FLCE_OK;
@@ -148,7 +155,7 @@ static void tp_layout(const flce_distill_problem *p, uint64_t rows, int sums, di
  * give it (then the fp32 path runs: not an error the caller sees). 4 bytes per logit: both p̃, dZs
  * in the student's. */
 static flce_status plan_compact(const flce_distill_problem *p, const call_device *dev, const flce_distill_tensors *t,
-                                uint64_t budget, distill_plan *pl)
+                                uint64_t budget, int in_dtype, distill_plan *pl)
 {
     memset(pl, 0, sizeof *pl);
     const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8;
@@ -162,7 +169,7 @@ static flce_status plan_compact(const flce_distill_problem *p, const call_device
         s->tile_max_ld != te->tile_max_ld || s->ldz != (int64_t)ld || te->ldz != (int64_t)ld ||
         (s->logits.opts | te->logits.opts) & ~(unsigned)SPEC_OPT_BIAS || s->off_z != s->off_dz)
         return FLCE_ERR_UNSUPPORTED;
-    TRY(keep_dz_all_rows(p, t, pl));
+    TRY(dw_schedule(p, t, in_dtype, pl));
     pl->student.logits.opts |= SPEC_OPT_SOFT;
     TRY(spec_validate(&pl->student.logits));
     pl->compact = 1;
@@ -191,7 +198,7 @@ static flce_status plan_compact(const flce_distill_problem *p, const call_device
  * lists flce_distill_topk_sort makes; templates/distill.cu flce_distill_row_topk_compact), or
  * FLCE_ERR_UNSUPPORTED when its CE plan does not give it (then the fp32 path runs). */
 static flce_status plan_topk_compact(const flce_distill_problem *p, const call_device *dev,
-                                     const flce_distill_tensors *t, uint64_t budget, distill_plan *pl)
+                                     const flce_distill_tensors *t, uint64_t budget, int in_dtype, distill_plan *pl)
 {
     memset(pl, 0, sizeof *pl);
     const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8;
@@ -203,7 +210,7 @@ static flce_status plan_topk_compact(const flce_distill_problem *p, const call_d
     if (!s->compact || s->recompute || s->qrows || s->ldz != (int64_t)ld || s->logits.opts & ~(unsigned)SPEC_OPT_BIAS ||
         s->off_z != s->off_dz)
         return FLCE_ERR_UNSUPPORTED;
-    TRY(keep_dz_all_rows(p, t, pl));
+    TRY(dw_schedule(p, t, in_dtype, pl));
     pl->student.logits.opts |= SPEC_OPT_SPARSE;
     TRY(spec_validate(&pl->student.logits));
     pl->teacher.ldz = (int64_t)ld; /* (no teacher plan: its GEMM does not run) */
@@ -222,14 +229,15 @@ static flce_status plan_topk_compact(const flce_distill_problem *p, const call_d
     return FLCE_OK;
 }
 
-flce_status distill_plan_make(const flce_distill_problem *p, const call_device *dev,
-                              const flce_distill_tensors *t, distill_plan *pl)
+/* The plan of the path the call takes (compact, top-k compact or fp32) with `budget` for its token
+ * chunks' logits, dWs built up as dw_schedule says. */
+static flce_status plan_path(const flce_distill_problem *p, const call_device *dev, const flce_distill_tensors *t,
+                             uint64_t budget, int in_dtype, distill_plan *pl)
 {
-    const uint64_t budget_given = p->memory_budget ? p->memory_budget : DISTILL_DEFAULT_BUDGET;
     const int teacher = p->teacher_topk == 0; /* the teacher's GEMM runs (else its top-k is given) */
     if (p->dtype != FLCE_DTYPE_F32 && compact_divergence(p) && config_get()->compact) {
-        flce_status st = teacher ? plan_compact(p, dev, t, budget_given, pl)
-                                 : plan_topk_compact(p, dev, t, budget_given, pl);
+        flce_status st = teacher ? plan_compact(p, dev, t, budget, in_dtype, pl)
+                                 : plan_topk_compact(p, dev, t, budget, in_dtype, pl);
         if (st != FLCE_ERR_UNSUPPORTED) return st;
         err_clear();
     }
@@ -237,7 +245,6 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
     const int f32 = p->dtype == FLCE_DTYPE_F32;
     const uint64_t ld = (uint64_t)(p->vocab + 7) / 8 * 8;
     const uint64_t student_row = ld * (f32 ? 4 : 6), row = student_row + (teacher ? ld * 4 : 0);
-    const uint64_t budget = budget_given;
     if (budget < row)
         return err_set(FLCE_ERR_INVALID_ARGUMENT,
                        "problem.memory_budget=%llu bytes: too small for one token's logits of %s "
@@ -261,7 +268,7 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
                        (long long)pl->student.ldz, (unsigned long long)ld);
     pl->ld = (int64_t)ld;
     pl->chunk_rows = pl->student.chunk_rows, pl->chunks = pl->student.n_chunks;
-    TRY(keep_dz_all_rows(p, t, pl));
+    TRY(dw_schedule(p, t, in_dtype, pl));
     uint64_t cur = align256(pl->student.workspace_bytes), n = (uint64_t)p->tokens;
     if (teacher) {
         pl->zt_offset = cur, cur = align256(cur + (uint64_t)pl->chunk_rows * ld * 4);
@@ -278,6 +285,58 @@ flce_status distill_plan_make(const flce_distill_problem *p, const call_device *
     pl->per_token_offset = cur, cur = align256(cur + n * 4);
     pl->count_offset = cur, cur += 16;
     pl->workspace_bytes = cur;
+    return FLCE_OK;
+}
+
+/* plan_path with the chunks' budget cut until the whole workspace fits in `cap`, or
+ * FLCE_ERR_INVALID_ARGUMENT naming memory_budget where not even one token's chunk does. The
+ * workspace grows with the chunks' budget (one more chunk row at a time), so taking the excess off
+ * each round converges in a few. */
+static flce_status plan_within(const flce_distill_problem *p, const call_device *dev, const flce_distill_tensors *t,
+                               uint64_t cap, int in_dtype, distill_plan *pl)
+{
+    uint64_t budget = cap, tried = cap, took = 0;
+    for (int round = 0; round < 16; round++) {
+        flce_status st = plan_path(p, dev, t, budget, in_dtype, pl);
+        if (st == FLCE_ERR_INVALID_ARGUMENT && budget < cap) break; /* under one row: not the caller's figure */
+        TRY(st);
+        if (pl->workspace_bytes <= cap) return FLCE_OK;
+        tried = budget, took = pl->workspace_bytes;
+        const uint64_t excess = pl->workspace_bytes - cap;
+        if (excess >= budget) break;
+        budget -= excess;
+    }
+    err_clear();
+    return err_set(FLCE_ERR_INVALID_ARGUMENT,
+                   "problem.memory_budget=%llu bytes: too small for this call's workspace (its per-token arrays, "
+                   "%s and at least one token's logits; with %llu bytes for the logits it takes %llu)",
+                   (unsigned long long)cap, in_dtype ? "no dW buffer" : "dW's buffer",
+                   (unsigned long long)tried, (unsigned long long)took);
+}
+
+/* A memory_budget given bounds the whole workspace: the plans whose dWs rounds once (dw_schedule's
+ * default: every token's dZs or the fp32 accumulator beside the chunks) with their chunks cut to fit,
+ * unless dWs added into the caller's dW per chunk (in_dtype) fits in at least two fewer chunks:
+ * giving up the one rounding for one more chunk is not worth it, for more it is (a chunk's logits
+ * and dHs launches each fill fewer waves). Without a budget, and under TP (where every rank must cut
+ * the tokens alike, so the chunks cannot follow one rank's workspace), the budget is the chunks'
+ * logits' (DISTILL_DEFAULT_BUDGET without one) and dWs's buffer comes on top. */
+flce_status distill_plan_make(const flce_distill_problem *p, const call_device *dev,
+                              const flce_distill_tensors *t, distill_plan *pl)
+{
+    if (!p->memory_budget || p->tp_size > 1)
+        return plan_path(p, dev, t, p->memory_budget ? p->memory_budget : DISTILL_DEFAULT_BUDGET, 0, pl);
+    flce_status st = plan_within(p, dev, t, p->memory_budget, 0, pl);
+    if (st != FLCE_OK && st != FLCE_ERR_INVALID_ARGUMENT) return st;
+    if (st == FLCE_OK && !pl->student.dz_all_rows && !pl->student.need_dw_acc) return st;
+    distill_plan in_dtype;
+    flce_status st2 = plan_within(p, dev, t, p->memory_budget, 1, &in_dtype);
+    if (st2 != FLCE_OK || (st == FLCE_OK && pl->chunks <= in_dtype.chunks + 1)) {
+        if (st == FLCE_OK) err_clear();
+        return st == FLCE_OK ? FLCE_OK : st2;
+    }
+    err_clear();
+    *pl = in_dtype;
     return FLCE_OK;
 }
 
@@ -473,6 +532,39 @@ static flce_status run_dw_all(const distill_runs *d, const flce_distill_problem 
     return run_grad_gemms(&r, &all, &all);
 }
 
+/* Where token chunk b's rows of the student's dZs (compact: p̃) start, from the plan's off_dz: its
+ * rows of every token's (dz_all_rows), else the one chunk's buffer. */
+static unsigned long long dz_rows_at(const distill_plan *pl, const block *b)
+{
+    return pl->student.dz_all_rows ? (unsigned long long)b->row0 * (unsigned long long)pl->ld * 2 : 0;
+}
+
+/* The student's gradient GEMMs of token chunk b once its dZs is written: dHs alone (dz_all_rows: dWs
+ * runs once after the last chunk, finish_chunks), else dHs and dWs. */
+static flce_status chunk_grads(distill_runs *d, const block *b)
+{
+    if (d->student.pl->dz_all_rows) return run_dh_chunk(d, b);
+    block rows_done = *b;
+    rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
+    return run_grad_gemms(&d->student, &rows_done, b);
+}
+
+/* After the last chunk: dWs once (dz_all_rows), dHs summed over the ranks (TP; unless each chunk's
+ * went beside dW: tp_overlap), and the loss reduced. */
+static flce_status finish_chunks(distill_runs *d, const flce_distill_problem *p, const distill_plan *pl,
+                                 distill_row_args *ra)
+{
+    if (pl->student.dz_all_rows && d->ts.grad_weight) TRY(run_dw_all(d, p));
+    if (pl->tp) {
+        flce_status st = finish_dh(&d->student), joined = side_join(&d->student);
+        TRY(st);
+        TRY(joined);
+    }
+    if (p->reduction != FLCE_REDUCTION_NONE && ra->loss)
+        TRY(launch(d->k[DK_REDUCE], 1, 1, DISTILL_THREADS, 0, d->student.stream, ra, "distill reduce"));
+    return FLCE_OK;
+}
+
 /* The compact forward-KL path per token chunk (templates/distill.cu says the math): the teacher's
  * compact pass, its lse, the student's compact pass with the soft-target sums, the row kernel (D_i,
  * loss_i, dZs over the student's p̃), dHs and dWs (dz_all_rows: dHs per chunk at its rows of every
@@ -504,9 +596,7 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
         block b = {c * pl->chunk_rows, 0, 0, p->vocab, c == 0, c == pl->chunks - 1};
         b.rows = p->tokens - b.row0 < pl->chunk_rows ? p->tokens - b.row0 : pl->chunk_rows;
         ra->row0 = b.row0, ra->rows = b.rows;
-        /* dz_all_rows: the chunk's rows of the student's p̃ / dZs (one chunk's buffer otherwise) */
-        const unsigned long long at = s->dz_all_rows ? (unsigned long long)b.row0 * (unsigned long long)pl->ld * 2 : 0;
-        ra->zs = ws + s->off_z + at, ra->dz = ws + s->off_dz + at;
+        ra->zs = ws + s->off_z + dz_rows_at(pl, &b), ra->dz = ws + s->off_dz + dz_rows_at(pl, &b);
         if (!pl->topk) {
             TRY(launch_store_logits(&d->teacher, &b, ws + pl->pt_offset, &st_t));
             TRY(launch(d->k[DK_LSE], (b.rows + DISTILL_THREADS - 1) / DISTILL_THREADS, 1, DISTILL_THREADS, 0, stream,
@@ -520,23 +610,9 @@ static flce_status run_compact(distill_runs *d, const flce_distill_problem *p, c
         else
             TRY(launch(d->k[DK_ROW_COMPACT], b.rows, 1, DISTILL_THREADS, 0, stream, ra, "distill rows (compact)"));
         if (pl->tp && !pl->topk) TRY(tp_divergence(d, ra));
-        if (s->dz_all_rows) {
-            TRY(run_dh_chunk(d, &b));
-            continue;
-        }
-        block rows_done = b;
-        rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
-        TRY(run_grad_gemms(&d->student, &rows_done, &b));
+        TRY(chunk_grads(d, &b));
     }
-    if (s->dz_all_rows && d->ts.grad_weight) TRY(run_dw_all(d, p));
-    if (pl->tp) { /* dHs summed over the ranks (unless each chunk's went beside dW: tp_overlap) */
-        flce_status st = finish_dh(&d->student), joined = side_join(&d->student);
-        TRY(st);
-        TRY(joined);
-    }
-    if (p->reduction != FLCE_REDUCTION_NONE && ra->loss)
-        TRY(launch(d->k[DK_REDUCE], 1, 1, DISTILL_THREADS, 0, stream, ra, "distill reduce"));
-    return FLCE_OK;
+    return finish_chunks(d, p, pl, ra);
 }
 
 static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,
@@ -568,27 +644,13 @@ static flce_status run_all(flce_context *ctx, const flce_distill_problem *p, con
         if (!pl->topk) TRY(launch_store_logits(&d.teacher, &b, zt, &st_t));
         TRY(launch_store_logits(&d.student, &b, zs, &st_s));
         ra.row0 = b.row0, ra.rows = b.rows;
-        ra.dz = dz + (pl->student.dz_all_rows ? (unsigned long long)b.row0 * (unsigned long long)pl->ld * 2 : 0);
+        ra.dz = dz + dz_rows_at(pl, &b);
         if (pl->tp) TRY(tp_fp32_sums(&d, &ra));
         if (pl->topk) TRY(launch(d.k[DK_ROW_TOPK], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows (top-k)"));
         else TRY(launch(d.k[DK_ROW], b.rows, 1, DISTILL_THREADS, 0, stream, &ra, "distill rows"));
-        if (pl->student.dz_all_rows) {
-            TRY(run_dh_chunk(&d, &b));
-            continue;
-        }
-        block rows_done = b;
-        rows_done.first = rows_done.last = 1; /* a token chunk completes its dHs rows */
-        TRY(run_grad_gemms(&d.student, &rows_done, &b));
+        TRY(chunk_grads(&d, &b));
     }
-    if (pl->student.dz_all_rows && t->grad_student_weight) TRY(run_dw_all(&d, p));
-    if (pl->tp) { /* dHs summed over the ranks, as run_compact */
-        flce_status st = finish_dh(&d.student), joined = side_join(&d.student);
-        TRY(st);
-        TRY(joined);
-    }
-    if (p->reduction != FLCE_REDUCTION_NONE && t->loss)
-        TRY(launch(d.k[DK_REDUCE], 1, 1, DISTILL_THREADS, 0, stream, &ra, "distill reduce"));
-    return FLCE_OK;
+    return finish_chunks(&d, p, pl, &ra);
 }
 
 flce_status distill_run(flce_context *ctx, const flce_distill_problem *p, const distill_plan *pl,

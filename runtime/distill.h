@@ -8,7 +8,8 @@
 #include "plan.h"
 #include "row_call.h" /* call_device: the device a plan is made for; name NULL: no tune table */
 
-/* The default memory_budget: one token chunk's fp32 logits of both models (and dZs) in 4 GiB:
+/* The default memory_budget (0; a budget given bounds the whole workspace instead: distill.c
+ * distill_plan_make): one token chunk's fp32 logits of both models (and dZs) in 4 GiB:
  * 4096 × 32000 is one chunk, 8192 × 128256 three. Measured on an H200 (bench/NOTES.md, session 24):
  * 8192×4096×128256 takes 69.4 / 66.7 / 61.9 / 61.6 ms at 1 / 2 / 4 / 8 GiB (extra memory 2.9 / 4.0 /
  * 5.4 / 7.0 GiB), 8192×2048×151936 (teacher 4096) 61.2 / 52.9 / 50.0 / 48.1 ms. */

@@ -285,6 +285,12 @@ static unsigned char jit_prefetched_done[JIT_PREFETCH_MAX]; /* its build finishe
 static int jit_prefetched_count;
 static int jit_prefetch_running; /* threads not finished yet */
 static pid_t jit_prefetch_pid;   /* the process they run in (a forked child has none of them) */
+/* Threads whose work is done, not yet joined (at most one per queued spec). They are joined, not
+ * detached, so that none is still exiting when the process exits: glibc frees a thread's
+ * thread-specific data (libnvrtc's keys) as the thread exits, and one caught exiting at process
+ * exit was reported leaked by LeakSanitizer (bench/NOTES.md session 32). */
+static pthread_t jit_prefetch_ended[JIT_PREFETCH_MAX];
+static int jit_prefetch_ended_count;
 
 static void jit_prefetch_at_exit(void)
 {
@@ -359,6 +365,7 @@ static void *jit_prefetch_worker(void *arg)
     pthread_mutex_lock(&jit_prefetch_lock);
     jit_prefetch_mark_done(job);
     free(job);
+    if (jit_prefetch_ended_count < JIT_PREFETCH_MAX) jit_prefetch_ended[jit_prefetch_ended_count++] = pthread_self();
     jit_prefetch_running--;
     pthread_cond_broadcast(&jit_prefetch_done);
     pthread_mutex_unlock(&jit_prefetch_lock);
@@ -383,7 +390,7 @@ int jit_prefetch_with(const jit_settings *js, const kernel_spec *const *specs, i
     job->threads = jit_threads(js);
     pthread_mutex_lock(&jit_prefetch_lock);
     if (jit_prefetch_pid != getpid()) { /* first here, or a forked child: its parent's threads are gone */
-        jit_prefetch_running = 0, jit_prefetch_pid = getpid();
+        jit_prefetch_running = 0, jit_prefetch_ended_count = 0, jit_prefetch_pid = getpid();
         for (int k = 0; k < jit_prefetched_count; k++) jit_prefetched_done[k] = 1;
     }
     for (int i = 0; i < n; i++) {
@@ -404,8 +411,7 @@ int jit_prefetch_with(const jit_settings *js, const kernel_spec *const *specs, i
         jit_prefetch_register();
         if (pthread_attr_init(&attr) != 0) {
             queued = 0;
-        } else {
-            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        } else { /* joinable: jit_prefetch_wait joins it once its work is done */
             if (pthread_create(&th, &attr, jit_prefetch_worker, job) != 0) queued = 0;
             pthread_attr_destroy(&attr);
         }
@@ -432,10 +438,17 @@ int jit_prefetch_wait(double timeout_s)
     until.tv_nsec += (long)((timeout_s - whole) * 1e9);
     if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
     pthread_mutex_lock(&jit_prefetch_lock);
-    if (jit_prefetch_pid != getpid()) jit_prefetch_running = 0; /* a forked child: no such threads */
+    if (jit_prefetch_pid != getpid()) /* a forked child: no such threads */
+        jit_prefetch_running = 0, jit_prefetch_ended_count = 0;
     while (jit_prefetch_running > 0)
         if (pthread_cond_timedwait(&jit_prefetch_done, &jit_prefetch_lock, &until) != 0) break;
     int idle = jit_prefetch_running == 0;
+    /* the threads whose work is done: joined outside the lock (each takes it last before it ends) */
+    pthread_t ended[JIT_PREFETCH_MAX];
+    int n_ended = jit_prefetch_ended_count;
+    memcpy(ended, jit_prefetch_ended, sizeof ended[0] * (size_t)n_ended);
+    jit_prefetch_ended_count = 0;
     pthread_mutex_unlock(&jit_prefetch_lock);
+    for (int i = 0; i < n_ended; i++) pthread_join(ended[i], NULL);
     return idle;
 }

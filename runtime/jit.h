@@ -71,7 +71,8 @@ int jit_prefetch_with(const jit_settings *js, const kernel_spec *const *specs, i
 typedef enum { JIT_PREFETCH_NONE = 0, JIT_PREFETCH_QUEUED = 1, JIT_PREFETCH_FINISHED = 2 } jit_prefetch_status;
 jit_prefetch_status jit_prefetch_state(const kernel_spec *s);
 jit_prefetch_status jit_prefetch_state_with(const jit_settings *js, const kernel_spec *s);
-/* Waits up to timeout_s for every prefetch queued so far to finish; 1 when none is left running. */
+/* Waits up to timeout_s for every prefetch queued so far to finish, and joins the threads whose work
+ * is done (exit waits here: runtime/jit.c); 1 when none is left running. */
 int jit_prefetch_wait(double timeout_s);
 
 /* The cache key of a spec: its summary line, the toolchain identity, then the full source.

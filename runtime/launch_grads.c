@@ -26,14 +26,17 @@ static void set_scale(const run *r, struct flce_gemm_params *g)
 }
 
 /* Where a gradient GEMM writes when its result builds up over several blocks: into the caller's
- * fp32 buffer (accumulate mode), in place (fp32 dtype), or through an fp32 workspace accumulator
- * whose last step writes the dtype — so 16-bit gradients are rounded once. `elem` is the element
+ * fp32 buffer (accumulate mode), in place (fp32 dtype), through an fp32 workspace accumulator
+ * whose last step writes the dtype — so 16-bit gradients are rounded once — or (in_dtype, plan.h
+ * dw_in_dtype) in place in the caller's 16-bit buffer, rounded once per block. `elem` is the element
  * offset of this block's output. */
 static void set_output(const run *r, struct flce_gemm_params *g, unsigned long long final,
-                       int caller_f32, unsigned long long acc, uint64_t elem, const block *b)
+                       int caller_f32, unsigned long long acc, uint64_t elem, const block *b, int in_dtype)
 {
     if (caller_f32) {
         g->out = final + elem * 4, g->out_f32 = 1, g->addend = g->out;
+    } else if (in_dtype && r->es == 2) {
+        g->out = final + elem * 2, g->out_f32 = 0, g->addend = b->first ? 0 : g->out, g->addend_dtype = 1;
     } else if (r->es == 4) {
         g->out = final + elem * 4, g->out_f32 = 1, g->addend = b->first ? 0 : g->out;
     } else if (!acc || (b->first && b->last)) {
@@ -76,7 +79,8 @@ static flce_status run_dh_part(run *r, const block *s, const block *b)
         /* chunked: the accumulator holds this token chunk's rows only (plan.c), set_output indexes
          * by the absolute row */
         if (acc && !pl->recompute) acc -= (unsigned long long)(s->row0 * pl->d) * 4;
-        set_output(r, &g, addr(r->t->grad_hidden), r->p->accumulate_grad_hidden, acc, (uint64_t)(s->row0 * pl->d), s);
+        set_output(r, &g, addr(r->t->grad_hidden), r->p->accumulate_grad_hidden, acc, (uint64_t)(s->row0 * pl->d), s,
+                   0);
     }
     g.m = s->rows, g.n = pl->d, g.k = s->cols;
     g.a_rows = s->rows, g.a_cols = pl->ldz - off, g.lda = pl->ldz;
@@ -205,7 +209,7 @@ static flce_status run_dw_split(run *r, const block *b, int late)
     /* row-scaled compact logits: B is s ⊙ H of the chunk's rows (flce_qscale) */
     g.b = pl->qrows ? r->rp.qh : addr(r->t->hidden) + (unsigned long long)(b->row0 * pl->d) * r->es;
     set_output(r, &g, addr(r->t->grad_weight), r->p->accumulate_grad_weight,
-               ws_at(r, pl->off_dw_acc, pl->need_dw_acc), (uint64_t)(b->col0 * pl->d), b);
+               ws_at(r, pl->off_dw_acc, pl->need_dw_acc), (uint64_t)(b->col0 * pl->d), b, pl->dw_in_dtype);
     g.m = b->cols, g.n = pl->d, g.k = b->rows;
     g.a_rows = b->rows, g.a_cols = pl->ldz, g.lda = pl->ldz;
     g.b_rows = b->rows, g.b_cols = pl->d, g.ldb = pl->d;

@@ -463,7 +463,7 @@ static void plan_layout(const flce_problem *p, const flce_tensors *t, plan *pl)
     int caller_dw = p->accumulate_grad_weight, caller_dh = p->accumulate_grad_hidden;
     int f32 = p->dtype == FLCE_DTYPE_F32;
     pl->need_dw_acc = grads && !pl->recompute && pl->n_chunks > 1 && !f32 && !caller_dw && !pl->dz_all_rows &&
-                      (!t || t->grad_weight);
+                      !pl->dw_in_dtype && (!t || t->grad_weight);
     /* With collectives, dH always builds up in fp32 (need_dh_tp): it is summed across ranks
      * before it is rounded once. */
     pl->need_dh_tp = grads && pl->collective && (!t || t->grad_hidden);
@@ -548,7 +548,7 @@ static void plan_grad_stores(const flce_problem *p, plan *pl)
     int bits16 = p->dtype != FLCE_DTYPE_F32;
     kernel_spec *dh = &pl->dh, *dw = &pl->dw;
     int dh_plain = bits16 && !pl->need_dh_tp && !p->accumulate_grad_hidden && !pl->need_dh_acc && pl->dh_splits <= 1;
-    int dw_plain = bits16 && !p->accumulate_grad_weight && !pl->need_dw_acc;
+    int dw_plain = bits16 && !p->accumulate_grad_weight && !pl->need_dw_acc && !pl->dw_in_dtype;
     dh->plain_out = dh_plain && hopper_tma(dh) && pl->d % dh->tile.bn == 0;
     dw->plain_out = dw_plain && hopper_tma(dw) && pl->d % dw->tile.bn == 0;
     int red = pl->bulk_red ? 1 : 2;
@@ -556,15 +556,28 @@ static void plan_grad_stores(const flce_problem *p, plan *pl)
     dw->red_acc = pl->red_acc && !dw->plain_out ? red : 0;
 }
 
-flce_status plan_dz_all_rows(const flce_problem *p, const flce_tensors *t, plan *pl)
+/* plan_dz_all_rows and plan_dw_in_dtype: a chunked 16-bit plan with gradients laid out again with
+ * dW built up one of their ways (collective: where `collective_ok`). */
+static flce_status relay_dw(const flce_problem *p, const flce_tensors *t, plan *pl, int all_rows, int in_dtype,
+                            int collective_ok, const char *who)
 {
-    if (pl->op == FLCE_OP_FORWARD || pl->recompute || pl->qrows || pl->fused_dz || pl->collective ||
-        p->dtype == FLCE_DTYPE_F32)
-        return err_set(FLCE_ERR_INTERNAL, "plan_dz_all_rows: not a chunked 16-bit plan with gradients (a planning bug)");
-    pl->dz_all_rows = 1, pl->off_dw_acc = 0;
+    if (pl->op == FLCE_OP_FORWARD || pl->recompute || pl->qrows || pl->fused_dz ||
+        (pl->collective && !collective_ok) || p->dtype == FLCE_DTYPE_F32 || p->accumulate_grad_weight)
+        return err_set(FLCE_ERR_INTERNAL, "%s: not a chunked 16-bit plan with gradients (a planning bug)", who);
+    pl->dz_all_rows = all_rows, pl->dw_in_dtype = in_dtype, pl->off_dw_acc = 0;
     plan_layout(p, t, pl);
     plan_grad_stores(p, pl);
     return FLCE_OK;
+}
+
+flce_status plan_dz_all_rows(const flce_problem *p, const flce_tensors *t, plan *pl)
+{
+    return relay_dw(p, t, pl, 1, 0, 0, "plan_dz_all_rows");
+}
+
+flce_status plan_dw_in_dtype(const flce_problem *p, const flce_tensors *t, plan *pl)
+{
+    return relay_dw(p, t, pl, 0, 1, 1, "plan_dw_in_dtype");
 }
 
 /* dH's tile width on the wgmma TMA path. dH's output is only tokens × D, so its 128×256 tiles may

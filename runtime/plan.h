@@ -114,6 +114,11 @@ typedef struct plan {
      * once over all of them after the last chunk, with no fp32 accumulator (the distillation's
      * paths, runtime/distill.c; compact: off_z too, the p̃ that becomes dZ in place) */
     int dz_all_rows;
+    /* plan_dw_in_dtype: dW of each token chunk added into the caller's 16-bit dW (the first chunk
+     * stores, the others read it back as their addend: params.h addend_dtype), with no fp32
+     * accumulator: dW rounded to the dtype once per chunk (a distillation call that the caller's
+     * memory_budget holds to its size, runtime/distill.c) */
+    int dw_in_dtype;
     /* Chunked: dH of a token chunk in launches over at most this many vocab columns each, added
      * up in fp32 (0: one launch over the whole shard) */
     int64_t dh_k_slice;
@@ -201,6 +206,11 @@ flce_status plan_make_cfg(const flce_problem *p, flce_op op, const char *device,
  * fp32 dW accumulator: its caller runs the logits pass and dH per chunk at that chunk's rows of
  * off_dz and dW once over all tokens (runtime/distill.c). FLCE_ERR_INTERNAL for any other plan. */
 flce_status plan_dz_all_rows(const flce_problem *p, const flce_tensors *t, plan *pl);
+
+/* The same kind of plan laid out again with dW added chunk by chunk into the caller's 16-bit dW
+ * (dw_in_dtype) instead of an fp32 accumulator: one chunk's dZ, no V × D buffer, dW rounded once per
+ * token chunk. Collective plans too (dW is this rank's shard). FLCE_ERR_INTERNAL for any other plan. */
+flce_status plan_dw_in_dtype(const flce_problem *p, const flce_tensors *t, plan *pl);
 
 /* The pure planner: plan_make_on is plan_build with the process's settings (config_get) and the
  * tiles tune.c picks (tune table or the tuner's forced tiles). Here everything is an argument: the

@@ -95,6 +95,18 @@ __device__ __forceinline__ void scale_rows(float (&acc)[MI][NI][4], const flce_g
     }
 }
 
+// Two addend values at element `at`: fp32, or (p.addend_dtype) the 16-bit dtype, one word.
+__device__ __forceinline__ float2 addend_pair(const flce_gemm_params &p, long long at)
+{
+    if constexpr (FLCE_DTYPE != DTYPE_F32) {
+        if (p.addend_dtype) {
+            const unsigned w = *(const unsigned *)((const elem_t *)p.addend + at);
+            return make_float2(to_f32((elem_t)(w & 0xffffu)), to_f32((elem_t)(w >> 16)));
+        }
+    }
+    return *(const float2 *)((const float *)p.addend + at);
+}
+
 // Which stores this kernel holds (generator/spec.h plain_out, red_acc): the runtime launches a
 // FLCE_GRAD_PLAIN kernel only with no addend, a 16-bit output and n a multiple of BN.
 static_assert(!FLCE_GRAD_PLAIN || (STAGED_STORE && FLCE_DTYPE != DTYPE_F32),
@@ -136,7 +148,6 @@ __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flc
     }
     if constexpr (!FLCE_GRAD_PLAIN) {
         const int g = lane / 4, t = lane % 4;
-        const float *addend = (const float *)p.addend;
         const long long c0 = n0 + wn * WTN + 2 * t; // even; n is a multiple of 8
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
@@ -151,8 +162,8 @@ __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flc
 #pragma unroll
                     for (int i = 0; i < ADD_BATCH; i++) {
                         const int ni = nb + i;
-                        add[i] = addend && c0 + ni * 8 < p.n ? *(const float2 *)(addend + at0 + ni * 8)
-                                                             : make_float2(0.f, 0.f);
+                        add[i] = p.addend && c0 + ni * 8 < p.n ? addend_pair(p, at0 + ni * 8)
+                                                               : make_float2(0.f, 0.f);
                     }
 #pragma unroll
                     for (int i = 0; i < ADD_BATCH; i++) {

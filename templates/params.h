@@ -25,7 +25,8 @@ struct flce_tmap {
 struct flce_gemm_params {
     unsigned long long a, b;      /* operand base addresses */
     unsigned long long out;       /* logits: fp32 Z (ld = ldo), dZ (FLCE_FUSED_DZ) or 0; dH/dW: the output */
-    unsigned long long addend;    /* dH/dW: fp32 values added before the store (may equal out), or 0 */
+    unsigned long long addend;    /* dH/dW: values added before the store (may equal out), fp32 or
+                                     (addend_dtype) the input dtype, or 0 */
     unsigned long long labels;    /* logits: labels of rows 0..m-1 */
     unsigned long long part_m;    /* logits: per-(row, split) running max, [m][splits] */
     unsigned long long part_s;    /* logits: per-(row, split) Σ exp(z − max) */
@@ -51,6 +52,8 @@ struct flce_gemm_params {
     long long ldo;
     long long vocab_offset;       /* logits: global id of column 0 (the shard's or vocab chunk's) */
     int out_f32;                  /* dH/dW: out holds fp32 (else the input dtype) */
+    int addend_dtype;             /* dH/dW: the addend holds the 16-bit input dtype (a dW built up in
+                                     the caller's own buffer, runtime plan.h dw_in_dtype), else fp32 */
     int splits;                   /* logits: vocab splits (gridDim.y) */
     int tiles_per_split;          /* logits: BN-wide vocab tiles each split walks */
     int group_rows;               /* logits: row blocks per group of the items' order (0: LOGITS_GROUP;

@@ -201,9 +201,15 @@ static void teacher_topk_is_checked_and_planned(void)
     p.memory_budget = 32000ull * 2 * 300; /* the student's fp16 p̃ (and its group maxima) only */
     CHECKF(distill_check(&p, &t, &H100, &q, &pl) == FLCE_OK && pl.compact && pl.chunk_rows > 200 &&
            pl.chunk_rows <= 300, "%lld rows", (long long)pl.chunk_rows);
-    /* (several chunks: every token's p̃ / dZs kept in place of the fp32 dWs accumulator, dWs once) */
-    CHECK(pl.student.dz_all_rows && !pl.student.need_dw_acc && pl.student.off_z == pl.student.off_dz &&
-          pl.student.workspace_bytes >= pl.student.off_dz + 32000ull * 2 * (uint64_t)p.tokens);
+    /* (a memory_budget bounds the whole workspace: there is no room for every token's p̃ / dZs or the
+     * fp32 dWs accumulator, so each chunk's dWs is added into the caller's dW in the dtype) */
+    CHECK(pl.student.dw_in_dtype && !pl.student.dz_all_rows && !pl.student.need_dw_acc && !pl.student.off_dw_acc &&
+          !pl.student.dw.plain_out && pl.workspace_bytes <= p.memory_budget);
+    p.memory_budget = 32000ull * 2 * 1100; /* every token's p̃ / dZs fits, in 2 chunks: dWs once */
+    CHECKF(distill_check(&p, &t, &H100, &q, &pl) == FLCE_OK && pl.chunks == 2 && pl.student.dz_all_rows &&
+           !pl.student.dw_in_dtype && pl.student.off_z == pl.student.off_dz &&
+           pl.student.workspace_bytes >= pl.student.off_dz + 32000ull * 2 * (uint64_t)p.tokens &&
+           pl.workspace_bytes <= p.memory_budget, "%lld chunks", (long long)pl.chunks);
     p.memory_budget = 32000ull * 2; /* not one token's p̃ and group maxima */
     CHECK(distill_check(&p, &t, &H100, &q, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("problem.memory_budget=") &&
           says("the student"));
@@ -538,18 +544,26 @@ static void chunks_follow_the_budget(void)
     CHECK(!pl.compact && !pl.student.compact && !pl.student.qrows && !pl.student.recompute && pl.student.off_z != pl.student.off_dz);
     CHECK(!pl.student.need_dw_acc); /* one chunk: dWs straight into the caller's buffer */
     CHECK(pl.zt_offset >= pl.student.workspace_bytes && pl.workspace_bytes >= pl.zt_offset + 1024 * ld * 4 + 1024 * 4);
-    p.memory_budget = row * 300; /* 300 rows fit: chunks of whole 128-row blocks, balanced */
+    /* A memory_budget bounds the whole workspace (distill_plan_make). 300 rows of logits: chunks of
+     * whole 128-row blocks, balanced, and no room for a dWs buffer beside them: each chunk's dWs added
+     * into the caller's dW in the dtype */
+    p.memory_budget = row * 300;
     CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
     CHECKF(pl.chunk_rows == 256 && pl.chunks == 4, "%lld rows x %lld", (long long)pl.chunk_rows, (long long)pl.chunks);
-    /* several chunks, N − chunk rows <= 2 Ds: dZs of every token kept (no larger than the fp32 V x Ds
-     * accumulator it replaces), dWs once */
-    CHECK(!pl.student.need_dw_acc && pl.student.dz_all_rows && !pl.student.off_dw_acc);
-    CHECK(pl.student.off_dz != pl.student.off_z && pl.student.dw.plain_out);
-    CHECK(pl.student.workspace_bytes >= pl.student.off_dz + 1024 * ld * 2);
-    CHECK((uint64_t)pl.chunk_rows * row <= p.memory_budget);
-    p.hidden_student = 256; /* N − chunk rows > 2 Ds: the fp32 V x Ds accumulator instead, rounded once */
+    CHECK(pl.student.dw_in_dtype && !pl.student.need_dw_acc && !pl.student.dz_all_rows && !pl.student.off_dw_acc &&
+          !pl.student.dw.plain_out && pl.workspace_bytes <= p.memory_budget);
+    /* room for every token's dZs beside chunks at most one more than dWs in the dtype would take:
+     * dZs of every token kept (no larger than the fp32 V x Ds accumulator), dWs once */
+    p.memory_budget = row * 500;
     CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
-    CHECK(pl.chunks == 4 && pl.student.need_dw_acc && !pl.student.dz_all_rows);
+    CHECKF(pl.chunks == 4 && !pl.student.need_dw_acc && pl.student.dz_all_rows && !pl.student.off_dw_acc &&
+           !pl.student.dw_in_dtype, "%lld chunks", (long long)pl.chunks);
+    CHECK(pl.student.off_dz != pl.student.off_z && pl.student.dw.plain_out);
+    CHECK(pl.student.workspace_bytes >= pl.student.off_dz + 1024 * ld * 2 && pl.workspace_bytes <= p.memory_budget);
+    p.hidden_student = 256, p.memory_budget = row * 400; /* (N − rows)·V·2 > V·Ds·4: the fp32 accumulator */
+    CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(pl.chunks == 4 && pl.student.need_dw_acc && !pl.student.dz_all_rows && !pl.student.dw_in_dtype &&
+          pl.workspace_bytes <= p.memory_budget);
     p.hidden_student = 2048;
     p.memory_budget = 100 * row; /* under one 128-row block: as many rows as fit */
     CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
@@ -591,19 +605,28 @@ static void forward_kl_plans_the_compact_path(void)
     CHECKF(pl.compact && pl.chunk_rows <= 300 && pl.chunks * pl.chunk_rows >= 1024 &&
            (uint64_t)pl.chunk_rows * ld * 4 <= p.memory_budget, "%lld rows x %lld", (long long)pl.chunk_rows,
            (long long)pl.chunks);
-    /* several chunks: the student's p̃ / dZs of every token kept where it takes no more than the fp32
-     * V x Ds accumulator ((N − chunk rows)·V·2 ≤ V·Ds·4), dWs once */
-    CHECK(!pl.student.need_dw_acc && pl.student.dz_all_rows && !pl.student.off_dw_acc);
+    /* (no room for a dWs buffer: dWs added into the caller's dW per chunk) */
+    CHECK(pl.student.dw_in_dtype && !pl.student.need_dw_acc && !pl.student.dz_all_rows &&
+          pl.workspace_bytes <= p.memory_budget);
+    /* the student's p̃ / dZs of every token kept where it fits and takes no more than the fp32 V x Ds
+     * accumulator ((N − chunk rows)·V·2 ≤ V·Ds·4), dWs once */
+    p.memory_budget = row * 700;
+    CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
+    CHECK(pl.chunks == 3 && !pl.student.need_dw_acc && pl.student.dz_all_rows && !pl.student.off_dw_acc);
     CHECK(pl.student.off_z == pl.student.off_dz && pl.student.dw.plain_out && pl.student.logits.opts == SPEC_OPT_SOFT);
     CHECK(pl.student.workspace_bytes >= pl.student.off_dz + 1024 * ld * 2 && pl.pt_offset >= pl.student.workspace_bytes);
     CHECK(pl.student.off_tile_max + (uint64_t)pl.chunk_rows * (uint64_t)pl.student.tile_max_ld * 4 <=
           pl.student.workspace_bytes); /* the maxima stay one chunk's */
-    p.hidden_student = 256; /* (1024 − 300)·V·2 > V·256·4: the accumulator instead */
+    p.hidden_student = 256; /* (1024 − 384)·V·2 > V·256·4: the accumulator instead */
     CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
-    CHECK(pl.compact && pl.chunks > 1 && pl.student.need_dw_acc && !pl.student.dz_all_rows);
-    p.hidden_student = 2048, p.tp_size = 2, p.vocab_total = 64000; /* not under TP */
+    CHECK(pl.compact && pl.chunks == 3 && pl.student.need_dw_acc && !pl.student.dz_all_rows &&
+          pl.workspace_bytes <= p.memory_budget);
+    /* under TP the budget is the chunks' logits (every rank cuts the tokens alike) and the
+     * accumulator comes on top */
+    p.hidden_student = 2048, p.tp_size = 2, p.vocab_total = 64000, p.memory_budget = row * 300;
     CHECKF(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_OK, "%s", flce_last_error());
-    CHECK(pl.compact && pl.chunks > 1 && !pl.student.dz_all_rows);
+    CHECK(pl.compact && pl.chunks == 4 && !pl.student.dz_all_rows && !pl.student.dw_in_dtype &&
+          pl.student.need_dw_acc);
     p.tp_size = 1, p.vocab_total = 0;
     p.memory_budget = row - 1;
     CHECK(distill_plan_make(&p, &H100, NULL, &pl) == FLCE_ERR_INVALID_ARGUMENT && says("problem.memory_budget="));

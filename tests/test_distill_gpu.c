@@ -161,10 +161,18 @@ static void ignored_tokens_chunks_and_options_match_the_reference(void)
     static const dcase cases[] = {
         {"ignored tokens, mean, jsd", 128, 64, 64, 777, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_JSD, 0.5f, 1.0f, 0.5f,
          FLCE_REDUCTION_MEAN, 0, 3, 0, 0, -1},
-        {"several chunks (small budget), reverse kl", 200, 64, 96, 1500, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_REVERSE_KL,
-         0.f, 2.0f, 0.f, FLCE_REDUCTION_MEAN, 8ull * 1500 * 48, 4, 0, 0, -1},
-        {"several chunks (small budget), forward kl (the compact path)", 200, 64, 96, 1500, FLCE_DTYPE_BF16,
-         FLCE_DIVERGENCE_FORWARD_KL, 0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 4ull * 1500 * 48, 4, 0, 0, -1},
+        /* a memory_budget bounds the whole workspace (runtime/distill.c distill_plan_make): these two
+           have room for no dWs buffer, so each chunk's dWs is added into dW in the dtype (6 and 5
+           chunks; rounded once per chunk) */
+        {"several chunks (small budget), reverse kl, dWs added into dW per chunk", 200, 64, 96, 1500,
+         FLCE_DTYPE_BF16, FLCE_DIVERGENCE_REVERSE_KL, 0.f, 2.0f, 0.f, FLCE_REDUCTION_MEAN, 8ull * 1500 * 48, 4, 0, 0,
+         -1},
+        {"several chunks (small budget), forward kl (the compact path), dWs added into dW per chunk", 200, 64, 96,
+         1500, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_FORWARD_KL, 0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 4ull * 1500 * 48, 4,
+         0, 0, -1},
+        /* room for the fp32 dWs accumulator (Ds 64: every token's dZs would be larger), 4 chunks */
+        {"several chunks, the dWs accumulator, reverse kl", 200, 64, 96, 1500, FLCE_DTYPE_BF16,
+         FLCE_DIVERGENCE_REVERSE_KL, 0.f, 2.0f, 0.f, FLCE_REDUCTION_MEAN, 16ull * 1500 * 48, 4, 0, 0, -1},
         {"sharp logits (to ±40), forward kl, none", 128, 64, 128, 2000, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_FORWARD_KL,
          0.f, 1.0f, 0.f, FLCE_REDUCTION_NONE, 0, 0, 0, 1, -1, 0, 5.0},
         {"sharp logits, fp16, forward kl at T = 2", 128, 64, 128, 2000, FLCE_DTYPE_F16, FLCE_DIVERGENCE_FORWARD_KL,
@@ -183,18 +191,17 @@ static void ignored_tokens_chunks_and_options_match_the_reference(void)
          FLCE_REDUCTION_NONE, 0, 0, 0, 0, 17},
         {"a label outside [0, V) is masked and flagged", 96, 32, 64, 700, FLCE_DTYPE_BF16, FLCE_DIVERGENCE_FORWARD_KL,
          0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 0, 5, 0, 0, -1, 12},
-        /* N <= 2 Ds in several chunks: dZs of all tokens kept, dWs once (runtime/distill.c keep_dz_all_rows) */
+        /* room for every token's dZs (N − chunk rows)·V·2 ≤ V·Ds·4 in 3 and 4 chunks: dZs of all tokens
+           kept, dWs once (runtime/distill.c dw_schedule) */
         {"several chunks, dWs once over all tokens, reverse kl, CE", 200, 128, 96, 1500, FLCE_DTYPE_BF16,
-         FLCE_DIVERGENCE_REVERSE_KL, 0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 10ull * 1500 * 48, 4, 0, 0, -1},
+         FLCE_DIVERGENCE_REVERSE_KL, 0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 20ull * 1500 * 48, 4, 0, 0, -1},
         {"several chunks, dWs once over all tokens, fp16 jsd, none", 130, 96, 64, 999, FLCE_DTYPE_F16,
-         FLCE_DIVERGENCE_JSD, 0.6f, 2.0f, 0.f, FLCE_REDUCTION_NONE, 10ull * 1000 * 40, 0, 0, 1, -1},
-        /* the compact path likewise where (N − chunk rows)·V·2 ≤ V·Ds·4: every token's p̃ / dZs kept
-           (runtime/distill.c keep_dz_all_rows); "several chunks … forward kl" above keeps the
-           accumulator (Ds 64) */
+         FLCE_DIVERGENCE_JSD, 0.6f, 2.0f, 0.f, FLCE_REDUCTION_NONE, 15ull * 1000 * 40, 0, 0, 1, -1},
+        /* the compact path likewise: every token's p̃ / dZs kept (3 and 2 chunks) */
         {"several chunks, dWs once over all tokens, forward kl (compact), CE", 200, 128, 96, 1500, FLCE_DTYPE_BF16,
-         FLCE_DIVERGENCE_FORWARD_KL, 0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 4ull * 1500 * 48, 4, 0, 0, -1},
+         FLCE_DIVERGENCE_FORWARD_KL, 0.f, 1.0f, 0.5f, FLCE_REDUCTION_MEAN, 12ull * 1500 * 48, 4, 0, 0, -1},
         {"several chunks, dWs once over all tokens, fp16 forward kl (compact) at T = 2, none", 150, 96, 64, 1500,
-         FLCE_DTYPE_F16, FLCE_DIVERGENCE_FORWARD_KL, 0.f, 2.0f, 0.f, FLCE_REDUCTION_NONE, 4ull * 1500 * 48, 0, 0, 1,
+         FLCE_DTYPE_F16, FLCE_DIVERGENCE_FORWARD_KL, 0.f, 2.0f, 0.f, FLCE_REDUCTION_NONE, 12ull * 1500 * 48, 0, 0, 1,
          -1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
@@ -349,19 +356,20 @@ static void teacher_topk_matches_the_reference(void)
         {"top-k teacher, bf16, k 16, mean", 96, 64, 1000, 16, FLCE_DTYPE_BF16, 1.0f, 0.f, FLCE_REDUCTION_MEAN, 0, 0},
         {"top-k teacher, fp32, k 64, sum, T 2", 96, 32, 700, 64, FLCE_DTYPE_F32, 2.0f, 0.f, FLCE_REDUCTION_SUM, 0, 0},
         {"top-k teacher, bf16, k 1, none, CE", 64, 32, 500, 1, FLCE_DTYPE_BF16, 1.0f, 0.5f, FLCE_REDUCTION_NONE, 0, 0},
-        {"top-k teacher, fp16, k 8, several chunks", 200, 64, 1500, 8, FLCE_DTYPE_F16, 1.5f, 0.f, FLCE_REDUCTION_MEAN,
-         6ull * 1504 * 48, 0},
+        {"top-k teacher, fp16, k 8, 2 chunks, dWs added into dW per chunk", 200, 64, 1500, 8, FLCE_DTYPE_F16, 1.5f,
+         0.f, FLCE_REDUCTION_MEAN, 6ull * 1504 * 48, 0},
         {"top-k teacher, bad ids make their tokens NaN", 64, 32, 300, 4, FLCE_DTYPE_BF16, 1.0f, 0.f,
          FLCE_REDUCTION_NONE, 0, 1},
         /* student logits ~N(0, 20²): many ids lie 28+ nats under their column group's maximum, where
          * the compact store's fp16 p̃ is 0 (the row kernel recomputes those logits exactly) */
         {"top-k teacher, bf16, k 32, ids far under their group's maximum", 96, 64, 1000, 32, FLCE_DTYPE_BF16, 1.0f,
          0.f, FLCE_REDUCTION_NONE, 0, 0, 20.0},
-        {"top-k teacher, fp16, k 64, sum, 2 chunks", 130, 128, 2000, 64, FLCE_DTYPE_F16, 1.0f, 0.f, FLCE_REDUCTION_SUM,
-         2ull * 2000 * 70, 0, 4.0},
-        /* (the two above keep every token's p̃ / dZs, dWs once; here Ds 32 keeps the fp32 accumulator) */
+        {"top-k teacher, fp16, k 64, sum, 3 chunks, dWs added into dW per chunk", 130, 128, 2000, 64, FLCE_DTYPE_F16,
+         1.0f, 0.f, FLCE_REDUCTION_SUM, 2ull * 2000 * 70, 0, 4.0},
+        /* (the two above have room for no dWs buffer; here a larger budget and Ds 32 keep the fp32
+         * accumulator) */
         {"top-k teacher, bf16, k 8, 3 chunks, the dWs accumulator", 300, 32, 1500, 8, FLCE_DTYPE_BF16, 1.0f, 0.f,
-         FLCE_REDUCTION_MEAN, 6ull * 1504 * 48, 0},
+         FLCE_REDUCTION_MEAN, 12ull * 1504 * 48, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_topk_case(&cases[i]);
 }
