@@ -18,6 +18,8 @@ Providers:
   cublas-floor     the student's three GEMMs (logits, dH = dZ.W, dW = dZ^T.H) and the teacher's forward
                    GEMM, torch.matmul in bf16, nothing else (dZ: a preallocated random N x V input)
   flce             flce.linear_distillation (default options)
+  flce@M           the same with memory_budget = M MiB (e.g. flce@1024; a budget given bounds flce's whole
+                   workspace)
   torch-eager      the loss written in PyTorch on materialized logits: both logit tensors, fp32
                    log_softmax at T, the divergence, masked mean; autograd (skipped with a note where
                    its estimated peak exceeds the free memory)
@@ -362,7 +364,11 @@ def run_provider(name, data, opts, ref, state, args, timer):
     step = out = None
     cuda = timer.cuda
     try:
-        step = FACTORIES[name](data, opts, state, args)
+        if name.startswith("flce@"):
+            step = p_flce(data, dict(opts, memory_budget=int(name[5:]) * MiB), state, args)
+            step.note = f"memory_budget {name[5:]} MiB"
+        else:
+            step = FACTORIES[name](data, opts, state, args)
         row["note"] = getattr(step, "note", None)
         for _ in range(args.warmup):
             out = step()
@@ -468,7 +474,7 @@ def main():
     args = ap.parse_args()
 
     providers = [p.strip() for p in args.providers.split(",") if p.strip()]
-    unknown = [p for p in providers if p not in FACTORIES]
+    unknown = [p for p in providers if p not in FACTORIES and not re.fullmatch(r"flce@[1-9][0-9]*", p)]
     if unknown:
         ap.error(f"unknown providers {unknown}; known: {', '.join(PROVIDERS)}")
     if args.cpu_dry:
@@ -539,7 +545,7 @@ def main():
     write(stem, rows, header)
     sys.stdout.write(markdown(rows, header))
     log(f"wrote {stem}.json and .md ({time.time() - T_START:.0f} s)")
-    bad = [r for r in rows if r["error"] and r["provider"] in ("flce", "cublas-floor")]
+    bad = [r for r in rows if r["error"] and (r["provider"] in ("flce", "cublas-floor") or r["provider"].startswith("flce@"))]
     return 1 if bad else 0
 
 
