@@ -55,6 +55,8 @@ __device__ void staged_rows_out(const float (&acc)[MI][NI][4], float *out, long 
                                 long long cols, long long row0, long long col0, unsigned buf0, int lane);
 __device__ void bulk_red_rows(const float (&acc)[MI][NI][4], float *out, long long ld, long long rows, long long cols,
                               long long row0, long long col0, float scale, unsigned buf0, int lane);
+__device__ void staged_add_rows(const float (&acc)[MI][NI][4], unsigned short *out, long long ld, long long rows,
+                                long long cols, long long row0, long long col0, float scale, unsigned buf0, int lane);
 // Whether the output at p.out and its row stride (fp32) are 16-byte aligned, as those two need.
 __device__ __forceinline__ bool bulk_out_ok(const flce_gemm_params &p)
 {

@@ -129,6 +129,15 @@ __device__ __forceinline__ void grad_epilogue(float (&acc)[MI][NI][4], const flc
             return;
         }
     }
+    if constexpr (FLCE_GRAD_BULK && FLCE_DTYPE != DTYPE_F32) {
+        // added in place into a 16-bit output (a distillation's dWs chunk by chunk): whole rows
+        // through shared memory (staged_add_rows). Uniform across the CTA.
+        if (p.addend_dtype && p.addend == out && !p.out_f32 && (out & 7) == 0 && p.ldo % 4 == 0) {
+            staged_add_rows(acc, (unsigned short *)out, p.ldo, p.m, p.n, m0 + wm * WTM, n0, scale,
+                            staging_addr(smem, wm), lane);
+            return;
+        }
+    }
     if constexpr (STAGED_STORE && FLCE_DTYPE != DTYPE_F32) {
         // A full-width tile of a 16-bit output with no addend (a complete dH or dW: the one-chunk
         // strategies' common case) goes out through shared memory, whole 128-byte rows per store

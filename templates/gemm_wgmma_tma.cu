@@ -476,6 +476,57 @@ __device__ __forceinline__ void staged_rows_out(const float (&acc)[MI][NI][4], f
     }
 }
 
+// A 16-bit output built up in place (params.h addend_dtype: a distillation's dWs added chunk by chunk
+// into the caller's dW): out += acc·scale, rounded once, 32 columns at a time through one of the warp's
+// two 2 KiB buffers as staged_rows_out, each lane then reading 4 fp32 values of a row back, loading
+// those 4 outputs (8 bytes: the lanes of a row cover 64 contiguous bytes) and storing their sums. From
+// the fragments each load and store touched 8 rows, half a sector each (bench/NOTES.md session 33).
+// Needs out 8-byte aligned and ld a multiple of 4; every lane of the warp calls it.
+__device__ __forceinline__ void staged_add_rows(const float (&acc)[MI][NI][4], unsigned short *out, long long ld,
+                                                long long rows, long long cols, long long row0, long long col0,
+                                                float scale, unsigned buf0, int lane)
+{
+    static_assert(!FLCE_GRAD_BULK || (WARPS_N == 1 && WTM == 16 && MI == 1 && NI % 4 == 0),
+                  "staged 16-bit sums: one warp tile of 16 rows");
+#pragma unroll
+    for (int q = 0; q < NI / 4; q++) {
+        // (rewritten two rounds on: after the next round's __syncwarp, which follows these reads)
+        const unsigned buf = buf0 + (q & 1) * 2048;
+        stage_fp32_rows(acc, q, scale, buf, lane);
+        __syncwarp();
+        float v[4][4];
+        unsigned old[4][2];
+        bool in[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) { // the 4 loads first, so that their latencies overlap
+            const int r = i * 4 + (lane >> 3), c = lane & 7;
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=f"(v[i][0]), "=f"(v[i][1]), "=f"(v[i][2]), "=f"(v[i][3])
+                         : "r"(buf + r * 128 + c * 16)
+                         : "memory");
+            const long long col = col0 + q * 32 + c * 4;
+            in[i] = row0 + r < rows && col < cols;
+            old[i][0] = old[i][1] = 0;
+            if (in[i])
+                asm volatile("ld.global.v2.b32 {%0, %1}, [%2];\n"
+                             : "=r"(old[i][0]), "=r"(old[i][1])
+                             : "l"(out + (row0 + r) * ld + col));
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (!in[i]) continue;
+            const int r = i * 4 + (lane >> 3), c = lane & 7;
+            const long long col = col0 + q * 32 + c * 4;
+            unsigned lo = pack2_elem(v[i][0] + to_f32((elem_t)(old[i][0] & 0xffffu)),
+                                     v[i][1] + to_f32((elem_t)(old[i][0] >> 16)));
+            unsigned hi = pack2_elem(v[i][2] + to_f32((elem_t)(old[i][1] & 0xffffu)),
+                                     v[i][3] + to_f32((elem_t)(old[i][1] >> 16)));
+            asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(out + (row0 + r) * ld + col), "r"(lo), "r"(hi)
+                         : "memory");
+        }
+    }
+}
+
 // dW into fp32 accumulators (times scale): 16 lanes each hand one row's 128 bytes to the TMA unit
 // as a bulk reduction (cp.reduce.async.bulk … add.f32); the warp goes on while they drain, a buffer
 // is rewritten once the bulk reads of two rounds before are done (wait_group.read 1), and
