@@ -469,17 +469,23 @@ typedef struct flce_distill_problem {
     float ce_weight;           /* >= 0, weight of the student's CE term; != 0 needs labels and T = 1 */
     int64_t ignore_index;      /* default -100 */
     flce_reduction reduction;
-    uint64_t memory_budget;    /* bytes for one token chunk's logits, which sets the chunk size
-                                  (whole 128-row blocks where one fits): per logit, forward KL on
-                                  16-bit inputs both models' compact fp16 logits, 4 bytes (dZ in
-                                  the student's place); otherwise the teacher's and the student's
-                                  fp32 logits and the student's dZ, 10 bytes (fp32 inputs 8);
-                                  0 = 4 GiB; less than one token's row is
-                                  FLCE_ERR_INVALID_ARGUMENT. On top, for 16-bit inputs in several
-                                  chunks (C rows each): the student's dZ of the other N − C tokens
-                                  (× V × 2 bytes; dW then runs once) where that is no more than
-                                  an fp32 V × Ds dW accumulator, else that accumulator; the CE
-                                  path's few arrays per token.
+    uint64_t memory_budget;    /* 0 (default): 4 GiB for one token chunk's logits, which sets the
+                                  chunk size (whole 128-row blocks where one fits): per logit,
+                                  forward KL on 16-bit inputs both models' compact fp16 logits,
+                                  4 bytes (dZ in the student's place); otherwise the teacher's and
+                                  the student's fp32 logits and the student's dZ, 10 bytes (fp32
+                                  inputs 8). On top, for 16-bit inputs in several chunks (C rows
+                                  each): the student's dZ of the other N − C tokens (× V × 2
+                                  bytes; dW then runs once) where that is no more than an fp32
+                                  V × Ds dW accumulator, else that accumulator; and a few arrays
+                                  per token.
+                                  Given (> 0): the most bytes the whole workspace may take. The
+                                  chunks shrink until it fits; where neither buffer above fits
+                                  beside chunks at most one fewer, each chunk's dW is added into
+                                  grad_student_weight in the dtype (rounded once per chunk).
+                                  Under TP (tp_size > 1) a budget given is the chunks' logits' as
+                                  for 0. Too small for one token's logits and the per-token
+                                  arrays: FLCE_ERR_INVALID_ARGUMENT.
                                   flce_distill_workspace_size says the total */
     int32_t teacher_topk;      /* 0 (default): the teacher as teacher_hidden and teacher_weight.
                                   k in [1, min(64, V)]: the teacher as each token's k (index,

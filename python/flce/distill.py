@@ -453,7 +453,9 @@ def linear_distillation(student_hidden: Tensor, student_weight: Tensor, teacher_
     reduction: 'mean' over the unmasked tokens (0 when there are none), 'sum', or 'none' (labels'
         shape, 0 for masked tokens).
     return_per_token: also return each token's divergence D_i (see LinearDistillationOutput).
-    memory_budget: bytes of workspace the library may use (None: its default).
+    memory_budget: the most bytes of workspace the library may use, all of it (None: 4 GiB of token
+        chunks' logits plus a dW buffer; the README's "Memory" says more). A budget that holds no
+        dW buffer adds each token chunk's dW into the 16-bit gradient (rounded once per chunk).
 
     Returns the loss in float32. Differentiable in student_hidden and student_weight: for mean/sum
     the gradients are computed in the forward call and scaled by the upstream gradient in backward;
