@@ -288,30 +288,39 @@ static flce_status plan_path(const flce_distill_problem *p, const call_device *d
     return FLCE_OK;
 }
 
-/* plan_path with the chunks' budget cut until the whole workspace fits in `cap`, or
- * FLCE_ERR_INVALID_ARGUMENT naming memory_budget where not even one token's chunk does. The
- * workspace grows with the chunks' budget (one more chunk row at a time), so taking the excess off
- * each round converges in a few. */
+/* plan_path with the largest chunks' budget (to 1/1024) whose whole workspace fits in `cap`, or
+ * FLCE_ERR_INVALID_ARGUMENT naming memory_budget where not even one token's chunk does. Below one
+ * token's row plan_path refuses, and above it the workspace grows with the budget in steps of whole
+ * chunk rows: budgets lie in three ranges in that order (too small, fits, too large), and a
+ * bisection over them finds the top of the middle one. The first guess takes the excess off, which
+ * is most often one step from the answer. */
 static flce_status plan_within(const flce_distill_problem *p, const call_device *dev, const flce_distill_tensors *t,
                                uint64_t cap, int in_dtype, distill_plan *pl)
 {
-    uint64_t budget = cap, tried = cap, took = 0;
-    for (int round = 0; round < 16; round++) {
-        flce_status st = plan_path(p, dev, t, budget, in_dtype, pl);
-        if (st == FLCE_ERR_INVALID_ARGUMENT && budget < cap) break; /* under one row: not the caller's figure */
-        TRY(st);
-        if (pl->workspace_bytes <= cap) return FLCE_OK;
-        tried = budget, took = pl->workspace_bytes;
-        const uint64_t excess = pl->workspace_bytes - cap;
-        if (excess >= budget) break;
-        budget -= excess;
+    flce_status st = plan_path(p, dev, t, cap, in_dtype, pl);
+    if (st != FLCE_OK || pl->workspace_bytes <= cap) return st;
+    uint64_t lo = 0, hi = cap, b = pl->workspace_bytes - cap < cap ? cap - (pl->workspace_bytes - cap) : cap / 2;
+    uint64_t best = 0, took = pl->workspace_bytes;
+    distill_plan trial;
+    for (int round = 0; round < 64 && hi - lo > hi / 1024 + 1; round++) {
+        st = plan_path(p, dev, t, b, in_dtype, &trial);
+        if (st == FLCE_OK && trial.workspace_bytes <= cap) {
+            best = b, lo = b, *pl = trial;
+        } else if (st == FLCE_OK) {
+            hi = b, took = trial.workspace_bytes;
+        } else if (st == FLCE_ERR_INVALID_ARGUMENT) {
+            lo = b; /* under one token's row */
+        } else {
+            return st;
+        }
+        err_clear();
+        b = lo + (hi - lo) / 2;
     }
-    err_clear();
+    if (best) return FLCE_OK;
     return err_set(FLCE_ERR_INVALID_ARGUMENT,
                    "problem.memory_budget=%llu bytes: too small for this call's workspace (its per-token arrays, "
-                   "%s and at least one token's logits; with %llu bytes for the logits it takes %llu)",
-                   (unsigned long long)cap, in_dtype ? "no dW buffer" : "dW's buffer",
-                   (unsigned long long)tried, (unsigned long long)took);
+                   "%s and at least one token's logits: %llu bytes at the least budget for the logits tried)",
+                   (unsigned long long)cap, in_dtype ? "no dW buffer" : "dW's buffer", (unsigned long long)took);
 }
 
 /* A memory_budget given bounds the whole workspace: the plans whose dWs rounds once (dw_schedule's

@@ -825,6 +825,59 @@ static void row_kernels_compile_for_sm_80_and_sm_90a(void)
     printf("  %d module variants compiled\n", compiled);
 }
 
+/* A memory_budget given bounds the whole workspace (runtime/distill.c distill_plan_make) on every
+ * path — compact forward KL, the fp32 path (reverse KL, JSD, fp32 inputs), the top-k teacher — with
+ * and without the labels array, at budgets from under one token's row to past one chunk: each plan
+ * fits its budget or is FLCE_ERR_INVALID_ARGUMENT naming memory_budget, a plan that fits never
+ * becomes too small at a larger budget, and dWs takes exactly one way of building up. */
+static void every_budget_given_is_kept(void)
+{
+    struct { flce_divergence div; flce_dtype dtype; int topk; int64_t ds; } paths[] = {
+        {FLCE_DIVERGENCE_FORWARD_KL, FLCE_DTYPE_BF16, 0, 2048}, {FLCE_DIVERGENCE_FORWARD_KL, FLCE_DTYPE_F16, 0, 256},
+        {FLCE_DIVERGENCE_REVERSE_KL, FLCE_DTYPE_BF16, 0, 2048}, {FLCE_DIVERGENCE_JSD, FLCE_DTYPE_F16, 0, 256},
+        {FLCE_DIVERGENCE_FORWARD_KL, FLCE_DTYPE_F32, 0, 512}, {FLCE_DIVERGENCE_FORWARD_KL, FLCE_DTYPE_BF16, 16, 2048},
+        {FLCE_DIVERGENCE_FORWARD_KL, FLCE_DTYPE_F32, 16, 128},
+    };
+    int planned = 0, in_dtype = 0, once = 0, acc = 0;
+    for (size_t k = 0; k < sizeof paths / sizeof paths[0]; k++)
+        for (int labels = 0; labels < 2; labels++) {
+            flce_distill_problem p = good();
+            p.divergence = paths[k].div, p.dtype = paths[k].dtype, p.hidden_student = paths[k].ds;
+            p.beta = 0.5f;
+            flce_distill_tensors t = good_tensors();
+            if (paths[k].topk) {
+                p.teacher_topk = paths[k].topk, p.hidden_teacher = 0;
+                t.teacher_hidden = t.teacher_weight = NULL;
+                t.teacher_topk_indices = ADDR(10), t.teacher_topk_logprobs = (const float *)ADDR(11);
+            }
+            if (!labels) t.labels = NULL;
+            int fitted = 0;
+            /* 1.3× steps from 40 KB to 400 MB: under one row (32000-column rows of 64-320 KB) to one chunk */
+            for (double b = 40e3; b < 400e6; b *= 1.3) {
+                p.memory_budget = (uint64_t)b;
+                flce_distill_problem q;
+                distill_plan pl;
+                flce_status st = distill_check(&p, &t, &H100, &q, &pl);
+                if (st != FLCE_OK) {
+                    CHECKF(st == FLCE_ERR_INVALID_ARGUMENT && says("problem.memory_budget=") && !fitted,
+                           "path %zu labels %d budget %llu: %d %s", k, labels, (unsigned long long)p.memory_budget,
+                           st, flce_last_error());
+                    continue;
+                }
+                fitted = 1, planned++;
+                CHECKF(pl.workspace_bytes <= p.memory_budget, "path %zu labels %d: %llu bytes over a budget of %llu",
+                       k, labels, (unsigned long long)pl.workspace_bytes, (unsigned long long)p.memory_budget);
+                const plan *s = &pl.student;
+                CHECK(s->dw_in_dtype + s->dz_all_rows + s->need_dw_acc <= 1);
+                CHECK(pl.chunks > 1 || (!s->dw_in_dtype && !s->dz_all_rows && !s->need_dw_acc));
+                in_dtype += s->dw_in_dtype, once += s->dz_all_rows, acc += s->need_dw_acc;
+            }
+            CHECKF(fitted, "path %zu labels %d: no budget up to 400 MB planned", k, labels);
+        }
+    CHECKF(in_dtype && once && acc, "plans %d: dWs in the dtype %d, once %d, accumulated %d", planned, in_dtype, once,
+           acc);
+}
+
 int main(void)
 {
     RUN(defaults_are_those_of_the_header);
@@ -836,6 +889,7 @@ int main(void)
     RUN(null_context_and_bytes_are_named);
     RUN(chunks_follow_the_budget);
     RUN(forward_kl_plans_the_compact_path);
+    RUN(every_budget_given_is_kept);
     RUN(tensor_parallel_is_checked_and_planned);
     RUN(jsd_ends_are_emitted_as_the_kls);
     RUN(distill_spec_emits_through_the_spec_path);
