@@ -1,10 +1,11 @@
 #!/bin/bash
-# ab.sh (written in session 34, to run in the next session with the GPU): the two patches of this folder
+# ab.sh (written in session 34, to run in the next session with the GPU): the patches of this folder
 # applied (git am) against the tree before them (.whl/before.tgz: `git archive <main before git am> | gzip`),
 # one H200 or H100, one call:
-#   1. both trees built (flce; the new tree also test_distill_gpu and test_distill);
-#   2. test_distill_gpu on the new tree (every divergence on the fp32 path: reverse KL now reads its rows
-#      once from the student pass's split sums, SPEC_OPT_XREF);
+#   1. both trees built (flce; the new tree also test_distill_gpu and test_distill_tp);
+#   2. test_distill_gpu and test_distill_tp (ranks as threads on one GPU, tests/fake_nccl.c) on the new
+#      tree: every divergence on the fp32 path; reverse KL now reads its rows once from the student
+#      pass's split sums (SPEC_OPT_XREF), under TP too (0003);
 #   3. step.py interleaved twice, before / after: reverse KL at 8192×4096×128256 (teacher 4096), default
 #      budget, the rows' kernel and the student logits pass in the profile; forward KL at the same shape
 #      (its kernels are meant to be unchanged: a control).
@@ -16,12 +17,14 @@ tar -xzf .whl/before.tgz -C /tmp/tb
 tar --exclude=./build --exclude=./.git --exclude=./.whl -cf - . | tar -xf - -C /tmp/tn
 for T in b n; do
   cp $here/step.py /tmp/t$T/
-  TG=flce; [ $T = n ] && TG="flce test_distill_gpu"
+  TG=flce; [ $T = n ] && TG="flce test_distill_gpu test_distill_tp"
   (cd /tmp/t$T && cmake --preset default > /tmp/b$T.log 2>&1 && cmake --build --preset default --target $TG -j8 >> /tmp/b$T.log 2>&1; echo "build $T rc=$?") &
 done
 wait
 echo "built $(( $(date +%s)-s )) s"
-(cd /tmp/tn && FLCE_REQUIRE_GPU=1 FLCE_CACHE_DIR=/tmp/tn/build/cache timeout 240 ./build/tests/test_distill_gpu > $OUT/test_distill_gpu.log 2>&1; echo "test_distill_gpu rc=$?"; grep -E "FAIL|passed|failed" $OUT/test_distill_gpu.log | head -12)
+for t in test_distill_gpu test_distill_tp; do
+  (cd /tmp/tn && FLCE_REQUIRE_GPU=1 FLCE_CACHE_DIR=/tmp/tn/build/cache timeout 240 ./build/tests/$t > $OUT/$t.log 2>&1; echo "$t rc=$?"; grep -E "FAIL|passed|failed" $OUT/$t.log | head -12)
+done
 echo "tested $(( $(date +%s)-s )) s"
 for round in 1 2; do
   for cfg in "8192 4096 4096 128256 0 reverse_kl" "8192 4096 4096 128256 0 forward_kl"; do
