@@ -8,7 +8,8 @@
 #      pass's split sums (SPEC_OPT_XREF), under TP too (0003);
 #   3. step.py interleaved twice, before / after: reverse KL at 8192×4096×128256 (teacher 4096), default
 #      budget, the rows' kernel and the student logits pass in the profile; forward KL at the same shape
-#      (its kernels are meant to be unchanged: a control).
+#      (its kernels are meant to be unchanged: a control); reverse KL at memory_budget 1536 MiB (8 chunks:
+#      NOTES session 34's item 1, what the one read does to the budgeted schedule).
 # Then, in a second call, the README's test command with GPU tests required (f2.sh pattern).
 set -u; mkdir -p $OUT; s=$(date +%s); here=bench/results/2026-11-30-session34
 { nvidia-smi -L; date -u; cat .device-commit; } > $OUT/env.txt 2>&1
@@ -27,7 +28,7 @@ for t in test_distill_gpu test_distill_tp; do
 done
 echo "tested $(( $(date +%s)-s )) s"
 for round in 1 2; do
-  for cfg in "8192 4096 4096 128256 0 reverse_kl" "8192 4096 4096 128256 0 forward_kl"; do
+  for cfg in "8192 4096 4096 128256 0 reverse_kl" "8192 4096 4096 128256 0 forward_kl" "8192 4096 4096 128256 1536 reverse_kl"; do
     for T in b n; do
       (cd /tmp/t$T && FLCE_LIBRARY=$PWD/build/libflce.so FLCE_CACHE_DIR=$PWD/build/cache timeout 150 python3 step.py $cfg 2>&1 | grep -v -i warn | sed "s/^/$T /" | tee -a $OUT/ab.log)
     done
