@@ -5,7 +5,7 @@
 #   1. both trees built (flce; the new tree also test_distill_gpu and test_distill_tp);
 #   2. test_distill_gpu and test_distill_tp (ranks as threads on one GPU, tests/fake_nccl.c) on the new
 #      tree: every divergence on the fp32 path; reverse KL now reads its rows once from the student
-#      pass's split sums (SPEC_OPT_XREF), under TP too (0003);
+#      pass's split sums (SPEC_OPT_XREF), under TP too;
 #   3. step.py interleaved twice, before / after: reverse KL at 8192×4096×128256 (teacher 4096), default
 #      budget, the rows' kernel and the student logits pass in the profile; forward KL at the same shape
 #      (its kernels are meant to be unchanged: a control); reverse KL at memory_budget 1536 MiB (8 chunks:
